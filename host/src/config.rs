@@ -1,0 +1,13 @@
+//! The configuration file: Claude-style `mcpServers` plus Rebound's own keys, loaded
+//! into resolved, validated types so nothing downstream re-checks or re-defaults.
+
+mod error;
+mod load;
+mod model;
+
+pub use error::ConfigError;
+pub use load::{load, parse};
+pub use model::{
+    BreakerConfig, Config, HttpLaunch, Launch, RecoveryConfig, RetryConfig, ServerConfig, Settings,
+    StdioLaunch, ToolNames, ToolRecovery,
+};

@@ -1,0 +1,613 @@
+//! Reading and validating a configuration file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::ConfigError;
+use super::model::{
+    Config, HttpLaunch, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch,
+    ToolNames,
+};
+
+/// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
+/// and Rebound's additions.
+const SERVER_KEYS: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "type",
+    "disabled",
+    "adapter",
+    "recovery",
+    "adapter_config",
+];
+
+/// The `rebound` object, as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawSettings {
+    plugins_dir: Option<PathBuf>,
+    errors_log: Option<PathBuf>,
+    tool_names: ToolNames,
+    startup_timeout_ms: Option<u64>,
+    restart: RestartPolicy,
+    defaults: RawDefaults,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawDefaults {
+    recovery: Map<String, Value>,
+}
+
+/// Reads and validates the configuration at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    parse(&text, &absolute, &|name| std::env::var(name).ok())
+}
+
+/// Validates configuration text as if read from `path`, expanding `${VAR}` and
+/// `${VAR:-default}` in commands, arguments, environment values, URLs and headers through
+/// `env` (as Claude Code does).
+pub fn parse(
+    text: &str,
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
+    let root: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        message: strip_position(&e.to_string()),
+    })?;
+    let Value::Object(mut root) = root else {
+        return Err(ConfigError::invalid(
+            path,
+            "(top level)",
+            "the file is not a JSON object",
+            r#"start from {"mcpServers": {"NAME": {"command": "...", "args": []}}}"#,
+        ));
+    };
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let ctx = Ctx { path, env };
+
+    let raw: RawSettings = match root.remove("rebound") {
+        Some(v) => ctx.typed("rebound", v)?,
+        None => RawSettings::default(),
+    };
+    let defaults = Value::Object(raw.defaults.recovery);
+    // Checked alone so that a mistake in the defaults is reported where it is written.
+    let _: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
+
+    let servers = match root.remove("mcpServers") {
+        Some(Value::Object(servers)) => servers,
+        Some(_) => {
+            return Err(ConfigError::invalid(
+                path,
+                "mcpServers",
+                "must be an object mapping server names to their settings",
+                r#"write "mcpServers": {"NAME": {"command": "...", "args": []}}"#,
+            ));
+        }
+        None => {
+            return Err(ConfigError::invalid(
+                path,
+                "mcpServers",
+                "missing: the file names no servers",
+                r#"add "mcpServers": {"NAME": {"command": "...", "args": []}}, the same shape as Claude Desktop's config"#,
+            ));
+        }
+    };
+
+    let plugins_dir = resolve(
+        &base,
+        raw.plugins_dir.unwrap_or_else(|| "target/plugins".into()),
+    );
+    let mut warnings = Vec::new();
+    let mut resolved = IndexMap::new();
+    for (name, entry) in servers {
+        let key = format!("mcpServers.{name}");
+        validate_server_name(&ctx, &key, &name)?;
+        let Value::Object(entry) = entry else {
+            return Err(ConfigError::invalid(
+                path,
+                key,
+                "must be an object",
+                r#"write {"command": "...", "args": []} or {"url": "https://..."}"#,
+            ));
+        };
+        for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
+            warnings.push(format!(
+                "{}: `{key}.{k}` is not a key Rebound knows; it is ignored",
+                path.display()
+            ));
+        }
+        if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
+            warnings.push(format!("{}: `{key}` is disabled", path.display()));
+            continue;
+        }
+        let server = ctx.server(&key, &name, entry, &defaults, &base, &plugins_dir)?;
+        resolved.insert(name, server);
+    }
+
+    Ok(Config {
+        source: path.to_path_buf(),
+        servers: resolved,
+        settings: Settings {
+            plugins_dir,
+            errors_log: resolve(
+                &base,
+                raw.errors_log
+                    .unwrap_or_else(|| "rebound-errors.jsonl".into()),
+            ),
+            tool_names: raw.tool_names,
+            startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
+            restart: raw.restart,
+        },
+        warnings,
+    })
+}
+
+struct Ctx<'a> {
+    path: &'a Path,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Ctx<'_> {
+    fn err(
+        &self,
+        key: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::invalid(self.path, key, message, hint)
+    }
+
+    /// Deserializes `value`, reporting the exact key path of a mismatch.
+    fn typed<T: DeserializeOwned>(&self, prefix: &str, value: Value) -> Result<T, ConfigError> {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let inner = e.path().to_string();
+            let key = if inner == "." {
+                prefix.to_owned()
+            } else {
+                format!("{prefix}.{inner}")
+            };
+            let message = e.into_inner().to_string();
+            let hint = if message.starts_with("unknown field") {
+                "remove the key or correct its spelling".to_owned()
+            } else {
+                "give the value the type shown above".to_owned()
+            };
+            self.err(key, message, hint)
+        })
+    }
+
+    fn server(
+        &self,
+        key: &str,
+        name: &str,
+        mut entry: Map<String, Value>,
+        defaults: &Value,
+        base: &Path,
+        plugins_dir: &Path,
+    ) -> Result<ServerConfig, ConfigError> {
+        let kind = match entry.remove("type") {
+            None => None,
+            Some(Value::String(s)) => Some(s),
+            Some(_) => {
+                return Err(self.err(
+                    format!("{key}.type"),
+                    "must be a string",
+                    r#"use "stdio" or "http""#,
+                ));
+            }
+        };
+        let launch = match (entry.contains_key("command"), entry.contains_key("url")) {
+            (true, true) => {
+                return Err(self.err(
+                    key,
+                    "has both `command` and `url`",
+                    "keep `command` for a local server launched over stdio, or `url` for a remote one, not both",
+                ));
+            }
+            (false, false) => {
+                return Err(self.err(
+                    key,
+                    "has neither `command` nor `url`",
+                    r#"add "command": "server-binary" (with "args") to launch a local server, or "url": "https://host/mcp" for a remote one"#,
+                ));
+            }
+            (true, false) => {
+                if let Some(k) = kind.as_deref().filter(|k| *k != "stdio") {
+                    return Err(self.err(
+                        format!("{key}.type"),
+                        format!("is \"{k}\" but the server has a `command`"),
+                        r#"use "type": "stdio" or remove `type`"#,
+                    ));
+                }
+                Launch::Stdio(self.stdio(key, &mut entry, base)?)
+            }
+            (false, true) => {
+                match kind.as_deref() {
+                    None | Some("http" | "streamable-http" | "streamableHttp") => {}
+                    Some("sse") => {
+                        return Err(self.err(
+                            format!("{key}.type"),
+                            "the legacy SSE transport is not supported",
+                            "point `url` at the server's streamable HTTP endpoint (usually /mcp) and set \"type\": \"http\"",
+                        ));
+                    }
+                    Some(k) => {
+                        return Err(self.err(
+                            format!("{key}.type"),
+                            format!("unknown transport \"{k}\""),
+                            r#"use "http" for a server with a `url`"#,
+                        ));
+                    }
+                }
+                Launch::Http(self.http(key, &mut entry)?)
+            }
+        };
+
+        let adapter = match entry.remove("adapter") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(a)) => {
+                self.check_adapter(&format!("{key}.adapter"), &a, plugins_dir)?;
+                Some(a)
+            }
+            Some(_) => {
+                return Err(self.err(
+                    format!("{key}.adapter"),
+                    "must be a string",
+                    r#"name a plugin, e.g. "adapter": "lean-fallback""#,
+                ));
+            }
+        };
+
+        let mut recovery = defaults.clone();
+        if let Some(own) = entry.remove("recovery") {
+            if !own.is_object() {
+                return Err(self.err(
+                    format!("{key}.recovery"),
+                    "must be an object",
+                    r#"write "recovery": {"timeout_ms": 60000}"#,
+                ));
+            }
+            merge(&mut recovery, own);
+        }
+        let recovery: RecoveryConfig = self.typed(&format!("{key}.recovery"), recovery)?;
+        self.check_recovery(&format!("{key}.recovery"), &recovery)?;
+
+        Ok(ServerConfig {
+            name: name.to_owned(),
+            launch,
+            adapter,
+            recovery,
+            adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
+        })
+    }
+
+    fn stdio(
+        &self,
+        key: &str,
+        entry: &mut Map<String, Value>,
+        base: &Path,
+    ) -> Result<StdioLaunch, ConfigError> {
+        let command = self.expand(
+            &format!("{key}.command"),
+            &self.string(&format!("{key}.command"), entry.remove("command"))?,
+        )?;
+        if command.trim().is_empty() {
+            return Err(self.err(format!("{key}.command"), "is empty", "name the program that starts the server, e.g. \"npx\" or \"/usr/local/bin/my-server\""));
+        }
+        // A relative path with a separator means "next to the config file"; a bare name is
+        // looked up on PATH, as a client would.
+        let command = if command.contains('/') && Path::new(&command).is_relative() {
+            base.join(&command).to_string_lossy().into_owned()
+        } else {
+            command
+        };
+        let args = match entry.remove("args") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let k = format!("{key}.args[{i}]");
+                    let s = self.string(&k, Some(v))?;
+                    self.expand(&k, &s)
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(self.err(
+                    format!("{key}.args"),
+                    "must be an array of strings",
+                    r#"write "args": ["--flag", "value"]"#,
+                ));
+            }
+        };
+        let env = self.string_map(&format!("{key}.env"), entry.remove("env"))?;
+        let cwd = match entry.remove("cwd") {
+            None | Some(Value::Null) => None,
+            v => Some(resolve(
+                base,
+                PathBuf::from(self.string(&format!("{key}.cwd"), v)?),
+            )),
+        };
+        if let Some(cwd) = &cwd {
+            if !cwd.is_dir() {
+                return Err(self.err(format!("{key}.cwd"), format!("{} is not a folder", cwd.display()), "create the folder or correct the path (relative paths start at the config file's folder)"));
+            }
+        }
+        Ok(StdioLaunch {
+            command,
+            args,
+            env,
+            cwd,
+        })
+    }
+
+    fn http(&self, key: &str, entry: &mut Map<String, Value>) -> Result<HttpLaunch, ConfigError> {
+        let k = format!("{key}.url");
+        let url = self.expand(&k, &self.string(&k, entry.remove("url"))?)?;
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(self.err(
+                k,
+                format!("\"{url}\" is not an http(s) URL"),
+                "write the server's full endpoint, e.g. \"https://host/mcp\"",
+            ));
+        }
+        let headers = self.string_map(&format!("{key}.headers"), entry.remove("headers"))?;
+        Ok(HttpLaunch { url, headers })
+    }
+
+    fn string(&self, key: &str, value: Option<Value>) -> Result<String, ConfigError> {
+        match value {
+            Some(Value::String(s)) => Ok(s),
+            Some(other) => Err(self.err(
+                key,
+                format!("must be a string, found {}", kind_of(&other)),
+                "quote the value",
+            )),
+            None => Err(self.err(key, "missing", "add it")),
+        }
+    }
+
+    fn string_map(
+        &self,
+        key: &str,
+        value: Option<Value>,
+    ) -> Result<BTreeMap<String, String>, ConfigError> {
+        match value {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(map)) => map
+                .into_iter()
+                .map(|(k, v)| {
+                    let item = format!("{key}.{k}");
+                    let s = match v {
+                        Value::String(s) => s,
+                        // Numbers and booleans are common in hand-written env blocks; a
+                        // process environment only has strings, so take their text.
+                        Value::Number(n) => n.to_string(),
+                        Value::Bool(b) => b.to_string(),
+                        other => {
+                            return Err(self.err(
+                                item,
+                                format!("must be a string, found {}", kind_of(&other)),
+                                "quote the value",
+                            ));
+                        }
+                    };
+                    Ok((k, self.expand(&item, &s)?))
+                })
+                .collect(),
+            Some(other) => Err(self.err(
+                key,
+                format!("must be an object of strings, found {}", kind_of(&other)),
+                r#"write {"NAME": "value"}"#,
+            )),
+        }
+    }
+
+    /// Expands `${VAR}` and `${VAR:-default}`.
+    fn expand(&self, key: &str, text: &str) -> Result<String, ConfigError> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else {
+                return Err(self.err(
+                    key,
+                    format!("unterminated `${{` in \"{text}\""),
+                    "close it with `}`, e.g. ${HOME}",
+                ));
+            };
+            let expr = &after[..end];
+            let (name, default) = match expr.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (expr, None),
+            };
+            match ((self.env)(name), default) {
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => {
+                    return Err(self.err(
+                        key,
+                        format!("refers to ${{{name}}}, which is not set"),
+                        format!(
+                            "set {name} in the environment, or give a default: ${{{name}:-value}}"
+                        ),
+                    ));
+                }
+            }
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    fn check_adapter(&self, key: &str, name: &str, plugins_dir: &Path) -> Result<(), ConfigError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(self.err(
+                key,
+                format!("\"{name}\" is not a plugin name"),
+                "use the plugin's file name without `.wasm`, e.g. \"lean-fallback\"",
+            ));
+        }
+        if plugins_dir.join(format!("{name}.wasm")).is_file() {
+            return Ok(());
+        }
+        let mut known: Vec<String> = std::fs::read_dir(plugins_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_suffix(".wasm")
+                    .map(str::to_owned)
+            })
+            .collect();
+        known.sort();
+        let available = if known.is_empty() {
+            format!(
+                "{} has no plugins; build them with `cargo xtask build-plugins` or set `rebound.plugins_dir`",
+                plugins_dir.display()
+            )
+        } else {
+            format!(
+                "available in {}: {}",
+                plugins_dir.display(),
+                known.join(", ")
+            )
+        };
+        Err(self.err(
+            key,
+            format!("unknown adapter \"{name}\": no {name}.wasm"),
+            available,
+        ))
+    }
+
+    fn check_recovery(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
+        let positive = |k: &str, v: u64| {
+            if v == 0 {
+                Err(self.err(
+                    format!("{key}.{k}"),
+                    "must be greater than 0",
+                    "give a positive number",
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        positive("timeout_ms", r.timeout_ms)?;
+        positive("retry.max_attempts", r.retry.max_attempts.into())?;
+        positive(
+            "breaker.failure_threshold",
+            r.breaker.failure_threshold.into(),
+        )?;
+        positive(
+            "breaker.success_threshold",
+            r.breaker.success_threshold.into(),
+        )?;
+        positive(
+            "breaker.half_open_max_calls",
+            r.breaker.half_open_max_calls.into(),
+        )?;
+        if let Some(d) = r.deadline_ms {
+            positive("deadline_ms", d)?;
+        }
+        if !(r.retry.multiplier.is_finite() && r.retry.multiplier >= 1.0) {
+            return Err(self.err(
+                format!("{key}.retry.multiplier"),
+                format!("{} is not a growth factor", r.retry.multiplier),
+                "use a number of at least 1.0 (2.0 doubles each delay)",
+            ));
+        }
+        if r.retry.initial_delay_ms > r.retry.max_delay_ms {
+            return Err(self.err(
+                format!("{key}.retry.initial_delay_ms"),
+                "is larger than retry.max_delay_ms",
+                "lower initial_delay_ms or raise max_delay_ms",
+            ));
+        }
+        for (tool, t) in &r.tools {
+            if t.timeout_ms == Some(0) {
+                return Err(self.err(
+                    format!("{key}.tools.{tool}.timeout_ms"),
+                    "must be greater than 0",
+                    "give a positive number",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_server_name(ctx: &Ctx<'_>, key: &str, name: &str) -> Result<(), ConfigError> {
+    // The name becomes a tool-name prefix (`server__tool`), so it must be usable there.
+    if name.is_empty()
+        || name.contains("__")
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(ctx.err(key, format!("\"{name}\" is not a usable server name"), "use letters, digits, `-`, `_` or `.`, without `__` (it separates server and tool in prefixed names)"));
+    }
+    Ok(())
+}
+
+/// Deep-merges `over` into `base`: objects key by key, anything else replaced.
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn resolve(base: &Path, p: PathBuf) -> PathBuf {
+    if p.is_absolute() { p } else { base.join(p) }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// serde_json appends " at line L column C"; we print the position ourselves.
+fn strip_position(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(i) => message[..i].to_owned(),
+        None => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

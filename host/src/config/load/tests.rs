@@ -1,0 +1,228 @@
+use std::path::Path;
+
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "TOKEN" => Some("s3cret".into()),
+        _ => None,
+    }
+}
+
+fn ok(json: &str) -> Config {
+    parse(json, Path::new("/etc/rebound/rebound.json"), &env).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Asserts that `json` is rejected, naming `key`, with `needle` in the message.
+fn rejects(json: &str, key: &str, needle: &str) {
+    let err = parse(json, Path::new("/etc/rebound/rebound.json"), &env)
+        .expect_err("config should be rejected");
+    let text = err.to_string();
+    assert!(
+        text.contains("/etc/rebound/rebound.json"),
+        "no file in: {text}"
+    );
+    assert!(text.contains("hint: "), "no hint in: {text}");
+    assert!(text.contains(needle), "{needle:?} not in: {text}");
+    if !key.is_empty() {
+        assert_eq!(err.key(), Some(key), "in: {text}");
+    }
+}
+
+#[test]
+fn claude_desktop_file_loads_unchanged() {
+    let c = ok(r#"{"mcpServers": {
+        "fs": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "/tmp"]},
+        "remote": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}
+    }, "globalShortcut": "Ctrl+Space"}"#);
+    assert_eq!(c.servers.keys().collect::<Vec<_>>(), ["fs", "remote"]);
+    let Launch::Stdio(s) = &c.servers["fs"].launch else {
+        panic!()
+    };
+    assert_eq!(s.command, "npx");
+    assert_eq!(s.args.len(), 3);
+    let Launch::Http(h) = &c.servers["remote"].launch else {
+        panic!()
+    };
+    assert_eq!(h.headers["Authorization"], "Bearer s3cret");
+    assert_eq!(c.settings.tool_names, ToolNames::Conditional);
+    assert_eq!(
+        c.settings.errors_log,
+        Path::new("/etc/rebound/rebound-errors.jsonl")
+    );
+    assert_eq!(c.servers["fs"].recovery, RecoveryConfig::default());
+}
+
+#[test]
+fn seed_004_defaults() {
+    let r = RecoveryConfig::default();
+    assert_eq!(
+        (
+            r.retry.max_attempts,
+            r.retry.initial_delay_ms,
+            r.retry.max_delay_ms
+        ),
+        (3, 1000, 60_000)
+    );
+    assert!((r.retry.multiplier - 2.0).abs() < f64::EPSILON);
+    let b = r.breaker;
+    assert_eq!(
+        (
+            b.failure_threshold,
+            b.success_threshold,
+            b.open_ms,
+            b.half_open_max_calls
+        ),
+        (5, 2, 60_000, 1)
+    );
+}
+
+#[test]
+fn defaults_merge_under_server_recovery() {
+    let c = ok(r#"{
+        "mcpServers": {"a": {"command": "a", "recovery": {"retry": {"max_attempts": 5}, "tools": {"slow": {"timeout_ms": 9}}}}},
+        "rebound": {"tool_names": "always", "defaults": {"recovery": {"timeout_ms": 1234, "retry": {"initial_delay_ms": 7}}}}
+    }"#);
+    let r = &c.servers["a"].recovery;
+    assert_eq!(r.timeout_ms, 1234);
+    assert_eq!(r.retry.max_attempts, 5);
+    assert_eq!(r.retry.initial_delay_ms, 7);
+    assert_eq!(r.timeout_for("slow"), 9);
+    assert_eq!(r.timeout_for("fast"), 1234);
+    assert_eq!(c.settings.tool_names, ToolNames::Always);
+}
+
+#[test]
+fn relative_paths_start_at_the_config_folder() {
+    let c = ok(
+        r#"{"mcpServers": {"a": {"command": "./bin/server"}}, "rebound": {"plugins_dir": "plugins", "errors_log": "/var/log/e.jsonl"}}"#,
+    );
+    let Launch::Stdio(s) = &c.servers["a"].launch else {
+        panic!()
+    };
+    assert_eq!(s.command, "/etc/rebound/./bin/server");
+    assert_eq!(c.settings.plugins_dir, Path::new("/etc/rebound/plugins"));
+    assert_eq!(c.settings.errors_log, Path::new("/var/log/e.jsonl"));
+}
+
+#[test]
+fn disabled_servers_and_unknown_keys_are_warnings() {
+    let c = ok(
+        r#"{"mcpServers": {"a": {"command": "a", "autoApprove": []}, "b": {"command": "b", "disabled": true}}}"#,
+    );
+    assert_eq!(c.servers.len(), 1);
+    assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+    assert!(c.warnings[0].contains("mcpServers.a.autoApprove"));
+}
+
+#[test]
+fn broken_configs_name_the_key_and_the_fix() {
+    rejects(
+        "{\n  \"mcpServers\": {,}\n}",
+        "",
+        "rebound.json:2:18: not valid JSON",
+    );
+    rejects("[]", "(top level)", "not a JSON object");
+    rejects("{}", "mcpServers", "names no servers");
+    rejects(
+        r#"{"mcpServers": {"a": {}}}"#,
+        "mcpServers.a",
+        "neither `command` nor `url`",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}"#,
+        "mcpServers.a",
+        "both",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": 3}}}"#,
+        "mcpServers.a.command",
+        "must be a string",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "args": "--y"}}}"#,
+        "mcpServers.a.args",
+        "array of strings",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "args": ["${NOPE}"]}}}"#,
+        "mcpServers.a.args[0]",
+        "${NOPE:-value}",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"url": "ftp://h"}}}"#,
+        "mcpServers.a.url",
+        "not an http(s) URL",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"url": "http://h/sse", "type": "sse"}}}"#,
+        "mcpServers.a.type",
+        "SSE",
+    );
+    rejects(
+        r#"{"mcpServers": {"a__b": {"command": "x"}}}"#,
+        "mcpServers.a__b",
+        "server name",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "adapter": "nope"}}}"#,
+        "mcpServers.a.adapter",
+        "cargo xtask build-plugins",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "adapter": "../etc"}}}"#,
+        "mcpServers.a.adapter",
+        "not a plugin name",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retry": {"max_attempts": "3"}}}}}"#,
+        "mcpServers.a.recovery.retry.max_attempts",
+        "invalid type: string",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retyr": {}}}}}"#,
+        "mcpServers.a.recovery.retyr",
+        "unknown field",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"timeout_ms": 0}}}}"#,
+        "mcpServers.a.recovery.timeout_ms",
+        "greater than 0",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retry": {"multiplier": 0.5}}}}}"#,
+        "mcpServers.a.recovery.retry.multiplier",
+        "at least 1.0",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x"}}, "rebound": {"tool_names": "sometimes"}}"#,
+        "rebound.tool_names",
+        "unknown variant",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x"}}, "rebound": {"defaults": {"recovery": {"breaker": {"open_ms": -1}}}}}"#,
+        "rebound.defaults.recovery.breaker.open_ms",
+        "invalid value",
+    );
+}
+
+#[test]
+fn adapter_found_in_plugins_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::fs::write(dir.path().join("plugins/lean-fallback.wasm"), b"").unwrap();
+    let cfg = dir.path().join("rebound.json");
+    let json = r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}, "b": {"command": "x", "adapter": "hol"}}, "rebound": {"plugins_dir": "plugins"}}"#;
+    let err = parse(json, &cfg, &env).unwrap_err().to_string();
+    assert!(
+        err.contains("available in") && err.contains("lean-fallback"),
+        "{err}"
+    );
+    let json = r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": "plugins"}}"#;
+    assert_eq!(
+        parse(json, &cfg, &env).unwrap().servers["a"]
+            .adapter
+            .as_deref(),
+        Some("lean-fallback")
+    );
+}

@@ -1,0 +1,204 @@
+//! The resolved configuration types. Defaults follow seed 004 (3 attempts, 1 s initial
+//! delay, 60 s cap, ×2; breaker 5/2/60 s/1).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A loaded, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (absolute).
+    pub source: PathBuf,
+    /// Enabled servers, in file order.
+    pub servers: IndexMap<String, ServerConfig>,
+    pub settings: Settings,
+    /// Things that are not errors but deserve a line in the log (unknown keys, disabled
+    /// servers).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub launch: Launch,
+    /// Adapter plugin name (`lean-fallback` → `lean-fallback.wasm` in `plugins_dir`).
+    pub adapter: Option<String>,
+    pub recovery: RecoveryConfig,
+    /// Opaque to the host; handed to the adapter.
+    pub adapter_config: Value,
+}
+
+#[derive(Debug, Clone)]
+pub enum Launch {
+    Stdio(StdioLaunch),
+    Http(HttpLaunch),
+}
+
+#[derive(Debug, Clone)]
+pub struct StdioLaunch {
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Resolved against the config file's folder.
+    pub cwd: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpLaunch {
+    pub url: String,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// How tools are named in the merged catalogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolNames {
+    /// `server__tool` only where two servers publish the same name.
+    #[default]
+    Conditional,
+    /// Always `server__tool`.
+    Always,
+    /// Never prefixed; a colliding name is served by the first server in file order.
+    Never,
+}
+
+/// Gateway-wide settings (the `rebound` object).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub plugins_dir: PathBuf,
+    pub errors_log: PathBuf,
+    pub tool_names: ToolNames,
+    /// How long `serve` waits for servers to initialise before answering the client's
+    /// `initialize`; servers still starting join later with `list_changed`.
+    pub startup_timeout_ms: u64,
+    pub restart: RestartPolicy,
+}
+
+/// Supervision of crashed stdio servers.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RestartPolicy {
+    pub initial_delay_ms: u64,
+    pub max_delay_ms: u64,
+    /// Crashes within `crash_window_ms` after which the server is marked down.
+    pub crash_loop_limit: u32,
+    pub crash_window_ms: u64,
+    /// While down, how often a fresh start is tried.
+    pub down_retry_ms: u64,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial_delay_ms: 250,
+            max_delay_ms: 30_000,
+            crash_loop_limit: 5,
+            crash_window_ms: 60_000,
+            down_retry_ms: 60_000,
+        }
+    }
+}
+
+/// Per-server recovery policy (`mcpServers.NAME.recovery`, merged over
+/// `rebound.defaults.recovery`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RecoveryConfig {
+    /// Per-attempt timeout.
+    pub timeout_ms: u64,
+    /// Overall deadline for one client call, all attempts and alternatives included.
+    /// Defaults to `timeout_ms × retry.max_attempts` plus the backoff cap.
+    pub deadline_ms: Option<u64>,
+    /// Whether a progress notification from the server restarts the attempt's timer.
+    pub progress_extends_timeout: bool,
+    pub retry: RetryConfig,
+    pub breaker: BreakerConfig,
+    pub tools: BTreeMap<String, ToolRecovery>,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        Self {
+            timeout_ms: 60_000,
+            deadline_ms: None,
+            progress_extends_timeout: true,
+            retry: RetryConfig::default(),
+            breaker: BreakerConfig::default(),
+            tools: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+    pub initial_delay_ms: u64,
+    pub max_delay_ms: u64,
+    pub multiplier: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            initial_delay_ms: 1_000,
+            max_delay_ms: 60_000,
+            multiplier: 2.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    pub failure_threshold: u32,
+    pub success_threshold: u32,
+    pub open_ms: u64,
+    pub half_open_max_calls: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failure_threshold: 5,
+            success_threshold: 2,
+            open_ms: 60_000,
+            half_open_max_calls: 1,
+        }
+    }
+}
+
+/// Per-tool overrides (`recovery.tools.NAME`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolRecovery {
+    pub timeout_ms: Option<u64>,
+    /// Marks a tool safe to replay even without `idempotentHint`/`readOnlyHint`, or
+    /// (`false`) unsafe even with them.
+    pub idempotent: Option<bool>,
+}
+
+impl RecoveryConfig {
+    /// The per-attempt timeout for `tool`.
+    pub fn timeout_for(&self, tool: &str) -> u64 {
+        self.tools
+            .get(tool)
+            .and_then(|t| t.timeout_ms)
+            .unwrap_or(self.timeout_ms)
+    }
+
+    /// The overall deadline for one call of `tool`.
+    pub fn deadline_for(&self, tool: &str) -> u64 {
+        self.deadline_ms.unwrap_or_else(|| {
+            self.timeout_for(tool)
+                .saturating_mul(u64::from(self.retry.max_attempts))
+                .saturating_add(self.retry.max_delay_ms)
+        })
+    }
+}

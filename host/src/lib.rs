@@ -1,0 +1,4 @@
+//! Rebound: an MCP gateway that keeps an agent's tools working when the servers behind
+//! them fail. See `ARCHITECTURE.md` at the repository root for the codemap.
+
+pub mod config;
