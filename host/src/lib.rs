@@ -2,3 +2,6 @@
 //! them fail. See `ARCHITECTURE.md` at the repository root for the codemap.
 
 pub mod config;
+pub mod gateway;
+pub mod recovery;
+pub mod transport;

@@ -1,4 +1,127 @@
-fn main() {
-    let cfg = rebound::config::load(std::path::Path::new(&std::env::args().nth(1).unwrap()));
-    println!("{cfg:?}");
+//! The `rebound` command line: `serve` the gateway, or `check` a configuration.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use rebound::config::{self, Config, Launch};
+use rebound::gateway::{Gateway, Hub};
+use rmcp::ServiceExt;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Parser)]
+#[command(
+    name = "rebound",
+    version,
+    about = "An MCP gateway that keeps an agent's tools working when the servers behind them fail"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve MCP on stdio in front of the configured servers.
+    Serve {
+        /// The configuration file (Claude-style `mcpServers`, plus Rebound's keys).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration without starting anything.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // stdout is the protocol: every log line goes to stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG")
+                .unwrap_or_else(|_| "info,rmcp=warn".into()),
+        )
+        .with_ansi(false)
+        .init();
+    let result = match cli.command {
+        Command::Serve { config } => serve(config),
+        Command::Check { config } => check(config),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: PathBuf) -> Result<()> {
+    let config = config::load(&path)?;
+    print_warnings(&config);
+    println!(
+        "{}: {} server(s)",
+        config.source.display(),
+        config.servers.len()
+    );
+    for (name, server) in &config.servers {
+        let launch = match &server.launch {
+            Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
+            Launch::Http(h) => format!("http: {}", h.url),
+        };
+        let adapter = server.adapter.as_deref().unwrap_or("built-in classifier");
+        println!(
+            "  {name}: {launch}\n    adapter: {adapter}; timeout {} ms; {} attempts; breaker {}/{}",
+            server.recovery.timeout_ms,
+            server.recovery.retry.max_attempts,
+            server.recovery.breaker.failure_threshold,
+            server.recovery.breaker.open_ms,
+        );
+    }
+    println!("ok");
+    Ok(())
+}
+
+fn print_warnings(config: &Config) {
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+fn serve(path: PathBuf) -> Result<()> {
+    let config = config::load(&path)?;
+    print_warnings(&config);
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(async {
+        let hub = Hub::start(config);
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let serving = async {
+            let running = Gateway::new(hub.clone())
+                .serve(rmcp::transport::stdio())
+                .await
+                .context("the client did not complete the MCP handshake")?;
+            let _ = running.waiting().await;
+            anyhow::Ok(())
+        };
+        let outcome = tokio::select! {
+            r = serving => r,
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
+        };
+        hub.shutdown().await;
+        tracing::info!("all servers stopped");
+        outcome
+    });
+    // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
+    // to drop it.
+    if let Err(e) = outcome {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+    std::process::exit(0)
 }

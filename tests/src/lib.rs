@@ -1,1 +1,1 @@
-//! placeholder
+//! Helpers shared by the end-to-end tests.

@@ -1,0 +1,10 @@
+//! The downstream side: the MCP server the client talks to, the merged catalogue, and the
+//! hub that connects them to the upstream servers.
+
+pub mod call;
+pub mod catalogue;
+pub mod hub;
+pub mod server;
+
+pub use hub::Hub;
+pub use server::Gateway;

@@ -1,0 +1,448 @@
+//! The hub: every supervised server, the catalogue built from them, and the downstream
+//! clients that hear about them. Shared by all downstream sessions (one over stdio, many
+//! over HTTP).
+
+// Logging, sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every
+// revision the gateway speaks; they are relayed faithfully.
+#![allow(deprecated)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use indexmap::IndexMap;
+use rmcp::model::{
+    ClientResult, CreateMessageRequest, ElicitRequest, LoggingLevel, ProgressToken,
+    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+};
+use rmcp::{ErrorData, Peer, RoleServer};
+use tokio::time::Instant;
+
+use super::catalogue::Catalogue;
+use crate::config::Config;
+use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
+use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
+
+/// Where a remapped progress token leads: the downstream client and its own token.
+type ProgressRoute = (Peer<RoleServer>, ProgressToken);
+
+pub struct Hub {
+    pub config: Config,
+    pub servers: IndexMap<Arc<str>, ServerHandle>,
+    catalogue: RwLock<Arc<Catalogue>>,
+    downstreams: Mutex<Vec<Peer<RoleServer>>>,
+    /// (upstream session, upstream token) → downstream.
+    progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
+    /// Calls in flight per server, newest last, for routing server-to-client requests.
+    in_flight: Mutex<HashMap<Arc<str>, Vec<(u64, Peer<RoleServer>)>>>,
+    next_call: std::sync::atomic::AtomicU64,
+    /// Re-applied to a server after it restarts.
+    log_level: Mutex<Option<LoggingLevel>>,
+    subscriptions: Mutex<HashSet<(Arc<str>, String)>>,
+    started_at: Instant,
+    settled: std::sync::atomic::AtomicBool,
+}
+
+/// Forwards upstream traffic to the hub without keeping it alive.
+struct HubRelay(Weak<Hub>);
+
+impl Hub {
+    /// Starts supervising every configured server and returns at once; servers come up in
+    /// parallel and join the catalogue as they do.
+    pub fn start(config: Config) -> Arc<Self> {
+        let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
+            let relay: Arc<dyn Relay> = Arc::new(HubRelay(weak.clone()));
+            let startup = Duration::from_millis(config.settings.startup_timeout_ms);
+            let servers = config
+                .servers
+                .values()
+                .map(|s| {
+                    let handle = spawn_supervisor(
+                        s.clone(),
+                        relay.clone(),
+                        config.settings.restart,
+                        startup,
+                    );
+                    (handle.name.clone(), handle)
+                })
+                .collect();
+            Hub {
+                config,
+                servers,
+                catalogue: RwLock::default(),
+                downstreams: Mutex::default(),
+                progress: Mutex::default(),
+                in_flight: Mutex::default(),
+                next_call: Default::default(),
+                log_level: Mutex::default(),
+                subscriptions: Mutex::default(),
+                started_at: Instant::now(),
+                settled: Default::default(),
+            }
+        });
+        for handle in hub.servers.values() {
+            let mut rx = handle.subscribe();
+            let weak = Arc::downgrade(&hub);
+            let name = handle.name.clone();
+            tokio::spawn(async move {
+                let mut last = rx.borrow().status;
+                while rx.changed().await.is_ok() {
+                    let status = rx.borrow_and_update().status;
+                    let Some(hub) = weak.upgrade() else { break };
+                    if status == Status::Ready && status != last {
+                        hub.on_ready(&name, last != Status::Starting).await;
+                    } else if status != last {
+                        hub.rebuild(false);
+                    }
+                    last = status;
+                }
+            });
+        }
+        hub
+    }
+
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        self.catalogue.read().expect("not poisoned").clone()
+    }
+
+    /// Waits until every server has finished its first start (or failed it), at most
+    /// until the start-up deadline, so that the first `tools/list` is complete.
+    pub async fn settled(&self) {
+        let deadline =
+            self.started_at + Duration::from_millis(self.config.settings.startup_timeout_ms);
+        for handle in self.servers.values() {
+            let mut rx = handle.subscribe();
+            let _ = tokio::time::timeout_at(
+                deadline,
+                rx.wait_for(|s| s.status != Status::Starting || s.last_error.is_some()),
+            )
+            .await;
+        }
+        if !self.settled.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            // The state watchers rebuild too, but asynchronously: make sure the first
+            // answer already has every server that is up.
+            self.rebuild(false);
+        }
+    }
+
+    /// A downstream client finished initialising: it hears notifications from now on.
+    pub fn add_downstream(&self, peer: Peer<RoleServer>) {
+        let mut list = self.downstreams.lock().expect("not poisoned");
+        list.retain(|p| !p.is_transport_closed());
+        list.push(peer);
+    }
+
+    fn downstreams(&self) -> Vec<Peer<RoleServer>> {
+        let mut list = self.downstreams.lock().expect("not poisoned");
+        list.retain(|p| !p.is_transport_closed());
+        list.clone()
+    }
+
+    /// Sends `notification` to every downstream client, without waiting on any of them.
+    fn broadcast(&self, notification: ServerNotification) {
+        for peer in self.downstreams() {
+            let n = notification.clone();
+            tokio::spawn(async move {
+                if let Err(e) = peer.send_notification(n).await {
+                    tracing::debug!("a downstream notification was not delivered: {e}");
+                }
+            });
+        }
+    }
+
+    /// A server became ready: re-apply what the client set, rebuild, and tell clients.
+    async fn on_ready(&self, server: &str, restarted: bool) {
+        let Some(handle) = self.servers.get(server) else {
+            return;
+        };
+        if let Some(session) = handle.state().session {
+            let level = *self.log_level.lock().expect("not poisoned");
+            if let (Some(level), true) = (
+                level,
+                session
+                    .info
+                    .as_ref()
+                    .is_some_and(|i| i.capabilities.logging.is_some()),
+            ) {
+                let _ = session
+                    .peer
+                    .set_level(SetLevelRequestParams::new(level))
+                    .await;
+            }
+            let uris: Vec<String> = self
+                .subscriptions
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .filter(|(s, _)| &**s == server)
+                .map(|(_, u)| u.clone())
+                .collect();
+            for uri in uris {
+                let _ = session
+                    .peer
+                    .subscribe(SubscribeRequestParams::new(uri))
+                    .await;
+            }
+        }
+        // After a restart the client is told even if nothing changed: its view of the
+        // server's tools may have been invalidated by errors it saw meanwhile.
+        self.rebuild(restarted);
+    }
+
+    /// Rebuilds the catalogue from the servers' latest listings and tells clients what
+    /// changed (tools always, with `force`).
+    pub fn rebuild(&self, force: bool) {
+        let mut listings = Vec::new();
+        for (name, handle) in &self.servers {
+            if let Some(session) = handle.state().session {
+                listings.push((name.clone(), session.listing()));
+            }
+        }
+        let next = Arc::new(Catalogue::build(&listings, self.config.settings.tool_names));
+        let prev = std::mem::replace(
+            &mut *self.catalogue.write().expect("not poisoned"),
+            next.clone(),
+        );
+        if force || next.tools_differ(&prev) {
+            self.broadcast(ServerNotification::ToolListChangedNotification(
+                Default::default(),
+            ));
+        }
+        if next.prompts_differ(&prev) {
+            self.broadcast(ServerNotification::PromptListChangedNotification(
+                Default::default(),
+            ));
+        }
+        if next.resources_differ(&prev) {
+            self.broadcast(ServerNotification::ResourceListChangedNotification(
+                Default::default(),
+            ));
+        }
+    }
+
+    /// Registers a call in flight on `server` from `peer`; dropped when the guard is.
+    pub fn track_call(self: &Arc<Self>, server: &Arc<str>, peer: &Peer<RoleServer>) -> CallGuard {
+        let id = self
+            .next_call
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.in_flight
+            .lock()
+            .expect("not poisoned")
+            .entry(server.clone())
+            .or_default()
+            .push((id, peer.clone()));
+        CallGuard {
+            hub: self.clone(),
+            server: server.clone(),
+            id,
+        }
+    }
+
+    /// Maps upstream progress of `session`'s `upstream` token to the client's `token`.
+    pub fn map_progress(&self, session: u64, upstream: ProgressToken, route: ProgressRoute) {
+        self.progress
+            .lock()
+            .expect("not poisoned")
+            .insert((session, upstream), route);
+    }
+
+    pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) {
+        self.progress
+            .lock()
+            .expect("not poisoned")
+            .remove(&(session, upstream.clone()));
+    }
+
+    pub fn set_log_level(&self, level: LoggingLevel) {
+        *self.log_level.lock().expect("not poisoned") = Some(level);
+    }
+
+    pub fn subscribed(&self, server: Arc<str>, uri: String, on: bool) {
+        let mut subs = self.subscriptions.lock().expect("not poisoned");
+        if on {
+            subs.insert((server, uri));
+        } else {
+            subs.remove(&(server, uri));
+        }
+    }
+
+    /// The client that should answer a request from `server`: the one with the newest
+    /// call in flight there, else any connected client.
+    fn client_for(&self, server: &str) -> Option<Peer<RoleServer>> {
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        in_flight
+            .get(server)
+            .and_then(|calls| {
+                calls
+                    .iter()
+                    .rev()
+                    .map(|(_, p)| p)
+                    .find(|p| !p.is_transport_closed())
+                    .cloned()
+            })
+            .or_else(|| self.downstreams().pop())
+    }
+
+    /// Stops every server in parallel and waits until their processes are gone.
+    pub async fn shutdown(&self) {
+        futures::future::join_all(self.servers.values().map(ServerHandle::shutdown)).await;
+    }
+
+    fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {
+        match event {
+            UpstreamEvent::Progress(mut p) => {
+                let route = self
+                    .progress
+                    .lock()
+                    .expect("not poisoned")
+                    .get(&(session, p.progress_token.clone()))
+                    .cloned();
+                // Progress for a call that already finished (or never was ours) has
+                // nobody to go to.
+                if let Some((peer, token)) = route {
+                    p.progress_token = token;
+                    tokio::spawn(async move {
+                        let _ = peer.notify_progress(p).await;
+                    });
+                }
+            }
+            UpstreamEvent::Log(mut log) => {
+                log.logger = Some(match log.logger.take() {
+                    Some(l) => format!("{server}/{l}"),
+                    None => server.to_owned(),
+                });
+                self.broadcast(ServerNotification::LoggingMessageNotification(
+                    rmcp::model::Notification::new(log),
+                ));
+            }
+            UpstreamEvent::ResourceUpdated(u) => {
+                self.broadcast(ServerNotification::ResourceUpdatedNotification(
+                    rmcp::model::Notification::new(u),
+                ));
+            }
+            UpstreamEvent::Custom(n) => self.broadcast(ServerNotification::CustomNotification(n)),
+            UpstreamEvent::Cancelled(c) => {
+                // rmcp has already cancelled the request the server gave up on.
+                tracing::debug!(server, "server cancelled its request {:?}", c.request_id);
+            }
+            UpstreamEvent::ToolsChanged
+            | UpstreamEvent::PromptsChanged
+            | UpstreamEvent::ResourcesChanged => {
+                let server = server.to_owned();
+                tokio::spawn(async move {
+                    let Some(session) = self
+                        .servers
+                        .get(server.as_str())
+                        .and_then(|h| h.state().session)
+                    else {
+                        return;
+                    };
+                    session.refresh().await;
+                    self.rebuild(false);
+                });
+            }
+        }
+    }
+
+    fn on_request(
+        self: Arc<Self>,
+        server: &str,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        let peer = self.client_for(server);
+        let server = server.to_owned();
+        Box::pin(async move {
+            let Some(peer) = peer else {
+                return Err(ErrorData::internal_error(
+                    "no client is connected to the gateway to answer this request",
+                    None,
+                ));
+            };
+            let caps = peer
+                .peer_info()
+                .map(|i| i.capabilities.clone())
+                .unwrap_or_default();
+            let (request, supported, what) = match request {
+                UpstreamRequest::Sampling(p) => (
+                    ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)),
+                    caps.sampling.is_some(),
+                    "sampling",
+                ),
+                UpstreamRequest::Roots => (
+                    ServerRequest::ListRootsRequest(Default::default()),
+                    caps.roots.is_some(),
+                    "roots",
+                ),
+                UpstreamRequest::Elicitation(p) => (
+                    ServerRequest::ElicitRequest(ElicitRequest::new(p)),
+                    caps.elicitation.is_some(),
+                    "elicitation",
+                ),
+                UpstreamRequest::Custom(c) => {
+                    (ServerRequest::CustomRequest(c), true, "custom requests")
+                }
+            };
+            if !supported {
+                return Err(ErrorData::new(
+                    rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                    format!(
+                        "the client behind the gateway does not support {what} (server `{server}` asked for it)"
+                    ),
+                    None,
+                ));
+            }
+            peer.send_request(request).await.map_err(|e| match e {
+                rmcp::ServiceError::McpError(e) => e,
+                other => {
+                    ErrorData::internal_error(format!("the client did not answer: {other}"), None)
+                }
+            })
+        })
+    }
+}
+
+impl Relay for HubRelay {
+    fn notify(&self, server: &str, session: u64, event: UpstreamEvent) {
+        if let Some(hub) = self.0.upgrade() {
+            hub.on_event(server, session, event);
+        }
+    }
+
+    fn request(
+        &self,
+        server: &str,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        match self.0.upgrade() {
+            Some(hub) => hub.on_request(server, request),
+            None => Box::pin(async {
+                Err(ErrorData::internal_error(
+                    "the gateway is shutting down",
+                    None,
+                ))
+            }),
+        }
+    }
+}
+
+/// Keeps a call registered as in flight until dropped.
+pub struct CallGuard {
+    hub: Arc<Hub>,
+    server: Arc<str>,
+    id: u64,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if let Some(calls) = self
+            .hub
+            .in_flight
+            .lock()
+            .expect("not poisoned")
+            .get_mut(&self.server)
+        {
+            calls.retain(|(id, _)| *id != self.id);
+        }
+    }
+}

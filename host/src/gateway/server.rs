@@ -1,0 +1,394 @@
+//! The MCP server a client connects to: lists come from the catalogue, requests are
+//! routed to the server that owns the name, and a routed tool call always ends in a
+//! result, never in a JSON-RPC error.
+
+// Logging and subscriptions are deprecated by 2026-07-28 (SEP-2577) but live in every
+// revision the gateway speaks.
+#![allow(deprecated)]
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientNotification,
+    CompleteRequestParams, CompleteResult, CustomNotification, GetPromptRequestParams,
+    GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability,
+    ServerCapabilities, SetLevelRequestParams, SubscribeRequestParams, ToolsCapability,
+    UnsubscribeRequestParams,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
+
+use super::call::{Attempt, attempt};
+use super::hub::Hub;
+use crate::recovery::Failure;
+use crate::recovery::report::Report;
+use crate::transport::Session;
+
+/// One downstream session's handler. Cheap to clone; all state lives in the [`Hub`].
+#[derive(Clone)]
+pub struct Gateway {
+    hub: Arc<Hub>,
+}
+
+impl Gateway {
+    pub fn new(hub: Arc<Hub>) -> Self {
+        Self { hub }
+    }
+
+    /// The live session of `server`, waiting for a start in progress up to `within`.
+    async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
+        let handle = self
+            .hub
+            .servers
+            .get(server)
+            .ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
+        handle.ready_session(within).await.map_err(|nr| {
+            let failure = Failure::Unavailable {
+                status: nr.status,
+                reason: nr.last_error,
+            };
+            ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
+        })
+    }
+
+    fn wait_for(&self, server: &str) -> Duration {
+        self.hub
+            .config
+            .servers
+            .get(server)
+            .map(|s| Duration::from_millis(s.recovery.timeout_ms))
+            .unwrap_or(Duration::from_secs(30))
+    }
+}
+
+fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => ErrorData::internal_error(format!("server `{server}`: {other}"), None),
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        // Everything a server behind us might offer; lists may be empty.
+        let mut caps = ServerCapabilities::default();
+        let mut tools = ToolsCapability::default();
+        tools.list_changed = Some(true);
+        caps.tools = Some(tools);
+        let mut prompts = PromptsCapability::default();
+        prompts.list_changed = Some(true);
+        caps.prompts = Some(prompts);
+        let mut resources = ResourcesCapability::default();
+        resources.list_changed = Some(true);
+        resources.subscribe = Some(true);
+        caps.resources = Some(resources);
+        caps.logging = Some(Default::default());
+        caps.completions = Some(Default::default());
+        rmcp::model::ServerConfig::new(caps)
+            .with_server_info(Implementation::new("rebound", env!("CARGO_PKG_VERSION")).with_title("Rebound MCP gateway"))
+            .with_instructions("Rebound is a gateway in front of several MCP servers. When a tool fails, its result says what was tried and what to do next.")
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        // 2026-07-28 forbids server-to-client requests, which the servers behind us use.
+        Cow::Borrowed(ProtocolVersion::known_up_to(
+            &ProtocolVersion::LATEST_WITH_INITIALIZE,
+        ))
+    }
+
+    async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
+        self.hub.add_downstream(cx.peer);
+    }
+
+    async fn list_tools(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.hub.settled().await;
+        Ok(ListToolsResult::with_all_items(
+            self.hub.catalogue().tools.clone(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.hub.settled().await;
+        let catalogue = self.hub.catalogue();
+        let Some((route, _tool)) = catalogue.tool(&request.name) else {
+            // The one failure that is a protocol error: there is nothing to route to.
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown tool `{}`; call tools/list for the tools this gateway offers",
+                    request.name
+                ),
+                None,
+            ));
+        };
+        let server = &route.server;
+        let Some(handle) = self.hub.servers.get(server) else {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "tool `{}` belongs to unknown server `{server}`",
+                    request.name
+                ),
+                None,
+            ));
+        };
+        let recovery = &handle.config.recovery;
+        let how = Attempt {
+            timeout: Duration::from_millis(recovery.timeout_for(&route.name)),
+            progress_extends_timeout: recovery.progress_extends_timeout,
+        };
+        let _guard = self.hub.track_call(server, &cx.peer);
+        let outcome = match handle.ready_session(how.timeout).await {
+            Ok(session) => {
+                attempt(
+                    &self.hub,
+                    &session,
+                    &route.name,
+                    request.arguments,
+                    how,
+                    &cx,
+                )
+                .await
+            }
+            Err(nr) => Err(Failure::Unavailable {
+                status: nr.status,
+                reason: nr.last_error,
+            }),
+        };
+        let result = match outcome {
+            Ok(result) => result,
+            // The tool's own error, from a healthy server: the agent sees it as it is.
+            Err(Failure::ToolError { result }) => result,
+            Err(failure) => {
+                tracing::warn!(server = %server, tool = %route.name, "call failed: {}", failure.message());
+                Report {
+                    server,
+                    tool: &route.name,
+                    failure: &failure,
+                    attempts: 1,
+                }
+                .into_result()
+            }
+        };
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        self.hub.settled().await;
+        Ok(ListPromptsResult::with_all_items(
+            self.hub.catalogue().prompts.clone(),
+        ))
+    }
+
+    async fn get_prompt(
+        &self,
+        mut request: GetPromptRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let route = self
+            .hub
+            .catalogue()
+            .prompt(&request.name)
+            .cloned()
+            .ok_or_else(|| {
+                ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None)
+            })?;
+        let session = self
+            .session(&route.server, self.wait_for(&route.server))
+            .await?;
+        request.name = route.name;
+        session
+            .peer
+            .get_prompt(request)
+            .await
+            .map(Into::into)
+            .map_err(|e| upstream_error(&route.server, e))
+    }
+
+    async fn list_resources(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        self.hub.settled().await;
+        Ok(ListResourcesResult::with_all_items(
+            self.hub.catalogue().resources.clone(),
+        ))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _: Option<PaginatedRequestParams>,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        self.hub.settled().await;
+        Ok(ListResourceTemplatesResult::with_all_items(
+            self.hub.catalogue().templates.clone(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let server = self.resource_server(&request.uri)?;
+        let session = self.session(&server, self.wait_for(&server)).await?;
+        session
+            .peer
+            .read_resource(request)
+            .await
+            .map(Into::into)
+            .map_err(|e| upstream_error(&server, e))
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let server = self.resource_server(&request.uri)?;
+        let session = self.session(&server, self.wait_for(&server)).await?;
+        let uri = request.uri.clone();
+        session
+            .peer
+            .subscribe(request)
+            .await
+            .map_err(|e| upstream_error(&server, e))?;
+        self.hub.subscribed(server, uri, true);
+        Ok(())
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let server = self.resource_server(&request.uri)?;
+        self.hub
+            .subscribed(server.clone(), request.uri.clone(), false);
+        let session = self.session(&server, self.wait_for(&server)).await?;
+        session
+            .peer
+            .unsubscribe(request)
+            .await
+            .map_err(|e| upstream_error(&server, e))
+    }
+
+    async fn complete(
+        &self,
+        mut request: CompleteRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let catalogue = self.hub.catalogue();
+        let server = match &mut request.r#ref {
+            rmcp::model::Reference::Prompt(p) => {
+                let route = catalogue.prompt(&p.name).cloned().ok_or_else(|| {
+                    ErrorData::invalid_params(format!("unknown prompt `{}`", p.name), None)
+                })?;
+                p.name = route.name;
+                route.server
+            }
+            rmcp::model::Reference::Resource(r) => {
+                catalogue.template_server(&r.uri).ok_or_else(|| {
+                    ErrorData::invalid_params(format!("no server offers `{}`", r.uri), None)
+                })?
+            }
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    "unsupported completion reference",
+                    None,
+                ));
+            }
+        };
+        let session = self.session(&server, self.wait_for(&server)).await?;
+        session
+            .peer
+            .complete(request)
+            .await
+            .map_err(|e| upstream_error(&server, e))
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.hub.set_log_level(request.level);
+        for handle in self.hub.servers.values() {
+            let Some(session) = handle.state().session.filter(|s| s.is_live()) else {
+                continue;
+            };
+            if session
+                .info
+                .as_ref()
+                .is_some_and(|i| i.capabilities.logging.is_some())
+            {
+                if let Err(e) = session
+                    .peer
+                    .set_level(SetLevelRequestParams::new(request.level))
+                    .await
+                {
+                    tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_cancelled(
+        &self,
+        _: CancelledNotificationParam,
+        _: NotificationContext<RoleServer>,
+    ) {
+        // rmcp cancels the request's token; `attempt` passes the cancellation upstream.
+    }
+
+    async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {
+        for session in self.live_sessions() {
+            let _ = session.peer.notify_roots_list_changed().await;
+        }
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _: NotificationContext<RoleServer>,
+    ) {
+        for session in self.live_sessions() {
+            let n = ClientNotification::CustomNotification(notification.clone());
+            let _ = session.peer.send_notification(n).await;
+        }
+    }
+}
+
+impl Gateway {
+    fn resource_server(&self, uri: &str) -> Result<Arc<str>, ErrorData> {
+        self.hub
+            .catalogue()
+            .resource_server(uri)
+            .ok_or_else(|| ErrorData::resource_not_found(format!("no server offers `{uri}`"), None))
+    }
+
+    fn live_sessions(&self) -> Vec<Arc<Session>> {
+        self.hub
+            .servers
+            .values()
+            .filter_map(|h| h.state().session.filter(|s| s.is_live()))
+            .collect()
+    }
+}

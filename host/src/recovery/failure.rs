@@ -1,0 +1,74 @@
+//! One failed attempt at a tool call, as observed by the gateway.
+
+use std::time::Duration;
+
+use rmcp::model::CallToolResult;
+use serde_json::Value;
+
+use crate::transport::Status;
+
+/// What happened to one attempt.
+#[derive(Debug, Clone)]
+pub enum Failure {
+    /// No answer within the attempt's timeout; `notifications/cancelled` went upstream.
+    Timeout { after: Duration },
+    /// A JSON-RPC error from the server.
+    Rpc {
+        code: i32,
+        message: String,
+        data: Option<Value>,
+    },
+    /// The tool answered with `isError: true`.
+    ToolError { result: CallToolResult },
+    /// The connection was lost while the call was in flight: it may or may not have run.
+    ConnectionLost { reason: String },
+    /// The call never left the gateway: the server was not running.
+    Unavailable {
+        status: Status,
+        reason: Option<String>,
+    },
+    /// The request could not be written to the server, so it was never delivered.
+    SendFailed { reason: String },
+    /// The server answered with something that is not a tool result.
+    Protocol { reason: String },
+    /// The client cancelled the call.
+    Cancelled,
+}
+
+impl Failure {
+    /// A short machine-readable name for logs and `_meta`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Timeout { .. } => "timeout",
+            Self::Rpc { .. } => "rpc_error",
+            Self::ToolError { .. } => "tool_error",
+            Self::ConnectionLost { .. } => "connection_lost",
+            Self::Unavailable { .. } => "unavailable",
+            Self::SendFailed { .. } => "send_failed",
+            Self::Protocol { .. } => "protocol",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// The text of an `isError` result, or the message of anything else.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Timeout { after } => format!("no answer within {} ms", after.as_millis()),
+            Self::Rpc { code, message, .. } => format!("JSON-RPC error {code}: {message}"),
+            Self::ToolError { result } => result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Self::ConnectionLost { reason } => format!("connection lost: {reason}"),
+            Self::Unavailable { status, reason } => match reason {
+                Some(r) => format!("server is {} ({r})", status.as_str()),
+                None => format!("server is {}", status.as_str()),
+            },
+            Self::SendFailed { reason } => format!("request not delivered: {reason}"),
+            Self::Protocol { reason } => format!("protocol error: {reason}"),
+            Self::Cancelled => "cancelled by the client".to_owned(),
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Upstream MCP servers: launching them, speaking to them as a client, and supervising
+//! their processes.
+
+pub mod process;
+pub mod supervisor;
+pub mod upstream;
+
+pub use supervisor::{ServerHandle, Session, Status, spawn_supervisor};
+pub use upstream::{Relay, UpstreamEvent, UpstreamRequest};

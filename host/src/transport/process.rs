@@ -1,0 +1,135 @@
+//! Launching a stdio server as a child in its own process group, and stopping it
+//! politely: stdin closed, then SIGTERM, then SIGKILL, always reaped.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::config::StdioLaunch;
+
+/// How long a child gets after stdin closes, and again after SIGTERM.
+const GRACE: Duration = Duration::from_secs(2);
+
+/// A running child server. Dropping it kills the whole process group.
+#[derive(Debug)]
+pub struct ServerProcess {
+    child: Child,
+    pgid: Option<Pid>,
+    /// The last lines the server wrote to stderr, for start-up error messages.
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+/// How many stderr lines a start-up error quotes.
+const TAIL_LINES: usize = 5;
+
+/// The child's protocol pipes.
+pub struct Pipes {
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+}
+
+impl ServerProcess {
+    /// Starts `launch` for the server `name`; its stderr lines go to the log under that
+    /// name (stdout is the protocol).
+    pub fn spawn(name: &str, launch: &StdioLaunch) -> std::io::Result<(Self, Pipes)> {
+        let mut cmd = Command::new(&launch.command);
+        cmd.args(&launch.args)
+            .envs(&launch.env)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group, so that a server's helpers (npx → node, uv → python) are
+            // signalled with it and a Ctrl-C meant for the gateway does not reach them.
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(cwd) = &launch.cwd {
+            cmd.current_dir(cwd);
+        }
+        let mut child = cmd.spawn()?;
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        if let Some(stderr) = child.stderr.take() {
+            let name = name.to_owned();
+            let tail = tail.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(target: "rebound::upstream", server = %name, "{line}");
+                    let mut tail = tail.lock().expect("not poisoned");
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line);
+                }
+            });
+        }
+        Ok((Self { child, pgid, tail }, Pipes { stdin, stdout }))
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// `"; stderr: …"` with the server's last stderr lines, or nothing.
+    pub fn stderr_tail(&self) -> String {
+        let tail = self.tail.lock().expect("not poisoned");
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; its stderr ended with: {}",
+                tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+            )
+        }
+    }
+
+    /// Waits for the child to exit by itself.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Stops the child (whose stdin the caller has already closed): a grace period, then
+    /// SIGTERM to its group, another grace period, then SIGKILL. Always reaps it.
+    pub async fn stop(mut self) {
+        if tokio::time::timeout(GRACE, self.child.wait()).await.is_ok() {
+            self.signal_group(Signal::SIGKILL); // helpers it left behind
+            self.pgid = None;
+            return;
+        }
+        self.signal_group(Signal::SIGTERM);
+        if tokio::time::timeout(GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.signal_group(Signal::SIGKILL);
+            let _ = self.child.kill().await;
+        }
+        self.signal_group(Signal::SIGKILL);
+        // Reaped: the id may be reused from now on, so Drop must not signal it.
+        self.pgid = None;
+    }
+
+    fn signal_group(&self, signal: Signal) {
+        if let Some(pgid) = self.pgid {
+            // ESRCH (group already gone) is the normal case after a clean exit.
+            let _ = killpg(pgid, signal);
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.signal_group(Signal::SIGKILL);
+    }
+}

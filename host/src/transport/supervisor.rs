@@ -1,0 +1,455 @@
+//! Supervision of one upstream server: start it, list what it offers, watch it, and
+//! restart it with exponential backoff when it dies, marking it down after a crash loop.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
+use rmcp::service::{ClientCacheConfig, RunningService};
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::{Peer, RoleClient, ServiceExt};
+use std::sync::RwLock;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::process::ServerProcess;
+use super::upstream::{Relay, UpstreamHandler};
+use crate::config::{Launch, RestartPolicy, ServerConfig};
+
+/// Lines longer than this from a server are dropped (and the request they answer times
+/// out). rmcp's default is 16 MiB; tools that return whole files deserve more.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// What a server is doing now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Starting,
+    Ready,
+    Restarting,
+    /// Crash-looping or unsupported; a fresh start is tried every `down_retry_ms`.
+    Down,
+    Stopped,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Ready => "ready",
+            Self::Restarting => "restarting",
+            Self::Down => "down",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+/// What a server offers, as it last listed it.
+#[derive(Debug, Default)]
+pub struct Listing {
+    pub tools: Vec<Tool>,
+    pub prompts: Vec<Prompt>,
+    pub resources: Vec<Resource>,
+    pub templates: Vec<ResourceTemplate>,
+}
+
+/// One initialised connection to a server process. Replaced on every restart.
+#[derive(Debug)]
+pub struct Session {
+    /// Unique across all servers and restarts.
+    pub id: u64,
+    pub peer: Peer<RoleClient>,
+    pub info: Option<Arc<ServerPeerInfo>>,
+    /// Cancelled the moment the connection is lost, so calls in flight end at once.
+    pub closed: CancellationToken,
+    pub listing: RwLock<Arc<Listing>>,
+}
+
+impl Session {
+    pub fn is_live(&self) -> bool {
+        !self.closed.is_cancelled()
+    }
+
+    /// Re-lists everything the server's capabilities say it has.
+    pub async fn refresh(&self) {
+        let listing = list_all(&self.peer, self.info.as_deref()).await;
+        *self.listing.write().expect("not poisoned") = Arc::new(listing);
+    }
+
+    /// What the server offers, as last listed.
+    pub fn listing(&self) -> Arc<Listing> {
+        self.listing.read().expect("not poisoned").clone()
+    }
+}
+
+/// A server's state as the gateway sees it.
+#[derive(Debug, Clone)]
+pub struct ServerState {
+    pub status: Status,
+    /// The current session, or the last one (closed) while restarting or down: its
+    /// listing keeps the server's tools in the catalogue, so clients never lose them.
+    pub session: Option<Arc<Session>>,
+    /// Successful starts after the first.
+    pub restarts: u32,
+    pub last_error: Option<String>,
+}
+
+/// The gateway's handle on one supervised server.
+#[derive(Debug)]
+pub struct ServerHandle {
+    pub name: Arc<str>,
+    pub config: ServerConfig,
+    state: watch::Receiver<ServerState>,
+    shutdown: CancellationToken,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Why a server could not take a call.
+#[derive(Debug, Clone)]
+pub struct NotReady {
+    pub status: Status,
+    pub last_error: Option<String>,
+}
+
+impl ServerHandle {
+    pub fn state(&self) -> ServerState {
+        self.state.borrow().clone()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<ServerState> {
+        self.state.clone()
+    }
+
+    /// The live session, waiting up to `within` for one (a start or restart in progress).
+    /// A server that is down answers at once.
+    pub async fn ready_session(&self, within: Duration) -> Result<Arc<Session>, NotReady> {
+        let mut rx = self.state.clone();
+        let wait = rx.wait_for(|s| {
+            matches!(s.status, Status::Down | Status::Stopped)
+                || (s.status == Status::Ready && s.session.as_ref().is_some_and(|x| x.is_live()))
+        });
+        let state = match tokio::time::timeout(within, wait).await {
+            Ok(Ok(state)) => state.clone(),
+            _ => self.state(),
+        };
+        match state.session {
+            Some(session) if state.status == Status::Ready && session.is_live() => Ok(session),
+            _ => Err(NotReady {
+                status: state.status,
+                last_error: state.last_error,
+            }),
+        }
+    }
+
+    /// Stops the server and waits for its process to be gone.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let task = self.task.lock().expect("not poisoned").take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Starts supervising `config`; its traffic goes to `relay`.
+pub fn spawn_supervisor(
+    config: ServerConfig,
+    relay: Arc<dyn Relay>,
+    policy: RestartPolicy,
+    startup_timeout: Duration,
+) -> ServerHandle {
+    let (tx, rx) = watch::channel(ServerState {
+        status: Status::Starting,
+        session: None,
+        restarts: 0,
+        last_error: None,
+    });
+    let shutdown = CancellationToken::new();
+    let name: Arc<str> = config.name.as_str().into();
+    let sup = Supervisor {
+        name: name.clone(),
+        config: config.clone(),
+        relay,
+        policy,
+        startup_timeout,
+        tx,
+        shutdown: shutdown.clone(),
+    };
+    let task = tokio::spawn(sup.run());
+    ServerHandle {
+        name,
+        config,
+        state: rx,
+        shutdown,
+        task: std::sync::Mutex::new(Some(task)),
+    }
+}
+
+/// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
+pub fn restart_delay(policy: &RestartPolicy, attempt: u32) -> Duration {
+    let factor = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
+    Duration::from_millis(
+        policy
+            .initial_delay_ms
+            .saturating_mul(factor)
+            .min(policy.max_delay_ms),
+    )
+}
+
+struct Supervisor {
+    name: Arc<str>,
+    config: ServerConfig,
+    relay: Arc<dyn Relay>,
+    policy: RestartPolicy,
+    startup_timeout: Duration,
+    tx: watch::Sender<ServerState>,
+    shutdown: CancellationToken,
+}
+
+/// A running, initialised server.
+struct Connection {
+    process: ServerProcess,
+    service: tokio::task::JoinHandle<()>,
+    stop: CancellationToken,
+    session: Arc<Session>,
+}
+
+impl Supervisor {
+    async fn run(self) {
+        let mut crashes: VecDeque<Instant> = VecDeque::new();
+        let mut attempt = 0u32;
+        let mut first = true;
+        loop {
+            let started = tokio::select! {
+                r = self.start() => r,
+                () = self.shutdown.cancelled() => break,
+            };
+            match started {
+                Ok(mut conn) => {
+                    let restarted = !first;
+                    self.tx.send_modify(|s| {
+                        s.status = Status::Ready;
+                        s.session = Some(conn.session.clone());
+                        s.last_error = None;
+                        if restarted {
+                            s.restarts += 1;
+                        }
+                    });
+                    if restarted {
+                        tracing::info!(server = %self.name, "restarted and re-initialised");
+                    } else {
+                        tracing::info!(server = %self.name, "ready");
+                    }
+                    let up_since = Instant::now();
+                    let lost = tokio::select! {
+                        status = conn.process.wait() => match status {
+                            Ok(s) => format!("the server process exited ({s})"),
+                            Err(e) => format!("the server process could not be waited for: {e}"),
+                        },
+                        _ = &mut conn.service => "the server closed its output".to_owned(),
+                        () = self.shutdown.cancelled() => {
+                            conn.stop().await;
+                            break;
+                        }
+                    };
+                    conn.session.closed.cancel();
+                    tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
+                    self.tx.send_modify(|s| {
+                        s.status = Status::Restarting;
+                        s.last_error = Some(lost);
+                    });
+                    conn.stop().await;
+                    // A server that stayed up for a whole window has not been looping.
+                    if up_since.elapsed() >= Duration::from_millis(self.policy.crash_window_ms) {
+                        crashes.clear();
+                        attempt = 0;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(server = %self.name, "failed to start: {error}");
+                    self.tx.send_modify(|s| {
+                        s.status = if first {
+                            Status::Starting
+                        } else {
+                            Status::Restarting
+                        };
+                        s.last_error = Some(error);
+                    });
+                }
+            }
+            first = false;
+            let now = Instant::now();
+            crashes.push_back(now);
+            let window = Duration::from_millis(self.policy.crash_window_ms);
+            while crashes
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > window)
+            {
+                crashes.pop_front();
+            }
+            let delay = if crashes.len() >= self.policy.crash_loop_limit as usize {
+                tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.policy.down_retry_ms);
+                self.tx.send_modify(|s| s.status = Status::Down);
+                crashes.clear();
+                attempt = 0;
+                Duration::from_millis(self.policy.down_retry_ms)
+            } else {
+                let d = restart_delay(&self.policy, attempt);
+                attempt = attempt.saturating_add(1);
+                d
+            };
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.shutdown.cancelled() => break,
+            }
+        }
+        self.tx.send_modify(|s| {
+            s.status = Status::Stopped;
+            if let Some(session) = &s.session {
+                session.closed.cancel();
+            }
+        });
+    }
+
+    async fn start(&self) -> Result<Connection, String> {
+        let launch = match &self.config.launch {
+            Launch::Stdio(launch) => launch,
+            Launch::Http(http) => {
+                return Err(format!(
+                    "HTTP upstreams ({}) are not supported by this build of rebound; run the server over stdio with `command`",
+                    http.url
+                ));
+            }
+        };
+        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound {
+                " (is it installed and on PATH?)"
+            } else {
+                ""
+            };
+            format!("cannot run `{}`: {e}{hint}", launch.command)
+        })?;
+        let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+        let handler = UpstreamHandler {
+            server: self.name.clone(),
+            session: id,
+            relay: self.relay.clone(),
+        };
+        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin)
+            .with_max_line_length(MAX_MESSAGE_BYTES);
+        let stop = CancellationToken::new();
+        let init = tokio::select! {
+            r = tokio::time::timeout(self.startup_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
+            status = process.wait() => {
+                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                return Err(format!("exited during start-up ({status}){}", process.stderr_tail()));
+            }
+        };
+        let running: RunningService<RoleClient, UpstreamHandler> = match init {
+            Ok(Ok(running)) => running,
+            Ok(Err(e)) => {
+                let tail = process.stderr_tail();
+                stop.cancel();
+                process.stop().await;
+                return Err(format!("initialisation failed: {e}{tail}"));
+            }
+            Err(_) => {
+                stop.cancel();
+                process.stop().await;
+                return Err(format!(
+                    "did not initialise within {} ms",
+                    self.startup_timeout.as_millis()
+                ));
+            }
+        };
+        running
+            .set_response_cache_config(ClientCacheConfig::disabled())
+            .await;
+        let peer = running.peer().clone();
+        let info = running.peer_info();
+        let listing = list_all(&peer, info.as_deref()).await;
+        let session = Arc::new(Session {
+            id,
+            peer,
+            info,
+            closed: CancellationToken::new(),
+            listing: RwLock::new(Arc::new(listing)),
+        });
+        let service = tokio::spawn(async move {
+            let _ = running.waiting().await;
+        });
+        Ok(Connection {
+            process,
+            service,
+            stop,
+            session,
+        })
+    }
+}
+
+impl Connection {
+    /// Closes the session and its process: rmcp closes the server's stdin, then the
+    /// process gets its grace periods and signals.
+    async fn stop(self) {
+        self.session.closed.cancel();
+        self.stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(3), self.service).await;
+        self.process.stop().await;
+    }
+}
+
+/// Lists what `info`'s capabilities announce. A list that fails is logged and left empty:
+/// one broken list must not hide the rest of the server.
+async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Listing {
+    let caps = info.map(|i| &i.capabilities);
+    let has = |f: fn(&rmcp::model::ServerCapabilities) -> bool| caps.is_some_and(f);
+    let mut listing = Listing::default();
+    if has(|c| c.tools.is_some()) {
+        match peer.list_all_tools().await {
+            Ok(tools) => listing.tools = tools,
+            Err(e) => tracing::warn!("tools/list failed: {e}"),
+        }
+    }
+    if has(|c| c.prompts.is_some()) {
+        match peer.list_all_prompts().await {
+            Ok(prompts) => listing.prompts = prompts,
+            Err(e) => tracing::warn!("prompts/list failed: {e}"),
+        }
+    }
+    if has(|c| c.resources.is_some()) {
+        match peer.list_all_resources().await {
+            Ok(resources) => listing.resources = resources,
+            Err(e) => tracing::warn!("resources/list failed: {e}"),
+        }
+        match peer.list_all_resource_templates().await {
+            Ok(templates) => listing.templates = templates,
+            Err(e) => tracing::warn!("resources/templates/list failed: {e}"),
+        }
+    }
+    listing
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_delay_doubles_to_the_cap_and_never_overflows() {
+        let p = RestartPolicy {
+            initial_delay_ms: 250,
+            max_delay_ms: 30_000,
+            ..RestartPolicy::default()
+        };
+        let ms: Vec<u128> = (0..9).map(|a| restart_delay(&p, a).as_millis()).collect();
+        assert_eq!(
+            ms,
+            [250, 500, 1000, 2000, 4000, 8000, 16_000, 30_000, 30_000]
+        );
+        assert_eq!(restart_delay(&p, u32::MAX).as_millis(), 30_000);
+    }
+}

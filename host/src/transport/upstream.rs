@@ -1,0 +1,210 @@
+//! The client side of one upstream connection: what the server tells us, or asks of us,
+//! is handed to a [`Relay`] (the gateway) so that nothing a server says is dropped.
+
+// Sampling, roots and logging are deprecated by the 2026-07-28 revision (SEP-2577) but
+// are live in every revision a gateway speaks today, so they are forwarded faithfully.
+#![allow(deprecated)]
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rmcp::model::{
+    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequestParams,
+    CreateMessageResult, CustomNotification, CustomRequest, CustomResult, ElicitRequestParams,
+    ElicitResult, Implementation, ListRootsResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam, ProtocolVersion, ResourceUpdatedNotificationParam,
+};
+use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::{ClientHandler, ErrorData, RoleClient};
+
+/// A notification from an upstream server, for the gateway to pass on.
+#[derive(Debug)]
+pub enum UpstreamEvent {
+    Progress(ProgressNotificationParam),
+    Log(LoggingMessageNotificationParam),
+    ToolsChanged,
+    PromptsChanged,
+    ResourcesChanged,
+    ResourceUpdated(ResourceUpdatedNotificationParam),
+    Cancelled(CancelledNotificationParam),
+    Custom(CustomNotification),
+}
+
+/// A request from an upstream server to the client (server-to-client direction).
+#[derive(Debug)]
+pub enum UpstreamRequest {
+    Sampling(CreateMessageRequestParams),
+    Roots,
+    Elicitation(ElicitRequestParams),
+    Custom(CustomRequest),
+}
+
+/// Where upstream traffic goes: implemented by the gateway.
+pub trait Relay: Send + Sync + 'static {
+    /// A notification from `server` (session `session`).
+    fn notify(&self, server: &str, session: u64, event: UpstreamEvent);
+    /// A request from `server`; the answer goes back upstream.
+    fn request(
+        &self,
+        server: &str,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+}
+
+/// The rmcp client handler of one upstream session.
+pub struct UpstreamHandler {
+    pub server: Arc<str>,
+    pub session: u64,
+    pub relay: Arc<dyn Relay>,
+}
+
+impl UpstreamHandler {
+    async fn ask(
+        &self,
+        request: UpstreamRequest,
+        cx: &RequestContext<RoleClient>,
+    ) -> Result<ClientResult, ErrorData> {
+        let answer = self.relay.request(&self.server, request);
+        tokio::select! {
+            r = answer => r,
+            () = cx.ct.cancelled() => Err(ErrorData::internal_error("cancelled by the server", None)),
+        }
+    }
+}
+
+fn unexpected(what: &str) -> ErrorData {
+    ErrorData::internal_error(
+        format!("the client answered {what} with an unexpected result"),
+        None,
+    )
+}
+
+impl ClientHandler for UpstreamHandler {
+    fn get_info(&self) -> rmcp::model::ClientConfig {
+        // Advertise everything a client might support; a request the real client cannot
+        // answer is refused by the gateway with a clear error.
+        let mut caps = ClientCapabilities::default();
+        caps.sampling = Some(Default::default());
+        caps.roots = Some(Default::default());
+        if let Some(roots) = caps.roots.as_mut() {
+            roots.list_changed = Some(true);
+        }
+        caps.elicitation = Some(Default::default());
+        rmcp::model::ClientConfig::new(
+            caps,
+            Implementation::new("rebound", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        cx: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        match self.ask(UpstreamRequest::Sampling(params), &cx).await? {
+            ClientResult::CreateMessageResult(r) => Ok(*r),
+            _ => Err(unexpected("sampling/createMessage")),
+        }
+    }
+
+    async fn list_roots(
+        &self,
+        cx: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        match self.ask(UpstreamRequest::Roots, &cx).await? {
+            ClientResult::ListRootsResult(r) => Ok(r),
+            _ => Err(unexpected("roots/list")),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        cx: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        match self.ask(UpstreamRequest::Elicitation(request), &cx).await? {
+            ClientResult::ElicitResult(r) => Ok(r),
+            _ => Err(unexpected("elicitation/create")),
+        }
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        cx: RequestContext<RoleClient>,
+    ) -> Result<CustomResult, ErrorData> {
+        match self.ask(UpstreamRequest::Custom(request), &cx).await? {
+            ClientResult::CustomResult(r) => Ok(r),
+            other => serde_json::to_value(other)
+                .map(CustomResult)
+                .map_err(|e| ErrorData::internal_error(e.to_string(), None)),
+        }
+    }
+
+    async fn on_cancelled(
+        &self,
+        params: CancelledNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::Cancelled(params));
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::Progress(params));
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::Log(params));
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.relay.notify(
+            &self.server,
+            self.session,
+            UpstreamEvent::ResourceUpdated(params),
+        );
+    }
+
+    async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::ResourcesChanged);
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::ToolsChanged);
+    }
+
+    async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.relay
+            .notify(&self.server, self.session, UpstreamEvent::PromptsChanged);
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.relay.notify(
+            &self.server,
+            self.session,
+            UpstreamEvent::Custom(notification),
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! A fault-injecting MCP server for the end-to-end tests and the demo.
+//!
+//! It speaks newline-delimited JSON-RPC on stdio by hand (no SDK) so that it can break
+//! the protocol in ways an SDK would not let it: garbage lines, huge lines, hangs,
+//! crashes mid-call. Each tool is one fault; `--tools FILE` also publishes the tools of a
+//! real server's `tools/list` fixture, answering them with a canned text.
+//!
+//! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
+//! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
+//! restarts), `--crash-after N` (exits on the N-th tool call).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{Mutex, oneshot};
+
+struct Server {
+    name: String,
+    extra_tools: Vec<Value>,
+    crash_after: Option<u64>,
+    calls: AtomicU64,
+    /// Whether `toggle_tool` has added its extra tool.
+    toggled: AtomicBool,
+    out: Mutex<std::io::Stdout>,
+    next_id: AtomicU64,
+    /// Answers to our own requests to the client (sampling, roots, elicitation).
+    pending: Mutex<std::collections::HashMap<u64, oneshot::Sender<Value>>>,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let mut name = "faulty".to_owned();
+    let mut extra_tools = Vec::new();
+    let mut crash_after = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
+        match arg.as_str() {
+            "--name" => name = value(),
+            "--tools" => {
+                let text = std::fs::read_to_string(value()).expect("readable --tools file");
+                let doc: Value = serde_json::from_str(&text).expect("--tools file is JSON");
+                extra_tools = doc["tools"].as_array().cloned().unwrap_or_default();
+            }
+            "--state" => {
+                let dir = std::path::PathBuf::from(value());
+                std::fs::create_dir_all(&dir).unwrap();
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("starts"))
+                    .unwrap();
+                writeln!(f, "{}", std::process::id()).unwrap();
+            }
+            "--crash-after" => {
+                crash_after = Some(value().parse().expect("--crash-after takes a number"))
+            }
+            other => panic!("unknown option {other}"),
+        }
+    }
+    eprintln!("faulty-server {name} started (pid {})", std::process::id());
+    let server = Arc::new(Server {
+        name,
+        extra_tools,
+        crash_after,
+        calls: AtomicU64::new(0),
+        toggled: AtomicBool::new(false),
+        out: Mutex::new(std::io::stdout()),
+        next_id: AtomicU64::new(1),
+        pending: Mutex::default(),
+    });
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let server = server.clone();
+        // Each message on its own task, so that a hanging call does not block the rest.
+        tokio::spawn(async move { server.handle(msg).await });
+    }
+    eprintln!("faulty-server: stdin closed, exiting");
+}
+
+fn text(s: impl Into<String>) -> Value {
+    json!({"content": [{"type": "text", "text": s.into()}]})
+}
+
+fn tool(name: &str, description: &str, props: Value, annotations: Value) -> Value {
+    json!({
+        "name": name,
+        "description": description,
+        "inputSchema": {"type": "object", "properties": props},
+        "annotations": annotations,
+    })
+}
+
+impl Server {
+    async fn send(&self, msg: &Value) {
+        let mut line = serde_json::to_string(msg).unwrap();
+        line.push('\n');
+        self.raw(line.as_bytes()).await;
+    }
+
+    async fn raw(&self, bytes: &[u8]) {
+        let mut out = self.out.lock().await;
+        // A closed stdout means the gateway is gone; there is nobody left to tell.
+        let _ = out.write_all(bytes).and_then(|()| out.flush());
+    }
+
+    async fn request_client(&self, method: &str, params: Value) -> Value {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().await.insert(id, tx);
+        self.send(&json!({"jsonrpc": "2.0", "id": format!("srv-{id}"), "method": method, "params": params})).await;
+        rx.await.unwrap_or(Value::Null)
+    }
+
+    async fn handle(&self, msg: Value) {
+        let id = msg.get("id").cloned();
+        let Some(method) = msg.get("method").and_then(Value::as_str) else {
+            // A response to one of our requests.
+            let key = id
+                .as_ref()
+                .and_then(Value::as_str)
+                .and_then(|s| s.strip_prefix("srv-"))
+                .and_then(|n| n.parse().ok());
+            let key: Option<u64> = key;
+            let responder = match key {
+                Some(k) => self.pending.lock().await.remove(&k),
+                None => None,
+            };
+            if let Some(tx) = responder {
+                let _ = tx.send(
+                    msg.get("result")
+                        .cloned()
+                        .unwrap_or_else(|| msg["error"].clone()),
+                );
+            }
+            return;
+        };
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let result = match method {
+            "initialize" => Ok(json!({
+                "protocolVersion": params["protocolVersion"].as_str().unwrap_or("2025-06-18"),
+                "capabilities": {
+                    "tools": {"listChanged": true},
+                    "prompts": {"listChanged": true},
+                    "resources": {"subscribe": true, "listChanged": true},
+                    "logging": {},
+                    "completions": {},
+                },
+                "serverInfo": {"name": self.name, "version": "0.0.1"},
+            })),
+            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
+                Ok(json!({}))
+            }
+            "tools/list" => Ok(json!({"tools": self.tools()})),
+            "prompts/list" => Ok(
+                json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),
+            ),
+            "prompts/get" => Ok(
+                json!({"messages": [{"role": "user", "content": {"type": "text", "text": format!("hello {} from {}", params["arguments"]["who"].as_str().unwrap_or("?"), self.name)}}]}),
+            ),
+            "resources/list" => Ok(
+                json!({"resources": [{"uri": format!("faulty://{}/readme", self.name), "name": "readme", "mimeType": "text/plain"}]}),
+            ),
+            "resources/templates/list" => Ok(
+                json!({"resourceTemplates": [{"uriTemplate": format!("faulty://{}/items/{{id}}", self.name), "name": "item"}]}),
+            ),
+            "resources/read" => {
+                let uri = params["uri"].as_str().unwrap_or_default();
+                Ok(
+                    json!({"contents": [{"uri": uri, "mimeType": "text/plain", "text": format!("{} says: contents of {uri}", self.name)}]}),
+                )
+            }
+            "completion/complete" => Ok(
+                json!({"completion": {"values": [format!("{}-{}", self.name, params["argument"]["value"].as_str().unwrap_or(""))], "hasMore": false}}),
+            ),
+            "tools/call" => {
+                self.call(
+                    &params,
+                    msg.get("params")
+                        .and_then(|p| p.get("_meta"))
+                        .and_then(|m| m.get("progressToken"))
+                        .cloned(),
+                )
+                .await
+            }
+            m if m.starts_with("notifications/") => return,
+            _ => Err((-32601, format!("method not found: {method}"))),
+        };
+        let Some(id) = id else { return };
+        match result {
+            Ok(Value::Null) => {} // the call chose not to answer
+            Ok(result) => self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await,
+            Err((code, message)) => self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})).await,
+        }
+    }
+
+    fn tools(&self) -> Vec<Value> {
+        let ro = json!({"readOnlyHint": true});
+        let mut tools = vec![
+            tool(
+                "echo",
+                "Echoes `message`, prefixed with the server's name",
+                json!({"message": {"type": "string"}}),
+                ro.clone(),
+            ),
+            tool(
+                "crash",
+                "Exits the server process without answering",
+                json!({}),
+                json!({}),
+            ),
+            tool("hang", "Never answers", json!({}), ro.clone()),
+            tool(
+                "slow",
+                "Answers after `ms`, sending `steps` progress notifications",
+                json!({"ms": {"type": "integer"}, "steps": {"type": "integer"}}),
+                ro.clone(),
+            ),
+            tool(
+                "garbage",
+                "Writes non-JSON lines to stdout, then answers",
+                json!({}),
+                ro.clone(),
+            ),
+            tool(
+                "huge",
+                "Answers with a text of `bytes` bytes",
+                json!({"bytes": {"type": "integer"}}),
+                ro.clone(),
+            ),
+            tool(
+                "fail",
+                "Answers with an isError result",
+                json!({"message": {"type": "string"}}),
+                json!({}),
+            ),
+            tool(
+                "rpc_error",
+                "Answers with a JSON-RPC error",
+                json!({"code": {"type": "integer"}, "message": {"type": "string"}}),
+                json!({}),
+            ),
+            tool(
+                "sample",
+                "Asks the client to sample a message and returns its answer",
+                json!({"prompt": {"type": "string"}}),
+                json!({}),
+            ),
+            tool(
+                "roots",
+                "Asks the client for its roots",
+                json!({}),
+                json!({}),
+            ),
+            tool(
+                "elicit",
+                "Asks the client to elicit a value",
+                json!({}),
+                json!({}),
+            ),
+            tool(
+                "log",
+                "Sends a log message notification",
+                json!({"level": {"type": "string"}, "message": {"type": "string"}}),
+                json!({}),
+            ),
+            tool(
+                "toggle_tool",
+                "Adds (or removes) the tool `extra` and announces list_changed",
+                json!({}),
+                json!({}),
+            ),
+        ];
+        if self.toggled.load(Ordering::Relaxed) {
+            tools.push(tool("extra", "Appears after toggle_tool", json!({}), ro));
+        }
+        tools.extend(self.extra_tools.iter().cloned());
+        tools
+    }
+
+    async fn call(&self, params: &Value, progress: Option<Value>) -> Result<Value, (i64, String)> {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.crash_after == Some(n) {
+            eprintln!("faulty-server: crashing on call {n} as told");
+            std::process::exit(3);
+        }
+        let args = &params["arguments"];
+        let name = params["name"].as_str().unwrap_or_default();
+        match name {
+            "echo" => Ok(text(format!("{}: {}", self.name, args["message"].as_str().unwrap_or("")))),
+            "crash" => {
+                eprintln!("faulty-server: crashing as asked");
+                std::process::exit(3)
+            }
+            "hang" => std::future::pending().await,
+            "slow" => {
+                let ms = args["ms"].as_u64().unwrap_or(100);
+                let steps = args["steps"].as_u64().unwrap_or(0);
+                for step in 1..=steps {
+                    tokio::time::sleep(Duration::from_millis(ms / (steps + 1))).await;
+                    if let Some(token) = &progress {
+                        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": token, "progress": step, "total": steps, "message": format!("step {step}")}})).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(ms / (steps + 1))).await;
+                Ok(text(format!("{}: slept {ms} ms", self.name)))
+            }
+            "garbage" => {
+                self.raw(b"this is not JSON\n{\"half\": \n\x00\x01binary\n").await;
+                Ok(text(format!("{}: survived garbage", self.name)))
+            }
+            "huge" => Ok(text("x".repeat(usize::try_from(args["bytes"].as_u64().unwrap_or(1 << 20)).unwrap_or(0)))),
+            "fail" => Ok(json!({"content": [{"type": "text", "text": args["message"].as_str().unwrap_or("tool failed")}], "isError": true})),
+            "rpc_error" => Err((args["code"].as_i64().unwrap_or(-32603), args["message"].as_str().unwrap_or("internal error").to_owned())),
+            "sample" => {
+                let answer = self
+                    .request_client("sampling/createMessage", json!({"messages": [{"role": "user", "content": {"type": "text", "text": args["prompt"].as_str().unwrap_or("hi")}}], "maxTokens": 16}))
+                    .await;
+                Ok(text(format!("sampled: {answer}")))
+            }
+            "roots" => Ok(text(format!("roots: {}", self.request_client("roots/list", json!({})).await))),
+            "elicit" => Ok(text(format!(
+                "elicited: {}",
+                self.request_client("elicitation/create", json!({"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}})).await
+            ))),
+            "log" => {
+                self.send(&json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": args["level"].as_str().unwrap_or("info"), "logger": "faulty", "data": args["message"]}})).await;
+                Ok(text("logged"))
+            }
+            "toggle_tool" => {
+                self.toggled.fetch_xor(true, Ordering::Relaxed);
+                self.send(&json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})).await;
+                Ok(text("toggled"))
+            }
+            other if self.extra_tools.iter().any(|t| t["name"] == other) || other == "extra" => {
+                Ok(text(format!("{}: {other} answered with {args}", self.name)))
+            }
+            other => Err((-32602, format!("unknown tool: {other}"))),
+        }
+    }
+}
