@@ -1,1 +1,254 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers for the end-to-end tests: start `rebound serve` on a config and talk to it as
+//! a real MCP client (rmcp, the official Rust SDK) over its stdio.
+
+// The test client answers sampling and roots, which 2026-07-28 deprecates.
+#![allow(deprecated)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
+    CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams, ElicitResult,
+    ElicitationAction, Implementation, ListRootsResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam, Root, SamplingMessage,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::process::Child;
+
+/// The folder holding the workspace's binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("REBOUND_BIN_DIR") {
+        return dir.into();
+    }
+    // Test executables live in target/debug/deps.
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/debug")
+        .to_path_buf()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` (cargo xtask test does)",
+        path.display()
+    );
+    path
+}
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A `mcpServers` entry for the fault-injecting server.
+pub fn faulty(name: &str, state: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "--name".to_owned(),
+        name.to_owned(),
+        "--state".to_owned(),
+        state.join(name).display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    json!({"command": bin("faulty-server"), "args": args})
+}
+
+/// What the test client has been told.
+#[derive(Debug, Default)]
+pub struct Heard {
+    pub progress: Vec<ProgressNotificationParam>,
+    pub logs: Vec<LoggingMessageNotificationParam>,
+    pub tools_changed: usize,
+}
+
+/// A client that answers the server-to-client requests with fixed values.
+#[derive(Clone, Default)]
+pub struct TestClient {
+    pub heard: Arc<Mutex<Heard>>,
+}
+
+impl ClientHandler for TestClient {
+    fn get_info(&self) -> ClientConfig {
+        let mut caps = ClientCapabilities::default();
+        caps.sampling = Some(Default::default());
+        caps.roots = Some(Default::default());
+        caps.elicitation = Some(Default::default());
+        ClientConfig::new(caps, Implementation::new("rebound-tests", "0"))
+            .with_protocol_version(rmcp::model::ProtocolVersion::V_2025_06_18)
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let asked = serde_json::to_string(&params.messages).unwrap_or_default();
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text(format!("the client read {asked}")),
+            "test-model".into(),
+        ))
+    }
+
+    async fn list_roots(
+        &self,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        Ok(ListRootsResult::new(vec![Root::new("file:///work")]))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _: ElicitRequestParams,
+        _: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"name": "Ada"})))
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.heard.lock().unwrap().progress.push(params);
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) {
+        self.heard.lock().unwrap().logs.push(params);
+    }
+
+    async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
+        self.heard.lock().unwrap().tools_changed += 1;
+    }
+}
+
+/// A running `rebound serve` with a connected client.
+pub struct Gateway {
+    pub client: RunningService<RoleClient, TestClient>,
+    pub heard: Arc<Mutex<Heard>>,
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Writes `config` to a fresh folder and serves it. `config` may refer to the folder
+    /// as `$DIR` in strings.
+    pub async fn start(config: impl FnOnce(&Path) -> Value) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rebound.json");
+        std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&config(dir.path())).unwrap(),
+        )
+        .unwrap();
+        let mut child = tokio::process::Command::new(bin("rebound"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("rebound starts");
+        let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+        let handler = TestClient::default();
+        let heard = handler.heard.clone();
+        // Above rmcp's 16 MiB default, to see that the gateway passes large answers.
+        let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin)
+            .with_max_line_length(64 << 20);
+        let client = tokio::time::timeout(Duration::from_secs(30), handler.serve(transport))
+            .await
+            .expect("initialises in time")
+            .expect("initialises");
+        Gateway {
+            client,
+            heard,
+            child,
+            dir,
+        }
+    }
+
+    pub async fn call(&self, tool: &str, args: Value) -> CallToolResult {
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        params.arguments = args.as_object().cloned();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            self.client.peer().call_tool(params),
+        )
+        .await
+        .expect("answers in time")
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
+    }
+
+    pub async fn tool_names(&self) -> Vec<String> {
+        self.client
+            .peer()
+            .list_all_tools()
+            .await
+            .expect("tools/list")
+            .into_iter()
+            .map(|t| t.name.into_owned())
+            .collect()
+    }
+
+    /// Lines of a faulty server's state file (`starts`, `cancelled`).
+    pub fn state(&self, server: &str, file: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join(server).join(file))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Closes the client's side and waits for the gateway to exit.
+    pub async fn close(mut self) -> std::process::ExitStatus {
+        let _ = self.client.close().await;
+        drop(self.client);
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("exits in time")
+            .expect("exit status")
+    }
+}
+
+/// The text of a result's text blocks.
+pub fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Polls `cond` every 50 ms for up to 10 s.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Whether a process with this pid is still alive (and not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.split_whitespace().nth(2).is_some_and(|s| s == "Z"),
+        Err(_) => false,
+    }
+}

@@ -38,6 +38,7 @@ struct RawSettings {
     errors_log: Option<PathBuf>,
     tool_names: ToolNames,
     startup_timeout_ms: Option<u64>,
+    init_timeout_ms: Option<u64>,
     restart: RestartPolicy,
     defaults: RawDefaults,
 }
@@ -154,6 +155,7 @@ pub fn parse(
             ),
             tool_names: raw.tool_names,
             startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
+            init_timeout_ms: raw.init_timeout_ms.unwrap_or(60_000),
             restart: raw.restart,
         },
         warnings,

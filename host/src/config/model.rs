@@ -75,6 +75,8 @@ pub struct Settings {
     /// How long `serve` waits for servers to initialise before answering the client's
     /// `initialize`; servers still starting join later with `list_changed`.
     pub startup_timeout_ms: u64,
+    /// How long one start of a server may take, from spawn to an answered `initialize`.
+    pub init_timeout_ms: u64,
     pub restart: RestartPolicy,
 }
 

@@ -53,7 +53,7 @@ impl Hub {
     pub fn start(config: Config) -> Arc<Self> {
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let relay: Arc<dyn Relay> = Arc::new(HubRelay(weak.clone()));
-            let startup = Duration::from_millis(config.settings.startup_timeout_ms);
+            let init_timeout = Duration::from_millis(config.settings.init_timeout_ms);
             let servers = config
                 .servers
                 .values()
@@ -62,7 +62,7 @@ impl Hub {
                         s.clone(),
                         relay.clone(),
                         config.settings.restart,
-                        startup,
+                        init_timeout,
                     );
                     (handle.name.clone(), handle)
                 })

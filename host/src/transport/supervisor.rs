@@ -161,7 +161,7 @@ pub fn spawn_supervisor(
     config: ServerConfig,
     relay: Arc<dyn Relay>,
     policy: RestartPolicy,
-    startup_timeout: Duration,
+    init_timeout: Duration,
 ) -> ServerHandle {
     let (tx, rx) = watch::channel(ServerState {
         status: Status::Starting,
@@ -176,7 +176,7 @@ pub fn spawn_supervisor(
         config: config.clone(),
         relay,
         policy,
-        startup_timeout,
+        init_timeout,
         tx,
         shutdown: shutdown.clone(),
     };
@@ -206,7 +206,7 @@ struct Supervisor {
     config: ServerConfig,
     relay: Arc<dyn Relay>,
     policy: RestartPolicy,
-    startup_timeout: Duration,
+    init_timeout: Duration,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
 }
@@ -344,7 +344,7 @@ impl Supervisor {
             .with_max_line_length(MAX_MESSAGE_BYTES);
         let stop = CancellationToken::new();
         let init = tokio::select! {
-            r = tokio::time::timeout(self.startup_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
+            r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 return Err(format!("exited during start-up ({status}){}", process.stderr_tail()));
@@ -363,7 +363,7 @@ impl Supervisor {
                 process.stop().await;
                 return Err(format!(
                     "did not initialise within {} ms",
-                    self.startup_timeout.as_millis()
+                    self.init_timeout.as_millis()
                 ));
             }
         };

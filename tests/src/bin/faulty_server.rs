@@ -7,7 +7,9 @@
 //!
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
-//! restarts), `--crash-after N` (exits on the N-th tool call).
+//! restarts, and `DIR/cancelled` with one line per `notifications/cancelled`),
+//! `--crash-after N` (exits on the N-th tool call), `--start-delay MS` (reads nothing
+//! for that long, a slow start).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use tokio::sync::{Mutex, oneshot};
 
 struct Server {
     name: String,
+    state: Option<std::path::PathBuf>,
     extra_tools: Vec<Value>,
     crash_after: Option<u64>,
     calls: AtomicU64,
@@ -36,6 +39,8 @@ async fn main() {
     let mut name = "faulty".to_owned();
     let mut extra_tools = Vec::new();
     let mut crash_after = None;
+    let mut state = None;
+    let mut start_delay = 0;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -49,12 +54,11 @@ async fn main() {
             "--state" => {
                 let dir = std::path::PathBuf::from(value());
                 std::fs::create_dir_all(&dir).unwrap();
-                let mut f = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.join("starts"))
-                    .unwrap();
-                writeln!(f, "{}", std::process::id()).unwrap();
+                append(&dir.join("starts"), &std::process::id().to_string());
+                state = Some(dir);
+            }
+            "--start-delay" => {
+                start_delay = value().parse().expect("--start-delay takes milliseconds")
             }
             "--crash-after" => {
                 crash_after = Some(value().parse().expect("--crash-after takes a number"))
@@ -63,8 +67,10 @@ async fn main() {
         }
     }
     eprintln!("faulty-server {name} started (pid {})", std::process::id());
+    tokio::time::sleep(Duration::from_millis(start_delay)).await;
     let server = Arc::new(Server {
         name,
+        state,
         extra_tools,
         crash_after,
         calls: AtomicU64::new(0),
@@ -189,6 +195,12 @@ impl Server {
                         .cloned(),
                 )
                 .await
+            }
+            "notifications/cancelled" => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("cancelled"), &params["requestId"].to_string());
+                }
+                return;
             }
             m if m.starts_with("notifications/") => return,
             _ => Err((-32601, format!("method not found: {method}"))),
@@ -345,4 +357,13 @@ impl Server {
             other => Err((-32602, format!("unknown tool: {other}"))),
         }
     }
+}
+
+fn append(path: &std::path::Path, line: &str) {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("state file is writable");
+    writeln!(f, "{line}").expect("state file is writable");
 }

@@ -1,0 +1,76 @@
+//! `rebound check`: bad configurations are reported with the file, the key and the fix.
+
+use std::process::Command;
+
+use rebound_tests::bin;
+
+fn check(json: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, json).unwrap();
+    let out = Command::new(bin("rebound"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn a_good_config_is_summarised() {
+    let (ok, out) =
+        check(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "server"]}}}"#);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("fs: stdio: npx -y server") && out.ends_with("ok\n"),
+        "{out}"
+    );
+}
+
+#[test]
+fn broken_configs_name_the_file_the_key_and_the_fix() {
+    for (json, needles) in [
+        (
+            "{\"mcpServers\": {\n  \"a\": {\"command\": \"x\",}\n}}",
+            &["rebound.json:2:", "not valid JSON"][..],
+        ),
+        (
+            r#"{"mcpServers": {"a": {"args": []}}}"#,
+            &[
+                "`mcpServers.a`",
+                "neither `command` nor `url`",
+                "hint: add \"command\"",
+            ],
+        ),
+        (
+            r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}}"#,
+            &[
+                "`mcpServers.a.adapter`",
+                "unknown adapter",
+                "cargo xtask build-plugins",
+            ],
+        ),
+    ] {
+        let (ok, out) = check(json);
+        assert!(!ok, "accepted: {json}");
+        for needle in needles {
+            assert!(out.contains(needle), "{needle:?} not in {out}");
+        }
+    }
+    let (ok, out) = check("");
+    assert!(!ok && out.contains("not valid JSON"), "{out}");
+    let out = Command::new(bin("rebound"))
+        .args(["check", "--config", "/nonexistent.json"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot read config file /nonexistent.json")
+    );
+}
