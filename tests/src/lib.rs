@@ -25,12 +25,14 @@ pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("REBOUND_BIN_DIR") {
         return dir.into();
     }
-    // Test executables live in target/debug/deps.
+    // Binaries live in target/debug, test executables in target/debug/deps.
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/debug")
-        .to_path_buf()
+    let dir = exe.parent().expect("target/debug").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.parent().expect("target/debug").to_path_buf()
+    } else {
+        dir
+    }
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -154,9 +156,14 @@ impl Gateway {
             serde_json::to_vec_pretty(&config(dir.path())).unwrap(),
         )
         .unwrap();
+        Self::serve(&path, dir).await
+    }
+
+    /// Serves the config file at `path`; `dir` is kept for the gateway's lifetime.
+    pub async fn serve(path: &Path, dir: tempfile::TempDir) -> Self {
         let mut child = tokio::process::Command::new(bin("rebound"))
             .args(["serve", "--config"])
-            .arg(&path)
+            .arg(path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -248,7 +255,7 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 /// Whether a process with this pid is still alive (and not a zombie).
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.split_whitespace().nth(2).is_some_and(|s| s == "Z"),
+        Ok(stat) => stat.split_whitespace().nth(2).is_none_or(|s| s != "Z"),
         Err(_) => false,
     }
 }

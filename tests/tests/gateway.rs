@@ -17,7 +17,7 @@ fn two_faulty(dir: &std::path::Path) -> Value {
     json!({
         "mcpServers": {
             "a": faulty("a", dir, &[]),
-            "b": faulty("b", dir, &["--tools", root().join("../shared/fixtures/tool-schemas/hol4-mcp-0.1.0.json").to_str().unwrap()]),
+            "b": faulty("b", dir, &["--tools", root().join("tests/fixtures/tool-schemas/hol4-mcp-0.1.0.json").to_str().unwrap()]),
         },
         "rebound": {"restart": {"initial_delay_ms": 50}},
     })
@@ -35,10 +35,8 @@ async fn colliding_names_are_prefixed_and_schemas_kept_intact() {
     assert!(!names.contains(&"echo"));
     // Only b has the HOL tools, so they keep their names, schemas and annotations.
     let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            root().join("../shared/fixtures/tool-schemas/hol4-mcp-0.1.0.json"),
-        )
-        .unwrap(),
+        &std::fs::read_to_string(root().join("tests/fixtures/tool-schemas/hol4-mcp-0.1.0.json"))
+            .unwrap(),
     )
     .unwrap();
     for expected in fixture["tools"].as_array().unwrap() {
@@ -140,6 +138,26 @@ async fn a_crash_fails_the_call_at_once_and_the_server_is_restarted_once() {
 }
 
 #[tokio::test]
+async fn a_server_that_closes_its_output_is_killed_and_restarted() {
+    let gw = Gateway::start(two_faulty).await;
+    assert_eq!(
+        text(&gw.call("a__echo", json!({"message": "hi"})).await),
+        "a: hi"
+    );
+    let first: u32 = gw.state("a", "starts")[0].parse().unwrap();
+    let deaf = gw.call("a__close_stdout", json!({})).await;
+    assert_eq!(deaf.is_error, Some(true));
+    assert!(text(&deaf).contains("connection lost"), "{}", text(&deaf));
+    assert_eq!(
+        text(&gw.call("a__echo", json!({"message": "back"})).await),
+        "a: back"
+    );
+    assert_eq!(gw.state("a", "starts").len(), 2);
+    assert!(!alive(first), "the deaf process was left running");
+    gw.close().await;
+}
+
+#[tokio::test]
 async fn a_hang_times_out_as_a_result_and_is_cancelled_upstream() {
     let gw = Gateway::start(|dir| {
         json!({"mcpServers": {"a": {
@@ -204,15 +222,16 @@ async fn progress_reaches_the_client_under_its_own_token() {
         matches!(result, ServerResult::CallToolResult(ref r) if text(r) == "a: slept 300 ms"),
         "{result:?}"
     );
-    let heard = gw.heard.lock().unwrap();
-    let steps: Vec<f64> = heard
+    let steps: Vec<f64> = gw
+        .heard
+        .lock()
+        .unwrap()
         .progress
         .iter()
         .filter(|p| p.progress_token == token)
         .map(|p| p.progress)
         .collect();
     assert_eq!(steps, [1.0, 2.0, 3.0]);
-    drop(heard);
     gw.close().await;
 }
 

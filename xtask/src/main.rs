@@ -97,6 +97,16 @@ fn modified(path: &Path) -> Result<std::time::SystemTime> {
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     setup(root)?;
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     // One build of everything first, so that the end-to-end tests find the binaries they
     // launch (`rebound`, the fault-injecting servers) next to them.
     run(cargo().args(["build", "--workspace", "--bins"]))?;

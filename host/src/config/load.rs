@@ -348,10 +348,10 @@ impl Ctx<'_> {
                 PathBuf::from(self.string(&format!("{key}.cwd"), v)?),
             )),
         };
-        if let Some(cwd) = &cwd {
-            if !cwd.is_dir() {
-                return Err(self.err(format!("{key}.cwd"), format!("{} is not a folder", cwd.display()), "create the folder or correct the path (relative paths start at the config file's folder)"));
-            }
+        if let Some(cwd) = &cwd
+            && !cwd.is_dir()
+        {
+            return Err(self.err(format!("{key}.cwd"), format!("{} is not a folder", cwd.display()), "create the folder or correct the path (relative paths start at the config file's folder)"));
         }
         Ok(StdioLaunch {
             command,

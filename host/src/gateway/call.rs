@@ -43,7 +43,7 @@ pub async fn attempt(
     }
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     let handle = tokio::select! {
-        r = session.peer.send_cancellable_request(request, options) => r.map_err(|e| from_service_error(e))?,
+        r = session.peer.send_cancellable_request(request, options) => r.map_err(from_service_error)?,
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
@@ -53,7 +53,7 @@ pub async fn attempt(
     let response = handle.await_response();
     tokio::pin!(response);
     let outcome = tokio::select! {
-        r = &mut response => r.map_err(|e| from_service_error(e)),
+        r = &mut response => r.map_err(from_service_error),
         () = cx.ct.cancelled() => {
             let reason = Some("cancelled by the client".to_owned());
             let _ = session.peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason)).await;

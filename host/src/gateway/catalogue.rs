@@ -102,7 +102,7 @@ impl Catalogue {
             }
         }
         cat.template_routes
-            .sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
         cat
     }
 

@@ -27,6 +27,9 @@ use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
 /// Where a remapped progress token leads: the downstream client and its own token.
 type ProgressRoute = (Peer<RoleServer>, ProgressToken);
 
+/// A call in flight: its id in the hub and the client that made it.
+type InFlight = (u64, Peer<RoleServer>);
+
 pub struct Hub {
     pub config: Config,
     pub servers: IndexMap<Arc<str>, ServerHandle>,
@@ -35,7 +38,7 @@ pub struct Hub {
     /// (upstream session, upstream token) → downstream.
     progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
     /// Calls in flight per server, newest last, for routing server-to-client requests.
-    in_flight: Mutex<HashMap<Arc<str>, Vec<(u64, Peer<RoleServer>)>>>,
+    in_flight: Mutex<HashMap<Arc<str>, Vec<InFlight>>>,
     next_call: std::sync::atomic::AtomicU64,
     /// Re-applied to a server after it restarts.
     log_level: Mutex<Option<LoggingLevel>>,
@@ -193,6 +196,9 @@ impl Hub {
     /// Rebuilds the catalogue from the servers' latest listings and tells clients what
     /// changed (tools always, with `force`).
     pub fn rebuild(&self, force: bool) {
+        // Held while reading the servers' states, so that two rebuilds racing cannot
+        // store a catalogue older than the one before it.
+        let mut current = self.catalogue.write().expect("not poisoned");
         let mut listings = Vec::new();
         for (name, handle) in &self.servers {
             if let Some(session) = handle.state().session {
@@ -200,10 +206,13 @@ impl Hub {
             }
         }
         let next = Arc::new(Catalogue::build(&listings, self.config.settings.tool_names));
-        let prev = std::mem::replace(
-            &mut *self.catalogue.write().expect("not poisoned"),
-            next.clone(),
+        tracing::debug!(
+            servers = listings.len(),
+            tools = next.tools.len(),
+            "catalogue rebuilt"
         );
+        let prev = std::mem::replace(&mut *current, next.clone());
+        drop(current);
         if force || next.tools_differ(&prev) {
             self.broadcast(ServerNotification::ToolListChangedNotification(
                 Default::default(),

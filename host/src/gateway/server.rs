@@ -337,14 +337,12 @@ impl ServerHandler for Gateway {
                 .info
                 .as_ref()
                 .is_some_and(|i| i.capabilities.logging.is_some())
-            {
-                if let Err(e) = session
+                && let Err(e) = session
                     .peer
                     .set_level(SetLevelRequestParams::new(request.level))
                     .await
-                {
-                    tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
-                }
+            {
+                tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
             }
         }
         Ok(())

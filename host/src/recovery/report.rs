@@ -37,7 +37,9 @@ impl Report<'_> {
             Failure::Rpc { .. } | Failure::Protocol { .. } => format!(
                 "the `{server}` server could not run `{tool}`; try an alternative tool, or report the error to the server's maintainer"
             ),
-            Failure::ToolError { .. } => format!("read the tool's error above and adjust the call"),
+            Failure::ToolError { .. } => {
+                "read the tool's error above and adjust the call".to_string()
+            }
             Failure::Cancelled => "nothing: the call was cancelled by the client".to_owned(),
         }
     }

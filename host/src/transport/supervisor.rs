@@ -215,6 +215,9 @@ struct Supervisor {
 struct Connection {
     process: ServerProcess,
     service: tokio::task::JoinHandle<()>,
+    /// Cancelled when rmcp's service loop ends (the server closed its output), so the
+    /// join handle itself is awaited only once, in `stop`.
+    service_ended: CancellationToken,
     stop: CancellationToken,
     session: Arc<Session>,
 }
@@ -251,7 +254,7 @@ impl Supervisor {
                             Ok(s) => format!("the server process exited ({s})"),
                             Err(e) => format!("the server process could not be waited for: {e}"),
                         },
-                        _ = &mut conn.service => "the server closed its output".to_owned(),
+                        () = conn.service_ended.cancelled() => "the server closed its output".to_owned(),
                         () = self.shutdown.cancelled() => {
                             conn.stop().await;
                             break;
@@ -380,12 +383,16 @@ impl Supervisor {
             closed: CancellationToken::new(),
             listing: RwLock::new(Arc::new(listing)),
         });
+        let service_ended = CancellationToken::new();
+        let ended = service_ended.clone();
         let service = tokio::spawn(async move {
             let _ = running.waiting().await;
+            ended.cancel();
         });
         Ok(Connection {
             process,
             service,
+            service_ended,
             stop,
             session,
         })

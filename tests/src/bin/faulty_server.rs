@@ -228,6 +228,12 @@ impl Server {
                 json!({}),
                 json!({}),
             ),
+            tool(
+                "close_stdout",
+                "Closes stdout but keeps running, a server gone deaf",
+                json!({}),
+                json!({}),
+            ),
             tool("hang", "Never answers", json!({}), ro.clone()),
             tool(
                 "slow",
@@ -312,6 +318,13 @@ impl Server {
                 std::process::exit(3)
             }
             "hang" => std::future::pending().await,
+            "close_stdout" => {
+                let null = std::fs::File::open("/dev/null").expect("/dev/null");
+                let _out = self.out.lock().await;
+                nix::unistd::dup2_stdout(null).expect("dup2 over stdout");
+                eprintln!("faulty-server: stdout closed, still running");
+                std::future::pending().await
+            }
             "slow" => {
                 let ms = args["ms"].as_u64().unwrap_or(100);
                 let steps = args["steps"].as_u64().unwrap_or(0);
