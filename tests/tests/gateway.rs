@@ -158,6 +158,35 @@ async fn a_server_that_closes_its_output_is_killed_and_restarted() {
 }
 
 #[tokio::test]
+async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "150"])},
+            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 600_000}},
+        })
+    })
+    .await;
+    assert!(gw.tool_names().await.contains(&"echo".to_owned()));
+    eventually("three starts", || gw.state("a", "starts").len() == 3).await;
+    // Its tools stay listed; calls are answered at once with the reason.
+    let mut report = String::new();
+    for _ in 0..100 {
+        report = text(&gw.call("echo", json!({"message": "?"})).await);
+        if report.contains("server is down") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        report.contains("server is down") && report.contains("exited"),
+        "{report}"
+    );
+    assert!(gw.tool_names().await.contains(&"echo".to_owned()));
+    assert_eq!(gw.state("a", "starts").len(), 3, "no restarts while down");
+    gw.close().await;
+}
+
+#[tokio::test]
 async fn a_hang_times_out_as_a_result_and_is_cancelled_upstream() {
     let gw = Gateway::start(|dir| {
         json!({"mcpServers": {"a": {

@@ -7,6 +7,7 @@ use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{Value, json};
 
 use super::Failure;
+use crate::transport::Status;
 
 /// What the report says about a call.
 #[derive(Debug)]
@@ -28,8 +29,14 @@ impl Report<'_> {
             Failure::ConnectionLost { .. } => format!(
                 "the `{server}` server is being restarted; call `{tool}` again in a few seconds (check first whether the interrupted call took effect)"
             ),
+            Failure::Unavailable {
+                status: Status::Down,
+                ..
+            } => format!(
+                "the `{server}` server crashed repeatedly and is marked down; Rebound tries to start it again periodically; check its command and its stderr in the gateway's log"
+            ),
             Failure::Unavailable { .. } | Failure::SendFailed { .. } => format!(
-                "the `{server}` server is not running and the call was not made; Rebound keeps restarting it, so try again shortly or check the server's command in the gateway config"
+                "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
             ),
             Failure::Rpc { code: -32602, .. } => {
                 format!("check the arguments against `{tool}`'s input schema and call it again")

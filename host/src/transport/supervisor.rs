@@ -254,7 +254,13 @@ impl Supervisor {
                             Ok(s) => format!("the server process exited ({s})"),
                             Err(e) => format!("the server process could not be waited for: {e}"),
                         },
-                        () = conn.service_ended.cancelled() => "the server closed its output".to_owned(),
+                        () = conn.service_ended.cancelled() => {
+                            // Usually the process is exiting; its status says more.
+                            match tokio::time::timeout(Duration::from_millis(200), conn.process.wait()).await {
+                                Ok(Ok(s)) => format!("the server process exited ({s})"),
+                                _ => "the server closed its output".to_owned(),
+                            }
+                        }
                         () = self.shutdown.cancelled() => {
                             conn.stop().await;
                             break;
@@ -385,8 +391,11 @@ impl Supervisor {
         });
         let service_ended = CancellationToken::new();
         let ended = service_ended.clone();
+        let closed = session.closed.clone();
         let service = tokio::spawn(async move {
             let _ = running.waiting().await;
+            // The session is unusable from this moment, whatever the process does next.
+            closed.cancel();
             ended.cancel();
         });
         Ok(Connection {

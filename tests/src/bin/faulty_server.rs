@@ -9,7 +9,8 @@
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, and `DIR/cancelled` with one line per `notifications/cancelled`),
 //! `--crash-after N` (exits on the N-th tool call), `--start-delay MS` (reads nothing
-//! for that long, a slow start).
+//! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
+//! every time: a crash loop).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -56,6 +57,14 @@ async fn main() {
                 std::fs::create_dir_all(&dir).unwrap();
                 append(&dir.join("starts"), &std::process::id().to_string());
                 state = Some(dir);
+            }
+            "--exit-after-ms" => {
+                let ms: u64 = value().parse().expect("--exit-after-ms takes milliseconds");
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    eprintln!("faulty-server: exiting after {ms} ms as told");
+                    std::process::exit(4);
+                });
             }
             "--start-delay" => {
                 start_delay = value().parse().expect("--start-delay takes milliseconds")
