@@ -38,6 +38,8 @@ struct RawSettings {
     errors_log: Option<PathBuf>,
     tool_names: ToolNames,
     startup_timeout_ms: Option<u64>,
+    gateway_tools: Option<bool>,
+    errors_log_max_bytes: Option<u64>,
     init_timeout_ms: Option<u64>,
     restart: RestartPolicy,
     defaults: RawDefaults,
@@ -156,6 +158,8 @@ pub fn parse(
             tool_names: raw.tool_names,
             startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
             init_timeout_ms: raw.init_timeout_ms.unwrap_or(60_000),
+            gateway_tools: raw.gateway_tools.unwrap_or(true),
+            errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
         },
         warnings,
@@ -535,6 +539,21 @@ impl Ctx<'_> {
         )?;
         if let Some(d) = r.deadline_ms {
             positive("deadline_ms", d)?;
+        }
+        positive("breaker.window_ms", r.breaker.window_ms)?;
+        if !(r.retry.budget_ratio >= 0.0 && r.retry.budget_ratio.is_finite()) {
+            return Err(self.err(
+                format!("{key}.retry.budget_ratio"),
+                format!("{} is not a ratio", r.retry.budget_ratio),
+                "use a number of at least 0 (0.3 allows 30% more traffic for retries)",
+            ));
+        }
+        if !(r.breaker.failure_rate > 0.0 && r.breaker.failure_rate <= 1.0) {
+            return Err(self.err(
+                format!("{key}.breaker.failure_rate"),
+                format!("{} is not a fraction of calls", r.breaker.failure_rate),
+                "use a number above 0 and at most 1 (0.5 opens at half the calls failing)",
+            ));
         }
         if !(r.retry.multiplier.is_finite() && r.retry.multiplier >= 1.0) {
             return Err(self.err(

@@ -75,6 +75,10 @@ pub struct Settings {
     /// How long `serve` waits for servers to initialise before answering the client's
     /// `initialize`; servers still starting join later with `list_changed`.
     pub startup_timeout_ms: u64,
+    /// Whether the gateway offers its own tools and resources (`rebound_status`, …).
+    pub gateway_tools: bool,
+    /// The errors log is rotated (to `NAME.1`) when it grows past this.
+    pub errors_log_max_bytes: u64,
     /// How long one start of a server may take, from spawn to an answered `initialize`.
     pub init_timeout_ms: u64,
     pub restart: RestartPolicy,
@@ -120,6 +124,23 @@ pub struct RecoveryConfig {
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     pub tools: BTreeMap<String, ToolRecovery>,
+    /// Alternatives per tool, tried in order when recovery on the tool itself fails.
+    pub fallbacks: BTreeMap<String, Vec<Alternative>>,
+}
+
+/// A tool that answers the same question as another.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alternative {
+    /// The tool, as its server names it.
+    pub tool: String,
+    /// Its server, when not the same as the failed tool's.
+    #[serde(default)]
+    pub server: Option<String>,
+    /// The alternative's arguments: a string `"$name"` copies the original argument
+    /// `name`; anything else is taken literally. Absent: the original arguments as they are.
+    #[serde(default)]
+    pub arguments: Option<serde_json::Map<String, Value>>,
 }
 
 impl Default for RecoveryConfig {
@@ -131,6 +152,7 @@ impl Default for RecoveryConfig {
             retry: RetryConfig::default(),
             breaker: BreakerConfig::default(),
             tools: BTreeMap::new(),
+            fallbacks: BTreeMap::new(),
         }
     }
 }
@@ -143,6 +165,10 @@ pub struct RetryConfig {
     pub initial_delay_ms: u64,
     pub max_delay_ms: u64,
     pub multiplier: f64,
+    /// Retries a server may get per call, on average (0.3: at most 30% more traffic).
+    pub budget_ratio: f64,
+    /// Retries in hand before any call has been made, and the most the budget holds.
+    pub budget_reserve: u32,
 }
 
 impl Default for RetryConfig {
@@ -152,6 +178,8 @@ impl Default for RetryConfig {
             initial_delay_ms: 1_000,
             max_delay_ms: 60_000,
             multiplier: 2.0,
+            budget_ratio: 0.3,
+            budget_reserve: 10,
         }
     }
 }
@@ -159,10 +187,20 @@ impl Default for RetryConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
     pub failure_threshold: u32,
+    /// Successful probes that close it again.
     pub success_threshold: u32,
+    /// How long it stays open the first time; doubled on each reopening.
     pub open_ms: u64,
+    /// The cap on the growing open time.
+    pub max_open_ms: u64,
     pub half_open_max_calls: u32,
+    /// It also opens when at least `failure_rate` of the calls in the last `window_ms`
+    /// failed, once there were `min_calls` of them.
+    pub failure_rate: f64,
+    pub window_ms: u64,
+    pub min_calls: u32,
 }
 
 impl Default for BreakerConfig {
@@ -171,7 +209,11 @@ impl Default for BreakerConfig {
             failure_threshold: 5,
             success_threshold: 2,
             open_ms: 60_000,
+            max_open_ms: 600_000,
             half_open_max_calls: 1,
+            failure_rate: 0.5,
+            window_ms: 60_000,
+            min_calls: 20,
         }
     }
 }

@@ -29,6 +29,8 @@ pub enum Failure {
     },
     /// The request could not be written to the server, so it was never delivered.
     SendFailed { reason: String },
+    /// The server's breaker is open: the call was not made.
+    CircuitOpen { retry_in: Duration },
     /// The server answered with something that is not a tool result.
     Protocol { reason: String },
     /// The client cancelled the call.
@@ -45,6 +47,7 @@ impl Failure {
             Self::ConnectionLost { .. } => "connection_lost",
             Self::Unavailable { .. } => "unavailable",
             Self::SendFailed { .. } => "send_failed",
+            Self::CircuitOpen { .. } => "circuit_open",
             Self::Protocol { .. } => "protocol",
             Self::Cancelled => "cancelled",
         }
@@ -67,6 +70,10 @@ impl Failure {
                 None => format!("server is {}", status.as_str()),
             },
             Self::SendFailed { reason } => format!("request not delivered: {reason}"),
+            Self::CircuitOpen { retry_in } => format!(
+                "the server's circuit breaker is open after repeated failures (next probe in {} ms)",
+                retry_in.as_millis()
+            ),
             Self::Protocol { reason } => format!("protocol error: {reason}"),
             Self::Cancelled => "cancelled by the client".to_owned(),
         }

@@ -38,6 +38,9 @@ impl Report<'_> {
             Failure::Unavailable { .. } | Failure::SendFailed { .. } => format!(
                 "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
             ),
+            Failure::CircuitOpen { .. } => format!(
+                "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"
+            ),
             Failure::Rpc { code: -32602, .. } => {
                 format!("check the arguments against `{tool}`'s input schema and call it again")
             }

@@ -1,0 +1,78 @@
+//! Exponential backoff with full jitter: attempt `n` (0-based) waits `U(0, min(cap,
+//! initial · multiplier^n))`.
+//!
+//! Full jitter rather than the seed's ±10%: when many clients fail together, ±10% keeps
+//! their retries in lock-step waves that hit a recovering server all at once; spreading
+//! each wait over the whole interval decorrelates them at the same expected cost.
+
+use std::time::Duration;
+
+use crate::config::RetryConfig;
+
+/// The upper bound of the wait before retry number `n` (0-based): `min(cap, initial ·
+/// multiplier^n)`, computed without overflow for every `n`.
+pub fn ceiling(config: &RetryConfig, n: u32) -> Duration {
+    let cap = config.max_delay_ms as f64;
+    // `powi` saturates to infinity for large n, and `min` then takes the cap; the
+    // exponent is clamped because powi takes an i32.
+    let grown =
+        config.initial_delay_ms as f64 * config.multiplier.powi(n.min(i32::MAX as u32) as i32);
+    let ms = if grown.is_finite() {
+        grown.min(cap)
+    } else {
+        cap
+    };
+    // Above 2^53 an f64 rounds, possibly past the cap: clamp again in integers.
+    Duration::from_millis((ms.max(0.0) as u64).min(config.max_delay_ms))
+}
+
+/// The wait before retry number `n`, given `unit` drawn uniformly from `[0, 1)`.
+pub fn full_jitter(config: &RetryConfig, n: u32, unit: f64) -> Duration {
+    ceiling(config, n).mul_f64(unit.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn seed_004() -> RetryConfig {
+        RetryConfig::default()
+    }
+
+    #[test]
+    fn ceilings_follow_seed_004() {
+        let c = seed_004();
+        let ms: Vec<u128> = (0..8).map(|n| ceiling(&c, n).as_millis()).collect();
+        assert_eq!(ms, [1000, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000]);
+    }
+
+    proptest! {
+        #[test]
+        fn jitter_stays_within_zero_and_the_ceiling(
+            n in 0..=u32::MAX,
+            unit in 0.0f64..1.0,
+            initial in 0u64..=u64::MAX / 2,
+            cap in 0u64..=u64::MAX / 2,
+            multiplier in 1.0f64..1000.0,
+        ) {
+            let c = RetryConfig { initial_delay_ms: initial.min(cap), max_delay_ms: cap, multiplier, ..RetryConfig::default() };
+            let d = full_jitter(&c, n, unit);
+            let bound = ceiling(&c, n);
+            prop_assert!(d <= bound);
+            prop_assert!(bound <= Duration::from_millis(cap));
+            let exact = (initial.min(cap) as f64) * multiplier.powi(n.min(i32::MAX as u32) as i32);
+            if exact.is_finite() && exact < cap as f64 {
+                // Below the cap the ceiling is the exponential itself (to float precision).
+                prop_assert!((bound.as_millis() as f64 - exact).abs() <= 1.0 + exact * 1e-9);
+            }
+        }
+
+        #[test]
+        fn ceilings_never_shrink(n in 0..u32::MAX, multiplier in 1.0f64..10.0) {
+            let c = RetryConfig { multiplier, ..seed_004() };
+            prop_assert!(ceiling(&c, n) <= ceiling(&c, n + 1));
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! A circuit breaker per server: it opens on consecutive failures or on a failure rate
+//! over a window, stays open for a time that grows with repeated openings (capped,
+//! jittered), then admits exactly `half_open_max_calls` probes, and closes after
+//! `success_threshold` successes. A failed probe reopens it.
+//!
+//! Only failures that say something about the server's health count (see
+//! `Classification::counts_for_breaker`): invalid arguments, a tool's own error from a
+//! healthy server and cancellations leave the breaker alone, or one bad caller could
+//! shut a good server off for everybody.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::clock::{Clock, Rng};
+use crate::config::BreakerConfig;
+
+/// What a finished call tells the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failure,
+    /// Says nothing about the server's health.
+    Ignored,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Closed,
+    Open { until: Instant },
+    HalfOpen { in_flight: u32, successes: u32 },
+}
+
+/// A point-in-time view, for `rebound_status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    pub state: &'static str,
+    pub consecutive_failures: u32,
+    pub openings: u32,
+    pub retry_in: Option<Duration>,
+    pub window_calls: u32,
+    pub window_failures: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    consecutive_failures: u32,
+    /// Openings since the breaker last closed; grows the open time.
+    openings: u32,
+    /// Buckets of (start, successes, failures), oldest first, covering the window.
+    window: VecDeque<(Instant, u32, u32)>,
+}
+
+pub struct Breaker {
+    config: BreakerConfig,
+    clock: Arc<dyn Clock>,
+    rng: Arc<Rng>,
+    state: Mutex<State>,
+}
+
+/// Buckets per window: enough resolution, bounded memory whatever the call rate.
+const BUCKETS: u32 = 10;
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+/// The right to make one call. Record its outcome; dropping it unrecorded counts as
+/// [`Outcome::Ignored`] (a call abandoned by its caller says nothing about the server).
+#[derive(Debug)]
+pub struct Permit {
+    breaker: Arc<Breaker>,
+    probe: bool,
+    recorded: bool,
+}
+
+impl Breaker {
+    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Arc<Self> {
+        let state = State {
+            phase: Phase::Closed,
+            consecutive_failures: 0,
+            openings: 0,
+            window: VecDeque::new(),
+        };
+        Arc::new(Self {
+            config,
+            clock,
+            rng,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// Admits a call, or says how long until the breaker will try the server again.
+    pub fn admit(self: &Arc<Self>) -> Result<Permit, Duration> {
+        let now = self.clock.now();
+        let mut s = self.state.lock().expect("not poisoned");
+        let probe = match s.phase {
+            Phase::Closed => false,
+            Phase::Open { until } if now < until => return Err(until - now),
+            Phase::Open { .. } => {
+                s.phase = Phase::HalfOpen {
+                    in_flight: 1,
+                    successes: 0,
+                };
+                true
+            }
+            Phase::HalfOpen {
+                in_flight,
+                successes,
+            } => {
+                if in_flight >= self.config.half_open_max_calls {
+                    // Probes are out; their verdict comes soon.
+                    return Err(Duration::ZERO);
+                }
+                s.phase = Phase::HalfOpen {
+                    in_flight: in_flight + 1,
+                    successes,
+                };
+                true
+            }
+        };
+        drop(s);
+        Ok(Permit {
+            breaker: self.clone(),
+            probe,
+            recorded: false,
+        })
+    }
+
+    /// Closes the breaker by hand (`rebound_reset_breaker`).
+    pub fn reset(&self) {
+        let mut s = self.state.lock().expect("not poisoned");
+        s.phase = Phase::Closed;
+        s.consecutive_failures = 0;
+        s.openings = 0;
+        s.window.clear();
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.state.lock().expect("not poisoned").phase
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let now = self.clock.now();
+        let mut s = self.state.lock().expect("not poisoned");
+        self.prune(&mut s, now);
+        let (calls, failures) = s
+            .window
+            .iter()
+            .fold((0, 0), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
+        let (state, retry_in) = match s.phase {
+            Phase::Closed => ("closed", None),
+            Phase::Open { until } => ("open", Some(until.saturating_duration_since(now))),
+            Phase::HalfOpen { .. } => ("half-open", None),
+        };
+        Snapshot {
+            state,
+            consecutive_failures: s.consecutive_failures,
+            openings: s.openings,
+            retry_in,
+            window_calls: calls,
+            window_failures: failures,
+        }
+    }
+
+    fn record(&self, probe: bool, outcome: Outcome) {
+        let now = self.clock.now();
+        let mut s = self.state.lock().expect("not poisoned");
+        match (s.phase, probe) {
+            (
+                Phase::HalfOpen {
+                    in_flight,
+                    successes,
+                },
+                true,
+            ) => match outcome {
+                Outcome::Success if successes + 1 >= self.config.success_threshold => {
+                    s.phase = Phase::Closed;
+                    s.consecutive_failures = 0;
+                    s.openings = 0;
+                    s.window.clear();
+                }
+                Outcome::Success => {
+                    s.phase = Phase::HalfOpen {
+                        in_flight: in_flight.saturating_sub(1),
+                        successes: successes + 1,
+                    }
+                }
+                Outcome::Failure => self.open(&mut s, now),
+                Outcome::Ignored => {
+                    s.phase = Phase::HalfOpen {
+                        in_flight: in_flight.saturating_sub(1),
+                        successes,
+                    }
+                }
+            },
+            (Phase::Closed, false) => match outcome {
+                Outcome::Success => {
+                    s.consecutive_failures = 0;
+                    self.tally(&mut s, now, false);
+                }
+                Outcome::Failure => {
+                    s.consecutive_failures += 1;
+                    self.tally(&mut s, now, true);
+                    if s.consecutive_failures >= self.config.failure_threshold
+                        || self.rate_tripped(&s)
+                    {
+                        self.open(&mut s, now);
+                    }
+                }
+                Outcome::Ignored => {}
+            },
+            // A verdict from before the last transition: the breaker has moved on.
+            _ => {}
+        }
+    }
+
+    fn open(&self, s: &mut State, now: Instant) {
+        s.openings = s.openings.saturating_add(1);
+        let base = self.config.open_ms as f64;
+        let grown = base * 2f64.powi(s.openings.saturating_sub(1).min(62) as i32);
+        let capped = grown.min(self.config.max_open_ms.max(self.config.open_ms) as f64);
+        // Jitter within the last fifth, so that breakers opened together in many
+        // gateways do not all probe the server in the same instant.
+        let ms = capped * (0.8 + 0.2 * self.rng.unit());
+        s.phase = Phase::Open {
+            until: super::clock::later(now, Duration::from_millis(ms as u64)),
+        };
+        s.consecutive_failures = 0;
+        s.window.clear();
+    }
+
+    fn bucket_len(&self) -> Duration {
+        Duration::from_millis((self.config.window_ms / u64::from(BUCKETS)).max(1))
+    }
+
+    fn prune(&self, s: &mut State, now: Instant) {
+        let window = Duration::from_millis(self.config.window_ms);
+        while s
+            .window
+            .front()
+            .is_some_and(|(start, _, _)| now.saturating_duration_since(*start) >= window)
+        {
+            s.window.pop_front();
+        }
+    }
+
+    fn tally(&self, s: &mut State, now: Instant, failed: bool) {
+        self.prune(s, now);
+        let fresh = s
+            .window
+            .back()
+            .is_some_and(|(start, _, _)| now.saturating_duration_since(*start) < self.bucket_len());
+        if !fresh {
+            s.window.push_back((now, 0, 0));
+        }
+        let bucket = s.window.back_mut().expect("just pushed");
+        if failed {
+            bucket.2 += 1;
+        } else {
+            bucket.1 += 1;
+        }
+    }
+
+    fn rate_tripped(&self, s: &State) -> bool {
+        let (calls, failures) = s
+            .window
+            .iter()
+            .fold((0u32, 0u32), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
+        calls >= self.config.min_calls
+            && f64::from(failures) >= self.config.failure_rate * f64::from(calls)
+    }
+}
+
+impl Permit {
+    pub fn record(mut self, outcome: Outcome) {
+        self.recorded = true;
+        self.breaker.record(self.probe, outcome);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.breaker.record(self.probe, Outcome::Ignored);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

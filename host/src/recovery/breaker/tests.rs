@@ -1,0 +1,172 @@
+use std::time::Duration;
+
+use super::*;
+use crate::recovery::clock::TokioClock;
+
+fn breaker(config: BreakerConfig) -> Arc<Breaker> {
+    Breaker::new(config, Arc::new(TokioClock), Arc::new(Rng::seeded(7)))
+}
+
+fn seed_004() -> Arc<Breaker> {
+    breaker(BreakerConfig::default())
+}
+
+fn fail(b: &Arc<Breaker>, n: u32) {
+    for _ in 0..n {
+        b.admit().expect("admitted").record(Outcome::Failure);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_after_consecutive_failures_and_rejects_without_calling() {
+    let b = seed_004();
+    fail(&b, 4);
+    assert_eq!(b.phase(), Phase::Closed);
+    b.admit().unwrap().record(Outcome::Success);
+    fail(&b, 4);
+    assert_eq!(b.phase(), Phase::Closed, "a success resets the count");
+    fail(&b, 1);
+    let retry_in = b.admit().expect_err("open");
+    assert!(
+        retry_in >= Duration::from_secs(48) && retry_in <= Duration::from_secs(60),
+        "{retry_in:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ignored_outcomes_do_not_count() {
+    let b = seed_004();
+    for _ in 0..50 {
+        b.admit().unwrap().record(Outcome::Ignored);
+        drop(b.admit().unwrap()); // abandoned by its caller
+    }
+    assert_eq!(b.phase(), Phase::Closed);
+    assert_eq!(b.snapshot().window_calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_admits_exactly_the_configured_probes_among_many_callers() {
+    let b = breaker(BreakerConfig {
+        half_open_max_calls: 3,
+        ..BreakerConfig::default()
+    });
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let b = b.clone();
+            tokio::spawn(async move { b.admit().ok() })
+        })
+        .collect();
+    let mut permits = Vec::new();
+    for t in tasks {
+        permits.extend(t.await.unwrap());
+    }
+    assert_eq!(permits.len(), 3);
+    assert!(matches!(
+        b.phase(),
+        Phase::HalfOpen {
+            in_flight: 3,
+            successes: 0
+        }
+    ));
+    // An abandoned probe frees its slot for another caller.
+    drop(permits.pop());
+    let again = b.admit().expect("a slot was freed");
+    permits.push(again);
+    assert!(b.admit().is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn closes_after_success_threshold_probes() {
+    let b = seed_004();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    b.admit().unwrap().record(Outcome::Success);
+    assert!(matches!(b.phase(), Phase::HalfOpen { successes: 1, .. }));
+    b.admit().unwrap().record(Outcome::Success);
+    assert_eq!(b.phase(), Phase::Closed);
+    assert_eq!(b.snapshot().openings, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_probe_reopens_for_longer_up_to_the_cap() {
+    let b = breaker(BreakerConfig {
+        open_ms: 1_000,
+        max_open_ms: 4_000,
+        ..BreakerConfig::default()
+    });
+    fail(&b, 5);
+    let mut opened_for = Vec::new();
+    for _ in 0..5 {
+        let wait = b.admit().expect_err("open");
+        opened_for.push(wait.as_millis());
+        tokio::time::advance(wait).await;
+        b.admit().expect("probe").record(Outcome::Failure);
+    }
+    let bounds = [
+        (800, 1000),
+        (1600, 2000),
+        (3200, 4000),
+        (3200, 4000),
+        (3200, 4000),
+    ];
+    for (got, (lo, hi)) in opened_for.iter().zip(bounds) {
+        assert!((lo..=hi).contains(got), "{opened_for:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_probe_counts_as_a_failure() {
+    let b = seed_004();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let probe = b.admit().unwrap();
+    assert!(b.admit().is_err(), "one probe at a time");
+    probe.record(Outcome::Failure);
+    assert!(matches!(b.phase(), Phase::Open { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn opens_on_failure_rate_over_the_window() {
+    let b = breaker(BreakerConfig {
+        min_calls: 10,
+        failure_rate: 0.5,
+        ..BreakerConfig::default()
+    });
+    // Alternating: never two failures in a row, but half of all calls fail.
+    for i in 0..9 {
+        b.admit().unwrap().record(if i % 2 == 0 {
+            Outcome::Success
+        } else {
+            Outcome::Failure
+        });
+    }
+    assert_eq!(b.phase(), Phase::Closed, "below min_calls");
+    b.admit().unwrap().record(Outcome::Failure);
+    assert!(matches!(b.phase(), Phase::Open { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn old_calls_leave_the_window() {
+    let b = breaker(BreakerConfig {
+        min_calls: 4,
+        failure_rate: 0.5,
+        window_ms: 10_000,
+        ..BreakerConfig::default()
+    });
+    fail(&b, 3);
+    b.admit().unwrap().record(Outcome::Success);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(b.snapshot().window_calls, 0);
+    fail(&b, 1);
+    assert_eq!(b.phase(), Phase::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_closes_it_by_hand() {
+    let b = seed_004();
+    fail(&b, 5);
+    b.reset();
+    assert!(b.admit().is_ok());
+}

@@ -1,0 +1,473 @@
+//! The built-in classifier: every [`Failure`] gets a category from seed 004's
+//! hierarchy, whether it is worth retrying, whether it counts against the server's
+//! breaker, a severity, and seed 002's USER/CONFIG/BUG kind with its log level.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use super::Failure;
+use super::retry_after;
+use crate::transport::Status;
+
+/// Seed 004's error hierarchy, flattened; `Other` is the escape for adapters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Category {
+    Connection,
+    Transport,
+    Timeout,
+    Protocol,
+    Initialization,
+    Capability,
+    ToolNotFound,
+    ToolExecution,
+    ToolValidation,
+    Configuration,
+    Discovery,
+    ServerUnavailable,
+    CircuitOpen,
+    RateLimit,
+    Cancelled,
+    Other(String),
+}
+
+impl Category {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Connection => "connection",
+            Self::Transport => "transport",
+            Self::Timeout => "timeout",
+            Self::Protocol => "protocol",
+            Self::Initialization => "initialization",
+            Self::Capability => "capability",
+            Self::ToolNotFound => "tool-not-found",
+            Self::ToolExecution => "tool-execution",
+            Self::ToolValidation => "tool-validation",
+            Self::Configuration => "configuration",
+            Self::Discovery => "discovery",
+            Self::ServerUnavailable => "server-unavailable",
+            Self::CircuitOpen => "circuit-open",
+            Self::RateLimit => "rate-limit",
+            Self::Cancelled => "cancelled",
+            Self::Other(s) => s,
+        }
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::Critical => "critical",
+        }
+    }
+}
+
+/// Seed 002's split: whose fault it is, which decides how loudly it is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The caller's arguments (logged as a warning).
+    User,
+    /// The setup: a missing server, a wrong command (logged as an error).
+    Config,
+    /// Anything else (logged as an error).
+    Bug,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::User => "USER",
+            Self::Config => "CONFIG",
+            Self::Bug => "BUG",
+        }
+    }
+
+    pub fn log_level(self) -> tracing::Level {
+        match self {
+            Self::User => tracing::Level::WARN,
+            Self::Config | Self::Bug => tracing::Level::ERROR,
+        }
+    }
+}
+
+/// What the gateway believes about a failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classification {
+    pub category: Category,
+    /// Whether the same call may succeed if made again (safety is decided separately).
+    pub retryable: bool,
+    pub retry_after: Option<Duration>,
+    /// Whether it says something about the server's health.
+    pub counts_for_breaker: bool,
+    pub severity: Severity,
+    pub kind: Kind,
+    /// Whether the failure proves the request never reached the server, which makes a
+    /// retry safe even for a tool with side effects.
+    pub not_delivered: bool,
+}
+
+impl Classification {
+    fn new(
+        category: Category,
+        retryable: bool,
+        counts_for_breaker: bool,
+        severity: Severity,
+        kind: Kind,
+    ) -> Self {
+        Self {
+            category,
+            retryable,
+            retry_after: None,
+            counts_for_breaker,
+            severity,
+            kind,
+            not_delivered: false,
+        }
+    }
+}
+
+/// JSON-RPC `-32001`: the request timed out (MCP SDKs' `RequestTimeout`, Claude Code's
+/// AbortError).
+pub const ABORTED: i32 = -32001;
+
+/// Classifies `failure`; `now` is the wall clock, for HTTP-date retry hints.
+pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
+    use Category as C;
+    use Kind::{Bug, Config, User};
+    use Severity::{High, Low, Medium};
+    match failure {
+        Failure::Timeout { .. } => C::Timeout.with(true, true, High, Bug),
+        Failure::ConnectionLost { .. } => C::Transport.with(true, true, High, Bug),
+        Failure::SendFailed { .. } => C::Connection.with(true, true, High, Bug).undelivered(),
+        Failure::Unavailable { status, .. } => {
+            let kind = if *status == Status::Down { Config } else { Bug };
+            // No traffic reached the server: nothing to count.
+            C::ServerUnavailable
+                .with(true, false, High, kind)
+                .undelivered()
+        }
+        Failure::CircuitOpen { retry_in } => {
+            let mut c = C::CircuitOpen.with(true, false, Medium, Bug).undelivered();
+            c.retry_after = Some(*retry_in);
+            c
+        }
+        Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
+        Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
+        Failure::Rpc {
+            code,
+            message,
+            data,
+        } => {
+            let text = format!(
+                "{message} {}",
+                data.as_ref().map(|d| d.to_string()).unwrap_or_default()
+            );
+            match *code {
+                ABORTED => C::Timeout.with(true, true, High, Bug),
+                -32700 | -32600 => C::Protocol.with(false, true, High, Bug),
+                -32601 => C::Capability.with(false, false, Medium, Config),
+                // SDKs answer an unknown tool name with -32602 too.
+                -32602 if mentions_unknown_tool(&text) => {
+                    C::ToolNotFound.with(true, false, Medium, Config)
+                }
+                -32602 => C::ToolValidation.with(false, false, Low, User),
+                -32002 => C::ToolExecution.with(false, false, Medium, User),
+                _ => from_text(&text, now)
+                    .unwrap_or_else(|| C::ToolExecution.with(false, true, Medium, Bug)),
+            }
+        }
+        Failure::ToolError { result } => {
+            let text = failure_text(result);
+            // A tool that reports its own error is a healthy server saying no, unless
+            // the text says the trouble is transient.
+            from_text(&text, now)
+                .unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
+        }
+    }
+}
+
+fn failure_text(result: &rmcp::model::CallToolResult) -> String {
+    let mut text: String = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(s) = &result.structured_content {
+        text.push(' ');
+        text.push_str(&s.to_string());
+    }
+    text
+}
+
+fn mentions_unknown_tool(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    (t.contains("tool") && (t.contains("not found") || t.contains("unknown")))
+        || t.contains("no such tool")
+}
+
+/// Transient conditions recognised in free text (HTTP status codes, common phrases).
+fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
+    use Category as C;
+    use Kind::Bug;
+    use Severity::{High, Medium};
+    let t = text.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| t.contains(w));
+    let mut c = if has(&[
+        "429",
+        "rate limit",
+        "rate-limit",
+        "ratelimit",
+        "too many requests",
+        "quota exceeded",
+    ]) {
+        C::RateLimit.with(true, false, Medium, Bug)
+    } else if has(&[
+        "503",
+        "service unavailable",
+        "overloaded",
+        "temporarily unavailable",
+        "502 bad gateway",
+        "504 gateway",
+    ]) {
+        C::ServerUnavailable.with(true, true, High, Bug)
+    } else if has(&[
+        "timed out",
+        "timeout",
+        "aborterror",
+        "operation was aborted",
+        "deadline exceeded",
+    ]) {
+        C::Timeout.with(true, true, High, Bug)
+    } else if has(&[
+        "econnrefused",
+        "connection refused",
+        "econnreset",
+        "connection reset",
+        "broken pipe",
+        "network is unreachable",
+    ]) {
+        C::Connection.with(true, true, High, Bug)
+    } else {
+        return None;
+    };
+    c.retry_after = retry_after::parse(text, now);
+    Some(c)
+}
+
+impl Category {
+    fn with(
+        self,
+        retryable: bool,
+        counts_for_breaker: bool,
+        severity: Severity,
+        kind: Kind,
+    ) -> Classification {
+        Classification::new(self, retryable, counts_for_breaker, severity, kind)
+    }
+}
+
+impl Classification {
+    fn undelivered(mut self) -> Self {
+        self.not_delivered = true;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::{CallToolResult, ContentBlock};
+
+    use super::*;
+
+    /// (failure, category, retryable, counts for breaker, not delivered)
+    fn check(
+        failure: Failure,
+        category: Category,
+        retryable: bool,
+        counts: bool,
+        undelivered: bool,
+    ) {
+        let c = classify(&failure, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            (
+                &c.category,
+                c.retryable,
+                c.counts_for_breaker,
+                c.not_delivered
+            ),
+            (&category, retryable, counts, undelivered),
+            "{failure:?}"
+        );
+    }
+
+    fn rpc(code: i32, message: &str) -> Failure {
+        Failure::Rpc {
+            code,
+            message: message.into(),
+            data: None,
+        }
+    }
+
+    fn tool_error(text: &str) -> Failure {
+        Failure::ToolError {
+            result: CallToolResult::error(vec![ContentBlock::text(text)]),
+        }
+    }
+
+    #[test]
+    fn the_hierarchy() {
+        use Category::*;
+        check(
+            Failure::Timeout {
+                after: Duration::from_secs(1),
+            },
+            Timeout,
+            true,
+            true,
+            false,
+        );
+        check(
+            rpc(-32001, "AbortError: The operation was aborted"),
+            Timeout,
+            true,
+            true,
+            false,
+        );
+        check(
+            rpc(-32602, "Invalid arguments: missing `query`"),
+            ToolValidation,
+            false,
+            false,
+            false,
+        );
+        check(
+            rpc(-32602, "Tool lean_foo not found"),
+            ToolNotFound,
+            true,
+            false,
+            false,
+        );
+        check(
+            rpc(-32601, "Method not found"),
+            Capability,
+            false,
+            false,
+            false,
+        );
+        check(rpc(-32700, "Parse error"), Protocol, false, true, false);
+        check(
+            rpc(-32603, "internal error"),
+            ToolExecution,
+            false,
+            true,
+            false,
+        );
+        check(
+            rpc(-32603, "upstream returned 503 Service Unavailable"),
+            ServerUnavailable,
+            true,
+            true,
+            false,
+        );
+        check(tool_error("disk full"), ToolExecution, false, false, false);
+        check(
+            tool_error("Error: 429 Too Many Requests"),
+            RateLimit,
+            true,
+            false,
+            false,
+        );
+        check(
+            tool_error("request timed out after 30s"),
+            Timeout,
+            true,
+            true,
+            false,
+        );
+        check(
+            tool_error("connect ECONNREFUSED 127.0.0.1:8080"),
+            Connection,
+            true,
+            true,
+            false,
+        );
+        check(
+            Failure::ConnectionLost {
+                reason: "eof".into(),
+            },
+            Transport,
+            true,
+            true,
+            false,
+        );
+        check(
+            Failure::SendFailed {
+                reason: "broken pipe".into(),
+            },
+            Connection,
+            true,
+            true,
+            true,
+        );
+        check(
+            Failure::Unavailable {
+                status: Status::Restarting,
+                reason: None,
+            },
+            ServerUnavailable,
+            true,
+            false,
+            true,
+        );
+        check(
+            Failure::CircuitOpen {
+                retry_in: Duration::from_secs(3),
+            },
+            CircuitOpen,
+            true,
+            false,
+            true,
+        );
+        check(Failure::Cancelled, Cancelled, false, false, false);
+        check(
+            Failure::Protocol {
+                reason: "odd".into(),
+            },
+            Protocol,
+            false,
+            true,
+            false,
+        );
+    }
+
+    #[test]
+    fn rate_limits_carry_their_retry_after() {
+        let c = classify(
+            &tool_error("rate limit exceeded; retry after 2 seconds"),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert_eq!(c.retry_after, Some(Duration::from_secs(2)));
+        assert_eq!(c.kind.log_level(), tracing::Level::ERROR);
+        assert_eq!(
+            classify(&rpc(-32602, "bad"), SystemTime::UNIX_EPOCH).kind,
+            Kind::User
+        );
+    }
+}

@@ -1,0 +1,448 @@
+//! The engine against a scripted upstream, on tokio's paused clock with a seeded RNG.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use rmcp::model::ContentBlock;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::*;
+use crate::config::{Launch, StdioLaunch, ToolRecovery};
+use crate::recovery::clock::TokioClock;
+
+/// Answers from a script per tool; an exhausted script answers `ok`. Records every call.
+#[derive(Default)]
+struct Script {
+    answers: Mutex<HashMap<String, VecDeque<Result<CallToolResult, Failure>>>>,
+    calls: Mutex<Vec<(String, Instant, Duration, Option<JsonObject>)>>,
+    tools: HashMap<String, Option<ToolAnnotations>>,
+}
+
+fn ok(text: &str) -> Result<CallToolResult, Failure> {
+    Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+}
+
+fn tool_error(text: &str) -> Result<CallToolResult, Failure> {
+    Err(Failure::ToolError {
+        result: CallToolResult::error(vec![ContentBlock::text(text)]),
+    })
+}
+
+fn timeout() -> Result<CallToolResult, Failure> {
+    Err(Failure::Timeout {
+        after: Duration::from_secs(1),
+    })
+}
+
+impl Script {
+    fn new(tools: &[(&str, bool)]) -> Self {
+        let read_only = ToolAnnotations::new().read_only(true);
+        let tools = tools
+            .iter()
+            .map(|(t, ro)| (t.to_string(), ro.then(|| read_only.clone())))
+            .collect();
+        Self {
+            tools,
+            ..Self::default()
+        }
+    }
+
+    fn then(self, tool: &str, answers: Vec<Result<CallToolResult, Failure>>) -> Self {
+        self.answers
+            .lock()
+            .unwrap()
+            .entry(tool.into())
+            .or_default()
+            .extend(answers);
+        self
+    }
+
+    fn calls(&self, tool: &str) -> Vec<(Instant, Duration, Option<JsonObject>)> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == tool)
+            .map(|c| (c.1, c.2, c.3.clone()))
+            .collect()
+    }
+}
+
+impl Upstream for Script {
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+        let key = format!("{server}/{tool}");
+        self.calls
+            .lock()
+            .unwrap()
+            .push((key.clone(), Instant::now(), timeout, arguments));
+        let answer = self
+            .answers
+            .lock()
+            .unwrap()
+            .get_mut(&key)
+            .and_then(VecDeque::pop_front)
+            .unwrap_or_else(|| ok("ok"));
+        Box::pin(async move {
+            // A timeout takes its time.
+            if let Err(Failure::Timeout { .. }) = &answer {
+                tokio::time::sleep(timeout).await;
+                return Err(Failure::Timeout { after: timeout });
+            }
+            answer
+        })
+    }
+
+    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
+        self.tools.get(&format!("{server}/{tool}")).cloned()
+    }
+}
+
+fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
+    ServerConfig {
+        name: name.into(),
+        launch: Launch::Stdio(StdioLaunch {
+            command: "x".into(),
+            args: vec![],
+            env: Default::default(),
+            cwd: None,
+        }),
+        adapter: None,
+        recovery,
+        adapter_config: Value::Null,
+    }
+}
+
+fn engine(servers: &[ServerConfig]) -> Engine {
+    Engine::new(servers, Arc::new(TokioClock), Arc::new(Rng::seeded(42)))
+}
+
+fn seed_004() -> RecoveryConfig {
+    RecoveryConfig {
+        timeout_ms: 1_000,
+        ..RecoveryConfig::default()
+    }
+}
+
+async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
+    e.run(
+        up,
+        "s".into(),
+        tool.into(),
+        Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone()),
+    )
+    .await
+}
+
+fn answered(ending: &Ending) -> String {
+    match ending {
+        Ending::Answered(r) => r.content[0].as_text().unwrap().text.clone(),
+        Ending::GaveUp => "gave up".into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_bound() {
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        vec![
+            timeout(),
+            Err(Failure::ConnectionLost {
+                reason: "eof".into(),
+            }),
+            ok("third time"),
+        ],
+    );
+    let e = engine(&[server("s", seed_004())]);
+    let (ending, record) = run(&e, &up, "read").await;
+    assert_eq!(answered(&ending), "third time");
+    assert!(record.recovered());
+    let calls = up.calls("s/read");
+    assert_eq!(calls.len(), 3);
+    // Waits are U(0, 1 s) then U(0, 2 s), after the 1 s timeout of the first attempt.
+    let first_wait = calls[1].0 - calls[0].0 - Duration::from_secs(1);
+    let second_wait = calls[2].0 - calls[1].0;
+    assert!(first_wait <= Duration::from_secs(1), "{first_wait:?}");
+    assert!(second_wait <= Duration::from_secs(2), "{second_wait:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
+    let up = Script::new(&[("s/write", false)]).then("s/write", vec![timeout()]);
+    let e = engine(&[server("s", seed_004())]);
+    let (ending, record) = run(&e, &up, "write").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/write").len(), 1);
+    assert!(
+        record
+            .stopped
+            .unwrap()
+            .contains("not marked read-only or idempotent")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn config_can_mark_a_tool_idempotent_or_not() {
+    let mut r = seed_004();
+    r.tools.insert(
+        "write".into(),
+        ToolRecovery {
+            idempotent: Some(true),
+            ..Default::default()
+        },
+    );
+    r.tools.insert(
+        "read".into(),
+        ToolRecovery {
+            idempotent: Some(false),
+            ..Default::default()
+        },
+    );
+    let up = Script::new(&[("s/write", false), ("s/read", true)])
+        .then("s/write", vec![timeout()])
+        .then("s/read", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    assert_eq!(answered(&run(&e, &up, "write").await.0), "ok");
+    assert!(matches!(run(&e, &up, "read").await.0, Ending::GaveUp));
+}
+
+#[tokio::test(start_paused = true)]
+async fn proof_of_non_delivery_makes_any_tool_safe_to_retry() {
+    let up = Script::new(&[("s/write", false)]).then(
+        "s/write",
+        vec![Err(Failure::SendFailed {
+            reason: "broken pipe".into(),
+        })],
+    );
+    let e = engine(&[server("s", seed_004())]);
+    assert_eq!(answered(&run(&e, &up, "write").await.0), "ok");
+    assert_eq!(up.calls("s/write").len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_honoured() {
+    let up = Script::new(&[("s/search", true)]).then(
+        "s/search",
+        vec![tool_error("429 Too Many Requests; retry after 5 seconds")],
+    );
+    let e = engine(&[server("s", seed_004())]);
+    assert_eq!(answered(&run(&e, &up, "search").await.0), "ok");
+    let calls = up.calls("s/search");
+    assert!(calls[1].0 - calls[0].0 >= Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_past_the_deadline_is_not_waited_for() {
+    let up = Script::new(&[("s/search", true)]).then(
+        "s/search",
+        vec![tool_error("rate limited, retry after 600 seconds")],
+    );
+    let e = engine(&[server(
+        "s",
+        RecoveryConfig {
+            deadline_ms: Some(10_000),
+            ..seed_004()
+        },
+    )]);
+    let start = Instant::now();
+    let (ending, record) = run(&e, &up, "search").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(Instant::now(), start, "gave up without waiting");
+    assert!(record.stopped.unwrap().contains("past the call's deadline"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_attempt_outlives_the_deadline() {
+    let mut r = seed_004();
+    r.deadline_ms = Some(2_500);
+    r.retry.max_attempts = 10;
+    r.retry.initial_delay_ms = 10;
+    let up = Script::new(&[("s/read", true)]).then("s/read", (0..10).map(|_| timeout()).collect());
+    let e = engine(&[server("s", r)]);
+    let start = Instant::now();
+    let (ending, _) = run(&e, &up, "read").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    let deadline = start + Duration::from_millis(2_500);
+    for (at, timeout, _) in up.calls("s/read") {
+        assert!(
+            at + timeout <= deadline,
+            "an attempt at {:?} with {timeout:?} ran past the deadline",
+            at - start
+        );
+    }
+    assert!(Instant::now() <= deadline);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tools_own_error_is_passed_through_untouched() {
+    let up =
+        Script::new(&[("s/read", true)]).then("s/read", vec![tool_error("no such file: a.lean")]);
+    let e = engine(&[server("s", seed_004())]);
+    let (ending, record) = run(&e, &up, "read").await;
+    assert_eq!(answered(&ending), "no such file: a.lean");
+    assert_eq!(record.attempts.len(), 1);
+    assert_eq!(
+        e.policy("s")
+            .unwrap()
+            .breaker
+            .snapshot()
+            .consecutive_failures,
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_arguments_are_neither_retried_nor_sent_elsewhere() {
+    let mut r = seed_004();
+    r.fallbacks.insert(
+        "read".into(),
+        vec![Alternative {
+            tool: "other".into(),
+            server: None,
+            arguments: None,
+        }],
+    );
+    let up = Script::new(&[("s/read", true), ("s/other", true)]).then(
+        "s/read",
+        vec![Err(Failure::Rpc {
+            code: -32602,
+            message: "bad".into(),
+            data: None,
+        })],
+    );
+    let e = engine(&[server("s", r)]);
+    assert!(matches!(run(&e, &up, "read").await.0, Ending::GaveUp));
+    assert_eq!(up.calls("s/read").len() + up.calls("s/other").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn alternatives_are_tried_in_order_with_mapped_arguments() {
+    let mut r = seed_004();
+    r.fallbacks.insert(
+        "leansearch".into(),
+        vec![
+            Alternative {
+                tool: "gone".into(),
+                server: None,
+                arguments: None,
+            },
+            Alternative {
+                tool: "loogle".into(),
+                server: None,
+                arguments: Some(
+                    json!({"query": "$q", "num_results": "$n"})
+                        .as_object()
+                        .unwrap()
+                        .clone(),
+                ),
+            },
+            Alternative {
+                tool: "finder".into(),
+                server: Some("t".into()),
+                arguments: None,
+            },
+        ],
+    );
+    let up = Script::new(&[
+        ("s/leansearch", true),
+        ("s/loogle", true),
+        ("t/finder", true),
+    ])
+    .then("s/leansearch", vec![timeout(), timeout(), timeout()])
+    .then(
+        "s/loogle",
+        vec![Err(Failure::Rpc {
+            code: -32001,
+            message: "AbortError".into(),
+            data: None,
+        })],
+    );
+    let e = engine(&[server("s", r), server("t", seed_004())]);
+    let (ending, record) = run(&e, &up, "leansearch").await;
+    assert_eq!(answered(&ending), "ok");
+    let by = record.answered_by().unwrap();
+    assert_eq!(
+        (&*by.server, by.tool.as_str(), by.alternative),
+        ("t", "finder", Some(2))
+    );
+    assert_eq!(
+        up.calls("s/loogle")[0].2,
+        Some(
+            json!({"query": "x", "num_results": 3})
+                .as_object()
+                .unwrap()
+                .clone()
+        )
+    );
+    assert_eq!(
+        up.calls("t/finder")[0].2,
+        Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_the_server_is_back() {
+    let mut r = seed_004();
+    r.breaker.open_ms = 5_000;
+    r.retry.max_attempts = 1;
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        (0..5)
+            .map(|_| {
+                Err(Failure::ConnectionLost {
+                    reason: "down".into(),
+                })
+            })
+            .collect(),
+    );
+    let e = engine(&[server("s", r)]);
+    for _ in 0..100 {
+        run(&e, &up, "read").await;
+    }
+    assert_eq!(
+        up.calls("s/read").len(),
+        5,
+        "only the failures that opened it reached the server"
+    );
+    assert_eq!(
+        e.policy("s").unwrap().counters.shed.load(Ordering::Relaxed),
+        95
+    );
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
+    assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
+    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_keeps_an_outage_from_multiplying_load() {
+    let mut r = seed_004();
+    r.breaker.failure_threshold = u32::MAX; // isolate the budget from the breaker
+    r.breaker.min_calls = u32::MAX;
+    r.retry.initial_delay_ms = 1;
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        (0..1000)
+            .map(|_| {
+                Err(Failure::ConnectionLost {
+                    reason: "down".into(),
+                })
+            })
+            .collect(),
+    );
+    let e = engine(&[server("s", r)]);
+    for _ in 0..100 {
+        run(&e, &up, "read").await;
+    }
+    let calls = up.calls("s/read").len();
+    assert!(
+        calls <= 100 + 10 + 30,
+        "{calls} upstream calls for 100 client calls"
+    );
+}
