@@ -5,6 +5,7 @@ pub mod call;
 pub mod catalogue;
 pub mod hub;
 pub mod server;
+pub mod status;
 
 pub use hub::Hub;
 pub use server::Gateway;

@@ -2,6 +2,7 @@
 //! them fail. See `ARCHITECTURE.md` at the repository root for the codemap.
 
 pub mod config;
+pub mod errors_log;
 pub mod gateway;
 pub mod recovery;
 pub mod transport;

@@ -42,8 +42,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG")
-                .unwrap_or_else(|_| "info,rmcp=warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG").unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
         .with_ansi(false)
         .init();
@@ -63,11 +62,7 @@ fn main() -> ExitCode {
 fn check(path: PathBuf) -> Result<()> {
     let config = config::load(&path)?;
     print_warnings(&config);
-    println!(
-        "{}: {} server(s)",
-        config.source.display(),
-        config.servers.len()
-    );
+    println!("{}: {} server(s)", config.source.display(), config.servers.len());
     for (name, server) in &config.servers {
         let launch = match &server.launch {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),

@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
-    CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams, ElicitResult,
-    ElicitationAction, Implementation, ListRootsResult, LoggingMessageNotificationParam,
-    ProgressNotificationParam, Root, SamplingMessage,
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation, ListRootsResult,
+    LoggingMessageNotificationParam, ProgressNotificationParam, Root, SamplingMessage,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
@@ -28,11 +27,7 @@ pub fn bin_dir() -> PathBuf {
     // Binaries live in target/debug, test executables in target/debug/deps.
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().expect("target/debug").to_path_buf();
-    if dir.ends_with("deps") {
-        dir.parent().expect("target/debug").to_path_buf()
-    } else {
-        dir
-    }
+    if dir.ends_with("deps") { dir.parent().expect("target/debug").to_path_buf() } else { dir }
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -47,20 +42,13 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
 /// A `mcpServers` entry for the fault-injecting server.
 pub fn faulty(name: &str, state: &Path, extra: &[&str]) -> Value {
-    let mut args = vec![
-        "--name".to_owned(),
-        name.to_owned(),
-        "--state".to_owned(),
-        state.join(name).display().to_string(),
-    ];
+    let mut args =
+        vec!["--name".to_owned(), name.to_owned(), "--state".to_owned(), state.join(name).display().to_string()];
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     json!({"command": bin("faulty-server"), "args": args})
 }
@@ -101,10 +89,7 @@ impl ClientHandler for TestClient {
         ))
     }
 
-    async fn list_roots(
-        &self,
-        _: RequestContext<RoleClient>,
-    ) -> Result<ListRootsResult, ErrorData> {
+    async fn list_roots(&self, _: RequestContext<RoleClient>) -> Result<ListRootsResult, ErrorData> {
         Ok(ListRootsResult::new(vec![Root::new("file:///work")]))
     }
 
@@ -116,19 +101,11 @@ impl ClientHandler for TestClient {
         Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"name": "Ada"})))
     }
 
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
+    async fn on_progress(&self, params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
         self.heard.lock().unwrap().progress.push(params);
     }
 
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
+    async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {
         self.heard.lock().unwrap().logs.push(params);
     }
 
@@ -151,11 +128,7 @@ impl Gateway {
     pub async fn start(config: impl FnOnce(&Path) -> Value) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rebound.json");
-        std::fs::write(
-            &path,
-            serde_json::to_vec_pretty(&config(dir.path())).unwrap(),
-        )
-        .unwrap();
+        std::fs::write(&path, serde_json::to_vec_pretty(&config(dir.path())).unwrap()).unwrap();
         Self::serve(&path, dir).await
     }
 
@@ -174,30 +147,22 @@ impl Gateway {
         let handler = TestClient::default();
         let heard = handler.heard.clone();
         // Above rmcp's 16 MiB default, to see that the gateway passes large answers.
-        let transport = rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin)
-            .with_max_line_length(64 << 20);
+        let transport =
+            rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin).with_max_line_length(64 << 20);
         let client = tokio::time::timeout(Duration::from_secs(30), handler.serve(transport))
             .await
             .expect("initialises in time")
             .expect("initialises");
-        Gateway {
-            client,
-            heard,
-            child,
-            dir,
-        }
+        Gateway { client, heard, child, dir }
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> CallToolResult {
         let mut params = CallToolRequestParams::new(tool.to_owned());
         params.arguments = args.as_object().cloned();
-        tokio::time::timeout(
-            Duration::from_secs(60),
-            self.client.peer().call_tool(params),
-        )
-        .await
-        .expect("answers in time")
-        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
+        tokio::time::timeout(Duration::from_secs(60), self.client.peer().call_tool(params))
+            .await
+            .expect("answers in time")
+            .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"))
     }
 
     pub async fn tool_names(&self) -> Vec<String> {
@@ -233,12 +198,7 @@ impl Gateway {
 
 /// The text of a result's text blocks.
 pub fn text(result: &CallToolResult) -> String {
-    result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-        .collect::<Vec<_>>()
-        .join("\n")
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
 }
 
 /// Polls `cond` every 50 ms for up to 10 s.

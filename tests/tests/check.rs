@@ -8,54 +8,28 @@ fn check(json: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rebound.json");
     std::fs::write(&path, json).unwrap();
-    let out = Command::new(bin("rebound"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    let out = Command::new(bin("rebound")).args(["check", "--config"]).arg(&path).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
 #[test]
 fn a_good_config_is_summarised() {
-    let (ok, out) =
-        check(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "server"]}}}"#);
+    let (ok, out) = check(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "server"]}}}"#);
     assert!(ok, "{out}");
-    assert!(
-        out.contains("fs: stdio: npx -y server") && out.ends_with("ok\n"),
-        "{out}"
-    );
+    assert!(out.contains("fs: stdio: npx -y server") && out.ends_with("ok\n"), "{out}");
 }
 
 #[test]
 fn broken_configs_name_the_file_the_key_and_the_fix() {
     for (json, needles) in [
-        (
-            "{\"mcpServers\": {\n  \"a\": {\"command\": \"x\",}\n}}",
-            &["rebound.json:2:", "not valid JSON"][..],
-        ),
+        ("{\"mcpServers\": {\n  \"a\": {\"command\": \"x\",}\n}}", &["rebound.json:2:", "not valid JSON"][..]),
         (
             r#"{"mcpServers": {"a": {"args": []}}}"#,
-            &[
-                "`mcpServers.a`",
-                "neither `command` nor `url`",
-                "hint: add \"command\"",
-            ],
+            &["`mcpServers.a`", "neither `command` nor `url`", "hint: add \"command\""],
         ),
         (
             r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}}"#,
-            &[
-                "`mcpServers.a.adapter`",
-                "unknown adapter",
-                "cargo xtask build-plugins",
-            ],
+            &["`mcpServers.a.adapter`", "unknown adapter", "cargo xtask build-plugins"],
         ),
     ] {
         let (ok, out) = check(json);
@@ -66,11 +40,6 @@ fn broken_configs_name_the_file_the_key_and_the_fix() {
     }
     let (ok, out) = check("");
     assert!(!ok && out.contains("not valid JSON"), "{out}");
-    let out = Command::new(bin("rebound"))
-        .args(["check", "--config", "/nonexistent.json"])
-        .output()
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("cannot read config file /nonexistent.json")
-    );
+    let out = Command::new(bin("rebound")).args(["check", "--config", "/nonexistent.json"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read config file /nonexistent.json"));
 }

@@ -30,19 +30,14 @@ fn main() -> Result<()> {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
 /// Runs `cmd`, failing with its command line if it does not succeed.
 fn run(cmd: &mut Command) -> Result<()> {
     let line = format!("{cmd:?}");
     eprintln!("$ {line}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start {line}"))?;
+    let status = cmd.status().with_context(|| format!("cannot start {line}"))?;
     if !status.success() {
         bail!("{line} failed with {status}");
     }
@@ -61,9 +56,7 @@ fn setup(root: &Path) -> Result<()> {
     let marker = node.join("node_modules/.package-lock.json");
     if !marker.exists() || modified(&lock)? > modified(&marker)? {
         let verb = if lock.exists() { "ci" } else { "install" };
-        run(Command::new("npm")
-            .args([verb, "--no-audit", "--no-fund"])
-            .current_dir(&node))?;
+        run(Command::new("npm").args([verb, "--no-audit", "--no-fund"]).current_dir(&node))?;
     }
     let venv = root.join("target/venv");
     let python = venv.join("bin/python");
@@ -75,14 +68,7 @@ fn setup(root: &Path) -> Result<()> {
             run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
         }
         run(Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
             .arg(&requirements))?;
         std::fs::write(&stamp, wanted)?;
     }
@@ -90,23 +76,13 @@ fn setup(root: &Path) -> Result<()> {
 }
 
 fn modified(path: &Path) -> Result<std::time::SystemTime> {
-    Ok(std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .unwrap_or(std::time::UNIX_EPOCH))
+    Ok(std::fs::metadata(path).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH))
 }
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     setup(root)?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--quiet",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
     // One build of everything first, so that the end-to-end tests find the binaries they
     // launch (`rebound`, the fault-injecting servers) next to them.
     run(cargo().args(["build", "--workspace", "--bins"]))?;

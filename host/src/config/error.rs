@@ -6,9 +6,7 @@ use std::path::PathBuf;
 /// where one is at fault, the dotted key path, and ends with a `hint:` line.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error(
-        "cannot read config file {path}: {source}\nhint: pass the path of an existing JSON file to --config"
-    )]
+    #[error("cannot read config file {path}: {source}\nhint: pass the path of an existing JSON file to --config")]
     Read {
         path: PathBuf,
         #[source]
@@ -17,19 +15,9 @@ pub enum ConfigError {
     #[error(
         "{path}:{line}:{column}: not valid JSON: {message}\nhint: fix the JSON at that line and column (trailing commas and comments are not allowed)"
     )]
-    Syntax {
-        path: PathBuf,
-        line: usize,
-        column: usize,
-        message: String,
-    },
+    Syntax { path: PathBuf, line: usize, column: usize, message: String },
     #[error("{path}: `{key}`: {message}\nhint: {hint}")]
-    Invalid {
-        path: PathBuf,
-        key: String,
-        message: String,
-        hint: String,
-    },
+    Invalid { path: PathBuf, key: String, message: String, hint: String },
 }
 
 impl ConfigError {
@@ -39,12 +27,7 @@ impl ConfigError {
         message: impl Into<String>,
         hint: impl Into<String>,
     ) -> Self {
-        Self::Invalid {
-            path: path.to_path_buf(),
-            key: key.into(),
-            message: message.into(),
-            hint: hint.into(),
-        }
+        Self::Invalid { path: path.to_path_buf(), key: key.into(), message: message.into(), hint: hint.into() }
     }
 
     /// The dotted key path at fault, if the error is about one key.

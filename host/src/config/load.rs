@@ -10,25 +10,13 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    Config, HttpLaunch, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch,
-    ToolNames,
+    Config, HttpLaunch, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch, ToolNames,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
 /// and Rebound's additions.
-const SERVER_KEYS: &[&str] = &[
-    "command",
-    "args",
-    "env",
-    "cwd",
-    "url",
-    "headers",
-    "type",
-    "disabled",
-    "adapter",
-    "recovery",
-    "adapter_config",
-];
+const SERVER_KEYS: &[&str] =
+    &["command", "args", "env", "cwd", "url", "headers", "type", "disabled", "adapter", "recovery", "adapter_config"];
 
 /// The `rebound` object, as written.
 #[derive(Debug, Default, Deserialize)]
@@ -53,10 +41,8 @@ struct RawDefaults {
 
 /// Reads and validates the configuration at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     parse(&text, &absolute, &|name| std::env::var(name).ok())
 }
@@ -64,11 +50,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// Validates configuration text as if read from `path`, expanding `${VAR}` and
 /// `${VAR:-default}` in commands, arguments, environment values, URLs and headers through
 /// `env` (as Claude Code does).
-pub fn parse(
-    text: &str,
-    path: &Path,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, ConfigError> {
+pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let root: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
         path: path.to_path_buf(),
         line: e.line(),
@@ -114,10 +96,7 @@ pub fn parse(
         }
     };
 
-    let plugins_dir = resolve(
-        &base,
-        raw.plugins_dir.unwrap_or_else(|| "target/plugins".into()),
-    );
+    let plugins_dir = resolve(&base, raw.plugins_dir.unwrap_or_else(|| "target/plugins".into()));
     let mut warnings = Vec::new();
     let mut resolved = IndexMap::new();
     for (name, entry) in servers {
@@ -132,10 +111,7 @@ pub fn parse(
             ));
         };
         for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
-            warnings.push(format!(
-                "{}: `{key}.{k}` is not a key Rebound knows; it is ignored",
-                path.display()
-            ));
+            warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
         }
         if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
             warnings.push(format!("{}: `{key}` is disabled", path.display()));
@@ -150,11 +126,7 @@ pub fn parse(
         servers: resolved,
         settings: Settings {
             plugins_dir,
-            errors_log: resolve(
-                &base,
-                raw.errors_log
-                    .unwrap_or_else(|| "rebound-errors.jsonl".into()),
-            ),
+            errors_log: resolve(&base, raw.errors_log.unwrap_or_else(|| "rebound-errors.jsonl".into())),
             tool_names: raw.tool_names,
             startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
             init_timeout_ms: raw.init_timeout_ms.unwrap_or(60_000),
@@ -172,12 +144,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn err(
-        &self,
-        key: impl Into<String>,
-        message: impl Into<String>,
-        hint: impl Into<String>,
-    ) -> ConfigError {
+    fn err(&self, key: impl Into<String>, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
         ConfigError::invalid(self.path, key, message, hint)
     }
 
@@ -185,11 +152,7 @@ impl Ctx<'_> {
     fn typed<T: DeserializeOwned>(&self, prefix: &str, value: Value) -> Result<T, ConfigError> {
         serde_path_to_error::deserialize(value).map_err(|e| {
             let inner = e.path().to_string();
-            let key = if inner == "." {
-                prefix.to_owned()
-            } else {
-                format!("{prefix}.{inner}")
-            };
+            let key = if inner == "." { prefix.to_owned() } else { format!("{prefix}.{inner}") };
             let message = e.into_inner().to_string();
             let hint = if message.starts_with("unknown field") {
                 "remove the key or correct its spelling".to_owned()
@@ -213,11 +176,7 @@ impl Ctx<'_> {
             None => None,
             Some(Value::String(s)) => Some(s),
             Some(_) => {
-                return Err(self.err(
-                    format!("{key}.type"),
-                    "must be a string",
-                    r#"use "stdio" or "http""#,
-                ));
+                return Err(self.err(format!("{key}.type"), "must be a string", r#"use "stdio" or "http""#));
             }
         };
         let launch = match (entry.contains_key("command"), entry.contains_key("url")) {
@@ -305,18 +264,15 @@ impl Ctx<'_> {
         })
     }
 
-    fn stdio(
-        &self,
-        key: &str,
-        entry: &mut Map<String, Value>,
-        base: &Path,
-    ) -> Result<StdioLaunch, ConfigError> {
-        let command = self.expand(
-            &format!("{key}.command"),
-            &self.string(&format!("{key}.command"), entry.remove("command"))?,
-        )?;
+    fn stdio(&self, key: &str, entry: &mut Map<String, Value>, base: &Path) -> Result<StdioLaunch, ConfigError> {
+        let command =
+            self.expand(&format!("{key}.command"), &self.string(&format!("{key}.command"), entry.remove("command"))?)?;
         if command.trim().is_empty() {
-            return Err(self.err(format!("{key}.command"), "is empty", "name the program that starts the server, e.g. \"npx\" or \"/usr/local/bin/my-server\""));
+            return Err(self.err(
+                format!("{key}.command"),
+                "is empty",
+                "name the program that starts the server, e.g. \"npx\" or \"/usr/local/bin/my-server\"",
+            ));
         }
         // A relative path with a separator means "next to the config file"; a bare name is
         // looked up on PATH, as a client would.
@@ -347,22 +303,18 @@ impl Ctx<'_> {
         let env = self.string_map(&format!("{key}.env"), entry.remove("env"))?;
         let cwd = match entry.remove("cwd") {
             None | Some(Value::Null) => None,
-            v => Some(resolve(
-                base,
-                PathBuf::from(self.string(&format!("{key}.cwd"), v)?),
-            )),
+            v => Some(resolve(base, PathBuf::from(self.string(&format!("{key}.cwd"), v)?))),
         };
         if let Some(cwd) = &cwd
             && !cwd.is_dir()
         {
-            return Err(self.err(format!("{key}.cwd"), format!("{} is not a folder", cwd.display()), "create the folder or correct the path (relative paths start at the config file's folder)"));
+            return Err(self.err(
+                format!("{key}.cwd"),
+                format!("{} is not a folder", cwd.display()),
+                "create the folder or correct the path (relative paths start at the config file's folder)",
+            ));
         }
-        Ok(StdioLaunch {
-            command,
-            args,
-            env,
-            cwd,
-        })
+        Ok(StdioLaunch { command, args, env, cwd })
     }
 
     fn http(&self, key: &str, entry: &mut Map<String, Value>) -> Result<HttpLaunch, ConfigError> {
@@ -382,20 +334,14 @@ impl Ctx<'_> {
     fn string(&self, key: &str, value: Option<Value>) -> Result<String, ConfigError> {
         match value {
             Some(Value::String(s)) => Ok(s),
-            Some(other) => Err(self.err(
-                key,
-                format!("must be a string, found {}", kind_of(&other)),
-                "quote the value",
-            )),
+            Some(other) => {
+                Err(self.err(key, format!("must be a string, found {}", kind_of(&other)), "quote the value"))
+            }
             None => Err(self.err(key, "missing", "add it")),
         }
     }
 
-    fn string_map(
-        &self,
-        key: &str,
-        value: Option<Value>,
-    ) -> Result<BTreeMap<String, String>, ConfigError> {
+    fn string_map(&self, key: &str, value: Option<Value>) -> Result<BTreeMap<String, String>, ConfigError> {
         match value {
             None | Some(Value::Null) => Ok(BTreeMap::new()),
             Some(Value::Object(map)) => map
@@ -453,9 +399,7 @@ impl Ctx<'_> {
                     return Err(self.err(
                         key,
                         format!("refers to ${{{name}}}, which is not set"),
-                        format!(
-                            "set {name} in the environment, or give a default: ${{{name}:-value}}"
-                        ),
+                        format!("set {name} in the environment, or give a default: ${{{name}:-value}}"),
                     ));
                 }
             }
@@ -466,11 +410,7 @@ impl Ctx<'_> {
     }
 
     fn check_adapter(&self, key: &str, name: &str, plugins_dir: &Path) -> Result<(), ConfigError> {
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             return Err(self.err(
                 key,
                 format!("\"{name}\" is not a plugin name"),
@@ -484,12 +424,7 @@ impl Ctx<'_> {
             .into_iter()
             .flatten()
             .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()?
-                    .strip_suffix(".wasm")
-                    .map(str::to_owned)
-            })
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".wasm").map(str::to_owned))
             .collect();
         known.sort();
         let available = if known.is_empty() {
@@ -498,45 +433,24 @@ impl Ctx<'_> {
                 plugins_dir.display()
             )
         } else {
-            format!(
-                "available in {}: {}",
-                plugins_dir.display(),
-                known.join(", ")
-            )
+            format!("available in {}: {}", plugins_dir.display(), known.join(", "))
         };
-        Err(self.err(
-            key,
-            format!("unknown adapter \"{name}\": no {name}.wasm"),
-            available,
-        ))
+        Err(self.err(key, format!("unknown adapter \"{name}\": no {name}.wasm"), available))
     }
 
     fn check_recovery(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
         let positive = |k: &str, v: u64| {
             if v == 0 {
-                Err(self.err(
-                    format!("{key}.{k}"),
-                    "must be greater than 0",
-                    "give a positive number",
-                ))
+                Err(self.err(format!("{key}.{k}"), "must be greater than 0", "give a positive number"))
             } else {
                 Ok(())
             }
         };
         positive("timeout_ms", r.timeout_ms)?;
         positive("retry.max_attempts", r.retry.max_attempts.into())?;
-        positive(
-            "breaker.failure_threshold",
-            r.breaker.failure_threshold.into(),
-        )?;
-        positive(
-            "breaker.success_threshold",
-            r.breaker.success_threshold.into(),
-        )?;
-        positive(
-            "breaker.half_open_max_calls",
-            r.breaker.half_open_max_calls.into(),
-        )?;
+        positive("breaker.failure_threshold", r.breaker.failure_threshold.into())?;
+        positive("breaker.success_threshold", r.breaker.success_threshold.into())?;
+        positive("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into())?;
         if let Some(d) = r.deadline_ms {
             positive("deadline_ms", d)?;
         }
@@ -586,11 +500,13 @@ fn validate_server_name(ctx: &Ctx<'_>, key: &str, name: &str) -> Result<(), Conf
     // The name becomes a tool-name prefix (`server__tool`), so it must be usable there.
     if name.is_empty()
         || name.contains("__")
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
-        return Err(ctx.err(key, format!("\"{name}\" is not a usable server name"), "use letters, digits, `-`, `_` or `.`, without `__` (it separates server and tool in prefixed names)"));
+        return Err(ctx.err(
+            key,
+            format!("\"{name}\" is not a usable server name"),
+            "use letters, digits, `-`, `_` or `.`, without `__` (it separates server and tool in prefixed names)",
+        ));
     }
     Ok(())
 }

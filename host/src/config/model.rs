@@ -231,10 +231,7 @@ pub struct ToolRecovery {
 impl RecoveryConfig {
     /// The per-attempt timeout for `tool`.
     pub fn timeout_for(&self, tool: &str) -> u64 {
-        self.tools
-            .get(tool)
-            .and_then(|t| t.timeout_ms)
-            .unwrap_or(self.timeout_ms)
+        self.tools.get(tool).and_then(|t| t.timeout_ms).unwrap_or(self.timeout_ms)
     }
 
     /// The overall deadline for one call of `tool`.

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientRequest, JsonObject, RequestMetaObject, ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientRequest, JsonObject,
+    RequestMetaObject, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
@@ -19,6 +19,8 @@ use crate::transport::Session;
 #[derive(Debug, Clone, Copy)]
 pub struct Attempt {
     pub timeout: Duration,
+    /// The most the attempt may take, progress or not: what is left of the call's deadline.
+    pub max_total: Duration,
     pub progress_extends_timeout: bool,
 }
 
@@ -38,6 +40,7 @@ pub async fn attempt(
     let mut meta = RequestMetaObject::default();
     meta.extend(cx.meta.clone());
     let mut options = PeerRequestOptions::with_timeout(how.timeout).with_meta(meta);
+    options = options.with_max_total_timeout(how.max_total);
     if how.progress_extends_timeout {
         options = options.reset_timeout_on_progress();
     }
@@ -63,44 +66,27 @@ pub async fn attempt(
     };
     hub.unmap_progress(session.id, &token);
     match outcome? {
-        ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
-            Err(Failure::ToolError { result })
-        }
+        ServerResult::CallToolResult(result) if result.is_error == Some(true) => Err(Failure::ToolError { result }),
         ServerResult::CallToolResult(result) => Ok(result),
-        other => Err(Failure::Protocol {
-            reason: format!("tools/call was answered with {}", variant_name(&other)),
-        }),
+        other => Err(Failure::Protocol { reason: format!("tools/call was answered with {}", variant_name(&other)) }),
     }
 }
 
 fn from_service_error(e: ServiceError) -> Failure {
     match e {
-        ServiceError::McpError(e) => Failure::Rpc {
-            code: e.code.0,
-            message: e.message.into_owned(),
-            data: e.data,
-        },
+        ServiceError::McpError(e) => Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data },
         ServiceError::Timeout { timeout: after } => Failure::Timeout { after },
-        ServiceError::TransportClosed => Failure::ConnectionLost {
-            reason: "the connection closed".into(),
-        },
-        ServiceError::TransportSend(e) => Failure::SendFailed {
-            reason: e.to_string(),
-        },
+        ServiceError::TransportClosed => Failure::ConnectionLost { reason: "the connection closed".into() },
+        ServiceError::TransportSend(e) => Failure::SendFailed { reason: e.to_string() },
         ServiceError::Cancelled { .. } => Failure::Cancelled,
-        other => Failure::Protocol {
-            reason: other.to_string(),
-        },
+        other => Failure::Protocol { reason: other.to_string() },
     }
 }
 
 fn variant_name(result: &ServerResult) -> String {
     serde_json::to_value(result)
         .ok()
-        .and_then(|v| {
-            v.as_object()
-                .map(|o| o.keys().cloned().collect::<Vec<_>>().join(","))
-        })
+        .and_then(|v| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>().join(",")))
         .map(|keys| format!("a result with keys [{keys}]"))
         .unwrap_or_else(|| "an unexpected result".to_owned())
 }

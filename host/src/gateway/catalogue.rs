@@ -40,60 +40,33 @@ impl Catalogue {
     /// Merges `listings` (in configuration order) under the naming `policy`.
     pub fn build(listings: &[(Arc<str>, Arc<Listing>)], policy: ToolNames) -> Self {
         let mut cat = Catalogue::default();
-        let tool_names = exposed_names(listings, policy, |l| {
-            l.tools.iter().map(|t| t.name.as_ref()).collect()
-        });
-        let prompt_names = exposed_names(listings, policy, |l| {
-            l.prompts.iter().map(|p| p.name.as_str()).collect()
-        });
-        for ((server, listing), (tools, prompts)) in listings
-            .iter()
-            .zip(tool_names.into_iter().zip(prompt_names))
-        {
+        let tool_names = exposed_names(listings, policy, |l| l.tools.iter().map(|t| t.name.as_ref()).collect());
+        let prompt_names = exposed_names(listings, policy, |l| l.prompts.iter().map(|p| p.name.as_str()).collect());
+        for ((server, listing), (tools, prompts)) in listings.iter().zip(tool_names.into_iter().zip(prompt_names)) {
             for (tool, exposed) in listing.tools.iter().zip(tools) {
                 let Some(exposed) = exposed else { continue };
                 let mut t = tool.clone();
                 t.name = exposed.clone().into();
-                cat.tool_routes.insert(
-                    exposed,
-                    (
-                        Route {
-                            server: server.clone(),
-                            name: tool.name.to_string(),
-                        },
-                        tool.clone(),
-                    ),
-                );
+                cat.tool_routes
+                    .insert(exposed, (Route { server: server.clone(), name: tool.name.to_string() }, tool.clone()));
                 cat.tools.push(t);
             }
             for (prompt, exposed) in listing.prompts.iter().zip(prompts) {
                 let Some(exposed) = exposed else { continue };
                 let mut p = prompt.clone();
                 p.name = exposed.clone();
-                cat.prompt_routes.insert(
-                    exposed,
-                    Route {
-                        server: server.clone(),
-                        name: prompt.name.clone(),
-                    },
-                );
+                cat.prompt_routes.insert(exposed, Route { server: server.clone(), name: prompt.name.clone() });
                 cat.prompts.push(p);
             }
             // URIs are global names already; the first server to list one owns it.
             for resource in &listing.resources {
                 if !cat.resource_routes.contains_key(&resource.uri) {
-                    cat.resource_routes
-                        .insert(resource.uri.clone(), server.clone());
+                    cat.resource_routes.insert(resource.uri.clone(), server.clone());
                     cat.resources.push(resource.clone());
                 }
             }
             for template in &listing.templates {
-                let prefix = template
-                    .uri_template
-                    .split('{')
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned();
+                let prefix = template.uri_template.split('{').next().unwrap_or_default().to_owned();
                 cat.template_routes.push((prefix, server.clone()));
                 cat.templates.push(template.clone());
             }
@@ -101,8 +74,7 @@ impl Catalogue {
                 cat.resource_servers.push(server.clone());
             }
         }
-        cat.template_routes
-            .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+        cat.template_routes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
         cat
     }
 
@@ -121,10 +93,8 @@ impl Catalogue {
         if let Some(s) = self.resource_routes.get(uri) {
             return Some(s.clone());
         }
-        if let Some((_, s)) = self
-            .template_routes
-            .iter()
-            .find(|(prefix, _)| !prefix.is_empty() && uri.starts_with(prefix.as_str()))
+        if let Some((_, s)) =
+            self.template_routes.iter().find(|(prefix, _)| !prefix.is_empty() && uri.starts_with(prefix.as_str()))
         {
             return Some(s.clone());
         }
@@ -203,40 +173,24 @@ mod tests {
 
     fn listing(tools: &[&str]) -> Arc<Listing> {
         Arc::new(Listing {
-            tools: tools
-                .iter()
-                .map(|n| Tool::new(n.to_string(), "d", Arc::new(Default::default())))
-                .collect(),
+            tools: tools.iter().map(|n| Tool::new(n.to_string(), "d", Arc::new(Default::default()))).collect(),
             ..Listing::default()
         })
     }
 
     fn names(policy: ToolNames) -> Vec<String> {
-        let servers = [
-            ("a".into(), listing(&["echo", "add"])),
-            ("b".into(), listing(&["echo", "mul"])),
-        ];
-        Catalogue::build(&servers, policy)
-            .tools
-            .iter()
-            .map(|t| t.name.to_string())
-            .collect()
+        let servers = [("a".into(), listing(&["echo", "add"])), ("b".into(), listing(&["echo", "mul"]))];
+        Catalogue::build(&servers, policy).tools.iter().map(|t| t.name.to_string()).collect()
     }
 
     #[test]
     fn conditional_prefixes_only_collisions() {
-        assert_eq!(
-            names(ToolNames::Conditional),
-            ["a__echo", "add", "b__echo", "mul"]
-        );
+        assert_eq!(names(ToolNames::Conditional), ["a__echo", "add", "b__echo", "mul"]);
     }
 
     #[test]
     fn always_prefixes_everything() {
-        assert_eq!(
-            names(ToolNames::Always),
-            ["a__echo", "a__add", "b__echo", "b__mul"]
-        );
+        assert_eq!(names(ToolNames::Always), ["a__echo", "a__add", "b__echo", "b__mul"]);
     }
 
     #[test]
@@ -246,16 +200,10 @@ mod tests {
 
     #[test]
     fn routes_lead_back_to_the_original_name() {
-        let servers = [
-            ("a".into(), listing(&["echo"])),
-            ("b".into(), listing(&["echo"])),
-        ];
+        let servers = [("a".into(), listing(&["echo"])), ("b".into(), listing(&["echo"]))];
         let cat = Catalogue::build(&servers, ToolNames::Conditional);
         let (route, tool) = cat.tool("b__echo").unwrap();
-        assert_eq!(
-            (&*route.server, route.name.as_str(), tool.name.as_ref()),
-            ("b", "echo", "echo")
-        );
+        assert_eq!((&*route.server, route.name.as_str(), tool.name.as_ref()), ("b", "echo", "echo"));
         assert!(cat.tool("echo").is_none());
     }
 
@@ -264,12 +212,8 @@ mod tests {
         let mut a = Listing::default();
         a.resources.push(Resource::new("file:///a", "a"));
         let mut b = Listing::default();
-        b.templates
-            .push(ResourceTemplate::new("db://rows/{id}", "row"));
-        let cat = Catalogue::build(
-            &[("a".into(), Arc::new(a)), ("b".into(), Arc::new(b))],
-            ToolNames::Conditional,
-        );
+        b.templates.push(ResourceTemplate::new("db://rows/{id}", "row"));
+        let cat = Catalogue::build(&[("a".into(), Arc::new(a)), ("b".into(), Arc::new(b))], ToolNames::Conditional);
         assert_eq!(cat.resource_server("file:///a").as_deref(), Some("a"));
         assert_eq!(cat.resource_server("db://rows/7").as_deref(), Some("b"));
         assert_eq!(cat.resource_server("nope://x"), None);

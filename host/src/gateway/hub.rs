@@ -13,14 +13,17 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, ElicitRequest, LoggingLevel, ProgressToken,
-    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    ClientResult, CreateMessageRequest, ElicitRequest, LoggingLevel, ProgressToken, ServerNotification, ServerRequest,
+    SetLevelRequestParams, SubscribeRequestParams,
 };
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
 use crate::config::Config;
+use crate::errors_log::ErrorsLog;
+use crate::recovery::clock::{Rng, TokioClock};
+use crate::recovery::engine::Engine;
 use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
 use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
 
@@ -33,6 +36,8 @@ type InFlight = (u64, Peer<RoleServer>);
 pub struct Hub {
     pub config: Config,
     pub servers: IndexMap<Arc<str>, ServerHandle>,
+    pub engine: Engine,
+    pub errors: Arc<ErrorsLog>,
     catalogue: RwLock<Arc<Catalogue>>,
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
@@ -61,18 +66,17 @@ impl Hub {
                 .servers
                 .values()
                 .map(|s| {
-                    let handle = spawn_supervisor(
-                        s.clone(),
-                        relay.clone(),
-                        config.settings.restart,
-                        init_timeout,
-                    );
+                    let handle = spawn_supervisor(s.clone(), relay.clone(), config.settings.restart, init_timeout);
                     (handle.name.clone(), handle)
                 })
                 .collect();
+            let engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()));
+            let errors = ErrorsLog::start(config.settings.errors_log.clone(), config.settings.errors_log_max_bytes);
             Hub {
                 config,
                 servers,
+                engine,
+                errors,
                 catalogue: RwLock::default(),
                 downstreams: Mutex::default(),
                 progress: Mutex::default(),
@@ -112,8 +116,7 @@ impl Hub {
     /// Waits until every server has finished its first start (or failed it), at most
     /// until the start-up deadline, so that the first `tools/list` is complete.
     pub async fn settled(&self) {
-        let deadline =
-            self.started_at + Duration::from_millis(self.config.settings.startup_timeout_ms);
+        let deadline = self.started_at + Duration::from_millis(self.config.settings.startup_timeout_ms);
         for handle in self.servers.values() {
             let mut rx = handle.subscribe();
             let _ = tokio::time::timeout_at(
@@ -161,17 +164,10 @@ impl Hub {
         };
         if let Some(session) = handle.state().session {
             let level = *self.log_level.lock().expect("not poisoned");
-            if let (Some(level), true) = (
-                level,
-                session
-                    .info
-                    .as_ref()
-                    .is_some_and(|i| i.capabilities.logging.is_some()),
-            ) {
-                let _ = session
-                    .peer
-                    .set_level(SetLevelRequestParams::new(level))
-                    .await;
+            if let (Some(level), true) =
+                (level, session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()))
+            {
+                let _ = session.peer.set_level(SetLevelRequestParams::new(level)).await;
             }
             let uris: Vec<String> = self
                 .subscriptions
@@ -182,10 +178,7 @@ impl Hub {
                 .map(|(_, u)| u.clone())
                 .collect();
             for uri in uris {
-                let _ = session
-                    .peer
-                    .subscribe(SubscribeRequestParams::new(uri))
-                    .await;
+                let _ = session.peer.subscribe(SubscribeRequestParams::new(uri)).await;
             }
         }
         // After a restart the client is told even if nothing changed: its view of the
@@ -206,61 +199,34 @@ impl Hub {
             }
         }
         let next = Arc::new(Catalogue::build(&listings, self.config.settings.tool_names));
-        tracing::debug!(
-            servers = listings.len(),
-            tools = next.tools.len(),
-            "catalogue rebuilt"
-        );
+        tracing::debug!(servers = listings.len(), tools = next.tools.len(), "catalogue rebuilt");
         let prev = std::mem::replace(&mut *current, next.clone());
         drop(current);
         if force || next.tools_differ(&prev) {
-            self.broadcast(ServerNotification::ToolListChangedNotification(
-                Default::default(),
-            ));
+            self.broadcast(ServerNotification::ToolListChangedNotification(Default::default()));
         }
         if next.prompts_differ(&prev) {
-            self.broadcast(ServerNotification::PromptListChangedNotification(
-                Default::default(),
-            ));
+            self.broadcast(ServerNotification::PromptListChangedNotification(Default::default()));
         }
         if next.resources_differ(&prev) {
-            self.broadcast(ServerNotification::ResourceListChangedNotification(
-                Default::default(),
-            ));
+            self.broadcast(ServerNotification::ResourceListChangedNotification(Default::default()));
         }
     }
 
     /// Registers a call in flight on `server` from `peer`; dropped when the guard is.
     pub fn track_call(self: &Arc<Self>, server: &Arc<str>, peer: &Peer<RoleServer>) -> CallGuard {
-        let id = self
-            .next_call
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.in_flight
-            .lock()
-            .expect("not poisoned")
-            .entry(server.clone())
-            .or_default()
-            .push((id, peer.clone()));
-        CallGuard {
-            hub: self.clone(),
-            server: server.clone(),
-            id,
-        }
+        let id = self.next_call.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.in_flight.lock().expect("not poisoned").entry(server.clone()).or_default().push((id, peer.clone()));
+        CallGuard { hub: self.clone(), server: server.clone(), id }
     }
 
     /// Maps upstream progress of `session`'s `upstream` token to the client's `token`.
     pub fn map_progress(&self, session: u64, upstream: ProgressToken, route: ProgressRoute) {
-        self.progress
-            .lock()
-            .expect("not poisoned")
-            .insert((session, upstream), route);
+        self.progress.lock().expect("not poisoned").insert((session, upstream), route);
     }
 
     pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) {
-        self.progress
-            .lock()
-            .expect("not poisoned")
-            .remove(&(session, upstream.clone()));
+        self.progress.lock().expect("not poisoned").remove(&(session, upstream.clone()));
     }
 
     pub fn set_log_level(&self, level: LoggingLevel) {
@@ -282,14 +248,7 @@ impl Hub {
         let in_flight = self.in_flight.lock().expect("not poisoned");
         in_flight
             .get(server)
-            .and_then(|calls| {
-                calls
-                    .iter()
-                    .rev()
-                    .map(|(_, p)| p)
-                    .find(|p| !p.is_transport_closed())
-                    .cloned()
-            })
+            .and_then(|calls| calls.iter().rev().map(|(_, p)| p).find(|p| !p.is_transport_closed()).cloned())
             .or_else(|| self.downstreams().pop())
     }
 
@@ -301,12 +260,8 @@ impl Hub {
     fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {
         match event {
             UpstreamEvent::Progress(mut p) => {
-                let route = self
-                    .progress
-                    .lock()
-                    .expect("not poisoned")
-                    .get(&(session, p.progress_token.clone()))
-                    .cloned();
+                let route =
+                    self.progress.lock().expect("not poisoned").get(&(session, p.progress_token.clone())).cloned();
                 // Progress for a call that already finished (or never was ours) has
                 // nobody to go to.
                 if let Some((peer, token)) = route {
@@ -321,30 +276,20 @@ impl Hub {
                     Some(l) => format!("{server}/{l}"),
                     None => server.to_owned(),
                 });
-                self.broadcast(ServerNotification::LoggingMessageNotification(
-                    rmcp::model::Notification::new(log),
-                ));
+                self.broadcast(ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log)));
             }
             UpstreamEvent::ResourceUpdated(u) => {
-                self.broadcast(ServerNotification::ResourceUpdatedNotification(
-                    rmcp::model::Notification::new(u),
-                ));
+                self.broadcast(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(u)));
             }
             UpstreamEvent::Custom(n) => self.broadcast(ServerNotification::CustomNotification(n)),
             UpstreamEvent::Cancelled(c) => {
                 // rmcp has already cancelled the request the server gave up on.
                 tracing::debug!(server, "server cancelled its request {:?}", c.request_id);
             }
-            UpstreamEvent::ToolsChanged
-            | UpstreamEvent::PromptsChanged
-            | UpstreamEvent::ResourcesChanged => {
+            UpstreamEvent::ToolsChanged | UpstreamEvent::PromptsChanged | UpstreamEvent::ResourcesChanged => {
                 let server = server.to_owned();
                 tokio::spawn(async move {
-                    let Some(session) = self
-                        .servers
-                        .get(server.as_str())
-                        .and_then(|h| h.state().session)
-                    else {
+                    let Some(session) = self.servers.get(server.as_str()).and_then(|h| h.state().session) else {
                         return;
                     };
                     session.refresh().await;
@@ -368,44 +313,31 @@ impl Hub {
                     None,
                 ));
             };
-            let caps = peer
-                .peer_info()
-                .map(|i| i.capabilities.clone())
-                .unwrap_or_default();
+            let caps = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
             let (request, supported, what) = match request {
                 UpstreamRequest::Sampling(p) => (
                     ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)),
                     caps.sampling.is_some(),
                     "sampling",
                 ),
-                UpstreamRequest::Roots => (
-                    ServerRequest::ListRootsRequest(Default::default()),
-                    caps.roots.is_some(),
-                    "roots",
-                ),
-                UpstreamRequest::Elicitation(p) => (
-                    ServerRequest::ElicitRequest(ElicitRequest::new(p)),
-                    caps.elicitation.is_some(),
-                    "elicitation",
-                ),
-                UpstreamRequest::Custom(c) => {
-                    (ServerRequest::CustomRequest(c), true, "custom requests")
+                UpstreamRequest::Roots => {
+                    (ServerRequest::ListRootsRequest(Default::default()), caps.roots.is_some(), "roots")
                 }
+                UpstreamRequest::Elicitation(p) => {
+                    (ServerRequest::ElicitRequest(ElicitRequest::new(p)), caps.elicitation.is_some(), "elicitation")
+                }
+                UpstreamRequest::Custom(c) => (ServerRequest::CustomRequest(c), true, "custom requests"),
             };
             if !supported {
                 return Err(ErrorData::new(
                     rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-                    format!(
-                        "the client behind the gateway does not support {what} (server `{server}` asked for it)"
-                    ),
+                    format!("the client behind the gateway does not support {what} (server `{server}` asked for it)"),
                     None,
                 ));
             }
             peer.send_request(request).await.map_err(|e| match e {
                 rmcp::ServiceError::McpError(e) => e,
-                other => {
-                    ErrorData::internal_error(format!("the client did not answer: {other}"), None)
-                }
+                other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
             })
         })
     }
@@ -418,19 +350,10 @@ impl Relay for HubRelay {
         }
     }
 
-    fn request(
-        &self,
-        server: &str,
-        request: UpstreamRequest,
-    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+    fn request(&self, server: &str, request: UpstreamRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
         match self.0.upgrade() {
             Some(hub) => hub.on_request(server, request),
-            None => Box::pin(async {
-                Err(ErrorData::internal_error(
-                    "the gateway is shutting down",
-                    None,
-                ))
-            }),
+            None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
         }
     }
 }
@@ -444,13 +367,7 @@ pub struct CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        if let Some(calls) = self
-            .hub
-            .in_flight
-            .lock()
-            .expect("not poisoned")
-            .get_mut(&self.server)
-        {
+        if let Some(calls) = self.hub.in_flight.lock().expect("not poisoned").get_mut(&self.server) {
             calls.retain(|(id, _)| *id != self.id);
         }
     }

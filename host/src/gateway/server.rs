@@ -11,32 +11,45 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientNotification,
-    CompleteRequestParams, CompleteResult, CustomNotification, GetPromptRequestParams,
-    GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability,
-    ServerCapabilities, SetLevelRequestParams, SubscribeRequestParams, ToolsCapability,
-    UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientNotification, CompleteRequestParams,
+    CompleteResult, CustomNotification, GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
+    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability, ServerCapabilities,
+    SetLevelRequestParams, SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::future::BoxFuture;
+use rmcp::model::{CallToolResult, JsonObject, ReadResourceResult, ToolAnnotations};
+
 use super::call::{Attempt, attempt};
 use super::hub::Hub;
+use super::status;
 use crate::recovery::Failure;
-use crate::recovery::report::Report;
+use crate::recovery::engine::{Ending, Upstream};
+use crate::recovery::report;
 use crate::transport::Session;
 
 /// One downstream session's handler. Cheap to clone; all state lives in the [`Hub`].
 #[derive(Clone)]
 pub struct Gateway {
     hub: Arc<Hub>,
+    /// Names this downstream session in the errors log.
+    session: Arc<str>,
 }
 
 impl Gateway {
     pub fn new(hub: Arc<Hub>) -> Self {
-        Self { hub }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let session = format!("sess_{millis}_{}", NEXT.fetch_add(1, Ordering::Relaxed)).into();
+        Self { hub, session }
     }
 
     /// The live session of `server`, waiting for a start in progress up to `within`.
@@ -47,10 +60,7 @@ impl Gateway {
             .get(server)
             .ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
         handle.ready_session(within).await.map_err(|nr| {
-            let failure = Failure::Unavailable {
-                status: nr.status,
-                reason: nr.last_error,
-            };
+            let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
             ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
         })
     }
@@ -95,9 +105,7 @@ impl ServerHandler for Gateway {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         // 2026-07-28 forbids server-to-client requests, which the servers behind us use.
-        Cow::Borrowed(ProtocolVersion::known_up_to(
-            &ProtocolVersion::LATEST_WITH_INITIALIZE,
-        ))
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE))
     }
 
     async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
@@ -110,9 +118,11 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         self.hub.settled().await;
-        Ok(ListToolsResult::with_all_items(
-            self.hub.catalogue().tools.clone(),
-        ))
+        let mut tools = self.hub.catalogue().tools.clone();
+        if self.hub.config.settings.gateway_tools {
+            tools.extend(status::tools());
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -120,65 +130,40 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if self.hub.config.settings.gateway_tools {
+            if let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref()) {
+                return Ok(result.into());
+            }
+        }
         self.hub.settled().await;
         let catalogue = self.hub.catalogue();
         let Some((route, _tool)) = catalogue.tool(&request.name) else {
             // The one failure that is a protocol error: there is nothing to route to.
             return Err(ErrorData::invalid_params(
-                format!(
-                    "unknown tool `{}`; call tools/list for the tools this gateway offers",
-                    request.name
-                ),
+                format!("unknown tool `{}`; call tools/list for the tools this gateway offers", request.name),
                 None,
             ));
         };
-        let server = &route.server;
-        let Some(handle) = self.hub.servers.get(server) else {
-            return Err(ErrorData::internal_error(
-                format!(
-                    "tool `{}` belongs to unknown server `{server}`",
-                    request.name
-                ),
-                None,
-            ));
-        };
-        let recovery = &handle.config.recovery;
-        let how = Attempt {
-            timeout: Duration::from_millis(recovery.timeout_for(&route.name)),
-            progress_extends_timeout: recovery.progress_extends_timeout,
-        };
-        let _guard = self.hub.track_call(server, &cx.peer);
-        let outcome = match handle.ready_session(how.timeout).await {
-            Ok(session) => {
-                attempt(
-                    &self.hub,
-                    &session,
-                    &route.name,
-                    request.arguments,
-                    how,
-                    &cx,
-                )
-                .await
+        let upstreams = Upstreams { hub: &self.hub, cx: &cx };
+        let (ending, record) =
+            self.hub.engine.run(&upstreams, route.server.clone(), route.name.clone(), request.arguments).await;
+        if record.failures().next().is_some() {
+            self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());
+            if let Some((failure, class)) = record.last_failure() {
+                let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
+                log_at(
+                    level,
+                    &record.server,
+                    &record.tool,
+                    class.category.as_str(),
+                    &failure.message(),
+                    record.attempts.len(),
+                );
             }
-            Err(nr) => Err(Failure::Unavailable {
-                status: nr.status,
-                reason: nr.last_error,
-            }),
-        };
-        let result = match outcome {
-            Ok(result) => result,
-            // The tool's own error, from a healthy server: the agent sees it as it is.
-            Err(Failure::ToolError { result }) => result,
-            Err(failure) => {
-                tracing::warn!(server = %server, tool = %route.name, "call failed: {}", failure.message());
-                Report {
-                    server,
-                    tool: &route.name,
-                    failure: &failure,
-                    attempts: 1,
-                }
-                .into_result()
-            }
+        }
+        let result = match ending {
+            Ending::Answered(result) => report::recovered(result, &record),
+            Ending::GaveUp => report::gave_up(&record),
         };
         Ok(result.into())
     }
@@ -189,9 +174,7 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         self.hub.settled().await;
-        Ok(ListPromptsResult::with_all_items(
-            self.hub.catalogue().prompts.clone(),
-        ))
+        Ok(ListPromptsResult::with_all_items(self.hub.catalogue().prompts.clone()))
     }
 
     async fn get_prompt(
@@ -204,19 +187,10 @@ impl ServerHandler for Gateway {
             .catalogue()
             .prompt(&request.name)
             .cloned()
-            .ok_or_else(|| {
-                ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None)
-            })?;
-        let session = self
-            .session(&route.server, self.wait_for(&route.server))
-            .await?;
+            .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
+        let session = self.session(&route.server, self.wait_for(&route.server)).await?;
         request.name = route.name;
-        session
-            .peer
-            .get_prompt(request)
-            .await
-            .map(Into::into)
-            .map_err(|e| upstream_error(&route.server, e))
+        session.peer.get_prompt(request).await.map(Into::into).map_err(|e| upstream_error(&route.server, e))
     }
 
     async fn list_resources(
@@ -225,9 +199,11 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         self.hub.settled().await;
-        Ok(ListResourcesResult::with_all_items(
-            self.hub.catalogue().resources.clone(),
-        ))
+        let mut resources = self.hub.catalogue().resources.clone();
+        if self.hub.config.settings.gateway_tools {
+            resources.extend(status::resources());
+        }
+        Ok(ListResourcesResult::with_all_items(resources))
     }
 
     async fn list_resource_templates(
@@ -236,9 +212,7 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         self.hub.settled().await;
-        Ok(ListResourceTemplatesResult::with_all_items(
-            self.hub.catalogue().templates.clone(),
-        ))
+        Ok(ListResourceTemplatesResult::with_all_items(self.hub.catalogue().templates.clone()))
     }
 
     async fn read_resource(
@@ -246,29 +220,21 @@ impl ServerHandler for Gateway {
         request: ReadResourceRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if self.hub.config.settings.gateway_tools {
+            if let Some(contents) = status::read(&self.hub, &request.uri) {
+                return Ok(ReadResourceResult::new(vec![contents]).into());
+            }
+        }
         let server = self.resource_server(&request.uri)?;
         let session = self.session(&server, self.wait_for(&server)).await?;
-        session
-            .peer
-            .read_resource(request)
-            .await
-            .map(Into::into)
-            .map_err(|e| upstream_error(&server, e))
+        session.peer.read_resource(request).await.map(Into::into).map_err(|e| upstream_error(&server, e))
     }
 
-    async fn subscribe(
-        &self,
-        request: SubscribeRequestParams,
-        _: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
+    async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
         let server = self.resource_server(&request.uri)?;
         let session = self.session(&server, self.wait_for(&server)).await?;
         let uri = request.uri.clone();
-        session
-            .peer
-            .subscribe(request)
-            .await
-            .map_err(|e| upstream_error(&server, e))?;
+        session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
         self.hub.subscribed(server, uri, true);
         Ok(())
     }
@@ -279,14 +245,9 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let server = self.resource_server(&request.uri)?;
-        self.hub
-            .subscribed(server.clone(), request.uri.clone(), false);
+        self.hub.subscribed(server.clone(), request.uri.clone(), false);
         let session = self.session(&server, self.wait_for(&server)).await?;
-        session
-            .peer
-            .unsubscribe(request)
-            .await
-            .map_err(|e| upstream_error(&server, e))
+        session.peer.unsubscribe(request).await.map_err(|e| upstream_error(&server, e))
     }
 
     async fn complete(
@@ -297,50 +258,32 @@ impl ServerHandler for Gateway {
         let catalogue = self.hub.catalogue();
         let server = match &mut request.r#ref {
             rmcp::model::Reference::Prompt(p) => {
-                let route = catalogue.prompt(&p.name).cloned().ok_or_else(|| {
-                    ErrorData::invalid_params(format!("unknown prompt `{}`", p.name), None)
-                })?;
+                let route = catalogue
+                    .prompt(&p.name)
+                    .cloned()
+                    .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", p.name), None))?;
                 p.name = route.name;
                 route.server
             }
-            rmcp::model::Reference::Resource(r) => {
-                catalogue.template_server(&r.uri).ok_or_else(|| {
-                    ErrorData::invalid_params(format!("no server offers `{}`", r.uri), None)
-                })?
-            }
+            rmcp::model::Reference::Resource(r) => catalogue
+                .template_server(&r.uri)
+                .ok_or_else(|| ErrorData::invalid_params(format!("no server offers `{}`", r.uri), None))?,
             _ => {
-                return Err(ErrorData::invalid_params(
-                    "unsupported completion reference",
-                    None,
-                ));
+                return Err(ErrorData::invalid_params("unsupported completion reference", None));
             }
         };
         let session = self.session(&server, self.wait_for(&server)).await?;
-        session
-            .peer
-            .complete(request)
-            .await
-            .map_err(|e| upstream_error(&server, e))
+        session.peer.complete(request).await.map_err(|e| upstream_error(&server, e))
     }
 
-    async fn set_level(
-        &self,
-        request: SetLevelRequestParams,
-        _: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
+    async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
         self.hub.set_log_level(request.level);
         for handle in self.hub.servers.values() {
             let Some(session) = handle.state().session.filter(|s| s.is_live()) else {
                 continue;
             };
-            if session
-                .info
-                .as_ref()
-                .is_some_and(|i| i.capabilities.logging.is_some())
-                && let Err(e) = session
-                    .peer
-                    .set_level(SetLevelRequestParams::new(request.level))
-                    .await
+            if session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some())
+                && let Err(e) = session.peer.set_level(SetLevelRequestParams::new(request.level)).await
             {
                 tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
             }
@@ -348,11 +291,7 @@ impl ServerHandler for Gateway {
         Ok(())
     }
 
-    async fn on_cancelled(
-        &self,
-        _: CancelledNotificationParam,
-        _: NotificationContext<RoleServer>,
-    ) {
+    async fn on_cancelled(&self, _: CancelledNotificationParam, _: NotificationContext<RoleServer>) {
         // rmcp cancels the request's token; `attempt` passes the cancellation upstream.
     }
 
@@ -362,11 +301,7 @@ impl ServerHandler for Gateway {
         }
     }
 
-    async fn on_custom_notification(
-        &self,
-        notification: CustomNotification,
-        _: NotificationContext<RoleServer>,
-    ) {
+    async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
         for session in self.live_sessions() {
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
@@ -383,10 +318,62 @@ impl Gateway {
     }
 
     fn live_sessions(&self) -> Vec<Arc<Session>> {
-        self.hub
-            .servers
-            .values()
-            .filter_map(|h| h.state().session.filter(|s| s.is_live()))
-            .collect()
+        self.hub.servers.values().filter_map(|h| h.state().session.filter(|s| s.is_live())).collect()
+    }
+}
+
+/// The engine's way upstream for one client request.
+struct Upstreams<'a> {
+    hub: &'a Arc<Hub>,
+    cx: &'a RequestContext<RoleServer>,
+}
+
+impl Upstream for Upstreams<'_> {
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+        max_total: Duration,
+    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+        let server = server.to_owned();
+        let tool = tool.to_owned();
+        Box::pin(async move {
+            let Some(handle) = self.hub.servers.get(server.as_str()) else {
+                return Err(Failure::Unavailable {
+                    status: crate::transport::Status::Stopped,
+                    reason: Some(format!("no server `{server}`")),
+                });
+            };
+            let _guard = self.hub.track_call(&handle.name, &self.cx.peer);
+            let started = tokio::time::Instant::now();
+            // Waiting for a restart in progress counts against the call's deadline.
+            let session = handle
+                .ready_session(timeout)
+                .await
+                .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
+            let spent = started.elapsed();
+            let how = Attempt {
+                timeout,
+                max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
+                progress_extends_timeout: handle.config.recovery.progress_extends_timeout,
+            };
+            attempt(self.hub, &session, &tool, arguments, how, self.cx).await
+        })
+    }
+
+    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
+        let session = self.hub.servers.get(server)?.state().session?;
+        let listing = session.listing();
+        listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
+    }
+}
+
+fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, message: &str, attempts: usize) {
+    match level {
+        tracing::Level::ERROR => tracing::error!(server, tool, category, attempts, "call failed: {message}"),
+        tracing::Level::WARN => tracing::warn!(server, tool, category, attempts, "call failed: {message}"),
+        _ => tracing::info!(server, tool, category, attempts, "call recovered after: {message}"),
     }
 }

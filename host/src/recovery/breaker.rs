@@ -66,9 +66,7 @@ const BUCKETS: u32 = 10;
 
 impl std::fmt::Debug for Breaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Breaker")
-            .field("state", &self.state)
-            .finish()
+        f.debug_struct("Breaker").field("state", &self.state).finish()
     }
 }
 
@@ -83,18 +81,8 @@ pub struct Permit {
 
 impl Breaker {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Arc<Self> {
-        let state = State {
-            phase: Phase::Closed,
-            consecutive_failures: 0,
-            openings: 0,
-            window: VecDeque::new(),
-        };
-        Arc::new(Self {
-            config,
-            clock,
-            rng,
-            state: Mutex::new(state),
-        })
+        let state = State { phase: Phase::Closed, consecutive_failures: 0, openings: 0, window: VecDeque::new() };
+        Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
 
     /// Admits a call, or says how long until the breaker will try the server again.
@@ -105,33 +93,20 @@ impl Breaker {
             Phase::Closed => false,
             Phase::Open { until } if now < until => return Err(until - now),
             Phase::Open { .. } => {
-                s.phase = Phase::HalfOpen {
-                    in_flight: 1,
-                    successes: 0,
-                };
+                s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
                 true
             }
-            Phase::HalfOpen {
-                in_flight,
-                successes,
-            } => {
+            Phase::HalfOpen { in_flight, successes } => {
                 if in_flight >= self.config.half_open_max_calls {
                     // Probes are out; their verdict comes soon.
                     return Err(Duration::ZERO);
                 }
-                s.phase = Phase::HalfOpen {
-                    in_flight: in_flight + 1,
-                    successes,
-                };
+                s.phase = Phase::HalfOpen { in_flight: in_flight + 1, successes };
                 true
             }
         };
         drop(s);
-        Ok(Permit {
-            breaker: self.clone(),
-            probe,
-            recorded: false,
-        })
+        Ok(Permit { breaker: self.clone(), probe, recorded: false })
     }
 
     /// Closes the breaker by hand (`rebound_reset_breaker`).
@@ -151,10 +126,7 @@ impl Breaker {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
         self.prune(&mut s, now);
-        let (calls, failures) = s
-            .window
-            .iter()
-            .fold((0, 0), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
+        let (calls, failures) = s.window.iter().fold((0, 0), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
         let (state, retry_in) = match s.phase {
             Phase::Closed => ("closed", None),
             Phase::Open { until } => ("open", Some(until.saturating_duration_since(now))),
@@ -174,13 +146,7 @@ impl Breaker {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
         match (s.phase, probe) {
-            (
-                Phase::HalfOpen {
-                    in_flight,
-                    successes,
-                },
-                true,
-            ) => match outcome {
+            (Phase::HalfOpen { in_flight, successes }, true) => match outcome {
                 Outcome::Success if successes + 1 >= self.config.success_threshold => {
                     s.phase = Phase::Closed;
                     s.consecutive_failures = 0;
@@ -188,18 +154,10 @@ impl Breaker {
                     s.window.clear();
                 }
                 Outcome::Success => {
-                    s.phase = Phase::HalfOpen {
-                        in_flight: in_flight.saturating_sub(1),
-                        successes: successes + 1,
-                    }
+                    s.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes: successes + 1 }
                 }
                 Outcome::Failure => self.open(&mut s, now),
-                Outcome::Ignored => {
-                    s.phase = Phase::HalfOpen {
-                        in_flight: in_flight.saturating_sub(1),
-                        successes,
-                    }
-                }
+                Outcome::Ignored => s.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes },
             },
             (Phase::Closed, false) => match outcome {
                 Outcome::Success => {
@@ -209,9 +167,7 @@ impl Breaker {
                 Outcome::Failure => {
                     s.consecutive_failures += 1;
                     self.tally(&mut s, now, true);
-                    if s.consecutive_failures >= self.config.failure_threshold
-                        || self.rate_tripped(&s)
-                    {
+                    if s.consecutive_failures >= self.config.failure_threshold || self.rate_tripped(&s) {
                         self.open(&mut s, now);
                     }
                 }
@@ -230,9 +186,7 @@ impl Breaker {
         // Jitter within the last fifth, so that breakers opened together in many
         // gateways do not all probe the server in the same instant.
         let ms = capped * (0.8 + 0.2 * self.rng.unit());
-        s.phase = Phase::Open {
-            until: super::clock::later(now, Duration::from_millis(ms as u64)),
-        };
+        s.phase = Phase::Open { until: super::clock::later(now, Duration::from_millis(ms as u64)) };
         s.consecutive_failures = 0;
         s.window.clear();
     }
@@ -243,21 +197,15 @@ impl Breaker {
 
     fn prune(&self, s: &mut State, now: Instant) {
         let window = Duration::from_millis(self.config.window_ms);
-        while s
-            .window
-            .front()
-            .is_some_and(|(start, _, _)| now.saturating_duration_since(*start) >= window)
-        {
+        while s.window.front().is_some_and(|(start, _, _)| now.saturating_duration_since(*start) >= window) {
             s.window.pop_front();
         }
     }
 
     fn tally(&self, s: &mut State, now: Instant, failed: bool) {
         self.prune(s, now);
-        let fresh = s
-            .window
-            .back()
-            .is_some_and(|(start, _, _)| now.saturating_duration_since(*start) < self.bucket_len());
+        let fresh =
+            s.window.back().is_some_and(|(start, _, _)| now.saturating_duration_since(*start) < self.bucket_len());
         if !fresh {
             s.window.push_back((now, 0, 0));
         }
@@ -270,12 +218,8 @@ impl Breaker {
     }
 
     fn rate_tripped(&self, s: &State) -> bool {
-        let (calls, failures) = s
-            .window
-            .iter()
-            .fold((0u32, 0u32), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
-        calls >= self.config.min_calls
-            && f64::from(failures) >= self.config.failure_rate * f64::from(calls)
+        let (calls, failures) = s.window.iter().fold((0u32, 0u32), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
+        calls >= self.config.min_calls && f64::from(failures) >= self.config.failure_rate * f64::from(calls)
     }
 }
 

@@ -16,11 +16,7 @@ impl RetryBudget {
     /// Starts with `reserve` tokens, the most it will ever hold.
     pub fn new(ratio: f64, reserve: u32) -> Self {
         let max = f64::from(reserve.max(1));
-        Self {
-            tokens: Mutex::new(max),
-            ratio,
-            max,
-        }
+        Self { tokens: Mutex::new(max), ratio, max }
     }
 
     /// A call was made.

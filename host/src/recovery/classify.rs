@@ -123,22 +123,8 @@ pub struct Classification {
 }
 
 impl Classification {
-    fn new(
-        category: Category,
-        retryable: bool,
-        counts_for_breaker: bool,
-        severity: Severity,
-        kind: Kind,
-    ) -> Self {
-        Self {
-            category,
-            retryable,
-            retry_after: None,
-            counts_for_breaker,
-            severity,
-            kind,
-            not_delivered: false,
-        }
+    fn new(category: Category, retryable: bool, counts_for_breaker: bool, severity: Severity, kind: Kind) -> Self {
+        Self { category, retryable, retry_after: None, counts_for_breaker, severity, kind, not_delivered: false }
     }
 }
 
@@ -158,9 +144,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         Failure::Unavailable { status, .. } => {
             let kind = if *status == Status::Down { Config } else { Bug };
             // No traffic reached the server: nothing to count.
-            C::ServerUnavailable
-                .with(true, false, High, kind)
-                .undelivered()
+            C::ServerUnavailable.with(true, false, High, kind).undelivered()
         }
         Failure::CircuitOpen { retry_in } => {
             let mut c = C::CircuitOpen.with(true, false, Medium, Bug).undelivered();
@@ -169,46 +153,31 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         }
         Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
-        Failure::Rpc {
-            code,
-            message,
-            data,
-        } => {
-            let text = format!(
-                "{message} {}",
-                data.as_ref().map(|d| d.to_string()).unwrap_or_default()
-            );
+        Failure::Rpc { code, message, data } => {
+            let text = format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default());
             match *code {
                 ABORTED => C::Timeout.with(true, true, High, Bug),
                 -32700 | -32600 => C::Protocol.with(false, true, High, Bug),
                 -32601 => C::Capability.with(false, false, Medium, Config),
                 // SDKs answer an unknown tool name with -32602 too.
-                -32602 if mentions_unknown_tool(&text) => {
-                    C::ToolNotFound.with(true, false, Medium, Config)
-                }
+                -32602 if mentions_unknown_tool(&text) => C::ToolNotFound.with(true, false, Medium, Config),
                 -32602 => C::ToolValidation.with(false, false, Low, User),
                 -32002 => C::ToolExecution.with(false, false, Medium, User),
-                _ => from_text(&text, now)
-                    .unwrap_or_else(|| C::ToolExecution.with(false, true, Medium, Bug)),
+                _ => from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, true, Medium, Bug)),
             }
         }
         Failure::ToolError { result } => {
             let text = failure_text(result);
             // A tool that reports its own error is a healthy server saying no, unless
             // the text says the trouble is transient.
-            from_text(&text, now)
-                .unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
+            from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
         }
     }
 }
 
 fn failure_text(result: &rmcp::model::CallToolResult) -> String {
-    let mut text: String = result
-        .content
-        .iter()
-        .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let mut text: String =
+        result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.as_str())).collect::<Vec<_>>().join("\n");
     if let Some(s) = &result.structured_content {
         text.push(' ');
         text.push_str(&s.to_string());
@@ -218,8 +187,7 @@ fn failure_text(result: &rmcp::model::CallToolResult) -> String {
 
 fn mentions_unknown_tool(text: &str) -> bool {
     let t = text.to_ascii_lowercase();
-    (t.contains("tool") && (t.contains("not found") || t.contains("unknown")))
-        || t.contains("no such tool")
+    (t.contains("tool") && (t.contains("not found") || t.contains("unknown"))) || t.contains("no such tool")
 }
 
 /// Transient conditions recognised in free text (HTTP status codes, common phrases).
@@ -229,14 +197,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     use Severity::{High, Medium};
     let t = text.to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| t.contains(w));
-    let mut c = if has(&[
-        "429",
-        "rate limit",
-        "rate-limit",
-        "ratelimit",
-        "too many requests",
-        "quota exceeded",
-    ]) {
+    let mut c = if has(&["429", "rate limit", "rate-limit", "ratelimit", "too many requests", "quota exceeded"]) {
         C::RateLimit.with(true, false, Medium, Bug)
     } else if has(&[
         "503",
@@ -247,13 +208,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
         "504 gateway",
     ]) {
         C::ServerUnavailable.with(true, true, High, Bug)
-    } else if has(&[
-        "timed out",
-        "timeout",
-        "aborterror",
-        "operation was aborted",
-        "deadline exceeded",
-    ]) {
+    } else if has(&["timed out", "timeout", "aborterror", "operation was aborted", "deadline exceeded"]) {
         C::Timeout.with(true, true, High, Bug)
     } else if has(&[
         "econnrefused",
@@ -272,13 +227,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
 }
 
 impl Category {
-    fn with(
-        self,
-        retryable: bool,
-        counts_for_breaker: bool,
-        severity: Severity,
-        kind: Kind,
-    ) -> Classification {
+    fn with(self, retryable: bool, counts_for_breaker: bool, severity: Severity, kind: Kind) -> Classification {
         Classification::new(self, retryable, counts_for_breaker, severity, kind)
     }
 }
@@ -297,177 +246,51 @@ mod tests {
     use super::*;
 
     /// (failure, category, retryable, counts for breaker, not delivered)
-    fn check(
-        failure: Failure,
-        category: Category,
-        retryable: bool,
-        counts: bool,
-        undelivered: bool,
-    ) {
+    fn check(failure: Failure, category: Category, retryable: bool, counts: bool, undelivered: bool) {
         let c = classify(&failure, SystemTime::UNIX_EPOCH);
         assert_eq!(
-            (
-                &c.category,
-                c.retryable,
-                c.counts_for_breaker,
-                c.not_delivered
-            ),
+            (&c.category, c.retryable, c.counts_for_breaker, c.not_delivered),
             (&category, retryable, counts, undelivered),
             "{failure:?}"
         );
     }
 
     fn rpc(code: i32, message: &str) -> Failure {
-        Failure::Rpc {
-            code,
-            message: message.into(),
-            data: None,
-        }
+        Failure::Rpc { code, message: message.into(), data: None }
     }
 
     fn tool_error(text: &str) -> Failure {
-        Failure::ToolError {
-            result: CallToolResult::error(vec![ContentBlock::text(text)]),
-        }
+        Failure::ToolError { result: CallToolResult::error(vec![ContentBlock::text(text)]) }
     }
 
     #[test]
     fn the_hierarchy() {
         use Category::*;
-        check(
-            Failure::Timeout {
-                after: Duration::from_secs(1),
-            },
-            Timeout,
-            true,
-            true,
-            false,
-        );
-        check(
-            rpc(-32001, "AbortError: The operation was aborted"),
-            Timeout,
-            true,
-            true,
-            false,
-        );
-        check(
-            rpc(-32602, "Invalid arguments: missing `query`"),
-            ToolValidation,
-            false,
-            false,
-            false,
-        );
-        check(
-            rpc(-32602, "Tool lean_foo not found"),
-            ToolNotFound,
-            true,
-            false,
-            false,
-        );
-        check(
-            rpc(-32601, "Method not found"),
-            Capability,
-            false,
-            false,
-            false,
-        );
+        check(Failure::Timeout { after: Duration::from_secs(1) }, Timeout, true, true, false);
+        check(rpc(-32001, "AbortError: The operation was aborted"), Timeout, true, true, false);
+        check(rpc(-32602, "Invalid arguments: missing `query`"), ToolValidation, false, false, false);
+        check(rpc(-32602, "Tool lean_foo not found"), ToolNotFound, true, false, false);
+        check(rpc(-32601, "Method not found"), Capability, false, false, false);
         check(rpc(-32700, "Parse error"), Protocol, false, true, false);
-        check(
-            rpc(-32603, "internal error"),
-            ToolExecution,
-            false,
-            true,
-            false,
-        );
-        check(
-            rpc(-32603, "upstream returned 503 Service Unavailable"),
-            ServerUnavailable,
-            true,
-            true,
-            false,
-        );
+        check(rpc(-32603, "internal error"), ToolExecution, false, true, false);
+        check(rpc(-32603, "upstream returned 503 Service Unavailable"), ServerUnavailable, true, true, false);
         check(tool_error("disk full"), ToolExecution, false, false, false);
-        check(
-            tool_error("Error: 429 Too Many Requests"),
-            RateLimit,
-            true,
-            false,
-            false,
-        );
-        check(
-            tool_error("request timed out after 30s"),
-            Timeout,
-            true,
-            true,
-            false,
-        );
-        check(
-            tool_error("connect ECONNREFUSED 127.0.0.1:8080"),
-            Connection,
-            true,
-            true,
-            false,
-        );
-        check(
-            Failure::ConnectionLost {
-                reason: "eof".into(),
-            },
-            Transport,
-            true,
-            true,
-            false,
-        );
-        check(
-            Failure::SendFailed {
-                reason: "broken pipe".into(),
-            },
-            Connection,
-            true,
-            true,
-            true,
-        );
-        check(
-            Failure::Unavailable {
-                status: Status::Restarting,
-                reason: None,
-            },
-            ServerUnavailable,
-            true,
-            false,
-            true,
-        );
-        check(
-            Failure::CircuitOpen {
-                retry_in: Duration::from_secs(3),
-            },
-            CircuitOpen,
-            true,
-            false,
-            true,
-        );
+        check(tool_error("Error: 429 Too Many Requests"), RateLimit, true, false, false);
+        check(tool_error("request timed out after 30s"), Timeout, true, true, false);
+        check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, true, false);
+        check(Failure::ConnectionLost { reason: "eof".into() }, Transport, true, true, false);
+        check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
+        check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
+        check(Failure::CircuitOpen { retry_in: Duration::from_secs(3) }, CircuitOpen, true, false, true);
         check(Failure::Cancelled, Cancelled, false, false, false);
-        check(
-            Failure::Protocol {
-                reason: "odd".into(),
-            },
-            Protocol,
-            false,
-            true,
-            false,
-        );
+        check(Failure::Protocol { reason: "odd".into() }, Protocol, false, true, false);
     }
 
     #[test]
     fn rate_limits_carry_their_retry_after() {
-        let c = classify(
-            &tool_error("rate limit exceeded; retry after 2 seconds"),
-            SystemTime::UNIX_EPOCH,
-        );
+        let c = classify(&tool_error("rate limit exceeded; retry after 2 seconds"), SystemTime::UNIX_EPOCH);
         assert_eq!(c.retry_after, Some(Duration::from_secs(2)));
         assert_eq!(c.kind.log_level(), tracing::Level::ERROR);
-        assert_eq!(
-            classify(&rpc(-32602, "bad"), SystemTime::UNIX_EPOCH).kind,
-            Kind::User
-        );
+        assert_eq!(classify(&rpc(-32602, "bad"), SystemTime::UNIX_EPOCH).kind, Kind::User);
     }
 }

@@ -55,6 +55,5 @@ impl Rng {
 
 /// `now + d`, or a year from now where that would overflow (a configured "forever").
 pub fn later(now: Instant, d: Duration) -> Instant {
-    now.checked_add(d)
-        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+    now.checked_add(d).unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }

@@ -27,13 +27,15 @@ use crate::config::{Alternative, RecoveryConfig, ServerConfig};
 
 /// The I/O the engine needs; the gateway provides it.
 pub trait Upstream: Send + Sync {
-    /// One attempt of `tool` on `server`, answered within `timeout`.
+    /// One attempt of `tool` on `server`, answered within `timeout` (restarted by progress
+    /// where configured) and never later than `max_total`.
     fn call(
         &self,
         server: &str,
         tool: &str,
         arguments: Option<JsonObject>,
         timeout: Duration,
+        max_total: Duration,
     ) -> BoxFuture<'_, Result<CallToolResult, Failure>>;
     /// The annotations of a tool as its server publishes it, or `None` if it has no
     /// such tool (right now).
@@ -98,16 +100,11 @@ pub enum Ending {
 impl Record {
     /// The last failure on record.
     pub fn last_failure(&self) -> Option<(&Failure, &Classification)> {
-        self.attempts
-            .iter()
-            .rev()
-            .find_map(|a| Some((a.failure.as_ref()?, a.classification.as_ref()?)))
+        self.attempts.iter().rev().find_map(|a| Some((a.failure.as_ref()?, a.classification.as_ref()?)))
     }
 
     pub fn failures(&self) -> impl Iterator<Item = (&AttemptRecord, &Failure, &Classification)> {
-        self.attempts
-            .iter()
-            .filter_map(|a| Some((a, a.failure.as_ref()?, a.classification.as_ref()?)))
+        self.attempts.iter().filter_map(|a| Some((a, a.failure.as_ref()?, a.classification.as_ref()?)))
     }
 
     /// The attempt that answered, if one did after a failure.
@@ -128,18 +125,12 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("servers", &self.servers.keys().collect::<Vec<_>>())
-            .finish()
+        f.debug_struct("Engine").field("servers", &self.servers.keys().collect::<Vec<_>>()).finish()
     }
 }
 
 /// Whether `tool` may be replayed: config says so, or its annotations do.
-pub fn is_idempotent(
-    recovery: &RecoveryConfig,
-    tool: &str,
-    annotations: Option<&ToolAnnotations>,
-) -> bool {
+pub fn is_idempotent(recovery: &RecoveryConfig, tool: &str, annotations: Option<&ToolAnnotations>) -> bool {
     if let Some(explicit) = recovery.tools.get(tool).and_then(|t| t.idempotent) {
         return explicit;
     }
@@ -147,31 +138,20 @@ pub fn is_idempotent(
 }
 
 impl Engine {
-    pub fn new<'a>(
-        servers: impl IntoIterator<Item = &'a ServerConfig>,
-        clock: Arc<dyn Clock>,
-        rng: Arc<Rng>,
-    ) -> Self {
+    pub fn new<'a>(servers: impl IntoIterator<Item = &'a ServerConfig>, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
         let servers = servers
             .into_iter()
             .map(|s| {
                 let policy = ServerPolicy {
                     recovery: s.recovery.clone(),
                     breaker: Breaker::new(s.recovery.breaker, clock.clone(), rng.clone()),
-                    budget: RetryBudget::new(
-                        s.recovery.retry.budget_ratio,
-                        s.recovery.retry.budget_reserve,
-                    ),
+                    budget: RetryBudget::new(s.recovery.retry.budget_ratio, s.recovery.retry.budget_reserve),
                     counters: Counters::default(),
                 };
                 (Arc::from(s.name.as_str()), policy)
             })
             .collect();
-        Self {
-            servers,
-            clock,
-            rng,
-        }
+        Self { servers, clock, rng }
     }
 
     pub fn policy(&self, server: &str) -> Option<&ServerPolicy> {
@@ -190,41 +170,20 @@ impl Engine {
         tool: String,
         arguments: Option<JsonObject>,
     ) -> (Ending, Record) {
-        let policy = self
-            .servers
-            .get(&server)
-            .expect("the catalogue routes only to configured servers");
+        let policy = self.servers.get(&server).expect("the catalogue routes only to configured servers");
         let recovery = &policy.recovery;
         let annotations = upstream.annotations(&server, &tool).flatten();
         let safe = is_idempotent(recovery, &tool, annotations.as_ref());
-        let deadline = super::clock::later(
-            self.clock.now(),
-            Duration::from_millis(recovery.deadline_for(&tool)),
-        );
-        let mut record = Record {
-            server: server.clone(),
-            tool: tool.clone(),
-            attempts: Vec::new(),
-            safe,
-            stopped: None,
-        };
+        let deadline = super::clock::later(self.clock.now(), Duration::from_millis(recovery.deadline_for(&tool)));
+        let mut record =
+            Record { server: server.clone(), tool: tool.clone(), attempts: Vec::new(), safe, stopped: None };
         policy.counters.calls.fetch_add(1, Ordering::Relaxed);
         policy.budget.deposit();
 
         let mut waited = Duration::ZERO;
         for n in 0..recovery.retry.max_attempts {
             let timeout = Duration::from_millis(recovery.timeout_for(&tool));
-            let outcome = self
-                .attempt(
-                    upstream,
-                    policy,
-                    &server,
-                    &tool,
-                    arguments.clone(),
-                    timeout,
-                    deadline,
-                )
-                .await;
+            let outcome = self.attempt(upstream, policy, &server, &tool, arguments.clone(), timeout, deadline).await;
             let (failure, class) = match outcome {
                 Ok(result) => {
                     record.attempts.push(AttemptRecord {
@@ -253,9 +212,7 @@ impl Engine {
             });
             if passthrough {
                 // A healthy server said no: the agent gets the tool's own answer.
-                let Failure::ToolError { result } = failure else {
-                    unreachable!()
-                };
+                let Failure::ToolError { result } = failure else { unreachable!() };
                 return (Ending::Answered(result), record);
             }
             if matches!(class.category, Category::Cancelled) {
@@ -286,34 +243,17 @@ impl Engine {
                 record.stopped = Some("the call's deadline passed".into());
                 break;
             }
-            let alt_server: Arc<str> = alt
-                .server
-                .as_deref()
-                .map(Arc::from)
-                .unwrap_or_else(|| server.clone());
+            let alt_server: Arc<str> = alt.server.as_deref().map(Arc::from).unwrap_or_else(|| server.clone());
             let Some(alt_policy) = self.servers.get(&alt_server) else {
                 continue;
             };
             if upstream.annotations(&alt_server, &alt.tool).is_none() {
                 continue; // this server version has no such tool
             }
-            alt_policy
-                .counters
-                .fallbacks
-                .fetch_add(1, Ordering::Relaxed);
+            alt_policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
             let args = map_arguments(alt, arguments.as_ref());
             let timeout = Duration::from_millis(alt_policy.recovery.timeout_for(&alt.tool));
-            let outcome = self
-                .attempt(
-                    upstream,
-                    alt_policy,
-                    &alt_server,
-                    &alt.tool,
-                    args,
-                    timeout,
-                    deadline,
-                )
-                .await;
+            let outcome = self.attempt(upstream, alt_policy, &alt_server, &alt.tool, args, timeout, deadline).await;
             let (failure, class) = match outcome {
                 Ok(result) => {
                     record.attempts.push(AttemptRecord {
@@ -342,10 +282,7 @@ impl Engine {
     }
 
     /// One attempt through the breaker, classified when it fails.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "one call's worth of context, used once"
-    )]
+    #[allow(clippy::too_many_arguments, reason = "one call's worth of context, used once")]
     async fn attempt(
         &self,
         upstream: &dyn Upstream,
@@ -363,9 +300,7 @@ impl Engine {
         };
         let remaining = deadline.saturating_duration_since(self.clock.now());
         if remaining.is_zero() {
-            return Err(failed(Failure::Timeout {
-                after: Duration::ZERO,
-            }));
+            return Err(failed(Failure::Timeout { after: Duration::ZERO }));
         }
         let permit = match policy.breaker.admit() {
             Ok(p) => p,
@@ -375,10 +310,7 @@ impl Engine {
             }
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
-        match upstream
-            .call(server, tool, arguments, timeout.min(remaining))
-            .await
-        {
+        match upstream.call(server, tool, arguments, timeout.min(remaining), remaining).await {
             Ok(result) => {
                 permit.record(Outcome::Success);
                 Ok(result)
@@ -408,10 +340,7 @@ impl Engine {
     ) -> Result<Duration, String> {
         let retry = &policy.recovery.retry;
         if !class.retryable {
-            return Err(format!(
-                "a {} failure is not worth retrying",
-                class.category
-            ));
+            return Err(format!("a {} failure is not worth retrying", class.category));
         }
         if class.category == Category::CircuitOpen {
             return Err("the server's circuit breaker is open".into());
@@ -423,16 +352,11 @@ impl Engine {
             return Err(format!("all {} attempts were used", retry.max_attempts));
         }
         let jittered = backoff::full_jitter(retry, n, self.rng.unit());
-        let delay = class
-            .retry_after
-            .map_or(jittered, |after| after.max(jittered));
+        let delay = class.retry_after.map_or(jittered, |after| after.max(jittered));
         let remaining = deadline.saturating_duration_since(self.clock.now());
         if delay >= remaining {
             return Err(match class.retry_after {
-                Some(after) => format!(
-                    "the server asked to wait {} ms, past the call's deadline",
-                    after.as_millis()
-                ),
+                Some(after) => format!("the server asked to wait {} ms, past the call's deadline", after.as_millis()),
                 None => "no time was left before the call's deadline".into(),
             });
         }

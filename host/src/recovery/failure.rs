@@ -13,20 +13,13 @@ pub enum Failure {
     /// No answer within the attempt's timeout; `notifications/cancelled` went upstream.
     Timeout { after: Duration },
     /// A JSON-RPC error from the server.
-    Rpc {
-        code: i32,
-        message: String,
-        data: Option<Value>,
-    },
+    Rpc { code: i32, message: String, data: Option<Value> },
     /// The tool answered with `isError: true`.
     ToolError { result: CallToolResult },
     /// The connection was lost while the call was in flight: it may or may not have run.
     ConnectionLost { reason: String },
     /// The call never left the gateway: the server was not running.
-    Unavailable {
-        status: Status,
-        reason: Option<String>,
-    },
+    Unavailable { status: Status, reason: Option<String> },
     /// The request could not be written to the server, so it was never delivered.
     SendFailed { reason: String },
     /// The server's breaker is open: the call was not made.

@@ -1,94 +1,154 @@
-//! The answer a client gets when a call cannot be completed: an `isError: true` result
-//! whose text says what failed and what to do next, with the same report as data in
-//! `_meta.rebound`. Never a JSON-RPC error, which some clients punish by disabling the
-//! tool for the rest of the session (seed 002).
+//! What the client is told about a call that needed recovery: an `isError: true`
+//! result whose text says what failed, what was tried and what to do next, with the
+//! same report as data in `_meta.rebound` — never a JSON-RPC error, which some clients
+//! punish by disabling the tool for the rest of the session (seed 002). A result that
+//! was obtained by a retry or an alternative says so in `_meta.rebound` too.
 
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{Value, json};
 
 use super::Failure;
+use super::classify::Classification;
+use super::engine::Record;
 use crate::transport::Status;
 
-/// What the report says about a call.
-#[derive(Debug)]
-pub struct Report<'a> {
-    pub server: &'a str,
-    pub tool: &'a str,
-    pub failure: &'a Failure,
-    pub attempts: u32,
+/// The next step for the agent after `failure` of `tool` on `server`.
+pub fn suggested_action(server: &str, tool: &str, failure: &Failure) -> String {
+    match failure {
+        Failure::Timeout { .. } => format!(
+            "the request was cancelled; call `{tool}` again later or with a smaller input, and if it keeps timing out raise `recovery.tools.{tool}.timeout_ms` for server `{server}`"
+        ),
+        Failure::ConnectionLost { .. } => format!(
+            "the `{server}` server is being restarted; check whether the interrupted call took effect, then call `{tool}` again"
+        ),
+        Failure::Unavailable { status: Status::Down, .. } => format!(
+            "the `{server}` server crashed repeatedly and is marked down; Rebound tries to start it again periodically; check its command and its stderr in the gateway's log"
+        ),
+        Failure::Unavailable { .. } | Failure::SendFailed { .. } => format!(
+            "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
+        ),
+        Failure::CircuitOpen { .. } => format!(
+            "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"
+        ),
+        Failure::Rpc { code: -32602, .. } => {
+            format!("check the arguments against `{tool}`'s input schema and call it again")
+        }
+        Failure::Rpc { .. } | Failure::Protocol { .. } => format!(
+            "the `{server}` server could not run `{tool}`; try an alternative tool, or report the error to the server's maintainer"
+        ),
+        Failure::ToolError { .. } => "read the tool's error above and adjust the call".to_owned(),
+        Failure::Cancelled => "nothing: the call was cancelled by the client".to_owned(),
+    }
 }
 
-impl Report<'_> {
-    /// The next step for the agent, in words.
-    pub fn suggested_action(&self) -> String {
-        let (server, tool) = (self.server, self.tool);
-        match self.failure {
-            Failure::Timeout { .. } => format!(
-                "the request was cancelled; call `{tool}` again later or with a smaller input, and if it keeps timing out raise `recovery.tools.{tool}.timeout_ms` for server `{server}`"
-            ),
-            Failure::ConnectionLost { .. } => format!(
-                "the `{server}` server is being restarted; call `{tool}` again in a few seconds (check first whether the interrupted call took effect)"
-            ),
-            Failure::Unavailable {
-                status: Status::Down,
-                ..
-            } => format!(
-                "the `{server}` server crashed repeatedly and is marked down; Rebound tries to start it again periodically; check its command and its stderr in the gateway's log"
-            ),
-            Failure::Unavailable { .. } | Failure::SendFailed { .. } => format!(
-                "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
-            ),
-            Failure::CircuitOpen { .. } => format!(
-                "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"
-            ),
-            Failure::Rpc { code: -32602, .. } => {
-                format!("check the arguments against `{tool}`'s input schema and call it again")
-            }
-            Failure::Rpc { .. } | Failure::Protocol { .. } => format!(
-                "the `{server}` server could not run `{tool}`; try an alternative tool, or report the error to the server's maintainer"
-            ),
-            Failure::ToolError { .. } => {
-                "read the tool's error above and adjust the call".to_string()
-            }
-            Failure::Cancelled => "nothing: the call was cancelled by the client".to_owned(),
-        }
-    }
+/// Whether waiting and trying again can be expected to work.
+pub fn auto_recoverable(c: &Classification) -> bool {
+    c.retryable
+}
 
-    /// Whether waiting and trying again can be expected to work.
-    pub fn auto_recoverable(&self) -> bool {
-        matches!(
-            self.failure,
-            Failure::Timeout { .. }
-                | Failure::ConnectionLost { .. }
-                | Failure::Unavailable { .. }
-                | Failure::SendFailed { .. }
-        )
+/// `partial`: the call may have run in part (it timed out or lost its connection in
+/// flight), so the agent should look before repeating it; `failed`: it did not happen.
+fn status(failure: &Failure) -> &'static str {
+    match failure {
+        Failure::Timeout { .. } | Failure::ConnectionLost { .. } => "partial",
+        _ => "failed",
     }
+}
 
-    /// The `isError` result for the client.
-    pub fn into_result(self) -> CallToolResult {
-        let action = self.suggested_action();
-        let text = format!(
-            "rebound: `{}` on server `{}` failed after {} attempt{}: {}.\nWhat to do: {action}.",
-            self.tool,
-            self.server,
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" },
-            self.failure.message(),
-        );
-        let data = json!({
-            "status": "failed",
-            "server": self.server,
-            "tool": self.tool,
-            "failure": { "kind": self.failure.kind(), "message": self.failure.message() },
-            "attempts": self.attempts,
-            "suggested_action": action,
-            "auto_recoverable": self.auto_recoverable(),
-        });
-        let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
-        result.meta = Some(meta(data));
-        result
+fn attempts_data(record: &Record) -> Vec<Value> {
+    record
+        .attempts
+        .iter()
+        .map(|a| {
+            json!({
+                "server": &*a.server,
+                "tool": a.tool,
+                "alternative": a.alternative.is_some(),
+                "waited_ms": a.waited.as_millis() as u64,
+                "outcome": a.failure.as_ref().map_or("ok", Failure::kind),
+                "category": a.classification.as_ref().map(|c| c.category.as_str().to_owned()),
+                "message": a.failure.as_ref().map(Failure::message),
+            })
+        })
+        .collect()
+}
+
+/// The `isError` result for a call where nothing worked.
+pub fn gave_up(record: &Record) -> CallToolResult {
+    let (server, tool) = (&*record.server, record.tool.as_str());
+    let Some((failure, class)) = record.last_failure() else {
+        return CallToolResult::error(vec![ContentBlock::text(format!(
+            "rebound: `{tool}` on server `{server}` was not attempted"
+        ))]);
+    };
+    let action = suggested_action(server, tool, failure);
+    let primary = record.attempts.iter().filter(|a| a.alternative.is_none()).count();
+    let alternatives: Vec<String> = record
+        .attempts
+        .iter()
+        .filter(|a| a.alternative.is_some())
+        .map(|a| {
+            format!("`{}` on `{}` ({})", a.tool, a.server, a.failure.as_ref().map_or("ok".into(), Failure::message))
+        })
+        .collect();
+    let mut text = format!(
+        "rebound: `{tool}` on server `{server}` failed ({}): {}.\nTried: {primary} attempt{} of `{tool}`",
+        class.category,
+        failure.message(),
+        if primary == 1 { "" } else { "s" },
+    );
+    if !alternatives.is_empty() {
+        text.push_str(&format!(", then {}", alternatives.join(", then ")));
     }
+    text.push('.');
+    if let Some(why) = &record.stopped {
+        text.push_str(&format!(" Stopped because {why}."));
+    }
+    text.push_str(&format!("\nWhat to do: {action}."));
+    let data = json!({
+        "status": status(failure),
+        "server": server,
+        "tool": tool,
+        "category": class.category.as_str(),
+        "severity": class.severity.as_str(),
+        "kind": class.kind.as_str(),
+        "failure": { "kind": failure.kind(), "message": failure.message() },
+        "attempts": attempts_data(record),
+        "alternatives_tried": record.attempts.iter().filter(|a| a.alternative.is_some()).map(|a| a.tool.clone()).collect::<Vec<_>>(),
+        "retry_after_ms": class.retry_after.map(|d| d.as_millis() as u64),
+        "suggested_action": action,
+        "auto_recoverable": auto_recoverable(class),
+    });
+    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    result.meta = Some(meta(data));
+    result
+}
+
+/// Notes on a successful result how it was obtained, when that took recovery.
+pub fn recovered(mut result: CallToolResult, record: &Record) -> CallToolResult {
+    let Some(by) = record.answered_by() else { return result };
+    if record.attempts.len() < 2 {
+        return result;
+    }
+    let failures: Vec<&Failure> = record.attempts.iter().filter_map(|a| a.failure.as_ref()).collect();
+    let data = json!({
+        "status": "recovered",
+        "answered_by": { "server": &*by.server, "tool": by.tool, "alternative": by.alternative.is_some() },
+        "attempts": attempts_data(record),
+        "retries": record.attempts.iter().filter(|a| a.alternative.is_none()).count() - 1,
+    });
+    if by.alternative.is_some() {
+        // Agents read content more than `_meta`: say in words which tool answered.
+        let why = failures.last().map(|f| f.message()).unwrap_or_default();
+        result.content.push(ContentBlock::text(format!(
+            "[rebound: answered by `{}` on `{}` because `{}` failed: {why}]",
+            by.tool, by.server, record.tool
+        )));
+    }
+    let mut m = result.meta.take().unwrap_or_default();
+    m.insert("rebound".to_owned(), data);
+    result.meta = Some(m);
+    result
 }
 
 /// `_meta` with Rebound's report under its own key.

@@ -8,14 +8,7 @@ use std::time::{Duration, SystemTime};
 /// `Retry-After:`. `now` is the wall clock, for dates.
 pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
     let lower = text.to_ascii_lowercase();
-    for key in [
-        "retry-after",
-        "retry_after",
-        "retryafter",
-        "retry after",
-        "retry in",
-        "try again in",
-    ] {
+    for key in ["retry-after", "retry_after", "retryafter", "retry after", "retry in", "try again in"] {
         let mut from = 0;
         while let Some(i) = lower[from..].find(key) {
             let start = from + i + key.len();
@@ -23,9 +16,8 @@ pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
             let rest = &text[start..];
             // The key may carry a unit in its own name (retry_after_seconds, retryAfterMs).
             let (rest, key_unit) = split_key_unit(rest);
-            let rest = rest.trim_start_matches(|c: char| {
-                c == ':' || c == '=' || c == '"' || c == '\'' || c.is_whitespace()
-            });
+            let rest =
+                rest.trim_start_matches(|c: char| c == ':' || c == '=' || c == '"' || c == '\'' || c.is_whitespace());
             if let Some(d) = number_with_unit(rest, key_unit) {
                 return Some(d);
             }
@@ -60,9 +52,7 @@ enum Unit {
 }
 
 fn number_with_unit(rest: &str, key_unit: Option<Unit>) -> Option<Duration> {
-    let end = rest
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(rest.len());
+    let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
     let value: f64 = rest[..end].parse().ok()?;
     if !value.is_finite() || value < 0.0 {
         return None;
@@ -96,25 +86,15 @@ mod tests {
 
     fn check(text: &str, expect: Option<u64>) {
         let now = httpdate::parse_http_date("Sun, 22 Nov 2026 04:00:00 GMT").unwrap();
-        assert_eq!(
-            parse(text, now).map(|d| d.as_millis() as u64),
-            expect,
-            "{text}"
-        );
+        assert_eq!(parse(text, now).map(|d| d.as_millis() as u64), expect, "{text}");
     }
 
     #[test]
     fn hints() {
-        check(
-            "429 Too Many Requests. Retry after 30 seconds.",
-            Some(30_000),
-        );
+        check("429 Too Many Requests. Retry after 30 seconds.", Some(30_000));
         check("Retry-After: 2", Some(2_000));
         check("rate limited, retry in 250ms", Some(250));
-        check(
-            r#"{"error": "rate_limited", "retry_after_seconds": 1.5}"#,
-            Some(1_500),
-        );
+        check(r#"{"error": "rate_limited", "retry_after_seconds": 1.5}"#, Some(1_500));
         check(r#"{"retryAfter": 3}"#, Some(3_000));
         check("retry_after_ms=400", Some(400));
         check("Retry-After: Sun, 22 Nov 2026 04:00:10 GMT", Some(10_000));

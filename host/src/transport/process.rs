@@ -52,10 +52,7 @@ impl ServerProcess {
             cmd.current_dir(cwd);
         }
         let mut child = cmd.spawn()?;
-        let pgid = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .map(Pid::from_raw);
+        let pgid = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
@@ -87,10 +84,7 @@ impl ServerProcess {
         if tail.is_empty() {
             String::new()
         } else {
-            format!(
-                "; its stderr ended with: {}",
-                tail.iter().cloned().collect::<Vec<_>>().join(" | ")
-            )
+            format!("; its stderr ended with: {}", tail.iter().cloned().collect::<Vec<_>>().join(" | "))
         }
     }
 
@@ -108,10 +102,7 @@ impl ServerProcess {
             return;
         }
         self.signal_group(Signal::SIGTERM);
-        if tokio::time::timeout(GRACE, self.child.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(GRACE, self.child.wait()).await.is_err() {
             self.signal_group(Signal::SIGKILL);
             let _ = self.child.kill().await;
         }

@@ -139,10 +139,7 @@ impl ServerHandle {
         };
         match state.session {
             Some(session) if state.status == Status::Ready && session.is_live() => Ok(session),
-            _ => Err(NotReady {
-                status: state.status,
-                last_error: state.last_error,
-            }),
+            _ => Err(NotReady { status: state.status, last_error: state.last_error }),
         }
     }
 
@@ -163,12 +160,8 @@ pub fn spawn_supervisor(
     policy: RestartPolicy,
     init_timeout: Duration,
 ) -> ServerHandle {
-    let (tx, rx) = watch::channel(ServerState {
-        status: Status::Starting,
-        session: None,
-        restarts: 0,
-        last_error: None,
-    });
+    let (tx, rx) =
+        watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
     let shutdown = CancellationToken::new();
     let name: Arc<str> = config.name.as_str().into();
     let sup = Supervisor {
@@ -181,24 +174,13 @@ pub fn spawn_supervisor(
         shutdown: shutdown.clone(),
     };
     let task = tokio::spawn(sup.run());
-    ServerHandle {
-        name,
-        config,
-        state: rx,
-        shutdown,
-        task: std::sync::Mutex::new(Some(task)),
-    }
+    ServerHandle { name, config, state: rx, shutdown, task: std::sync::Mutex::new(Some(task)) }
 }
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
 pub fn restart_delay(policy: &RestartPolicy, attempt: u32) -> Duration {
     let factor = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
-    Duration::from_millis(
-        policy
-            .initial_delay_ms
-            .saturating_mul(factor)
-            .min(policy.max_delay_ms),
-    )
+    Duration::from_millis(policy.initial_delay_ms.saturating_mul(factor).min(policy.max_delay_ms))
 }
 
 struct Supervisor {
@@ -282,11 +264,7 @@ impl Supervisor {
                 Err(error) => {
                     tracing::warn!(server = %self.name, "failed to start: {error}");
                     self.tx.send_modify(|s| {
-                        s.status = if first {
-                            Status::Starting
-                        } else {
-                            Status::Restarting
-                        };
+                        s.status = if first { Status::Starting } else { Status::Restarting };
                         s.last_error = Some(error);
                     });
                 }
@@ -295,10 +273,7 @@ impl Supervisor {
             let now = Instant::now();
             crashes.push_back(now);
             let window = Duration::from_millis(self.policy.crash_window_ms);
-            while crashes
-                .front()
-                .is_some_and(|t| now.duration_since(*t) > window)
-            {
+            while crashes.front().is_some_and(|t| now.duration_since(*t) > window) {
                 crashes.pop_front();
             }
             let delay = if crashes.len() >= self.policy.crash_loop_limit as usize {
@@ -336,21 +311,12 @@ impl Supervisor {
             }
         };
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                " (is it installed and on PATH?)"
-            } else {
-                ""
-            };
+            let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             format!("cannot run `{}`: {e}{hint}", launch.command)
         })?;
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let handler = UpstreamHandler {
-            server: self.name.clone(),
-            session: id,
-            relay: self.relay.clone(),
-        };
-        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin)
-            .with_max_line_length(MAX_MESSAGE_BYTES);
+        let handler = UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone() };
+        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
         let stop = CancellationToken::new();
         let init = tokio::select! {
             r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
@@ -370,15 +336,10 @@ impl Supervisor {
             Err(_) => {
                 stop.cancel();
                 process.stop().await;
-                return Err(format!(
-                    "did not initialise within {} ms",
-                    self.init_timeout.as_millis()
-                ));
+                return Err(format!("did not initialise within {} ms", self.init_timeout.as_millis()));
             }
         };
-        running
-            .set_response_cache_config(ClientCacheConfig::disabled())
-            .await;
+        running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
         let listing = list_all(&peer, info.as_deref()).await;
@@ -398,13 +359,7 @@ impl Supervisor {
             closed.cancel();
             ended.cancel();
         });
-        Ok(Connection {
-            process,
-            service,
-            service_ended,
-            stop,
-            session,
-        })
+        Ok(Connection { process, service, service_ended, stop, session })
     }
 }
 
@@ -456,16 +411,9 @@ mod tests {
 
     #[test]
     fn restart_delay_doubles_to_the_cap_and_never_overflows() {
-        let p = RestartPolicy {
-            initial_delay_ms: 250,
-            max_delay_ms: 30_000,
-            ..RestartPolicy::default()
-        };
+        let p = RestartPolicy { initial_delay_ms: 250, max_delay_ms: 30_000, ..RestartPolicy::default() };
         let ms: Vec<u128> = (0..9).map(|a| restart_delay(&p, a).as_millis()).collect();
-        assert_eq!(
-            ms,
-            [250, 500, 1000, 2000, 4000, 8000, 16_000, 30_000, 30_000]
-        );
+        assert_eq!(ms, [250, 500, 1000, 2000, 4000, 8000, 16_000, 30_000, 30_000]);
         assert_eq!(restart_delay(&p, u32::MAX).as_millis(), 30_000);
     }
 }

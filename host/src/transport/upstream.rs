@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequestParams,
-    CreateMessageResult, CustomNotification, CustomRequest, CustomResult, ElicitRequestParams,
-    ElicitResult, Implementation, ListRootsResult, LoggingMessageNotificationParam,
-    ProgressNotificationParam, ProtocolVersion, ResourceUpdatedNotificationParam,
+    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequestParams, CreateMessageResult,
+    CustomNotification, CustomRequest, CustomResult, ElicitRequestParams, ElicitResult, Implementation,
+    ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion,
+    ResourceUpdatedNotificationParam,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ClientHandler, ErrorData, RoleClient};
@@ -44,11 +44,7 @@ pub trait Relay: Send + Sync + 'static {
     /// A notification from `server` (session `session`).
     fn notify(&self, server: &str, session: u64, event: UpstreamEvent);
     /// A request from `server`; the answer goes back upstream.
-    fn request(
-        &self,
-        server: &str,
-        request: UpstreamRequest,
-    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    fn request(&self, server: &str, request: UpstreamRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
 }
 
 /// The rmcp client handler of one upstream session.
@@ -59,11 +55,7 @@ pub struct UpstreamHandler {
 }
 
 impl UpstreamHandler {
-    async fn ask(
-        &self,
-        request: UpstreamRequest,
-        cx: &RequestContext<RoleClient>,
-    ) -> Result<ClientResult, ErrorData> {
+    async fn ask(&self, request: UpstreamRequest, cx: &RequestContext<RoleClient>) -> Result<ClientResult, ErrorData> {
         let answer = self.relay.request(&self.server, request);
         tokio::select! {
             r = answer => r,
@@ -73,10 +65,7 @@ impl UpstreamHandler {
 }
 
 fn unexpected(what: &str) -> ErrorData {
-    ErrorData::internal_error(
-        format!("the client answered {what} with an unexpected result"),
-        None,
-    )
+    ErrorData::internal_error(format!("the client answered {what} with an unexpected result"), None)
 }
 
 impl ClientHandler for UpstreamHandler {
@@ -90,11 +79,8 @@ impl ClientHandler for UpstreamHandler {
             roots.list_changed = Some(true);
         }
         caps.elicitation = Some(Default::default());
-        rmcp::model::ClientConfig::new(
-            caps,
-            Implementation::new("rebound", env!("CARGO_PKG_VERSION")),
-        )
-        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+        rmcp::model::ClientConfig::new(caps, Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
+            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     async fn create_message(
@@ -108,10 +94,7 @@ impl ClientHandler for UpstreamHandler {
         }
     }
 
-    async fn list_roots(
-        &self,
-        cx: RequestContext<RoleClient>,
-    ) -> Result<ListRootsResult, ErrorData> {
+    async fn list_roots(&self, cx: RequestContext<RoleClient>) -> Result<ListRootsResult, ErrorData> {
         match self.ask(UpstreamRequest::Roots, &cx).await? {
             ClientResult::ListRootsResult(r) => Ok(r),
             _ => Err(unexpected("roots/list")),
@@ -142,69 +125,35 @@ impl ClientHandler for UpstreamHandler {
         }
     }
 
-    async fn on_cancelled(
-        &self,
-        params: CancelledNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::Cancelled(params));
+    async fn on_cancelled(&self, params: CancelledNotificationParam, _: NotificationContext<RoleClient>) {
+        self.relay.notify(&self.server, self.session, UpstreamEvent::Cancelled(params));
     }
 
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::Progress(params));
+    async fn on_progress(&self, params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
+        self.relay.notify(&self.server, self.session, UpstreamEvent::Progress(params));
     }
 
-    async fn on_logging_message(
-        &self,
-        params: LoggingMessageNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::Log(params));
+    async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {
+        self.relay.notify(&self.server, self.session, UpstreamEvent::Log(params));
     }
 
-    async fn on_resource_updated(
-        &self,
-        params: ResourceUpdatedNotificationParam,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.relay.notify(
-            &self.server,
-            self.session,
-            UpstreamEvent::ResourceUpdated(params),
-        );
+    async fn on_resource_updated(&self, params: ResourceUpdatedNotificationParam, _: NotificationContext<RoleClient>) {
+        self.relay.notify(&self.server, self.session, UpstreamEvent::ResourceUpdated(params));
     }
 
     async fn on_resource_list_changed(&self, _: NotificationContext<RoleClient>) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::ResourcesChanged);
+        self.relay.notify(&self.server, self.session, UpstreamEvent::ResourcesChanged);
     }
 
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::ToolsChanged);
+        self.relay.notify(&self.server, self.session, UpstreamEvent::ToolsChanged);
     }
 
     async fn on_prompt_list_changed(&self, _: NotificationContext<RoleClient>) {
-        self.relay
-            .notify(&self.server, self.session, UpstreamEvent::PromptsChanged);
+        self.relay.notify(&self.server, self.session, UpstreamEvent::PromptsChanged);
     }
 
-    async fn on_custom_notification(
-        &self,
-        notification: CustomNotification,
-        _: NotificationContext<RoleClient>,
-    ) {
-        self.relay.notify(
-            &self.server,
-            self.session,
-            UpstreamEvent::Custom(notification),
-        );
+    async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleClient>) {
+        self.relay.notify(&self.server, self.session, UpstreamEvent::Custom(notification));
     }
 }

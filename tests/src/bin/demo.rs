@@ -11,11 +11,7 @@ fn step(title: &str) {
 }
 
 fn show(label: &str, result: &rmcp::model::CallToolResult, took: std::time::Duration) {
-    let status = if result.is_error == Some(true) {
-        "\x1b[33misError\x1b[0m"
-    } else {
-        "\x1b[32mok\x1b[0m"
-    };
+    let status = if result.is_error == Some(true) { "\x1b[33misError\x1b[0m" } else { "\x1b[32mok\x1b[0m" };
     println!("{label} -> {status} in {} ms", took.as_millis());
     for line in text(result).lines().take(6) {
         println!("   | {line}");
@@ -25,10 +21,7 @@ fn show(label: &str, result: &rmcp::model::CallToolResult, took: std::time::Dura
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = root().join("tests/demo/rebound.json");
-    println!(
-        "Rebound demo: `rebound serve --config {}`",
-        config.display()
-    );
+    println!("Rebound demo: `rebound serve --config {}`", config.display());
     println!("(the gateway's own log goes to stderr, interleaved below)");
     let gw = Gateway::serve(&config, tempfile::tempdir()?).await;
 
@@ -37,10 +30,7 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "{} tools; colliding names are prefixed: {:?}",
         names.len(),
-        names
-            .iter()
-            .filter(|n| n.contains("__"))
-            .collect::<Vec<_>>()
+        names.iter().filter(|n| n.contains("__")).collect::<Vec<_>>()
     );
 
     step("2. A real third-party server answers through the gateway");
@@ -55,9 +45,7 @@ async fn main() -> anyhow::Result<()> {
 
     step("4. The supervisor restarted it: the next call just works");
     let t = Instant::now();
-    let r = gw
-        .call("flaky__echo", json!({"message": "I am back"}))
-        .await;
+    let r = gw.call("flaky__echo", json!({"message": "I am back"})).await;
     show("flaky.echo()", &r, t.elapsed());
 
     step("5. A call hangs: timed out after 2 s, cancelled upstream, reported");
@@ -71,16 +59,8 @@ async fn main() -> anyhow::Result<()> {
     show("flaky.garbage()", &r, t.elapsed());
 
     step("7. Unknown tools are the only protocol errors");
-    let err = gw
-        .client
-        .peer()
-        .call_tool(rmcp::model::CallToolRequestParams::new("no_such_tool"))
-        .await;
-    println!(
-        "no_such_tool -> {}",
-        err.map(|_| "answered?".to_owned())
-            .unwrap_or_else(|e| e.to_string())
-    );
+    let err = gw.client.peer().call_tool(rmcp::model::CallToolRequestParams::new("no_such_tool")).await;
+    println!("no_such_tool -> {}", err.map(|_| "answered?".to_owned()).unwrap_or_else(|e| e.to_string()));
 
     step("8. Shutdown: children get stdin closed, SIGTERM, SIGKILL; nothing is left behind");
     let status = gw.close().await;

@@ -66,12 +66,8 @@ async fn main() {
                     std::process::exit(4);
                 });
             }
-            "--start-delay" => {
-                start_delay = value().parse().expect("--start-delay takes milliseconds")
-            }
-            "--crash-after" => {
-                crash_after = Some(value().parse().expect("--crash-after takes a number"))
-            }
+            "--start-delay" => start_delay = value().parse().expect("--start-delay takes milliseconds"),
+            "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             other => panic!("unknown option {other}"),
         }
     }
@@ -138,22 +134,15 @@ impl Server {
         let id = msg.get("id").cloned();
         let Some(method) = msg.get("method").and_then(Value::as_str) else {
             // A response to one of our requests.
-            let key = id
-                .as_ref()
-                .and_then(Value::as_str)
-                .and_then(|s| s.strip_prefix("srv-"))
-                .and_then(|n| n.parse().ok());
+            let key =
+                id.as_ref().and_then(Value::as_str).and_then(|s| s.strip_prefix("srv-")).and_then(|n| n.parse().ok());
             let key: Option<u64> = key;
             let responder = match key {
                 Some(k) => self.pending.lock().await.remove(&k),
                 None => None,
             };
             if let Some(tx) = responder {
-                let _ = tx.send(
-                    msg.get("result")
-                        .cloned()
-                        .unwrap_or_else(|| msg["error"].clone()),
-                );
+                let _ = tx.send(msg.get("result").cloned().unwrap_or_else(|| msg["error"].clone()));
             }
             return;
         };
@@ -170,9 +159,7 @@ impl Server {
                 },
                 "serverInfo": {"name": self.name, "version": "0.0.1"},
             })),
-            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => {
-                Ok(json!({}))
-            }
+            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => Ok(json!({})),
             "tools/list" => Ok(json!({"tools": self.tools()})),
             "prompts/list" => Ok(
                 json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),
@@ -198,10 +185,7 @@ impl Server {
             "tools/call" => {
                 self.call(
                     &params,
-                    msg.get("params")
-                        .and_then(|p| p.get("_meta"))
-                        .and_then(|m| m.get("progressToken"))
-                        .cloned(),
+                    msg.get("params").and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned(),
                 )
                 .await
             }
@@ -218,7 +202,9 @@ impl Server {
         match result {
             Ok(Value::Null) => {} // the call chose not to answer
             Ok(result) => self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await,
-            Err((code, message)) => self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})).await,
+            Err((code, message)) => {
+                self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})).await
+            }
         }
     }
 
@@ -231,18 +217,8 @@ impl Server {
                 json!({"message": {"type": "string"}}),
                 ro.clone(),
             ),
-            tool(
-                "crash",
-                "Exits the server process without answering",
-                json!({}),
-                json!({}),
-            ),
-            tool(
-                "close_stdout",
-                "Closes stdout but keeps running, a server gone deaf",
-                json!({}),
-                json!({}),
-            ),
+            tool("crash", "Exits the server process without answering", json!({}), json!({})),
+            tool("close_stdout", "Closes stdout but keeps running, a server gone deaf", json!({}), json!({})),
             tool("hang", "Never answers", json!({}), ro.clone()),
             tool(
                 "slow",
@@ -250,24 +226,9 @@ impl Server {
                 json!({"ms": {"type": "integer"}, "steps": {"type": "integer"}}),
                 ro.clone(),
             ),
-            tool(
-                "garbage",
-                "Writes non-JSON lines to stdout, then answers",
-                json!({}),
-                ro.clone(),
-            ),
-            tool(
-                "huge",
-                "Answers with a text of `bytes` bytes",
-                json!({"bytes": {"type": "integer"}}),
-                ro.clone(),
-            ),
-            tool(
-                "fail",
-                "Answers with an isError result",
-                json!({"message": {"type": "string"}}),
-                json!({}),
-            ),
+            tool("garbage", "Writes non-JSON lines to stdout, then answers", json!({}), ro.clone()),
+            tool("huge", "Answers with a text of `bytes` bytes", json!({"bytes": {"type": "integer"}}), ro.clone()),
+            tool("fail", "Answers with an isError result", json!({"message": {"type": "string"}}), json!({})),
             tool(
                 "rpc_error",
                 "Answers with a JSON-RPC error",
@@ -280,30 +241,15 @@ impl Server {
                 json!({"prompt": {"type": "string"}}),
                 json!({}),
             ),
-            tool(
-                "roots",
-                "Asks the client for its roots",
-                json!({}),
-                json!({}),
-            ),
-            tool(
-                "elicit",
-                "Asks the client to elicit a value",
-                json!({}),
-                json!({}),
-            ),
+            tool("roots", "Asks the client for its roots", json!({}), json!({})),
+            tool("elicit", "Asks the client to elicit a value", json!({}), json!({})),
             tool(
                 "log",
                 "Sends a log message notification",
                 json!({"level": {"type": "string"}, "message": {"type": "string"}}),
                 json!({}),
             ),
-            tool(
-                "toggle_tool",
-                "Adds (or removes) the tool `extra` and announces list_changed",
-                json!({}),
-                json!({}),
-            ),
+            tool("toggle_tool", "Adds (or removes) the tool `extra` and announces list_changed", json!({}), json!({})),
         ];
         if self.toggled.load(Ordering::Relaxed) {
             tools.push(tool("extra", "Appears after toggle_tool", json!({}), ro));
@@ -382,10 +328,6 @@ impl Server {
 }
 
 fn append(path: &std::path::Path, line: &str) {
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .expect("state file is writable");
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("state file is writable");
     writeln!(f, "{line}").expect("state file is writable");
 }

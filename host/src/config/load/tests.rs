@@ -15,13 +15,9 @@ fn ok(json: &str) -> Config {
 
 /// Asserts that `json` is rejected, naming `key`, with `needle` in the message.
 fn rejects(json: &str, key: &str, needle: &str) {
-    let err = parse(json, Path::new("/etc/rebound/rebound.json"), &env)
-        .expect_err("config should be rejected");
+    let err = parse(json, Path::new("/etc/rebound/rebound.json"), &env).expect_err("config should be rejected");
     let text = err.to_string();
-    assert!(
-        text.contains("/etc/rebound/rebound.json"),
-        "no file in: {text}"
-    );
+    assert!(text.contains("/etc/rebound/rebound.json"), "no file in: {text}");
     assert!(text.contains("hint: "), "no hint in: {text}");
     assert!(text.contains(needle), "{needle:?} not in: {text}");
     if !key.is_empty() {
@@ -36,45 +32,23 @@ fn claude_desktop_file_loads_unchanged() {
         "remote": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${TOKEN}"}}
     }, "globalShortcut": "Ctrl+Space"}"#);
     assert_eq!(c.servers.keys().collect::<Vec<_>>(), ["fs", "remote"]);
-    let Launch::Stdio(s) = &c.servers["fs"].launch else {
-        panic!()
-    };
+    let Launch::Stdio(s) = &c.servers["fs"].launch else { panic!() };
     assert_eq!(s.command, "npx");
     assert_eq!(s.args.len(), 3);
-    let Launch::Http(h) = &c.servers["remote"].launch else {
-        panic!()
-    };
+    let Launch::Http(h) = &c.servers["remote"].launch else { panic!() };
     assert_eq!(h.headers["Authorization"], "Bearer s3cret");
     assert_eq!(c.settings.tool_names, ToolNames::Conditional);
-    assert_eq!(
-        c.settings.errors_log,
-        Path::new("/etc/rebound/rebound-errors.jsonl")
-    );
+    assert_eq!(c.settings.errors_log, Path::new("/etc/rebound/rebound-errors.jsonl"));
     assert_eq!(c.servers["fs"].recovery, RecoveryConfig::default());
 }
 
 #[test]
 fn seed_004_defaults() {
     let r = RecoveryConfig::default();
-    assert_eq!(
-        (
-            r.retry.max_attempts,
-            r.retry.initial_delay_ms,
-            r.retry.max_delay_ms
-        ),
-        (3, 1000, 60_000)
-    );
+    assert_eq!((r.retry.max_attempts, r.retry.initial_delay_ms, r.retry.max_delay_ms), (3, 1000, 60_000));
     assert!((r.retry.multiplier - 2.0).abs() < f64::EPSILON);
     let b = r.breaker;
-    assert_eq!(
-        (
-            b.failure_threshold,
-            b.success_threshold,
-            b.open_ms,
-            b.half_open_max_calls
-        ),
-        (5, 2, 60_000, 1)
-    );
+    assert_eq!((b.failure_threshold, b.success_threshold, b.open_ms, b.half_open_max_calls), (5, 2, 60_000, 1));
 }
 
 #[test]
@@ -97,9 +71,7 @@ fn relative_paths_start_at_the_config_folder() {
     let c = ok(
         r#"{"mcpServers": {"a": {"command": "./bin/server"}}, "rebound": {"plugins_dir": "plugins", "errors_log": "/var/log/e.jsonl"}}"#,
     );
-    let Launch::Stdio(s) = &c.servers["a"].launch else {
-        panic!()
-    };
+    let Launch::Stdio(s) = &c.servers["a"].launch else { panic!() };
     assert_eq!(s.command, "/etc/rebound/./bin/server");
     assert_eq!(c.settings.plugins_dir, Path::new("/etc/rebound/plugins"));
     assert_eq!(c.settings.errors_log, Path::new("/var/log/e.jsonl"));
@@ -107,9 +79,8 @@ fn relative_paths_start_at_the_config_folder() {
 
 #[test]
 fn disabled_servers_and_unknown_keys_are_warnings() {
-    let c = ok(
-        r#"{"mcpServers": {"a": {"command": "a", "autoApprove": []}, "b": {"command": "b", "disabled": true}}}"#,
-    );
+    let c =
+        ok(r#"{"mcpServers": {"a": {"command": "a", "autoApprove": []}, "b": {"command": "b", "disabled": true}}}"#);
     assert_eq!(c.servers.len(), 1);
     assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("mcpServers.a.autoApprove"));
@@ -117,53 +88,21 @@ fn disabled_servers_and_unknown_keys_are_warnings() {
 
 #[test]
 fn broken_configs_name_the_key_and_the_fix() {
-    rejects(
-        "{\n  \"mcpServers\": {,}\n}",
-        "",
-        "rebound.json:2:18: not valid JSON",
-    );
+    rejects("{\n  \"mcpServers\": {,}\n}", "", "rebound.json:2:18: not valid JSON");
     rejects("[]", "(top level)", "not a JSON object");
     rejects("{}", "mcpServers", "names no servers");
-    rejects(
-        r#"{"mcpServers": {"a": {}}}"#,
-        "mcpServers.a",
-        "neither `command` nor `url`",
-    );
-    rejects(
-        r#"{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}"#,
-        "mcpServers.a",
-        "both",
-    );
-    rejects(
-        r#"{"mcpServers": {"a": {"command": 3}}}"#,
-        "mcpServers.a.command",
-        "must be a string",
-    );
-    rejects(
-        r#"{"mcpServers": {"a": {"command": "x", "args": "--y"}}}"#,
-        "mcpServers.a.args",
-        "array of strings",
-    );
+    rejects(r#"{"mcpServers": {"a": {}}}"#, "mcpServers.a", "neither `command` nor `url`");
+    rejects(r#"{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}"#, "mcpServers.a", "both");
+    rejects(r#"{"mcpServers": {"a": {"command": 3}}}"#, "mcpServers.a.command", "must be a string");
+    rejects(r#"{"mcpServers": {"a": {"command": "x", "args": "--y"}}}"#, "mcpServers.a.args", "array of strings");
     rejects(
         r#"{"mcpServers": {"a": {"command": "x", "args": ["${NOPE}"]}}}"#,
         "mcpServers.a.args[0]",
         "${NOPE:-value}",
     );
-    rejects(
-        r#"{"mcpServers": {"a": {"url": "ftp://h"}}}"#,
-        "mcpServers.a.url",
-        "not an http(s) URL",
-    );
-    rejects(
-        r#"{"mcpServers": {"a": {"url": "http://h/sse", "type": "sse"}}}"#,
-        "mcpServers.a.type",
-        "SSE",
-    );
-    rejects(
-        r#"{"mcpServers": {"a__b": {"command": "x"}}}"#,
-        "mcpServers.a__b",
-        "server name",
-    );
+    rejects(r#"{"mcpServers": {"a": {"url": "ftp://h"}}}"#, "mcpServers.a.url", "not an http(s) URL");
+    rejects(r#"{"mcpServers": {"a": {"url": "http://h/sse", "type": "sse"}}}"#, "mcpServers.a.type", "SSE");
+    rejects(r#"{"mcpServers": {"a__b": {"command": "x"}}}"#, "mcpServers.a__b", "server name");
     rejects(
         r#"{"mcpServers": {"a": {"command": "x", "adapter": "nope"}}}"#,
         "mcpServers.a.adapter",
@@ -214,15 +153,8 @@ fn adapter_found_in_plugins_dir() {
     let cfg = dir.path().join("rebound.json");
     let json = r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}, "b": {"command": "x", "adapter": "hol"}}, "rebound": {"plugins_dir": "plugins"}}"#;
     let err = parse(json, &cfg, &env).unwrap_err().to_string();
-    assert!(
-        err.contains("available in") && err.contains("lean-fallback"),
-        "{err}"
-    );
-    let json = r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": "plugins"}}"#;
-    assert_eq!(
-        parse(json, &cfg, &env).unwrap().servers["a"]
-            .adapter
-            .as_deref(),
-        Some("lean-fallback")
-    );
+    assert!(err.contains("available in") && err.contains("lean-fallback"), "{err}");
+    let json =
+        r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": "plugins"}}"#;
+    assert_eq!(parse(json, &cfg, &env).unwrap().servers["a"].adapter.as_deref(), Some("lean-fallback"));
 }

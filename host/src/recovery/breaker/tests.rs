@@ -27,10 +27,7 @@ async fn opens_after_consecutive_failures_and_rejects_without_calling() {
     assert_eq!(b.phase(), Phase::Closed, "a success resets the count");
     fail(&b, 1);
     let retry_in = b.admit().expect_err("open");
-    assert!(
-        retry_in >= Duration::from_secs(48) && retry_in <= Duration::from_secs(60),
-        "{retry_in:?}"
-    );
+    assert!(retry_in >= Duration::from_secs(48) && retry_in <= Duration::from_secs(60), "{retry_in:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -46,10 +43,7 @@ async fn ignored_outcomes_do_not_count() {
 
 #[tokio::test(start_paused = true)]
 async fn half_open_admits_exactly_the_configured_probes_among_many_callers() {
-    let b = breaker(BreakerConfig {
-        half_open_max_calls: 3,
-        ..BreakerConfig::default()
-    });
+    let b = breaker(BreakerConfig { half_open_max_calls: 3, ..BreakerConfig::default() });
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(61)).await;
     let tasks: Vec<_> = (0..200)
@@ -63,13 +57,7 @@ async fn half_open_admits_exactly_the_configured_probes_among_many_callers() {
         permits.extend(t.await.unwrap());
     }
     assert_eq!(permits.len(), 3);
-    assert!(matches!(
-        b.phase(),
-        Phase::HalfOpen {
-            in_flight: 3,
-            successes: 0
-        }
-    ));
+    assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 3, successes: 0 }));
     // An abandoned probe frees its slot for another caller.
     drop(permits.pop());
     let again = b.admit().expect("a slot was freed");
@@ -91,11 +79,7 @@ async fn closes_after_success_threshold_probes() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_probe_reopens_for_longer_up_to_the_cap() {
-    let b = breaker(BreakerConfig {
-        open_ms: 1_000,
-        max_open_ms: 4_000,
-        ..BreakerConfig::default()
-    });
+    let b = breaker(BreakerConfig { open_ms: 1_000, max_open_ms: 4_000, ..BreakerConfig::default() });
     fail(&b, 5);
     let mut opened_for = Vec::new();
     for _ in 0..5 {
@@ -104,13 +88,7 @@ async fn a_failed_probe_reopens_for_longer_up_to_the_cap() {
         tokio::time::advance(wait).await;
         b.admit().expect("probe").record(Outcome::Failure);
     }
-    let bounds = [
-        (800, 1000),
-        (1600, 2000),
-        (3200, 4000),
-        (3200, 4000),
-        (3200, 4000),
-    ];
+    let bounds = [(800, 1000), (1600, 2000), (3200, 4000), (3200, 4000), (3200, 4000)];
     for (got, (lo, hi)) in opened_for.iter().zip(bounds) {
         assert!((lo..=hi).contains(got), "{opened_for:?}");
     }
@@ -129,18 +107,10 @@ async fn a_timed_out_probe_counts_as_a_failure() {
 
 #[tokio::test(start_paused = true)]
 async fn opens_on_failure_rate_over_the_window() {
-    let b = breaker(BreakerConfig {
-        min_calls: 10,
-        failure_rate: 0.5,
-        ..BreakerConfig::default()
-    });
+    let b = breaker(BreakerConfig { min_calls: 10, failure_rate: 0.5, ..BreakerConfig::default() });
     // Alternating: never two failures in a row, but half of all calls fail.
     for i in 0..9 {
-        b.admit().unwrap().record(if i % 2 == 0 {
-            Outcome::Success
-        } else {
-            Outcome::Failure
-        });
+        b.admit().unwrap().record(if i % 2 == 0 { Outcome::Success } else { Outcome::Failure });
     }
     assert_eq!(b.phase(), Phase::Closed, "below min_calls");
     b.admit().unwrap().record(Outcome::Failure);
@@ -149,12 +119,7 @@ async fn opens_on_failure_rate_over_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn old_calls_leave_the_window() {
-    let b = breaker(BreakerConfig {
-        min_calls: 4,
-        failure_rate: 0.5,
-        window_ms: 10_000,
-        ..BreakerConfig::default()
-    });
+    let b = breaker(BreakerConfig { min_calls: 4, failure_rate: 0.5, window_ms: 10_000, ..BreakerConfig::default() });
     fail(&b, 3);
     b.admit().unwrap().record(Outcome::Success);
     tokio::time::advance(Duration::from_secs(11)).await;

@@ -24,48 +24,27 @@ fn ok(text: &str) -> Result<CallToolResult, Failure> {
 }
 
 fn tool_error(text: &str) -> Result<CallToolResult, Failure> {
-    Err(Failure::ToolError {
-        result: CallToolResult::error(vec![ContentBlock::text(text)]),
-    })
+    Err(Failure::ToolError { result: CallToolResult::error(vec![ContentBlock::text(text)]) })
 }
 
 fn timeout() -> Result<CallToolResult, Failure> {
-    Err(Failure::Timeout {
-        after: Duration::from_secs(1),
-    })
+    Err(Failure::Timeout { after: Duration::from_secs(1) })
 }
 
 impl Script {
     fn new(tools: &[(&str, bool)]) -> Self {
         let read_only = ToolAnnotations::new().read_only(true);
-        let tools = tools
-            .iter()
-            .map(|(t, ro)| (t.to_string(), ro.then(|| read_only.clone())))
-            .collect();
-        Self {
-            tools,
-            ..Self::default()
-        }
+        let tools = tools.iter().map(|(t, ro)| (t.to_string(), ro.then(|| read_only.clone()))).collect();
+        Self { tools, ..Self::default() }
     }
 
     fn then(self, tool: &str, answers: Vec<Result<CallToolResult, Failure>>) -> Self {
-        self.answers
-            .lock()
-            .unwrap()
-            .entry(tool.into())
-            .or_default()
-            .extend(answers);
+        self.answers.lock().unwrap().entry(tool.into()).or_default().extend(answers);
         self
     }
 
     fn calls(&self, tool: &str) -> Vec<(Instant, Duration, Option<JsonObject>)> {
-        self.calls
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|c| c.0 == tool)
-            .map(|c| (c.1, c.2, c.3.clone()))
-            .collect()
+        self.calls.lock().unwrap().iter().filter(|c| c.0 == tool).map(|c| (c.1, c.2, c.3.clone())).collect()
     }
 }
 
@@ -76,19 +55,12 @@ impl Upstream for Script {
         tool: &str,
         arguments: Option<JsonObject>,
         timeout: Duration,
+        _max_total: Duration,
     ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
         let key = format!("{server}/{tool}");
-        self.calls
-            .lock()
-            .unwrap()
-            .push((key.clone(), Instant::now(), timeout, arguments));
-        let answer = self
-            .answers
-            .lock()
-            .unwrap()
-            .get_mut(&key)
-            .and_then(VecDeque::pop_front)
-            .unwrap_or_else(|| ok("ok"));
+        self.calls.lock().unwrap().push((key.clone(), Instant::now(), timeout, arguments));
+        let answer =
+            self.answers.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or_else(|| ok("ok"));
         Box::pin(async move {
             // A timeout takes its time.
             if let Err(Failure::Timeout { .. }) = &answer {
@@ -107,12 +79,7 @@ impl Upstream for Script {
 fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
     ServerConfig {
         name: name.into(),
-        launch: Launch::Stdio(StdioLaunch {
-            command: "x".into(),
-            args: vec![],
-            env: Default::default(),
-            cwd: None,
-        }),
+        launch: Launch::Stdio(StdioLaunch { command: "x".into(), args: vec![], env: Default::default(), cwd: None }),
         adapter: None,
         recovery,
         adapter_config: Value::Null,
@@ -124,20 +91,11 @@ fn engine(servers: &[ServerConfig]) -> Engine {
 }
 
 fn seed_004() -> RecoveryConfig {
-    RecoveryConfig {
-        timeout_ms: 1_000,
-        ..RecoveryConfig::default()
-    }
+    RecoveryConfig { timeout_ms: 1_000, ..RecoveryConfig::default() }
 }
 
 async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
-    e.run(
-        up,
-        "s".into(),
-        tool.into(),
-        Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone()),
-    )
-    .await
+    e.run(up, "s".into(), tool.into(), Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())).await
 }
 
 fn answered(ending: &Ending) -> String {
@@ -149,16 +107,8 @@ fn answered(ending: &Ending) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_bound() {
-    let up = Script::new(&[("s/read", true)]).then(
-        "s/read",
-        vec![
-            timeout(),
-            Err(Failure::ConnectionLost {
-                reason: "eof".into(),
-            }),
-            ok("third time"),
-        ],
-    );
+    let up = Script::new(&[("s/read", true)])
+        .then("s/read", vec![timeout(), Err(Failure::ConnectionLost { reason: "eof".into() }), ok("third time")]);
     let e = engine(&[server("s", seed_004())]);
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "third time");
@@ -179,31 +129,14 @@ async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
     let (ending, record) = run(&e, &up, "write").await;
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/write").len(), 1);
-    assert!(
-        record
-            .stopped
-            .unwrap()
-            .contains("not marked read-only or idempotent")
-    );
+    assert!(record.stopped.unwrap().contains("not marked read-only or idempotent"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn config_can_mark_a_tool_idempotent_or_not() {
     let mut r = seed_004();
-    r.tools.insert(
-        "write".into(),
-        ToolRecovery {
-            idempotent: Some(true),
-            ..Default::default()
-        },
-    );
-    r.tools.insert(
-        "read".into(),
-        ToolRecovery {
-            idempotent: Some(false),
-            ..Default::default()
-        },
-    );
+    r.tools.insert("write".into(), ToolRecovery { idempotent: Some(true), ..Default::default() });
+    r.tools.insert("read".into(), ToolRecovery { idempotent: Some(false), ..Default::default() });
     let up = Script::new(&[("s/write", false), ("s/read", true)])
         .then("s/write", vec![timeout()])
         .then("s/read", vec![timeout()]);
@@ -214,12 +147,8 @@ async fn config_can_mark_a_tool_idempotent_or_not() {
 
 #[tokio::test(start_paused = true)]
 async fn proof_of_non_delivery_makes_any_tool_safe_to_retry() {
-    let up = Script::new(&[("s/write", false)]).then(
-        "s/write",
-        vec![Err(Failure::SendFailed {
-            reason: "broken pipe".into(),
-        })],
-    );
+    let up = Script::new(&[("s/write", false)])
+        .then("s/write", vec![Err(Failure::SendFailed { reason: "broken pipe".into() })]);
     let e = engine(&[server("s", seed_004())]);
     assert_eq!(answered(&run(&e, &up, "write").await.0), "ok");
     assert_eq!(up.calls("s/write").len(), 2);
@@ -227,10 +156,8 @@ async fn proof_of_non_delivery_makes_any_tool_safe_to_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured() {
-    let up = Script::new(&[("s/search", true)]).then(
-        "s/search",
-        vec![tool_error("429 Too Many Requests; retry after 5 seconds")],
-    );
+    let up = Script::new(&[("s/search", true)])
+        .then("s/search", vec![tool_error("429 Too Many Requests; retry after 5 seconds")]);
     let e = engine(&[server("s", seed_004())]);
     assert_eq!(answered(&run(&e, &up, "search").await.0), "ok");
     let calls = up.calls("s/search");
@@ -239,17 +166,9 @@ async fn retry_after_is_honoured() {
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_past_the_deadline_is_not_waited_for() {
-    let up = Script::new(&[("s/search", true)]).then(
-        "s/search",
-        vec![tool_error("rate limited, retry after 600 seconds")],
-    );
-    let e = engine(&[server(
-        "s",
-        RecoveryConfig {
-            deadline_ms: Some(10_000),
-            ..seed_004()
-        },
-    )]);
+    let up =
+        Script::new(&[("s/search", true)]).then("s/search", vec![tool_error("rate limited, retry after 600 seconds")]);
+    let e = engine(&[server("s", RecoveryConfig { deadline_ms: Some(10_000), ..seed_004() })]);
     let start = Instant::now();
     let (ending, record) = run(&e, &up, "search").await;
     assert!(matches!(ending, Ending::GaveUp));
@@ -270,52 +189,27 @@ async fn no_attempt_outlives_the_deadline() {
     assert!(matches!(ending, Ending::GaveUp));
     let deadline = start + Duration::from_millis(2_500);
     for (at, timeout, _) in up.calls("s/read") {
-        assert!(
-            at + timeout <= deadline,
-            "an attempt at {:?} with {timeout:?} ran past the deadline",
-            at - start
-        );
+        assert!(at + timeout <= deadline, "an attempt at {:?} with {timeout:?} ran past the deadline", at - start);
     }
     assert!(Instant::now() <= deadline);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_tools_own_error_is_passed_through_untouched() {
-    let up =
-        Script::new(&[("s/read", true)]).then("s/read", vec![tool_error("no such file: a.lean")]);
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![tool_error("no such file: a.lean")]);
     let e = engine(&[server("s", seed_004())]);
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "no such file: a.lean");
     assert_eq!(record.attempts.len(), 1);
-    assert_eq!(
-        e.policy("s")
-            .unwrap()
-            .breaker
-            .snapshot()
-            .consecutive_failures,
-        0
-    );
+    assert_eq!(e.policy("s").unwrap().breaker.snapshot().consecutive_failures, 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn invalid_arguments_are_neither_retried_nor_sent_elsewhere() {
     let mut r = seed_004();
-    r.fallbacks.insert(
-        "read".into(),
-        vec![Alternative {
-            tool: "other".into(),
-            server: None,
-            arguments: None,
-        }],
-    );
-    let up = Script::new(&[("s/read", true), ("s/other", true)]).then(
-        "s/read",
-        vec![Err(Failure::Rpc {
-            code: -32602,
-            message: "bad".into(),
-            data: None,
-        })],
-    );
+    r.fallbacks.insert("read".into(), vec![Alternative { tool: "other".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/read", true), ("s/other", true)])
+        .then("s/read", vec![Err(Failure::Rpc { code: -32602, message: "bad".into(), data: None })]);
     let e = engine(&[server("s", r)]);
     assert!(matches!(run(&e, &up, "read").await.0, Ending::GaveUp));
     assert_eq!(up.calls("s/read").len() + up.calls("s/other").len(), 1);
@@ -327,63 +221,25 @@ async fn alternatives_are_tried_in_order_with_mapped_arguments() {
     r.fallbacks.insert(
         "leansearch".into(),
         vec![
-            Alternative {
-                tool: "gone".into(),
-                server: None,
-                arguments: None,
-            },
+            Alternative { tool: "gone".into(), server: None, arguments: None },
             Alternative {
                 tool: "loogle".into(),
                 server: None,
-                arguments: Some(
-                    json!({"query": "$q", "num_results": "$n"})
-                        .as_object()
-                        .unwrap()
-                        .clone(),
-                ),
+                arguments: Some(json!({"query": "$q", "num_results": "$n"}).as_object().unwrap().clone()),
             },
-            Alternative {
-                tool: "finder".into(),
-                server: Some("t".into()),
-                arguments: None,
-            },
+            Alternative { tool: "finder".into(), server: Some("t".into()), arguments: None },
         ],
     );
-    let up = Script::new(&[
-        ("s/leansearch", true),
-        ("s/loogle", true),
-        ("t/finder", true),
-    ])
-    .then("s/leansearch", vec![timeout(), timeout(), timeout()])
-    .then(
-        "s/loogle",
-        vec![Err(Failure::Rpc {
-            code: -32001,
-            message: "AbortError".into(),
-            data: None,
-        })],
-    );
+    let up = Script::new(&[("s/leansearch", true), ("s/loogle", true), ("t/finder", true)])
+        .then("s/leansearch", vec![timeout(), timeout(), timeout()])
+        .then("s/loogle", vec![Err(Failure::Rpc { code: -32001, message: "AbortError".into(), data: None })]);
     let e = engine(&[server("s", r), server("t", seed_004())]);
     let (ending, record) = run(&e, &up, "leansearch").await;
     assert_eq!(answered(&ending), "ok");
     let by = record.answered_by().unwrap();
-    assert_eq!(
-        (&*by.server, by.tool.as_str(), by.alternative),
-        ("t", "finder", Some(2))
-    );
-    assert_eq!(
-        up.calls("s/loogle")[0].2,
-        Some(
-            json!({"query": "x", "num_results": 3})
-                .as_object()
-                .unwrap()
-                .clone()
-        )
-    );
-    assert_eq!(
-        up.calls("t/finder")[0].2,
-        Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())
-    );
+    assert_eq!((&*by.server, by.tool.as_str(), by.alternative), ("t", "finder", Some(2)));
+    assert_eq!(up.calls("s/loogle")[0].2, Some(json!({"query": "x", "num_results": 3}).as_object().unwrap().clone()));
+    assert_eq!(up.calls("t/finder")[0].2, Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone()));
 }
 
 #[tokio::test(start_paused = true)]
@@ -391,29 +247,14 @@ async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_th
     let mut r = seed_004();
     r.breaker.open_ms = 5_000;
     r.retry.max_attempts = 1;
-    let up = Script::new(&[("s/read", true)]).then(
-        "s/read",
-        (0..5)
-            .map(|_| {
-                Err(Failure::ConnectionLost {
-                    reason: "down".into(),
-                })
-            })
-            .collect(),
-    );
+    let up = Script::new(&[("s/read", true)])
+        .then("s/read", (0..5).map(|_| Err(Failure::ConnectionLost { reason: "down".into() })).collect());
     let e = engine(&[server("s", r)]);
     for _ in 0..100 {
         run(&e, &up, "read").await;
     }
-    assert_eq!(
-        up.calls("s/read").len(),
-        5,
-        "only the failures that opened it reached the server"
-    );
-    assert_eq!(
-        e.policy("s").unwrap().counters.shed.load(Ordering::Relaxed),
-        95
-    );
+    assert_eq!(up.calls("s/read").len(), 5, "only the failures that opened it reached the server");
+    assert_eq!(e.policy("s").unwrap().counters.shed.load(Ordering::Relaxed), 95);
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
     assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
@@ -426,23 +267,12 @@ async fn the_budget_keeps_an_outage_from_multiplying_load() {
     r.breaker.failure_threshold = u32::MAX; // isolate the budget from the breaker
     r.breaker.min_calls = u32::MAX;
     r.retry.initial_delay_ms = 1;
-    let up = Script::new(&[("s/read", true)]).then(
-        "s/read",
-        (0..1000)
-            .map(|_| {
-                Err(Failure::ConnectionLost {
-                    reason: "down".into(),
-                })
-            })
-            .collect(),
-    );
+    let up = Script::new(&[("s/read", true)])
+        .then("s/read", (0..1000).map(|_| Err(Failure::ConnectionLost { reason: "down".into() })).collect());
     let e = engine(&[server("s", r)]);
     for _ in 0..100 {
         run(&e, &up, "read").await;
     }
     let calls = up.calls("s/read").len();
-    assert!(
-        calls <= 100 + 10 + 30,
-        "{calls} upstream calls for 100 client calls"
-    );
+    assert!(calls <= 100 + 10 + 30, "{calls} upstream calls for 100 client calls");
 }

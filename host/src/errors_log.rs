@@ -1,0 +1,247 @@
+//! The errors log: one JSON object per line in the schema of seeds 000 and 003, written
+//! by a background task so that logging never blocks or fails a call (seed 003). The
+//! file is rotated to `NAME.1` past its size cap; the newest entries are also kept in
+//! memory for `rebound://errors`.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::recovery::Failure;
+use crate::recovery::engine::Record;
+use crate::recovery::report::{auto_recoverable, suggested_action};
+
+/// Entries kept in memory for `rebound://errors`.
+const RECENT: usize = 100;
+/// Entries queued for the writer before new ones are dropped (and counted).
+const QUEUE: usize = 4096;
+
+#[derive(Debug)]
+pub struct ErrorsLog {
+    tx: mpsc::Sender<Value>,
+    recent: Mutex<VecDeque<Value>>,
+    dropped: AtomicU64,
+    next_id: AtomicU64,
+    path: PathBuf,
+}
+
+impl ErrorsLog {
+    /// Starts the writer task for `path`.
+    pub fn start(path: PathBuf, max_bytes: u64) -> Arc<Self> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer_path = path.clone();
+        tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes));
+        Arc::new(Self {
+            tx,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            dropped: AtomicU64::new(0),
+            next_id: AtomicU64::new(0),
+            path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one entry per failed attempt of the call in `record`.
+    pub fn record(&self, record: &Record, session: &str, now: SystemTime) {
+        let recovered = record.answered_by().is_some();
+        let alternative = record.answered_by().filter(|a| a.alternative.is_some()).map(|a| a.tool.clone());
+        let attempts = record.attempts.len();
+        for (i, (attempt, failure, class)) in record.failures().enumerate() {
+            let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
+            let id = format!("err_{millis}_{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+            let code = match failure {
+                Failure::Rpc { code, .. } => Some(*code),
+                _ => None,
+            };
+            let kind = match failure {
+                Failure::Rpc { code: -32001, .. } => "mcp_abort_error".to_owned(),
+                _ => format!("mcp_{}", class.category.as_str().replace('-', "_")),
+            };
+            let entry = json!({
+                "id": id,
+                "timestamp": humantime::format_rfc3339_millis(now).to_string(),
+                "type": kind,
+                "severity": class.severity.as_str(),
+                "message": format!("MCP tool {} on server {} failed: {}", attempt.tool, attempt.server, failure.message()),
+                "context": {
+                    "session_id": session,
+                    "server": &*attempt.server,
+                    "tool_name": attempt.tool,
+                    "requested_tool": record.tool,
+                    "error_code": code,
+                    "category": class.category.as_str(),
+                    "kind": class.kind.as_str(),
+                    "attempt": i + 1,
+                    "attempts": attempts,
+                    "retry_attempted": attempts > i + 1,
+                    "alternative_used": alternative,
+                },
+                "recovery": {
+                    "suggested_action": suggested_action(&attempt.server, &attempt.tool, failure),
+                    "auto_recoverable": auto_recoverable(class),
+                },
+                "fix_status": if recovered { "recovered" } else { "unfixed" },
+            });
+            self.push(entry);
+        }
+    }
+
+    fn push(&self, entry: Value) {
+        {
+            let mut recent = self.recent.lock().expect("not poisoned");
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(entry.clone());
+        }
+        if self.tx.try_send(entry).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The newest entries, oldest first.
+    pub fn recent(&self) -> Vec<Value> {
+        self.recent.lock().expect("not poisoned").iter().cloned().collect()
+    }
+
+    /// Entries not written because the writer fell behind or the file was unwritable.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64) {
+    let mut warned = false;
+    while let Some(entry) = rx.blocking_recv() {
+        let mut line = entry.to_string();
+        line.push('\n');
+        if let Err(e) = append(path, line.as_bytes(), max_bytes) {
+            // Logged once: a read-only disk must not flood the log either.
+            if !warned {
+                tracing::warn!("cannot write the errors log {}: {e}", path.display());
+                warned = true;
+            }
+        }
+    }
+}
+
+fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    if size > 0 && size + line.len() as u64 > max_bytes {
+        let mut rotated = path.as_os_str().to_owned();
+        rotated.push(".1");
+        std::fs::rename(path, rotated)?;
+    }
+    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+    f.write_all(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::recovery::classify::classify;
+    use crate::recovery::engine::AttemptRecord;
+
+    fn record(recovered: bool) -> Record {
+        let failure =
+            Failure::Rpc { code: -32001, message: "AbortError: The operation was aborted".into(), data: None };
+        let class = classify(&failure, SystemTime::UNIX_EPOCH);
+        let mut attempts = vec![AttemptRecord {
+            server: "lean".into(),
+            tool: "lean_leansearch".into(),
+            alternative: None,
+            failure: Some(failure),
+            classification: Some(class),
+            waited: Duration::ZERO,
+        }];
+        if recovered {
+            attempts.push(AttemptRecord {
+                server: "lean".into(),
+                tool: "lean_loogle".into(),
+                alternative: Some(0),
+                failure: None,
+                classification: None,
+                waited: Duration::ZERO,
+            });
+        }
+        Record { server: "lean".into(), tool: "lean_leansearch".into(), attempts, safe: true, stopped: None }
+    }
+
+    async fn lines(path: &Path, n: usize) -> Vec<Value> {
+        for _ in 0..200 {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if text.lines().count() >= n {
+                return text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("fewer than {n} lines in {}", path.display());
+    }
+
+    #[tokio::test]
+    async fn entries_follow_the_seed_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs/errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 1 << 20);
+        log.record(&record(true), "sess_1", SystemTime::UNIX_EPOCH + Duration::from_secs(1_769_600_000));
+        log.record(&record(false), "sess_1", SystemTime::UNIX_EPOCH);
+        let entries = lines(&path, 2).await;
+        let e = &entries[0];
+        assert!(e["id"].as_str().unwrap().starts_with("err_1769600000000_"));
+        assert_eq!(e["timestamp"], "2026-01-28T11:33:20.000Z");
+        assert_eq!(e["type"], "mcp_abort_error");
+        assert_eq!(e["severity"], "high");
+        assert_eq!(
+            e["message"],
+            "MCP tool lean_leansearch on server lean failed: JSON-RPC error -32001: AbortError: The operation was aborted"
+        );
+        assert_eq!(e["context"]["error_code"], -32001);
+        assert_eq!(e["context"]["tool_name"], "lean_leansearch");
+        assert_eq!(e["context"]["retry_attempted"], true);
+        assert_eq!(e["context"]["alternative_used"], "lean_loogle");
+        assert_eq!(e["context"]["session_id"], "sess_1");
+        assert_eq!(e["recovery"]["auto_recoverable"], true);
+        assert_eq!(e["fix_status"], "recovered");
+        assert_eq!(entries[1]["fix_status"], "unfixed");
+        assert_eq!(log.recent().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_file_is_rotated_past_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 2_000);
+        for _ in 0..20 {
+            log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
+        }
+        for _ in 0..200 {
+            if dir.path().join("errors.jsonl.1").exists() && log.recent().len() == 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(dir.path().join("errors.jsonl.1").exists());
+        assert!(std::fs::metadata(&path).unwrap().len() <= 2_000);
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_log_fails_no_call() {
+        let log = ErrorsLog::start("/proc/rebound-cannot-write-here/errors.jsonl".into(), 1 << 20);
+        log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
+        assert_eq!(log.recent().len(), 1);
+    }
+}

@@ -1,0 +1,128 @@
+//! The gateway's own surface for agents and operators: the tools `rebound_status` and
+//! `rebound_reset_breaker`, and the resources `rebound://status` and `rebound://errors`.
+//! `rebound.gateway_tools: false` switches them off.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceContents, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+
+use super::hub::Hub;
+
+pub const STATUS_TOOL: &str = "rebound_status";
+pub const RESET_TOOL: &str = "rebound_reset_breaker";
+pub const STATUS_URI: &str = "rebound://status";
+pub const ERRORS_URI: &str = "rebound://errors";
+
+fn schema(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+pub fn tools() -> Vec<Tool> {
+    vec![
+        Tool::new(STATUS_TOOL, "Rebound gateway: the state of every MCP server behind it (running, restarting, down), its circuit breaker and its call counters. Use it when a tool keeps failing.", schema(json!({"type": "object", "properties": {}})))
+            .with_annotations(ToolAnnotations::new().read_only(true).idempotent(true).open_world(false)),
+        Tool::new(RESET_TOOL, "Rebound gateway: close a server's circuit breaker now, so that calls reach it again before its open time is up (after you fixed the server).", schema(json!({"type": "object", "properties": {"server": {"type": "string", "description": "The server's name, as in rebound_status"}}, "required": ["server"]})))
+            .with_annotations(ToolAnnotations::new().read_only(false).idempotent(true).destructive(false).open_world(false)),
+    ]
+}
+
+pub fn resources() -> Vec<Resource> {
+    let mut status = Resource::new(STATUS_URI, "rebound-status").with_mime_type("application/json");
+    status.description = Some("The state of every server behind the gateway, as JSON".into());
+    let mut errors = Resource::new(ERRORS_URI, "rebound-errors").with_mime_type("application/x-ndjson");
+    errors.description = Some("The newest entries of the gateway's errors log, as JSON lines".into());
+    vec![status, errors]
+}
+
+/// Everything `rebound_status` reports. Server `env` and `headers` never appear here.
+pub fn status(hub: &Hub) -> Value {
+    let servers: Vec<Value> = hub
+        .servers
+        .values()
+        .map(|handle| {
+            let state = handle.state();
+            let tools = state.session.as_ref().map_or(0, |s| s.listing().tools.len());
+            let mut entry = json!({
+                "name": &*handle.name,
+                "status": state.status.as_str(),
+                "restarts": state.restarts,
+                "last_error": state.last_error,
+                "tools": tools,
+                "adapter": handle.config.adapter,
+            });
+            if let Some(policy) = hub.engine.policy(&handle.name) {
+                let b = policy.breaker.snapshot();
+                let c = &policy.counters;
+                entry["breaker"] = json!({
+                    "state": b.state,
+                    "consecutive_failures": b.consecutive_failures,
+                    "openings": b.openings,
+                    "retry_in_ms": b.retry_in.map(|d| d.as_millis() as u64),
+                    "window_calls": b.window_calls,
+                    "window_failures": b.window_failures,
+                });
+                entry["counters"] = json!({
+                    "calls": c.calls.load(Ordering::Relaxed),
+                    "attempts": c.attempts.load(Ordering::Relaxed),
+                    "failures": c.failures.load(Ordering::Relaxed),
+                    "retries": c.retries.load(Ordering::Relaxed),
+                    "recovered": c.recovered.load(Ordering::Relaxed),
+                    "fallbacks": c.fallbacks.load(Ordering::Relaxed),
+                    "shed_by_breaker": c.shed.load(Ordering::Relaxed),
+                });
+                entry["retry_budget"] = json!(policy.budget.tokens());
+            }
+            entry
+        })
+        .collect();
+    json!({
+        "gateway": {"version": env!("CARGO_PKG_VERSION"), "errors_log": hub.errors.path(), "errors_dropped": hub.errors.dropped()},
+        "servers": servers,
+    })
+}
+
+/// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.
+pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<CallToolResult> {
+    match name {
+        STATUS_TOOL => {
+            let s = status(hub);
+            let text = serde_json::to_string_pretty(&s).unwrap_or_default();
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            r.structured_content = Some(s);
+            Some(r)
+        }
+        RESET_TOOL => {
+            let server = arguments.and_then(|a| a.get("server")).and_then(Value::as_str).unwrap_or_default();
+            Some(match hub.engine.policy(server) {
+                Some(policy) => {
+                    policy.breaker.reset();
+                    tracing::info!(server, "circuit breaker reset by a client");
+                    CallToolResult::success(vec![ContentBlock::text(format!(
+                        "the circuit breaker of `{server}` is closed"
+                    ))])
+                }
+                None => {
+                    let known: Vec<&str> = hub.servers.keys().map(|k| &**k).collect();
+                    CallToolResult::error(vec![ContentBlock::text(format!(
+                        "no server `{server}`; the servers are: {}",
+                        known.join(", ")
+                    ))])
+                }
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Reads one of the gateway's own resources, or `None` if `uri` is not one.
+pub fn read(hub: &Hub, uri: &str) -> Option<ResourceContents> {
+    let text = match uri {
+        STATUS_URI => serde_json::to_string_pretty(&status(hub)).unwrap_or_default(),
+        ERRORS_URI => hub.errors.recent().iter().map(|e| format!("{e}\n")).collect(),
+        _ => return None,
+    };
+    let mime = if uri == STATUS_URI { "application/json" } else { "application/x-ndjson" };
+    Some(ResourceContents::text(text, uri).with_mime_type(mime))
+}
