@@ -8,7 +8,7 @@ use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{Value, json};
 
 use super::Failure;
-use super::classify::Classification;
+use super::classify::{Category, Classification};
 use super::engine::Record;
 use crate::transport::Status;
 
@@ -48,9 +48,9 @@ pub fn auto_recoverable(c: &Classification) -> bool {
 
 /// `partial`: the call may have run in part (it timed out or lost its connection in
 /// flight), so the agent should look before repeating it; `failed`: it did not happen.
-fn status(failure: &Failure) -> &'static str {
-    match failure {
-        Failure::Timeout { .. } | Failure::ConnectionLost { .. } => "partial",
+fn status(class: &Classification) -> &'static str {
+    match class.category {
+        Category::Timeout | Category::Transport => "partial",
         _ => "failed",
     }
 }
@@ -106,7 +106,7 @@ pub fn gave_up(record: &Record) -> CallToolResult {
     }
     text.push_str(&format!("\nWhat to do: {action}."));
     let data = json!({
-        "status": status(failure),
+        "status": status(class),
         "server": server,
         "tool": tool,
         "category": class.category.as_str(),

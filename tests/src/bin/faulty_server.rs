@@ -7,8 +7,9 @@
 //!
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
-//! restarts, and `DIR/cancelled` with one line per `notifications/cancelled`),
-//! `--crash-after N` (exits on the N-th tool call), `--start-delay MS` (reads nothing
+//! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
+//! `DIR/calls` with the name of every tool called), `--crash-after N` (exits on the
+//! N-th tool call), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop).
 
@@ -27,6 +28,8 @@ struct Server {
     extra_tools: Vec<Value>,
     crash_after: Option<u64>,
     calls: AtomicU64,
+    per_tool: Mutex<std::collections::HashMap<String, u64>>,
+    last_429: Mutex<Option<std::time::Instant>>,
     /// Whether `toggle_tool` has added its extra tool.
     toggled: AtomicBool,
     out: Mutex<std::io::Stdout>,
@@ -79,6 +82,8 @@ async fn main() {
         extra_tools,
         crash_after,
         calls: AtomicU64::new(0),
+        per_tool: Mutex::default(),
+        last_429: Mutex::default(),
         toggled: AtomicBool::new(false),
         out: Mutex::new(std::io::stdout()),
         next_id: AtomicU64::new(1),
@@ -250,6 +255,31 @@ impl Server {
                 json!({}),
             ),
             tool("toggle_tool", "Adds (or removes) the tool `extra` and announces list_changed", json!({}), json!({})),
+            tool(
+                "flaky",
+                "Fails every fifth call with -32001 (a transient abort)",
+                json!({"q": {"type": "string"}}),
+                ro.clone(),
+            ),
+            tool(
+                "flaky_write",
+                "Like flaky, without hints: not safe to replay",
+                json!({"q": {"type": "string"}}),
+                json!({}),
+            ),
+            tool("outage", "Answers 503 while the file `outage` exists in the state folder", json!({}), ro.clone()),
+            tool(
+                "rate_limited",
+                "Answers 429 with retry-after 1 s unless the last 429 was at least 1 s ago",
+                json!({}),
+                ro.clone(),
+            ),
+            tool(
+                "search",
+                "Always times out with -32001, like a lean search under load",
+                json!({"query": {"type": "string"}, "num_results": {"type": "integer"}}),
+                ro.clone(),
+            ),
         ];
         if self.toggled.load(Ordering::Relaxed) {
             tools.push(tool("extra", "Appears after toggle_tool", json!({}), ro));
@@ -266,7 +296,39 @@ impl Server {
         }
         let args = &params["arguments"];
         let name = params["name"].as_str().unwrap_or_default();
+        let nth = {
+            let mut counts = self.per_tool.lock().await;
+            let c = counts.entry(name.to_owned()).or_default();
+            *c += 1;
+            *c
+        };
+        if let Some(dir) = &self.state {
+            append(&dir.join("calls"), name);
+        }
         match name {
+            "flaky" | "flaky_write" if nth % 5 == 0 => Err((-32001, "AbortError: The operation was aborted".to_owned())),
+            "flaky" | "flaky_write" => Ok(text(format!("{}: {name} #{nth}", self.name))),
+            "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => {
+                Ok(json!({"content": [{"type": "text", "text": "503 Service Unavailable"}], "isError": true}))
+            }
+            "outage" => Ok(text(format!("{}: up", self.name))),
+            "rate_limited" => {
+                let mut last = self.last_429.lock().await;
+                match *last {
+                    Some(at) if at.elapsed() >= Duration::from_secs(1) => {
+                        *last = None;
+                        Ok(text(format!("{}: waited as asked", self.name)))
+                    }
+                    _ => {
+                        *last = Some(std::time::Instant::now());
+                        Ok(json!({"content": [{"type": "text", "text": "429 Too Many Requests: retry after 1 seconds"}], "isError": true}))
+                    }
+                }
+            }
+            "search" => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err((-32001, "AbortError: The operation was aborted".to_owned()))
+            }
             "echo" => Ok(text(format!("{}: {}", self.name, args["message"].as_str().unwrap_or("")))),
             "crash" => {
                 eprintln!("faulty-server: crashing as asked");

@@ -1,0 +1,188 @@
+//! End to end: the recovery engine through the gateway against the fault-injecting
+//! server: transient failures retried where safe, outages shed by the breaker, rate
+//! limits waited out, alternatives, the errors log and the gateway's own tools.
+
+use std::time::Duration;
+
+use rebound_tests::{Gateway, eventually, faulty, text};
+use serde_json::{Value, json};
+
+fn config(dir: &std::path::Path, recovery: Value) -> Value {
+    let mut server = faulty("a", dir, &[]);
+    server["recovery"] = recovery;
+    json!({
+        "mcpServers": {"a": server},
+        "rebound": {"errors_log": dir.join("errors.jsonl")},
+    })
+}
+
+fn calls_of(gw: &Gateway, tool: &str) -> usize {
+    gw.state("a", "calls").iter().filter(|c| *c == tool).count()
+}
+
+fn errors_log(gw: &Gateway) -> Vec<Value> {
+    std::fs::read_to_string(gw.dir.path().join("errors.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect()
+}
+
+async fn status(gw: &Gateway) -> Value {
+    gw.call("rebound_status", json!({})).await.structured_content.expect("structured status")
+}
+
+#[tokio::test]
+async fn transient_failures_of_a_read_only_tool_are_retried_with_little_extra_load() {
+    let gw = Gateway::start(|d| config(d, json!({"retry": {"initial_delay_ms": 1, "max_delay_ms": 5}}))).await;
+    let n = 200;
+    let mut ok = 0;
+    for i in 0..n {
+        let r = gw.call("flaky", json!({"q": i})).await;
+        ok += usize::from(r.is_error != Some(true));
+    }
+    let upstream = calls_of(&gw, "flaky");
+    assert!(ok * 100 >= n * 99, "{ok}/{n} succeeded");
+    assert!(upstream * 100 < n * 135, "{upstream} upstream calls for {n} client calls");
+    // Every failure is in the errors log, marked recovered.
+    let failures = upstream - n;
+    eventually("the errors log", || errors_log(&gw).len() == failures).await;
+    let log = errors_log(&gw);
+    assert!(log.iter().all(|e| e["type"] == "mcp_abort_error" && e["fix_status"] == "recovered"), "{log:?}");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn the_same_failures_on_a_tool_without_hints_are_not_replayed() {
+    let gw = Gateway::start(|d| config(d, json!({"retry": {"initial_delay_ms": 1}}))).await;
+    let n = 50;
+    let mut failed = Vec::new();
+    for i in 0..n {
+        let r = gw.call("flaky_write", json!({"q": i})).await;
+        if r.is_error == Some(true) {
+            failed.push(r);
+        }
+    }
+    assert_eq!(calls_of(&gw, "flaky_write"), n, "no call was replayed");
+    assert_eq!(failed.len(), n / 5);
+    let t = text(&failed[0]);
+    assert!(t.contains("not marked read-only or idempotent"), "{t}");
+    assert_eq!(failed[0].meta.as_ref().unwrap().0["rebound"]["status"], "partial");
+    eventually("the errors log", || errors_log(&gw).len() == n / 5).await;
+    assert!(errors_log(&gw).iter().all(|e| e["fix_status"] == "unfixed"));
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_total_outage_is_shed_by_the_breaker_which_closes_when_the_server_is_back() {
+    let gw = Gateway::start(|d| {
+        config(d, json!({"retry": {"initial_delay_ms": 1, "max_delay_ms": 2}, "breaker": {"open_ms": 300, "max_open_ms": 300}}))
+    })
+    .await;
+    let outage = gw.dir.path().join("a/outage");
+    std::fs::create_dir_all(outage.parent().unwrap()).unwrap();
+    std::fs::write(&outage, "").unwrap();
+    let mut shed = 0;
+    for _ in 0..100 {
+        let r = gw.call("outage", json!({})).await;
+        assert_eq!(r.is_error, Some(true));
+        shed += usize::from(text(&r).contains("circuit breaker is open"));
+    }
+    let upstream = calls_of(&gw, "outage");
+    assert!(upstream <= 10, "{upstream} upstream calls for 100 client calls");
+    assert!(shed >= 90, "{shed} calls answered by the open breaker");
+    let s = status(&gw).await;
+    assert_eq!(s["servers"][0]["breaker"]["state"], "open", "{s}");
+
+    std::fs::remove_file(&outage).unwrap();
+    let mut back = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if gw.call("outage", json!({})).await.is_error != Some(true) {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "calls never got through again");
+    gw.call("outage", json!({})).await;
+    assert_eq!(status(&gw).await["servers"][0]["breaker"]["state"], "closed");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_rate_limited_tool_waits_its_retry_after() {
+    let gw = Gateway::start(|d| config(d, json!({"retry": {"initial_delay_ms": 1, "max_delay_ms": 2}}))).await;
+    let r = gw.call("rate_limited", json!({})).await;
+    // The server answers only if the retry came a full second after its 429.
+    assert_eq!(text(&r), "a: waited as asked", "{r:?}");
+    assert_eq!(calls_of(&gw, "rate_limited"), 2);
+    let report = &r.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(report["status"], "recovered");
+    assert!(report["attempts"][1]["waited_ms"].as_u64().unwrap() >= 1000, "{report}");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_failing_tool_is_answered_by_its_configured_alternative() {
+    let gw = Gateway::start(|d| {
+        config(
+            d,
+            json!({
+                "retry": {"initial_delay_ms": 1, "max_delay_ms": 2},
+                "fallbacks": {"search": [{"tool": "echo", "arguments": {"message": "$query"}}]},
+            }),
+        )
+    })
+    .await;
+    let r = gw.call("search", json!({"query": "Nat.add_comm", "num_results": 5})).await;
+    assert_ne!(r.is_error, Some(true), "{r:?}");
+    let t = text(&r);
+    assert!(t.starts_with("a: Nat.add_comm"), "{t}");
+    assert!(t.contains("[rebound: answered by `echo` on `a` because `search` failed"), "{t}");
+    let by = &r.meta.as_ref().unwrap().0["rebound"]["answered_by"];
+    assert_eq!((by["tool"].as_str(), by["alternative"].as_bool()), (Some("echo"), Some(true)));
+    assert_eq!(calls_of(&gw, "search"), 3);
+    eventually("the errors log", || errors_log(&gw).len() == 3).await;
+    assert!(errors_log(&gw).iter().all(|e| e["context"]["alternative_used"] == "echo"));
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn the_gateway_reports_and_resets_its_breakers() {
+    let gw =
+        Gateway::start(|d| config(d, json!({"retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}}))).await;
+    assert!(gw.tool_names().await.iter().any(|t| t == "rebound_status"));
+    std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
+    std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
+    gw.call("outage", json!({})).await;
+    gw.call("outage", json!({})).await;
+    let s = status(&gw).await;
+    let a = &s["servers"][0];
+    assert_eq!(
+        (a["name"].as_str(), a["status"].as_str(), a["breaker"]["state"].as_str()),
+        (Some("a"), Some("ready"), Some("open"))
+    );
+    assert_eq!(a["counters"]["failures"], 2);
+    let reset = gw.call("rebound_reset_breaker", json!({"server": "a"})).await;
+    assert_eq!(text(&reset), "the circuit breaker of `a` is closed");
+    assert_eq!(status(&gw).await["servers"][0]["breaker"]["state"], "closed");
+    let unknown = gw.call("rebound_reset_breaker", json!({"server": "zz"})).await;
+    assert_eq!(unknown.is_error, Some(true));
+    // The errors resource has the failures.
+    let errors =
+        gw.client.peer().read_resource(rmcp::model::ReadResourceRequestParams::new("rebound://errors")).await.unwrap();
+    assert!(serde_json::to_string(&errors).unwrap().contains("mcp_server_unavailable"));
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn the_gateway_tools_can_be_switched_off() {
+    let gw = Gateway::start(|d| {
+        let mut c = config(d, json!({}));
+        c["rebound"]["gateway_tools"] = json!(false);
+        c
+    })
+    .await;
+    assert!(!gw.tool_names().await.iter().any(|t| t.starts_with("rebound_")));
+    gw.close().await;
+}
