@@ -86,7 +86,7 @@ impl ErrorsLog {
                     "alternative_used": alternative,
                 },
                 "recovery": {
-                    "suggested_action": suggested_action(&attempt.server, &attempt.tool, failure),
+                    "suggested_action": suggested_action(&attempt.server, &attempt.tool, failure, class),
                     "auto_recoverable": auto_recoverable(class),
                 },
                 "fix_status": if recovered { "recovered" } else { "unfixed" },

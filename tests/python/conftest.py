@@ -22,7 +22,7 @@ def gateway_config(tmp_path):
             "faulty": {
                 "command": str(BIN / "faulty-server"),
                 "args": ["--name", "faulty", "--state", str(tmp_path / "state")],
-                "recovery": {"tools": {"hang": {"timeout_ms": 500}}},
+                "recovery": {"tools": {"hang": {"timeout_ms": 500}}, "retry": {"initial_delay_ms": 10}},
             },
         },
         "rebound": {"restart": {"initial_delay_ms": 100}},

@@ -76,7 +76,14 @@ async fn the_same_failures_on_a_tool_without_hints_are_not_replayed() {
 #[tokio::test]
 async fn a_total_outage_is_shed_by_the_breaker_which_closes_when_the_server_is_back() {
     let gw = Gateway::start(|d| {
-        config(d, json!({"retry": {"initial_delay_ms": 1, "max_delay_ms": 2}, "breaker": {"open_ms": 300, "max_open_ms": 300}}))
+        config(
+            d,
+            json!({
+                "tools": {"outage": {"timeout_ms": 100}},
+                "retry": {"initial_delay_ms": 1, "max_delay_ms": 2},
+                "breaker": {"open_ms": 300, "max_open_ms": 300},
+            }),
+        )
     })
     .await;
     let outage = gw.dir.path().join("a/outage");
@@ -150,7 +157,7 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
 #[tokio::test]
 async fn the_gateway_reports_and_resets_its_breakers() {
     let gw =
-        Gateway::start(|d| config(d, json!({"retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}}))).await;
+        Gateway::start(|d| config(d, json!({"tools": {"outage": {"timeout_ms": 100}}, "retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}}))).await;
     assert!(gw.tool_names().await.iter().any(|t| t == "rebound_status"));
     std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
     std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
@@ -171,7 +178,7 @@ async fn the_gateway_reports_and_resets_its_breakers() {
     // The errors resource has the failures.
     let errors =
         gw.client.peer().read_resource(rmcp::model::ReadResourceRequestParams::new("rebound://errors")).await.unwrap();
-    assert!(serde_json::to_string(&errors).unwrap().contains("mcp_server_unavailable"));
+    assert!(serde_json::to_string(&errors).unwrap().contains("mcp_timeout"));
     gw.close().await;
 }
 

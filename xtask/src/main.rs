@@ -11,7 +11,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   test     install the test peers (npm, pip) and run every test
   demo     the gateway recovering real failures, end to end
-  setup    install the test peers only";
+  setup    install the test peers only
+  bench    the benchmarks, with their targets from DESIGN.md";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -21,6 +22,7 @@ fn main() -> Result<()> {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root),
         Some("setup") => setup(&root),
+        Some("bench") => bench(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
@@ -97,4 +99,9 @@ fn demo(root: &Path) -> Result<()> {
     setup(root)?;
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     run(Command::new(root.join("target/debug/rebound-demo")).current_dir(root))
+}
+
+fn bench(extra: &[String]) -> Result<()> {
+    let extra = extra.strip_prefix(&["--".to_owned()]).unwrap_or(extra);
+    run(cargo().args(["bench", "-p", "rebound", "--bench", "recovery", "--"]).args(extra))
 }

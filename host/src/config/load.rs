@@ -121,6 +121,21 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
         resolved.insert(name, server);
     }
 
+    for (name, server) in &resolved {
+        for (tool, alternatives) in &server.recovery.fallbacks {
+            for (i, alt) in alternatives.iter().enumerate() {
+                if let Some(other) = alt.server.as_deref().filter(|o| !resolved.contains_key(*o)) {
+                    let known: Vec<&str> = resolved.keys().map(String::as_str).collect();
+                    return Err(ctx.err(
+                        format!("mcpServers.{name}.recovery.fallbacks.{tool}[{i}].server"),
+                        format!("no server named \"{other}\""),
+                        format!("name one of the configured servers: {}", known.join(", ")),
+                    ));
+                }
+            }
+        }
+    }
+
     Ok(Config {
         source: path.to_path_buf(),
         servers: resolved,

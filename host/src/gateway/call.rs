@@ -66,7 +66,9 @@ pub async fn attempt(
     };
     hub.unmap_progress(session.id, &token);
     match outcome? {
-        ServerResult::CallToolResult(result) if result.is_error == Some(true) => Err(Failure::ToolError { result }),
+        ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
+            Err(Failure::ToolError { result: Box::new(result) })
+        }
         ServerResult::CallToolResult(result) => Ok(result),
         other => Err(Failure::Protocol { reason: format!("tools/call was answered with {}", variant_name(&other)) }),
     }

@@ -130,10 +130,10 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if self.hub.config.settings.gateway_tools {
-            if let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref()) {
-                return Ok(result.into());
-            }
+        if self.hub.config.settings.gateway_tools
+            && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
+        {
+            return Ok(result.into());
         }
         self.hub.settled().await;
         let catalogue = self.hub.catalogue();
@@ -220,10 +220,10 @@ impl ServerHandler for Gateway {
         request: ReadResourceRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        if self.hub.config.settings.gateway_tools {
-            if let Some(contents) = status::read(&self.hub, &request.uri) {
-                return Ok(ReadResourceResult::new(vec![contents]).into());
-            }
+        if self.hub.config.settings.gateway_tools
+            && let Some(contents) = status::read(&self.hub, &request.uri)
+        {
+            return Ok(ReadResourceResult::new(vec![contents]).into());
         }
         let server = self.resource_server(&request.uri)?;
         let session = self.session(&server, self.wait_for(&server)).await?;

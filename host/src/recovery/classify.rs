@@ -113,7 +113,9 @@ pub struct Classification {
     /// Whether the same call may succeed if made again (safety is decided separately).
     pub retryable: bool,
     pub retry_after: Option<Duration>,
-    /// Whether it says something about the server's health.
+    /// Whether it says the server itself is unhealthy: it did not answer in time, its
+    /// connection broke, or it broke the protocol. A server that answers with an error
+    /// is healthy, whatever the error.
     pub counts_for_breaker: bool,
     pub severity: Severity,
     pub kind: Kind,
@@ -156,14 +158,15 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         Failure::Rpc { code, message, data } => {
             let text = format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default());
             match *code {
-                ABORTED => C::Timeout.with(true, true, High, Bug),
+                // The server answered: its backend timed out, the server itself is fine.
+                ABORTED => C::Timeout.with(true, false, High, Bug),
                 -32700 | -32600 => C::Protocol.with(false, true, High, Bug),
                 -32601 => C::Capability.with(false, false, Medium, Config),
                 // SDKs answer an unknown tool name with -32602 too.
                 -32602 if mentions_unknown_tool(&text) => C::ToolNotFound.with(true, false, Medium, Config),
                 -32602 => C::ToolValidation.with(false, false, Low, User),
                 -32002 => C::ToolExecution.with(false, false, Medium, User),
-                _ => from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, true, Medium, Bug)),
+                _ => from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, Bug)),
             }
         }
         Failure::ToolError { result } => {
@@ -191,6 +194,11 @@ fn mentions_unknown_tool(text: &str) -> bool {
 }
 
 /// Transient conditions recognised in free text (HTTP status codes, common phrases).
+///
+/// None of them counts against the breaker: the text came from a server that answered,
+/// so what failed is behind one of its tools (a search API, a build), not the server.
+/// Opening the breaker would also shut off the server's other tools, which are often
+/// the alternatives (seed 000: `lean_leansearch` → `lean_loogle`).
 fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     use Category as C;
     use Kind::Bug;
@@ -207,9 +215,9 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
         "502 bad gateway",
         "504 gateway",
     ]) {
-        C::ServerUnavailable.with(true, true, High, Bug)
+        C::ServerUnavailable.with(true, false, High, Bug)
     } else if has(&["timed out", "timeout", "aborterror", "operation was aborted", "deadline exceeded"]) {
-        C::Timeout.with(true, true, High, Bug)
+        C::Timeout.with(true, false, High, Bug)
     } else if has(&[
         "econnrefused",
         "connection refused",
@@ -218,7 +226,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
         "broken pipe",
         "network is unreachable",
     ]) {
-        C::Connection.with(true, true, High, Bug)
+        C::Connection.with(true, false, High, Bug)
     } else {
         return None;
     };
@@ -260,24 +268,24 @@ mod tests {
     }
 
     fn tool_error(text: &str) -> Failure {
-        Failure::ToolError { result: CallToolResult::error(vec![ContentBlock::text(text)]) }
+        Failure::ToolError { result: Box::new(CallToolResult::error(vec![ContentBlock::text(text)])) }
     }
 
     #[test]
     fn the_hierarchy() {
         use Category::*;
         check(Failure::Timeout { after: Duration::from_secs(1) }, Timeout, true, true, false);
-        check(rpc(-32001, "AbortError: The operation was aborted"), Timeout, true, true, false);
+        check(rpc(-32001, "AbortError: The operation was aborted"), Timeout, true, false, false);
         check(rpc(-32602, "Invalid arguments: missing `query`"), ToolValidation, false, false, false);
         check(rpc(-32602, "Tool lean_foo not found"), ToolNotFound, true, false, false);
         check(rpc(-32601, "Method not found"), Capability, false, false, false);
         check(rpc(-32700, "Parse error"), Protocol, false, true, false);
-        check(rpc(-32603, "internal error"), ToolExecution, false, true, false);
-        check(rpc(-32603, "upstream returned 503 Service Unavailable"), ServerUnavailable, true, true, false);
+        check(rpc(-32603, "internal error"), ToolExecution, false, false, false);
+        check(rpc(-32603, "upstream returned 503 Service Unavailable"), ServerUnavailable, true, false, false);
         check(tool_error("disk full"), ToolExecution, false, false, false);
         check(tool_error("Error: 429 Too Many Requests"), RateLimit, true, false, false);
-        check(tool_error("request timed out after 30s"), Timeout, true, true, false);
-        check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, true, false);
+        check(tool_error("request timed out after 30s"), Timeout, true, false, false);
+        check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, false, false);
         check(Failure::ConnectionLost { reason: "eof".into() }, Transport, true, true, false);
         check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);

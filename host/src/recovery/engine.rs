@@ -213,7 +213,7 @@ impl Engine {
             if passthrough {
                 // A healthy server said no: the agent gets the tool's own answer.
                 let Failure::ToolError { result } = failure else { unreachable!() };
-                return (Ending::Answered(result), record);
+                return (Ending::Answered(*result), record);
             }
             if matches!(class.category, Category::Cancelled) {
                 record.stopped = Some("the client cancelled the call".into());
@@ -232,10 +232,10 @@ impl Engine {
             }
         }
 
-        if let Some((_, class)) = record.last_failure() {
-            if !falls_back(&class.category) {
-                return (Ending::GaveUp, record);
-            }
+        if let Some((_, class)) = record.last_failure()
+            && !falls_back(&class.category)
+        {
+            return (Ending::GaveUp, record);
         }
         let alternatives = recovery.fallbacks.get(&tool).cloned().unwrap_or_default();
         for (i, alt) in alternatives.iter().enumerate() {

@@ -15,7 +15,7 @@ pub enum Failure {
     /// A JSON-RPC error from the server.
     Rpc { code: i32, message: String, data: Option<Value> },
     /// The tool answered with `isError: true`.
-    ToolError { result: CallToolResult },
+    ToolError { result: Box<CallToolResult> },
     /// The connection was lost while the call was in flight: it may or may not have run.
     ConnectionLost { reason: String },
     /// The call never left the gateway: the server was not running.

@@ -13,31 +13,50 @@ use super::engine::Record;
 use crate::transport::Status;
 
 /// The next step for the agent after `failure` of `tool` on `server`.
-pub fn suggested_action(server: &str, tool: &str, failure: &Failure) -> String {
-    match failure {
-        Failure::Timeout { .. } => format!(
-            "the request was cancelled; call `{tool}` again later or with a smaller input, and if it keeps timing out raise `recovery.tools.{tool}.timeout_ms` for server `{server}`"
-        ),
-        Failure::ConnectionLost { .. } => format!(
-            "the `{server}` server is being restarted; check whether the interrupted call took effect, then call `{tool}` again"
-        ),
-        Failure::Unavailable { status: Status::Down, .. } => format!(
+pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Classification) -> String {
+    match (&class.category, failure) {
+        (_, Failure::Unavailable { status: Status::Down, .. }) => format!(
             "the `{server}` server crashed repeatedly and is marked down; Rebound tries to start it again periodically; check its command and its stderr in the gateway's log"
         ),
-        Failure::Unavailable { .. } | Failure::SendFailed { .. } => format!(
+        (_, Failure::Unavailable { .. } | Failure::SendFailed { .. }) => format!(
             "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
         ),
-        Failure::CircuitOpen { .. } => format!(
+        (_, Failure::ConnectionLost { .. }) => format!(
+            "the `{server}` server is being restarted; check whether the interrupted call took effect, then call `{tool}` again"
+        ),
+        (_, Failure::Timeout { .. }) => format!(
+            "the request was cancelled and may or may not have taken effect; check, then call `{tool}` again later or with a smaller input; if it keeps timing out raise `recovery.tools.{tool}.timeout_ms` for server `{server}`"
+        ),
+        (Category::Timeout, _) => format!(
+            "`{tool}` timed out inside the server and may or may not have taken effect; check, then call it again later or with a smaller input, or use another tool"
+        ),
+        (Category::CircuitOpen, _) => format!(
             "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"
         ),
-        Failure::Rpc { code: -32602, .. } => {
+        (Category::RateLimit, _) => match class.retry_after {
+            Some(after) => format!(
+                "`{tool}` is rate-limited; wait {} s before calling it again, or use another tool",
+                after.as_secs_f64().ceil()
+            ),
+            None => format!("`{tool}` is rate-limited; wait before calling it again, or use another tool"),
+        },
+        (Category::ToolValidation, _) => {
             format!("check the arguments against `{tool}`'s input schema and call it again")
         }
-        Failure::Rpc { .. } | Failure::Protocol { .. } => format!(
-            "the `{server}` server could not run `{tool}`; try an alternative tool, or report the error to the server's maintainer"
+        (Category::ToolNotFound, _) => {
+            format!("the `{server}` server no longer offers `{tool}`; call tools/list and pick another tool")
+        }
+        (Category::Capability, _) => format!("the `{server}` server does not support this request; use another tool"),
+        (Category::Cancelled, _) => "nothing: the call was cancelled by the client".to_owned(),
+        (Category::ServerUnavailable | Category::Connection, _) => {
+            format!("a service behind `{tool}` is unavailable; try again later or use another tool")
+        }
+        (Category::Protocol, _) => format!(
+            "the `{server}` server broke the MCP protocol; try another tool and report the error to the server's maintainer"
         ),
-        Failure::ToolError { .. } => "read the tool's error above and adjust the call".to_owned(),
-        Failure::Cancelled => "nothing: the call was cancelled by the client".to_owned(),
+        _ => format!(
+            "read the error and adjust the call, or use another tool; if `{tool}` keeps failing, report it to the `{server}` server's maintainer"
+        ),
     }
 }
 
@@ -81,7 +100,7 @@ pub fn gave_up(record: &Record) -> CallToolResult {
             "rebound: `{tool}` on server `{server}` was not attempted"
         ))]);
     };
-    let action = suggested_action(server, tool, failure);
+    let action = suggested_action(server, tool, failure, class);
     let primary = record.attempts.iter().filter(|a| a.alternative.is_none()).count();
     let alternatives: Vec<String> = record
         .attempts

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use rebound_tests::{Gateway, root, text};
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn step(title: &str) {
     println!("\n\x1b[1m== {title}\x1b[0m");
@@ -12,15 +12,30 @@ fn step(title: &str) {
 
 fn show(label: &str, result: &rmcp::model::CallToolResult, took: std::time::Duration) {
     let status = if result.is_error == Some(true) { "\x1b[33misError\x1b[0m" } else { "\x1b[32mok\x1b[0m" };
-    println!("{label} -> {status} in {} ms", took.as_millis());
+    let how =
+        result.meta.as_ref().and_then(|m| m.0.get("rebound")).and_then(|r| r["status"].as_str()).unwrap_or("direct");
+    println!("{label} -> {status} ({how}) in {} ms", took.as_millis());
     for line in text(result).lines().take(6) {
         println!("   | {line}");
     }
 }
 
+async fn call(gw: &Gateway, label: &str, tool: &str, args: Value) -> rmcp::model::CallToolResult {
+    let t = Instant::now();
+    let r = gw.call(tool, args).await;
+    show(label, &r, t.elapsed());
+    r
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = root().join("tests/demo/rebound.json");
+    let root = root();
+    let config = root.join("tests/demo/rebound.json");
+    let state = root.join("target/demo-state");
+    let errors = root.join("target/demo-errors.jsonl");
+    let _ = std::fs::remove_dir_all(&state);
+    let _ = std::fs::remove_file(&errors);
+    std::fs::create_dir_all(&state)?;
     println!("Rebound demo: `rebound serve --config {}`", config.display());
     println!("(the gateway's own log goes to stderr, interleaved below)");
     let gw = Gateway::serve(&config, tempfile::tempdir()?).await;
@@ -34,36 +49,76 @@ async fn main() -> anyhow::Result<()> {
     );
 
     step("2. A real third-party server answers through the gateway");
-    let t = Instant::now();
-    let r = gw.call("get-sum", json!({"a": 2, "b": 40})).await;
-    show("everything.get-sum(2, 40)", &r, t.elapsed());
+    call(&gw, "everything.get-sum(2, 40)", "get-sum", json!({"a": 2, "b": 40})).await;
 
     step("3. A server crashes mid-call: the call fails at once, with a report, not a hang");
-    let t = Instant::now();
-    let r = gw.call("crash", json!({})).await;
-    show("flaky.crash()", &r, t.elapsed());
+    call(&gw, "flaky.crash()", "crash", json!({})).await;
 
     step("4. The supervisor restarted it: the next call just works");
-    let t = Instant::now();
-    let r = gw.call("flaky__echo", json!({"message": "I am back"})).await;
-    show("flaky.echo()", &r, t.elapsed());
+    call(&gw, "flaky.echo()", "flaky__echo", json!({"message": "I am back"})).await;
 
-    step("5. A call hangs: timed out after 2 s, cancelled upstream, reported");
+    step("5. Every fifth call of a read-only tool aborts with -32001: retried, nobody notices");
     let t = Instant::now();
+    let ok = futures_count(&gw, "flaky", 20).await;
+    println!("flaky() x20 -> {ok}/20 ok in {} ms", t.elapsed().as_millis());
+
+    step("6. The same failure on a tool without read-only/idempotent hints is not replayed");
+    for i in 0..5 {
+        let r = gw.call("flaky_write", json!({"q": i})).await;
+        if r.is_error == Some(true) {
+            show("flaky_write()", &r, std::time::Duration::ZERO);
+        }
+    }
+
+    step("7. A search that keeps aborting is answered by its alternative (config `fallbacks`)");
+    call(&gw, "flaky.search(\"Nat.add_comm\")", "search", json!({"query": "Nat.add_comm", "num_results": 5})).await;
+
+    step("8. A call hangs: timed out after 1 s, cancelled upstream, reported");
     let r = gw.call("hang", json!({})).await;
-    show("flaky.hang()", &r, t.elapsed());
+    show("flaky.hang() (3 attempts)", &r, std::time::Duration::ZERO);
 
-    step("6. Garbage on the server's stdout does not break the session");
-    let t = Instant::now();
-    let r = gw.call("garbage", json!({})).await;
-    show("flaky.garbage()", &r, t.elapsed());
+    step("9. A rate-limited tool: Rebound waits the server's retry-after, then succeeds");
+    call(&gw, "flaky.rate_limited()", "rate_limited", json!({})).await;
 
-    step("7. Unknown tools are the only protocol errors");
-    let err = gw.client.peer().call_tool(rmcp::model::CallToolRequestParams::new("no_such_tool")).await;
-    println!("no_such_tool -> {}", err.map(|_| "answered?".to_owned()).unwrap_or_else(|e| e.to_string()));
+    step("10. A total outage: the breaker opens and answers at once, without upstream traffic");
+    std::fs::write(state.join("outage"), "")?;
+    for i in 0..6 {
+        let t = Instant::now();
+        let r = gw.call("outage", json!({})).await;
+        let first = text(&r).lines().next().unwrap_or_default().to_owned();
+        println!(
+            "outage() #{i} -> {} in {} ms: {first}",
+            if r.is_error == Some(true) { "isError" } else { "ok" },
+            t.elapsed().as_millis()
+        );
+    }
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap_or_default();
+    let flaky =
+        status["servers"].as_array().and_then(|s| s.iter().find(|s| s["name"] == "flaky")).cloned().unwrap_or_default();
+    println!("rebound_status: breaker {} , counters {}", flaky["breaker"], flaky["counters"]);
+    std::fs::remove_file(state.join("outage"))?;
+    println!("(server back; waiting for the breaker's probe)");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    call(&gw, "outage() after recovery", "outage", json!({})).await;
 
-    step("8. Shutdown: children get stdin closed, SIGTERM, SIGKILL; nothing is left behind");
+    step("11. Every failure is in the errors log (seed 000/003 schema)");
+    let log = std::fs::read_to_string(&errors).unwrap_or_default();
+    println!("{}: {} entries; the first:", errors.display(), log.lines().count());
+    if let Some(first) = log.lines().next() {
+        let v: Value = serde_json::from_str(first)?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+
+    step("12. Shutdown: children get stdin closed, SIGTERM, SIGKILL; nothing is left behind");
     let status = gw.close().await;
     println!("gateway exited: {status}");
     Ok(())
+}
+
+async fn futures_count(gw: &Gateway, tool: &str, n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        ok += usize::from(gw.call(tool, json!({"q": i})).await.is_error != Some(true));
+    }
+    ok
 }

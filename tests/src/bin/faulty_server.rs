@@ -267,7 +267,7 @@ impl Server {
                 json!({"q": {"type": "string"}}),
                 json!({}),
             ),
-            tool("outage", "Answers 503 while the file `outage` exists in the state folder", json!({}), ro.clone()),
+            tool("outage", "Never answers while the file `outage` exists in the state folder", json!({}), ro.clone()),
             tool(
                 "rate_limited",
                 "Answers 429 with retry-after 1 s unless the last 429 was at least 1 s ago",
@@ -308,9 +308,8 @@ impl Server {
         match name {
             "flaky" | "flaky_write" if nth % 5 == 0 => Err((-32001, "AbortError: The operation was aborted".to_owned())),
             "flaky" | "flaky_write" => Ok(text(format!("{}: {name} #{nth}", self.name))),
-            "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => {
-                Ok(json!({"content": [{"type": "text", "text": "503 Service Unavailable"}], "isError": true}))
-            }
+            // A server that stops answering: the outage a breaker is for.
+            "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => std::future::pending().await,
             "outage" => Ok(text(format!("{}: up", self.name))),
             "rate_limited" => {
                 let mut last = self.last_429.lock().await;

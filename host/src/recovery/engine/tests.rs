@@ -11,11 +11,14 @@ use super::*;
 use crate::config::{Launch, StdioLaunch, ToolRecovery};
 use crate::recovery::clock::TokioClock;
 
+/// One upstream call: tool, when, its timeout, its arguments.
+type Call = (String, Instant, Duration, Option<JsonObject>);
+
 /// Answers from a script per tool; an exhausted script answers `ok`. Records every call.
 #[derive(Default)]
 struct Script {
     answers: Mutex<HashMap<String, VecDeque<Result<CallToolResult, Failure>>>>,
-    calls: Mutex<Vec<(String, Instant, Duration, Option<JsonObject>)>>,
+    calls: Mutex<Vec<Call>>,
     tools: HashMap<String, Option<ToolAnnotations>>,
 }
 
@@ -24,7 +27,7 @@ fn ok(text: &str) -> Result<CallToolResult, Failure> {
 }
 
 fn tool_error(text: &str) -> Result<CallToolResult, Failure> {
-    Err(Failure::ToolError { result: CallToolResult::error(vec![ContentBlock::text(text)]) })
+    Err(Failure::ToolError { result: Box::new(CallToolResult::error(vec![ContentBlock::text(text)])) })
 }
 
 fn timeout() -> Result<CallToolResult, Failure> {
