@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::recovery::Failure;
-use crate::recovery::engine::Record;
+use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
 
 /// Entries kept in memory for `rebound://errors`.
@@ -53,7 +53,7 @@ impl ErrorsLog {
     /// Appends one entry per failed attempt of the call in `record`.
     pub fn record(&self, record: &Record, session: &str, now: SystemTime) {
         let recovered = record.answered_by().is_some();
-        let alternative = record.answered_by().filter(|a| a.alternative.is_some()).map(|a| a.tool.clone());
+        let alternative = record.answered_by().filter(|a| a.role == Role::Alternative).map(|a| a.tool.clone());
         let attempts = record.attempts.len();
         for (i, (attempt, failure, class)) in record.failures().enumerate() {
             let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
@@ -163,7 +163,7 @@ mod tests {
         let mut attempts = vec![AttemptRecord {
             server: "lean".into(),
             tool: "lean_leansearch".into(),
-            alternative: None,
+            role: Role::Primary,
             failure: Some(failure),
             classification: Some(class),
             waited: Duration::ZERO,
@@ -172,13 +172,20 @@ mod tests {
             attempts.push(AttemptRecord {
                 server: "lean".into(),
                 tool: "lean_loogle".into(),
-                alternative: Some(0),
+                role: Role::Alternative,
                 failure: None,
                 classification: None,
                 waited: Duration::ZERO,
             });
         }
-        Record { server: "lean".into(), tool: "lean_leansearch".into(), attempts, safe: true, stopped: None }
+        Record {
+            server: "lean".into(),
+            tool: "lean_leansearch".into(),
+            attempts,
+            safe: true,
+            stopped: None,
+            action: None,
+        }
     }
 
     async fn lines(path: &Path, n: usize) -> Vec<Value> {
@@ -228,8 +235,10 @@ mod tests {
         for _ in 0..20 {
             log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
         }
+        // The writer is done when the newest entry is in the current file.
+        let last = log.recent().last().unwrap()["id"].as_str().unwrap().to_owned();
         for _ in 0..200 {
-            if dir.path().join("errors.jsonl.1").exists() && log.recent().len() == 20 {
+            if std::fs::read_to_string(&path).is_ok_and(|t| t.contains(&last)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -12,6 +12,7 @@ pub mod classify;
 pub mod clock;
 pub mod engine;
 pub mod failure;
+pub mod plan;
 pub mod report;
 pub mod retry_after;
 

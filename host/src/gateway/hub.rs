@@ -109,6 +109,11 @@ impl Hub {
         hub
     }
 
+    /// The servers' adapters, as one advisor for the recovery engine.
+    pub fn advisor(&self) -> Option<&dyn crate::recovery::plan::Advisor> {
+        None
+    }
+
     pub fn catalogue(&self) -> Arc<Catalogue> {
         self.catalogue.read().expect("not poisoned").clone()
     }

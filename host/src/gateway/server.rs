@@ -145,8 +145,11 @@ impl ServerHandler for Gateway {
             ));
         };
         let upstreams = Upstreams { hub: &self.hub, cx: &cx };
-        let (ending, record) =
-            self.hub.engine.run(&upstreams, route.server.clone(), route.name.clone(), request.arguments).await;
+        let (ending, record) = self
+            .hub
+            .engine
+            .run(&upstreams, self.hub.advisor(), route.server.clone(), route.name.clone(), request.arguments)
+            .await;
         if record.failures().next().is_some() {
             self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());
             if let Some((failure, class)) = record.last_failure() {
@@ -360,6 +363,17 @@ impl Upstream for Upstreams<'_> {
                 progress_extends_timeout: handle.config.recovery.progress_extends_timeout,
             };
             attempt(self.hub, &session, &tool, arguments, how, self.cx).await
+        })
+    }
+
+    fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
+        let server = server.to_owned();
+        Box::pin(async move {
+            if let Some(handle) = self.hub.servers.get(server.as_str()) {
+                if let Err(nr) = handle.restart(within).await {
+                    tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
+                }
+            }
         })
     }
 

@@ -122,11 +122,23 @@ pub struct Classification {
     /// Whether the failure proves the request never reached the server, which makes a
     /// retry safe even for a tool with side effects.
     pub not_delivered: bool,
+    /// What the agent should read first, when an adapter knows better than the failure's
+    /// own text.
+    pub message: Option<String>,
 }
 
 impl Classification {
     fn new(category: Category, retryable: bool, counts_for_breaker: bool, severity: Severity, kind: Kind) -> Self {
-        Self { category, retryable, retry_after: None, counts_for_breaker, severity, kind, not_delivered: false }
+        Self {
+            category,
+            retryable,
+            retry_after: None,
+            counts_for_breaker,
+            severity,
+            kind,
+            not_delivered: false,
+            message: None,
+        }
     }
 }
 

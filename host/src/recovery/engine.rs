@@ -23,6 +23,7 @@ use super::budget::RetryBudget;
 use super::classify::{Category, Classification, classify};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
+use super::plan::{self, Advisor, FailureContext, Step};
 use crate::config::{Alternative, RecoveryConfig, ServerConfig};
 
 /// The I/O the engine needs; the gateway provides it.
@@ -40,6 +41,8 @@ pub trait Upstream: Send + Sync {
     /// The annotations of a tool as its server publishes it, or `None` if it has no
     /// such tool (right now).
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>>;
+    /// Restarts `server` and waits (up to `within`) until it is ready again.
+    fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()>;
 }
 
 /// A server's counters, for `rebound_status`.
@@ -63,13 +66,23 @@ pub struct ServerPolicy {
     pub counters: Counters,
 }
 
+/// Why a tool was called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The tool the client asked for.
+    Primary,
+    /// An alternative that answers the same question.
+    Alternative,
+    /// A call for its effect, from a plan (`hol_interrupt`).
+    SideCall,
+}
+
 /// One attempt, as it went.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
     pub server: Arc<str>,
     pub tool: String,
-    /// `None` for the tool that was asked for, else the alternative's position.
-    pub alternative: Option<usize>,
+    pub role: Role,
     pub failure: Option<Failure>,
     pub classification: Option<Classification>,
     /// How long the engine waited before this attempt.
@@ -86,6 +99,8 @@ pub struct Record {
     pub safe: bool,
     /// Why the engine stopped trying, when it did.
     pub stopped: Option<String>,
+    /// The suggested action an adapter gave when it gave up.
+    pub action: Option<String>,
 }
 
 /// The end of a call.
@@ -107,13 +122,33 @@ impl Record {
         self.attempts.iter().filter_map(|a| Some((a, a.failure.as_ref()?, a.classification.as_ref()?)))
     }
 
-    /// The attempt that answered, if one did after a failure.
+    /// The attempt whose result is the answer, if one succeeded.
     pub fn answered_by(&self) -> Option<&AttemptRecord> {
-        self.attempts.last().filter(|a| a.failure.is_none())
+        self.attempts.last().filter(|a| a.failure.is_none() && a.role != Role::SideCall)
     }
 
+    /// Whether the answer came after a failure.
     pub fn recovered(&self) -> bool {
         self.answered_by().is_some() && self.attempts.len() > 1
+    }
+
+    fn push(
+        &mut self,
+        server: &Arc<str>,
+        tool: &str,
+        role: Role,
+        failed: Option<(Failure, Classification)>,
+        waited: Duration,
+    ) {
+        let (failure, classification) = failed.unzip();
+        self.attempts.push(AttemptRecord {
+            server: server.clone(),
+            tool: tool.to_owned(),
+            role,
+            failure,
+            classification,
+            waited,
+        });
     }
 }
 
@@ -163,9 +198,11 @@ impl Engine {
     }
 
     /// Runs `tool` on `server` until it succeeds, fails for good, or runs out of time.
+    /// `advisor` (the server's adapter) may refine classifications and supply plans.
     pub async fn run(
         &self,
         upstream: &dyn Upstream,
+        advisor: Option<&dyn Advisor>,
         server: Arc<str>,
         tool: String,
         arguments: Option<JsonObject>,
@@ -174,109 +211,135 @@ impl Engine {
         let recovery = &policy.recovery;
         let annotations = upstream.annotations(&server, &tool).flatten();
         let safe = is_idempotent(recovery, &tool, annotations.as_ref());
-        let deadline = super::clock::later(self.clock.now(), Duration::from_millis(recovery.deadline_for(&tool)));
-        let mut record =
-            Record { server: server.clone(), tool: tool.clone(), attempts: Vec::new(), safe, stopped: None };
+        let started = self.clock.now();
+        let deadline = super::clock::later(started, Duration::from_millis(recovery.deadline_for(&tool)));
+        let mut record = Record {
+            server: server.clone(),
+            tool: tool.clone(),
+            attempts: Vec::new(),
+            safe,
+            stopped: None,
+            action: None,
+        };
         policy.counters.calls.fetch_add(1, Ordering::Relaxed);
         policy.budget.deposit();
 
+        let mut primary = 0u32;
         let mut waited = Duration::ZERO;
-        for n in 0..recovery.retry.max_attempts {
+        'attempts: loop {
+            primary += 1;
             let timeout = Duration::from_millis(recovery.timeout_for(&tool));
             let outcome = self.attempt(upstream, policy, &server, &tool, arguments.clone(), timeout, deadline).await;
-            let (failure, class) = match outcome {
+            let (failure, builtin) = match outcome {
                 Ok(result) => {
-                    record.attempts.push(AttemptRecord {
-                        server: server.clone(),
-                        tool: tool.clone(),
-                        alternative: None,
-                        failure: None,
-                        classification: None,
-                        waited,
-                    });
-                    if n > 0 {
+                    record.push(&server, &tool, Role::Primary, None, waited);
+                    if primary > 1 {
                         policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(a) = advisor {
+                        a.observe(&server, &tool, arguments.as_ref(), &result);
                     }
                     return (Ending::Answered(result), record);
                 }
                 Err(f) => f,
             };
-            let passthrough = matches!(failure, Failure::ToolError { .. }) && !class.retryable;
-            record.attempts.push(AttemptRecord {
-                server: server.clone(),
-                tool: tool.clone(),
-                alternative: None,
-                failure: Some(failure.clone()),
-                classification: Some(class.clone()),
-                waited,
-            });
-            if passthrough {
-                // A healthy server said no: the agent gets the tool's own answer.
-                let Failure::ToolError { result } = failure else { unreachable!() };
-                return (Ending::Answered(*result), record);
-            }
-            if matches!(class.category, Category::Cancelled) {
+            let ctx = FailureContext {
+                server: &server,
+                tool: &tool,
+                arguments: arguments.as_ref(),
+                attempt: primary,
+                elapsed: self.clock.now().saturating_duration_since(started),
+                failure: &failure,
+            };
+            let class = advisor.and_then(|a| a.classify(&ctx, &builtin)).unwrap_or(builtin);
+            let advised = advisor.and_then(|a| a.plan(&ctx, &class));
+            record.push(&server, &tool, Role::Primary, Some((failure.clone(), class.clone())), waited);
+            if class.category == Category::Cancelled {
                 record.stopped = Some("the client cancelled the call".into());
                 return (Ending::GaveUp, record);
             }
-            match self.retry_delay(policy, &class, safe, n, deadline) {
-                Ok(delay) => {
-                    policy.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    self.clock.sleep(delay).await;
-                    waited = delay;
+            let steps = match advised {
+                Some(steps) => steps,
+                // A healthy server said no, and nobody knows better: the agent gets the
+                // tool's own answer.
+                None if matches!(failure, Failure::ToolError { .. }) && !class.retryable => {
+                    let Failure::ToolError { result } = failure else { unreachable!() };
+                    return (Ending::Answered(*result), record);
                 }
-                Err(why) => {
-                    record.stopped = Some(why);
-                    break;
-                }
-            }
-        }
-
-        if let Some((_, class)) = record.last_failure()
-            && !falls_back(&class.category)
-        {
-            return (Ending::GaveUp, record);
-        }
-        let alternatives = recovery.fallbacks.get(&tool).cloned().unwrap_or_default();
-        for (i, alt) in alternatives.iter().enumerate() {
-            if self.clock.now() >= deadline {
-                record.stopped = Some("the call's deadline passed".into());
-                break;
-            }
-            let alt_server: Arc<str> = alt.server.as_deref().map(Arc::from).unwrap_or_else(|| server.clone());
-            let Some(alt_policy) = self.servers.get(&alt_server) else {
-                continue;
+                None => plan::builtin(recovery, &tool, &class),
             };
-            if upstream.annotations(&alt_server, &alt.tool).is_none() {
-                continue; // this server version has no such tool
+            if steps.is_empty() && record.stopped.is_none() {
+                record.stopped = Some(format!("a {} failure has no recovery", class.category));
             }
-            alt_policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-            let args = map_arguments(alt, arguments.as_ref());
-            let timeout = Duration::from_millis(alt_policy.recovery.timeout_for(&alt.tool));
-            let outcome = self.attempt(upstream, alt_policy, &alt_server, &alt.tool, args, timeout, deadline).await;
-            let (failure, class) = match outcome {
-                Ok(result) => {
-                    record.attempts.push(AttemptRecord {
-                        server: alt_server,
-                        tool: alt.tool.clone(),
-                        alternative: Some(i),
-                        failure: None,
-                        classification: None,
-                        waited: Duration::ZERO,
-                    });
-                    policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
-                    return (Ending::Answered(result), record);
+            for step in steps {
+                match step {
+                    Step::Retry(delay) => match self.retry_delay(policy, &class, safe, primary - 1, deadline, delay) {
+                        Ok(d) => {
+                            policy.counters.retries.fetch_add(1, Ordering::Relaxed);
+                            self.clock.sleep(d).await;
+                            waited = d;
+                            continue 'attempts;
+                        }
+                        Err(why) => record.stopped = Some(why),
+                    },
+                    Step::SideCall { tool: side, arguments: args } => {
+                        let timeout = Duration::from_millis(recovery.timeout_for(&side));
+                        let outcome =
+                            self.attempt(upstream, policy, &server, &side, Some(args.clone()), timeout, deadline).await;
+                        match outcome {
+                            Ok(result) => {
+                                if let Some(a) = advisor {
+                                    a.observe(&server, &side, Some(&args), &result);
+                                }
+                                record.push(&server, &side, Role::SideCall, None, Duration::ZERO);
+                            }
+                            Err(f) => record.push(&server, &side, Role::SideCall, Some(f), Duration::ZERO),
+                        }
+                    }
+                    Step::Alternative { server: alt_server, tool: alt_tool, arguments: alt_args } => {
+                        if self.clock.now() >= deadline {
+                            record.stopped = Some("the call's deadline passed".into());
+                            break 'attempts;
+                        }
+                        let alt_server: Arc<str> =
+                            alt_server.as_deref().map(Arc::from).unwrap_or_else(|| server.clone());
+                        let Some(alt_policy) = self.servers.get(&alt_server) else { continue };
+                        if upstream.annotations(&alt_server, &alt_tool).is_none() {
+                            continue; // this server (or version of it) has no such tool
+                        }
+                        alt_policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                        let args = alt_args.or_else(|| {
+                            let configured = plan::configured(recovery, &tool, &alt_tool)?;
+                            map_arguments(configured, arguments.as_ref())
+                        });
+                        let args = args.or_else(|| arguments.clone());
+                        let timeout = Duration::from_millis(alt_policy.recovery.timeout_for(&alt_tool));
+                        let outcome = self
+                            .attempt(upstream, alt_policy, &alt_server, &alt_tool, args.clone(), timeout, deadline)
+                            .await;
+                        match outcome {
+                            Ok(result) => {
+                                record.push(&alt_server, &alt_tool, Role::Alternative, None, Duration::ZERO);
+                                policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                                if let Some(a) = advisor {
+                                    a.observe(&alt_server, &alt_tool, args.as_ref(), &result);
+                                }
+                                return (Ending::Answered(result), record);
+                            }
+                            Err(f) => record.push(&alt_server, &alt_tool, Role::Alternative, Some(f), Duration::ZERO),
+                        }
+                    }
+                    Step::Restart => {
+                        let within = deadline.saturating_duration_since(self.clock.now());
+                        upstream.restart(&server, within).await;
+                    }
+                    Step::GiveUp(action) => {
+                        record.action = Some(action);
+                        break 'attempts;
+                    }
                 }
-                Err(f) => f,
-            };
-            record.attempts.push(AttemptRecord {
-                server: alt_server,
-                tool: alt.tool.clone(),
-                alternative: Some(i),
-                failure: Some(failure),
-                classification: Some(class),
-                waited: Duration::ZERO,
-            });
+            }
+            break;
         }
         (Ending::GaveUp, record)
     }
@@ -337,6 +400,7 @@ impl Engine {
         safe: bool,
         n: u32,
         deadline: tokio::time::Instant,
+        asked: Option<Duration>,
     ) -> Result<Duration, String> {
         let retry = &policy.recovery.retry;
         if !class.retryable {
@@ -351,8 +415,8 @@ impl Engine {
         if n + 1 >= retry.max_attempts {
             return Err(format!("all {} attempts were used", retry.max_attempts));
         }
-        let jittered = backoff::full_jitter(retry, n, self.rng.unit());
-        let delay = class.retry_after.map_or(jittered, |after| after.max(jittered));
+        let base = asked.unwrap_or_else(|| backoff::full_jitter(retry, n, self.rng.unit()));
+        let delay = class.retry_after.map_or(base, |after| after.max(base));
         let remaining = deadline.saturating_duration_since(self.clock.now());
         if delay >= remaining {
             return Err(match class.retry_after {
@@ -365,12 +429,6 @@ impl Engine {
         }
         Ok(delay)
     }
-}
-
-/// Failures after which another tool is worth asking. A validation error would fail
-/// the same way there; a cancelled call is over.
-fn falls_back(category: &Category) -> bool {
-    !matches!(category, Category::ToolValidation | Category::Cancelled)
 }
 
 /// The alternative's arguments: `"$name"` copies the original argument `name`.

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::Failure;
 use super::classify::{Category, Classification};
-use super::engine::Record;
+use super::engine::{Record, Role};
 use crate::transport::Status;
 
 /// The next step for the agent after `failure` of `tool` on `server`.
@@ -82,7 +82,7 @@ fn attempts_data(record: &Record) -> Vec<Value> {
             json!({
                 "server": &*a.server,
                 "tool": a.tool,
-                "alternative": a.alternative.is_some(),
+                "role": match a.role { Role::Primary => "primary", Role::Alternative => "alternative", Role::SideCall => "side-call" },
                 "waited_ms": a.waited.as_millis() as u64,
                 "outcome": a.failure.as_ref().map_or("ok", Failure::kind),
                 "category": a.classification.as_ref().map(|c| c.category.as_str().to_owned()),
@@ -95,27 +95,35 @@ fn attempts_data(record: &Record) -> Vec<Value> {
 /// The `isError` result for a call where nothing worked.
 pub fn gave_up(record: &Record) -> CallToolResult {
     let (server, tool) = (&*record.server, record.tool.as_str());
-    let Some((failure, class)) = record.last_failure() else {
+    let primary_failure = record
+        .attempts
+        .iter()
+        .rev()
+        .filter(|a| a.role == Role::Primary)
+        .find_map(|a| Some((a.failure.as_ref()?, a.classification.as_ref()?)));
+    let Some((failure, class)) = primary_failure.or_else(|| record.last_failure()) else {
         return CallToolResult::error(vec![ContentBlock::text(format!(
             "rebound: `{tool}` on server `{server}` was not attempted"
         ))]);
     };
-    let action = suggested_action(server, tool, failure, class);
-    let primary = record.attempts.iter().filter(|a| a.alternative.is_none()).count();
+    let action = record.action.clone().unwrap_or_else(|| suggested_action(server, tool, failure, class));
+    let primary = record.attempts.iter().filter(|a| a.role == Role::Primary).count();
     let alternatives: Vec<String> = record
         .attempts
         .iter()
-        .filter(|a| a.alternative.is_some())
+        .filter(|a| a.role != Role::Primary)
         .map(|a| {
-            format!("`{}` on `{}` ({})", a.tool, a.server, a.failure.as_ref().map_or("ok".into(), Failure::message))
+            let what = if a.role == Role::SideCall { "called" } else { "tried" };
+            let how = a.failure.as_ref().map_or("ok".into(), Failure::message);
+            format!("{what} `{}` on `{}` ({how})", a.tool, a.server)
         })
         .collect();
     let mut text = format!(
-        "rebound: `{tool}` on server `{server}` failed ({}): {}.\nTried: {primary} attempt{} of `{tool}`",
+        "rebound: `{tool}` on server `{server}` failed ({}): {}.",
         class.category,
-        failure.message(),
-        if primary == 1 { "" } else { "s" },
+        class.message.clone().unwrap_or_else(|| failure.message()),
     );
+    text.push_str(&format!("\nTried: {primary} attempt{} of `{tool}`", if primary == 1 { "" } else { "s" }));
     if !alternatives.is_empty() {
         text.push_str(&format!(", then {}", alternatives.join(", then ")));
     }
@@ -133,7 +141,7 @@ pub fn gave_up(record: &Record) -> CallToolResult {
         "kind": class.kind.as_str(),
         "failure": { "kind": failure.kind(), "message": failure.message() },
         "attempts": attempts_data(record),
-        "alternatives_tried": record.attempts.iter().filter(|a| a.alternative.is_some()).map(|a| a.tool.clone()).collect::<Vec<_>>(),
+        "alternatives_tried": record.attempts.iter().filter(|a| a.role == Role::Alternative).map(|a| a.tool.clone()).collect::<Vec<_>>(),
         "retry_after_ms": class.retry_after.map(|d| d.as_millis() as u64),
         "suggested_action": action,
         "auto_recoverable": auto_recoverable(class),
@@ -152,11 +160,11 @@ pub fn recovered(mut result: CallToolResult, record: &Record) -> CallToolResult 
     let failures: Vec<&Failure> = record.attempts.iter().filter_map(|a| a.failure.as_ref()).collect();
     let data = json!({
         "status": "recovered",
-        "answered_by": { "server": &*by.server, "tool": by.tool, "alternative": by.alternative.is_some() },
+        "answered_by": { "server": &*by.server, "tool": by.tool, "alternative": by.role == Role::Alternative },
         "attempts": attempts_data(record),
-        "retries": record.attempts.iter().filter(|a| a.alternative.is_none()).count() - 1,
+        "retries": record.attempts.iter().filter(|a| a.role == Role::Primary).count().saturating_sub(1),
     });
-    if by.alternative.is_some() {
+    if by.role == Role::Alternative {
         // Agents read content more than `_meta`: say in words which tool answered.
         let why = failures.last().map(|f| f.message()).unwrap_or_default();
         result.content.push(ContentBlock::text(format!(

@@ -106,6 +106,7 @@ pub struct ServerHandle {
     pub config: ServerConfig,
     state: watch::Receiver<ServerState>,
     shutdown: CancellationToken,
+    restart: Arc<tokio::sync::Notify>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -143,6 +144,22 @@ impl ServerHandle {
         }
     }
 
+    /// Restarts a running server now (an adapter's plan asked for it) and waits up to
+    /// `within` for it to be ready again. A server that is not running is left to its
+    /// own restart.
+    pub async fn restart(&self, within: Duration) -> Result<Arc<Session>, NotReady> {
+        let before = self.state().session.map(|s| s.id);
+        self.restart.notify_waiters();
+        let mut rx = self.state.clone();
+        let fresh = rx.wait_for(|s| {
+            matches!(s.status, Status::Down | Status::Stopped)
+                || (s.status == Status::Ready
+                    && s.session.as_ref().is_some_and(|x| x.is_live() && Some(x.id) != before))
+        });
+        let _ = tokio::time::timeout(within, fresh).await;
+        self.ready_session(Duration::ZERO).await
+    }
+
     /// Stops the server and waits for its process to be gone.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
@@ -163,6 +180,7 @@ pub fn spawn_supervisor(
     let (tx, rx) =
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
     let shutdown = CancellationToken::new();
+    let restart = Arc::new(tokio::sync::Notify::new());
     let name: Arc<str> = config.name.as_str().into();
     let sup = Supervisor {
         name: name.clone(),
@@ -172,9 +190,10 @@ pub fn spawn_supervisor(
         init_timeout,
         tx,
         shutdown: shutdown.clone(),
+        restart: restart.clone(),
     };
     let task = tokio::spawn(sup.run());
-    ServerHandle { name, config, state: rx, shutdown, task: std::sync::Mutex::new(Some(task)) }
+    ServerHandle { name, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
 }
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
@@ -191,6 +210,7 @@ struct Supervisor {
     init_timeout: Duration,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
+    restart: Arc<tokio::sync::Notify>,
 }
 
 /// A running, initialised server.
@@ -246,6 +266,14 @@ impl Supervisor {
                         () = self.shutdown.cancelled() => {
                             conn.stop().await;
                             break;
+                        }
+                        () = self.restart.notified() => {
+                            // Asked for, not a crash: no backoff, no crash-loop count.
+                            tracing::info!(server = %self.name, "restarting on request");
+                            self.tx.send_modify(|s| s.status = Status::Restarting);
+                            conn.stop().await;
+                            first = false;
+                            continue;
                         }
                     };
                     conn.session.closed.cancel();

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::config::{Launch, StdioLaunch, ToolRecovery};
+use crate::recovery::classify::classify;
 use crate::recovery::clock::TokioClock;
 
 /// One upstream call: tool, when, its timeout, its arguments.
@@ -74,6 +75,11 @@ impl Upstream for Script {
         })
     }
 
+    fn restart(&self, server: &str, _within: Duration) -> BoxFuture<'_, ()> {
+        self.calls.lock().unwrap().push((format!("{server}/<restart>"), Instant::now(), Duration::ZERO, None));
+        Box::pin(async {})
+    }
+
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
         self.tools.get(&format!("{server}/{tool}")).cloned()
     }
@@ -98,7 +104,7 @@ fn seed_004() -> RecoveryConfig {
 }
 
 async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
-    e.run(up, "s".into(), tool.into(), Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())).await
+    e.run(up, None, "s".into(), tool.into(), Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())).await
 }
 
 fn answered(ending: &Ending) -> String {
@@ -240,7 +246,7 @@ async fn alternatives_are_tried_in_order_with_mapped_arguments() {
     let (ending, record) = run(&e, &up, "leansearch").await;
     assert_eq!(answered(&ending), "ok");
     let by = record.answered_by().unwrap();
-    assert_eq!((&*by.server, by.tool.as_str(), by.alternative), ("t", "finder", Some(2)));
+    assert_eq!((&*by.server, by.tool.as_str(), by.role), ("t", "finder", Role::Alternative));
     assert_eq!(up.calls("s/loogle")[0].2, Some(json!({"query": "x", "num_results": 3}).as_object().unwrap().clone()));
     assert_eq!(up.calls("t/finder")[0].2, Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone()));
 }
@@ -278,4 +284,112 @@ async fn the_budget_keeps_an_outage_from_multiplying_load() {
     }
     let calls = up.calls("s/read").len();
     assert!(calls <= 100 + 10 + 30, "{calls} upstream calls for 100 client calls");
+}
+
+/// An advisor with a fixed plan, recording what it observed.
+struct Planner {
+    plan: Vec<Step>,
+    reclassify: Option<Classification>,
+    observed: Mutex<Vec<String>>,
+}
+
+impl Advisor for Planner {
+    fn classify(&self, _: &FailureContext<'_>, _: &Classification) -> Option<Classification> {
+        self.reclassify.clone()
+    }
+
+    fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> Option<Vec<Step>> {
+        // Plans only for the first failure, like seed 000's "retry once".
+        (f.attempt == 1).then(|| self.plan.clone()).or(Some(vec![]))
+    }
+
+    fn observe(&self, server: &str, tool: &str, _: Option<&JsonObject>, _: &CallToolResult) {
+        self.observed.lock().unwrap().push(format!("{server}/{tool}"));
+    }
+}
+
+fn planner(plan: Vec<Step>) -> Planner {
+    Planner { plan, reclassify: None, observed: Mutex::default() }
+}
+
+async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (Ending, Record) {
+    e.run(up, Some(advisor), "s".into(), tool.into(), Some(json!({"session": "main"}).as_object().unwrap().clone()))
+        .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_can_interrupt_and_give_up_without_replaying() {
+    let up = Script::new(&[("s/hol_send", false), ("s/hol_interrupt", false)]).then("s/hol_send", vec![timeout()]);
+    let e = engine(&[server("s", seed_004())]);
+    let a = planner(vec![
+        Step::Retry(None), // not safe: the engine skips it
+        Step::SideCall {
+            tool: "hol_interrupt".into(),
+            arguments: json!({"session": "main"}).as_object().unwrap().clone(),
+        },
+        Step::GiveUp("the tactic was interrupted; try a smaller step".into()),
+    ]);
+    let (ending, record) = advised(&e, &up, &a, "hol_send").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/hol_send").len(), 1, "never replayed");
+    assert_eq!(up.calls("s/hol_interrupt")[0].2, Some(json!({"session": "main"}).as_object().unwrap().clone()));
+    assert_eq!(record.action.as_deref(), Some("the tactic was interrupted; try a smaller step"));
+    assert_eq!(record.attempts.iter().map(|a| a.role).collect::<Vec<_>>(), [Role::Primary, Role::SideCall]);
+    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_interrupt"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
+    let up = Script::new(&[("s/hol_send", false), ("s/hol_start", false)])
+        .then("s/hol_send", vec![tool_error("Session 'main' not found")]);
+    let e = engine(&[server("s", seed_004())]);
+    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    lost.retryable = true;
+    lost.not_delivered = true;
+    let a = Planner {
+        plan: vec![
+            Step::SideCall {
+                tool: "hol_start".into(),
+                arguments: json!({"workdir": "/w", "name": "main"}).as_object().unwrap().clone(),
+            },
+            Step::Retry(Some(Duration::ZERO)),
+        ],
+        reclassify: Some(lost),
+        observed: Mutex::default(),
+    };
+    let (ending, record) = advised(&e, &up, &a, "hol_send").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/hol_send").len(), 2);
+    assert!(record.recovered());
+    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_start", "s/hol_send"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_can_restart_the_server_and_name_alternatives_with_their_arguments() {
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(), timeout()]);
+    let e = engine(&[server("s", seed_004())]);
+    let a = planner(vec![
+        Step::Restart,
+        Step::Alternative {
+            server: None,
+            tool: "b".into(),
+            arguments: Some(json!({"x": 1}).as_object().unwrap().clone()),
+        },
+    ]);
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/<restart>").len(), 1);
+    assert_eq!(up.calls("s/b")[0].2, Some(json!({"x": 1}).as_object().unwrap().clone()));
+    assert_eq!(record.answered_by().unwrap().role, Role::Alternative);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_can_turn_a_tool_error_into_an_alternative() {
+    let up =
+        Script::new(&[("s/diag", true), ("s/goal", true)]).then("s/diag", vec![tool_error("diagnostics are blocked")]);
+    let e = engine(&[server("s", seed_004())]);
+    let a = planner(vec![Step::Alternative { server: None, tool: "goal".into(), arguments: None }]);
+    let (ending, _) = advised(&e, &up, &a, "diag").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/goal").len(), 1);
 }
