@@ -40,6 +40,10 @@ impl Upstream for Down {
         Box::pin(async { Err(Failure::ConnectionLost { reason: "down".into() }) })
     }
 
+    fn restart(&self, _: &str, _: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     fn annotations(&self, _: &str, _: &str) -> Option<Option<ToolAnnotations>> {
         Some(Some(ToolAnnotations::new().read_only(true)))
     }
@@ -65,7 +69,7 @@ fn open_breaker_answer(c: &mut Criterion) {
         policy.breaker.admit().unwrap().record(Outcome::Failure);
     }
     c.bench_function("engine answer while the breaker is open", |bench| {
-        bench.iter(|| rt.block_on(engine.run(&down, "s".into(), "t".into(), None)))
+        bench.iter(|| rt.block_on(engine.run(&down, None, "s".into(), "t".into(), None)))
     });
     assert_eq!(down.0.load(std::sync::atomic::Ordering::Relaxed), 0, "no upstream traffic while open");
 }

@@ -369,10 +369,9 @@ impl Upstream for Upstreams<'_> {
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
         let server = server.to_owned();
         Box::pin(async move {
-            if let Some(handle) = self.hub.servers.get(server.as_str()) {
-                if let Err(nr) = handle.restart(within).await {
-                    tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
-                }
+            let Some(handle) = self.hub.servers.get(server.as_str()) else { return };
+            if let Err(nr) = handle.restart(within).await {
+                tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
         })
     }
