@@ -4,5 +4,6 @@
 pub mod config;
 pub mod errors_log;
 pub mod gateway;
+pub mod plugins;
 pub mod recovery;
 pub mod transport;

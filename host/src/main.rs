@@ -68,13 +68,35 @@ fn check(path: PathBuf) -> Result<()> {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
             Launch::Http(h) => format!("http: {}", h.url),
         };
-        let adapter = server.adapter.as_deref().unwrap_or("built-in classifier");
+        let adapter = rebound::plugins::adapter_for(&config, server).unwrap_or("built-in classifier");
         println!(
             "  {name}: {launch}\n    adapter: {adapter}; timeout {} ms; {} attempts; breaker {}/{}",
             server.recovery.timeout_ms,
             server.recovery.retry.max_attempts,
             server.recovery.breaker.failure_threshold,
             server.recovery.breaker.open_ms,
+        );
+    }
+    let plugins = rebound::plugins::prepare(&config);
+    for (name, info, bytes, cached) in &plugins.loaded {
+        println!(
+            "  plugin {name}: {} {} ({} KiB{}) ok",
+            info.name,
+            info.version,
+            bytes / 1024,
+            if *cached { ", cached" } else { "" }
+        );
+    }
+    if !plugins.failures.is_empty() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (_, name, e) in &plugins.failures {
+            if seen.insert(name) {
+                eprintln!("error: plugin {name}: {e}");
+            }
+        }
+        anyhow::bail!(
+            "{} plugin(s) could not be loaded; `serve` would run those servers with the built-in classifier",
+            seen.len()
         );
     }
     println!("ok");
@@ -90,9 +112,11 @@ fn print_warnings(config: &Config) {
 fn serve(path: PathBuf) -> Result<()> {
     let config = config::load(&path)?;
     print_warnings(&config);
+    // Before the async runtime: loading runs each plugin once, synchronously.
+    let plugins = rebound::plugins::prepare(&config);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let outcome = runtime.block_on(async {
-        let hub = Hub::start(config);
+        let hub = Hub::start(config, plugins);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let serving = async {

@@ -9,9 +9,11 @@ use anyhow::{Context, Result, bail};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  test     install the test peers (npm, pip) and run every test
-  demo     the gateway recovering real failures, end to end
-  setup    install the test peers only
+  test                      install the test peers (npm, pip) and run every test
+  demo                      the gateway recovering real failures, end to end
+  build-plugins [--release] build plugins/* for wasm32-wasip2 into target/plugins/NAME.wasm
+  new-plugin NAME [--dir D] scaffold a third-party adapter in D/NAME (default plugins/NAME)
+  setup                     install the test peers only
   bench    the benchmarks, with their targets from DESIGN.md";
 
 fn main() -> Result<()> {
@@ -22,6 +24,15 @@ fn main() -> Result<()> {
         Some("test") => test(&root, &args[1..]),
         Some("demo") => demo(&root),
         Some("setup") => setup(&root),
+        Some("build-plugins") => build_plugins(&root, args.iter().any(|a| a == "--release")).map(|_| ()),
+        Some("new-plugin") => {
+            let name = args.get(1).context("usage: cargo xtask new-plugin NAME [--dir DIR]")?;
+            let dir = match args.iter().position(|a| a == "--dir") {
+                Some(i) => PathBuf::from(args.get(i + 1).context("--dir needs a folder")?),
+                None => root.join("plugins"),
+            };
+            new_plugin(&root, name, &dir).map(|_| ())
+        }
         Some("bench") => bench(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
@@ -83,12 +94,17 @@ fn modified(path: &Path) -> Result<std::time::SystemTime> {
 
 fn test(root: &Path, extra: &[String]) -> Result<()> {
     setup(root)?;
+    build_plugins(root, true)?;
+    build_wasm_crates(root, &root.join("tests/plugins"), &root.join("target/test-plugins"), true)?;
+    check_scaffold(root)?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
     // One build of everything first, so that the end-to-end tests find the binaries they
     // launch (`rebound`, the fault-injecting servers) next to them.
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     run(cargo().args(["test", "--workspace"]).args(extra))?;
+    // The plugins' own unit tests: their logic, natively, without a host.
+    run(cargo().args(["test", "--manifest-path", "plugins/Cargo.toml", "--target-dir", "target"]))?;
     run(Command::new(root.join("target/venv/bin/python"))
         .args(["-m", "pytest", "-q", "tests/python"])
         .env("REBOUND_BIN_DIR", root.join("target/debug")))?;
@@ -97,6 +113,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
 
 fn demo(root: &Path) -> Result<()> {
     setup(root)?;
+    build_plugins(root, true)?;
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     run(Command::new(root.join("target/debug/rebound-demo")).current_dir(root))
 }
@@ -105,3 +122,209 @@ fn bench(extra: &[String]) -> Result<()> {
     let extra = extra.strip_prefix(&["--".to_owned()]).unwrap_or(extra);
     run(cargo().args(["bench", "-p", "rebound", "--bench", "recovery", "--"]).args(extra))
 }
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+/// Adds the wasm target to the toolchain when it is missing.
+fn ensure_wasm_target() -> Result<()> {
+    let installed = Command::new("rustup").args(["target", "list", "--installed"]).output();
+    match installed {
+        Ok(out) if String::from_utf8_lossy(&out.stdout).lines().any(|l| l.trim() == WASM_TARGET) => Ok(()),
+        Ok(_) => run(Command::new("rustup").args(["target", "add", WASM_TARGET])),
+        // No rustup: the toolchain may still have the target; cargo will say if not.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Builds every crate under `plugins/` into `target/plugins/NAME.wasm`.
+fn build_plugins(root: &Path, release: bool) -> Result<Vec<PathBuf>> {
+    build_wasm_crates(root, &root.join("plugins"), &root.join("target/plugins"), release)
+}
+
+/// Builds each crate in a folder of `dir` as a component into `out/NAME.wasm`.
+fn build_wasm_crates(root: &Path, dir: &Path, out: &Path, release: bool) -> Result<Vec<PathBuf>> {
+    ensure_wasm_target()?;
+    std::fs::create_dir_all(out)?;
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("Cargo.toml").is_file())
+        .collect();
+    crates.sort();
+    let profile = if release { "release" } else { "debug" };
+    let mut built = Vec::new();
+    for krate in crates {
+        let name = krate.file_name().and_then(|n| n.to_str()).context("crate folder name")?.to_owned();
+        let mut cmd = cargo();
+        cmd.arg("rustc").arg("--manifest-path").arg(krate.join("Cargo.toml"));
+        cmd.args(["--target", WASM_TARGET, "--crate-type", "cdylib", "--quiet", "--target-dir"])
+            .arg(root.join("target"));
+        if release {
+            cmd.arg("--release");
+        }
+        run(&mut cmd)?;
+        let artifact =
+            root.join("target").join(WASM_TARGET).join(profile).join(format!("{}.wasm", name.replace('-', "_")));
+        let dest = out.join(format!("{name}.wasm"));
+        std::fs::copy(&artifact, &dest).with_context(|| format!("cannot copy {}", artifact.display()))?;
+        eprintln!("  {} ({} KiB)", dest.display(), std::fs::metadata(&dest)?.len() / 1024);
+        built.push(dest);
+    }
+    Ok(built)
+}
+
+/// Scaffolds a third-party adapter: a standalone crate with its own copy of the
+/// contract, an example implementation and a test of its logic.
+fn new_plugin(root: &Path, name: &str, dir: &Path) -> Result<PathBuf> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') {
+        bail!("`{name}` is not a plugin name\nhint: use lowercase letters, digits and `-`, e.g. `my-server-adapter`");
+    }
+    let krate = dir.join(name);
+    if krate.exists() {
+        bail!("{} already exists\nhint: pick another name or remove it", krate.display());
+    }
+    std::fs::create_dir_all(krate.join("src"))?;
+    std::fs::create_dir_all(krate.join("wit"))?;
+    std::fs::copy(root.join("wit/since_v0.1.0/adapter.wit"), krate.join("wit/adapter.wit"))?;
+    let ident = name.replace('-', "_");
+    std::fs::write(krate.join("Cargo.toml"), SCAFFOLD_MANIFEST.replace("{name}", name))?;
+    std::fs::write(krate.join("src/lib.rs"), SCAFFOLD_LIB.replace("{name}", name).replace("{ident}", &ident))?;
+    eprintln!(
+        "created {}\n  build: cargo xtask build-plugins --release (or cargo rustc --target wasm32-wasip2 --release --crate-type cdylib)\n  test:  cargo test --manifest-path {}",
+        krate.display(),
+        krate.join("Cargo.toml").display()
+    );
+    Ok(krate)
+}
+
+/// Scaffolds an adapter in target/, runs its test and builds it, as a newcomer would.
+fn check_scaffold(root: &Path) -> Result<()> {
+    let dir = root.join("target/scaffold-check");
+    let _ = std::fs::remove_dir_all(&dir);
+    let krate = new_plugin(root, "scaffold-probe", &dir)?;
+    run(cargo()
+        .arg("test")
+        .arg("--quiet")
+        .arg("--manifest-path")
+        .arg(krate.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(root.join("target")))?;
+    build_wasm_crates(root, &dir, &root.join("target/test-plugins"), true)?;
+    Ok(())
+}
+
+const SCAFFOLD_MANIFEST: &str = r#"[package]
+name = "{name}"
+description = "A Rebound adapter"
+version = "0.1.0"
+edition = "2024"
+
+# Standalone: not part of any other workspace.
+[workspace]
+
+[dependencies]
+wit-bindgen = { version = "0.61", default-features = false, features = ["macros", "realloc"] }
+
+# Components are shipped small: build with
+#   cargo rustc --target wasm32-wasip2 --release --crate-type cdylib
+[profile.release]
+opt-level = "z"
+lto = true
+codegen-units = 1
+panic = "abort"
+strip = true
+"#;
+
+const SCAFFOLD_LIB: &str = r#"//! {name}: a Rebound adapter. The contract is `wit/adapter.wit`; see PLUGINS.md.
+
+wit_bindgen::generate!({ world: "plugin", path: "wit", additional_derives: [PartialEq] });
+
+use exports::rebound::adapter::adapter::Guest;
+use rebound::adapter::types::{AdapterInfo, Category, Classification, CompletedCall, Failure, Outcome, Step};
+
+struct Adapter;
+
+/// Your server's knowledge of its failures, as plain functions you can test natively.
+pub fn classify_failure(failure: &Failure, builtin: &Classification) -> Option<Classification> {
+    match &failure.outcome {
+        // Example: this server says "busy" when it is overloaded; that is worth a retry.
+        Outcome::ToolError(text) if text.contains("busy") => Some(Classification {
+            category: Category::ServerUnavailable,
+            retryable: true,
+            message: Some("the server was busy".into()),
+            ..builtin.clone()
+        }),
+        _ => None,
+    }
+}
+
+pub fn plan_recovery(failure: &Failure, class: &Classification) -> Option<Vec<Step>> {
+    // Example: retry a busy server once after 500 ms, then give up with advice.
+    (class.category == Category::ServerUnavailable).then(|| {
+        let mut steps = Vec::new();
+        if failure.attempt == 1 {
+            steps.push(Step::Retry(Some(500)));
+        }
+        steps.push(Step::GiveUp("the server stayed busy; try again later".into()));
+        steps
+    })
+}
+
+impl Guest for Adapter {
+    fn info() -> AdapterInfo {
+        AdapterInfo { name: "{name}".into(), version: env!("CARGO_PKG_VERSION").into(), servers: vec![], tools: vec![] }
+    }
+
+    fn classify(failure: Failure, builtin: Classification) -> Option<Classification> {
+        classify_failure(&failure, &builtin)
+    }
+
+    fn plan(failure: Failure, class: Classification) -> Option<Vec<Step>> {
+        plan_recovery(&failure, &class)
+    }
+
+    fn observe(_call: CompletedCall) {
+        // Learn from successful calls here; keep what you learn with
+        // rebound::adapter::store::set, since every call runs in a fresh instance.
+    }
+}
+
+export!(Adapter);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rebound::adapter::types::Severity;
+
+    fn busy(attempt: u32) -> Failure {
+        Failure {
+            server: "example".into(),
+            tool: "query".into(),
+            arguments: "{}".into(),
+            attempt,
+            elapsed_ms: 0,
+            outcome: Outcome::ToolError("server busy, try later".into()),
+        }
+    }
+
+    fn builtin() -> Classification {
+        Classification {
+            category: Category::ToolExecution,
+            retryable: false,
+            retry_after_ms: None,
+            counts_for_breaker: false,
+            not_delivered: false,
+            severity: Severity::Medium,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn a_busy_server_is_retried_once() {
+        let class = classify_failure(&busy(1), &builtin()).expect("recognised");
+        assert!(class.retryable);
+        assert_eq!(plan_recovery(&busy(1), &class).unwrap()[0], Step::Retry(Some(500)));
+        assert!(matches!(plan_recovery(&busy(2), &class).unwrap()[..], [Step::GiveUp(_)]));
+    }
+}
+"#;

@@ -75,6 +75,12 @@ pub struct Settings {
     /// How long `serve` waits for servers to initialise before answering the client's
     /// `initialize`; servers still starting join later with `list_changed`.
     pub startup_timeout_ms: u64,
+    /// How long one adapter call may run.
+    pub plugin_timeout_ms: u64,
+    /// The most memory one adapter instance may use.
+    pub plugin_memory_mb: usize,
+    /// Where compiled adapters are cached (default `~/.cache/rebound/plugins`).
+    pub plugin_cache_dir: Option<PathBuf>,
     /// Whether the gateway offers its own tools and resources (`rebound_status`, …).
     pub gateway_tools: bool,
     /// The errors log is rotated (to `NAME.1`) when it grows past this.

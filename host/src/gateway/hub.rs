@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::catalogue::Catalogue;
 use crate::config::Config;
 use crate::errors_log::ErrorsLog;
+use crate::plugins::Prepared;
 use crate::recovery::clock::{Rng, TokioClock};
 use crate::recovery::engine::Engine;
 use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
@@ -38,6 +39,7 @@ pub struct Hub {
     pub servers: IndexMap<Arc<str>, ServerHandle>,
     pub engine: Engine,
     pub errors: Arc<ErrorsLog>,
+    pub plugins: Prepared,
     catalogue: RwLock<Arc<Catalogue>>,
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
@@ -58,7 +60,7 @@ struct HubRelay(Weak<Hub>);
 impl Hub {
     /// Starts supervising every configured server and returns at once; servers come up in
     /// parallel and join the catalogue as they do.
-    pub fn start(config: Config) -> Arc<Self> {
+    pub fn start(config: Config, plugins: Prepared) -> Arc<Self> {
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let relay: Arc<dyn Relay> = Arc::new(HubRelay(weak.clone()));
             let init_timeout = Duration::from_millis(config.settings.init_timeout_ms);
@@ -77,6 +79,7 @@ impl Hub {
                 servers,
                 engine,
                 errors,
+                plugins,
                 catalogue: RwLock::default(),
                 downstreams: Mutex::default(),
                 progress: Mutex::default(),
@@ -111,7 +114,7 @@ impl Hub {
 
     /// The servers' adapters, as one advisor for the recovery engine.
     pub fn advisor(&self) -> Option<&dyn crate::recovery::plan::Advisor> {
-        None
+        (!self.plugins.adapters.is_empty()).then_some(&self.plugins.adapters as _)
     }
 
     pub fn catalogue(&self) -> Arc<Catalogue> {

@@ -50,8 +50,11 @@ pub fn status(hub: &Hub) -> Value {
                 "restarts": state.restarts,
                 "last_error": state.last_error,
                 "tools": tools,
-                "adapter": handle.config.adapter,
+                "adapter": hub.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
             });
+            if let Some((_, name, e)) = hub.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
+                entry["adapter_error"] = json!(format!("{name}: {e}"));
+            }
             if let Some(policy) = hub.engine.policy(&handle.name) {
                 let b = policy.breaker.snapshot();
                 let c = &policy.counters;

@@ -237,7 +237,7 @@ impl Engine {
                         policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
                     }
                     if let Some(a) = advisor {
-                        a.observe(&server, &tool, arguments.as_ref(), &result);
+                        a.observe(&server, &tool, arguments.as_ref(), &result).await;
                     }
                     return (Ending::Answered(result), record);
                 }
@@ -251,8 +251,14 @@ impl Engine {
                 elapsed: self.clock.now().saturating_duration_since(started),
                 failure: &failure,
             };
-            let class = advisor.and_then(|a| a.classify(&ctx, &builtin)).unwrap_or(builtin);
-            let advised = advisor.and_then(|a| a.plan(&ctx, &class));
+            let class = match advisor {
+                Some(a) => a.classify(&ctx, &builtin).await.unwrap_or(builtin),
+                None => builtin,
+            };
+            let advised = match advisor {
+                Some(a) => a.plan(&ctx, &class).await,
+                None => None,
+            };
             record.push(&server, &tool, Role::Primary, Some((failure.clone(), class.clone())), waited);
             if class.category == Category::Cancelled {
                 record.stopped = Some("the client cancelled the call".into());
@@ -289,7 +295,7 @@ impl Engine {
                         match outcome {
                             Ok(result) => {
                                 if let Some(a) = advisor {
-                                    a.observe(&server, &side, Some(&args), &result);
+                                    a.observe(&server, &side, Some(&args), &result).await;
                                 }
                                 record.push(&server, &side, Role::SideCall, None, Duration::ZERO);
                             }
@@ -322,7 +328,7 @@ impl Engine {
                                 record.push(&alt_server, &alt_tool, Role::Alternative, None, Duration::ZERO);
                                 policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
                                 if let Some(a) = advisor {
-                                    a.observe(&alt_server, &alt_tool, args.as_ref(), &result);
+                                    a.observe(&alt_server, &alt_tool, args.as_ref(), &result).await;
                                 }
                                 return (Ending::Answered(result), record);
                             }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rmcp::model::{CallToolResult, JsonObject};
 
 use super::Failure;
@@ -38,11 +39,26 @@ pub struct FailureContext<'a> {
 }
 
 /// Server-specific knowledge: refines classifications, plans recovery, learns from
-/// successes. Implemented by the plugin host; every method may decline.
+/// successes. Implemented by the plugin host; every method may decline. Async because
+/// plugins run on blocking threads, off the runtime's workers.
 pub trait Advisor: Send + Sync {
-    fn classify(&self, failure: &FailureContext<'_>, builtin: &Classification) -> Option<Classification>;
-    fn plan(&self, failure: &FailureContext<'_>, classification: &Classification) -> Option<Vec<Step>>;
-    fn observe(&self, server: &str, tool: &str, arguments: Option<&JsonObject>, result: &CallToolResult);
+    fn classify(
+        &self,
+        failure: &FailureContext<'_>,
+        builtin: &Classification,
+    ) -> BoxFuture<'static, Option<Classification>>;
+    fn plan(
+        &self,
+        failure: &FailureContext<'_>,
+        classification: &Classification,
+    ) -> BoxFuture<'static, Option<Vec<Step>>>;
+    fn observe(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&JsonObject>,
+        result: &CallToolResult,
+    ) -> BoxFuture<'static, ()>;
 }
 
 /// The plan without an adapter: retry (where the engine finds it safe), then the

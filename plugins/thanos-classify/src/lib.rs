@@ -24,18 +24,26 @@ struct Thanos;
 /// What seed 004 says to do about each category, for the agent.
 pub fn advice(category: &Category) -> Option<&'static str> {
     Some(match category {
-        Category::Connection => "connection to the server failed; retried with backoff. If it persists, check that the server is running",
+        Category::Connection => {
+            "connection to the server failed; retried with backoff. If it persists, check that the server is running"
+        }
         Category::Transport => "the transport to the server failed; check the server process and its configuration",
         Category::Timeout => "the server did not answer in time; increase the timeout or check the server's health",
-        Category::Protocol => "the server broke the MCP protocol; report it to its maintainer and use an alternative server",
+        Category::Protocol => {
+            "the server broke the MCP protocol; report it to its maintainer and use an alternative server"
+        }
         Category::Initialization => "the server failed to initialise; check its version and configuration",
         Category::Capability => "the server lacks the capability for this; use a different server or approach",
-        Category::ToolNotFound => "the tool does not exist on the server (any more); refresh the tool list and check the name",
+        Category::ToolNotFound => {
+            "the tool does not exist on the server (any more); refresh the tool list and check the name"
+        }
         Category::ToolValidation => "the arguments were rejected; fix them against the tool's schema",
         Category::Configuration => "the MCP configuration is invalid; fix the configuration file",
         Category::Discovery => "no server configuration was found; create one in a searched location",
         Category::ServerUnavailable => "the server is unavailable or unhealthy; wait and retry, and check its logs",
-        Category::CircuitOpen => "the server's circuit breaker is open after repeated failures; wait for it or use a backup",
+        Category::CircuitOpen => {
+            "the server's circuit breaker is open after repeated failures; wait for it or use a backup"
+        }
         Category::RateLimit => "the server is rate-limiting; wait the time it asked for and throttle requests",
         Category::ToolExecution | Category::Cancelled | Category::Other(_) => return None,
     })
@@ -64,7 +72,12 @@ pub fn strategy(failure: &Failure, class: &Classification) -> Option<Vec<Step>> 
 
 impl Guest for Thanos {
     fn info() -> AdapterInfo {
-        AdapterInfo { name: "thanos-classify".into(), version: env!("CARGO_PKG_VERSION").into(), servers: vec![], tools: vec![] }
+        AdapterInfo {
+            name: "thanos-classify".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            servers: vec![],
+            tools: vec![],
+        }
     }
 
     fn classify(_failure: Failure, builtin: Classification) -> Option<Classification> {

@@ -294,17 +294,20 @@ struct Planner {
 }
 
 impl Advisor for Planner {
-    fn classify(&self, _: &FailureContext<'_>, _: &Classification) -> Option<Classification> {
-        self.reclassify.clone()
+    fn classify(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Classification>> {
+        let c = self.reclassify.clone();
+        Box::pin(async move { c })
     }
 
-    fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> Option<Vec<Step>> {
+    fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
         // Plans only for the first failure, like seed 000's "retry once".
-        (f.attempt == 1).then(|| self.plan.clone()).or(Some(vec![]))
+        let p = (f.attempt == 1).then(|| self.plan.clone()).or(Some(vec![]));
+        Box::pin(async move { p })
     }
 
-    fn observe(&self, server: &str, tool: &str, _: Option<&JsonObject>, _: &CallToolResult) {
+    fn observe(&self, server: &str, tool: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
         self.observed.lock().unwrap().push(format!("{server}/{tool}"));
+        Box::pin(async {})
     }
 }
 

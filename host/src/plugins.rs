@@ -1,0 +1,89 @@
+//! The adapter plugin host: WebAssembly components that carry one server's knowledge of
+//! its failures (`wit/since_v0.1.0/adapter.wit`), run sandboxed in wasmtime.
+//!
+//! One [`Runtime`] (engine, linker, compiled-component cache) loads each adapter once
+//! ([`load::load`]: checked, compiled or taken from the cache, pre-instantiated); every
+//! call then runs in a fresh store with a memory cap and an epoch deadline, on a blocking
+//! thread ([`adapter::Adapter`]). Faults are contained: logged with the plugin's stderr,
+//! answered with "no opinion" (so the built-in classifier stands), and a plugin that keeps
+//! faulting is quarantined for a while.
+
+pub mod adapter;
+mod bindings;
+pub mod load;
+pub mod runtime;
+mod state;
+
+pub use adapter::{Adapter, Adapters};
+pub use load::LoadError;
+pub use runtime::Runtime;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+
+/// The default adapter, used for servers that name none when its file is there.
+pub const DEFAULT_ADAPTER: &str = "thanos-classify";
+
+/// The adapters a configuration asks for, loaded (or why not).
+pub struct Prepared {
+    pub adapters: Adapters,
+    /// Per server: the adapter it was meant to have and why it does not.
+    pub failures: Vec<(String, String, String)>,
+    pub loaded: Vec<(String, load::Info, usize, bool)>,
+    pub runtime: Option<Arc<Runtime>>,
+}
+
+/// The adapter each server uses: its own, else the default when that file exists.
+pub fn adapter_for<'a>(config: &'a Config, server: &'a crate::config::ServerConfig) -> Option<&'a str> {
+    server.adapter.as_deref().or_else(|| {
+        config.settings.plugins_dir.join(format!("{DEFAULT_ADAPTER}.wasm")).is_file().then_some(DEFAULT_ADAPTER)
+    })
+}
+
+/// Loads every adapter `config` uses. Call it outside the async runtime: loading runs
+/// each plugin once. A plugin that fails to load is reported and its servers use the
+/// built-in classifier; nothing here fails the gateway.
+pub fn prepare(config: &Config) -> Prepared {
+    let mut prepared =
+        Prepared { adapters: Adapters::default(), failures: Vec::new(), loaded: Vec::new(), runtime: None };
+    let wanted: Vec<(&str, &str)> =
+        config.servers.values().filter_map(|s| Some((s.name.as_str(), adapter_for(config, s)?))).collect();
+    if wanted.is_empty() {
+        return prepared;
+    }
+    let limits = runtime::Limits {
+        memory: config.settings.plugin_memory_mb.saturating_mul(1 << 20),
+        timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
+    };
+    let runtime = match Runtime::new(limits, config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache)) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("the plugin runtime could not start ({e:#}); every server uses the built-in classifier");
+            return prepared;
+        }
+    };
+    let loads = load::load_all(&runtime, &config.settings.plugins_dir, wanted.iter().map(|(_, a)| *a));
+    for (name, result) in &loads {
+        match result {
+            Ok(l) => {
+                tracing::info!(adapter = %name, version = %l.info.version, "loaded {} ({} KiB{})", l.path.display(), l.bytes / 1024, if l.from_cache { ", compiled code from the cache" } else { "" });
+                prepared.loaded.push((name.clone(), l.info.clone(), l.bytes, l.from_cache));
+            }
+            Err(e) => tracing::error!(adapter = %name, "{e}"),
+        }
+    }
+    for (server, adapter) in wanted {
+        let config_json = &config.servers[server].adapter_config;
+        match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
+            Some(Ok(loaded)) => {
+                prepared.adapters.insert(server, Adapter::new(runtime.clone(), loaded, adapter, server, config_json))
+            }
+            Some(Err(e)) => prepared.failures.push((server.to_owned(), adapter.to_owned(), e.to_string())),
+            None => {}
+        }
+    }
+    prepared.runtime = Some(runtime);
+    prepared
+}

@@ -1,0 +1,244 @@
+//! Loading an adapter: read, check that it is a component that speaks a contract version
+//! this gateway supports and imports nothing it may not, compile it (or take it from the
+//! cache), and pre-instantiate it.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use wasmtime::Store;
+use wasmtime::component::Component;
+
+use super::bindings::{self, v0_1};
+use super::runtime::Runtime;
+use super::state::{CappedPipe, State};
+
+/// Imports an adapter may have (interface names without `@version`). Everything a Rust
+/// wasm32-wasip2 program imports through std is here, and granted nothing: no
+/// environment, no preopened folders, no network. Sockets and HTTP are refused.
+const ALLOWED_IMPORTS: &[&str] = &[
+    "rebound:adapter/types",
+    "rebound:adapter/host",
+    "rebound:adapter/store",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+];
+
+/// Why a plugin was not loaded. Each names the file and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(
+        "{path}: cannot read the plugin: {source}\nhint: build the plugins with `cargo xtask build-plugins`, or correct `rebound.plugins_dir`"
+    )]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{path}: not a WebAssembly component: {what}\nhint: build it for wasm32-wasip2 (`cargo rustc --target wasm32-wasip2 --release --crate-type cdylib`), which produces a component"
+    )]
+    NotComponent { path: PathBuf, what: String },
+    #[error(
+        "{path}: speaks {found}; this gateway speaks rebound:adapter@{supported}\nhint: rebuild the plugin against wit/since_v{supported}"
+    )]
+    Contract { path: PathBuf, found: String, supported: String },
+    #[error(
+        "{path}: imports `{import}`, which adapters may not use\nhint: adapters get no network and no host APIs beyond the contract's; remove the code that needs it"
+    )]
+    Forbidden { path: PathBuf, import: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A loaded adapter, ready to instantiate.
+pub struct Loaded {
+    pub path: PathBuf,
+    pub pre: v0_1::PluginPre<State>,
+    pub info: Info,
+    pub bytes: usize,
+    pub from_cache: bool,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded").field("path", &self.path).field("info", &self.info).finish()
+    }
+}
+
+/// What an adapter says about itself.
+#[derive(Debug, Clone)]
+pub struct Info {
+    pub name: String,
+    pub version: String,
+    pub servers: Vec<String>,
+    pub tools: Vec<String>,
+}
+
+/// Loads the adapter at `path`.
+pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    let not = |what: &str| LoadError::NotComponent { path: path.to_owned(), what: what.to_owned() };
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', 0x0d, 0, 1, 0]) => {}
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(not("it is a core WebAssembly module")),
+        Some([0, b'a', b's', b'm', ..]) => return Err(not("an unknown WebAssembly encoding")),
+        _ if bytes.is_empty() => return Err(not("the file is empty")),
+        _ => return Err(not("the file does not start with the WebAssembly magic number")),
+    }
+    let invalid = |message: String| LoadError::Invalid { path: path.to_owned(), message };
+    let (component, from_cache) = compile(runtime, &bytes).map_err(|e| invalid(format!("does not compile: {e:#}")))?;
+
+    let ty = component.component_type();
+    let engine = &runtime.engine;
+    for (name, _) in ty.imports(engine) {
+        let interface = name.split('@').next().unwrap_or(name);
+        if !ALLOWED_IMPORTS.contains(&interface) {
+            return Err(LoadError::Forbidden { path: path.to_owned(), import: name.to_owned() });
+        }
+    }
+    let supported = bindings::SUPPORTED[0].to_owned();
+    let exported: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+    let contract = exported.iter().find_map(|n| n.strip_prefix("rebound:adapter/adapter@"));
+    match contract {
+        Some(v) if compatible(v, &supported) => {}
+        Some(v) => {
+            return Err(LoadError::Contract { path: path.to_owned(), found: format!("rebound:adapter@{v}"), supported });
+        }
+        None => {
+            let found = if exported.is_empty() {
+                "no contract (it exports nothing)".to_owned()
+            } else {
+                format!("no contract it knows (it exports {})", exported.join(", "))
+            };
+            return Err(LoadError::Contract { path: path.to_owned(), found, supported });
+        }
+    }
+    let pre = runtime.linker.instantiate_pre(&component).map_err(|e| invalid(format!("cannot be linked: {e:#}")))?;
+    let pre = v0_1::PluginPre::new(pre).map_err(|e| invalid(format!("does not match the contract: {e:#}")))?;
+
+    // Ask it who it is, under the same limits as every call: a plugin that cannot
+    // answer that is broken.
+    let output = CappedPipe::new(4 << 10);
+    let state = State::new(
+        "loading".into(),
+        "-".into(),
+        "null".into(),
+        Default::default(),
+        output.clone(),
+        runtime.limits.memory,
+    );
+    let mut store = Store::new(engine, state);
+    store.limiter(|s| &mut s.limits);
+    let _running = runtime.running();
+    store.set_epoch_deadline(runtime.deadline_ticks());
+    let info = pre
+        .instantiate(&mut store)
+        .and_then(|p| p.rebound_adapter_adapter().call_info(&mut store))
+        .map_err(|e| invalid(format!("failed when asked for its info: {e}; its output: {}", output.text())))?;
+    Ok(Loaded {
+        path: path.to_owned(),
+        pre,
+        info: Info { name: info.name, version: info.version, servers: info.servers, tools: info.tools },
+        bytes: bytes.len(),
+        from_cache,
+    })
+}
+
+/// `found` can be served by the bindings of `supported`: same major (and, in 0.x,
+/// minor) version.
+fn compatible(found: &str, supported: &str) -> bool {
+    let parts = |v: &str| v.split('.').map(|p| p.parse::<u64>().unwrap_or(u64::MAX)).collect::<Vec<_>>();
+    let (f, s) = (parts(found), parts(supported));
+    match (f.as_slice(), s.as_slice()) {
+        ([0, fm, ..], [0, sm, ..]) => fm == sm,
+        ([fmaj, ..], [smaj, ..]) => fmaj == smaj,
+        _ => false,
+    }
+}
+
+/// Compiles `bytes`, through the cache when there is one.
+fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)> {
+    let engine = &runtime.engine;
+    let Some(dir) = runtime.cache_dir() else {
+        return Ok((Component::from_binary(engine, bytes)?, false));
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    let key = format!("{}-{:016x}-{}.cwasm", env!("CARGO_PKG_VERSION"), h.finish(), sha256_hex(bytes));
+    let file = dir.join(key);
+    if file.is_file() {
+        // SAFETY: the file is in a folder only this user can write (checked when the
+        // runtime started), named by the SHA-256 of the component and the engine's
+        // compatibility hash, and was written by `Component::serialize` below.
+        #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
+        let cached = unsafe { Component::deserialize_file(engine, &file) };
+        match cached {
+            Ok(c) => return Ok((c, true)),
+            Err(e) => {
+                tracing::warn!("discarding the cached plugin {}: {e}", file.display());
+                let _ = std::fs::remove_file(&file);
+            }
+        }
+    }
+    let component = Component::from_binary(engine, bytes)?;
+    if let Ok(serialized) = component.serialize() {
+        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, serialized).and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok((component, false))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Loads every adapter file the configuration names, keyed by adapter name.
+pub fn load_all<'a>(
+    runtime: &Arc<Runtime>,
+    dir: &Path,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<(String, Result<Loaded, LoadError>)> {
+    let mut seen = std::collections::BTreeSet::new();
+    names
+        .into_iter()
+        .filter(|n| seen.insert(n.to_string()))
+        .map(|n| (n.to_owned(), load(runtime, &dir.join(format!("{n}.wasm")))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compatible;
+
+    #[test]
+    fn contract_versions() {
+        assert!(compatible("0.1.0", "0.1.0"));
+        assert!(compatible("0.1.3", "0.1.0"));
+        assert!(!compatible("0.2.0", "0.1.0"));
+        assert!(!compatible("9.0.0", "0.1.0"));
+        assert!(compatible("1.4.0", "1.0.0"));
+        assert!(!compatible("junk", "0.1.0"));
+    }
+}

@@ -1,0 +1,156 @@
+//! What one plugin call's store holds: a WASI context that grants nothing, captured
+//! output, resource limits, and the host side of the `host` and `store` imports.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::v0_1::rebound::adapter::{host, store, types};
+
+/// Limits of the key-value store (documented in the WIT).
+const MAX_KEY: usize = 256;
+const MAX_VALUE: usize = 64 << 10;
+const MAX_KEYS: usize = 1024;
+
+/// A plugin's key-value store for one server; outlives instances.
+pub type Kv = Arc<Mutex<BTreeMap<String, String>>>;
+
+pub struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub limits: StoreLimits,
+    /// `adapter_config` as JSON text.
+    config: Arc<str>,
+    kv: Kv,
+    /// The adapter's name, for its log lines.
+    name: Arc<str>,
+    server: Arc<str>,
+}
+
+impl State {
+    pub fn new(name: Arc<str>, server: Arc<str>, config: Arc<str>, kv: Kv, output: CappedPipe, memory: usize) -> Self {
+        // Nothing is inherited: no environment, arguments, files or network; stdin is
+        // closed; stdout and stderr go to a capped buffer for the log.
+        let wasi = WasiCtxBuilder::new().stdout(output.clone()).stderr(output).build();
+        let limits = StoreLimitsBuilder::new().memory_size(memory).instances(32).tables(32).memories(4).build();
+        Self { wasi, table: ResourceTable::new(), limits, config, kv, name, server }
+    }
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl types::Host for State {}
+
+impl host::Host for State {
+    fn config(&mut self) -> String {
+        self.config.to_string()
+    }
+
+    fn log(&mut self, level: host::Level, message: String) {
+        let (adapter, server) = (&*self.name, &*self.server);
+        match level {
+            host::Level::Debug => tracing::debug!(target: "rebound::plugin", adapter, server, "{message}"),
+            host::Level::Info => tracing::info!(target: "rebound::plugin", adapter, server, "{message}"),
+            host::Level::Warn => tracing::warn!(target: "rebound::plugin", adapter, server, "{message}"),
+            host::Level::Error => tracing::error!(target: "rebound::plugin", adapter, server, "{message}"),
+        }
+    }
+}
+
+impl store::Host for State {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.kv.lock().expect("not poisoned").get(&key).cloned()
+    }
+
+    fn set(&mut self, key: String, value: String) -> bool {
+        let mut kv = self.kv.lock().expect("not poisoned");
+        if key.len() > MAX_KEY || value.len() > MAX_VALUE || (kv.len() >= MAX_KEYS && !kv.contains_key(&key)) {
+            return false;
+        }
+        kv.insert(key, value);
+        true
+    }
+
+    fn delete(&mut self, key: String) {
+        self.kv.lock().expect("not poisoned").remove(&key);
+    }
+
+    fn keys(&mut self, prefix: String) -> Vec<String> {
+        self.kv
+            .lock()
+            .expect("not poisoned")
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+}
+
+/// A plugin's stdout and stderr: kept up to a cap, the rest dropped. (A pipe that
+/// reports "full" would make the guest's `println!` panic: a chatty plugin must not trap.)
+#[derive(Clone)]
+pub struct CappedPipe {
+    buf: Arc<Mutex<Vec<u8>>>,
+    cap: usize,
+}
+
+impl CappedPipe {
+    pub fn new(cap: usize) -> Self {
+        Self { buf: Arc::default(), cap }
+    }
+
+    /// What was written, lossily as text, with a note when some was dropped.
+    pub fn text(&self) -> String {
+        let buf = self.buf.lock().expect("not poisoned");
+        let mut t = String::from_utf8_lossy(&buf).trim_end().to_owned();
+        if buf.len() >= self.cap {
+            t.push_str(" …(truncated)");
+        }
+        t
+    }
+}
+
+impl wasmtime_wasi::cli::IsTerminal for CappedPipe {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for CappedPipe {
+    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(tokio::io::sink())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::Pollable for CappedPipe {
+    async fn ready(&mut self) {}
+}
+
+impl wasmtime_wasi::p2::OutputStream for CappedPipe {
+    fn write(&mut self, bytes: bytes::Bytes) -> wasmtime_wasi::p2::StreamResult<()> {
+        let mut b = self.buf.lock().expect("not poisoned");
+        let room = self.cap.saturating_sub(b.len());
+        b.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> wasmtime_wasi::p2::StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> wasmtime_wasi::p2::StreamResult<usize> {
+        Ok(64 << 10)
+    }
+}
