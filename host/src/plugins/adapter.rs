@@ -23,7 +23,7 @@ const FAULT_LIMIT: usize = 3;
 const FAULT_WINDOW: Duration = Duration::from_secs(60);
 const QUARANTINE: Duration = Duration::from_secs(300);
 /// Output kept from one call, for the log.
-const OUTPUT_CAP: usize = 16 << 10;
+const OUTPUT_CAP: usize = 4 << 10;
 
 /// One adapter serving one server.
 pub struct Adapter {
@@ -112,7 +112,12 @@ impl Adapter {
             h.faults.pop_front();
         }
         tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; the built-in classifier is used instead");
-        h.last_fault = Some(format!("{what}: {message}"));
+        let mut last = format!("{what}: {message}");
+        if let Some((cut, _)) = last.char_indices().nth(500) {
+            last.truncate(cut);
+            last.push('…');
+        }
+        h.last_fault = Some(last);
         if h.faults.len() >= FAULT_LIMIT {
             h.quarantined_until = Some(now + QUARANTINE);
             tracing::error!(adapter = %self.name, server = %self.server, "adapter quarantined for {} s after {} faults", QUARANTINE.as_secs(), h.faults.len());

@@ -121,7 +121,11 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
     match contract {
         Some(v) if compatible(v, &supported) => {}
         Some(v) => {
-            return Err(LoadError::Contract { path: path.to_owned(), found: format!("rebound:adapter@{v}"), supported });
+            return Err(LoadError::Contract {
+                path: path.to_owned(),
+                found: format!("rebound:adapter@{v}"),
+                supported,
+            });
         }
         None => {
             let found = if exported.is_empty() {

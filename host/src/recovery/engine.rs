@@ -270,7 +270,13 @@ impl Engine {
                 // tool's own answer.
                 None if matches!(failure, Failure::ToolError { .. }) && !class.retryable => {
                     let Failure::ToolError { result } = failure else { unreachable!() };
-                    return (Ending::Answered(*result), record);
+                    let mut result = *result;
+                    // An adapter's word on the error goes along with it (hol-cursor: which
+                    // build log to read).
+                    if let Some(note) = &class.message {
+                        result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));
+                    }
+                    return (Ending::Answered(result), record);
                 }
                 None => plan::builtin(recovery, &tool, &class),
             };

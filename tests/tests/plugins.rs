@@ -1,0 +1,145 @@
+//! End to end: the adapter runtime. Misbehaving plugins (built by `cargo xtask test`
+//! into target/test-plugins) are contained while the gateway keeps answering; broken ones
+//! are rejected with the file and the reason.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rebound_tests::{Gateway, bin, faulty, root, text};
+use serde_json::{Value, json};
+
+fn test_plugins() -> PathBuf {
+    let dir = root().join("target/test-plugins");
+    assert!(
+        dir.join("misbehave.wasm").is_file(),
+        "run `cargo xtask test`, which builds the test plugins into {}",
+        dir.display()
+    );
+    dir
+}
+
+/// A gateway whose server `a` uses the `misbehave` plugin in `mode`.
+async fn misbehaving(mode: &str) -> Gateway {
+    let plugins = test_plugins();
+    let mode = mode.to_owned();
+    Gateway::start(move |dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": mode});
+        json!({
+            "mcpServers": {"a": a},
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 100, "plugin_memory_mb": 16, "plugin_cache_dir": dir.join("cache")},
+        })
+    })
+    .await
+}
+
+async fn adapter_status(gw: &Gateway) -> Value {
+    let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    s["servers"][0]["adapter"].clone()
+}
+
+#[tokio::test]
+async fn a_looping_plugin_is_stopped_at_its_deadline_and_quarantined() {
+    let gw = misbehaving("loop").await;
+    for i in 0..4 {
+        // `fail` makes the adapter classify, which loops; the tool's own error still
+        // comes back, from the built-in classifier.
+        let r = gw.call("fail", json!({"message": format!("disk full {i}")})).await;
+        assert_eq!(text(&r), format!("disk full {i}"));
+    }
+    let status = adapter_status(&gw).await;
+    assert_eq!(status["faults"], 3, "{status}");
+    assert!(status["quarantined_for_ms"].as_u64().unwrap() > 0, "{status}");
+    assert!(status["last_fault"].as_str().unwrap().contains("deadline"), "{status}");
+    assert_eq!(text(&gw.call("echo", json!({"message": "alive"})).await), "a: alive");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn memory_bombs_panics_and_floods_are_contained() {
+    // A flood of output is cut at the cap; writing it all takes longer than the deadline.
+    for (mode, fault) in [
+        ("memory", "trapped"),
+        ("panic", "panicked on purpose"),
+        ("huge-output", "deadline"),
+        ("huge-answer", "trapped"),
+    ] {
+        let gw = misbehaving(mode).await;
+        let r = gw.call("fail", json!({"message": "boom"})).await;
+        assert_eq!(text(&r), "boom", "{mode}");
+        let status = adapter_status(&gw).await;
+        let last = status["last_fault"].as_str().unwrap_or_default();
+        assert!(last.contains(fault) && last.len() < 1024, "{mode}: {}", &last[..last.len().min(300)]);
+        assert_eq!(text(&gw.call("echo", json!({"message": "alive"})).await), "a: alive", "{mode}");
+        gw.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_gets_no_files_and_no_environment() {
+    let gw = misbehaving("open-file").await;
+    let r = gw.call("fail", json!({"message": "nope"})).await;
+    // The plugin's classification (its message) travels with the tool's own error.
+    assert_eq!(text(&r), "nope\n[rebound: file=false env=0]");
+    gw.close().await;
+}
+
+fn check(plugins: &Path, adapter: &str) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rebound.json");
+    let json = json!({"mcpServers": {"a": {"command": "x", "adapter": adapter}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.path().join("cache")}});
+    std::fs::write(&config, json.to_string()).unwrap();
+    let out = Command::new(bin("rebound")).args(["check", "--config"]).arg(&config).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[test]
+fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(test_plugins().join("wrong-version.wasm"), dir.path().join("future.wasm")).unwrap();
+    std::fs::copy(test_plugins().join("sockets.wasm"), dir.path().join("sockets.wasm")).unwrap();
+    std::fs::write(dir.path().join("garbage.wasm"), b"#!/bin/sh\necho hi\n").unwrap();
+    std::fs::write(dir.path().join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    for (adapter, needles) in [
+        ("future", &["future.wasm", "speaks rebound:adapter@9.0.0", "this gateway speaks rebound:adapter@0.1.0"][..]),
+        ("sockets", &["sockets.wasm", "imports `wasi:sockets/"]),
+        ("garbage", &["garbage.wasm", "not a WebAssembly component", "magic number"]),
+        ("core", &["core.wasm", "core WebAssembly module"]),
+    ] {
+        let (ok, out) = check(dir.path(), adapter);
+        assert!(!ok, "{adapter} accepted: {out}");
+        for n in needles {
+            assert!(out.contains(n), "{n:?} not in: {out}");
+        }
+    }
+    let (ok, out) = check(&root().join("target/plugins"), "lean-fallback");
+    assert!(ok, "{out}");
+    assert!(out.contains("plugin lean-fallback: lean-fallback 0.1.0"), "{out}");
+}
+
+#[tokio::test]
+async fn serve_keeps_serving_with_a_broken_plugin() {
+    let plugins = test_plugins();
+    let gw = Gateway::start(move |dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("wrong-version");
+        json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}})
+    })
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "fine"})).await), "a: fine");
+    let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    assert!(s["servers"][0]["adapter_error"].as_str().unwrap().contains("rebound:adapter@9.0.0"), "{s}");
+    gw.close().await;
+}
+
+#[test]
+fn first_party_plugins_are_small_components() {
+    for name in ["lean-fallback", "hol-cursor", "thanos-classify"] {
+        let path = root().join("target/plugins").join(format!("{name}.wasm"));
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (cargo xtask build-plugins --release)", path.display()));
+        assert_eq!(&bytes[..8], b"\0asm\x0d\0\x01\0", "{name} is a component");
+        assert!(bytes.len() <= 256 << 10, "{name} is {} KiB", bytes.len() >> 10);
+    }
+}
