@@ -9,7 +9,8 @@
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
 //! `DIR/calls` with the name of every tool called), `--crash-after N` (exits on the
-//! N-th tool call), `--start-delay MS` (reads nothing
+//! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
+//! way seeds 000 and 001 describe, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop).
 
@@ -24,6 +25,9 @@ use tokio::sync::{Mutex, oneshot};
 
 struct Server {
     name: String,
+    emulate: Option<String>,
+    /// hol: session name → workdir. Lost when the process dies, as in hol4-mcp.
+    sessions: Mutex<std::collections::HashMap<String, String>>,
     state: Option<std::path::PathBuf>,
     extra_tools: Vec<Value>,
     crash_after: Option<u64>,
@@ -45,6 +49,7 @@ async fn main() {
     let mut crash_after = None;
     let mut state = None;
     let mut start_delay = 0;
+    let mut emulate = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -69,6 +74,7 @@ async fn main() {
                     std::process::exit(4);
                 });
             }
+            "--emulate" => emulate = Some(value()),
             "--start-delay" => start_delay = value().parse().expect("--start-delay takes milliseconds"),
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             other => panic!("unknown option {other}"),
@@ -78,6 +84,8 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(start_delay)).await;
     let server = Arc::new(Server {
         name,
+        emulate,
+        sessions: Mutex::default(),
         state,
         extra_tools,
         crash_after,
@@ -305,6 +313,9 @@ impl Server {
         if let Some(dir) = &self.state {
             append(&dir.join("calls"), name);
         }
+        if let Some(answer) = self.emulated(name, args).await {
+            return answer;
+        }
         match name {
             "flaky" | "flaky_write" if nth % 5 == 0 => Err((-32001, "AbortError: The operation was aborted".to_owned())),
             "flaky" | "flaky_write" => Ok(text(format!("{}: {name} #{nth}", self.name))),
@@ -391,4 +402,58 @@ impl Server {
 fn append(path: &std::path::Path, line: &str) {
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("state file is writable");
     writeln!(f, "{line}").expect("state file is writable");
+}
+
+impl Server {
+    /// Seeds 000 and 001: how lean-lsp-mcp and hol4-mcp fail.
+    ///
+    /// lean: the searches, `lean_state_search`, `lean_diagnostic_messages` and
+    /// `lean_local_search` abort with -32001 (contention); `lean_loogle`,
+    /// `lean_leanfinder`, `lean_hammer_premise` and `lean_goal` answer.
+    /// hol: sessions live in this process; `hol_send` on an unknown session says so, a
+    /// command containing `loop` never finishes (until `hol_interrupt`), `holmake` fails
+    /// building fooTheory.
+    async fn emulated(&self, name: &str, args: &Value) -> Option<Result<Value, (i64, String)>> {
+        let abort = || Err((-32001, "AbortError: The operation was aborted".to_owned()));
+        let s = |k: &str| args[k].as_str().unwrap_or_default().to_owned();
+        Some(match (self.emulate.as_deref()?, name) {
+            ("lean", "lean_leansearch" | "lean_state_search" | "lean_diagnostic_messages" | "lean_local_search") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                abort()
+            }
+            ("lean", "lean_loogle" | "lean_leanfinder") => {
+                Ok(text(format!("{name}: results for {} (at most {})", args["query"], args["num_results"])))
+            }
+            ("lean", "lean_hammer_premise" | "lean_goal") => {
+                Ok(text(format!("{name}: at {}:{}:{}", args["file_path"], args["line"], args["column"])))
+            }
+            ("hol", "hol_start") => {
+                let session = if args["name"].is_string() { s("name") } else { "default".to_owned() };
+                self.sessions.lock().await.insert(session.clone(), s("workdir"));
+                Ok(text(format!("HOL session `{session}` started in {}", s("workdir"))))
+            }
+            ("hol", "hol_send") => {
+                let session = if args["session"].is_string() { s("session") } else { "default".to_owned() };
+                if !self.sessions.lock().await.contains_key(&session) {
+                    return Some(Ok(
+                        json!({"content": [{"type": "text", "text": format!("Error: Session '{session}' not found. Use hol_start first.")}], "isError": true}),
+                    ));
+                }
+                if s("command").contains("loop") {
+                    std::future::pending::<()>().await;
+                }
+                Ok(text(format!("ok: {} in {session}", s("command"))))
+            }
+            ("hol", "hol_interrupt") => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("interrupted"), &s("session"));
+                }
+                Ok(text("interrupted"))
+            }
+            ("hol", "holmake") => Ok(
+                json!({"content": [{"type": "text", "text": "Holmake failed:\nFailed to build fooTheory\n"}], "isError": true}),
+            ),
+            _ => return None,
+        })
+    }
 }
