@@ -40,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
     println!("(the gateway's own log goes to stderr, interleaved below)");
     let gw = Gateway::serve(&config, tempfile::tempdir()?).await;
 
-    step("1. One catalogue from two servers");
+    step("1. One catalogue from four servers");
     let names = gw.tool_names().await;
     println!(
         "{} tools; colliding names are prefixed: {:?}",
@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
     call(&gw, "everything.get-sum(2, 40)", "get-sum", json!({"a": 2, "b": 40})).await;
 
     step("3. A server crashes mid-call: the call fails at once, with a report, not a hang");
-    call(&gw, "flaky.crash()", "crash", json!({})).await;
+    call(&gw, "flaky.crash()", "flaky__crash", json!({})).await;
 
     step("4. The supervisor restarted it: the next call just works");
     call(&gw, "flaky.echo()", "flaky__echo", json!({"message": "I am back"})).await;
@@ -101,7 +101,34 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     call(&gw, "outage() after recovery", "outage", json!({})).await;
 
-    step("11. Every failure is in the errors log (seed 000/003 schema)");
+    step("11. lean-fallback (seed 000): a search that aborts is retried once, then answered by its alternative");
+    call(
+        &gw,
+        "lean.lean_leansearch(\"Nat.add_comm\")",
+        "lean_leansearch",
+        json!({"query": "Nat.add_comm", "num_results": 3}),
+    )
+    .await;
+    call(
+        &gw,
+        "lean.lean_diagnostic_messages(A.lean:7)",
+        "lean_diagnostic_messages",
+        json!({"file_path": "A.lean", "start_line": 7}),
+    )
+    .await;
+
+    step("12. hol-cursor (seed 001): a hung hol_send is interrupted, never replayed");
+    call(&gw, "hol.hol_start(/proj, main)", "hol_start", json!({"workdir": "/proj", "name": "main"})).await;
+    call(&gw, "hol.hol_send(main, loop)", "hol_send", json!({"session": "main", "command": "e(loop_tac)"})).await;
+
+    step("13. hol-cursor: the HOL server crashes; the next hol_send works on the restored session");
+    call(&gw, "hol.crash()", "hol__crash", json!({})).await;
+    call(&gw, "hol.hol_send(main, simp)", "hol_send", json!({"session": "main", "command": "e(simp[])"})).await;
+
+    step("14. thanos-classify (seed 004), the default adapter: advice for a validation error");
+    call(&gw, "flaky.rpc_error(-32602)", "rpc_error", json!({"code": -32602, "message": "missing `path`"})).await;
+
+    step("15. Every failure is in the errors log (seed 000/003 schema)");
     let log = std::fs::read_to_string(&errors).unwrap_or_default();
     println!("{}: {} entries; the first:", errors.display(), log.lines().count());
     if let Some(first) = log.lines().next() {
@@ -109,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     }
 
-    step("12. Shutdown: children get stdin closed, SIGTERM, SIGKILL; nothing is left behind");
+    step("16. Shutdown: children get stdin closed, SIGTERM, SIGKILL; nothing is left behind");
     let status = gw.close().await;
     println!("gateway exited: {status}");
     Ok(())

@@ -223,6 +223,12 @@ impl Server {
 
     fn tools(&self) -> Vec<Value> {
         let ro = json!({"readOnlyHint": true});
+        if self.emulate.is_some() {
+            // The real server's tools, and a way to crash it.
+            let mut tools = self.extra_tools.clone();
+            tools.push(tool("crash", "Exits the server process without answering", json!({}), json!({})));
+            return tools;
+        }
         let mut tools = vec![
             tool(
                 "echo",
