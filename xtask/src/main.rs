@@ -33,7 +33,7 @@ fn main() -> Result<()> {
             };
             new_plugin(&root, name, &dir).map(|_| ())
         }
-        Some("bench") => bench(&args[1..]),
+        Some("bench") => bench(&root, &args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
@@ -118,8 +118,10 @@ fn demo(root: &Path) -> Result<()> {
     run(Command::new(root.join("target/debug/rebound-demo")).current_dir(root))
 }
 
-fn bench(extra: &[String]) -> Result<()> {
+fn bench(root: &Path, extra: &[String]) -> Result<()> {
     let extra = extra.strip_prefix(&["--".to_owned()]).unwrap_or(extra);
+    build_plugins(root, true)?;
+    run(cargo().args(["bench", "-p", "rebound", "--bench", "plugins"]))?;
     run(cargo().args(["bench", "-p", "rebound", "--bench", "recovery", "--"]).args(extra))
 }
 

@@ -207,6 +207,22 @@ impl Adapters {
     }
 }
 
+impl Adapter {
+    /// Asks the adapter to classify, on the calling thread (never a runtime worker: WASI
+    /// blocks). Faults are counted as for any call. For benchmarks and tools; the
+    /// gateway goes through [`Advisor`].
+    pub fn classify_now(&self, failure: &FailureContext<'_>, builtin: &Classification) -> Option<Classification> {
+        let (f, b, kind) = (to_failure(failure), to_class(builtin), builtin.kind);
+        match self.call_blocking(move |g, s| g.call_classify(s, &f, &b)) {
+            Ok(c) => c.map(|c| from_class(c, kind)),
+            Err(message) => {
+                self.fault("classify", message);
+                None
+            }
+        }
+    }
+}
+
 impl Advisor for Adapters {
     fn classify(
         &self,
