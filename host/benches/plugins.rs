@@ -40,7 +40,14 @@ fn main() {
     let adapter = Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null);
     let failure = Failure::Timeout { after: Duration::from_secs(1) };
     let builtin = classify(&failure, SystemTime::UNIX_EPOCH);
-    let ctx = FailureContext { server: "s", tool: "t", arguments: None, attempt: 1, elapsed: Duration::ZERO, failure: &failure };
+    let ctx = FailureContext {
+        server: "s",
+        tool: "t",
+        arguments: None,
+        attempt: 1,
+        elapsed: Duration::ZERO,
+        failure: &failure,
+    };
     for _ in 0..1000 {
         adapter.classify_now(&ctx, &builtin);
     }

@@ -77,11 +77,11 @@ async fn memory_bombs_panics_and_floods_are_contained() {
 }
 
 #[tokio::test]
-async fn a_plugin_gets_no_files_and_no_environment() {
+async fn a_plugin_gets_no_files_no_environment_and_no_clock() {
     let gw = misbehaving("open-file").await;
     let r = gw.call("fail", json!({"message": "nope"})).await;
     // The plugin's classification (its message) travels with the tool's own error.
-    assert_eq!(text(&r), "nope\n[rebound: file=false env=0]");
+    assert_eq!(text(&r), "nope\n[rebound: file=false env=0 clock=0]");
     gw.close().await;
 }
 

@@ -33,8 +33,14 @@ pub struct State {
 impl State {
     pub fn new(name: Arc<str>, server: Arc<str>, config: Arc<str>, kv: Kv, output: CappedPipe, memory: usize) -> Self {
         // Nothing is inherited: no environment, arguments, files or network; stdin is
-        // closed; stdout and stderr go to a capped buffer for the log.
-        let wasi = WasiCtxBuilder::new().stdout(output.clone()).stderr(output).build();
+        // closed; stdout and stderr go to a capped buffer for the log; the clocks stand
+        // still at the epoch, so a plugin cannot tell time (or time anything).
+        let wasi = WasiCtxBuilder::new()
+            .stdout(output.clone())
+            .stderr(output)
+            .wall_clock(Frozen)
+            .monotonic_clock(Frozen)
+            .build();
         let limits = StoreLimitsBuilder::new().memory_size(memory).instances(32).tables(32).memories(4).build();
         Self { wasi, table: ResourceTable::new(), limits, config, kv, name, server }
     }
@@ -152,5 +158,28 @@ impl wasmtime_wasi::p2::OutputStream for CappedPipe {
 
     fn check_write(&mut self) -> wasmtime_wasi::p2::StreamResult<usize> {
         Ok(64 << 10)
+    }
+}
+
+/// A clock that always reads zero.
+struct Frozen;
+
+impl wasmtime_wasi::HostWallClock for Frozen {
+    fn resolution(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(1)
+    }
+
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+}
+
+impl wasmtime_wasi::HostMonotonicClock for Frozen {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+
+    fn now(&self) -> u64 {
+        0
     }
 }

@@ -51,7 +51,11 @@ impl Guest for Misbehave {
                 eprintln!("open /etc/passwd: {opened:?}");
                 let env: Vec<_> = std::env::vars().collect();
                 eprintln!("environment: {env:?}");
-                let msg = format!("file={} env={}", opened.is_ok(), env.len());
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(u64::MAX);
+                let msg = format!("file={} env={} clock={now}", opened.is_ok(), env.len());
                 Some(Classification { message: Some(msg), ..builtin })
             }
             _ => None,
