@@ -64,6 +64,12 @@ fn cargo() -> Command {
 /// Installs what the end-to-end tests talk to: real third-party MCP servers and clients
 /// from npm (`tests/node`) and the official Python SDK in a virtualenv (`target/venv`).
 fn setup(root: &Path) -> Result<()> {
+    setup_node(root)?;
+    setup_python(root)
+}
+
+/// The npm packages: real third-party MCP servers (and, later, clients).
+fn setup_node(root: &Path) -> Result<()> {
     let node = root.join("tests/node");
     let lock = node.join("package-lock.json");
     let marker = node.join("node_modules/.package-lock.json");
@@ -71,6 +77,11 @@ fn setup(root: &Path) -> Result<()> {
         let verb = if lock.exists() { "ci" } else { "install" };
         run(Command::new("npm").args([verb, "--no-audit", "--no-fund"]).current_dir(&node))?;
     }
+    Ok(())
+}
+
+/// The official Python MCP SDK and pytest, in a virtualenv under target/.
+fn setup_python(root: &Path) -> Result<()> {
     let venv = root.join("target/venv");
     let python = venv.join("bin/python");
     let requirements = root.join("tests/python/requirements.txt");
@@ -112,7 +123,7 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
 }
 
 fn demo(root: &Path) -> Result<()> {
-    setup(root)?;
+    setup_node(root)?;
     build_plugins(root, true)?;
     run(cargo().args(["build", "--workspace", "--bins"]))?;
     run(Command::new(root.join("target/debug/rebound-demo")).current_dir(root))

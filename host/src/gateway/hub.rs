@@ -124,6 +124,10 @@ impl Hub {
     /// Waits until every server has finished its first start (or failed it), at most
     /// until the start-up deadline, so that the first `tools/list` is complete.
     pub async fn settled(&self) {
+        // On the call path: once settled, this is one atomic load.
+        if self.settled.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
         let deadline = self.started_at + Duration::from_millis(self.config.settings.startup_timeout_ms);
         for handle in self.servers.values() {
             let mut rx = handle.subscribe();
@@ -133,11 +137,12 @@ impl Hub {
             )
             .await;
         }
-        if !self.settled.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            // The state watchers rebuild too, but asynchronously: make sure the first
-            // answer already has every server that is up.
-            self.rebuild(false);
-        }
+        // The state watchers rebuild too, but asynchronously: make sure the first answer
+        // already has every server that is up. Set only afterwards, so that a caller who
+        // skips the wait finds the catalogue built (two first callers may both rebuild;
+        // rebuilds are serialised and announce only differences).
+        self.rebuild(false);
+        self.settled.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// A downstream client finished initialising: it hears notifications from now on.

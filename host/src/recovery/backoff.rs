@@ -60,7 +60,8 @@ mod tests {
             let exact = (initial.min(cap) as f64) * multiplier.powi(n.min(i32::MAX as u32) as i32);
             if exact.is_finite() && exact < cap as f64 {
                 // Below the cap the ceiling is the exponential itself (to float precision).
-                prop_assert!((bound.as_millis() as f64 - exact).abs() <= 1.0 + exact * 1e-9);
+                let got = bound.as_millis() as f64;
+                prop_assert!((got - exact).abs() <= 1.0 + exact * 1e-9);
             }
         }
 
