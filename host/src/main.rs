@@ -66,7 +66,7 @@ fn check(path: PathBuf) -> Result<()> {
     for (name, server) in &config.servers {
         let launch = match &server.launch {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
-            Launch::Http(h) => format!("http: {}", h.url),
+            Launch::Http(h) => format!("http: {} (not supported yet: `serve` reports this server as down)", h.url),
         };
         let adapter = rebound::plugins::adapter_for(&config, server).unwrap_or("built-in classifier");
         println!(
