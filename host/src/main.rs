@@ -121,7 +121,10 @@ fn serve(path: PathBuf) -> Result<()> {
         let mut int = signal(SignalKind::interrupt())?;
         let serving = async {
             let running = Gateway::new(hub.clone())
-                .serve(rmcp::transport::stdio())
+                // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
+                // client): tokio's `stdin()` hands each read to a blocking thread, which
+                // cost a quarter of the round trip (cargo xtask bench).
+                .serve(rmcp::transport::stdio_pipes())
                 .await
                 .context("the client did not complete the MCP handshake")?;
             let _ = running.waiting().await;

@@ -132,6 +132,8 @@ fn demo(root: &Path) -> Result<()> {
 fn bench(root: &Path, extra: &[String]) -> Result<()> {
     let extra = extra.strip_prefix(&["--".to_owned()]).unwrap_or(extra);
     build_plugins(root, true)?;
+    run(cargo().args(["build", "--release", "--bins", "-p", "rebound", "-p", "rebound-tests"]))?;
+    run(&mut Command::new(root.join("target/release/bench-stdio")))?;
     run(cargo().args(["bench", "-p", "rebound", "--bench", "plugins"]))?;
     run(cargo().args(["bench", "-p", "rebound", "--bench", "recovery", "--"]).args(extra))
 }
