@@ -69,7 +69,7 @@ fn open_breaker_answer(c: &mut Criterion) {
         policy.breaker.admit().unwrap().record(Outcome::Failure);
     }
     c.bench_function("engine answer while the breaker is open", |bench| {
-        bench.iter(|| rt.block_on(engine.run(&down, None, "s".into(), "t".into(), None)))
+        bench.iter(|| rt.block_on(engine.run(&down, None, "s".into(), "t".into(), None, None)))
     });
     assert_eq!(down.0.load(std::sync::atomic::Ordering::Relaxed), 0, "no upstream traffic while open");
 }

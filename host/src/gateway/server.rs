@@ -137,7 +137,7 @@ impl ServerHandler for Gateway {
         }
         self.hub.settled().await;
         let catalogue = self.hub.catalogue();
-        let Some((route, _tool)) = catalogue.tool(&request.name) else {
+        let Some((route, tool)) = catalogue.tool(&request.name) else {
             // The one failure that is a protocol error: there is nothing to route to.
             return Err(ErrorData::invalid_params(
                 format!("unknown tool `{}`; call tools/list for the tools this gateway offers", request.name),
@@ -148,7 +148,14 @@ impl ServerHandler for Gateway {
         let (ending, record) = self
             .hub
             .engine
-            .run(&upstreams, self.hub.advisor(), route.server.clone(), route.name.clone(), request.arguments)
+            .run(
+                &upstreams,
+                self.hub.advisor(),
+                route.server.clone(),
+                route.name.clone(),
+                tool.annotations.as_ref(),
+                request.arguments,
+            )
             .await;
         if record.failures().next().is_some() {
             self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());

@@ -182,7 +182,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
             }
         }
         Failure::ToolError { result } => {
-            let text = failure_text(result);
+            let text = failure_text(failure, result);
             // A tool that reports its own error is a healthy server saying no, unless
             // the text says the trouble is transient.
             from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
@@ -190,9 +190,9 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
     }
 }
 
-fn failure_text(result: &rmcp::model::CallToolResult) -> String {
-    let mut text: String =
-        result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.as_str())).collect::<Vec<_>>().join("\n");
+/// The tool's error text, and its structured content, where hints may hide.
+fn failure_text(failure: &Failure, result: &rmcp::model::CallToolResult) -> String {
+    let mut text = failure.message();
     if let Some(s) = &result.structured_content {
         text.push(' ');
         text.push_str(&s.to_string());

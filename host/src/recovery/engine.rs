@@ -198,19 +198,21 @@ impl Engine {
     }
 
     /// Runs `tool` on `server` until it succeeds, fails for good, or runs out of time.
-    /// `advisor` (the server's adapter) may refine classifications and supply plans.
+    /// `annotations` are the tool's as its server published them (the caller found the
+    /// tool in the catalogue already); `advisor` (the server's adapter) may refine
+    /// classifications and supply plans.
     pub async fn run(
         &self,
         upstream: &dyn Upstream,
         advisor: Option<&dyn Advisor>,
         server: Arc<str>,
         tool: String,
+        annotations: Option<&ToolAnnotations>,
         arguments: Option<JsonObject>,
     ) -> (Ending, Record) {
         let policy = self.servers.get(&server).expect("the catalogue routes only to configured servers");
         let recovery = &policy.recovery;
-        let annotations = upstream.annotations(&server, &tool).flatten();
-        let safe = is_idempotent(recovery, &tool, annotations.as_ref());
+        let safe = is_idempotent(recovery, &tool, annotations);
         let started = self.clock.now();
         let deadline = super::clock::later(started, Duration::from_millis(recovery.deadline_for(&tool)));
         let mut record = Record {

@@ -74,10 +74,6 @@ impl ServerProcess {
         Ok((Self { child, pgid, tail }, Pipes { stdin, stdout }))
     }
 
-    pub fn id(&self) -> Option<u32> {
-        self.child.id()
-    }
-
     /// `"; stderr: …"` with the server's last stderr lines, or nothing.
     pub fn stderr_tail(&self) -> String {
         let tail = self.tail.lock().expect("not poisoned");

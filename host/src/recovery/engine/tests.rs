@@ -104,7 +104,16 @@ fn seed_004() -> RecoveryConfig {
 }
 
 async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
-    e.run(up, None, "s".into(), tool.into(), Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone())).await
+    let annotations = up.annotations("s", tool).flatten();
+    e.run(
+        up,
+        None,
+        "s".into(),
+        tool.into(),
+        annotations.as_ref(),
+        Some(json!({"q": "x", "n": 3}).as_object().unwrap().clone()),
+    )
+    .await
 }
 
 fn answered(ending: &Ending) -> String {
@@ -316,8 +325,16 @@ fn planner(plan: Vec<Step>) -> Planner {
 }
 
 async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (Ending, Record) {
-    e.run(up, Some(advisor), "s".into(), tool.into(), Some(json!({"session": "main"}).as_object().unwrap().clone()))
-        .await
+    let annotations = up.annotations("s", tool).flatten();
+    e.run(
+        up,
+        Some(advisor),
+        "s".into(),
+        tool.into(),
+        annotations.as_ref(),
+        Some(json!({"session": "main"}).as_object().unwrap().clone()),
+    )
+    .await
 }
 
 #[tokio::test(start_paused = true)]
