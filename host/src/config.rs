@@ -8,6 +8,6 @@ mod model;
 pub use error::ConfigError;
 pub use load::{load, parse};
 pub use model::{
-    Alternative, BreakerConfig, Config, HttpLaunch, Launch, RecoveryConfig, RestartPolicy, RetryConfig, ServerConfig,
-    Settings, StdioLaunch, ToolNames, ToolRecovery,
+    Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, RetryConfig,
+    ServerConfig, Settings, StdioLaunch, ToolNames, ToolRecovery,
 };

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use crate::recovery::Failure;
 use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
+use crate::redact::Secrets;
 
 /// Entries kept in memory for `rebound://errors`.
 const RECENT: usize = 100;
@@ -29,11 +30,12 @@ pub struct ErrorsLog {
     dropped: AtomicU64,
     next_id: AtomicU64,
     path: PathBuf,
+    secrets: Secrets,
 }
 
 impl ErrorsLog {
-    /// Starts the writer task for `path`.
-    pub fn start(path: PathBuf, max_bytes: u64) -> Arc<Self> {
+    /// Starts the writer task for `path`. No entry carries any of `secrets`.
+    pub fn start(path: PathBuf, max_bytes: u64, secrets: Secrets) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_path = path.clone();
         tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes));
@@ -43,6 +45,7 @@ impl ErrorsLog {
             dropped: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             path,
+            secrets,
         })
     }
 
@@ -95,7 +98,8 @@ impl ErrorsLog {
         }
     }
 
-    fn push(&self, entry: Value) {
+    fn push(&self, mut entry: Value) {
+        self.secrets.redact_json(&mut entry);
         {
             let mut recent = self.recent.lock().expect("not poisoned");
             if recent.len() == RECENT {
@@ -203,7 +207,7 @@ mod tests {
     async fn entries_follow_the_seed_schema() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("logs/errors.jsonl");
-        let log = ErrorsLog::start(path.clone(), 1 << 20);
+        let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
         log.record(&record(true), "sess_1", SystemTime::UNIX_EPOCH + Duration::from_secs(1_769_600_000));
         log.record(&record(false), "sess_1", SystemTime::UNIX_EPOCH);
         let entries = lines(&path, 2).await;
@@ -231,7 +235,7 @@ mod tests {
     async fn the_file_is_rotated_past_its_cap() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("errors.jsonl");
-        let log = ErrorsLog::start(path.clone(), 2_000);
+        let log = ErrorsLog::start(path.clone(), 2_000, Secrets::default());
         for _ in 0..20 {
             log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
         }
@@ -249,7 +253,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unwritable_log_fails_no_call() {
-        let log = ErrorsLog::start("/proc/rebound-cannot-write-here/errors.jsonl".into(), 1 << 20);
+        let log = ErrorsLog::start("/proc/rebound-cannot-write-here/errors.jsonl".into(), 1 << 20, Secrets::default());
         log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
         assert_eq!(log.recent().len(), 1);
     }

@@ -3,7 +3,9 @@
 
 pub mod call;
 pub mod catalogue;
+pub mod http;
 pub mod hub;
+pub mod metrics;
 pub mod server;
 pub mod status;
 

@@ -6,4 +6,5 @@ pub mod errors_log;
 pub mod gateway;
 pub mod plugins;
 pub mod recovery;
+pub mod redact;
 pub mod transport;

@@ -28,6 +28,9 @@ enum Command {
         /// The configuration file (Claude-style `mcpServers`, plus Rebound's keys).
         #[arg(long, short)]
         config: PathBuf,
+        /// Serve streamable HTTP at `http://ADDR/mcp` (e.g. 127.0.0.1:8080) instead of stdio.
+        #[arg(long, value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
     },
     /// Validate a configuration without starting anything.
     Check {
@@ -47,7 +50,7 @@ fn main() -> ExitCode {
         .with_ansi(false)
         .init();
     let result = match cli.command {
-        Command::Serve { config } => serve(config),
+        Command::Serve { config, http } => serve(config, http),
         Command::Check { config } => check(config),
     };
     match result {
@@ -66,7 +69,13 @@ fn check(path: PathBuf) -> Result<()> {
     for (name, server) in &config.servers {
         let launch = match &server.launch {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
-            Launch::Http(h) => format!("http: {} (not supported yet: `serve` reports this server as down)", h.url),
+            Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", h.url),
+            // Header values are often credentials: names only.
+            Launch::Http(h) => format!(
+                "streamable HTTP: {} (headers: {})",
+                h.url,
+                h.headers.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+            ),
         };
         let adapter = rebound::plugins::adapter_for(&config, server).unwrap_or("built-in classifier");
         println!(
@@ -109,7 +118,7 @@ fn print_warnings(config: &Config) {
     }
 }
 
-fn serve(path: PathBuf) -> Result<()> {
+fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let config = config::load(&path)?;
     print_warnings(&config);
     // Before the async runtime: loading runs each plugin once, synchronously.
@@ -119,7 +128,11 @@ fn serve(path: PathBuf) -> Result<()> {
         let hub = Hub::start(config, plugins);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = tokio_util::sync::CancellationToken::new();
         let serving = async {
+            if let Some(addr) = http {
+                return rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await;
+            }
             let running = Gateway::new(hub.clone())
                 // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
                 // client): tokio's `stdin()` hands each read to a blocking thread, which
@@ -130,10 +143,17 @@ fn serve(path: PathBuf) -> Result<()> {
             let _ = running.waiting().await;
             anyhow::Ok(())
         };
+        let signals = async {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            }
+            shutdown.cancel();
+        };
+        tokio::pin!(serving);
         let outcome = tokio::select! {
-            r = serving => r,
-            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); Ok(()) }
-            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); Ok(()) }
+            r = &mut serving => r,
+            () = signals => if http.is_some() { serving.await } else { Ok(()) },
         };
         hub.shutdown().await;
         tracing::info!("all servers stopped");

@@ -10,11 +10,16 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    Config, HttpLaunch, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch, ToolNames,
+    Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch,
+    ToolNames,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
 /// and Rebound's additions.
+/// Headers the streamable HTTP transport sets itself.
+const RESERVED_HEADERS: &[&str] =
+    &["accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"];
+
 const SERVER_KEYS: &[&str] =
     &["command", "args", "env", "cwd", "url", "headers", "type", "disabled", "adapter", "recovery", "adapter_config"];
 
@@ -33,6 +38,7 @@ struct RawSettings {
     errors_log_max_bytes: Option<u64>,
     init_timeout_ms: Option<u64>,
     restart: RestartPolicy,
+    http: HttpSettings,
     defaults: RawDefaults,
 }
 
@@ -154,6 +160,7 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
             plugin_cache_dir: raw.plugin_cache_dir.map(|d| resolve(&base, d)),
             errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
+            http: ctx.http_settings(raw.http)?,
         },
         warnings,
     })
@@ -349,7 +356,62 @@ impl Ctx<'_> {
             ));
         }
         let headers = self.string_map(&format!("{key}.headers"), entry.remove("headers"))?;
+        for (name, value) in &headers {
+            let item = format!("{key}.headers.{name}");
+            let Ok(parsed) = axum::http::HeaderName::try_from(name.as_str()) else {
+                return Err(self.err(item, "is not a valid HTTP header name", "use letters, digits and `-` only"));
+            };
+            if RESERVED_HEADERS.contains(&parsed.as_str()) {
+                return Err(self.err(
+                    item,
+                    "is set by the MCP transport itself",
+                    "remove it; Rebound negotiates sessions and content types with the server",
+                ));
+            }
+            if axum::http::HeaderValue::try_from(value.as_str()).is_err() {
+                // The value may be a secret: never repeat it.
+                return Err(self.err(
+                    item,
+                    "has a value that cannot be sent in a header",
+                    "remove line breaks and control characters",
+                ));
+            }
+        }
         Ok(HttpLaunch { url, headers })
+    }
+
+    fn http_settings(&self, mut http: HttpSettings) -> Result<HttpSettings, ConfigError> {
+        if let Some(token) = (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
+            http.auth_token = Some(token);
+        }
+        if let Some(token) = &http.auth_token {
+            let token = self.expand("rebound.http.auth_token", token)?;
+            if token.len() < 16 || axum::http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
+                return Err(self.err(
+                    "rebound.http.auth_token",
+                    "is too short or has characters a header cannot carry",
+                    "use at least 16 printable characters, e.g. from `openssl rand -hex 32`",
+                ));
+            }
+            http.auth_token = Some(token);
+        }
+        for (i, origin) in http.allowed_origins.iter().enumerate() {
+            if origin != "null" && !origin.contains("://") {
+                return Err(self.err(
+                    format!("rebound.http.allowed_origins[{i}]"),
+                    format!("\"{origin}\" has no scheme"),
+                    "write it as a browser sends it, e.g. \"https://app.example.com\" or \"http://localhost:*\"",
+                ));
+            }
+        }
+        if http.max_body_bytes == 0 || http.max_concurrent_per_client == 0 {
+            return Err(self.err(
+                "rebound.http",
+                "`max_body_bytes` and `max_concurrent_per_client` must be at least 1",
+                "leave them out for the defaults (4 MiB, 32)",
+            ));
+        }
+        Ok(http)
     }
 
     fn string(&self, key: &str, value: Option<Value>) -> Result<String, ConfigError> {

@@ -88,6 +88,41 @@ pub struct Settings {
     /// How long one start of a server may take, from spawn to an answered `initialize`.
     pub init_timeout_ms: u64,
     pub restart: RestartPolicy,
+    /// `serve --http`: who may connect and how much they may ask.
+    pub http: HttpSettings,
+}
+
+/// The streamable HTTP front (`rebound.http`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Clients must send `Authorization: Bearer TOKEN`. `REBOUND_AUTH_TOKEN` overrides it.
+    pub auth_token: Option<String>,
+    /// `Host` values accepted (a name matches any port; `name:port` only that port).
+    /// Loopback names only by default, against DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values accepted from browsers (`scheme://host[:port]`, `:*` for any port).
+    /// Requests without an `Origin` are not browsers and pass. Loopback by default.
+    pub allowed_origins: Vec<String>,
+    /// The largest request body accepted (413 beyond it).
+    pub max_body_bytes: usize,
+    /// Requests one client may have in flight at once (429 beyond it). A client is its
+    /// MCP session, or its address before it has one.
+    pub max_concurrent_per_client: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            auth_token: None,
+            allowed_hosts: ["localhost", "127.0.0.1", "[::1]", "::1"].map(String::from).to_vec(),
+            allowed_origins: ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*", "https://localhost:*"]
+                .map(String::from)
+                .to_vec(),
+            max_body_bytes: 4 << 20,
+            max_concurrent_per_client: 32,
+        }
+    }
 }
 
 /// Supervision of crashed stdio servers.

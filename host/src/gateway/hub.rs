@@ -13,18 +13,21 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, ElicitRequest, LoggingLevel, ProgressToken, ServerNotification, ServerRequest,
-    SetLevelRequestParams, SubscribeRequestParams,
+    ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions, LoggingLevel, ProgressToken, RequestId,
+    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
 };
+use rmcp::service::OriginatingRequestId;
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
+use super::metrics::Metrics;
 use crate::config::Config;
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::recovery::clock::{Rng, TokioClock};
 use crate::recovery::engine::Engine;
+use crate::redact::Secrets;
 use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
 use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
 
@@ -32,7 +35,13 @@ use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
 type ProgressRoute = (Peer<RoleServer>, ProgressToken);
 
 /// A call in flight: its id in the hub and the client that made it.
-type InFlight = (u64, Peer<RoleServer>);
+/// A client's tool call in flight on a server.
+struct InFlight {
+    id: u64,
+    peer: Peer<RoleServer>,
+    /// The client's id for the call.
+    request: RequestId,
+}
 
 pub struct Hub {
     pub config: Config,
@@ -40,6 +49,9 @@ pub struct Hub {
     pub engine: Engine,
     pub errors: Arc<ErrorsLog>,
     pub plugins: Prepared,
+    /// Values from the configuration that must never leave the gateway.
+    pub secrets: Secrets,
+    pub metrics: Metrics,
     catalogue: RwLock<Arc<Catalogue>>,
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
@@ -64,22 +76,35 @@ impl Hub {
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let relay: Arc<dyn Relay> = Arc::new(HubRelay(weak.clone()));
             let init_timeout = Duration::from_millis(config.settings.init_timeout_ms);
+            let secrets = Secrets::of(&config);
             let servers = config
                 .servers
                 .values()
                 .map(|s| {
-                    let handle = spawn_supervisor(s.clone(), relay.clone(), config.settings.restart, init_timeout);
+                    let handle = spawn_supervisor(
+                        s.clone(),
+                        relay.clone(),
+                        config.settings.restart,
+                        init_timeout,
+                        secrets.clone(),
+                    );
                     (handle.name.clone(), handle)
                 })
                 .collect();
             let engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()));
-            let errors = ErrorsLog::start(config.settings.errors_log.clone(), config.settings.errors_log_max_bytes);
+            let errors = ErrorsLog::start(
+                config.settings.errors_log.clone(),
+                config.settings.errors_log_max_bytes,
+                secrets.clone(),
+            );
             Hub {
                 config,
                 servers,
                 engine,
                 errors,
                 plugins,
+                secrets,
+                metrics: Metrics::default(),
                 catalogue: RwLock::default(),
                 downstreams: Mutex::default(),
                 progress: Mutex::default(),
@@ -227,9 +252,12 @@ impl Hub {
     }
 
     /// Registers a call in flight on `server` from `peer`; dropped when the guard is.
-    pub fn track_call(self: &Arc<Self>, server: &Arc<str>, peer: &Peer<RoleServer>) -> CallGuard {
+    /// `request` is the client's request id: over HTTP, requests the server sends while
+    /// the call runs travel on that request's response stream.
+    pub fn track_call(self: &Arc<Self>, server: &Arc<str>, peer: &Peer<RoleServer>, request: RequestId) -> CallGuard {
         let id = self.next_call.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.in_flight.lock().expect("not poisoned").entry(server.clone()).or_default().push((id, peer.clone()));
+        let call = InFlight { id, peer: peer.clone(), request };
+        self.in_flight.lock().expect("not poisoned").entry(server.clone()).or_default().push(call);
         CallGuard { hub: self.clone(), server: server.clone(), id }
     }
 
@@ -257,12 +285,13 @@ impl Hub {
 
     /// The client that should answer a request from `server`: the one with the newest
     /// call in flight there, else any connected client.
-    fn client_for(&self, server: &str) -> Option<Peer<RoleServer>> {
+    fn client_for(&self, server: &str) -> Option<(Peer<RoleServer>, Option<RequestId>)> {
         let in_flight = self.in_flight.lock().expect("not poisoned");
         in_flight
             .get(server)
-            .and_then(|calls| calls.iter().rev().map(|(_, p)| p).find(|p| !p.is_transport_closed()).cloned())
-            .or_else(|| self.downstreams().pop())
+            .and_then(|calls| calls.iter().rev().find(|c| !c.peer.is_transport_closed()))
+            .map(|c| (c.peer.clone(), Some(c.request.clone())))
+            .or_else(|| self.downstreams().pop().map(|p| (p, None)))
     }
 
     /// Stops every server in parallel and waits until their processes are gone.
@@ -320,14 +349,14 @@ impl Hub {
         let peer = self.client_for(server);
         let server = server.to_owned();
         Box::pin(async move {
-            let Some(peer) = peer else {
+            let Some((peer, originating)) = peer else {
                 return Err(ErrorData::internal_error(
                     "no client is connected to the gateway to answer this request",
                     None,
                 ));
             };
             let caps = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
-            let (request, supported, what) = match request {
+            let (mut request, supported, what) = match request {
                 UpstreamRequest::Sampling(p) => (
                     ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)),
                     caps.sampling.is_some(),
@@ -348,10 +377,20 @@ impl Hub {
                     None,
                 ));
             }
-            peer.send_request(request).await.map_err(|e| match e {
-                rmcp::ServiceError::McpError(e) => e,
-                other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
-            })
+            if let Some(id) = originating {
+                request.extensions_mut().insert(OriginatingRequestId(id));
+            }
+            // On a task of its own: rmcp marks requests sent from inside a request handler
+            // with that request's id (a task-local), and here that would be the upstream
+            // server's id, which means nothing to the client's session.
+            let sent = tokio::spawn(async move { peer.send_request(request).await });
+            match sent.await {
+                Ok(answer) => answer.map_err(|e| match e {
+                    rmcp::ServiceError::McpError(e) => e,
+                    other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
+                }),
+                Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
+            }
         })
     }
 }
@@ -381,7 +420,7 @@ pub struct CallGuard {
 impl Drop for CallGuard {
     fn drop(&mut self) {
         if let Some(calls) = self.hub.in_flight.lock().expect("not poisoned").get_mut(&self.server) {
-            calls.retain(|(id, _)| *id != self.id);
+            calls.retain(|c| c.id != self.id);
         }
     }
 }

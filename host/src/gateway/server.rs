@@ -31,6 +31,7 @@ use super::status;
 use crate::recovery::Failure;
 use crate::recovery::engine::{Ending, Upstream};
 use crate::recovery::report;
+use crate::redact::Secrets;
 use crate::transport::Session;
 
 /// One downstream session's handler. Cheap to clone; all state lives in the [`Hub`].
@@ -73,6 +74,13 @@ impl Gateway {
             .map(|s| Duration::from_millis(s.recovery.timeout_ms))
             .unwrap_or(Duration::from_secs(30))
     }
+}
+
+/// `result` with every secret removed from its text.
+fn redacted(secrets: &Secrets, result: CallToolResult) -> CallToolResult {
+    let Ok(mut value) = serde_json::to_value(&result) else { return result };
+    secrets.redact_json(&mut value);
+    serde_json::from_value(value).unwrap_or(result)
 }
 
 fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
@@ -145,6 +153,7 @@ impl ServerHandler for Gateway {
             ));
         };
         let upstreams = Upstreams { hub: &self.hub, cx: &cx };
+        let started = std::time::Instant::now();
         let (ending, record) = self
             .hub
             .engine
@@ -166,14 +175,16 @@ impl ServerHandler for Gateway {
                     &record.server,
                     &record.tool,
                     class.category.as_str(),
-                    &failure.message(),
+                    &self.hub.secrets.redact(&failure.message()),
                     record.attempts.len(),
                 );
             }
         }
+        self.hub.metrics.observe(&record, &ending, started.elapsed());
         let result = match ending {
             Ending::Answered(result) => report::recovered(result, &record),
-            Ending::GaveUp => report::gave_up(&record),
+            // The report quotes failures, which may quote the server's environment.
+            Ending::GaveUp => redacted(&self.hub.secrets, report::gave_up(&record)),
         };
         Ok(result.into())
     }
@@ -356,7 +367,7 @@ impl Upstream for Upstreams<'_> {
                     reason: Some(format!("no server `{server}`")),
                 });
             };
-            let _guard = self.hub.track_call(&handle.name, &self.cx.peer);
+            let _guard = self.hub.track_call(&handle.name, &self.cx.peer, self.cx.id.clone());
             let started = tokio::time::Instant::now();
             // Waiting for a restart in progress counts against the call's deadline.
             let session = handle

@@ -36,7 +36,8 @@ pub fn resources() -> Vec<Resource> {
     vec![status, errors]
 }
 
-/// Everything `rebound_status` reports. Server `env` and `headers` never appear here.
+/// Everything `rebound_status` reports. Server `env` and `headers` never appear here, not
+/// even inside a server's own error text.
 pub fn status(hub: &Hub) -> Value {
     let servers: Vec<Value> = hub
         .servers
@@ -80,10 +81,12 @@ pub fn status(hub: &Hub) -> Value {
             entry
         })
         .collect();
-    json!({
+    let mut status = json!({
         "gateway": {"version": env!("CARGO_PKG_VERSION"), "errors_log": hub.errors.path(), "errors_dropped": hub.errors.dropped()},
         "servers": servers,
-    })
+    });
+    hub.secrets.redact_json(&mut status);
+    status
 }
 
 /// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.

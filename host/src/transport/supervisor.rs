@@ -6,9 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use axum::http::{HeaderName, HeaderValue};
 use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{ClientCacheConfig, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{Peer, RoleClient, ServiceExt};
 use std::sync::RwLock;
 
@@ -18,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::process::ServerProcess;
 use super::upstream::{Relay, UpstreamHandler};
-use crate::config::{Launch, RestartPolicy, ServerConfig};
+use crate::config::{HttpLaunch, Launch, RestartPolicy, ServerConfig, StdioLaunch};
+use crate::redact::Secrets;
 
 /// Lines longer than this from a server are dropped (and the request they answer times
 /// out). rmcp's default is 16 MiB; tools that return whole files deserve more.
@@ -176,6 +180,7 @@ pub fn spawn_supervisor(
     relay: Arc<dyn Relay>,
     policy: RestartPolicy,
     init_timeout: Duration,
+    secrets: Secrets,
 ) -> ServerHandle {
     let (tx, rx) =
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
@@ -188,6 +193,7 @@ pub fn spawn_supervisor(
         relay,
         policy,
         init_timeout,
+        secrets,
         tx,
         shutdown: shutdown.clone(),
         restart: restart.clone(),
@@ -208,6 +214,8 @@ struct Supervisor {
     relay: Arc<dyn Relay>,
     policy: RestartPolicy,
     init_timeout: Duration,
+    /// Applied to every error before it is logged or kept in the state.
+    secrets: Secrets,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
     restart: Arc<tokio::sync::Notify>,
@@ -215,7 +223,8 @@ struct Supervisor {
 
 /// A running, initialised server.
 struct Connection {
-    process: ServerProcess,
+    /// The child process of a stdio server; none for an HTTP one.
+    process: Option<ServerProcess>,
     service: tokio::task::JoinHandle<()>,
     /// Cancelled when rmcp's service loop ends (the server closed its output), so the
     /// join handle itself is awaited only once, in `stop`.
@@ -252,15 +261,13 @@ impl Supervisor {
                     }
                     let up_since = Instant::now();
                     let lost = tokio::select! {
-                        status = conn.process.wait() => match status {
-                            Ok(s) => format!("the server process exited ({s})"),
-                            Err(e) => format!("the server process could not be waited for: {e}"),
-                        },
+                        lost = exited(&mut conn.process) => lost,
                         () = conn.service_ended.cancelled() => {
                             // Usually the process is exiting; its status says more.
-                            match tokio::time::timeout(Duration::from_millis(200), conn.process.wait()).await {
-                                Ok(Ok(s)) => format!("the server process exited ({s})"),
-                                _ => "the server closed its output".to_owned(),
+                            match tokio::time::timeout(Duration::from_millis(200), exited(&mut conn.process)).await {
+                                Ok(lost) if conn.process.is_some() => lost,
+                                _ if conn.process.is_some() => "the server closed its output".to_owned(),
+                                _ => "the HTTP session ended".to_owned(),
                             }
                         }
                         () = self.shutdown.cancelled() => {
@@ -277,6 +284,7 @@ impl Supervisor {
                         }
                     };
                     conn.session.closed.cancel();
+                    let lost = self.secrets.redact(&lost).into_owned();
                     tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
                     self.tx.send_modify(|s| {
                         s.status = Status::Restarting;
@@ -290,6 +298,7 @@ impl Supervisor {
                     }
                 }
                 Err(error) => {
+                    let error = self.secrets.redact(&error).into_owned();
                     tracing::warn!(server = %self.name, "failed to start: {error}");
                     self.tx.send_modify(|s| {
                         s.status = if first { Status::Starting } else { Status::Restarting };
@@ -329,43 +338,15 @@ impl Supervisor {
     }
 
     async fn start(&self) -> Result<Connection, String> {
-        let launch = match &self.config.launch {
-            Launch::Stdio(launch) => launch,
-            Launch::Http(http) => {
-                return Err(format!(
-                    "HTTP upstreams ({}) are not supported by this build of rebound; run the server over stdio with `command`",
-                    http.url
-                ));
-            }
-        };
-        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
-            format!("cannot run `{}`: {e}{hint}", launch.command)
-        })?;
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let handler = UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone() };
-        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
         let stop = CancellationToken::new();
-        let init = tokio::select! {
-            r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
-            status = process.wait() => {
-                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(format!("exited during start-up ({status}){}", process.stderr_tail()));
+        let (running, process) = match &self.config.launch {
+            Launch::Stdio(launch) => {
+                let (process, running) = self.start_stdio(launch, handler, &stop).await?;
+                (running, Some(process))
             }
-        };
-        let running: RunningService<RoleClient, UpstreamHandler> = match init {
-            Ok(Ok(running)) => running,
-            Ok(Err(e)) => {
-                let tail = process.stderr_tail();
-                stop.cancel();
-                process.stop().await;
-                return Err(format!("initialisation failed: {e}{tail}"));
-            }
-            Err(_) => {
-                stop.cancel();
-                process.stop().await;
-                return Err(format!("did not initialise within {} ms", self.init_timeout.as_millis()));
-            }
+            Launch::Http(http) => (self.start_http(http, handler, &stop).await?, None),
         };
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
@@ -389,6 +370,72 @@ impl Supervisor {
         });
         Ok(Connection { process, service, service_ended, stop, session })
     }
+
+    /// Spawns the server's process and initialises it over its stdin and stdout.
+    async fn start_stdio(
+        &self,
+        launch: &StdioLaunch,
+        handler: UpstreamHandler,
+        stop: &CancellationToken,
+    ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), String> {
+        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch).map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
+            format!("cannot run `{}`: {e}{hint}", launch.command)
+        })?;
+        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
+        let init = tokio::select! {
+            r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
+            status = process.wait() => {
+                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                return Err(format!("exited during start-up ({status}){}", process.stderr_tail()));
+            }
+        };
+        match init {
+            Ok(Ok(running)) => Ok((process, running)),
+            Ok(Err(e)) => {
+                let tail = process.stderr_tail();
+                stop.cancel();
+                process.stop().await;
+                Err(format!("initialisation failed: {e}{tail}"))
+            }
+            Err(_) => {
+                stop.cancel();
+                process.stop().await;
+                Err(format!("did not initialise within {} ms", self.init_timeout.as_millis()))
+            }
+        }
+    }
+
+    /// Connects to a streamable HTTP server and initialises a session. rmcp's transport
+    /// re-initialises by itself when the server forgets the session (HTTP 404), replaying
+    /// the requests that met the expired session once: the server never saw them.
+    async fn start_http(
+        &self,
+        http: &HttpLaunch,
+        handler: UpstreamHandler,
+        stop: &CancellationToken,
+    ) -> Result<RunningService<RoleClient, UpstreamHandler>, String> {
+        let headers = http
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((HeaderName::try_from(k.as_str()).ok()?, HeaderValue::try_from(v.as_str()).ok()?))
+            })
+            .collect();
+        let config = StreamableHttpClientTransportConfig::with_uri(http.url.as_str())
+            .custom_headers(headers)
+            .reinit_on_expired_session(true)
+            .max_sse_event_size(MAX_MESSAGE_BYTES);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        match tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())).await {
+            Ok(Ok(running)) => Ok(running),
+            Ok(Err(e)) => Err(format!("cannot initialise a session at {}: {e}", http.url)),
+            Err(_) => {
+                stop.cancel();
+                Err(format!("{} did not initialise within {} ms", http.url, self.init_timeout.as_millis()))
+            }
+        }
+    }
 }
 
 impl Connection {
@@ -398,7 +445,20 @@ impl Connection {
         self.session.closed.cancel();
         self.stop.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(3), self.service).await;
-        self.process.stop().await;
+        if let Some(process) = self.process {
+            process.stop().await;
+        }
+    }
+}
+
+/// Why a server's process ended, when it does; never, for an HTTP server.
+async fn exited(process: &mut Option<ServerProcess>) -> String {
+    match process {
+        Some(process) => match process.wait().await {
+            Ok(s) => format!("the server process exited ({s})"),
+            Err(e) => format!("the server process could not be waited for: {e}"),
+        },
+        None => std::future::pending().await,
     }
 }
 

@@ -158,3 +158,50 @@ fn adapter_found_in_plugins_dir() {
         r#"{"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": "plugins"}}"#;
     assert_eq!(parse(json, &cfg, &env).unwrap().servers["a"].adapter.as_deref(), Some("lean-fallback"));
 }
+
+#[test]
+fn http_front_defaults_to_loopback_and_validates_its_settings() {
+    let c = ok(r#"{"mcpServers": {"a": {"command": "a"}}}"#);
+    assert!(c.settings.http.allowed_hosts.iter().any(|h| h == "localhost"));
+    assert_eq!(c.settings.http.auth_token, None);
+    let c = ok(
+        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"auth_token": "${TOKEN}-and-more-characters"}}}"#,
+    );
+    assert_eq!(c.settings.http.auth_token.as_deref(), Some("s3cret-and-more-characters"));
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"auth_token": "short"}}}"#,
+        "rebound.http.auth_token",
+        "too short",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"allowed_origins": ["example.com"]}}}"#,
+        "rebound.http.allowed_origins[0]",
+        "no scheme",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"max_body_bytes": 0}}}"#,
+        "rebound.http",
+        "at least 1",
+    );
+}
+
+#[test]
+fn upstream_headers_are_checked_without_repeating_their_values() {
+    rejects(
+        r#"{"mcpServers": {"a": {"url": "http://h/mcp", "headers": {"Mcp-Session-Id": "x"}}}}"#,
+        "mcpServers.a.headers.Mcp-Session-Id",
+        "transport itself",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"url": "http://h/mcp", "headers": {"bad name": "x"}}}}"#,
+        "mcpServers.a.headers.bad name",
+        "header name",
+    );
+    let err = parse(
+        r#"{"mcpServers": {"a": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer hunter2\n"}}}}"#,
+        Path::new("/etc/rebound/rebound.json"),
+        &|_| None,
+    )
+    .unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}

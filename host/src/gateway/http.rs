@@ -1,0 +1,356 @@
+//! `serve --http`: the gateway as a streamable HTTP server. `/mcp` is rmcp's streamable
+//! HTTP service with one [`Gateway`] per MCP session, all sharing the [`Hub`]; around it
+//! sit, in order, the DNS-rebinding checks (`Host`, `Origin`), the bearer token, and a
+//! per-client concurrency limit. `/healthz`, `/readyz` and `/metrics` are for operators.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http_body_util::BodyExt;
+use rmcp::transport::StreamableHttpServerConfig;
+use rmcp::transport::StreamableHttpService;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::hub::Hub;
+use super::server::Gateway;
+use crate::config::HttpSettings;
+use crate::transport::Status;
+
+/// How long open SSE streams and in-flight requests get to finish on shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+struct Front {
+    hub: Arc<Hub>,
+    settings: Arc<HttpSettings>,
+    limits: Arc<ClientLimits>,
+}
+
+/// Binds `addr` and serves until `shutdown` is cancelled.
+pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let settings = hub.config.settings.http.clone();
+    let loopback_only = settings.allowed_hosts.iter().all(|h| {
+        let (name, _) = split_authority(h);
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    });
+    if !local.ip().is_loopback() && loopback_only {
+        tracing::warn!(
+            "listening on {local}, but only loopback Host names are allowed: add this machine's names to `rebound.http.allowed_hosts`"
+        );
+    }
+    if settings.auth_token.is_none() {
+        tracing::info!(
+            "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any local client may connect"
+        );
+    }
+    let app = router(hub, settings, shutdown.child_token());
+    // Printed for scripts that bind port 0.
+    tracing::info!("serving streamable HTTP at http://{local}/mcp");
+    eprintln!("rebound: listening on http://{local}/mcp");
+    let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server = tokio::spawn(server.into_future());
+    shutdown.cancelled().await;
+    // SSE streams end with the service's token (a child of `shutdown`); give what is in
+    // flight a moment, then go.
+    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+        Ok(Ok(Err(e))) => Err(e).context("the HTTP server failed"),
+        _ => Ok(()),
+    }
+}
+
+/// The whole HTTP surface, for `serve` and for tests.
+pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) -> Router {
+    // The Host and Origin checks are done once, by `guard`, for every route; rmcp's own
+    // are turned off so that the two cannot disagree.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_max_request_body_bytes(settings.max_body_bytes)
+        .with_cancellation_token(cancel);
+    let factory_hub = hub.clone();
+    let mcp = StreamableHttpService::new(
+        move || Ok(Gateway::new(factory_hub.clone())),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let front = Front {
+        hub,
+        limits: Arc::new(ClientLimits { per_client: settings.max_concurrent_per_client, ..Default::default() }),
+        settings: Arc::new(settings),
+    };
+    let protected = Router::new()
+        .nest_service("/mcp", mcp)
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn_with_state(front.clone(), limit))
+        .layer(middleware::from_fn_with_state(front.clone(), authorize));
+    Router::new()
+        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .merge(protected)
+        .layer(middleware::from_fn_with_state(front.clone(), guard))
+        .with_state(front)
+}
+
+/// A refusal, as JSON with a hint for whoever reads it.
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({"error": message}))).into_response()
+}
+
+/// DNS rebinding: a page on an attacker's domain that resolves to 127.0.0.1 reaches us
+/// with its own `Host`, and a browser marks its requests with their `Origin`.
+async fn guard(State(front): State<Front>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if !host.is_some_and(|h| host_allowed(&front.settings.allowed_hosts, h)) {
+        front.hub.metrics.rejected("host");
+        tracing::warn!(host = host.unwrap_or("(none)"), "refused a request for a Host that is not allowed");
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "this Host is not allowed; add it to rebound.http.allowed_hosts if the gateway should answer to it",
+        );
+    }
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !origin_allowed(&front.settings.allowed_origins, origin) {
+            front.hub.metrics.rejected("origin");
+            tracing::warn!(origin, "refused a request from an Origin that is not allowed");
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "this Origin is not allowed; add it to rebound.http.allowed_origins if pages there may use the gateway",
+            );
+        }
+    }
+    next.run(request).await
+}
+
+/// The bearer token, when one is configured.
+async fn authorize(State(front): State<Front>, request: Request, next: Next) -> Response {
+    let Some(expected) = &front.settings.auth_token else {
+        return next.run(request).await;
+    };
+    let presented = bearer(request.headers());
+    let ok = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
+    if ok {
+        return next.run(request).await;
+    }
+    front.hub.metrics.rejected("unauthorized");
+    let mut response = refuse(
+        StatusCode::UNAUTHORIZED,
+        "send the gateway's token as `Authorization: Bearer TOKEN` (REBOUND_AUTH_TOKEN where the gateway runs)",
+    );
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"rebound\""));
+    response
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
+}
+
+/// Requests in flight per client. A client is its MCP session once it has one, and its
+/// address before (the `initialize` request). The permit is held until the response body
+/// ends, so a tool call streaming its answer over SSE counts for as long as it runs; the
+/// session's standalone GET stream, open for the whole session, does not count.
+#[derive(Debug, Default)]
+struct ClientLimits {
+    per_client: usize,
+    clients: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl ClientLimits {
+    fn try_acquire(self: &Arc<Self>, client: String) -> Option<ClientPermit> {
+        let semaphore = {
+            let mut clients = self.clients.lock().expect("not poisoned");
+            clients.entry(client.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.per_client))).clone()
+        };
+        let permit = semaphore.try_acquire_owned().ok()?;
+        Some(ClientPermit { limits: self.clone(), client, permit: Some(permit) })
+    }
+}
+
+struct ClientPermit {
+    limits: Arc<ClientLimits>,
+    client: String,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for ClientPermit {
+    fn drop(&mut self) {
+        let mut clients = self.limits.clients.lock().expect("not poisoned");
+        drop(self.permit.take());
+        // Forget idle clients, or the map would grow with every session ever seen.
+        if clients.get(&self.client).is_some_and(|s| s.available_permits() == self.limits.per_client) {
+            clients.remove(&self.client);
+        }
+    }
+}
+
+async fn limit(
+    State(front): State<Front>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let client = match request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+        Some(session) => format!("session {session}"),
+        None => format!("address {}", peer.ip()),
+    };
+    let Some(permit) = front.limits.try_acquire(client) else {
+        front.hub.metrics.rejected("too_many_requests");
+        let mut response = refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests in flight from this client; wait for one to finish (rebound.http.max_concurrent_per_client)",
+        );
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    };
+    let (parts, body) = next.run(request).await.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &permit;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+
+async fn readyz(State(front): State<Front>) -> Response {
+    let servers: serde_json::Map<String, serde_json::Value> = front
+        .hub
+        .servers
+        .iter()
+        .map(|(name, handle)| (name.to_string(), json!(handle.state().status.as_str())))
+        .collect();
+    let ready = front.hub.servers.values().all(|h| h.state().status == Status::Ready);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({"ready": ready, "servers": servers}))).into_response()
+}
+
+async fn metrics(State(front): State<Front>) -> Response {
+    let body = front.hub.metrics.render(&front.hub);
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
+}
+
+/// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
+fn split_authority(authority: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, port)) => (host, port.strip_prefix(':')),
+            None => (authority, None),
+        };
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host, Some(port)),
+        _ => (authority, None),
+    }
+}
+
+/// Whether `host` (a `Host` header) is on the list: an entry without a port allows any
+/// port, an entry with one only that port. Names compare case-insensitively.
+fn host_allowed(allowed: &[String], host: &str) -> bool {
+    let (name, port) = split_authority(host);
+    allowed.iter().any(|entry| {
+        let (e_name, e_port) = split_authority(entry);
+        e_name.eq_ignore_ascii_case(name) && (e_port.is_none() || e_port == port)
+    })
+}
+
+/// Whether `origin` (`scheme://host[:port]`, or `null`) is on the list. An entry's port
+/// may be `*`; without one it means the scheme's default port.
+fn origin_allowed(allowed: &[String], origin: &str) -> bool {
+    if origin == "null" {
+        return allowed.iter().any(|a| a == "null");
+    }
+    let Some((scheme, authority)) = origin.split_once("://") else { return false };
+    let default_port = match scheme {
+        "https" => "443",
+        "http" => "80",
+        _ => "",
+    };
+    let (name, port) = split_authority(authority);
+    let port = port.unwrap_or(default_port);
+    allowed.iter().any(|entry| {
+        let Some((e_scheme, e_authority)) = entry.split_once("://") else { return false };
+        let (e_name, e_port) = split_authority(e_authority);
+        e_scheme.eq_ignore_ascii_case(scheme)
+            && e_name.eq_ignore_ascii_case(name)
+            && match e_port {
+                Some("*") => true,
+                Some(p) => p == port,
+                None => port == default_port,
+            }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hosts_match_by_name_and_optional_port() {
+        let allowed = list(&["localhost", "127.0.0.1", "[::1]", "gw.example.com:8443"]);
+        for ok in ["localhost", "localhost:3000", "LOCALHOST:1", "127.0.0.1:9", "[::1]:80", "gw.example.com:8443"] {
+            assert!(host_allowed(&allowed, ok), "{ok}");
+        }
+        for bad in
+            ["evil.com", "evil.com:3000", "localhost.evil.com", "gw.example.com", "gw.example.com:80", "127.0.0.2"]
+        {
+            assert!(!host_allowed(&allowed, bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn origins_match_scheme_host_and_port() {
+        let allowed = list(&["http://localhost:*", "https://app.example.com", "http://127.0.0.1:3000"]);
+        for ok in
+            ["http://localhost:5173", "http://localhost", "https://app.example.com", "https://app.example.com:443"]
+        {
+            assert!(origin_allowed(&allowed, ok), "{ok}");
+        }
+        for bad in [
+            "null",
+            "http://evil.com",
+            "https://localhost:5173",
+            "http://app.example.com",
+            "https://app.example.com:8443",
+            "http://127.0.0.1:3001",
+            "garbage",
+        ] {
+            assert!(!origin_allowed(&allowed, bad), "{bad}");
+        }
+        assert!(origin_allowed(&list(&["null"]), "null"));
+    }
+
+    #[test]
+    fn bearer_tokens_are_read_from_the_authorization_header() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer abc"));
+        assert_eq!(bearer(&h), Some("abc"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic abc"));
+        assert_eq!(bearer(&h), None);
+    }
+}

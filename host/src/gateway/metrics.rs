@@ -1,0 +1,188 @@
+//! `/metrics`, in Prometheus' text format. Calls are counted as they end (outcome,
+//! latency, failures by category); everything that is state — server status, breakers,
+//! the engine's counters, plugin faults — is read from the hub at scrape time, so the two
+//! can never disagree with `rebound_status`.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::hub::Hub;
+use crate::recovery::engine::{Ending, Record};
+use crate::transport::Status;
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+enum Outcome {
+    /// Answered on the first attempt.
+    ok,
+    /// Answered after a failure: a retry or an alternative worked.
+    recovered,
+    /// The tool's own error (`isError`), passed on.
+    tool_error,
+    /// Nothing worked; the client got Rebound's report.
+    gave_up,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    server: String,
+    tool: String,
+    outcome: Outcome,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    server: String,
+    category: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    server: String,
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdapterLabels {
+    server: String,
+    adapter: String,
+}
+
+type Histograms = Family<ServerLabel, Histogram, fn() -> Histogram>;
+
+/// What is counted as calls end.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    failures: Family<FailureLabels, Counter>,
+    latency: Histograms,
+    http_rejected: Family<RejectLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectLabels {
+    reason: String,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let calls = Family::<CallLabels, Counter>::default();
+        let failures = Family::<FailureLabels, Counter>::default();
+        // 1 ms to about 4.5 min.
+        let latency: Histograms = Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 19)));
+        let http_rejected = Family::<RejectLabels, Counter>::default();
+        let mut registry = Registry::with_prefix("rebound");
+        registry.register("calls", "Tool calls by how they ended", calls.clone());
+        registry.register("attempt_failures", "Failed attempts by failure category", failures.clone());
+        registry.register("call_duration_seconds", "Time from a client's tool call to its answer", latency.clone());
+        registry.register("http_rejected", "HTTP requests refused before reaching MCP", http_rejected.clone());
+        Self { registry, calls, failures, latency, http_rejected }
+    }
+}
+
+impl Metrics {
+    /// Counts one client call, as the engine recorded it.
+    pub fn observe(&self, record: &Record, ending: &Ending, took: Duration) {
+        let outcome = match ending {
+            Ending::GaveUp => Outcome::gave_up,
+            Ending::Answered(r) if r.is_error == Some(true) => Outcome::tool_error,
+            Ending::Answered(_) if record.recovered() => Outcome::recovered,
+            Ending::Answered(_) => Outcome::ok,
+        };
+        let server = record.server.to_string();
+        self.calls.get_or_create(&CallLabels { server: server.clone(), tool: record.tool.clone(), outcome }).inc();
+        for (attempt, _, class) in record.failures() {
+            let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.as_str().into() };
+            self.failures.get_or_create(&labels).inc();
+        }
+        self.latency.get_or_create(&ServerLabel { server }).observe(took.as_secs_f64());
+    }
+
+    /// Counts an HTTP request refused for `reason` (`unauthorized`, `host`, `origin`,
+    /// `too_many_requests`).
+    pub fn rejected(&self, reason: &str) {
+        self.http_rejected.get_or_create(&RejectLabels { reason: reason.to_owned() }).inc();
+    }
+
+    /// The whole exposition: the counted metrics, then the hub's state as it is now.
+    pub fn render(&self, hub: &Hub) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &state_registry(hub));
+        let _ = encode_eof(&mut out);
+        out
+    }
+}
+
+/// A registry filled from the hub's state at this moment.
+fn state_registry(hub: &Hub) -> Registry {
+    let mut registry = Registry::with_prefix("rebound");
+    let status = Family::<StatusLabels, Gauge>::default();
+    let breaker = Family::<ServerLabel, Gauge>::default();
+    let restarts = Family::<ServerLabel, Counter>::default();
+    let engine: [(&str, &str, Family<ServerLabel, Counter>); 6] = [
+        ("attempts", "Upstream attempts, retries and alternatives included", Family::default()),
+        ("retries", "Retries of a failed attempt", Family::default()),
+        ("fallbacks", "Calls answered by an alternative tool", Family::default()),
+        ("recovered_calls", "Calls answered after a failure", Family::default()),
+        ("shed_by_breaker", "Attempts refused by an open circuit breaker", Family::default()),
+        ("upstream_failures", "Failed upstream attempts", Family::default()),
+    ];
+    let faults = Family::<AdapterLabels, Counter>::default();
+    let quarantined = Family::<AdapterLabels, Gauge>::default();
+    for (name, handle) in &hub.servers {
+        let server = ServerLabel { server: name.to_string() };
+        let state = handle.state();
+        for s in [Status::Starting, Status::Ready, Status::Restarting, Status::Down, Status::Stopped] {
+            let labels = StatusLabels { server: name.to_string(), status: s.as_str().into() };
+            status.get_or_create(&labels).set(i64::from(state.status == s));
+        }
+        restarts.get_or_create(&server).inc_by(u64::from(state.restarts));
+        if let Some(policy) = hub.engine.policy(name) {
+            let value = match policy.breaker.snapshot().state {
+                "closed" => 0,
+                "half_open" | "half-open" => 1,
+                _ => 2,
+            };
+            breaker.get_or_create(&server).set(value);
+            let c = &policy.counters;
+            let values = [&c.attempts, &c.retries, &c.fallbacks, &c.recovered, &c.shed, &c.failures];
+            for ((_, _, family), value) in engine.iter().zip(values) {
+                family.get_or_create(&server).inc_by(value.load(Ordering::Relaxed));
+            }
+        }
+        if let Some(adapter) = hub.plugins.adapters.get(name) {
+            let h = adapter.health();
+            let labels = AdapterLabels { server: name.to_string(), adapter: h.name.clone() };
+            faults.get_or_create(&labels).inc_by(h.faults);
+            quarantined.get_or_create(&labels).set(i64::from(h.quarantined_for_ms.is_some()));
+        }
+    }
+    registry.register("server_status", "1 for the status each server is in now", status);
+    registry.register("breaker_state", "Circuit breaker per server: 0 closed, 1 half-open, 2 open", breaker);
+    registry.register("server_restarts", "Restarts after a crash or on request", restarts);
+    for (name, help, family) in engine {
+        registry.register(name, help, family);
+    }
+    registry.register("plugin_faults", "Adapter calls that trapped, looped or broke the contract", faults);
+    registry.register("plugin_quarantined", "1 while an adapter is quarantined", quarantined);
+    let dropped = Counter::<u64>::default();
+    dropped.inc_by(hub.errors.dropped());
+    registry.register("errors_log_dropped", "Errors log entries not written", dropped);
+    registry
+}
