@@ -196,6 +196,84 @@ impl Gateway {
     }
 }
 
+/// A running `rebound serve --http` on a loopback port.
+pub struct HttpGateway {
+    pub child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl HttpGateway {
+    /// Writes `config` to a fresh folder and serves it on a free port, with `env` added to
+    /// the gateway's environment.
+    pub async fn start(config: impl FnOnce(&Path) -> Value, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rebound.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&config(dir.path())).unwrap()).unwrap();
+        let (child, base) = Self::spawn(&path, "127.0.0.1:0", env).await;
+        HttpGateway { child, base, dir }
+    }
+
+    /// Starts `rebound serve --http addr` on the config at `path`; returns the process and
+    /// the address it listens on.
+    pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)]) -> (Child, String) {
+        use tokio::io::{AsyncBufReadExt, BufReader};
+        let mut child = tokio::process::Command::new(bin("rebound"))
+            .args(["serve", "--http", addr, "--config"])
+            .arg(path)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("rebound starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let base = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("stderr") {
+                eprintln!("{line}");
+                if let Some(url) = line.strip_prefix("rebound: listening on ") {
+                    return url.trim_end_matches("/mcp").to_owned();
+                }
+            }
+            panic!("rebound exited before listening");
+        })
+        .await
+        .expect("listens in time");
+        // Keep the pipe drained, and the log visible with the test's output.
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+            }
+        });
+        (child, base)
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}/mcp", self.base)
+    }
+
+    /// An rmcp client over streamable HTTP, sending `token` as its bearer token.
+    pub async fn client(&self, token: Option<&str>) -> Result<RunningService<RoleClient, TestClient>, String> {
+        http_client(&self.url(), token).await
+    }
+}
+
+/// An rmcp client of the streamable HTTP server at `url`.
+pub async fn http_client(url: &str, token: Option<&str>) -> Result<RunningService<RoleClient, TestClient>, String> {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
+    if let Some(token) = token {
+        config = config.auth_header(token);
+    }
+    let transport = StreamableHttpClientTransport::from_config(config);
+    tokio::time::timeout(Duration::from_secs(30), TestClient::default().serve(transport))
+        .await
+        .map_err(|_| "no answer to initialize within 30 s".to_owned())?
+        .map_err(|e| e.to_string())
+}
+
 /// The text of a result's text blocks.
 pub fn text(result: &CallToolResult) -> String {
     result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")

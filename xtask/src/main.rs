@@ -13,6 +13,7 @@ commands:
   demo                      the gateway recovering real failures, end to end
   build-plugins [--release] build plugins/* for wasm32-wasip2 into target/plugins/NAME.wasm
   new-plugin NAME [--dir D] scaffold a third-party adapter in D/NAME (default plugins/NAME)
+  conformance               the official MCP conformance suite against `serve --http`
   setup                     install the test peers only
   bench    the benchmarks, with their targets from DESIGN.md";
 
@@ -34,6 +35,11 @@ fn main() -> Result<()> {
             new_plugin(&root, name, &dir).map(|_| ())
         }
         Some("bench") => bench(&root, &args[1..]),
+        Some("conformance") => {
+            setup_node(&root)?;
+            run(cargo().args(["build", "-p", "rebound", "--bin", "rebound"]))?;
+            conformance(&root)
+        }
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
@@ -68,32 +74,39 @@ fn setup(root: &Path) -> Result<()> {
     setup_python(root)
 }
 
-/// The npm packages: real third-party MCP servers (and, later, clients).
+/// The npm packages: real third-party MCP servers, the SDK and the conformance suite.
 fn setup_node(root: &Path) -> Result<()> {
-    let node = root.join("tests/node");
-    let lock = node.join("package-lock.json");
-    let marker = node.join("node_modules/.package-lock.json");
+    npm_ci(&root.join("tests/node"))
+}
+
+/// `npm ci` in `dir`, unless its lock file is already installed.
+fn npm_ci(dir: &Path) -> Result<()> {
+    let lock = dir.join("package-lock.json");
+    let marker = dir.join("node_modules/.package-lock.json");
     if !marker.exists() || modified(&lock)? > modified(&marker)? {
         let verb = if lock.exists() { "ci" } else { "install" };
-        run(Command::new("npm").args([verb, "--no-audit", "--no-fund"]).current_dir(&node))?;
+        run(Command::new("npm").args([verb, "--no-audit", "--no-fund"]).current_dir(dir))?;
     }
     Ok(())
 }
 
 /// The official Python MCP SDK and pytest, in a virtualenv under target/.
 fn setup_python(root: &Path) -> Result<()> {
-    let venv = root.join("target/venv");
-    let python = venv.join("bin/python");
-    let requirements = root.join("tests/python/requirements.txt");
-    let stamp = venv.join(".requirements");
-    let wanted = std::fs::read_to_string(&requirements)?;
+    venv(&root.join("target/venv"), &root.join("tests/python/requirements.txt"))
+}
+
+/// A virtualenv at `dir` with `requirements` installed (again only when they change).
+fn venv(dir: &Path, requirements: &Path) -> Result<()> {
+    let python = dir.join("bin/python");
+    let stamp = dir.join(".requirements");
+    let wanted = std::fs::read_to_string(requirements)?;
     if std::fs::read_to_string(&stamp).ok().as_deref() != Some(&wanted) {
         if !python.exists() {
-            run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+            run(Command::new("python3").args(["-m", "venv"]).arg(dir))?;
         }
         run(Command::new(&python)
             .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(&requirements))?;
+            .arg(requirements))?;
         std::fs::write(&stamp, wanted)?;
     }
     Ok(())
@@ -119,7 +132,72 @@ fn test(root: &Path, extra: &[String]) -> Result<()> {
     run(Command::new(root.join("target/venv/bin/python"))
         .args(["-m", "pytest", "-q", "tests/python"])
         .env("REBOUND_BIN_DIR", root.join("target/debug")))?;
-    Ok(())
+    conformance(root)
+}
+
+/// The official conformance suite (`@modelcontextprotocol/conformance`, on the Node 22
+/// it needs, both from npm) against `rebound serve --http`, with the suite's fixture
+/// server (`tests/node/conformance-fixture.mjs`) behind the gateway over stdio. Every
+/// active server scenario must pass with no warning: the baseline of expected failures is
+/// empty.
+fn conformance(root: &Path) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let node_dir = root.join("tests/node");
+    let node = node_dir.join("node_modules/.bin/node");
+    let suite = node_dir.join("node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    let out = root.join("target/conformance");
+    std::fs::create_dir_all(&out)?;
+    let config = out.join("rebound.json");
+    let fixture = node_dir.join("conformance-fixture.mjs");
+    let servers = format!(
+        r#"{{"mcpServers": {{"fixture": {{"command": {node:?}, "args": [{fixture:?}]}}}},
+            "rebound": {{"errors_log": "errors.jsonl", "plugins_dir": {plugins:?}}}}}"#,
+        plugins = root.join("target/plugins"),
+    );
+    std::fs::write(&config, servers)?;
+    let baseline = out.join("expected-failures.yml");
+    std::fs::write(&baseline, "server: []\n")?;
+
+    let log = std::fs::File::create(out.join("rebound.log"))?;
+    eprintln!("$ rebound serve --http 127.0.0.1:0 --config {} (log: target/conformance/rebound.log)", config.display());
+    let mut gateway = Command::new(root.join("target/debug/rebound"))
+        .args(["serve", "--http", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start target/debug/rebound")?;
+    let stderr = gateway.stderr.take().context("stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let mut url = None;
+    for line in lines.by_ref() {
+        let line = line?;
+        if let Some(u) = line.strip_prefix("rebound: listening on ") {
+            url = Some(u.replace("127.0.0.1", "localhost"));
+            break;
+        }
+    }
+    // The rest of the log goes to the file, off this thread.
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut log = log;
+        for line in lines.map_while(Result::ok) {
+            let _ = writeln!(log, "{line}");
+        }
+    });
+    let result = match url {
+        // The suite's DNS-rebinding scenario needs a localhost URL.
+        Some(url) => run(Command::new(&node)
+            .arg(&suite)
+            .args(["server", "--suite", "active", "--url", &url, "--expected-failures"])
+            .arg(&baseline)
+            .arg("-o")
+            .arg(out.join("results"))),
+        None => Err(anyhow::anyhow!("rebound exited before listening; see target/conformance/rebound.log")),
+    };
+    // SIGTERM, so that the gateway stops the fixture as it exits.
+    let _ = Command::new("kill").arg(gateway.id().to_string()).status();
+    let _ = gateway.wait();
+    result
 }
 
 fn demo(root: &Path) -> Result<()> {
@@ -134,6 +212,19 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
     build_plugins(root, true)?;
     run(cargo().args(["build", "--release", "--bins", "-p", "rebound", "-p", "rebound-tests"]))?;
     run(&mut Command::new(root.join("target/release/bench-stdio")))?;
+    // The HTTP peers: supergateway (npm) and mcp-proxy (PyPI), each in its best mode
+    // (stateful sessions; one stdio server).
+    npm_ci(&root.join("tests/bench"))?;
+    let bench_venv = root.join("target/bench-venv");
+    venv(&bench_venv, &root.join("tests/bench/requirements.txt"))?;
+    let supergateway = root.join("tests/bench/node_modules/supergateway/dist/index.js");
+    run(Command::new(root.join("target/release/bench-http"))
+        .args(["--peer", "supergateway", "node"])
+        .arg(&supergateway)
+        .args(["--stdio", "{server}", "--outputTransport", "streamableHttp", "--stateful", "--port", "{port}"])
+        .args(["--logLevel", "none", "--peer", "mcp-proxy"])
+        .arg(bench_venv.join("bin/mcp-proxy"))
+        .args(["--host", "127.0.0.1", "--port", "{port}", "--log-level", "WARNING", "--", "{server-argv}"]))?;
     run(cargo().args(["bench", "-p", "rebound", "--bench", "plugins"]))?;
     run(cargo().args(["bench", "-p", "rebound", "--bench", "recovery", "--"]).args(extra))
 }

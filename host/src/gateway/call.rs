@@ -50,9 +50,8 @@ pub async fn attempt(
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
-    if let Some(client_token) = cx.meta.get_progress_token() {
-        hub.map_progress(session.id, token.clone(), (cx.peer.clone(), client_token));
-    }
+    let progress =
+        cx.meta.get_progress_token().map(|client| hub.map_progress(session.id, token.clone(), cx.peer.clone(), client));
     let response = handle.await_response();
     tokio::pin!(response);
     let outcome = tokio::select! {
@@ -65,6 +64,9 @@ pub async fn attempt(
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
     };
     hub.unmap_progress(session.id, &token);
+    if let Some(progress) = progress {
+        progress.flush().await;
+    }
     match outcome? {
         ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
             Err(Failure::ToolError { result: Box::new(result) })

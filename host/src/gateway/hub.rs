@@ -13,11 +13,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions, LoggingLevel, ProgressToken, RequestId,
-    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions, LoggingLevel, ProgressNotificationParam,
+    ProgressToken, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
 };
 use rmcp::service::OriginatingRequestId;
 use rmcp::{ErrorData, Peer, RoleServer};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
@@ -31,10 +32,6 @@ use crate::redact::Secrets;
 use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
 use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
 
-/// Where a remapped progress token leads: the downstream client and its own token.
-type ProgressRoute = (Peer<RoleServer>, ProgressToken);
-
-/// A call in flight: its id in the hub and the client that made it.
 /// A client's tool call in flight on a server.
 struct InFlight {
     id: u64,
@@ -55,7 +52,7 @@ pub struct Hub {
     catalogue: RwLock<Arc<Catalogue>>,
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
-    progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
+    progress: Mutex<HashMap<(u64, ProgressToken), mpsc::UnboundedSender<ProgressNotificationParam>>>,
     /// Calls in flight per server, newest last, for routing server-to-client requests.
     in_flight: Mutex<HashMap<Arc<str>, Vec<InFlight>>>,
     next_call: std::sync::atomic::AtomicU64,
@@ -261,9 +258,24 @@ impl Hub {
         CallGuard { hub: self.clone(), server: server.clone(), id }
     }
 
-    /// Maps upstream progress of `session`'s `upstream` token to the client's `token`.
-    pub fn map_progress(&self, session: u64, upstream: ProgressToken, route: ProgressRoute) {
-        self.progress.lock().expect("not poisoned").insert((session, upstream), route);
+    /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,
+    /// in the order it arrives, until [`Hub::unmap_progress`].
+    pub fn map_progress(
+        &self,
+        session: u64,
+        upstream: ProgressToken,
+        peer: Peer<RoleServer>,
+        token: ProgressToken,
+    ) -> ProgressForwarder {
+        let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
+        self.progress.lock().expect("not poisoned").insert((session, upstream), tx);
+        let task = tokio::spawn(async move {
+            while let Some(mut p) = rx.recv().await {
+                p.progress_token = token.clone();
+                let _ = peer.notify_progress(p).await;
+            }
+        });
+        ProgressForwarder(task)
     }
 
     pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) {
@@ -301,16 +313,12 @@ impl Hub {
 
     fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {
         match event {
-            UpstreamEvent::Progress(mut p) => {
-                let route =
-                    self.progress.lock().expect("not poisoned").get(&(session, p.progress_token.clone())).cloned();
+            UpstreamEvent::Progress(p) => {
                 // Progress for a call that already finished (or never was ours) has
                 // nobody to go to.
-                if let Some((peer, token)) = route {
-                    p.progress_token = token;
-                    tokio::spawn(async move {
-                        let _ = peer.notify_progress(p).await;
-                    });
+                if let Some(tx) = self.progress.lock().expect("not poisoned").get(&(session, p.progress_token.clone()))
+                {
+                    let _ = tx.send(p);
                 }
             }
             UpstreamEvent::Log(mut log) => {
@@ -407,6 +415,18 @@ impl Relay for HubRelay {
             Some(hub) => hub.on_request(server, request),
             None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
         }
+    }
+}
+
+/// The task passing one call's progress on.
+pub struct ProgressForwarder(tokio::task::JoinHandle<()>);
+
+impl ProgressForwarder {
+    /// Waits until the progress relayed so far has been handed to the client's session,
+    /// so that the answer, sent next, comes after it. Call after `unmap_progress`. A
+    /// client that does not read is given a second, not the call.
+    pub async fn flush(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.0).await;
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::config::StdioLaunch;
+use crate::redact::Secrets;
 
 /// How long a child gets after stdin closes, and again after SIGTERM.
 const GRACE: Duration = Duration::from_secs(2);
@@ -23,6 +24,8 @@ pub struct ServerProcess {
     pgid: Option<Pid>,
     /// The last lines the server wrote to stderr, for start-up error messages.
     tail: Arc<Mutex<VecDeque<String>>>,
+    /// The task reading stderr; it ends when the server's stderr closes.
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// How many stderr lines a start-up error quotes.
@@ -37,7 +40,9 @@ pub struct Pipes {
 impl ServerProcess {
     /// Starts `launch` for the server `name`; its stderr lines go to the log under that
     /// name (stdout is the protocol).
-    pub fn spawn(name: &str, launch: &StdioLaunch) -> std::io::Result<(Self, Pipes)> {
+    /// Lines are redacted with `secrets` before they are logged or kept: servers print
+    /// their configuration when they fail.
+    pub fn spawn(name: &str, launch: &StdioLaunch, secrets: &Secrets) -> std::io::Result<(Self, Pipes)> {
         let mut cmd = Command::new(&launch.command);
         cmd.args(&launch.args)
             .envs(&launch.env)
@@ -56,12 +61,14 @@ impl ServerProcess {
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
-        if let Some(stderr) = child.stderr.take() {
+        let reader = child.stderr.take().map(|stderr| {
             let name = name.to_owned();
             let tail = tail.clone();
+            let secrets = secrets.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    let line = secrets.redact(&line).into_owned();
                     tracing::info!(target: "rebound::upstream", server = %name, "{line}");
                     let mut tail = tail.lock().expect("not poisoned");
                     if tail.len() == TAIL_LINES {
@@ -69,9 +76,9 @@ impl ServerProcess {
                     }
                     tail.push_back(line);
                 }
-            });
-        }
-        Ok((Self { child, pgid, tail }, Pipes { stdin, stdout }))
+            })
+        });
+        Ok((Self { child, pgid, tail, reader }, Pipes { stdin, stdout }))
     }
 
     /// `"; stderr: …"` with the server's last stderr lines, or nothing.
@@ -82,6 +89,15 @@ impl ServerProcess {
         } else {
             format!("; its stderr ended with: {}", tail.iter().cloned().collect::<Vec<_>>().join(" | "))
         }
+    }
+
+    /// [`Self::stderr_tail`] once the server's stderr has been read to its end (or after
+    /// a moment, if something it started keeps stderr open): for a server that exited.
+    pub async fn final_stderr_tail(&mut self) -> String {
+        if let Some(reader) = self.reader.take() {
+            let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
+        }
+        self.stderr_tail()
     }
 
     /// Waits for the child to exit by itself.

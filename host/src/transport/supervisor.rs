@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::process::ServerProcess;
-use super::upstream::{Relay, UpstreamHandler};
+use super::upstream::{InOrder, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, RestartPolicy, ServerConfig, StdioLaunch};
 use crate::redact::Secrets;
 
@@ -371,6 +371,10 @@ impl Supervisor {
         Ok(Connection { process, service, service_ended, stop, session })
     }
 
+    fn in_order<T>(&self, inner: T, handler: &UpstreamHandler) -> InOrder<T> {
+        InOrder { inner, server: self.name.clone(), session: handler.session, relay: self.relay.clone() }
+    }
+
     /// Spawns the server's process and initialises it over its stdin and stdout.
     async fn start_stdio(
         &self,
@@ -378,16 +382,17 @@ impl Supervisor {
         handler: UpstreamHandler,
         stop: &CancellationToken,
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), String> {
-        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch).map_err(|e| {
+        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.secrets).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             format!("cannot run `{}`: {e}{hint}", launch.command)
         })?;
         let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
+        let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
             r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(format!("exited during start-up ({status}){}", process.stderr_tail()));
+                return Err(format!("exited during start-up ({status}){}", process.final_stderr_tail().await));
             }
         };
         match init {
@@ -426,7 +431,7 @@ impl Supervisor {
             .custom_headers(headers)
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
-        let transport = StreamableHttpClientTransport::from_config(config);
+        let transport = self.in_order(StreamableHttpClientTransport::from_config(config), &handler);
         match tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())).await {
             Ok(Ok(running)) => Ok(running),
             Ok(Err(e)) => Err(format!("cannot initialise a session at {}: {e}", http.url)),

@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequestParams, CreateMessageResult,
-    CustomNotification, CustomRequest, CustomResult, ElicitRequestParams, ElicitResult, Implementation,
-    ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion,
-    ResourceUpdatedNotificationParam,
+    CancelledNotificationParam, ClientCapabilities, ClientJsonRpcMessage, ClientResult, CreateMessageRequestParams,
+    CreateMessageResult, CustomNotification, CustomRequest, CustomResult, ElicitRequestParams, ElicitResult,
+    Implementation, ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion,
+    ResourceUpdatedNotificationParam, ServerJsonRpcMessage, ServerNotification,
 };
 use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
 
 /// A notification from an upstream server, for the gateway to pass on.
@@ -45,6 +46,43 @@ pub trait Relay: Send + Sync + 'static {
     fn notify(&self, server: &str, session: u64, event: UpstreamEvent);
     /// A request from `server`; the answer goes back upstream.
     fn request(&self, server: &str, request: UpstreamRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+}
+
+/// An upstream transport that relays progress the moment it arrives. rmcp runs each
+/// notification's handler on a task of its own, so handlers can run out of order and a
+/// call's answer can overtake the progress sent before it; a client that drops progress
+/// after the answer (as the SDKs do) would lose the last steps. Reading happens in wire
+/// order, so relaying here keeps that order.
+pub struct InOrder<T> {
+    pub inner: T,
+    pub server: Arc<str>,
+    pub session: u64,
+    pub relay: Arc<dyn Relay>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        let message = self.inner.receive().await?;
+        if let ServerJsonRpcMessage::Notification(n) = &message
+            && let ServerNotification::ProgressNotification(p) = &n.notification
+        {
+            self.relay.notify(&self.server, self.session, UpstreamEvent::Progress(p.params.clone()));
+        }
+        Some(message)
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
 }
 
 /// The rmcp client handler of one upstream session.
@@ -129,8 +167,8 @@ impl ClientHandler for UpstreamHandler {
         self.relay.notify(&self.server, self.session, UpstreamEvent::Cancelled(params));
     }
 
-    async fn on_progress(&self, params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
-        self.relay.notify(&self.server, self.session, UpstreamEvent::Progress(params));
+    async fn on_progress(&self, _: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
+        // Already relayed, in order, by `InOrder` as it arrived.
     }
 
     async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {

@@ -1,0 +1,105 @@
+"""The official Python MCP SDK over streamable HTTP: `rebound serve --http` in front of
+server-everything, with a bearer token."""
+
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import anyio
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from conftest import BIN
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+@pytest.fixture
+def http_gateway(gateway_config, tmp_path):
+    """Starts the gateway on a free loopback port and yields its /mcp URL."""
+    config, _ = gateway_config
+    log = tmp_path / "rebound.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [str(BIN / "rebound"), "serve", "--config", str(config), "--http", "127.0.0.1:0"],
+            stderr=sink,
+            env={**os.environ, "REBOUND_AUTH_TOKEN": TOKEN},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"listening on (http://\S+/mcp)", log.read_text())
+            url = found.group(1) if found else time.sleep(0.05)
+        assert url, f"the gateway never said where it listens:\n{log.read_text()}"
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        print(log.read_text())
+
+
+def text(result):
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+async def session_run(url, body, token=TOKEN):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with anyio.fail_after(60):
+        async with create_mcp_http_client(headers=headers) as http:
+            async with streamable_http_client(url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    return await body(session)
+
+
+def test_python_sdk_over_http_lists_calls_and_gets_progress(http_gateway):
+    async def body(session):
+        tools = {t.name for t in (await session.list_tools()).tools}
+        assert {"everything__echo", "get-sum", "rebound_status"} <= tools
+        result = await session.call_tool("everything__echo", {"message": "over http"})
+        assert text(result) == "Echo: over http"
+        seen = []
+
+        async def on_progress(progress, total, message):
+            seen.append(progress)
+
+        result = await session.call_tool(
+            "trigger-long-running-operation", {"duration": 1, "steps": 3}, progress_callback=on_progress
+        )
+        assert not result.is_error
+        assert len(seen) == 3, seen
+        crashed = await session.call_tool("crash", {})
+        assert crashed.is_error and "connection lost" in text(crashed)
+        prompts = await session.list_prompts()
+        assert prompts.prompts
+        status = await session.call_tool("rebound_status", {})
+        assert json.loads(text(status))["servers"][0]["name"] == "everything"
+
+    anyio.run(session_run, http_gateway, body)
+
+
+def test_requests_without_the_token_get_401(http_gateway):
+    request = urllib.request.Request(
+        http_gateway,
+        data=b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    assert refused.value.headers["WWW-Authenticate"].startswith("Bearer")
+
+    async def wrong_token():
+        await session_run(http_gateway, lambda s: s.list_tools(), token="not-the-token-at-all")
+
+    with pytest.raises(Exception):
+        anyio.run(wrong_token)
+    # Health needs no token; it says nothing a stranger could use.
+    health = urllib.request.urlopen(http_gateway.replace("/mcp", "/healthz"), timeout=10)
+    assert json.load(health) == {"status": "ok"}

@@ -1,0 +1,159 @@
+//! `cargo xtask bench`: streamable HTTP tool calls per second through Rebound, and through
+//! the two gateways people use for the same job today, supergateway (npm) and mcp-proxy
+//! (PyPI), each in front of the same stdio server, driven by the same client in the same
+//! run (DESIGN.md target: ≥ 2× the faster peer).
+//!
+//! `bench-http --peer NAME ARGV... --peer NAME ARGV...`: xtask installs the peers and
+//! gives their command lines, with `{port}`, `{server}` (the stdio server's command line
+//! as one word) and `{server-argv}` (as separate words) to fill in.
+
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rebound_tests::{bin, http_client};
+use rmcp::model::CallToolRequestParams;
+use serde_json::json;
+
+/// Client sessions calling at once, each in a loop.
+const CLIENTS: usize = 8;
+const WARM_UP: Duration = Duration::from_secs(1);
+const MEASURE: Duration = Duration::from_secs(5);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `argv` and measures calls/s against `url` once it answers.
+async fn measure(name: &str, argv: &[String], url: &str) -> Option<f64> {
+    let mut child = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("REBOUND_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| eprintln!("{name}: cannot start {}: {e}", argv[0]))
+        .ok()?;
+    let started = Instant::now();
+    let mut clients = Vec::new();
+    while clients.len() < CLIENTS {
+        match http_client(url, None).await {
+            Ok(c) => clients.push(c),
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => {
+                eprintln!("{name}: no MCP session at {url}: {e}");
+                return None;
+            }
+        }
+    }
+    let mut params = CallToolRequestParams::new("echo");
+    params.arguments = json!({"message": "ping"}).as_object().cloned();
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let end = Instant::now() + WARM_UP + MEASURE;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let (params, done, failed, counting) = (params.clone(), done.clone(), failed.clone(), counting.clone());
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    let ok = client.peer().call_tool(params.clone()).await.is_ok_and(|r| r.is_error != Some(true));
+                    if counting.load(Ordering::Relaxed) {
+                        if ok { &done } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let _ = client.cancel().await;
+            })
+        })
+        .collect();
+    tokio::time::sleep(WARM_UP).await;
+    counting.store(true, Ordering::Relaxed);
+    let from = Instant::now();
+    for task in tasks {
+        let _ = task.await;
+    }
+    let seconds = from.elapsed().as_secs_f64();
+    if let Some(pid) = child.id() {
+        // The whole group: the peers start the stdio server as their own child.
+        let _ = std::process::Command::new("kill").args(["--", &format!("-{pid}")]).status();
+    }
+    let _ = child.wait().await;
+    let failed = failed.load(Ordering::Relaxed);
+    if failed > 0 {
+        eprintln!("{name}: {failed} calls failed");
+    }
+    Some(done.load(Ordering::Relaxed) as f64 / seconds)
+}
+
+/// `argv` with `{port}` filled in, `{server}` as one word (a command line) and
+/// `{server-argv}` as several.
+fn fill(argv: &[String], port: u16, server: &[String]) -> Vec<String> {
+    argv.iter()
+        .flat_map(|a| match a.as_str() {
+            "{server-argv}" => server.to_vec(),
+            _ => vec![a.replace("{port}", &port.to_string()).replace("{server}", &server.join(" "))],
+        })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let peers: Vec<(String, Vec<String>)> = args
+        .split(|a| a == "--peer")
+        .filter_map(|group| {
+            let (name, argv) = group.split_first()?;
+            Some((name.clone(), argv.to_vec()))
+        })
+        .collect();
+    let server = vec![bin("faulty-server").display().to_string(), "--name".into(), "s".into()];
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("rebound.json");
+    let faulty = bin("faulty-server");
+    std::fs::write(&config, json!({"mcpServers": {"s": {"command": faulty, "args": ["--name", "s"]}}}).to_string())
+        .unwrap();
+
+    let port = free_port();
+    let rebound_argv = vec![
+        bin("rebound").display().to_string(),
+        "serve".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--http".into(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let Some(ours) = measure("rebound", &rebound_argv, &format!("http://127.0.0.1:{port}/mcp")).await else {
+        std::process::exit(1);
+    };
+    println!("streamable HTTP, {CLIENTS} sessions calling `echo` for {} s:", MEASURE.as_secs());
+    println!("  rebound       {ours:>8.0} calls/s");
+    let mut best: Option<(String, f64)> = None;
+    for (name, argv) in &peers {
+        let port = free_port();
+        let argv = fill(argv, port, &server);
+        match measure(name, &argv, &format!("http://127.0.0.1:{port}/mcp")).await {
+            Some(rate) => {
+                println!("  {name:<13} {rate:>8.0} calls/s   (rebound: {:.2}×)", ours / rate);
+                if best.as_ref().is_none_or(|(_, b)| rate > *b) {
+                    best = Some((name.clone(), rate));
+                }
+            }
+            None => println!("  {name:<13} did not run"),
+        }
+    }
+    if let Some((name, rate)) = best {
+        let ratio = ours / rate;
+        println!(
+            "rebound vs the faster peer ({name}): {ratio:.2}× ({} ≥ 2×)",
+            if ratio >= 2.0 { "meets" } else { "MISSES" }
+        );
+    }
+}

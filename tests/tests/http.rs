@@ -1,0 +1,282 @@
+//! `rebound serve --http`: a real rmcp client over streamable HTTP, raw HTTP for what
+//! clients should never get past (no token, a foreign Host or Origin, an oversized body,
+//! too many requests at once), the operator endpoints, and HTTP upstreams whose session
+//! expires under the gateway.
+
+#![allow(deprecated)] // sampling and elicitation live in the revisions we speak
+
+use std::time::Duration;
+
+use rebound_tests::{Gateway, HttpGateway, faulty, http_client, text};
+use reqwest::StatusCode;
+use rmcp::RoleClient;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam};
+use rmcp::service::RunningService;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "e2e-token-0123456789abcdef";
+
+async fn call(
+    client: &RunningService<RoleClient, rebound_tests::TestClient>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
+    let mut params = CallToolRequestParams::new(tool.to_owned());
+    params.arguments = args.as_object().cloned();
+    tokio::time::timeout(Duration::from_secs(60), client.peer().call_tool(params))
+        .await
+        .expect("answers in time")
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+/// A raw JSON-RPC POST to `/mcp`.
+fn post(gw: &HttpGateway, body: &Value) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(gw.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(body.to_string())
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+}
+
+#[tokio::test]
+async fn rust_sdk_client_over_http_gets_recovery_progress_and_server_requests() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"retry": {"initial_delay_ms": 10}});
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"auth_token": TOKEN}}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(Some(TOKEN)).await.expect("connects with the token");
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "echo") && tools.iter().any(|t| t.name == "rebound_status"));
+    assert_eq!(text(&call(&client, "echo", json!({"message": "hi"})).await), "a: hi");
+
+    // Recovery works the same behind HTTP: every fifth `flaky` aborts and is retried.
+    for i in 0..5 {
+        let r = call(&client, "flaky", json!({"q": i.to_string()})).await;
+        assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    }
+
+    // Progress arrives, all of it, before the answer.
+    let mut params = CallToolRequestParams::new("slow");
+    params.arguments = json!({"ms": 200, "steps": 3}).as_object().cloned();
+    let heard = {
+        let handle = client
+            .peer()
+            .send_cancellable_request(
+                rmcp::model::ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params)),
+                rmcp::service::PeerRequestOptions::no_options(),
+            )
+            .await
+            .unwrap();
+        let token = handle.progress_token.clone();
+        handle.await_response().await.unwrap();
+        let progress: Vec<ProgressNotificationParam> = client.service().heard.lock().unwrap().progress.clone();
+        progress.into_iter().filter(|p| p.progress_token == token).map(|p| p.progress).collect::<Vec<_>>()
+    };
+    assert_eq!(heard, [1.0, 2.0, 3.0]);
+
+    // Requests from the server reach this client over its HTTP session and come back.
+    let sampled = call(&client, "sample", json!({"prompt": "over http"})).await;
+    assert!(text(&sampled).contains("the client read") && text(&sampled).contains("over http"), "{}", text(&sampled));
+    let elicited = call(&client, "elicit", json!({})).await;
+    assert!(text(&elicited).contains("Ada"), "{}", text(&elicited));
+
+    // Without the token, or with another one, the gateway does not speak MCP at all.
+    assert!(gw.client(None).await.is_err());
+    assert!(gw.client(Some("another-token-0123456789")).await.is_err());
+    let _ = client.cancel().await;
+}
+
+#[tokio::test]
+async fn what_a_client_must_not_get_past() {
+    let gw = HttpGateway::start(
+        |dir| {
+            json!({
+                "mcpServers": {"a": faulty("a", dir, &[])},
+                "rebound": {"http": {"auth_token": TOKEN, "max_body_bytes": 65536, "max_concurrent_per_client": 2}},
+            })
+        },
+        &[],
+    )
+    .await;
+
+    let refused = post(&gw, &initialize()).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert!(refused.headers()["www-authenticate"].to_str().unwrap().starts_with("Bearer"));
+    let wrong = post(&gw, &initialize()).bearer_auth("not-it").send().await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    // /metrics is for whoever holds the token too; /healthz is not.
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::UNAUTHORIZED);
+
+    // DNS rebinding: a page on another domain, resolved to 127.0.0.1.
+    let rebinding =
+        post(&gw, &initialize()).bearer_auth(TOKEN).header("host", "evil.example.com").send().await.unwrap();
+    assert_eq!(rebinding.status(), StatusCode::FORBIDDEN);
+    let foreign =
+        post(&gw, &initialize()).bearer_auth(TOKEN).header("origin", "http://evil.example.com").send().await.unwrap();
+    assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
+    let local_page = post(&gw, &initialize()).bearer_auth(TOKEN).header("origin", "http://localhost:5173").send();
+    assert_eq!(local_page.await.unwrap().status(), StatusCode::OK);
+
+    // A body past the limit is refused before it is read in full.
+    let mut big = initialize();
+    big["params"]["padding"] = json!("x".repeat(100_000));
+    assert_eq!(post(&gw, &big).bearer_auth(TOKEN).send().await.unwrap().status(), StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Two requests at once per client; the third is told to wait.
+    let init = post(&gw, &initialize()).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(init.status(), StatusCode::OK);
+    let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    drop(init);
+    let in_session = |body: Value| {
+        post(&gw, &body)
+            .bearer_auth(TOKEN)
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+    };
+    let initialized = in_session(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await;
+    assert_eq!(initialized.unwrap().status(), StatusCode::ACCEPTED);
+    let slow = |id: u32| {
+        in_session(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "slow", "arguments": {"ms": 1500}}}))
+            .send()
+    };
+    let (first, second) = tokio::join!(slow(1), slow(2));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!((first.status(), second.status()), (StatusCode::OK, StatusCode::OK));
+    // Both answers are still streaming: their permits are held.
+    let third = slow(3).await.unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(third.headers()["retry-after"], "1");
+    let (a, b) = (first.text().await.unwrap(), second.text().await.unwrap());
+    assert!(a.contains("slept 1500 ms") && b.contains("slept 1500 ms"), "{a}\n{b}");
+    // Finished answers give the permits back.
+    assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let gw = HttpGateway::start(
+        |dir| {
+            json!({
+                "mcpServers": {
+                    "a": faulty("a", dir, &[]),
+                    "missing": {"command": "/nonexistent/mcp-server"},
+                },
+                "rebound": {"restart": {"initial_delay_ms": 50}},
+            })
+        },
+        &[],
+    )
+    .await;
+    let health = reqwest::get(format!("{}/healthz", gw.base)).await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let ready = reqwest::get(format!("{}/readyz", gw.base)).await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE, "one server cannot start");
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(body["servers"]["a"], "ready");
+    assert_ne!(body["servers"]["missing"], "ready");
+
+    let client = gw.client(None).await.unwrap();
+    call(&client, "echo", json!({"message": "m"})).await;
+    call(&client, "fail", json!({"message": "no"})).await;
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::OK);
+    assert!(metrics.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
+    let text = metrics.text().await.unwrap();
+    for line in [
+        r#"rebound_calls_total{server="a",tool="echo",outcome="ok"} 1"#,
+        r#"rebound_calls_total{server="a",tool="fail",outcome="tool_error"} 1"#,
+        r#"rebound_attempt_failures_total{server="a",category="tool-execution"} 1"#,
+        r#"rebound_call_duration_seconds_count{server="a"} 2"#,
+        r#"rebound_breaker_state{server="a"} 0"#,
+        r#"rebound_server_status{server="a",status="ready"} 1"#,
+        r#"rebound_server_status{server="missing",status="ready"} 0"#,
+        "# EOF",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    let _ = client.cancel().await;
+}
+
+#[tokio::test]
+async fn secrets_from_the_config_never_leave_the_gateway() {
+    const SECRET: &str = "sk-live-do-not-print-4242";
+    let gw = HttpGateway::start(
+        |dir| {
+            json!({
+                "mcpServers": {
+                    "a": faulty("a", dir, &[]),
+                    // Prints its key on stderr as it dies: the tail is kept as its last error.
+                    "leaky": {"command": "sh", "args": ["-c", "echo \"bad key $API_KEY\" >&2; exit 3"], "env": {"API_KEY": SECRET}},
+                    "remote": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": format!("Bearer {SECRET}-2")}},
+                },
+                "rebound": {"restart": {"initial_delay_ms": 50}, "errors_log": dir.join("errors.jsonl")},
+            })
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let mut status = String::new();
+    for _ in 0..100 {
+        status = text(&call(&client, "rebound_status", json!({})).await);
+        if status.contains("exited during start-up") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(status.contains("exited during start-up") && status.contains("[redacted]"), "{status}");
+    assert!(!status.contains(SECRET), "{status}");
+    let errors = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).unwrap_or_default();
+    assert!(!errors.contains(SECRET));
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(!metrics.contains(SECRET));
+    let _ = client.cancel().await;
+}
+
+/// An HTTP upstream that restarts forgets its sessions (404); the gateway opens a new
+/// one and replays the call, and its client sees an ordinary answer.
+#[tokio::test]
+async fn an_expired_upstream_session_is_reinitialised_without_the_client_noticing() {
+    let inner_dir = tempfile::tempdir().unwrap();
+    let inner_config = inner_dir.path().join("inner.json");
+    std::fs::write(&inner_config, json!({"mcpServers": {"f": faulty("f", inner_dir.path(), &[])}}).to_string())
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let (mut inner, base) = HttpGateway::spawn(&inner_config, &addr, &[]).await;
+
+    let gw = Gateway::start(
+        |_| json!({"mcpServers": {"remote": {"url": format!("{base}/mcp"), "headers": {"X-Client": "rebound-tests"}}}}),
+    )
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "one"})).await), "f: one");
+
+    inner.kill().await.unwrap();
+    inner.wait().await.unwrap();
+    let (_inner, _) = HttpGateway::spawn(&inner_config, &addr, &[]).await;
+
+    let again = gw.call("echo", json!({"message": "two"})).await;
+    assert_ne!(again.is_error, Some(true), "{}", text(&again));
+    assert_eq!(text(&again), "f: two");
+    let status: Value = serde_json::from_str(&text(&gw.call("rebound_status", json!({})).await)).unwrap();
+    // Not a restart, not a failure: the transport re-initialised and replayed the request.
+    let remote = &status["servers"][0];
+    assert_eq!((&remote["status"], &remote["restarts"]), (&json!("ready"), &json!(0)), "{remote}");
+    assert_eq!(remote["counters"]["failures"], 0, "{remote}");
+
+    // And the upstream is a real rmcp server: the same client code reaches it directly.
+    let direct = http_client(&format!("{base}/mcp"), None).await.unwrap();
+    assert!(direct.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "echo"));
+    let _ = direct.cancel().await;
+}
