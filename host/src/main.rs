@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rebound::config::{self, Config, Launch};
 use rebound::gateway::{Gateway, Hub};
+use rebound::redact::Secrets;
 use rmcp::ServiceExt;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -43,7 +44,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // stdout is the protocol: every log line goes to stderr.
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| rebound::redact::RedactedStderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG").unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
@@ -64,16 +65,18 @@ fn main() -> ExitCode {
 
 fn check(path: PathBuf) -> Result<()> {
     let config = config::load(&path)?;
+    let secrets = Secrets::of(&config);
+    rebound::redact::redact_logs(secrets.clone());
     print_warnings(&config);
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
     for (name, server) in &config.servers {
         let launch = match &server.launch {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
-            Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", h.url),
+            Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", secrets.redact(&h.url)),
             // Header values are often credentials: names only.
             Launch::Http(h) => format!(
                 "streamable HTTP: {} (headers: {})",
-                h.url,
+                secrets.redact(&h.url),
                 h.headers.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
             ),
         };
@@ -120,6 +123,7 @@ fn print_warnings(config: &Config) {
 
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let config = config::load(&path)?;
+    rebound::redact::redact_logs(Secrets::of(&config));
     print_warnings(&config);
     // Before the async runtime: loading runs each plugin once, synchronously.
     let plugins = rebound::plugins::prepare(&config);

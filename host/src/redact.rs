@@ -5,7 +5,8 @@
 //! into `last_error`.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -23,15 +24,17 @@ pub struct Secrets {
 }
 
 impl Secrets {
-    /// The secrets of `config`. Every header value counts, and every environment value of
-    /// 8 characters or more or with a secret-sounding name; short values like `1` or `true`
-    /// would only garble the text around them.
+    /// The secrets of `config`: every header value; the password and query values of an
+    /// upstream URL; environment values with a secret-sounding name, and the others of 8
+    /// characters or more unless they are paths or numbers (short values like `1` or
+    /// `true`, and the paths a server is told about, would only garble the text around them).
     pub fn of(config: &Config) -> Self {
         let mut values = Vec::new();
         let mut add = |name: &str, value: &str| {
             let lower = name.to_ascii_lowercase();
             let named = SECRET_NAMES.iter().any(|n| lower.contains(n));
-            if value.len() >= 8 || (named && value.len() >= 3) {
+            let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
+            if (named && value.len() >= 3) || (value.len() >= 8 && !plain) {
                 values.push(value.to_owned());
             }
             // `Bearer TOKEN`, `Basic CREDENTIALS`: the credential alone is secret too.
@@ -45,7 +48,12 @@ impl Secrets {
         for server in config.servers.values() {
             match &server.launch {
                 Launch::Stdio(s) => s.env.iter().for_each(|(k, v)| add(k, v)),
-                Launch::Http(h) => h.headers.iter().for_each(|(k, v)| add(&format!("{k}-auth"), v)),
+                Launch::Http(h) => {
+                    h.headers.iter().for_each(|(k, v)| add(&format!("{k}-auth"), v));
+                    for value in url_credentials(&h.url) {
+                        add("url-secret", value);
+                    }
+                }
             }
         }
         if let Some(token) = &config.settings.http.auth_token {
@@ -89,6 +97,51 @@ impl Secrets {
             _ => {}
         }
     }
+}
+
+static FOR_LOGS: OnceLock<Secrets> = OnceLock::new();
+
+/// From now on, every log line written through [`RedactedStderr`] is redacted with
+/// `secrets`. Set once, when the configuration is loaded.
+pub fn redact_logs(secrets: Secrets) {
+    let _ = FOR_LOGS.set(secrets);
+}
+
+/// stderr for the log, redacting each line: libraries log too, and rmcp quotes an
+/// upstream's URL (query and all) when it cannot connect. `tracing-subscriber` formats an
+/// event whole and writes it in one call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RedactedStderr;
+
+impl Write for RedactedStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut stderr = std::io::stderr().lock();
+        match (FOR_LOGS.get(), std::str::from_utf8(buf)) {
+            (Some(secrets), Ok(text)) => stderr.write_all(secrets.redact(text).as_bytes())?,
+            _ => stderr.write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// The user, password and query values of `url`.
+fn url_credentials(url: &str) -> Vec<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut found = Vec::new();
+    if let Some((userinfo, _)) = authority.rsplit_once('@') {
+        found.extend(userinfo.split(':').filter(|s| !s.is_empty()));
+    }
+    if let Some((_, query)) = path.split_once('?') {
+        let query = query.split('#').next().unwrap_or_default();
+        found
+            .extend(query.split('&').filter_map(|pair| pair.split_once('=').map(|(_, v)| v)).filter(|v| !v.is_empty()));
+    }
+    found
 }
 
 #[cfg(test)]

@@ -6,4 +6,4 @@ pub mod supervisor;
 pub mod upstream;
 
 pub use supervisor::{ServerHandle, Session, Status, spawn_supervisor};
-pub use upstream::{Relay, UpstreamEvent, UpstreamRequest};
+pub use upstream::{Asker, Relay, UpstreamEvent, UpstreamRequest};

@@ -202,6 +202,8 @@ pub struct HttpGateway {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     pub dir: tempfile::TempDir,
+    /// Everything the gateway has logged so far.
+    pub log: Arc<Mutex<String>>,
 }
 
 impl HttpGateway {
@@ -211,13 +213,14 @@ impl HttpGateway {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rebound.json");
         std::fs::write(&path, serde_json::to_vec_pretty(&config(dir.path())).unwrap()).unwrap();
-        let (child, base) = Self::spawn(&path, "127.0.0.1:0", env).await;
-        HttpGateway { child, base, dir }
+        let log = Arc::new(Mutex::new(String::new()));
+        let (child, base) = Self::spawn(&path, "127.0.0.1:0", env, log.clone()).await;
+        HttpGateway { child, base, dir, log }
     }
 
     /// Starts `rebound serve --http addr` on the config at `path`; returns the process and
-    /// the address it listens on.
-    pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)]) -> (Child, String) {
+    /// the address it listens on. Its log goes to `log` and to the test's output.
+    pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)], log: Arc<Mutex<String>>) -> (Child, String) {
         use tokio::io::{AsyncBufReadExt, BufReader};
         let mut child = tokio::process::Command::new(bin("rebound"))
             .args(["serve", "--http", addr, "--config"])
@@ -229,9 +232,15 @@ impl HttpGateway {
             .spawn()
             .expect("rebound starts");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let keep = move |line: &str| {
+            eprintln!("{line}");
+            let mut log = log.lock().unwrap();
+            log.push_str(line);
+            log.push('\n');
+        };
         let base = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(line) = lines.next_line().await.expect("stderr") {
-                eprintln!("{line}");
+                keep(&line);
                 if let Some(url) = line.strip_prefix("rebound: listening on ") {
                     return url.trim_end_matches("/mcp").to_owned();
                 }
@@ -243,7 +252,7 @@ impl HttpGateway {
         // Keep the pipe drained, and the log visible with the test's output.
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                eprintln!("{line}");
+                keep(&line);
             }
         });
         (child, base)

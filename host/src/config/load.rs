@@ -381,20 +381,34 @@ impl Ctx<'_> {
     }
 
     fn http_settings(&self, mut http: HttpSettings) -> Result<HttpSettings, ConfigError> {
-        if let Some(token) = (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
-            http.auth_token = Some(token);
-        }
-        if let Some(token) = &http.auth_token {
-            let token = self.expand("rebound.http.auth_token", token)?;
-            if token.len() < 16 || axum::http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
-                return Err(self.err(
+        // The environment's token is taken as it is; the file's may be `${VAR}`.
+        let (key, token) = match (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
+            Some(token) => ("REBOUND_AUTH_TOKEN", Some(token)),
+            None => match &http.auth_token {
+                // An expansion error would quote the token: say only where it is.
+                Some(t) => (
                     "rebound.http.auth_token",
-                    "is too short or has characters a header cannot carry",
-                    "use at least 16 printable characters, e.g. from `openssl rand -hex 32`",
-                ));
-            }
-            http.auth_token = Some(token);
+                    Some(self.expand("rebound.http.auth_token", t).map_err(|_| {
+                        self.err(
+                            "rebound.http.auth_token",
+                            "has an unfinished `${`",
+                            "write `${VAR}` to read the token from VAR",
+                        )
+                    })?),
+                ),
+                None => ("rebound.http.auth_token", None),
+            },
+        };
+        if let Some(token) = &token
+            && (token.len() < 16 || axum::http::HeaderValue::try_from(format!("Bearer {token}")).is_err())
+        {
+            return Err(self.err(
+                key,
+                "is too short or has characters a header cannot carry",
+                "use at least 16 printable characters, e.g. from `openssl rand -hex 32`",
+            ));
         }
+        http.auth_token = token;
         for (i, origin) in http.allowed_origins.iter().enumerate() {
             if origin != "null" && !origin.contains("://") {
                 return Err(self.err(
@@ -404,10 +418,10 @@ impl Ctx<'_> {
                 ));
             }
         }
-        if http.max_body_bytes == 0 || http.max_concurrent_per_client == 0 {
+        if !(1..=1 << 30).contains(&http.max_body_bytes) || !(1..=100_000).contains(&http.max_concurrent_per_client) {
             return Err(self.err(
                 "rebound.http",
-                "`max_body_bytes` and `max_concurrent_per_client` must be at least 1",
+                "`max_body_bytes` must be 1 to 2^30 and `max_concurrent_per_client` 1 to 100000",
                 "leave them out for the defaults (4 MiB, 32)",
             ));
         }

@@ -11,7 +11,7 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
 
-use super::hub::Hub;
+use super::hub::{CallGuard, Hub};
 use crate::recovery::Failure;
 use crate::transport::Session;
 
@@ -33,6 +33,7 @@ pub async fn attempt(
     arguments: Option<JsonObject>,
     how: Attempt,
     cx: &RequestContext<RoleServer>,
+    call: &CallGuard,
 ) -> Result<CallToolResult, Failure> {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     params.arguments = arguments;
@@ -50,6 +51,7 @@ pub async fn attempt(
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
+    call.sent(session.id, id.clone());
     let progress =
         cx.meta.get_progress_token().map(|client| hub.map_progress(session.id, token.clone(), cx.peer.clone(), client));
     let response = handle.await_response();

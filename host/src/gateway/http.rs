@@ -20,6 +20,7 @@ use http_body_util::BodyExt;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use serde::de::IgnoredAny;
 use serde_json::json;
 use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -49,6 +50,12 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
         let (name, _) = split_authority(h);
         name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
     });
+    if !local.ip().is_loopback() && settings.auth_token.is_none() {
+        // The Host check stops browsers, not a client that writes `Host: localhost`.
+        anyhow::bail!(
+            "{local} is reachable from other machines, and no token is set: set REBOUND_AUTH_TOKEN (or rebound.http.auth_token), or listen on 127.0.0.1"
+        );
+    }
     if !local.ip().is_loopback() && loopback_only {
         tracing::warn!(
             "listening on {local}, but only loopback Host names are allowed: add this machine's names to `rebound.http.allowed_hosts`"
@@ -56,7 +63,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     }
     if settings.auth_token.is_none() {
         tracing::info!(
-            "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any local client may connect"
+            "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any process on this machine may connect"
         );
     }
     let app = router(hub, settings, shutdown.child_token());
@@ -166,9 +173,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Requests in flight per client. A client is its MCP session once it has one, and its
-/// address before (the `initialize` request). The permit is held until the response body
-/// ends, so a tool call streaming its answer over SSE counts for as long as it runs; the
-/// session's standalone GET stream, open for the whole session, does not count.
+/// address before (the `initialize` request). Only JSON-RPC requests count, not the
+/// client's answers to the server's requests or its notifications (a client must always
+/// be able to answer an elicitation or cancel). The permit is held until the response
+/// body ends, so a tool call answered over SSE counts while its answer streams; a client
+/// that disconnects gives its permit back even if the call goes on.
 #[derive(Debug, Default)]
 struct ClientLimits {
     per_client: usize,
@@ -177,11 +186,10 @@ struct ClientLimits {
 
 impl ClientLimits {
     fn try_acquire(self: &Arc<Self>, client: String) -> Option<ClientPermit> {
-        let semaphore = {
-            let mut clients = self.clients.lock().expect("not poisoned");
-            clients.entry(client.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.per_client))).clone()
-        };
-        let permit = semaphore.try_acquire_owned().ok()?;
+        // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
+        let mut clients = self.clients.lock().expect("not poisoned");
+        let semaphore = clients.entry(client.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.per_client)));
+        let permit = semaphore.clone().try_acquire_owned().ok()?;
         Some(ClientPermit { limits: self.clone(), client, permit: Some(permit) })
     }
 }
@@ -203,6 +211,28 @@ impl Drop for ClientPermit {
     }
 }
 
+/// What decides whether a POST counts: a JSON-RPC request has a method and an id.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Probe {
+    One { method: Option<IgnoredAny>, id: Option<IgnoredAny> },
+    Batch(Vec<Probe>),
+}
+
+impl Probe {
+    fn is_request(&self) -> bool {
+        match self {
+            Probe::One { method, id } => method.is_some() && id.is_some(),
+            Probe::Batch(items) => items.iter().any(Probe::is_request),
+        }
+    }
+}
+
+/// Whether `body` carries a request; what cannot be read counts (rmcp will refuse it).
+fn carries_request(body: &[u8]) -> bool {
+    serde_json::from_slice::<Probe>(body).map_or(true, |p| p.is_request())
+}
+
 async fn limit(
     State(front): State<Front>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -210,6 +240,22 @@ async fn limit(
     next: Next,
 ) -> Response {
     if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, front.settings.max_body_bytes).await {
+        Ok(body) => body,
+        Err(e) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is larger than rebound.http.max_body_bytes",
+            );
+        }
+        Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
+    };
+    let counts = carries_request(&body);
+    let request = Request::from_parts(parts, Body::from(body));
+    if !counts {
         return next.run(request).await;
     }
     let client = match request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
@@ -233,16 +279,13 @@ async fn limit(
     Response::from_parts(parts, Body::new(body))
 }
 
+/// 200 when every server is ready, else 503. Counts only: it needs no token, so it names
+/// nothing (`/metrics` and `rebound_status` do, behind the token).
 async fn readyz(State(front): State<Front>) -> Response {
-    let servers: serde_json::Map<String, serde_json::Value> = front
-        .hub
-        .servers
-        .iter()
-        .map(|(name, handle)| (name.to_string(), json!(handle.state().status.as_str())))
-        .collect();
-    let ready = front.hub.servers.values().all(|h| h.state().status == Status::Ready);
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(json!({"ready": ready, "servers": servers}))).into_response()
+    let total = front.hub.servers.len();
+    let ready = front.hub.servers.values().filter(|h| h.state().status == Status::Ready).count();
+    let status = if ready == total { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, axum::Json(json!({"ready": ready == total, "servers": total, "servers_ready": ready}))).into_response()
 }
 
 async fn metrics(State(front): State<Front>) -> Response {
@@ -342,6 +385,17 @@ mod tests {
             assert!(!origin_allowed(&allowed, bad), "{bad}");
         }
         assert!(origin_allowed(&list(&["null"]), "null"));
+    }
+
+    #[test]
+    fn only_json_rpc_requests_count_against_the_limit() {
+        assert!(carries_request(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#));
+        assert!(carries_request(
+            br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"ping"}]"#
+        ));
+        assert!(carries_request(b"not json"));
+        assert!(!carries_request(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
+        assert!(!carries_request(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
     }
 
     #[test]

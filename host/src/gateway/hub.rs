@@ -6,17 +6,18 @@
 // revision the gateway speaks; they are relayed faithfully.
 #![allow(deprecated)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
 use rmcp::model::{
-    ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions, LoggingLevel, ProgressNotificationParam,
-    ProgressToken, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    CancelledNotificationParam, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions, LoggingLevel,
+    ProgressNotificationParam, ProgressToken, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams,
+    SubscribeRequestParams,
 };
-use rmcp::service::OriginatingRequestId;
+use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -30,7 +31,11 @@ use crate::recovery::clock::{Rng, TokioClock};
 use crate::recovery::engine::Engine;
 use crate::redact::Secrets;
 use crate::transport::supervisor::{ServerHandle, Status, spawn_supervisor};
-use crate::transport::{Relay, UpstreamEvent, UpstreamRequest};
+use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
+
+/// How long, and how much, progress without a call is kept for a call about to be mapped.
+const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
+const EARLY_PROGRESS_MAX: usize = 256;
 
 /// A client's tool call in flight on a server.
 struct InFlight {
@@ -38,6 +43,8 @@ struct InFlight {
     peer: Peer<RoleServer>,
     /// The client's id for the call.
     request: RequestId,
+    /// The upstream session and our request id there, once the attempt is sent.
+    upstream: Option<(u64, RequestId)>,
 }
 
 pub struct Hub {
@@ -53,6 +60,10 @@ pub struct Hub {
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
     progress: Mutex<HashMap<(u64, ProgressToken), mpsc::UnboundedSender<ProgressNotificationParam>>>,
+    /// Progress that came before its call was mapped (a server may report before the
+    /// send returns here), briefly: (arrived, upstream session, notification). Locked
+    /// after `progress`, never before.
+    early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
     /// Calls in flight per server, newest last, for routing server-to-client requests.
     in_flight: Mutex<HashMap<Arc<str>, Vec<InFlight>>>,
     next_call: std::sync::atomic::AtomicU64,
@@ -105,6 +116,7 @@ impl Hub {
                 catalogue: RwLock::default(),
                 downstreams: Mutex::default(),
                 progress: Mutex::default(),
+                early_progress: Mutex::default(),
                 in_flight: Mutex::default(),
                 next_call: Default::default(),
                 log_level: Mutex::default(),
@@ -253,7 +265,7 @@ impl Hub {
     /// the call runs travel on that request's response stream.
     pub fn track_call(self: &Arc<Self>, server: &Arc<str>, peer: &Peer<RoleServer>, request: RequestId) -> CallGuard {
         let id = self.next_call.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let call = InFlight { id, peer: peer.clone(), request };
+        let call = InFlight { id, peer: peer.clone(), request, upstream: None };
         self.in_flight.lock().expect("not poisoned").entry(server.clone()).or_default().push(call);
         CallGuard { hub: self.clone(), server: server.clone(), id }
     }
@@ -268,7 +280,18 @@ impl Hub {
         token: ProgressToken,
     ) -> ProgressForwarder {
         let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
-        self.progress.lock().expect("not poisoned").insert((session, upstream), tx);
+        {
+            let mut routes = self.progress.lock().expect("not poisoned");
+            let mut early = self.early_progress.lock().expect("not poisoned");
+            early.retain(|(_, s, p)| {
+                let ours = *s == session && p.progress_token == upstream;
+                if ours {
+                    let _ = tx.send(p.clone());
+                }
+                !ours
+            });
+            routes.insert((session, upstream), tx);
+        }
         let task = tokio::spawn(async move {
             while let Some(mut p) = rx.recv().await {
                 p.progress_token = token.clone();
@@ -295,15 +318,26 @@ impl Hub {
         }
     }
 
-    /// The client that should answer a request from `server`: the one with the newest
-    /// call in flight there, else any connected client.
-    fn client_for(&self, server: &str) -> Option<(Peer<RoleServer>, Option<RequestId>)> {
+    /// The client that should answer a request from `server`, and the client's request it
+    /// belongs to. Exactly the call it came during, when the server says (HTTP); else the
+    /// newest call in flight there (a stdio server cannot say which of several it means);
+    /// else, with no call in flight, the one client if there is only one. Never a client
+    /// picked at random among several: it would see another client's question.
+    fn client_for(&self, server: &str, asker: &Asker) -> Option<(Peer<RoleServer>, Option<RequestId>)> {
         let in_flight = self.in_flight.lock().expect("not poisoned");
-        in_flight
-            .get(server)
-            .and_then(|calls| calls.iter().rev().find(|c| !c.peer.is_transport_closed()))
-            .map(|c| (c.peer.clone(), Some(c.request.clone())))
-            .or_else(|| self.downstreams().pop().map(|p| (p, None)))
+        let calls = in_flight.get(server).map(Vec::as_slice).unwrap_or_default();
+        let live = || calls.iter().rev().filter(|c| !c.peer.is_transport_closed());
+        let exact = asker.during.as_ref().and_then(|during| {
+            live().find(|c| c.upstream.as_ref().is_some_and(|(s, id)| *s == asker.session && id == during))
+        });
+        if let Some(call) = exact.or_else(|| live().next()) {
+            return Some((call.peer.clone(), Some(call.request.clone())));
+        }
+        drop(in_flight);
+        match self.downstreams().as_slice() {
+            [only] => Some((only.clone(), None)),
+            _ => None,
+        }
     }
 
     /// Stops every server in parallel and waits until their processes are gone.
@@ -314,12 +348,21 @@ impl Hub {
     fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {
         match event {
             UpstreamEvent::Progress(p) => {
-                // Progress for a call that already finished (or never was ours) has
-                // nobody to go to.
-                if let Some(tx) = self.progress.lock().expect("not poisoned").get(&(session, p.progress_token.clone()))
-                {
+                let routes = self.progress.lock().expect("not poisoned");
+                if let Some(tx) = routes.get(&(session, p.progress_token.clone())) {
                     let _ = tx.send(p);
+                    return;
                 }
+                // Early, or for a call that already finished (or never was ours): kept a
+                // moment in case its call is about to be mapped.
+                let mut early = self.early_progress.lock().expect("not poisoned");
+                let now = Instant::now();
+                while early.front().is_some_and(|(t, _, _)| now.duration_since(*t) > EARLY_PROGRESS_KEPT)
+                    || early.len() >= EARLY_PROGRESS_MAX
+                {
+                    early.pop_front();
+                }
+                early.push_back((now, session, p));
             }
             UpstreamEvent::Log(mut log) => {
                 log.logger = Some(match log.logger.take() {
@@ -352,14 +395,15 @@ impl Hub {
     fn on_request(
         self: Arc<Self>,
         server: &str,
+        asker: Asker,
         request: UpstreamRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let peer = self.client_for(server);
+        let peer = self.client_for(server, &asker);
         let server = server.to_owned();
         Box::pin(async move {
             let Some((peer, originating)) = peer else {
                 return Err(ErrorData::internal_error(
-                    "no client is connected to the gateway to answer this request",
+                    "no client of the gateway is waiting on this server, so none can answer this request",
                     None,
                 ));
             };
@@ -391,7 +435,19 @@ impl Hub {
             // On a task of its own: rmcp marks requests sent from inside a request handler
             // with that request's id (a task-local), and here that would be the upstream
             // server's id, which means nothing to the client's session.
-            let sent = tokio::spawn(async move { peer.send_request(request).await });
+            let sent = tokio::spawn(async move {
+                let handle = peer.send_cancellable_request(request, PeerRequestOptions::no_options()).await?;
+                let id = handle.id.clone();
+                tokio::select! {
+                    answer = handle.await_response() => answer,
+                    () = asker.cancel.cancelled() => {
+                        // The server gave up: close the client's dialog too.
+                        let reason = Some("the server cancelled its request".to_owned());
+                        let _ = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason.clone())).await;
+                        Err(rmcp::ServiceError::Cancelled { reason })
+                    }
+                }
+            });
             match sent.await {
                 Ok(answer) => answer.map_err(|e| match e {
                     rmcp::ServiceError::McpError(e) => e,
@@ -410,9 +466,14 @@ impl Relay for HubRelay {
         }
     }
 
-    fn request(&self, server: &str, request: UpstreamRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+    fn request(
+        &self,
+        server: &str,
+        asker: Asker,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
         match self.0.upgrade() {
-            Some(hub) => hub.on_request(server, request),
+            Some(hub) => hub.on_request(server, asker, request),
             None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
         }
     }
@@ -435,6 +496,16 @@ pub struct CallGuard {
     hub: Arc<Hub>,
     server: Arc<str>,
     id: u64,
+}
+
+impl CallGuard {
+    /// The attempt went out as request `request` on upstream session `session`.
+    pub fn sent(&self, session: u64, request: RequestId) {
+        let mut in_flight = self.hub.in_flight.lock().expect("not poisoned");
+        if let Some(call) = in_flight.get_mut(&self.server).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
+            call.upstream = Some((session, request));
+        }
+    }
 }
 
 impl Drop for CallGuard {

@@ -104,7 +104,8 @@ impl Metrics {
             Ending::Answered(_) => Outcome::ok,
         };
         let server = record.server.to_string();
-        self.calls.get_or_create(&CallLabels { server: server.clone(), tool: record.tool.clone(), outcome }).inc();
+        let tool = label(&record.tool);
+        self.calls.get_or_create(&CallLabels { server: server.clone(), tool, outcome }).inc();
         for (attempt, _, class) in record.failures() {
             let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.as_str().into() };
             self.failures.get_or_create(&labels).inc();
@@ -127,6 +128,12 @@ impl Metrics {
         let _ = encode_eof(&mut out);
         out
     }
+}
+
+/// A tool name as a label value. prometheus-client writes label values as they are, and
+/// tool names come from the servers: a quote or a line break would break the exposition.
+fn label(name: &str) -> String {
+    name.chars().map(|c| if c == '"' || c == '\\' || c.is_control() { '_' } else { c }).collect()
 }
 
 /// A registry filled from the hub's state at this moment.
@@ -168,7 +175,7 @@ fn state_registry(hub: &Hub) -> Registry {
         }
         if let Some(adapter) = hub.plugins.adapters.get(name) {
             let h = adapter.health();
-            let labels = AdapterLabels { server: name.to_string(), adapter: h.name.clone() };
+            let labels = AdapterLabels { server: name.to_string(), adapter: label(&h.name) };
             faults.get_or_create(&labels).inc_by(h.faults);
             quarantined.get_or_create(&labels).set(i64::from(h.quarantined_for_ms.is_some()));
         }
@@ -185,4 +192,13 @@ fn state_registry(hub: &Hub) -> Registry {
     dropped.inc_by(hub.errors.dropped());
     registry.register("errors_log_dropped", "Errors log entries not written", dropped);
     registry
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn label_values_cannot_break_the_exposition() {
+        assert_eq!(super::label("lean_goal"), "lean_goal");
+        assert_eq!(super::label("evil\"} 1\nfake{x=\"1"), "evil_} 1_fake{x=_1");
+    }
 }

@@ -31,7 +31,6 @@ use super::status;
 use crate::recovery::Failure;
 use crate::recovery::engine::{Ending, Upstream};
 use crate::recovery::report;
-use crate::redact::Secrets;
 use crate::transport::Session;
 
 /// One downstream session's handler. Cheap to clone; all state lives in the [`Hub`].
@@ -74,13 +73,6 @@ impl Gateway {
             .map(|s| Duration::from_millis(s.recovery.timeout_ms))
             .unwrap_or(Duration::from_secs(30))
     }
-}
-
-/// `result` with every secret removed from its text.
-fn redacted(secrets: &Secrets, result: CallToolResult) -> CallToolResult {
-    let Ok(mut value) = serde_json::to_value(&result) else { return result };
-    secrets.redact_json(&mut value);
-    serde_json::from_value(value).unwrap_or(result)
 }
 
 fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
@@ -182,9 +174,8 @@ impl ServerHandler for Gateway {
         }
         self.hub.metrics.observe(&record, &ending, started.elapsed());
         let result = match ending {
-            Ending::Answered(result) => report::recovered(result, &record),
-            // The report quotes failures, which may quote the server's environment.
-            Ending::GaveUp => redacted(&self.hub.secrets, report::gave_up(&record)),
+            Ending::Answered(result) => report::recovered(result, &record, &self.hub.secrets),
+            Ending::GaveUp => report::gave_up(&record, &self.hub.secrets),
         };
         Ok(result.into())
     }
@@ -367,7 +358,7 @@ impl Upstream for Upstreams<'_> {
                     reason: Some(format!("no server `{server}`")),
                 });
             };
-            let _guard = self.hub.track_call(&handle.name, &self.cx.peer, self.cx.id.clone());
+            let call = self.hub.track_call(&handle.name, &self.cx.peer, self.cx.id.clone());
             let started = tokio::time::Instant::now();
             // Waiting for a restart in progress counts against the call's deadline.
             let session = handle
@@ -380,7 +371,7 @@ impl Upstream for Upstreams<'_> {
                 max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
                 progress_extends_timeout: handle.config.recovery.progress_extends_timeout,
             };
-            attempt(self.hub, &session, &tool, arguments, how, self.cx).await
+            attempt(self.hub, &session, &tool, arguments, how, self.cx, &call).await
         })
     }
 

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::Failure;
 use super::classify::{Category, Classification};
 use super::engine::{Record, Role};
+use crate::redact::Secrets;
 use crate::transport::Status;
 
 /// The next step for the agent after `failure` of `tool` on `server`.
@@ -92,8 +93,9 @@ fn attempts_data(record: &Record) -> Vec<Value> {
         .collect()
 }
 
-/// The `isError` result for a call where nothing worked.
-pub fn gave_up(record: &Record) -> CallToolResult {
+/// The `isError` result for a call where nothing worked. It quotes failures, which may
+/// quote a server's configuration: `secrets` are taken out.
+pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
     let (server, tool) = (&*record.server, record.tool.as_str());
     let primary_failure = record
         .attempts
@@ -146,27 +148,31 @@ pub fn gave_up(record: &Record) -> CallToolResult {
         "suggested_action": action,
         "auto_recoverable": auto_recoverable(class),
     });
-    let mut result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    let mut data = data;
+    secrets.redact_json(&mut data);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(secrets.redact(&text).into_owned())]);
     result.meta = Some(meta(data));
     result
 }
 
-/// Notes on a successful result how it was obtained, when that took recovery.
-pub fn recovered(mut result: CallToolResult, record: &Record) -> CallToolResult {
+/// Notes on a successful result how it was obtained, when that took recovery. The
+/// result itself is the server's and passes as it is; what Rebound adds is redacted.
+pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets) -> CallToolResult {
     let Some(by) = record.answered_by() else { return result };
     if record.attempts.len() < 2 {
         return result;
     }
     let failures: Vec<&Failure> = record.attempts.iter().filter_map(|a| a.failure.as_ref()).collect();
-    let data = json!({
+    let mut data = json!({
         "status": "recovered",
         "answered_by": { "server": &*by.server, "tool": by.tool, "alternative": by.role == Role::Alternative },
         "attempts": attempts_data(record),
         "retries": record.attempts.iter().filter(|a| a.role == Role::Primary).count().saturating_sub(1),
     });
+    secrets.redact_json(&mut data);
     if by.role == Role::Alternative {
         // Agents read content more than `_meta`: say in words which tool answered.
-        let why = failures.last().map(|f| f.message()).unwrap_or_default();
+        let why = failures.last().map(|f| secrets.redact(&f.message()).into_owned()).unwrap_or_default();
         result.content.push(ContentBlock::text(format!(
             "[rebound: answered by `{}` on `{}` because `{}` failed: {why}]",
             by.tool, by.server, record.tool

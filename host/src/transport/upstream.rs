@@ -12,11 +12,12 @@ use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientJsonRpcMessage, ClientResult, CreateMessageRequestParams,
     CreateMessageResult, CustomNotification, CustomRequest, CustomResult, ElicitRequestParams, ElicitResult,
     Implementation, ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion,
-    ResourceUpdatedNotificationParam, ServerJsonRpcMessage, ServerNotification,
+    RequestId, ResourceUpdatedNotificationParam, ServerJsonRpcMessage, ServerNotification,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext};
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
+use tokio_util::sync::CancellationToken;
 
 /// A notification from an upstream server, for the gateway to pass on.
 #[derive(Debug)]
@@ -40,12 +41,29 @@ pub enum UpstreamRequest {
     Custom(CustomRequest),
 }
 
+/// Who is asking, for a request from a server.
+#[derive(Debug, Clone)]
+pub struct Asker {
+    /// The upstream session the request came on.
+    pub session: u64,
+    /// Over streamable HTTP, our request to the server on whose response stream this one
+    /// arrived: the call it belongs to. Stdio servers cannot say.
+    pub during: Option<RequestId>,
+    /// Cancelled when the server gives up on its request.
+    pub cancel: CancellationToken,
+}
+
 /// Where upstream traffic goes: implemented by the gateway.
 pub trait Relay: Send + Sync + 'static {
     /// A notification from `server` (session `session`).
     fn notify(&self, server: &str, session: u64, event: UpstreamEvent);
     /// A request from `server`; the answer goes back upstream.
-    fn request(&self, server: &str, request: UpstreamRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    fn request(
+        &self,
+        server: &str,
+        asker: Asker,
+        request: UpstreamRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
 }
 
 /// An upstream transport that relays progress the moment it arrives. rmcp runs each
@@ -62,6 +80,12 @@ pub struct InOrder<T> {
 
 impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
     type Error = T::Error;
+
+    /// rmcp quotes this in transport errors, which reach the agent's report; the default
+    /// is the full generic type name.
+    fn name() -> std::borrow::Cow<'static, str> {
+        "upstream".into()
+    }
 
     fn send(
         &mut self,
@@ -94,11 +118,12 @@ pub struct UpstreamHandler {
 
 impl UpstreamHandler {
     async fn ask(&self, request: UpstreamRequest, cx: &RequestContext<RoleClient>) -> Result<ClientResult, ErrorData> {
-        let answer = self.relay.request(&self.server, request);
-        tokio::select! {
-            r = answer => r,
-            () = cx.ct.cancelled() => Err(ErrorData::internal_error("cancelled by the server", None)),
-        }
+        let during = match cx.extensions.get::<InboundStreamOrigin>() {
+            Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
+            _ => None,
+        };
+        let asker = Asker { session: self.session, during, cancel: cx.ct.clone() };
+        self.relay.request(&self.server, asker, request).await
     }
 }
 

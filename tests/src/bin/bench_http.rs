@@ -104,6 +104,46 @@ fn fill(argv: &[String], port: u16, server: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Resident memory of an idle `rebound serve --http` with the three first-party adapters
+/// and three upstreams, once every server is ready (DESIGN.md target: ≤ 30 MB).
+async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
+    let faulty = bin("faulty-server");
+    let plugins = rebound_tests::root().join("target/plugins");
+    let servers: serde_json::Map<String, serde_json::Value> = ["lean-fallback", "hol-cursor", "thanos-classify"]
+        .iter()
+        .enumerate()
+        .map(|(i, adapter)| {
+            (format!("s{i}"), json!({"command": faulty, "args": ["--name", format!("s{i}")], "adapter": adapter}))
+        })
+        .collect();
+    let config = dir.join("idle.json");
+    let text = json!({"mcpServers": servers, "rebound": {"plugins_dir": plugins}}).to_string();
+    std::fs::write(&config, text).unwrap();
+    let port = free_port();
+    let mut child = tokio::process::Command::new(bin("rebound"))
+        .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--config"])
+        .arg(&config)
+        .env("REBOUND_LOG", "error")
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()?;
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    for _ in 0..300 {
+        if reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let start-up allocations settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()?)).ok()?;
+    let kib =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
+    let _ = child.kill().await;
+    Some(kib)
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -155,5 +195,15 @@ async fn main() {
             "rebound vs the faster peer ({name}): {ratio:.2}× ({} ≥ 2×)",
             if ratio >= 2.0 { "meets" } else { "MISSES" }
         );
+    }
+    match idle_memory(dir.path()).await {
+        Some(kib) => {
+            let mb = kib as f64 * 1024.0 / 1e6;
+            println!(
+                "idle resident memory, 3 adapters and 3 upstreams: {mb:.1} MB ({} ≤ 30 MB)",
+                if mb <= 30.0 { "meets" } else { "MISSES" }
+            );
+        }
+        None => println!("idle resident memory: could not be measured"),
     }
 }

@@ -181,7 +181,7 @@ fn http_front_defaults_to_loopback_and_validates_its_settings() {
     rejects(
         r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"max_body_bytes": 0}}}"#,
         "rebound.http",
-        "at least 1",
+        "must be 1 to",
     );
 }
 
@@ -204,4 +204,22 @@ fn upstream_headers_are_checked_without_repeating_their_values() {
     )
     .unwrap_err();
     assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[test]
+fn a_broken_token_is_reported_without_being_repeated() {
+    let err = parse(
+        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"auth_token": "hunter2-hunter2-${oops"}}}"#,
+        Path::new("/etc/rebound/rebound.json"),
+        &|_| None,
+    )
+    .unwrap_err();
+    assert_eq!(err.key(), Some("rebound.http.auth_token"));
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+    // From the environment, a token is taken as it is, `${` and all.
+    let c = parse(r#"{"mcpServers": {"a": {"command": "a"}}}"#, Path::new("/x/r.json"), &|name| {
+        (name == "REBOUND_AUTH_TOKEN").then(|| "literal-${not-a-var}-0123".to_owned())
+    })
+    .unwrap();
+    assert_eq!(c.settings.http.auth_token.as_deref(), Some("literal-${not-a-var}-0123"));
 }
