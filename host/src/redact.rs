@@ -155,15 +155,25 @@ mod tests {
     }
 
     #[test]
-    fn env_and_header_values_are_hidden_but_short_flags_are_not() {
+    fn env_and_header_values_are_hidden_but_short_flags_and_paths_are_not() {
         let s = secrets(
             r#"{"mcpServers": {
-                "a": {"command": "a", "env": {"API_KEY": "abc", "DEBUG": "1", "LONG_SETTING": "0123456789"}},
-                "b": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer tok-42"}}
+                "a": {"command": "a", "env": {"API_KEY": "abc", "DEBUG": "1", "LONG_SETTING": "x0123456789",
+                      "PROJECT": "/home/me/project", "TIMEOUT_MS": "1200000"}},
+                "b": {"url": "http://h/mcp", "headers": {"Authorization": "Bearer tok-42"}},
+                "c": {"url": "https://me:hunter22@h/mcp?api_key=k-9876&x=1"}
             }}"#,
         );
-        let text = "key abc, debug 1, setting 0123456789, header Bearer tok-42, bare tok-42";
-        assert_eq!(s.redact(text), "key [redacted], debug 1, setting [redacted], header [redacted], bare [redacted]");
+        let text =
+            "key abc, debug 1, setting x0123456789, header Bearer tok-42, bare tok-42, in /home/me/project, 1200000";
+        assert_eq!(
+            s.redact(text),
+            "key [redacted], debug 1, setting [redacted], header [redacted], bare [redacted], in /home/me/project, 1200000"
+        );
+        assert_eq!(
+            s.redact("at https://me:hunter22@h/mcp?api_key=k-9876"),
+            "at https://me:[redacted]@h/mcp?api_key=[redacted]"
+        );
         let mut v = serde_json::json!({"last_error": ["crashed: API_KEY=abc"], "abc": 1});
         s.redact_json(&mut v);
         assert_eq!(v, serde_json::json!({"last_error": ["crashed: API_KEY=[redacted]"], "[redacted]": 1}));

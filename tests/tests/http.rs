@@ -137,7 +137,21 @@ async fn what_a_client_must_not_get_past() {
         post(&gw, &initialize()).bearer_auth(TOKEN).header("origin", "http://evil.example.com").send().await.unwrap();
     assert_eq!(foreign.status(), StatusCode::FORBIDDEN);
     let local_page = post(&gw, &initialize()).bearer_auth(TOKEN).header("origin", "http://localhost:5173").send();
-    assert_eq!(local_page.await.unwrap().status(), StatusCode::OK);
+    let local_page = local_page.await.unwrap();
+    assert_eq!(local_page.status(), StatusCode::OK);
+    assert_eq!(local_page.headers()["access-control-allow-origin"], "http://localhost:5173");
+    // A page's preflight is answered without the token (it cannot carry one).
+    let preflight = reqwest::Client::new()
+        .request(reqwest::Method::OPTIONS, gw.url())
+        .header("origin", "http://localhost:5173")
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization, content-type, mcp-session-id")
+        .send()
+        .await
+        .unwrap();
+    assert!(preflight.status().is_success(), "{}", preflight.status());
+    let allowed = preflight.headers()["access-control-allow-headers"].to_str().unwrap().to_owned();
+    assert!(allowed.contains("authorization") && allowed.contains("mcp-session-id"), "{allowed}");
 
     // A body past the limit is refused.
     let mut big = initialize();

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -25,6 +25,7 @@ use serde_json::json;
 use subtle::ConstantTimeEq;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::hub::Hub;
 use super::server::Gateway;
@@ -107,10 +108,28 @@ pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) 
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
         .layer(middleware::from_fn_with_state(front.clone(), authorize));
+    // Browser pages on an allowed Origin may call /mcp: their preflight is answered here,
+    // before the token is asked for (a preflight cannot carry it).
+    let origins = front.settings.allowed_origins.clone();
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |origin, _| {
+            origin.to_str().is_ok_and(|o| origin_allowed(&origins, o))
+        }))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            HeaderName::from_static("mcp-session-id"),
+            HeaderName::from_static("mcp-protocol-version"),
+            HeaderName::from_static("last-event-id"),
+        ])
+        .expose_headers([HeaderName::from_static("mcp-session-id")]);
     Router::new()
         .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .merge(protected)
+        .layer(cors)
         .layer(middleware::from_fn_with_state(front.clone(), guard))
         .with_state(front)
 }
