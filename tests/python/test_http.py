@@ -58,7 +58,7 @@ async def session_run(url, body, token=TOKEN):
                     return await body(session)
 
 
-def test_python_sdk_over_http_lists_calls_and_gets_progress(http_gateway):
+def test_python_sdk_over_http_lists_calls_and_gets_progress(http_gateway, caplog):
     async def body(session):
         tools = {t.name for t in (await session.list_tools()).tools}
         assert {"everything__echo", "get-sum", "rebound_status"} <= tools
@@ -82,6 +82,8 @@ def test_python_sdk_over_http_lists_calls_and_gets_progress(http_gateway):
         assert json.loads(text(status))["servers"][0]["name"] == "everything"
 
     anyio.run(session_run, http_gateway, body)
+    # The session was ended cleanly when the client closed.
+    assert "Session termination failed" not in caplog.text
 
 
 def test_requests_without_the_token_get_401(http_gateway):

@@ -52,8 +52,10 @@ pub async fn attempt(
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
     call.sent(session.id, id.clone());
-    let progress =
-        cx.meta.get_progress_token().map(|client| hub.map_progress(session.id, token.clone(), cx.peer.clone(), client));
+    let mapped = cx.meta.get_progress_token().is_some_and(|client| {
+        hub.map_progress(session.id, token.clone(), cx.peer.clone(), client);
+        true
+    });
     let response = handle.await_response();
     tokio::pin!(response);
     let outcome = tokio::select! {
@@ -65,8 +67,7 @@ pub async fn attempt(
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
     };
-    hub.unmap_progress(session.id, &token);
-    if let Some(progress) = progress {
+    if mapped && let Some(progress) = hub.unmap_progress(session.id, &token) {
         progress.flush().await;
     }
     match outcome? {

@@ -106,6 +106,7 @@ pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) 
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/metrics", get(metrics))
+        .layer(middleware::from_fn(session_ended))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
         .layer(middleware::from_fn_with_state(front.clone(), authorize));
     // Browser pages on an allowed Origin may call /mcp: their preflight is answered here,
@@ -296,6 +297,17 @@ async fn limit(
         frame
     });
     Response::from_parts(parts, Body::new(body))
+}
+
+/// A session ended by `DELETE` is answered 204 rather than rmcp's 202: the official
+/// Python SDK takes anything but 200 or 204 for a failure and warns on every close.
+async fn session_ended(request: Request, next: Next) -> Response {
+    let delete = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// 200 when every server is ready, else 503. Counts only: it needs no token, so it names

@@ -59,7 +59,7 @@ pub struct Hub {
     catalogue: RwLock<Arc<Catalogue>>,
     downstreams: Mutex<Vec<Peer<RoleServer>>>,
     /// (upstream session, upstream token) → downstream.
-    progress: Mutex<HashMap<(u64, ProgressToken), mpsc::UnboundedSender<ProgressNotificationParam>>>,
+    progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
     /// Progress that came before its call was mapped (a server may report before the
     /// send returns here), briefly: (arrived, upstream session, notification). Locked
     /// after `progress`, never before.
@@ -272,37 +272,25 @@ impl Hub {
 
     /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,
     /// in the order it arrives, until [`Hub::unmap_progress`].
-    pub fn map_progress(
-        &self,
-        session: u64,
-        upstream: ProgressToken,
-        peer: Peer<RoleServer>,
-        token: ProgressToken,
-    ) -> ProgressForwarder {
-        let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
-        {
-            let mut routes = self.progress.lock().expect("not poisoned");
-            let mut early = self.early_progress.lock().expect("not poisoned");
-            early.retain(|(_, s, p)| {
-                let ours = *s == session && p.progress_token == upstream;
-                if ours {
-                    let _ = tx.send(p.clone());
-                }
-                !ours
-            });
-            routes.insert((session, upstream), tx);
-        }
-        let task = tokio::spawn(async move {
-            while let Some(mut p) = rx.recv().await {
-                p.progress_token = token.clone();
-                let _ = peer.notify_progress(p).await;
+    pub fn map_progress(&self, session: u64, upstream: ProgressToken, peer: Peer<RoleServer>, token: ProgressToken) {
+        let mut route = ProgressRoute { peer, token, forwarder: None };
+        let mut routes = self.progress.lock().expect("not poisoned");
+        let mut early = self.early_progress.lock().expect("not poisoned");
+        early.retain(|(_, s, p)| {
+            let ours = *s == session && p.progress_token == upstream;
+            if ours {
+                route.forward(p.clone());
             }
+            !ours
         });
-        ProgressForwarder(task)
+        routes.insert((session, upstream), route);
     }
 
-    pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) {
-        self.progress.lock().expect("not poisoned").remove(&(session, upstream.clone()));
+    /// Ends the mapping; the forwarder, if progress came, is to be flushed before the
+    /// answer is sent.
+    pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) -> Option<ProgressForwarder> {
+        let route = self.progress.lock().expect("not poisoned").remove(&(session, upstream.clone()))?;
+        route.forwarder.map(|(_, task)| ProgressForwarder(task))
     }
 
     pub fn set_log_level(&self, level: LoggingLevel) {
@@ -348,9 +336,9 @@ impl Hub {
     fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {
         match event {
             UpstreamEvent::Progress(p) => {
-                let routes = self.progress.lock().expect("not poisoned");
-                if let Some(tx) = routes.get(&(session, p.progress_token.clone())) {
-                    let _ = tx.send(p);
+                let mut routes = self.progress.lock().expect("not poisoned");
+                if let Some(route) = routes.get_mut(&(session, p.progress_token.clone())) {
+                    route.forward(p);
                     return;
                 }
                 // Early, or for a call that already finished (or never was ours): kept a
@@ -479,12 +467,38 @@ impl Relay for HubRelay {
     }
 }
 
+/// Where one call's progress goes. The forwarding task starts with the first progress:
+/// most calls have none, and a task per call would cost every call.
+struct ProgressRoute {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    forwarder: Option<(mpsc::UnboundedSender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
+}
+
+impl ProgressRoute {
+    /// Queues `p` for the client, in order.
+    fn forward(&mut self, p: ProgressNotificationParam) {
+        let (tx, _) = self.forwarder.get_or_insert_with(|| {
+            let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
+            let (peer, token) = (self.peer.clone(), self.token.clone());
+            let task = tokio::spawn(async move {
+                while let Some(mut p) = rx.recv().await {
+                    p.progress_token = token.clone();
+                    let _ = peer.notify_progress(p).await;
+                }
+            });
+            (tx, task)
+        });
+        let _ = tx.send(p);
+    }
+}
+
 /// The task passing one call's progress on.
 pub struct ProgressForwarder(tokio::task::JoinHandle<()>);
 
 impl ProgressForwarder {
     /// Waits until the progress relayed so far has been handed to the client's session,
-    /// so that the answer, sent next, comes after it. Call after `unmap_progress`. A
+    /// so that the answer, sent next, comes after it. A
     /// client that does not read is given a second, not the call.
     pub async fn flush(self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.0).await;

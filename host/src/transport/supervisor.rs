@@ -398,7 +398,8 @@ impl Supervisor {
         match init {
             Ok(Ok(running)) => Ok((process, running)),
             Ok(Err(e)) => {
-                let tail = process.stderr_tail();
+                // Usually the server has exited: its last words say why.
+                let tail = process.final_stderr_tail().await;
                 stop.cancel();
                 process.stop().await;
                 Err(format!("initialisation failed: {e}{tail}"))
