@@ -83,7 +83,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     }
 }
 
-/// The whole HTTP surface, for `serve` and for tests.
+/// The whole HTTP surface: `/mcp` and `/metrics` behind the token, the probes open.
 pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) -> Router {
     // The Host and Origin checks are done once, by `guard`, for every route; rmcp's own
     // are turned off so that the two cannot disagree.
