@@ -167,7 +167,7 @@ impl ServerHandler for Gateway {
                     &record.server,
                     &record.tool,
                     class.category.as_str(),
-                    &self.hub.secrets.redact(&failure.message()),
+                    &failure.message(),
                     record.attempts.len(),
                 );
             }

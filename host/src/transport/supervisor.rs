@@ -262,14 +262,13 @@ impl Supervisor {
                     let up_since = Instant::now();
                     let lost = tokio::select! {
                         lost = exited(&mut conn.process) => lost,
-                        () = conn.service_ended.cancelled() => {
+                        () = conn.service_ended.cancelled() => match conn.process {
+                            None => "the HTTP session ended".to_owned(),
                             // Usually the process is exiting; its status says more.
-                            match tokio::time::timeout(Duration::from_millis(200), exited(&mut conn.process)).await {
-                                Ok(lost) if conn.process.is_some() => lost,
-                                _ if conn.process.is_some() => "the server closed its output".to_owned(),
-                                _ => "the HTTP session ended".to_owned(),
-                            }
-                        }
+                            Some(_) => tokio::time::timeout(Duration::from_millis(200), exited(&mut conn.process))
+                                .await
+                                .unwrap_or_else(|_| "the server closed its output".to_owned()),
+                        },
                         () = self.shutdown.cancelled() => {
                             conn.stop().await;
                             break;
