@@ -8,6 +8,6 @@ mod model;
 pub use error::ConfigError;
 pub use load::{load, parse};
 pub use model::{
-    Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, RetryConfig,
-    ServerConfig, Settings, StdioLaunch, ToolNames, ToolRecovery,
+    AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy,
+    RetryConfig, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern, ToolRecovery,
 };

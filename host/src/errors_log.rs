@@ -189,6 +189,7 @@ mod tests {
             safe: true,
             stopped: None,
             action: None,
+            denied: Vec::new(),
         }
     }
 

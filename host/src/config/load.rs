@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings, StdioLaunch,
-    ToolNames,
+    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings,
+    StdioLaunch, ToolNames, ToolPattern,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
@@ -20,8 +20,20 @@ use super::model::{
 const RESERVED_HEADERS: &[&str] =
     &["accept", "content-type", "mcp-session-id", "mcp-protocol-version", "last-event-id"];
 
-const SERVER_KEYS: &[&str] =
-    &["command", "args", "env", "cwd", "url", "headers", "type", "disabled", "adapter", "recovery", "adapter_config"];
+const SERVER_KEYS: &[&str] = &[
+    "command",
+    "args",
+    "env",
+    "cwd",
+    "url",
+    "headers",
+    "type",
+    "disabled",
+    "adapter",
+    "recovery",
+    "adapter_config",
+    "adapter_allow",
+];
 
 /// The `rebound` object, as written.
 #[derive(Debug, Default, Deserialize)]
@@ -34,6 +46,7 @@ struct RawSettings {
     gateway_tools: Option<bool>,
     plugin_timeout_ms: Option<u64>,
     plugin_memory_mb: Option<usize>,
+    plugin_max_calls: Option<u32>,
     plugin_cache_dir: Option<PathBuf>,
     errors_log_max_bytes: Option<u64>,
     init_timeout_ms: Option<u64>,
@@ -131,6 +144,18 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
     }
 
     for (name, server) in &resolved {
+        for (i, pattern) in server.adapter_allow.tools.iter().enumerate() {
+            let literal = pattern.to_string();
+            let server_part = literal.split_once('/').map_or("", |(s, _)| s);
+            if !server_part.contains('*') && !resolved.contains_key(server_part) {
+                let known: Vec<&str> = resolved.keys().map(String::as_str).collect();
+                return Err(ctx.err(
+                    format!("mcpServers.{name}.adapter_allow.tools[{i}]"),
+                    format!("\"{literal}\" names no configured server"),
+                    format!("start the pattern with one of: {} (or `*`)", known.join(", ")),
+                ));
+            }
+        }
         for (tool, alternatives) in &server.recovery.fallbacks {
             for (i, alt) in alternatives.iter().enumerate() {
                 if let Some(other) = alt.server.as_deref().filter(|o| !resolved.contains_key(*o)) {
@@ -157,6 +182,7 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
             gateway_tools: raw.gateway_tools.unwrap_or(true),
             plugin_timeout_ms: raw.plugin_timeout_ms.unwrap_or(200).max(1),
             plugin_memory_mb: raw.plugin_memory_mb.unwrap_or(32).clamp(1, 64),
+            plugin_max_calls: raw.plugin_max_calls.unwrap_or(8).min(64),
             plugin_cache_dir: raw.plugin_cache_dir.map(|d| resolve(&base, d)),
             errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
@@ -289,7 +315,41 @@ impl Ctx<'_> {
             adapter,
             recovery,
             adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
+            adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
         })
+    }
+
+    /// `adapter_allow`: `{"tools": ["server/tool", ...], "restart": false}`.
+    fn grant(&self, key: &str, server: &str, value: Option<Value>) -> Result<AdapterGrant, ConfigError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            tools: Option<Vec<String>>,
+            #[serde(default)]
+            restart: bool,
+        }
+        let Some(value) = value else { return Ok(AdapterGrant::own(server)) };
+        if !value.is_object() {
+            return Err(self.err(
+                key,
+                "must be an object",
+                format!(r#"write "adapter_allow": {{"tools": ["{server}/*"], "restart": false}}"#),
+            ));
+        }
+        let raw: Raw = self.typed(key, value)?;
+        let Some(patterns) = raw.tools else {
+            return Ok(AdapterGrant { restart: raw.restart, ..AdapterGrant::own(server) });
+        };
+        let tools = patterns
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                ToolPattern::parse(p).map_err(|why| {
+                    self.err(format!("{key}.tools[{i}]"), why, format!(r#"write "server/tool", e.g. "{server}/*""#))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(AdapterGrant { tools, restart: raw.restart })
     }
 
     fn stdio(&self, key: &str, entry: &mut Map<String, Value>, base: &Path) -> Result<StdioLaunch, ConfigError> {

@@ -1,5 +1,6 @@
-//! The resolved configuration types. Defaults follow seed 004 (3 attempts, 1 s initial
-//! delay, 60 s cap, ×2; breaker 5/2/60 s/1).
+//! The resolved configuration types. Recovery defaults are the MCP error-handling
+//! guidance's: 3 attempts, 1 s initial delay, 60 s cap, ×2; a breaker that opens after 5
+//! consecutive failures, probes once after 60 s and closes after 2 successes.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +31,89 @@ pub struct ServerConfig {
     pub recovery: RecoveryConfig,
     /// Opaque to the host; handed to the adapter.
     pub adapter_config: Value,
+    /// What the adapter's plans may make the gateway do.
+    pub adapter_allow: AdapterGrant,
+}
+
+/// What a server's adapter may ask the gateway to do (`mcpServers.NAME.adapter_allow`).
+/// Nothing else: a side call, alternative or restart outside it is skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterGrant {
+    /// Tools its plans may call, as `server/tool` patterns with `*` wildcards. Default:
+    /// every tool of its own server (`NAME/*`).
+    pub tools: Vec<ToolPattern>,
+    /// Whether its plans may restart the server. Default: no.
+    pub restart: bool,
+}
+
+impl AdapterGrant {
+    /// The default grant of `server`'s adapter: its own server's tools, no restart.
+    pub fn own(server: &str) -> Self {
+        Self { tools: vec![ToolPattern::parse(&format!("{server}/*")).expect("a valid pattern")], restart: false }
+    }
+
+    pub fn allows_tool(&self, server: &str, tool: &str) -> bool {
+        self.tools.iter().any(|p| p.matches(server, tool))
+    }
+}
+
+/// A `server/tool` pattern; `*` in either part matches any run of characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPattern {
+    server: String,
+    tool: String,
+}
+
+impl ToolPattern {
+    /// Parses `server/tool`; the first `/` separates them (server names have none).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let Some((server, tool)) = text.split_once('/') else {
+            return Err(format!("\"{text}\" has no `/` between server and tool"));
+        };
+        if server.is_empty() || tool.is_empty() {
+            return Err(format!("\"{text}\" needs both a server and a tool (use `*` for any)"));
+        }
+        if text.len() > 512 {
+            return Err("a pattern is at most 512 characters".into());
+        }
+        Ok(Self { server: server.to_owned(), tool: tool.to_owned() })
+    }
+
+    pub fn matches(&self, server: &str, tool: &str) -> bool {
+        glob(&self.server, server) && glob(&self.tool, tool)
+    }
+}
+
+impl std::fmt::Display for ToolPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.server, self.tool)
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (none
+/// included) and everything else only itself. Linear in the inputs' product at worst.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    // Where the last `*` was, and where in the text it started matching.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            // Let the last `*` swallow one more character.
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +163,8 @@ pub struct Settings {
     pub plugin_timeout_ms: u64,
     /// The most memory one adapter instance may use.
     pub plugin_memory_mb: usize,
+    /// Side calls plus alternatives that adapters' plans may make for one client call.
+    pub plugin_max_calls: u32,
     /// Where compiled adapters are cached (default `~/.cache/rebound/plugins`).
     pub plugin_cache_dir: Option<PathBuf>,
     /// Whether the gateway offers its own tools and resources (`rebound_status`, …).
@@ -282,5 +368,59 @@ impl RecoveryConfig {
                 .saturating_mul(u64::from(self.retry.max_attempts))
                 .saturating_add(self.retry.max_delay_ms)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        let p = |t: &str| ToolPattern::parse(t).unwrap();
+        assert!(p("lean/*").matches("lean", "lean_loogle"));
+        assert!(!p("lean/*").matches("hol", "hol_send"));
+        assert!(p("*/lean_*").matches("any", "lean_goal"));
+        assert!(!p("*/lean_*").matches("any", "hol_lean"));
+        assert!(p("hol/hol_interrupt").matches("hol", "hol_interrupt"));
+        assert!(!p("hol/hol_interrupt").matches("hol", "hol_interrupt2"));
+        assert!(p("s/a/b*").matches("s", "a/bc"), "tools may contain `/`");
+        assert!(p("s/*x*y").matches("s", "axbxy"));
+        assert!(ToolPattern::parse("lean").is_err());
+        assert!(ToolPattern::parse("/tool").is_err());
+        assert!(ToolPattern::parse("lean/").is_err());
+        assert!(AdapterGrant::own("lean").allows_tool("lean", "x"));
+        assert!(!AdapterGrant::own("lean").allows_tool("lean2", "x"));
+    }
+
+    /// A reference matcher: the literal parts between stars, found in order by
+    /// backtracking, the first anchored at the start and the last at the end.
+    fn by_parts(pattern: &str, text: &str) -> bool {
+        fn go(parts: &[&str], text: &str, anchored: bool) -> bool {
+            match parts.split_first() {
+                None => text.is_empty(),
+                Some((p, rest)) if anchored => text.strip_prefix(p).is_some_and(|t| go(rest, t, false)),
+                Some((p, rest)) => (0..=text.len())
+                    .filter(|i| text.is_char_boundary(*i))
+                    .any(|i| text[i..].strip_prefix(p).is_some_and(|t| go(rest, t, false))),
+            }
+        }
+        go(&pattern.split('*').collect::<Vec<_>>(), text, true)
+    }
+
+    proptest! {
+        #[test]
+        fn glob_agrees_with_a_reference(pattern in "[ab*é]{0,8}", text in "[abé]{0,10}") {
+            prop_assert_eq!(glob(&pattern, &text), by_parts(&pattern, &text), "{} vs {}", pattern, text);
+        }
+
+        #[test]
+        fn a_literal_pattern_matches_only_itself(server in "[a-z]{1,6}", tool in "[a-z_/]{1,10}", other in "[a-z_/]{1,10}") {
+            let p = ToolPattern::parse(&format!("{server}/{tool}")).unwrap();
+            prop_assert!(p.matches(&server, &tool));
+            prop_assert_eq!(p.matches(&server, &other), tool == other);
+        }
     }
 }

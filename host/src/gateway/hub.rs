@@ -99,7 +99,8 @@ impl Hub {
                     (handle.name.clone(), handle)
                 })
                 .collect();
-            let engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()));
+            let engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()))
+                .with_plan_calls(config.settings.plugin_max_calls);
             let errors = ErrorsLog::start(
                 config.settings.errors_log.clone(),
                 config.settings.errors_log_max_bytes,
@@ -373,7 +374,7 @@ impl Hub {
                     let Some(session) = self.servers.get(server.as_str()).and_then(|h| h.state().session) else {
                         return;
                     };
-                    session.refresh().await;
+                    session.refresh(Duration::from_millis(self.config.settings.init_timeout_ms)).await;
                     self.rebuild(false);
                 });
             }

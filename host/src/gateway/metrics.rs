@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::hub::Hub;
-use crate::recovery::engine::{Ending, Record};
+use crate::recovery::engine::{Denial, Ending, Record};
 use crate::transport::Status;
 
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -59,6 +59,18 @@ struct StatusLabels {
 struct AdapterLabels {
     server: String,
     adapter: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    server: String,
+    tool: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeniedLabels {
+    server: String,
+    kind: String,
 }
 
 type Histograms = Family<ServerLabel, Histogram, fn() -> Histogram>;
@@ -107,7 +119,7 @@ impl Metrics {
         let tool = label(&record.tool);
         self.calls.get_or_create(&CallLabels { server: server.clone(), tool, outcome }).inc();
         for (attempt, _, class) in record.failures() {
-            let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.as_str().into() };
+            let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.label().into() };
             self.failures.get_or_create(&labels).inc();
         }
         self.latency.get_or_create(&ServerLabel { server }).observe(took.as_secs_f64());
@@ -136,11 +148,21 @@ fn label(name: &str) -> String {
     name.chars().map(|c| if c == '"' || c == '\\' || c.is_control() { '_' } else { c }).collect()
 }
 
+fn breaker_value(state: &str) -> i64 {
+    match state {
+        "closed" => 0,
+        "half-open" => 1,
+        _ => 2,
+    }
+}
+
 /// A registry filled from the hub's state at this moment.
 fn state_registry(hub: &Hub) -> Registry {
     let mut registry = Registry::with_prefix("rebound");
     let status = Family::<StatusLabels, Gauge>::default();
     let breaker = Family::<ServerLabel, Gauge>::default();
+    let tool_breaker = Family::<ToolLabels, Gauge>::default();
+    let denied = Family::<DeniedLabels, Counter>::default();
     let restarts = Family::<ServerLabel, Counter>::default();
     let engine: [(&str, &str, Family<ServerLabel, Counter>); 6] = [
         ("attempts", "Upstream attempts, retries and alternatives included", Family::default()),
@@ -161,12 +183,15 @@ fn state_registry(hub: &Hub) -> Registry {
         }
         restarts.get_or_create(&server).inc_by(u64::from(state.restarts));
         if let Some(policy) = hub.engine.policy(name) {
-            let value = match policy.breaker.snapshot().state {
-                "closed" => 0,
-                "half_open" | "half-open" => 1,
-                _ => 2,
-            };
-            breaker.get_or_create(&server).set(value);
+            breaker.get_or_create(&server).set(breaker_value(policy.breaker.snapshot().state));
+            for (tool, snapshot) in policy.tools.troubled() {
+                let labels = ToolLabels { server: name.to_string(), tool: label(&tool) };
+                tool_breaker.get_or_create(&labels).set(breaker_value(snapshot.state));
+            }
+            for denial in Denial::ALL {
+                let labels = DeniedLabels { server: name.to_string(), kind: denial.as_str().into() };
+                denied.get_or_create(&labels).inc_by(policy.counters.denied[denial as usize].load(Ordering::Relaxed));
+            }
             let c = &policy.counters;
             let values = [&c.attempts, &c.retries, &c.fallbacks, &c.recovered, &c.shed, &c.failures];
             for ((_, _, family), value) in engine.iter().zip(values) {
@@ -182,6 +207,12 @@ fn state_registry(hub: &Hub) -> Registry {
     }
     registry.register("server_status", "1 for the status each server is in now", status);
     registry.register("breaker_state", "Circuit breaker per server: 0 closed, 1 half-open, 2 open", breaker);
+    registry.register(
+        "tool_breaker_state",
+        "Circuit breaker per tool, for tools with recent failures: 0 closed, 1 half-open, 2 open",
+        tool_breaker,
+    );
+    registry.register("plugin_denied", "Steps of adapters' plans refused, by reason", denied);
     registry.register("server_restarts", "Restarts after a crash or on request", restarts);
     for (name, help, family) in engine {
         registry.register(name, help, family);

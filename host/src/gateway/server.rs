@@ -172,6 +172,11 @@ impl ServerHandler for Gateway {
                 );
             }
         }
+        if !record.denied.is_empty()
+            && let Some(adapter) = self.hub.plugins.adapters.get(&record.server)
+        {
+            adapter.report_denied(&record.denied);
+        }
         self.hub.metrics.observe(&record, &ending, started.elapsed());
         let result = match ending {
             Ending::Answered(result) => report::recovered(result, &record, &self.hub.secrets),

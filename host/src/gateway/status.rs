@@ -9,6 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceCo
 use serde_json::{Value, json};
 
 use super::hub::Hub;
+use crate::recovery::breaker::Snapshot;
 
 pub const STATUS_TOOL: &str = "rebound_status";
 pub const RESET_TOOL: &str = "rebound_reset_breaker";
@@ -23,7 +24,7 @@ pub fn tools() -> Vec<Tool> {
     vec![
         Tool::new(STATUS_TOOL, "Rebound gateway: the state of every MCP server behind it (running, restarting, down), its circuit breaker and its call counters. Use it when a tool keeps failing.", schema(json!({"type": "object", "properties": {}})))
             .with_annotations(ToolAnnotations::new().read_only(true).idempotent(true).open_world(false)),
-        Tool::new(RESET_TOOL, "Rebound gateway: close a server's circuit breaker now, so that calls reach it again before its open time is up (after you fixed the server).", schema(json!({"type": "object", "properties": {"server": {"type": "string", "description": "The server's name, as in rebound_status"}}, "required": ["server"]})))
+        Tool::new(RESET_TOOL, "Rebound gateway: close a circuit breaker now, so that calls get through again before its open time is up (after you fixed the cause): a server's (and its tools'), or with `tool` one tool's.", schema(json!({"type": "object", "properties": {"server": {"type": "string", "description": "The server's name, as in rebound_status"}, "tool": {"type": "string", "description": "A tool of that server, as the server names it, to reset only that tool's breaker"}}, "required": ["server"]})))
             .with_annotations(ToolAnnotations::new().read_only(false).idempotent(true).destructive(false).open_world(false)),
     ]
 }
@@ -59,14 +60,10 @@ pub fn status(hub: &Hub) -> Value {
             if let Some(policy) = hub.engine.policy(&handle.name) {
                 let b = policy.breaker.snapshot();
                 let c = &policy.counters;
-                entry["breaker"] = json!({
-                    "state": b.state,
-                    "consecutive_failures": b.consecutive_failures,
-                    "openings": b.openings,
-                    "retry_in_ms": b.retry_in.map(|d| d.as_millis() as u64),
-                    "window_calls": b.window_calls,
-                    "window_failures": b.window_failures,
-                });
+                entry["breaker"] = breaker_json(&b);
+                let tools: serde_json::Map<String, Value> =
+                    policy.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
+                entry["tool_breakers"] = Value::Object(tools);
                 entry["counters"] = json!({
                     "calls": c.calls.load(Ordering::Relaxed),
                     "attempts": c.attempts.load(Ordering::Relaxed),
@@ -75,6 +72,7 @@ pub fn status(hub: &Hub) -> Value {
                     "recovered": c.recovered.load(Ordering::Relaxed),
                     "fallbacks": c.fallbacks.load(Ordering::Relaxed),
                     "shed_by_breaker": c.shed.load(Ordering::Relaxed),
+                    "adapter_steps_denied": c.denied.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>(),
                 });
                 entry["retry_budget"] = json!(policy.budget.tokens());
             }
@@ -89,6 +87,17 @@ pub fn status(hub: &Hub) -> Value {
     status
 }
 
+fn breaker_json(b: &Snapshot) -> Value {
+    json!({
+        "state": b.state,
+        "consecutive_failures": b.consecutive_failures,
+        "openings": b.openings,
+        "retry_in_ms": b.retry_in.map(|d| d.as_millis() as u64),
+        "window_calls": b.window_calls,
+        "window_failures": b.window_failures,
+    })
+}
+
 /// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.
 pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<CallToolResult> {
     match name {
@@ -100,16 +109,30 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
             Some(r)
         }
         RESET_TOOL => {
-            let server = arguments.and_then(|a| a.get("server")).and_then(Value::as_str).unwrap_or_default();
-            Some(match hub.engine.policy(server) {
-                Some(policy) => {
+            let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
+            let server = arg("server").unwrap_or_default();
+            Some(match (hub.engine.policy(server), arg("tool")) {
+                (Some(policy), None) => {
                     policy.breaker.reset();
-                    tracing::info!(server, "circuit breaker reset by a client");
+                    policy.tools.reset_all();
+                    tracing::info!(server, "circuit breakers reset by a client");
                     CallToolResult::success(vec![ContentBlock::text(format!(
-                        "the circuit breaker of `{server}` is closed"
+                        "the circuit breaker of `{server}` is closed, and those of its tools"
                     ))])
                 }
-                None => {
+                (Some(policy), Some(tool)) => match policy.tools.existing(tool) {
+                    Some(b) => {
+                        b.reset();
+                        tracing::info!(server, tool, "tool circuit breaker reset by a client");
+                        CallToolResult::success(vec![ContentBlock::text(format!(
+                            "the circuit breaker of `{tool}` on `{server}` is closed"
+                        ))])
+                    }
+                    None => CallToolResult::error(vec![ContentBlock::text(format!(
+                        "`{tool}` on `{server}` has no circuit breaker yet (it has not been called); nothing to reset"
+                    ))]),
+                },
+                (None, _) => {
                     let known: Vec<&str> = hub.servers.keys().map(|k| &**k).collect();
                     CallToolResult::error(vec![ContentBlock::text(format!(
                         "no server `{server}`; the servers are: {}",

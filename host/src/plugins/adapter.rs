@@ -16,6 +16,7 @@ use super::runtime::Runtime;
 use super::state::{CappedPipe, Kv, State};
 use crate::recovery::Failure;
 use crate::recovery::classify::{Category, Classification, Severity};
+use crate::recovery::engine::{Denial, Denied};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
 
 /// Faults within [`FAULT_WINDOW`] that quarantine a plugin.
@@ -35,7 +36,12 @@ pub struct Adapter {
     config: Arc<str>,
     kv: Kv,
     health: Mutex<Health>,
+    /// When each kind of refused step was last logged.
+    denials_logged: Mutex<HashMap<Denial, Instant>>,
 }
+
+/// Refused steps of one kind are logged at most this often per adapter.
+const DENIAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Default)]
 struct Health {
@@ -72,7 +78,23 @@ impl Adapter {
             config: config.to_string().into(),
             kv: Kv::default(),
             health: Mutex::default(),
+            denials_logged: Mutex::default(),
         })
+    }
+
+    /// Logs steps of this adapter's plans that the gateway refused, each kind at most
+    /// once a minute (they are counted in full in the metrics).
+    pub fn report_denied(&self, denied: &[Denied]) {
+        let now = Instant::now();
+        let mut logged = self.denials_logged.lock().expect("not poisoned");
+        for d in denied {
+            let due = logged.get(&d.denial).is_none_or(|at| now.duration_since(*at) >= DENIAL_LOG_EVERY);
+            if due {
+                logged.insert(d.denial, now);
+                let target = cap_text(&d.target, 200);
+                tracing::warn!(adapter = %self.name, server = %self.server, denial = d.denial.as_str(), "refused a step of the adapter's plan ({target}): {}", d.denial.explain());
+            }
+        }
     }
 
     pub fn health(&self) -> HealthReport {
@@ -112,12 +134,7 @@ impl Adapter {
             h.faults.pop_front();
         }
         tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; the built-in classifier is used instead");
-        let mut last = format!("{what}: {message}");
-        if let Some((cut, _)) = last.char_indices().nth(500) {
-            last.truncate(cut);
-            last.push('…');
-        }
-        h.last_fault = Some(last);
+        h.last_fault = Some(cap_text(&format!("{what}: {message}"), 500));
         if h.faults.len() >= FAULT_LIMIT {
             h.quarantined_until = Some(now + QUARANTINE);
             tracing::error!(adapter = %self.name, server = %self.server, "adapter quarantined for {} s after {} faults", QUARANTINE.as_secs(), h.faults.len());
@@ -266,6 +283,14 @@ impl Advisor for Adapters {
     }
 }
 
+/// `text` cut to at most `max` characters, with an ellipsis when cut.
+pub(crate) fn cap_text(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 fn json_text(arguments: Option<&JsonObject>) -> String {
     arguments.map_or_else(|| "{}".to_owned(), |a| serde_json::Value::Object(a.clone()).to_string())
 }
@@ -283,7 +308,9 @@ fn to_failure(f: &FailureContext<'_>) -> wit::Failure {
         Failure::Unavailable { .. } | Failure::SendFailed { .. } | Failure::CircuitOpen { .. } => {
             wit::Outcome::NotDelivered(f.failure.message())
         }
-        Failure::Protocol { .. } | Failure::Cancelled => wit::Outcome::Other(f.failure.message()),
+        Failure::Protocol { .. } | Failure::Cancelled | Failure::Internal { .. } => {
+            wit::Outcome::Other(f.failure.message())
+        }
     };
     wit::Failure {
         server: f.server.to_owned(),

@@ -7,8 +7,12 @@
 //! `Classification::counts_for_breaker`): invalid arguments, a tool's own error from a
 //! healthy server and cancellations leave the breaker alone, or one bad caller could
 //! shut a good server off for everybody.
+//!
+//! Breakers come at two levels, as Envoy's outlier detection ejects one host and not the
+//! cluster: one per server, and one per tool ([`ToolBreakers`]). The engine decides which
+//! failure goes where.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -52,6 +56,7 @@ struct State {
     openings: u32,
     /// Buckets of (start, successes, failures), oldest first, covering the window.
     window: VecDeque<(Instant, u32, u32)>,
+    last_success: Option<Instant>,
 }
 
 pub struct Breaker {
@@ -81,7 +86,13 @@ pub struct Permit {
 
 impl Breaker {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Arc<Self> {
-        let state = State { phase: Phase::Closed, consecutive_failures: 0, openings: 0, window: VecDeque::new() };
+        let state = State {
+            phase: Phase::Closed,
+            consecutive_failures: 0,
+            openings: 0,
+            window: VecDeque::new(),
+            last_success: None,
+        };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
 
@@ -145,6 +156,9 @@ impl Breaker {
     fn record(&self, probe: bool, outcome: Outcome) {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
+        if outcome == Outcome::Success {
+            s.last_success = Some(now);
+        }
         match (s.phase, probe) {
             (Phase::HalfOpen { in_flight, successes }, true) => match outcome {
                 Outcome::Success if successes + 1 >= self.config.success_threshold => {
@@ -176,6 +190,11 @@ impl Breaker {
             // A verdict from before the last transition: the breaker has moved on.
             _ => {}
         }
+    }
+
+    /// Whether a call through this breaker succeeded less than `window` before `now`.
+    pub fn answered_within(&self, now: Instant, window: Duration) -> bool {
+        self.state.lock().expect("not poisoned").last_success.is_some_and(|t| now.saturating_duration_since(t) < window)
     }
 
     fn open(&self, s: &mut State, now: Instant) {
@@ -227,6 +246,78 @@ impl Permit {
     pub fn record(mut self, outcome: Outcome) {
         self.recorded = true;
         self.breaker.record(self.probe, outcome);
+    }
+}
+
+/// The most tools of one server that get a breaker of their own; calls of further tools
+/// are guarded by the server's breaker alone. Tool names come from the server's listing
+/// and from adapters' plans, so their number needs a bound.
+pub const MAX_TOOL_BREAKERS: usize = 1024;
+
+/// The breakers of one server's tools, each made on the tool's first call with the
+/// server's breaker settings.
+pub struct ToolBreakers {
+    config: BreakerConfig,
+    clock: Arc<dyn Clock>,
+    rng: Arc<Rng>,
+    by_tool: Mutex<HashMap<String, Arc<Breaker>>>,
+}
+
+impl std::fmt::Debug for ToolBreakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolBreakers").field("tools", &self.by_tool.lock().map(|m| m.len()).unwrap_or(0)).finish()
+    }
+}
+
+impl ToolBreakers {
+    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
+        Self { config, clock, rng, by_tool: Mutex::default() }
+    }
+
+    /// The breaker of `tool`, made on first use; none past [`MAX_TOOL_BREAKERS`].
+    pub fn get(&self, tool: &str) -> Option<Arc<Breaker>> {
+        let mut map = self.by_tool.lock().expect("not poisoned");
+        if let Some(b) = map.get(tool) {
+            return Some(b.clone());
+        }
+        if map.len() >= MAX_TOOL_BREAKERS {
+            return None;
+        }
+        let b = Breaker::new(self.config, self.clock.clone(), self.rng.clone());
+        map.insert(tool.to_owned(), b.clone());
+        Some(b)
+    }
+
+    /// The breaker of `tool` if it has one already.
+    pub fn existing(&self, tool: &str) -> Option<Arc<Breaker>> {
+        self.by_tool.lock().expect("not poisoned").get(tool).cloned()
+    }
+
+    /// Every tool's breaker that is not closed and clean, by name.
+    pub fn troubled(&self) -> Vec<(String, Snapshot)> {
+        let map = self.by_tool.lock().expect("not poisoned");
+        let mut out: Vec<(String, Snapshot)> = map
+            .iter()
+            .map(|(t, b)| (t.clone(), b.snapshot()))
+            .filter(|(_, s)| s.state != "closed" || s.consecutive_failures > 0 || s.window_failures > 0)
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Whether a tool other than `tool` answered within the breaker window: evidence that
+    /// the server is up and a failure of `tool` is confined to it.
+    pub fn others_answered(&self, tool: &str) -> bool {
+        let (now, window) = (self.clock.now(), Duration::from_millis(self.config.window_ms));
+        let map = self.by_tool.lock().expect("not poisoned");
+        map.iter().any(|(t, b)| t != tool && b.answered_within(now, window))
+    }
+
+    /// Closes every tool's breaker.
+    pub fn reset_all(&self) {
+        for b in self.by_tool.lock().expect("not poisoned").values() {
+            b.reset();
+        }
     }
 }
 

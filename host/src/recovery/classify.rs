@@ -1,6 +1,9 @@
-//! The built-in classifier: every [`Failure`] gets a category from seed 004's
-//! hierarchy, whether it is worth retrying, whether it counts against the server's
-//! breaker, a severity, and seed 002's USER/CONFIG/BUG kind with its log level.
+//! The built-in classifier: every [`Failure`] gets a category from the MCP error
+//! taxonomy (connection, transport, timeout, protocol, initialization, capability,
+//! tool-not-found, tool-execution, tool-validation, configuration, discovery,
+//! server-unavailable, circuit-open, rate-limit, cancelled), whether it is worth retrying,
+//! whether it says the server is unhealthy (and so counts for the breakers), a severity,
+//! and whose fault it is (USER, CONFIG or BUG), which decides its log level.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -9,7 +12,7 @@ use super::Failure;
 use super::retry_after;
 use crate::transport::Status;
 
-/// Seed 004's error hierarchy, flattened; `Other` is the escape for adapters.
+/// The error taxonomy, flattened; `Other` is the escape for adapters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Category {
     Connection,
@@ -33,6 +36,16 @@ pub enum Category {
 impl Category {
     pub fn as_str(&self) -> &str {
         match self {
+            Self::Other(s) => s,
+            fixed => fixed.label(),
+        }
+    }
+
+    /// The category as a metric label: one of the fixed names, and `other` for whatever
+    /// an adapter made up (its text is not a label value anyone chose to allow).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Other(_) => "other",
             Self::Connection => "connection",
             Self::Transport => "transport",
             Self::Timeout => "timeout",
@@ -48,7 +61,6 @@ impl Category {
             Self::CircuitOpen => "circuit-open",
             Self::RateLimit => "rate-limit",
             Self::Cancelled => "cancelled",
-            Self::Other(s) => s,
         }
     }
 }
@@ -78,7 +90,8 @@ impl Severity {
     }
 }
 
-/// Seed 002's split: whose fault it is, which decides how loudly it is logged.
+/// Whose fault it is, which decides how loudly it is logged: a caller's mistake is a
+/// warning, a broken setup or a failing server an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// The caller's arguments (logged as a warning).
@@ -113,9 +126,12 @@ pub struct Classification {
     /// Whether the same call may succeed if made again (safety is decided separately).
     pub retryable: bool,
     pub retry_after: Option<Duration>,
-    /// Whether it says the server itself is unhealthy: it did not answer in time, its
-    /// connection broke, or it broke the protocol. A server that answers with an error
-    /// is healthy, whatever the error.
+    /// Whether it says the server (or what one tool of it depends on) is unhealthy: it
+    /// did not answer in time, its connection broke, it broke the protocol, or it said
+    /// it is unavailable or timed out itself (as a JSON-RPC error or as a tool's
+    /// `isError` text). Such failures count for the tool's breaker and, unless they
+    /// stay confined to one tool, for the server's (see `engine`). A tool that answers
+    /// with any other error is a healthy server saying no.
     pub counts_for_breaker: bool,
     pub severity: Severity,
     pub kind: Kind,
@@ -160,18 +176,20 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
             // No traffic reached the server: nothing to count.
             C::ServerUnavailable.with(true, false, High, kind).undelivered()
         }
-        Failure::CircuitOpen { retry_in } => {
+        Failure::CircuitOpen { retry_in, .. } => {
             let mut c = C::CircuitOpen.with(true, false, Medium, Bug).undelivered();
             c.retry_after = Some(*retry_in);
             c
         }
         Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
+        // The gateway's own bug: nothing to retry, nothing against the server.
+        Failure::Internal { .. } => C::Other("internal".into()).with(false, false, Severity::Critical, Bug),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
         Failure::Rpc { code, message, data } => {
             let text = format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default());
             match *code {
-                // The server answered: its backend timed out, the server itself is fine.
-                ABORTED => C::Timeout.with(true, false, High, Bug),
+                // The server answered that the request timed out behind it.
+                ABORTED => C::Timeout.with(true, true, High, Bug),
                 -32700 | -32600 => C::Protocol.with(false, true, High, Bug),
                 -32601 => C::Capability.with(false, false, Medium, Config),
                 // SDKs answer an unknown tool name with -32602 too.
@@ -184,7 +202,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         Failure::ToolError { result } => {
             let text = failure_text(failure, result);
             // A tool that reports its own error is a healthy server saying no, unless
-            // the text says the trouble is transient.
+            // the text says the trouble is an outage or transient.
             from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
         }
     }
@@ -205,12 +223,15 @@ fn mentions_unknown_tool(text: &str) -> bool {
     (t.contains("tool") && (t.contains("not found") || t.contains("unknown"))) || t.contains("no such tool")
 }
 
-/// Transient conditions recognised in free text (HTTP status codes, common phrases).
+/// Outages and transient conditions recognised in free text (HTTP status codes, common
+/// phrases).
 ///
-/// None of them counts against the breaker: the text came from a server that answered,
-/// so what failed is behind one of its tools (a search API, a build), not the server.
-/// Opening the breaker would also shut off the server's other tools, which are often
-/// the alternatives (seed 000: `lean_leansearch` → `lean_loogle`).
+/// An outage (unavailable, timed out, connection refused) counts for the breakers: a
+/// server that answers every call with "503 Service Unavailable" is as dead as one that
+/// does not answer. Often what failed is behind one tool (a search API), so the engine
+/// trips that tool's breaker first and leaves the server's other tools, often the
+/// alternatives (`lean_leansearch` → `lean_loogle`), serving. A rate limit does not count:
+/// the server is healthy and asked to be called later.
 fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     use Category as C;
     use Kind::Bug;
@@ -227,9 +248,9 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
         "502 bad gateway",
         "504 gateway",
     ]) {
-        C::ServerUnavailable.with(true, false, High, Bug)
+        C::ServerUnavailable.with(true, true, High, Bug)
     } else if has(&["timed out", "timeout", "aborterror", "operation was aborted", "deadline exceeded"]) {
-        C::Timeout.with(true, false, High, Bug)
+        C::Timeout.with(true, true, High, Bug)
     } else if has(&[
         "econnrefused",
         "connection refused",
@@ -238,7 +259,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
         "broken pipe",
         "network is unreachable",
     ]) {
-        C::Connection.with(true, false, High, Bug)
+        C::Connection.with(true, true, High, Bug)
     } else {
         return None;
     };
@@ -287,21 +308,22 @@ mod tests {
     fn the_hierarchy() {
         use Category::*;
         check(Failure::Timeout { after: Duration::from_secs(1) }, Timeout, true, true, false);
-        check(rpc(-32001, "AbortError: The operation was aborted"), Timeout, true, false, false);
+        check(rpc(-32001, "AbortError: The operation was aborted"), Timeout, true, true, false);
         check(rpc(-32602, "Invalid arguments: missing `query`"), ToolValidation, false, false, false);
         check(rpc(-32602, "Tool lean_foo not found"), ToolNotFound, true, false, false);
         check(rpc(-32601, "Method not found"), Capability, false, false, false);
         check(rpc(-32700, "Parse error"), Protocol, false, true, false);
         check(rpc(-32603, "internal error"), ToolExecution, false, false, false);
-        check(rpc(-32603, "upstream returned 503 Service Unavailable"), ServerUnavailable, true, false, false);
+        check(rpc(-32603, "upstream returned 503 Service Unavailable"), ServerUnavailable, true, true, false);
+        check(tool_error("503 Service Unavailable"), ServerUnavailable, true, true, false);
         check(tool_error("disk full"), ToolExecution, false, false, false);
         check(tool_error("Error: 429 Too Many Requests"), RateLimit, true, false, false);
-        check(tool_error("request timed out after 30s"), Timeout, true, false, false);
-        check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, false, false);
+        check(tool_error("request timed out after 30s"), Timeout, true, true, false);
+        check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, true, false);
         check(Failure::ConnectionLost { reason: "eof".into() }, Transport, true, true, false);
         check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
-        check(Failure::CircuitOpen { retry_in: Duration::from_secs(3) }, CircuitOpen, true, false, true);
+        check(Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None }, CircuitOpen, true, false, true);
         check(Failure::Cancelled, Cancelled, false, false, false);
         check(Failure::Protocol { reason: "odd".into() }, Protocol, false, true, false);
     }
@@ -312,5 +334,25 @@ mod tests {
         assert_eq!(c.retry_after, Some(Duration::from_secs(2)));
         assert_eq!(c.kind.log_level(), tracing::Level::ERROR);
         assert_eq!(classify(&rpc(-32602, "bad"), SystemTime::UNIX_EPOCH).kind, Kind::User);
+    }
+
+    #[test]
+    fn a_huge_retry_after_is_clamped() {
+        let c = classify(&tool_error("429: try again in 99999999999999999999999 min"), SystemTime::UNIX_EPOCH);
+        assert_eq!(c.retry_after, Some(retry_after::MAX));
+    }
+
+    proptest::proptest! {
+        /// Whatever a server says, classifying it never panics and never asks for a wait
+        /// past the cap.
+        #[test]
+        fn any_text_classifies(text in "\\PC{0,300}", code in proptest::num::i32::ANY, data in proptest::option::of("\\PC{0,100}")) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            let data = data.map(serde_json::Value::String);
+            for f in [rpc(code, &text), tool_error(&text), Failure::Rpc { code, message: text.clone(), data }] {
+                let c = classify(&f, now);
+                proptest::prop_assert!(c.retry_after.is_none_or(|d| d <= retry_after::MAX));
+            }
+        }
     }
 }

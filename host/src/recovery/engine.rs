@@ -1,30 +1,48 @@
-//! The recovery engine: runs one client call to completion. Attempts go through the
-//! server's breaker with a per-attempt timeout inside the call's deadline; failures are
-//! classified; safe, retryable ones are retried with full-jitter backoff (honouring
-//! retry-after and the retry budget); then the configured alternatives are tried, each
-//! through its own server's breaker; and when nothing works the [`Record`] becomes the
-//! report.
+//! The recovery engine: runs one client call to completion, in named steps.
+//!
+//! - [`Engine::attempt`]: one upstream call through the server's breaker and the tool's,
+//!   with a per-attempt timeout inside the call's deadline, classified when it fails.
+//! - `consult`: the server's adapter may refine the classification and propose a plan.
+//! - [`plan::compose`]: the one rule that makes the plan (the adapter's steps, then the
+//!   configured fallbacks not yet named, then the adapter's give-up advice).
+//! - `run_plan`: retries (safe ones only, full-jitter backoff, retry-after, the retry
+//!   budget), side calls, alternatives and restarts, each admitted by [`Limits`] when an
+//!   adapter asked for it.
+//!
+//! When nothing works the [`Record`] becomes the report. A panic anywhere in a call is
+//! caught and ends the call like any other failure, so a client is always answered.
+//!
+//! Breakers have two levels. A failure that says the server is unhealthy counts for the
+//! failing tool's breaker, and for the server's unless it is confined to the tool: while
+//! another tool of the server answered within the breaker window, the server is up and
+//! only the tool is shed (as Envoy's outlier detection ejects one host, not the cluster).
+//! Without that evidence, the server's breaker counts it too and sheds the server as a
+//! whole. A failure that proves the call never reached the server counts for the server
+//! alone.
 //!
 //! Architecture invariant: the engine does no I/O. Upstream calls go through the
 //! [`Upstream`] it is handed; time and randomness through [`Clock`] and [`Rng`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolResult, JsonObject, ToolAnnotations};
 use serde_json::Value;
 
 use super::backoff;
-use super::breaker::{Breaker, Outcome};
+use super::breaker::{Breaker, Outcome, ToolBreakers};
 use super::budget::RetryBudget;
 use super::classify::{Category, Classification, classify};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
-use super::plan::{self, Advisor, FailureContext, Step};
-use crate::config::{Alternative, RecoveryConfig, ServerConfig};
+use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
+use super::retry_after;
+use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
 
 /// The I/O the engine needs; the gateway provides it.
 pub trait Upstream: Send + Sync {
@@ -55,6 +73,14 @@ pub struct Counters {
     pub recovered: AtomicU64,
     pub fallbacks: AtomicU64,
     pub shed: AtomicU64,
+    /// Steps of this server's adapter's plans that were refused, by [`Denial`].
+    pub denied: [AtomicU64; Denial::ALL.len()],
+}
+
+impl Counters {
+    fn deny(&self, denial: Denial) {
+        self.denied[denial as usize].fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Everything the engine keeps for one server.
@@ -62,8 +88,12 @@ pub struct Counters {
 pub struct ServerPolicy {
     pub recovery: RecoveryConfig,
     pub breaker: Arc<Breaker>,
+    /// One breaker per tool, for failures confined to one tool.
+    pub tools: ToolBreakers,
     pub budget: RetryBudget,
     pub counters: Counters,
+    /// What this server's adapter may make the gateway do.
+    pub grant: AdapterGrant,
 }
 
 /// Why a tool was called.
@@ -101,6 +131,53 @@ pub struct Record {
     pub stopped: Option<String>,
     /// The suggested action an adapter gave when it gave up.
     pub action: Option<String>,
+    /// Steps of the adapter's plans that were refused, in order.
+    pub denied: Vec<Denied>,
+}
+
+/// Why a step an adapter asked for was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Denial {
+    /// The tool is outside the adapter's grant (`adapter_allow.tools`).
+    Grant,
+    /// A restart was not granted (`adapter_allow.restart`), or one already ran in this
+    /// client call.
+    Restart,
+    /// The plans of this call already made `rebound.plugin_max_calls` calls.
+    Calls,
+    /// The tool is not safe to replay and already ran in this client call.
+    Replay,
+}
+
+impl Denial {
+    pub const ALL: [Denial; 4] = [Denial::Grant, Denial::Restart, Denial::Calls, Denial::Replay];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Grant => "grant",
+            Self::Restart => "restart",
+            Self::Calls => "max-calls",
+            Self::Replay => "replay",
+        }
+    }
+
+    /// What it means, for the log.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Self::Grant => "the tool is outside the adapter's grant (`adapter_allow.tools`)",
+            Self::Restart => "restarts are not granted (`adapter_allow.restart`), or one already ran for this call",
+            Self::Calls => "the call's plans already made `rebound.plugin_max_calls` calls",
+            Self::Replay => "the tool is not safe to replay and already ran for this call",
+        }
+    }
+}
+
+/// A refused step: why, and what it would have called (`server/tool`, or `server` for a
+/// restart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub denial: Denial,
+    pub target: String,
 }
 
 /// The end of a call.
@@ -113,6 +190,11 @@ pub enum Ending {
 }
 
 impl Record {
+    /// Whether the call ended in a panic inside the gateway (a bug), caught.
+    pub fn panicked(&self) -> bool {
+        self.attempts.last().is_some_and(|a| matches!(a.failure, Some(Failure::Internal { .. })))
+    }
+
     /// The last failure on record.
     pub fn last_failure(&self) -> Option<(&Failure, &Classification)> {
         self.attempts.iter().rev().find_map(|a| Some((a.failure.as_ref()?, a.classification.as_ref()?)))
@@ -130,6 +212,10 @@ impl Record {
     /// Whether the answer came after a failure.
     pub fn recovered(&self) -> bool {
         self.answered_by().is_some() && self.attempts.len() > 1
+    }
+
+    fn new(server: Arc<str>, tool: String, safe: bool) -> Self {
+        Self { server, tool, attempts: Vec::new(), safe, stopped: None, action: None, denied: Vec::new() }
     }
 
     fn push(
@@ -156,6 +242,8 @@ pub struct Engine {
     servers: HashMap<Arc<str>, ServerPolicy>,
     clock: Arc<dyn Clock>,
     rng: Arc<Rng>,
+    /// `rebound.plugin_max_calls`.
+    max_plan_calls: u32,
 }
 
 impl std::fmt::Debug for Engine {
@@ -172,6 +260,44 @@ pub fn is_idempotent(recovery: &RecoveryConfig, tool: &str, annotations: Option<
     annotations.is_some_and(|a| a.read_only_hint == Some(true) || a.idempotent_hint == Some(true))
 }
 
+/// The default for `rebound.plugin_max_calls`.
+pub const DEFAULT_PLAN_CALLS: u32 = 8;
+
+/// One client call, as the engine runs it.
+struct Call<'a> {
+    upstream: &'a dyn Upstream,
+    advisor: Option<&'a dyn Advisor>,
+    policy: &'a ServerPolicy,
+    server: Arc<str>,
+    tool: String,
+    arguments: Option<JsonObject>,
+    safe: bool,
+    started: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+}
+
+/// What a call has done so far, for the limits on what plans may do next.
+#[derive(Default)]
+struct Spent {
+    /// Attempts of the requested tool.
+    primary: u32,
+    /// The wait before the next attempt of the requested tool.
+    waited: Duration,
+    /// Side calls and alternatives an adapter's plans made.
+    plan_calls: u32,
+    restarted: bool,
+    /// Every `server/tool` that was called (it may have run).
+    called: HashSet<(Arc<str>, String)>,
+    /// Alternatives already tried, whoever named them.
+    alternatives: HashSet<(Arc<str>, String)>,
+}
+
+/// What a plan's run leads to.
+enum Next {
+    Retry,
+    Done(Ending),
+}
+
 impl Engine {
     pub fn new<'a>(servers: impl IntoIterator<Item = &'a ServerConfig>, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
         let servers = servers
@@ -180,13 +306,21 @@ impl Engine {
                 let policy = ServerPolicy {
                     recovery: s.recovery.clone(),
                     breaker: Breaker::new(s.recovery.breaker, clock.clone(), rng.clone()),
+                    tools: ToolBreakers::new(s.recovery.breaker, clock.clone(), rng.clone()),
                     budget: RetryBudget::new(s.recovery.retry.budget_ratio, s.recovery.retry.budget_reserve),
                     counters: Counters::default(),
+                    grant: s.adapter_allow.clone(),
                 };
                 (Arc::from(s.name.as_str()), policy)
             })
             .collect();
-        Self { servers, clock, rng }
+        Self { servers, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
+    }
+
+    /// Limits the side calls and alternatives adapters' plans make per client call.
+    pub fn with_plan_calls(mut self, max: u32) -> Self {
+        self.max_plan_calls = max;
+        self
     }
 
     pub fn policy(&self, server: &str) -> Option<&ServerPolicy> {
@@ -200,7 +334,8 @@ impl Engine {
     /// Runs `tool` on `server` until it succeeds, fails for good, or runs out of time.
     /// `annotations` are the tool's as its server published them (the caller found the
     /// tool in the catalogue already); `advisor` (the server's adapter) may refine
-    /// classifications and supply plans.
+    /// classifications and propose plans. Never panics: a panic inside is caught and the
+    /// call gives up with an internal failure on record.
     pub async fn run(
         &self,
         upstream: &dyn Upstream,
@@ -211,154 +346,302 @@ impl Engine {
         arguments: Option<JsonObject>,
     ) -> (Ending, Record) {
         let policy = self.servers.get(&server).expect("the catalogue routes only to configured servers");
-        let recovery = &policy.recovery;
-        let safe = is_idempotent(recovery, &tool, annotations);
+        let safe = is_idempotent(&policy.recovery, &tool, annotations);
         let started = self.clock.now();
-        let deadline = super::clock::later(started, Duration::from_millis(recovery.deadline_for(&tool)));
-        let mut record = Record {
-            server: server.clone(),
-            tool: tool.clone(),
-            attempts: Vec::new(),
-            safe,
-            stopped: None,
-            action: None,
-        };
+        let deadline = super::clock::later(started, Duration::from_millis(policy.recovery.deadline_for(&tool)));
+        let mut record = Record::new(server.clone(), tool.clone(), safe);
         policy.counters.calls.fetch_add(1, Ordering::Relaxed);
         policy.budget.deposit();
-
-        let mut primary = 0u32;
-        let mut waited = Duration::ZERO;
-        'attempts: loop {
-            primary += 1;
-            let timeout = Duration::from_millis(recovery.timeout_for(&tool));
-            let outcome = self.attempt(upstream, policy, &server, &tool, arguments.clone(), timeout, deadline).await;
-            let (failure, builtin) = match outcome {
-                Ok(result) => {
-                    record.push(&server, &tool, Role::Primary, None, waited);
-                    if primary > 1 {
-                        policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if let Some(a) = advisor {
-                        a.observe(&server, &tool, arguments.as_ref(), &result).await;
-                    }
-                    return (Ending::Answered(result), record);
-                }
-                Err(f) => f,
-            };
-            let ctx = FailureContext {
-                server: &server,
-                tool: &tool,
-                arguments: arguments.as_ref(),
-                attempt: primary,
-                elapsed: self.clock.now().saturating_duration_since(started),
-                failure: &failure,
-            };
-            let class = match advisor {
-                Some(a) => a.classify(&ctx, &builtin).await.unwrap_or(builtin),
-                None => builtin,
-            };
-            let advised = match advisor {
-                Some(a) => a.plan(&ctx, &class).await,
-                None => None,
-            };
-            record.push(&server, &tool, Role::Primary, Some((failure.clone(), class.clone())), waited);
-            if class.category == Category::Cancelled {
-                record.stopped = Some("the client cancelled the call".into());
-                return (Ending::GaveUp, record);
+        let call = Call { upstream, advisor, policy, server, tool, arguments, safe, started, deadline };
+        let driven = AssertUnwindSafe(self.drive(&call, &mut record)).catch_unwind().await;
+        match driven {
+            Ok(ending) => (ending, record),
+            Err(panic) => {
+                let reason = panic_message(&*panic);
+                let failure = Failure::Internal { reason };
+                let class = classify(&failure, self.clock.wall());
+                record.push(&call.server, &call.tool, Role::Primary, Some((failure, class)), Duration::ZERO);
+                record.stopped = Some("Rebound failed while handling the call (a bug, logged)".into());
+                (Ending::GaveUp, record)
             }
-            let steps = match advised {
-                Some(steps) => steps,
-                // A healthy server said no, and nobody knows better: the agent gets the
-                // tool's own answer.
-                None if matches!(failure, Failure::ToolError { .. }) && !class.retryable => {
-                    let Failure::ToolError { result } = failure else { unreachable!() };
-                    let mut result = *result;
-                    // An adapter's word on the error goes along with it (hol-cursor: which
-                    // build log to read).
-                    if let Some(note) = &class.message {
-                        result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));
-                    }
-                    return (Ending::Answered(result), record);
-                }
-                None => plan::builtin(recovery, &tool, &class),
-            };
-            if steps.is_empty() && record.stopped.is_none() {
-                record.stopped = Some(format!("a {} failure has no recovery", class.category));
-            }
-            for step in steps {
-                match step {
-                    Step::Retry(delay) => match self.retry_delay(policy, &class, safe, primary - 1, deadline, delay) {
-                        Ok(d) => {
-                            policy.counters.retries.fetch_add(1, Ordering::Relaxed);
-                            self.clock.sleep(d).await;
-                            waited = d;
-                            continue 'attempts;
-                        }
-                        Err(why) => record.stopped = Some(why),
-                    },
-                    Step::SideCall { tool: side, arguments: args } => {
-                        let timeout = Duration::from_millis(recovery.timeout_for(&side));
-                        let outcome =
-                            self.attempt(upstream, policy, &server, &side, Some(args.clone()), timeout, deadline).await;
-                        match outcome {
-                            Ok(result) => {
-                                if let Some(a) = advisor {
-                                    a.observe(&server, &side, Some(&args), &result).await;
-                                }
-                                record.push(&server, &side, Role::SideCall, None, Duration::ZERO);
-                            }
-                            Err(f) => record.push(&server, &side, Role::SideCall, Some(f), Duration::ZERO),
-                        }
-                    }
-                    Step::Alternative { server: alt_server, tool: alt_tool, arguments: alt_args } => {
-                        if self.clock.now() >= deadline {
-                            record.stopped = Some("the call's deadline passed".into());
-                            break 'attempts;
-                        }
-                        let alt_server: Arc<str> =
-                            alt_server.as_deref().map(Arc::from).unwrap_or_else(|| server.clone());
-                        let Some(alt_policy) = self.servers.get(&alt_server) else { continue };
-                        if upstream.annotations(&alt_server, &alt_tool).is_none() {
-                            continue; // this server (or version of it) has no such tool
-                        }
-                        alt_policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                        let args = alt_args.or_else(|| {
-                            let configured = plan::configured(recovery, &tool, &alt_tool)?;
-                            map_arguments(configured, arguments.as_ref())
-                        });
-                        let args = args.or_else(|| arguments.clone());
-                        let timeout = Duration::from_millis(alt_policy.recovery.timeout_for(&alt_tool));
-                        let outcome = self
-                            .attempt(upstream, alt_policy, &alt_server, &alt_tool, args.clone(), timeout, deadline)
-                            .await;
-                        match outcome {
-                            Ok(result) => {
-                                record.push(&alt_server, &alt_tool, Role::Alternative, None, Duration::ZERO);
-                                policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
-                                if let Some(a) = advisor {
-                                    a.observe(&alt_server, &alt_tool, args.as_ref(), &result).await;
-                                }
-                                return (Ending::Answered(result), record);
-                            }
-                            Err(f) => record.push(&alt_server, &alt_tool, Role::Alternative, Some(f), Duration::ZERO),
-                        }
-                    }
-                    Step::Restart => {
-                        let within = deadline.saturating_duration_since(self.clock.now());
-                        upstream.restart(&server, within).await;
-                    }
-                    Step::GiveUp(action) => {
-                        record.action = Some(action);
-                        break 'attempts;
-                    }
-                }
-            }
-            break;
         }
-        (Ending::GaveUp, record)
     }
 
-    /// One attempt through the breaker, classified when it fails.
+    /// Attempts the requested tool, and after each failure consults the adapter and runs
+    /// the plan, until an answer, a give-up, or a plan that asks for another attempt.
+    async fn drive(&self, call: &Call<'_>, record: &mut Record) -> Ending {
+        let mut spent = Spent::default();
+        loop {
+            spent.primary += 1;
+            spent.called.insert((call.server.clone(), call.tool.clone()));
+            let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&call.tool));
+            let outcome = self
+                .attempt(
+                    call.upstream,
+                    call.policy,
+                    &call.server,
+                    &call.tool,
+                    call.arguments.clone(),
+                    timeout,
+                    call.deadline,
+                )
+                .await;
+            let (failure, builtin) = match outcome {
+                Ok(result) => {
+                    record.push(&call.server, &call.tool, Role::Primary, None, spent.waited);
+                    if spent.primary > 1 {
+                        call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(a) = call.advisor {
+                        a.observe(&call.server, &call.tool, call.arguments.as_ref(), &result).await;
+                    }
+                    return Ending::Answered(result);
+                }
+                Err(failed) => failed,
+            };
+            let (class, advised) = self.consult(call, spent.primary, &failure, builtin).await;
+            record.push(&call.server, &call.tool, Role::Primary, Some((failure.clone(), class.clone())), spent.waited);
+            if class.category == Category::Cancelled {
+                record.stopped = Some("the client cancelled the call".into());
+                return Ending::GaveUp;
+            }
+            let plan = match (advised, failure) {
+                // A healthy server said no, and nobody knows better: the agent gets the
+                // tool's own answer, with the adapter's word on it (which log to read).
+                (None, Failure::ToolError { result }) if !class.retryable => {
+                    return Ending::Answered(with_note(*result, class.message.as_deref()));
+                }
+                (advised, _) => plan::compose(advised, &call.policy.recovery, &call.tool, &class),
+            };
+            match self.run_plan(call, record, &mut spent, plan, &class).await {
+                Next::Retry => continue,
+                Next::Done(ending) => return ending,
+            }
+        }
+    }
+
+    /// Asks the adapter, if any, to refine the built-in classification and to propose a
+    /// plan. What it says is bounded: waits are clamped, and it cannot claim that a call
+    /// the configuration marks unsafe was never delivered.
+    async fn consult(
+        &self,
+        call: &Call<'_>,
+        attempt: u32,
+        failure: &Failure,
+        builtin: Classification,
+    ) -> (Classification, Option<Vec<Step>>) {
+        let Some(advisor) = call.advisor else { return (builtin, None) };
+        let ctx = FailureContext {
+            server: &call.server,
+            tool: &call.tool,
+            arguments: call.arguments.as_ref(),
+            attempt,
+            elapsed: self.clock.now().saturating_duration_since(call.started),
+            failure,
+        };
+        let mut class = match advisor.classify(&ctx, &builtin).await {
+            Some(refined) => refined,
+            None => builtin.clone(),
+        };
+        class.retry_after = class.retry_after.map(|d| d.min(retry_after::MAX));
+        let declared_unsafe = call.policy.recovery.tools.get(&call.tool).and_then(|t| t.idempotent) == Some(false);
+        if declared_unsafe && !builtin.not_delivered {
+            class.not_delivered = false;
+        }
+        let advised = advisor.plan(&ctx, &class).await;
+        (class, advised)
+    }
+
+    /// Runs `plan`'s steps in order until one answers or asks for another attempt.
+    async fn run_plan(
+        &self,
+        call: &Call<'_>,
+        record: &mut Record,
+        spent: &mut Spent,
+        plan: Plan,
+        class: &Classification,
+    ) -> Next {
+        if plan.steps.is_empty() && record.stopped.is_none() {
+            record.stopped = Some(format!("a {} failure has no recovery", class.category));
+        }
+        for (step, origin) in plan.steps {
+            match step {
+                Step::Retry(asked) => {
+                    let asked = asked.map(|d| d.min(retry_after::MAX));
+                    match self.retry_delay(call.policy, class, call.safe, spent.primary - 1, call.deadline, asked) {
+                        Ok(d) => {
+                            call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
+                            self.clock.sleep(d).await;
+                            spent.waited = d;
+                            return Next::Retry;
+                        }
+                        Err(why) => record.stopped = Some(why),
+                    }
+                }
+                Step::SideCall { tool, arguments } => {
+                    self.side_call(call, record, spent, origin, tool, arguments).await;
+                }
+                Step::Alternative { server, tool, arguments } => {
+                    if self.clock.now() >= call.deadline {
+                        record.stopped = Some("the call's deadline passed".into());
+                        break;
+                    }
+                    let server: Arc<str> = server.as_deref().map(Arc::from).unwrap_or_else(|| call.server.clone());
+                    if let Some(result) = self.alternative(call, record, spent, origin, server, tool, arguments).await {
+                        return Next::Done(Ending::Answered(result));
+                    }
+                }
+                Step::Restart => self.restart(call, record, spent, origin).await,
+                Step::GiveUp(action) => {
+                    record.action = Some(action);
+                    return Next::Done(Ending::GaveUp);
+                }
+            }
+        }
+        if plan.give_up.is_some() {
+            record.action = plan.give_up;
+        }
+        Next::Done(Ending::GaveUp)
+    }
+
+    /// Whether a step an adapter asked for may call `server/tool`: inside its grant, within
+    /// the call's plan limit, not a second run of a tool that is unsafe to replay, and
+    /// with budget left on the target server. Steps from the configuration always may.
+    fn admit_call(
+        &self,
+        call: &Call<'_>,
+        record: &mut Record,
+        spent: &mut Spent,
+        origin: Origin,
+        server: &Arc<str>,
+        tool: &str,
+    ) -> bool {
+        if origin != Origin::Adapter {
+            return true;
+        }
+        let Some(target) = self.servers.get(server) else { return false };
+        let deny = |record: &mut Record, denial: Denial| {
+            call.policy.counters.deny(denial);
+            record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
+            false
+        };
+        if !call.policy.grant.allows_tool(server, tool) {
+            return deny(record, Denial::Grant);
+        }
+        if spent.plan_calls >= self.max_plan_calls {
+            return deny(record, Denial::Calls);
+        }
+        let annotations = call.upstream.annotations(server, tool).flatten();
+        let key = (server.clone(), tool.to_owned());
+        if spent.called.contains(&key) && !is_idempotent(&target.recovery, tool, annotations.as_ref()) {
+            return deny(record, Denial::Replay);
+        }
+        if !target.budget.withdraw() {
+            record.stopped =
+                Some(format!("`{server}`'s retry budget is spent, so the plan's call of `{tool}` was skipped"));
+            return false;
+        }
+        spent.plan_calls += 1;
+        true
+    }
+
+    /// A call for its effect on the failed tool's server; its result is not the answer.
+    async fn side_call(
+        &self,
+        call: &Call<'_>,
+        record: &mut Record,
+        spent: &mut Spent,
+        origin: Origin,
+        tool: String,
+        arguments: JsonObject,
+    ) {
+        if self.clock.now() >= call.deadline || call.upstream.annotations(&call.server, &tool).is_none() {
+            return; // no time left, or the server has no such tool
+        }
+        let server = call.server.clone();
+        if !self.admit_call(call, record, spent, origin, &server, &tool) {
+            return;
+        }
+        spent.called.insert((server.clone(), tool.clone()));
+        let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&tool));
+        let args = Some(arguments);
+        let outcome =
+            self.attempt(call.upstream, call.policy, &server, &tool, args.clone(), timeout, call.deadline).await;
+        match outcome {
+            Ok(result) => {
+                if let Some(a) = call.advisor {
+                    a.observe(&server, &tool, args.as_ref(), &result).await;
+                }
+                record.push(&server, &tool, Role::SideCall, None, Duration::ZERO);
+            }
+            Err(f) => record.push(&server, &tool, Role::SideCall, Some(f), Duration::ZERO),
+        }
+    }
+
+    /// Another tool that answers the same question; its success is the answer.
+    #[allow(clippy::too_many_arguments, reason = "one step's worth of context, used once")]
+    async fn alternative(
+        &self,
+        call: &Call<'_>,
+        record: &mut Record,
+        spent: &mut Spent,
+        origin: Origin,
+        server: Arc<str>,
+        tool: String,
+        arguments: Option<JsonObject>,
+    ) -> Option<CallToolResult> {
+        let policy = self.servers.get(&server)?;
+        if call.upstream.annotations(&server, &tool).is_none() {
+            return None; // this server (or version of it) has no such tool
+        }
+        if !spent.alternatives.insert((server.clone(), tool.clone())) {
+            return None; // tried already in this call
+        }
+        if !self.admit_call(call, record, spent, origin, &server, &tool) {
+            return None;
+        }
+        spent.called.insert((server.clone(), tool.clone()));
+        policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let args = arguments
+            .or_else(|| {
+                let configured = plan::configured(&call.policy.recovery, &call.tool, &tool)?;
+                map_arguments(configured, call.arguments.as_ref())
+            })
+            .or_else(|| call.arguments.clone());
+        let timeout = Duration::from_millis(policy.recovery.timeout_for(&tool));
+        match self.attempt(call.upstream, policy, &server, &tool, args.clone(), timeout, call.deadline).await {
+            Ok(result) => {
+                record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
+                call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                if let Some(a) = call.advisor {
+                    a.observe(&server, &tool, args.as_ref(), &result).await;
+                }
+                Some(result)
+            }
+            Err(f) => {
+                record.push(&server, &tool, Role::Alternative, Some(f), Duration::ZERO);
+                None
+            }
+        }
+    }
+
+    /// Restarts the failed tool's server, once per client call and only when granted.
+    async fn restart(&self, call: &Call<'_>, record: &mut Record, spent: &mut Spent, origin: Origin) {
+        let granted = origin != Origin::Adapter || call.policy.grant.restart;
+        if !granted || spent.restarted {
+            call.policy.counters.deny(Denial::Restart);
+            record.denied.push(Denied { denial: Denial::Restart, target: call.server.to_string() });
+            return;
+        }
+        let within = call.deadline.saturating_duration_since(self.clock.now());
+        if within.is_zero() {
+            return;
+        }
+        spent.restarted = true;
+        call.upstream.restart(&call.server, within).await;
+    }
+
+    /// One attempt through the server's breaker and the tool's, classified when it fails.
     #[allow(clippy::too_many_arguments, reason = "one call's worth of context, used once")]
     async fn attempt(
         &self,
@@ -379,28 +662,45 @@ impl Engine {
         if remaining.is_zero() {
             return Err(failed(Failure::Timeout { after: Duration::ZERO }));
         }
-        let permit = match policy.breaker.admit() {
+        let shed = |retry_in, tool: Option<&str>| {
+            policy.counters.shed.fetch_add(1, Ordering::Relaxed);
+            Err(failed(Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) }))
+        };
+        let server_permit = match policy.breaker.admit() {
             Ok(p) => p,
-            Err(retry_in) => {
-                policy.counters.shed.fetch_add(1, Ordering::Relaxed);
-                return Err(failed(Failure::CircuitOpen { retry_in }));
-            }
+            Err(retry_in) => return shed(retry_in, None),
+        };
+        let tool_permit = match policy.tools.get(tool).map(|b| b.admit()) {
+            Some(Err(retry_in)) => return shed(retry_in, Some(tool)),
+            Some(Ok(p)) => Some(p),
+            None => None,
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
         match upstream.call(server, tool, arguments, timeout.min(remaining), remaining).await {
             Ok(result) => {
-                permit.record(Outcome::Success);
+                server_permit.record(Outcome::Success);
+                if let Some(p) = tool_permit {
+                    p.record(Outcome::Success);
+                }
                 Ok(result)
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                permit.record(if class.counts_for_breaker {
+                let outcome = if class.counts_for_breaker {
                     Outcome::Failure
                 } else if matches!(failure, Failure::ToolError { .. }) && !class.retryable {
                     Outcome::Success
                 } else {
                     Outcome::Ignored
-                });
+                };
+                // An undelivered request says nothing about the tool. A failure of a tool
+                // while the server's other tools answer is the tool's alone.
+                let confined =
+                    outcome == Outcome::Failure && !class.not_delivered && policy.tools.others_answered(tool);
+                if let Some(p) = tool_permit {
+                    p.record(if class.not_delivered { Outcome::Ignored } else { outcome });
+                }
+                server_permit.record(if confined { Outcome::Ignored } else { outcome });
                 Err((failure, class))
             }
         }
@@ -421,7 +721,7 @@ impl Engine {
             return Err(format!("a {} failure is not worth retrying", class.category));
         }
         if class.category == Category::CircuitOpen {
-            return Err("the server's circuit breaker is open".into());
+            return Err("the circuit breaker is open".into());
         }
         if !(safe || class.not_delivered) {
             return Err("the tool is not marked read-only or idempotent, so it is not replayed automatically".into());
@@ -443,6 +743,23 @@ impl Engine {
         }
         Ok(delay)
     }
+}
+
+/// A tool's own error result, with the adapter's note on it when it has one.
+fn with_note(mut result: CallToolResult, note: Option<&str>) -> CallToolResult {
+    if let Some(note) = note {
+        result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));
+    }
+    result
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// The alternative's arguments: `"$name"` copies the original argument `name`.

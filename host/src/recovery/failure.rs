@@ -22,12 +22,15 @@ pub enum Failure {
     Unavailable { status: Status, reason: Option<String> },
     /// The request could not be written to the server, so it was never delivered.
     SendFailed { reason: String },
-    /// The server's breaker is open: the call was not made.
-    CircuitOpen { retry_in: Duration },
+    /// A breaker is open, the server's or (`tool`) that tool's alone: the call was not
+    /// made.
+    CircuitOpen { retry_in: Duration, tool: Option<String> },
     /// The server answered with something that is not a tool result.
     Protocol { reason: String },
     /// The client cancelled the call.
     Cancelled,
+    /// The gateway itself failed while handling the call (a panic, caught): a bug.
+    Internal { reason: String },
 }
 
 impl Failure {
@@ -43,6 +46,7 @@ impl Failure {
             Self::CircuitOpen { .. } => "circuit_open",
             Self::Protocol { .. } => "protocol",
             Self::Cancelled => "cancelled",
+            Self::Internal { .. } => "internal",
         }
     }
 
@@ -63,12 +67,17 @@ impl Failure {
                 None => format!("server is {}", status.as_str()),
             },
             Self::SendFailed { reason } => format!("request not delivered: {reason}"),
-            Self::CircuitOpen { retry_in } => format!(
+            Self::CircuitOpen { retry_in, tool: None } => format!(
                 "the server's circuit breaker is open after repeated failures (next probe in {} ms)",
+                retry_in.as_millis()
+            ),
+            Self::CircuitOpen { retry_in, tool: Some(tool) } => format!(
+                "the circuit breaker of tool `{tool}` is open after repeated failures; the server's other tools still answer (next probe in {} ms)",
                 retry_in.as_millis()
             ),
             Self::Protocol { reason } => format!("protocol error: {reason}"),
             Self::Cancelled => "cancelled by the client".to_owned(),
+            Self::Internal { reason } => format!("Rebound failed internally while handling the call: {reason}"),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Recovery plans: the steps the engine takes after a failure, and the [`Advisor`] that
-//! may supply them (an adapter plugin) in place of the built-in plan.
+//! Recovery plans: the steps the engine takes after a failure, the [`Advisor`] that may
+//! propose them (an adapter plugin), and [`compose`], the one rule that turns an
+//! adapter's proposal, the configured fallbacks and the built-in retry into a [`Plan`].
 
 use std::time::Duration;
 
@@ -61,23 +62,132 @@ pub trait Advisor: Send + Sync {
     ) -> BoxFuture<'static, ()>;
 }
 
-/// The plan without an adapter: retry (where the engine finds it safe), then the
-/// configured fallbacks, unless the failure rules them out.
-pub fn builtin(recovery: &RecoveryConfig, tool: &str, class: &Classification) -> Vec<Step> {
-    let mut steps = Vec::new();
-    if class.retryable && class.category != Category::CircuitOpen {
-        steps.push(Step::Retry(None));
+/// Who put a step in a plan; it decides which limits the step runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The server's adapter: bounded by its grant and the per-call plan limits.
+    Adapter,
+    /// The user's `recovery.fallbacks`: never limited by grants.
+    Config,
+    /// The built-in retry.
+    Builtin,
+}
+
+/// A plan as the engine runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<(Step, Origin)>,
+    /// The adapter's advice for the agent when nothing answered.
+    pub give_up: Option<String>,
+}
+
+/// The one rule that makes a plan, whoever proposes it:
+///
+/// 1. the adapter's steps, in its order, up to its first `give-up` (none: the built-in
+///    retry, where the failure is retryable);
+/// 2. then every configured fallback for the tool that the adapter's steps did not
+///    already name, in configuration order, unless the arguments were invalid (they
+///    would fail the same way elsewhere) or the client cancelled;
+/// 3. then, if nothing answered, the adapter's `give-up` text as the agent's next action.
+pub fn compose(advised: Option<Vec<Step>>, recovery: &RecoveryConfig, tool: &str, class: &Classification) -> Plan {
+    let mut plan = Plan { steps: Vec::new(), give_up: None };
+    match advised {
+        Some(steps) => {
+            for step in steps {
+                if let Step::GiveUp(action) = step {
+                    plan.give_up = Some(action);
+                    break;
+                }
+                plan.steps.push((step, Origin::Adapter));
+            }
+        }
+        None if class.retryable && class.category != Category::CircuitOpen => {
+            plan.steps.push((Step::Retry(None), Origin::Builtin));
+        }
+        None => {}
     }
-    // A validation error would fail the same way elsewhere; a cancelled call is over.
-    if !matches!(class.category, Category::ToolValidation | Category::Cancelled) {
-        for alt in recovery.fallbacks.get(tool).into_iter().flatten() {
-            steps.push(Step::Alternative { server: alt.server.clone(), tool: alt.tool.clone(), arguments: None });
+    if matches!(class.category, Category::ToolValidation | Category::Cancelled) {
+        return plan;
+    }
+    for alt in recovery.fallbacks.get(tool).into_iter().flatten() {
+        let named = plan.steps.iter().any(
+            |(s, _)| matches!(s, Step::Alternative { server, tool, .. } if *tool == alt.tool && *server == alt.server),
+        );
+        if !named {
+            let step = Step::Alternative { server: alt.server.clone(), tool: alt.tool.clone(), arguments: None };
+            plan.steps.push((step, Origin::Config));
         }
     }
-    steps
+    plan
 }
 
 /// The configured fallback for `tool` on its server, to map its arguments.
 pub fn configured<'a>(recovery: &'a RecoveryConfig, tool: &str, alt_tool: &str) -> Option<&'a Alternative> {
     recovery.fallbacks.get(tool)?.iter().find(|a| a.tool == alt_tool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recovery::classify::classify;
+
+    fn recovery() -> RecoveryConfig {
+        let mut r = RecoveryConfig::default();
+        let alt = |tool: &str| Alternative { tool: tool.into(), server: None, arguments: None };
+        r.fallbacks.insert("search".into(), vec![alt("loogle"), alt("finder")]);
+        r
+    }
+
+    fn class(failure: Failure) -> Classification {
+        classify(&failure, std::time::SystemTime::UNIX_EPOCH)
+    }
+
+    fn timeout() -> Classification {
+        class(Failure::Timeout { after: Duration::from_secs(1) })
+    }
+
+    fn alt(tool: &str) -> Step {
+        Step::Alternative { server: None, tool: tool.into(), arguments: None }
+    }
+
+    #[test]
+    fn without_an_adapter_retry_then_every_fallback() {
+        let p = compose(None, &recovery(), "search", &timeout());
+        assert_eq!(
+            p.steps,
+            [(Step::Retry(None), Origin::Builtin), (alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]
+        );
+        assert_eq!(p.give_up, None);
+    }
+
+    #[test]
+    fn an_adapters_plan_runs_first_and_its_give_up_comes_last() {
+        let advised = vec![Step::Retry(None), alt("finder"), Step::GiveUp("try later".into()), alt("never")];
+        let p = compose(Some(advised), &recovery(), "search", &timeout());
+        assert_eq!(
+            p.steps,
+            [(Step::Retry(None), Origin::Adapter), (alt("finder"), Origin::Adapter), (alt("loogle"), Origin::Config)]
+        );
+        assert_eq!(p.give_up.as_deref(), Some("try later"));
+    }
+
+    #[test]
+    fn an_adapter_that_only_gives_up_still_gets_the_fallbacks() {
+        let p = compose(Some(vec![Step::GiveUp("no".into())]), &recovery(), "search", &timeout());
+        assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
+    }
+
+    #[test]
+    fn invalid_arguments_and_cancellations_get_no_fallbacks() {
+        let invalid = class(Failure::Rpc { code: -32602, message: "bad".into(), data: None });
+        assert!(compose(None, &recovery(), "search", &invalid).steps.is_empty());
+        assert!(compose(None, &recovery(), "search", &class(Failure::Cancelled)).steps.is_empty());
+    }
+
+    #[test]
+    fn an_open_breaker_is_not_retried_but_falls_back() {
+        let open = class(Failure::CircuitOpen { retry_in: Duration::from_secs(1), tool: None });
+        let p = compose(None, &recovery(), "search", &open);
+        assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
+    }
 }

@@ -22,6 +22,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (_, Failure::Unavailable { .. } | Failure::SendFailed { .. }) => format!(
             "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
         ),
+        (_, Failure::Internal { .. }) => format!(
+            "Rebound failed while handling this call (a bug, written to its log and errors log); check whether `{tool}` took effect, then call it again"
+        ),
         (_, Failure::ConnectionLost { .. }) => format!(
             "the `{server}` server is being restarted; check whether the interrupted call took effect, then call `{tool}` again"
         ),
@@ -30,6 +33,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         ),
         (Category::Timeout, _) => format!(
             "`{tool}` timed out inside the server and may or may not have taken effect; check, then call it again later or with a smaller input, or use another tool"
+        ),
+        (Category::CircuitOpen, Failure::CircuitOpen { tool: Some(tool), .. }) => format!(
+            "`{tool}` failed repeatedly and is being given time to recover; the `{server}` server's other tools still answer, so use another tool or try again later"
         ),
         (Category::CircuitOpen, _) => format!(
             "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"

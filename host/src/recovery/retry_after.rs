@@ -1,7 +1,14 @@
 //! Reading a server's "retry after" hint from an error's text or data: seconds,
 //! milliseconds, or an HTTP date.
+//!
+//! The text comes from a server (or through it, from anyone), so nothing in it can make
+//! the parser panic or ask for an unbounded wait: every hint is clamped to [`MAX`].
 
 use std::time::{Duration, SystemTime};
+
+/// The longest wait a hint can ask for. Longer hints are read as this; the engine then
+/// finds it past the call's deadline and gives up with the server's own words.
+pub const MAX: Duration = Duration::from_secs(24 * 3600);
 
 /// Finds a retry-after hint in `text`: `retry after 30`, `Retry-After: 30`, `retry in
 /// 250ms`, `retry_after_seconds: 1.5`, `"retryAfter": 2`, or an HTTP date after
@@ -53,31 +60,37 @@ enum Unit {
 
 fn number_with_unit(rest: &str, key_unit: Option<Unit>) -> Option<Duration> {
     let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+    // Digits past f64's range parse as infinity, which `seconds` clamps.
     let value: f64 = rest[..end].parse().ok()?;
-    if !value.is_finite() || value < 0.0 {
-        return None;
-    }
     let after = rest[end..].trim_start().to_ascii_lowercase();
     let unit = if after.starts_with("ms") || after.starts_with("millisecond") {
         Unit::Millis
     } else if after.starts_with('s') || after.starts_with("sec") {
         Unit::Seconds
     } else if after.starts_with("min") {
-        return Some(Duration::from_secs_f64(value * 60.0));
+        return Some(seconds(value * 60.0));
     } else {
         key_unit.unwrap_or(Unit::Seconds)
     };
     Some(match unit {
-        Unit::Seconds => Duration::from_secs_f64(value.min(1e9)),
-        Unit::Millis => Duration::from_secs_f64((value / 1000.0).min(1e9)),
+        Unit::Seconds => seconds(value),
+        Unit::Millis => seconds(value / 1000.0),
     })
+}
+
+/// `secs` as a duration, clamped to `[0, MAX]` (infinite and NaN included).
+fn seconds(secs: f64) -> Duration {
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(secs.min(MAX.as_secs_f64()))
 }
 
 fn http_date(rest: &str, now: SystemTime) -> Option<Duration> {
     // An IMF-fixdate is 29 characters: "Sun, 06 Nov 1994 08:49:37 GMT".
     let candidate = rest.get(..29)?;
     let at = httpdate::parse_http_date(candidate).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(MAX))
 }
 
 #[cfg(test)]
@@ -102,5 +115,27 @@ mod tests {
         check("please try again in 2 min", Some(120_000));
         check("retry later", None);
         check("no hint here", None);
+    }
+
+    #[test]
+    fn absurd_hints_are_clamped() {
+        let day = MAX.as_millis() as u64;
+        check("try again in 99999999999999999999999 min", Some(day));
+        check("retry after 1e400", Some(1_000)); // read as `1`, then text
+        check(&format!("retry after {}", "9".repeat(400)), Some(day));
+        check("Retry-After: Fri, 31 Dec 9999 23:59:59 GMT", Some(day));
+        check("retry_after_ms=99999999999999999999999999", Some(day));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_and_never_exceeds_the_cap(text in ".{0,200}", n in proptest::num::f64::ANY, unit in "(ms|s|min|seconds|)") {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+            for t in [text.clone(), format!("retry after {n}{unit}"), format!("try again in {text} {n} {unit}")] {
+                if let Some(d) = parse(&t, now) {
+                    proptest::prop_assert!(d <= MAX, "{t}: {d:?}");
+                }
+            }
+        }
     }
 }

@@ -79,10 +79,17 @@ impl Session {
         !self.closed.is_cancelled()
     }
 
-    /// Re-lists everything the server's capabilities say it has.
-    pub async fn refresh(&self) {
-        let listing = list_all(&self.peer, self.info.as_deref()).await;
-        *self.listing.write().expect("not poisoned") = Arc::new(listing);
+    /// Re-lists everything the server's capabilities say it has, within `within`; a
+    /// server that does not answer in time keeps its previous listing.
+    pub async fn refresh(&self, within: Duration) {
+        match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref())).await {
+            Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
+            Err(_) => tracing::warn!(
+                session = self.id,
+                "re-listing took longer than {} ms; the previous listing stays",
+                within.as_millis()
+            ),
+        }
     }
 
     /// What the server offers, as last listed.
@@ -350,7 +357,16 @@ impl Supervisor {
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
-        let listing = list_all(&peer, info.as_deref()).await;
+        // The first listing is part of the start: a server that initialises and then
+        // never lists its tools has failed to start, and is restarted with backoff.
+        let Ok(listing) = tokio::time::timeout(self.init_timeout, list_all(&peer, info.as_deref())).await else {
+            stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(1), running.cancel()).await;
+            if let Some(process) = process {
+                process.stop().await;
+            }
+            return Err(format!("initialised but did not list its tools within {} ms", self.init_timeout.as_millis()));
+        };
         let session = Arc::new(Session {
             id,
             peer,

@@ -1,18 +1,20 @@
-//! thanos-classify: seed 004's error hierarchy and its fallback-strategy table as an
-//! adapter, used for every server that names no adapter of its own.
+//! thanos-classify: the MCP error taxonomy's fallback-strategy table as an adapter, used
+//! for every server that names no adapter of its own.
 //!
-//! The host's built-in classifier already sorts failures into the hierarchy; this adapter
-//! adds the strategy table (what each category calls for) and the agent-facing advice.
+//! The host's built-in classifier already sorts failures into the taxonomy, and its
+//! built-in plan already backs off and retries what is transient (honouring retry-after),
+//! then runs the configured fallbacks. This adapter adds only what the built-in plan
+//! lacks: the agent-facing advice for each category, and a definite "do not retry" where
+//! retrying cannot help. Where it has nothing to add it returns no plan, so the built-in
+//! one applies unchanged.
 //!
 //! | category | strategy |
 //! |---|---|
-//! | connection, transport, server-unavailable | back off and retry |
-//! | timeout | retry (the host keeps it to safe tools) |
-//! | rate-limit | wait the server's retry-after, then retry |
-//! | tool-not-found | retry once (the tool list is refreshed meanwhile) |
+//! | connection, transport, server-unavailable, timeout, rate-limit | the built-in plan (no plan of its own) |
+//! | tool-not-found | retry once (the tool list is refreshed meanwhile), then give up |
 //! | capability, configuration, protocol, initialization, discovery | do not retry |
 //! | tool-validation | do not retry: the arguments must change |
-//! | circuit-open | wait for the breaker; the host's fallbacks apply |
+//! | circuit-open, tool-execution | the built-in plan: the configured fallbacks |
 
 wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.1.0", additional_derives: [PartialEq] });
 
@@ -21,7 +23,7 @@ use rebound::adapter::types::{AdapterInfo, Category, Classification, CompletedCa
 
 struct Thanos;
 
-/// What seed 004 says to do about each category, for the agent.
+/// What to do about each category, for the agent.
 pub fn advice(category: &Category) -> Option<&'static str> {
     Some(match category {
         Category::Connection => {
@@ -42,7 +44,7 @@ pub fn advice(category: &Category) -> Option<&'static str> {
         Category::Discovery => "no server configuration was found; create one in a searched location",
         Category::ServerUnavailable => "the server is unavailable or unhealthy; wait and retry, and check its logs",
         Category::CircuitOpen => {
-            "the server's circuit breaker is open after repeated failures; wait for it or use a backup"
+            "a circuit breaker is open after repeated failures; wait for it or use a backup"
         }
         Category::RateLimit => "the server is rate-limiting; wait the time it asked for and throttle requests",
         Category::ToolExecution | Category::Cancelled | Category::Other(_) => return None,
@@ -53,10 +55,6 @@ pub fn advice(category: &Category) -> Option<&'static str> {
 pub fn strategy(failure: &Failure, class: &Classification) -> Option<Vec<Step>> {
     let give_up = |c: &Category| Step::GiveUp(advice(c).unwrap_or("do not retry").to_owned());
     Some(match &class.category {
-        Category::Connection | Category::Transport | Category::ServerUnavailable | Category::Timeout => {
-            vec![Step::Retry(None)]
-        }
-        Category::RateLimit => vec![Step::Retry(class.retry_after_ms)],
         Category::ToolNotFound if failure.attempt == 1 => vec![Step::Retry(None)],
         Category::ToolNotFound
         | Category::Capability
@@ -65,8 +63,17 @@ pub fn strategy(failure: &Failure, class: &Classification) -> Option<Vec<Step>> 
         | Category::Initialization
         | Category::Discovery
         | Category::ToolValidation => vec![give_up(&class.category)],
-        // Circuit open: the host's configured fallbacks are the backup.
-        Category::CircuitOpen | Category::ToolExecution | Category::Cancelled | Category::Other(_) => return None,
+        // The built-in plan already does what the strategy table says: back off and
+        // retry (honouring retry-after), then the configured fallbacks.
+        Category::Connection
+        | Category::Transport
+        | Category::ServerUnavailable
+        | Category::Timeout
+        | Category::RateLimit
+        | Category::CircuitOpen
+        | Category::ToolExecution
+        | Category::Cancelled
+        | Category::Other(_) => return None,
     })
 }
 
@@ -125,8 +132,11 @@ mod tests {
     #[test]
     fn the_strategy_table() {
         let plan = |c, n| strategy(&failure(n), &class(c));
-        assert_eq!(plan(Category::Connection, 1), Some(vec![Step::Retry(None)]));
-        assert_eq!(plan(Category::RateLimit, 1), Some(vec![Step::Retry(Some(2_000))]));
+        // Nothing beyond the built-in plan: no plan, so configured fallbacks still run.
+        for c in [Category::Connection, Category::Transport, Category::ServerUnavailable, Category::Timeout] {
+            assert_eq!(plan(c, 1), None);
+        }
+        assert_eq!(plan(Category::RateLimit, 1), None);
         assert_eq!(plan(Category::ToolNotFound, 1), Some(vec![Step::Retry(None)]));
         assert!(matches!(plan(Category::ToolNotFound, 2).unwrap()[..], [Step::GiveUp(_)]));
         for c in [Category::Capability, Category::Configuration, Category::Protocol, Category::ToolValidation] {

@@ -319,6 +319,13 @@ impl Server {
         if let Some(dir) = &self.state {
             append(&dir.join("calls"), name);
         }
+        // A tool wrapping a dead backend: every call answers an isError 503 while the
+        // file `unavailable` exists in the state folder.
+        if self.state.as_ref().is_some_and(|d| d.join("unavailable").exists()) {
+            return Ok(
+                json!({"content": [{"type": "text", "text": "upstream error: 503 Service Unavailable"}], "isError": true}),
+            );
+        }
         if let Some(answer) = self.emulated(name, args).await {
             return answer;
         }

@@ -92,6 +92,7 @@ fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
         adapter: None,
         recovery,
         adapter_config: Value::Null,
+        adapter_allow: crate::config::AdapterGrant::own(name),
     }
 }
 
@@ -387,7 +388,9 @@ async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
 #[tokio::test(start_paused = true)]
 async fn a_plan_can_restart_the_server_and_name_alternatives_with_their_arguments() {
     let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(), timeout()]);
-    let e = engine(&[server("s", seed_004())]);
+    let mut s = server("s", seed_004());
+    s.adapter_allow.restart = true;
+    let e = engine(&[s]);
     let a = planner(vec![
         Step::Restart,
         Step::Alternative {
@@ -412,4 +415,241 @@ async fn a_plan_can_turn_a_tool_error_into_an_alternative() {
     let (ending, _) = advised(&e, &up, &a, "diag").await;
     assert_eq!(answered(&ending), "ok");
     assert_eq!(up.calls("s/goal").len(), 1);
+}
+
+fn unavailable() -> Result<CallToolResult, Failure> {
+    tool_error("upstream answered 503 Service Unavailable")
+}
+
+fn one_attempt() -> RecoveryConfig {
+    let mut r = seed_004();
+    r.retry.max_attempts = 1;
+    r.breaker.open_ms = 5_000;
+    r.breaker.max_open_ms = 5_000;
+    r
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_reported_as_tool_errors_opens_the_servers_breaker() {
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", (0..100).map(|_| unavailable()).collect());
+    let e = engine(&[server("s", one_attempt())]);
+    for _ in 0..100 {
+        let (ending, _) = run(&e, &up, "a").await;
+        assert!(matches!(ending, Ending::GaveUp));
+    }
+    assert_eq!(up.calls("s/a").len(), 5, "shed after the threshold");
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.breaker.snapshot().state, "open", "nothing showed the server was up");
+    // Shed at once, without a call, for every tool of the server.
+    let (_, record) = run(&e, &up, "b").await;
+    assert!(matches!(record.last_failure(), Some((Failure::CircuitOpen { tool: None, .. }, _))));
+    assert!(up.calls("s/b").is_empty());
+    // Closed again once the server answers, within the open time.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    up.answers.lock().unwrap().clear();
+    assert_eq!(answered(&run(&e, &up, "a").await.0), "ok");
+    assert_eq!(answered(&run(&e, &up, "a").await.0), "ok");
+    assert_eq!(policy.breaker.snapshot().state, "closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_confined_to_one_tool_trips_only_that_tools_breaker() {
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", (0..100).map(|_| timeout()).collect());
+    let e = engine(&[server("s", one_attempt())]);
+    assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+    for _ in 0..20 {
+        run(&e, &up, "a").await;
+        // The rest of the server keeps answering.
+        assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+    }
+    assert_eq!(up.calls("s/a").len(), 5);
+    assert_eq!(up.calls("s/b").len(), 21);
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.breaker.snapshot().state, "closed");
+    let troubled = policy.tools.troubled();
+    assert_eq!((troubled[0].0.as_str(), troubled[0].1.state), ("a", "open"));
+    let (_, record) = run(&e, &up, "a").await;
+    assert!(
+        matches!(record.last_failure(), Some((Failure::CircuitOpen { tool: Some(t), .. }, _)) if t == "a"),
+        "{record:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_across_tools_shed_the_server() {
+    let up = Script::new(&[("s/a", true), ("s/b", true), ("s/c", true)])
+        .then("s/a", (0..100).map(|_| timeout()).collect())
+        .then("s/b", (0..100).map(|_| timeout()).collect());
+    let e = engine(&[server("s", one_attempt())]);
+    for tool in ["a", "b", "a", "b", "a"] {
+        run(&e, &up, tool).await;
+    }
+    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "open");
+    run(&e, &up, "c").await;
+    assert!(up.calls("s/c").is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn undelivered_calls_count_for_the_server_not_the_tool() {
+    let up = Script::new(&[("s/a", true)])
+        .then("s/a", (0..5).map(|_| Err(Failure::SendFailed { reason: "pipe".into() })).collect());
+    let mut r = one_attempt();
+    r.breaker.failure_threshold = 3;
+    let e = engine(&[server("s", r)]);
+    for _ in 0..3 {
+        run(&e, &up, "a").await;
+    }
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.breaker.snapshot().state, "open");
+    assert!(policy.tools.troubled().is_empty(), "{:?}", policy.tools.troubled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn configured_fallbacks_run_after_an_adapters_plan_and_before_its_give_up() {
+    let mut r = seed_004();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(); 3]);
+    let e = engine(&[server("s", r.clone())]);
+    // The default adapter's kind of plan: retry, then give up with advice.
+    let a = Planner { plan: vec![Step::Retry(None)], reclassify: None, observed: Mutex::default() };
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert_eq!(answered(&ending), "ok", "{record:?}");
+    assert_eq!(record.answered_by().unwrap().tool, "b");
+
+    let up = Script::new(&[("s/a", true), ("s/b", true)])
+        .then("s/a", vec![timeout()])
+        .then("s/b", vec![Err(Failure::Rpc { code: -32603, message: "boom".into(), data: None })]);
+    let e = engine(&[server("s", r)]);
+    let a = planner(vec![Step::GiveUp("check the server's log".into())]);
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/b").len(), 1, "the fallback ran before the give-up");
+    assert_eq!(record.action.as_deref(), Some("check the server's log"));
+}
+
+/// An upstream whose every call panics.
+struct Panics;
+
+impl Upstream for Panics {
+    fn call(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<JsonObject>,
+        _: Duration,
+        _: Duration,
+    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+        Box::pin(async { panic!("a bug in the call path") })
+    }
+
+    fn annotations(&self, _: &str, _: &str) -> Option<Option<ToolAnnotations>> {
+        Some(None)
+    }
+
+    fn restart(&self, _: &str, _: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_a_call_ends_the_call_with_an_internal_failure() {
+    let e = engine(&[server("s", seed_004())]);
+    let (ending, record) = e.run(&Panics, None, "s".into(), "t".into(), None, None).await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert!(record.panicked());
+    let (failure, class) = record.last_failure().unwrap();
+    assert!(failure.message().contains("a bug in the call path"), "{}", failure.message());
+    assert!(!class.retryable);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapter_reaches_only_what_its_grant_names() {
+    let up = Script::new(&[("s/a", true), ("s/b", true), ("t/x", false)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", one_attempt()), server("t", seed_004())]);
+    let plan = vec![
+        Step::Alternative { server: Some("t".into()), tool: "x".into(), arguments: None },
+        Step::Restart,
+        Step::Alternative { server: None, tool: "b".into(), arguments: None },
+    ];
+    let (ending, record) = advised(&e, &up, &planner(plan.clone()), "a").await;
+    assert_eq!(answered(&ending), "ok");
+    assert!(up.calls("t/x").is_empty(), "another server's tool is not granted");
+    assert!(up.calls("s/<restart>").is_empty(), "restarts are not granted");
+    let denied: Vec<_> = record.denied.iter().map(|d| (d.denial, d.target.as_str())).collect();
+    assert_eq!(denied, [(Denial::Grant, "t/x"), (Denial::Restart, "s")]);
+    assert_eq!(e.policy("s").unwrap().counters.denied[Denial::Grant as usize].load(Ordering::Relaxed), 1);
+
+    // The positive control: granted, both run.
+    let mut s = server("s", one_attempt());
+    s.adapter_allow.tools.push(crate::config::ToolPattern::parse("t/*").unwrap());
+    s.adapter_allow.restart = true;
+    let e = engine(&[s, server("t", seed_004())]);
+    let up = Script::new(&[("s/a", true), ("s/b", true), ("t/x", false)])
+        .then("s/a", vec![timeout()])
+        .then("t/x", vec![timeout()]);
+    let (ending, record) = advised(&e, &up, &planner(plan), "a").await;
+    assert_eq!(answered(&ending), "ok", "{record:?}");
+    assert_eq!(up.calls("t/x").len(), 1);
+    assert_eq!(up.calls("s/<restart>").len(), 1);
+    assert!(record.denied.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn plans_are_bounded_per_client_call() {
+    let up = Script::new(&[("s/a", true), ("s/poke", false), ("s/look", true)]).then("s/a", vec![timeout()]);
+    let mut s = server("s", one_attempt());
+    s.adapter_allow.restart = true;
+    let e = engine(&[s]);
+    let side = |tool: &str| Step::SideCall { tool: tool.into(), arguments: JsonObject::new() };
+    let mut plan = vec![side("poke"), side("poke"), Step::Restart, Step::Restart];
+    plan.extend((0..20).map(|_| side("look")));
+    let (_, record) = advised(&e, &up, &planner(plan), "a").await;
+    assert_eq!(up.calls("s/poke").len(), 1, "a tool unsafe to replay runs once");
+    assert_eq!(up.calls("s/<restart>").len(), 1, "one restart per call");
+    assert_eq!(up.calls("s/look").len(), DEFAULT_PLAN_CALLS as usize - 1, "side calls and alternatives are capped");
+    let kinds: HashSet<Denial> = record.denied.iter().map(|d| d.denial).collect();
+    assert_eq!(kinds, HashSet::from([Denial::Replay, Denial::Restart, Denial::Calls]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapters_steps_spend_the_target_servers_retry_budget() {
+    let mut r = one_attempt();
+    r.retry.budget_reserve = 2;
+    r.retry.budget_ratio = 0.0;
+    let up = Script::new(&[("s/a", true), ("s/look", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    let side = Step::SideCall { tool: "look".into(), arguments: JsonObject::new() };
+    let (_, record) = advised(&e, &up, &planner(vec![side; 5]), "a").await;
+    assert_eq!(up.calls("s/look").len(), 2);
+    assert!(record.stopped.unwrap().contains("retry budget"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn config_that_forbids_a_replay_wins_over_an_adapter() {
+    let mut r = seed_004();
+    r.tools.insert("hol_send".into(), ToolRecovery { idempotent: Some(false), ..Default::default() });
+    let up = Script::new(&[("s/hol_send", false)]).then("s/hol_send", vec![tool_error("Session 'main' not found")]);
+    let e = engine(&[server("s", r)]);
+    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    lost.retryable = true;
+    lost.not_delivered = true;
+    let a =
+        Planner { plan: vec![Step::Retry(Some(Duration::ZERO))], reclassify: Some(lost), observed: Mutex::default() };
+    let (ending, _) = advised(&e, &up, &a, "hol_send").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/hol_send").len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapters_absurd_waits_are_clamped() {
+    let up = Script::new(&[("s/a", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", seed_004())]);
+    let mut c = classify(&Failure::Timeout { after: Duration::ZERO }, std::time::SystemTime::UNIX_EPOCH);
+    c.retry_after = Some(Duration::MAX);
+    let a = Planner { plan: vec![Step::Retry(Some(Duration::MAX))], reclassify: Some(c), observed: Mutex::default() };
+    let start = Instant::now();
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert!(record.stopped.unwrap().contains("past the call's deadline"));
+    assert_eq!(Instant::now() - start, Duration::from_secs(1), "only the attempt's own timeout");
 }
