@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the adapter runtime against DESIGN.md's targets: an adapter call
+//! `cargo xtask bench`: the adapter runtime against its targets: an adapter call
 //! on a fresh instance from a pre-instantiated component (p50 ≤ 15 µs, p99 ≤ 40 µs),
 //! loading from the compiled-component cache, and a cold compile.
 
@@ -37,7 +37,9 @@ fn main() {
     println!("cold compile and load of thanos-classify: {:.1} ms", cold.as_secs_f64() * 1e3);
     println!("load from the cache: p50 {:.2} ms", percentile(&cached, 0.5).as_secs_f64() * 1e3);
 
-    let adapter = Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null);
+    let secrets = rebound::redact::Secrets::default();
+    let adapter = Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null, secrets);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let failure = Failure::Timeout { after: Duration::from_secs(1) };
     let builtin = classify(&failure, SystemTime::UNIX_EPOCH);
     let ctx = FailureContext {
@@ -49,12 +51,12 @@ fn main() {
         failure: &failure,
     };
     for _ in 0..1000 {
-        adapter.classify_now(&ctx, &builtin);
+        rt.block_on(adapter.classify(&ctx, &builtin));
     }
     let mut times = Vec::with_capacity(20_000);
     for _ in 0..20_000 {
         let t = Instant::now();
-        let c = adapter.classify_now(&ctx, &builtin);
+        let c = rt.block_on(adapter.classify(&ctx, &builtin));
         times.push(t.elapsed());
         assert!(c.is_some());
     }

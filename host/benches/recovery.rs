@@ -1,4 +1,4 @@
-//! `cargo xtask bench`: the recovery engine's hot paths, against DESIGN.md's targets
+//! `cargo xtask bench`: the recovery engine's hot paths, against their targets
 //! (breaker admit + record ≤ 1 µs uncontended; an answer while the breaker is open
 //! ≤ 1 ms with no upstream traffic).
 

@@ -1,7 +1,8 @@
-//! The errors log: one JSON object per line in the schema of seeds 000 and 003, written
-//! by a background task so that logging never blocks or fails a call (seed 003). The
-//! file is rotated to `NAME.1` past its size cap; the newest entries are also kept in
-//! memory for `rebound://errors`.
+//! The errors log: one JSON object per line (`id`, `timestamp`, `type`, `severity`,
+//! `message`, `context`, `recovery`, `fix_status`), written off the call path by a
+//! background task so that logging never blocks or fails a call. The file is rotated to
+//! `NAME.1` past its size cap; the newest entries are also kept in memory for
+//! `rebound://errors`.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -205,7 +206,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn entries_follow_the_seed_schema() {
+    async fn entries_have_the_documented_fields() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("logs/errors.jsonl");
         let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());

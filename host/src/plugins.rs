@@ -78,7 +78,9 @@ pub fn prepare(config: &Config) -> Prepared {
         let config_json = &config.servers[server].adapter_config;
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
-                prepared.adapters.insert(server, Adapter::new(runtime.clone(), loaded, adapter, server, config_json))
+                let secrets = crate::redact::Secrets::of(config);
+                let a = Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets);
+                prepared.adapters.insert(server, a);
             }
             Some(Err(e)) => prepared.failures.push((server.to_owned(), adapter.to_owned(), e.to_string())),
             None => {}

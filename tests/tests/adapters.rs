@@ -1,6 +1,6 @@
 //! End to end: the first-party adapters through the gateway, against servers that
-//! publish lean-lsp-mcp's and hol4-mcp's real tools and fail the way seeds 000 and 001
-//! describe.
+//! publish lean-lsp-mcp's and hol4-mcp's real tools and fail the way those servers do:
+//! lean searches abort with -32001, a hung `hol_send` needs `hol_interrupt`.
 
 use rebound_tests::{Gateway, eventually, faulty, root, text};
 use serde_json::{Value, json};
@@ -44,7 +44,7 @@ async fn an_aborting_lean_search_is_answered_by_its_alternative() {
         assert!(t.starts_with("lean_loogle: results for \"Nat.add_comm\" (at most 3)"), "{version}: {t}");
         assert!(t.contains("[rebound: answered by `lean_loogle` on `lean` because `lean_leansearch` failed"), "{t}");
         assert_eq!(r.meta.as_ref().unwrap().0["rebound"]["answered_by"]["tool"], "lean_loogle");
-        // Retried once (seed 000), then the first alternative.
+        // Retried once, then the first alternative.
         assert_eq!(calls(&gw, "lean", "lean_leansearch"), 2, "{version}");
         assert_eq!(calls(&gw, "lean", "lean_loogle"), 1, "{version}");
 
@@ -113,7 +113,7 @@ async fn a_failed_holmake_points_to_the_theory_log() {
 }
 
 #[tokio::test]
-async fn thanos_classify_is_the_default_adapter_and_gives_seed_004_advice() {
+async fn thanos_classify_is_the_default_adapter_and_advises_fixing_rejected_arguments() {
     let gw = Gateway::start(|dir| {
         json!({
             "mcpServers": {"a": faulty("a", dir, &[])},
@@ -123,7 +123,7 @@ async fn thanos_classify_is_the_default_adapter_and_gives_seed_004_advice() {
     .await;
     let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
     assert_eq!(s["servers"][0]["adapter"]["name"], "thanos-classify", "{s}");
-    // A validation error: no retry, and the seed's advice.
+    // A validation error: no retry, and advice to fix the arguments.
     let r = gw.call("rpc_error", json!({"code": -32602, "message": "missing `path`"})).await;
     let t = text(&r);
     assert!(t.contains("the arguments were rejected; fix them against the tool's schema"), "{t}");

@@ -15,7 +15,7 @@ commands:
   new-plugin NAME [--dir D] scaffold a third-party adapter in D/NAME (default plugins/NAME)
   conformance               the official MCP conformance suite against `serve --http`
   setup                     install the test peers only
-  bench    the benchmarks, with their targets from DESIGN.md";
+  bench    the benchmarks, each checked against its target";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -6,18 +6,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-use rmcp::model::{CallToolResult, JsonObject};
-use wasmtime::Store;
-
-use super::bindings::v0_1::{self, exports::rebound::adapter::adapter::Guest, rebound::adapter::types as wit};
+use super::bindings::v0_1::{self, rebound::adapter::types as wit};
 use super::load::{Info, Loaded};
-use super::runtime::Runtime;
-use super::state::{CappedPipe, Kv, State};
+use super::runtime::{Reply, Request, Runtime};
+use super::state::{CappedPipe, Kv, LogBudget, State};
 use crate::recovery::Failure;
-use crate::recovery::classify::{Category, Classification, Severity};
+use crate::recovery::classify::{Category, Classification, Kind, Severity};
 use crate::recovery::engine::{Denial, Denied};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
+use crate::redact::Secrets;
+use futures::future::BoxFuture;
+use rmcp::model::{CallToolResult, JsonObject};
 
 /// Faults within [`FAULT_WINDOW`] that quarantine a plugin.
 const FAULT_LIMIT: usize = 3;
@@ -35,6 +34,9 @@ pub struct Adapter {
     server: Arc<str>,
     config: Arc<str>,
     kv: Kv,
+    /// Removed from everything the adapter is shown.
+    secrets: Secrets,
+    log: Arc<LogBudget>,
     health: Mutex<Health>,
     /// When each kind of refused step was last logged.
     denials_logged: Mutex<HashMap<Denial, Instant>>,
@@ -59,6 +61,8 @@ pub struct HealthReport {
     pub faults: u64,
     pub quarantined_for_ms: Option<u64>,
     pub last_fault: Option<String>,
+    /// `host.log` lines dropped past the rate limit.
+    pub log_lines_dropped: u64,
 }
 
 impl Adapter {
@@ -68,6 +72,7 @@ impl Adapter {
         name: &str,
         server: &str,
         config: &serde_json::Value,
+        secrets: Secrets,
     ) -> Arc<Self> {
         Arc::new(Self {
             runtime,
@@ -77,6 +82,8 @@ impl Adapter {
             server: server.into(),
             config: config.to_string().into(),
             kv: Kv::default(),
+            secrets,
+            log: Arc::default(),
             health: Mutex::default(),
             denials_logged: Mutex::default(),
         })
@@ -108,6 +115,7 @@ impl Adapter {
                 .and_then(|u| u.checked_duration_since(Instant::now()))
                 .map(|d| d.as_millis() as u64),
             last_fault: h.last_fault.clone(),
+            log_lines_dropped: self.log.dropped.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -141,65 +149,76 @@ impl Adapter {
         }
     }
 
-    /// Runs `f` in a fresh instance on a blocking thread. Any fault (trap, deadline,
-    /// limit, panic) is logged with the plugin's output and answered with `None`.
-    async fn call<R: Send + 'static>(
-        self: &Arc<Self>,
-        what: &'static str,
-        f: impl FnOnce(&Guest, &mut Store<State>) -> wasmtime::Result<R> + Send + 'static,
-    ) -> Option<R> {
+    /// Runs `request` in a fresh instance, within the runtime's limits. Any fault (trap,
+    /// deadline, limit, panic, a broken contract) is logged with the plugin's output,
+    /// counted, and answered with `None`.
+    async fn call(&self, what: &'static str, request: Request) -> Option<Reply> {
         if self.quarantined() {
             return None;
         }
-        let me = self.clone();
-        match tokio::task::spawn_blocking(move || me.call_blocking(f)).await {
-            Ok(Ok(r)) => Some(r),
-            Ok(Err(message)) => {
-                self.fault(what, message);
-                None
-            }
-            Err(e) => {
-                self.fault(what, format!("the host thread failed: {e}"));
-                None
-            }
-        }
-    }
-
-    fn call_blocking<R>(&self, f: impl FnOnce(&Guest, &mut Store<State>) -> wasmtime::Result<R>) -> Result<R, String> {
         let output = CappedPipe::new(OUTPUT_CAP);
         let state = State::new(
             self.name.clone(),
             self.server.clone(),
             self.config.clone(),
             self.kv.clone(),
+            self.log.clone(),
             output.clone(),
             self.runtime.limits.memory,
         );
-        let mut store = Store::new(&self.runtime.engine, state);
-        store.limiter(|s| &mut s.limits);
-        let _running = self.runtime.running();
-        store.set_epoch_deadline(self.runtime.deadline_ticks());
-        let result =
-            self.pre.instantiate(&mut store).and_then(|plugin| f(plugin.rebound_adapter_adapter(), &mut store));
+        let result = self.runtime.invoke(&self.pre, state, request).await;
         let printed = output.text();
         match result {
-            Ok(r) => {
+            Ok(reply) => {
                 if !printed.is_empty() {
                     tracing::debug!(adapter = %self.name, server = %self.server, "adapter output: {printed}");
                 }
-                Ok(r)
+                Some(reply)
             }
-            Err(e) => {
-                let why = match e.downcast_ref::<wasmtime::Trap>() {
-                    Some(wasmtime::Trap::Interrupt) => {
-                        format!("it ran past its {} ms deadline", self.runtime.limits.timeout.as_millis())
-                    }
-                    Some(trap) => format!("it trapped ({trap})"),
-                    None => format!("{e:#}"),
-                };
+            Err(why) => {
                 let printed = if printed.is_empty() { "(none)".to_owned() } else { printed };
-                Err(format!("{why}; its output: {printed}"))
+                self.fault(what, format!("{why}; its output: {printed}"));
+                None
             }
+        }
+    }
+
+    /// Asks the adapter to refine `builtin`, as the engine does through [`Advisor`].
+    pub async fn classify(&self, failure: &FailureContext<'_>, builtin: &Classification) -> Option<Classification> {
+        let request = Request::Classify(to_failure(failure, &self.secrets), to_class(builtin));
+        self.classified(request, builtin.kind).await
+    }
+
+    async fn classified(&self, request: Request, kind: Kind) -> Option<Classification> {
+        let Some(Reply::Classify(refined)) = self.call("classify", request).await else { return None };
+        match check_class(refined?) {
+            Ok(c) => Some(from_class(c, kind)),
+            Err(why) => {
+                self.fault("classify", why);
+                None
+            }
+        }
+    }
+
+    /// Asks the adapter for a plan; one over the size limits is a fault (the built-in
+    /// plan applies).
+    async fn planned(&self, request: Request) -> Option<Vec<Step>> {
+        let Some(Reply::Plan(steps)) = self.call("plan", request).await else { return None };
+        let steps = steps?;
+        if let Err(why) = check_plan(&steps) {
+            self.fault("plan", why);
+            return None;
+        }
+        Some(steps.into_iter().filter_map(|s| from_step(self, s)).collect())
+    }
+
+    /// A successful call, as the adapter is shown it: redacted.
+    fn completed(&self, tool: &str, arguments: Option<&JsonObject>, result: &CallToolResult) -> wit::CompletedCall {
+        wit::CompletedCall {
+            server: self.server.to_string(),
+            tool: tool.to_owned(),
+            arguments: self.secrets.redact(&json_text(arguments)).into_owned(),
+            call_result: self.secrets.redact(&serde_json::to_string(result).unwrap_or_default()).into_owned(),
         }
     }
 }
@@ -224,22 +243,6 @@ impl Adapters {
     }
 }
 
-impl Adapter {
-    /// Asks the adapter to classify, on the calling thread (never a runtime worker: WASI
-    /// blocks). Faults are counted as for any call. For benchmarks and tools; the
-    /// gateway goes through [`Advisor`].
-    pub fn classify_now(&self, failure: &FailureContext<'_>, builtin: &Classification) -> Option<Classification> {
-        let (f, b, kind) = (to_failure(failure), to_class(builtin), builtin.kind);
-        match self.call_blocking(move |g, s| g.call_classify(s, &f, &b)) {
-            Ok(c) => c.map(|c| from_class(c, kind)),
-            Err(message) => {
-                self.fault("classify", message);
-                None
-            }
-        }
-    }
-}
-
 impl Advisor for Adapters {
     fn classify(
         &self,
@@ -247,20 +250,15 @@ impl Advisor for Adapters {
         builtin: &Classification,
     ) -> BoxFuture<'static, Option<Classification>> {
         let Some(a) = self.by_server.get(failure.server).cloned() else { return Box::pin(async { None }) };
-        let (f, b, kind) = (to_failure(failure), to_class(builtin), builtin.kind);
-        Box::pin(async move {
-            let refined = a.call("classify", move |g, s| g.call_classify(s, &f, &b)).await.flatten()?;
-            Some(from_class(refined, kind))
-        })
+        let request = Request::Classify(to_failure(failure, &a.secrets), to_class(builtin));
+        let kind = builtin.kind;
+        Box::pin(async move { a.classified(request, kind).await })
     }
 
     fn plan(&self, failure: &FailureContext<'_>, class: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
         let Some(a) = self.by_server.get(failure.server).cloned() else { return Box::pin(async { None }) };
-        let (f, c) = (to_failure(failure), to_class(class));
-        Box::pin(async move {
-            let steps = a.call("plan", move |g, s| g.call_plan(s, &f, &c)).await.flatten()?;
-            Some(steps.into_iter().filter_map(|s| from_step(&a, s)).collect())
-        })
+        let request = Request::Plan(to_failure(failure, &a.secrets), to_class(class));
+        Box::pin(async move { a.planned(request).await })
     }
 
     fn observe(
@@ -271,51 +269,99 @@ impl Advisor for Adapters {
         result: &CallToolResult,
     ) -> BoxFuture<'static, ()> {
         let Some(a) = self.by_server.get(server).cloned() else { return Box::pin(async {}) };
-        let call = wit::CompletedCall {
-            server: server.to_owned(),
-            tool: tool.to_owned(),
-            arguments: json_text(arguments),
-            call_result: serde_json::to_string(result).unwrap_or_default(),
-        };
+        let call = a.completed(tool, arguments, result);
         Box::pin(async move {
-            a.call("observe", move |g, s| g.call_observe(s, &call)).await;
+            a.call("observe", Request::Observe(call)).await;
         })
     }
 }
 
-/// `text` cut to at most `max` characters, with an ellipsis when cut.
-pub(crate) fn cap_text(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
+/// The most steps a plan may have.
+pub const MAX_PLAN_STEPS: usize = 64;
+/// The most bytes of text a plan may carry in all.
+pub const MAX_PLAN_BYTES: usize = 1 << 20;
+/// The most bytes in one string of a plan or classification.
+pub const MAX_STRING_BYTES: usize = 64 << 10;
+/// The most bytes in an adapter's own category name (`other(...)`).
+pub const MAX_CATEGORY_BYTES: usize = 256;
+
+/// Whether a plan is within the size limits, or why not.
+fn check_plan(steps: &[wit::Step]) -> Result<(), String> {
+    if steps.len() > MAX_PLAN_STEPS {
+        return Err(format!("its plan has {} steps, more than {MAX_PLAN_STEPS}", steps.len()));
     }
+    let mut total = 0usize;
+    for step in steps {
+        let texts: Vec<&str> = match step {
+            wit::Step::Retry(_) | wit::Step::Restart => vec![],
+            wit::Step::SideCall(c) => vec![&c.tool, &c.arguments],
+            wit::Step::Alternative(a) => vec![a.server.as_deref().unwrap_or(""), &a.tool, &a.arguments],
+            wit::Step::GiveUp(text) => vec![text],
+        };
+        for t in texts {
+            if t.len() > MAX_STRING_BYTES {
+                return Err(format!("its plan has a string of {} bytes, more than {MAX_STRING_BYTES}", t.len()));
+            }
+            total += t.len();
+        }
+    }
+    if total > MAX_PLAN_BYTES {
+        return Err(format!("its plan carries {total} bytes of text, more than {MAX_PLAN_BYTES}"));
+    }
+    Ok(())
+}
+
+/// Whether a classification is within the size limits, or why not.
+fn check_class(c: wit::Classification) -> Result<wit::Classification, String> {
+    let message = c.message.as_deref().map_or(0, str::len);
+    let category = match &c.category {
+        wit::Category::Other(s) => s.len(),
+        _ => 0,
+    };
+    if message > MAX_STRING_BYTES || category > MAX_CATEGORY_BYTES {
+        return Err(format!(
+            "its classification's text is too long ({message} bytes of message, {category} of category name; at most {MAX_STRING_BYTES} and {MAX_CATEGORY_BYTES})"
+        ));
+    }
+    Ok(c)
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), with an ellipsis when cut.
+pub(crate) fn cap_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}…", &text[..cut])
 }
 
 fn json_text(arguments: Option<&JsonObject>) -> String {
     arguments.map_or_else(|| "{}".to_owned(), |a| serde_json::Value::Object(a.clone()).to_string())
 }
 
-fn to_failure(f: &FailureContext<'_>) -> wit::Failure {
+/// The failure as an adapter sees it: every text redacted first.
+fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
+    let clean = |t: &str| secrets.redact(t).into_owned();
     let outcome = match f.failure {
         Failure::Rpc { code, message, data } => wit::Outcome::Rpc(wit::RpcError {
             code: *code,
-            message: message.clone(),
-            data: data.as_ref().map(|d| d.to_string()),
+            message: clean(message),
+            data: data.as_ref().map(|d| clean(&d.to_string())),
         }),
-        Failure::ToolError { .. } => wit::Outcome::ToolError(f.failure.message()),
+        Failure::ToolError { .. } => wit::Outcome::ToolError(clean(&f.failure.message())),
         Failure::Timeout { .. } => wit::Outcome::Timeout,
-        Failure::ConnectionLost { reason } => wit::Outcome::ConnectionLost(reason.clone()),
+        Failure::ConnectionLost { reason } => wit::Outcome::ConnectionLost(clean(reason)),
         Failure::Unavailable { .. } | Failure::SendFailed { .. } | Failure::CircuitOpen { .. } => {
-            wit::Outcome::NotDelivered(f.failure.message())
+            wit::Outcome::NotDelivered(clean(&f.failure.message()))
         }
         Failure::Protocol { .. } | Failure::Cancelled | Failure::Internal { .. } => {
-            wit::Outcome::Other(f.failure.message())
+            wit::Outcome::Other(clean(&f.failure.message()))
         }
     };
     wit::Failure {
         server: f.server.to_owned(),
         tool: f.tool.to_owned(),
-        arguments: json_text(f.arguments),
+        arguments: clean(&json_text(f.arguments)),
         attempt: f.attempt,
         elapsed_ms: f.elapsed.as_millis() as u64,
         outcome,

@@ -6,11 +6,10 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use wasmtime::Store;
 use wasmtime::component::Component;
 
 use super::bindings::{self, v0_1};
-use super::runtime::Runtime;
+use super::runtime::{Reply, Request, Runtime};
 use super::state::{CappedPipe, State};
 
 /// Imports an adapter may have (interface names without `@version`). Everything a Rust
@@ -147,23 +146,38 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
         "-".into(),
         "null".into(),
         Default::default(),
+        Default::default(),
         output.clone(),
         runtime.limits.memory,
     );
-    let mut store = Store::new(engine, state);
-    store.limiter(|s| &mut s.limits);
-    let _running = runtime.running();
-    store.set_epoch_deadline(runtime.deadline_ticks());
-    let info = pre
-        .instantiate(&mut store)
-        .and_then(|p| p.rebound_adapter_adapter().call_info(&mut store))
-        .map_err(|e| invalid(format!("failed when asked for its info: {e}; its output: {}", output.text())))?;
+    let info = match block_on(runtime.invoke(&pre, state, Request::Info)) {
+        Ok(Ok(Reply::Info(info))) => info,
+        Ok(Ok(_)) => return Err(invalid("answered its info with something else".into())),
+        Ok(Err(e)) => {
+            return Err(invalid(format!("failed when asked for its info: {e}; its output: {}", output.text())));
+        }
+        Err(e) => return Err(invalid(format!("could not be asked for its info: {e}"))),
+    };
     Ok(Loaded {
         path: path.to_owned(),
         pre,
         info: Info { name: info.name, version: info.version, servers: info.servers, tools: info.tools },
         bytes: bytes.len(),
         from_cache,
+    })
+}
+
+/// Runs `future` to completion on a runtime of its own, on a thread of its own, so that
+/// loading works the same from inside an async runtime or outside one.
+fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> std::io::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+                Ok(rt.block_on(future))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the loading thread panicked")))
     })
 }
 
@@ -185,14 +199,13 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     let Some(dir) = runtime.cache_dir() else {
         return Ok((Component::from_binary(engine, bytes)?, false));
     };
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    engine.precompile_compatibility_hash().hash(&mut h);
-    let key = format!("{}-{:016x}-{}.cwasm", env!("CARGO_PKG_VERSION"), h.finish(), sha256_hex(bytes));
-    let file = dir.join(key);
-    if file.is_file() {
-        // SAFETY: the file is in a folder only this user can write (checked when the
-        // runtime started), named by the SHA-256 of the component and the engine's
-        // compatibility hash, and was written by `Component::serialize` below.
+    let file = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
+    if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file()) {
+        // SAFETY: the file is a regular file in a folder only this user can write
+        // (checked when the runtime started), named by the SHA-256 of the component, of
+        // this gateway's version (which fixes wasmtime's) and of the engine's settings,
+        // and was written by `Component::serialize` below. wasmtime checks the header
+        // against this engine too, and an entry that fails to load is compiled afresh.
         #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
         let cached = unsafe { Component::deserialize_file(engine, &file) };
         match cached {
@@ -213,9 +226,25 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     Ok((component, false))
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+/// The cache entry's name: SHA-256 over the component's bytes, this gateway's version
+/// and the engine's compatibility hash (wasmtime's version, target and settings).
+fn cache_key(engine: &wasmtime::Engine, bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    /// Feeds what `Hash` writes into SHA-256, for a hash stable across Rust releases.
+    struct Feed(sha2::Sha256);
+    impl Hasher for Feed {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+    }
+    let mut feed = Feed(sha2::Sha256::new());
+    feed.0.update(sha2::Sha256::digest(bytes));
+    feed.0.update(env!("CARGO_PKG_VERSION").as_bytes());
+    engine.precompile_compatibility_hash().hash(&mut feed);
+    feed.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Loads every adapter file the configuration names, keyed by adapter name.

@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-use super::bindings;
+use super::bindings::{self, v0_1};
 use super::state::State;
+use v0_1::rebound::adapter::types as wit;
 
 /// How often the epoch advances while plugins run.
 pub const TICK: Duration = Duration::from_millis(5);
@@ -20,6 +21,26 @@ pub const TICK: Duration = Duration::from_millis(5);
 const POOL_INSTANCES: u32 = 32;
 /// The largest linear memory a plugin may have.
 const MAX_MEMORY: usize = 64 << 20;
+/// The most bytes a guest may hand the host in one crossing (a host call's arguments, or
+/// an export's result): wasmtime's "hostcall fuel", counted as values are lifted, so
+/// aliased strings in a list cannot multiply it.
+pub const HOSTCALL_FUEL: usize = 2 << 20;
+
+/// One call into an adapter.
+pub enum Request {
+    Info,
+    Classify(wit::Failure, wit::Classification),
+    Plan(wit::Failure, wit::Classification),
+    Observe(wit::CompletedCall),
+}
+
+/// What the adapter answered.
+pub enum Reply {
+    Info(wit::AdapterInfo),
+    Classify(Option<wit::Classification>),
+    Plan(Option<Vec<wit::Step>>),
+    Observed,
+}
 
 /// Limits every plugin call runs under.
 #[derive(Debug, Clone, Copy)]
@@ -84,12 +105,12 @@ impl Runtime {
             }
         };
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::v0_1::Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
         let cache = cache.and_then(|dir| match private_dir(&dir) {
             Ok(()) => Some(dir),
             Err(e) => {
-                tracing::warn!("no plugin cache at {}: {e}; plugins are compiled at every start", dir.display());
+                tracing::warn!("not using the plugin cache at {}: {e}; plugins are compiled in memory", dir.display());
                 None
             }
         });
@@ -110,29 +131,84 @@ impl Runtime {
         self.cache.as_deref()
     }
 
-    /// Epoch ticks that make up the call timeout.
-    pub fn deadline_ticks(&self) -> u64 {
-        (self.limits.timeout.as_micros() / TICK.as_micros()).max(1) as u64 + 1
-    }
-
     /// Keeps the epoch advancing while the guard lives.
     pub fn running(&self) -> TickGuard<'_> {
         self.ticker.enter()
     }
+
+    /// Runs `request` in a fresh instance of `pre` whose store holds `state`, and stops it
+    /// at the runtime's deadline whatever the guest does: a CPU loop is interrupted at the
+    /// next epoch tick, and a wait in a WASI call (a clock subscription, `poll`) is
+    /// abandoned, its instance dropped back into the pool. Fails with the reason, for the
+    /// fault log.
+    pub async fn invoke(&self, pre: &v0_1::PluginPre<State>, state: State, request: Request) -> Result<Reply, String> {
+        let limit = self.limits.timeout;
+        let end = std::time::Instant::now() + limit;
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_hostcall_fuel(HOSTCALL_FUEL);
+        // Yield to the runtime at every tick, so that the deadline below can fire and the
+        // worker thread serves others meanwhile; trap once the deadline has passed.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
+        });
+        let _running = self.running();
+        let call = async {
+            let plugin = pre.instantiate_async(&mut store).await?;
+            let guest = plugin.rebound_adapter_adapter();
+            wasmtime::Result::Ok(match request {
+                Request::Info => Reply::Info(guest.call_info(&mut store).await?),
+                Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut store, &f, &b).await?),
+                Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut store, &f, &c).await?),
+                Request::Observe(c) => {
+                    guest.call_observe(&mut store, &c).await?;
+                    Reply::Observed
+                }
+            })
+        };
+        let past = || format!("it ran past its {} ms deadline", limit.as_millis());
+        match tokio::time::timeout(limit, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
+                Some(wasmtime::Trap::Interrupt) => past(),
+                Some(trap) => format!("it trapped ({trap})"),
+                None => format!("{e:#}"),
+            }),
+            Err(_) => Err(past()),
+        }
+    }
 }
 
-/// Creates `dir` readable by its owner only: cached components are machine code that
-/// is loaded without verification, so nobody else may write there.
-fn private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let mode = std::fs::metadata(dir)?.permissions().mode();
-    if mode & 0o022 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} is writable by others (mode {:o})",
-            dir.display(),
-            mode & 0o777
-        )));
+/// Creates `dir` (owner only) if it is missing, and checks that nobody but this user can
+/// put files in it: cached components are machine code, loaded without verification. The
+/// folder must be a real folder (not a symbolic link) owned by this user and writable by
+/// nobody else, and no folder above it may be writable by others unless it is sticky
+/// (as `/tmp` is: others can add entries there but not replace ours).
+pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let refuse = |why: String| Err(std::io::Error::other(why));
+    let dir = std::path::absolute(dir)?;
+    for ancestor in dir.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(ancestor) else { continue };
+        if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
+            return refuse(format!("{} is writable by others (mode {:o})", ancestor.display(), meta.mode() & 0o7777));
+        }
+    }
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if meta.file_type().is_symlink() {
+        return refuse(format!("{} is a symbolic link", dir.display()));
+    }
+    if !meta.is_dir() {
+        return refuse(format!("{} is not a folder", dir.display()));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return refuse(format!("{} is owned by user {}, not by this user ({me})", dir.display(), meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!("{} is writable by others (mode {:o})", dir.display(), meta.mode() & 0o777));
     }
     Ok(())
 }
@@ -181,5 +257,40 @@ impl Ticker {
 impl Drop for TickGuard<'_> {
     fn drop(&mut self) {
         self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::private_dir;
+
+    fn mode(path: &std::path::Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn the_cache_folder_must_be_private() {
+        let base = tempfile::tempdir().unwrap();
+        mode(base.path(), 0o700);
+        let fine = base.path().join("a/b/cache");
+        private_dir(&fine).unwrap();
+        assert_eq!(std::fs::metadata(&fine).unwrap().permissions().mode() & 0o777, 0o700);
+
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        mode(&open, 0o777);
+        let e = private_dir(&open).unwrap_err().to_string();
+        assert!(e.contains("writable by others"), "{e}");
+        let e = private_dir(&open.join("inside")).unwrap_err().to_string();
+        assert!(e.contains("writable by others"), "a parent others can write: {e}");
+        mode(&open, 0o1777);
+        private_dir(&open.join("sticky")).expect("a sticky parent, as /tmp, is fine");
+
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&fine, &link).unwrap();
+        let e = private_dir(&link).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
     }
 }

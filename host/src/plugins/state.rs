@@ -14,6 +14,14 @@ use super::bindings::v0_1::rebound::adapter::{host, store, types};
 const MAX_KEY: usize = 256;
 const MAX_VALUE: usize = 64 << 10;
 const MAX_KEYS: usize = 1024;
+/// The longest `host.log` line kept; the rest is cut.
+pub const MAX_LOG_LINE: usize = 4 << 10;
+/// `host.log` lines one adapter may write per [`LOG_WINDOW`]; the rest are dropped and
+/// counted.
+pub const MAX_LOG_LINES: u32 = 100;
+pub const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+/// The most table elements (function references) a plugin's tables may hold.
+const MAX_TABLE_ELEMENTS: usize = 64 << 10;
 
 /// A plugin's key-value store for one server; outlives instances.
 pub type Kv = Arc<Mutex<BTreeMap<String, String>>>;
@@ -28,10 +36,44 @@ pub struct State {
     /// The adapter's name, for its log lines.
     name: Arc<str>,
     server: Arc<str>,
+    log: Arc<LogBudget>,
+}
+
+/// How many `host.log` lines an adapter may still write in this window, and how many it
+/// lost; shared by all of its calls.
+#[derive(Debug, Default)]
+pub struct LogBudget {
+    window: Mutex<(Option<std::time::Instant>, u32)>,
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+impl LogBudget {
+    /// Whether one more line may be written now.
+    fn take(&self) -> bool {
+        let now = std::time::Instant::now();
+        let mut w = self.window.lock().expect("not poisoned");
+        if w.0.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
+            *w = (Some(now), 0);
+        }
+        if w.1 >= MAX_LOG_LINES {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        w.1 += 1;
+        true
+    }
 }
 
 impl State {
-    pub fn new(name: Arc<str>, server: Arc<str>, config: Arc<str>, kv: Kv, output: CappedPipe, memory: usize) -> Self {
+    pub fn new(
+        name: Arc<str>,
+        server: Arc<str>,
+        config: Arc<str>,
+        kv: Kv,
+        log: Arc<LogBudget>,
+        output: CappedPipe,
+        memory: usize,
+    ) -> Self {
         // Nothing is inherited: no environment, arguments, files or network; stdin is
         // closed; stdout and stderr go to a capped buffer for the log; the clocks stand
         // still at the epoch, so a plugin cannot tell time (or time anything).
@@ -41,8 +83,14 @@ impl State {
             .wall_clock(Frozen)
             .monotonic_clock(Frozen)
             .build();
-        let limits = StoreLimitsBuilder::new().memory_size(memory).instances(32).tables(32).memories(4).build();
-        Self { wasi, table: ResourceTable::new(), limits, config, kv, name, server }
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(memory)
+            .table_elements(MAX_TABLE_ELEMENTS)
+            .instances(32)
+            .tables(32)
+            .memories(4)
+            .build();
+        Self { wasi, table: ResourceTable::new(), limits, config, kv, name, server, log }
     }
 }
 
@@ -60,6 +108,10 @@ impl host::Host for State {
     }
 
     fn log(&mut self, level: host::Level, message: String) {
+        if !self.log.take() {
+            return;
+        }
+        let message = super::adapter::cap_text(&message, MAX_LOG_LINE);
         let (adapter, server) = (&*self.name, &*self.server);
         match level {
             host::Level::Debug => tracing::debug!(target: "rebound::plugin", adapter, server, "{message}"),

@@ -1,7 +1,7 @@
 //! Exponential backoff with full jitter: attempt `n` (0-based) waits `U(0, min(cap,
 //! initial · multiplier^n))`.
 //!
-//! Full jitter rather than the seed's ±10%: when many clients fail together, ±10% keeps
+//! Full jitter rather than a ±10% jitter: when many clients fail together, ±10% keeps
 //! their retries in lock-step waves that hit a recovering server all at once; spreading
 //! each wait over the whole interval decorrelates them at the same expected cost.
 
@@ -32,13 +32,13 @@ mod tests {
 
     use super::*;
 
-    fn seed_004() -> RetryConfig {
+    fn defaults() -> RetryConfig {
         RetryConfig::default()
     }
 
     #[test]
-    fn ceilings_follow_seed_004() {
-        let c = seed_004();
+    fn default_ceilings_double_from_one_second_up_to_a_minute() {
+        let c = defaults();
         let ms: Vec<u128> = (0..8).map(|n| ceiling(&c, n).as_millis()).collect();
         assert_eq!(ms, [1000, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000]);
     }
@@ -67,7 +67,7 @@ mod tests {
 
         #[test]
         fn ceilings_never_shrink(n in 0..u32::MAX, multiplier in 1.0f64..10.0) {
-            let c = RetryConfig { multiplier, ..seed_004() };
+            let c = RetryConfig { multiplier, ..defaults() };
             prop_assert!(ceiling(&c, n) <= ceiling(&c, n + 1));
         }
     }

@@ -1,7 +1,7 @@
 //! What the client is told about a call that needed recovery: an `isError: true`
 //! result whose text says what failed, what was tried and what to do next, with the
 //! same report as data in `_meta.rebound` — never a JSON-RPC error, which some clients
-//! punish by disabling the tool for the rest of the session (seed 002). A result that
+//! punish by disabling the tool for the rest of the session. A result that
 //! was obtained by a retry or an alternative says so in `_meta.rebound` too.
 
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};

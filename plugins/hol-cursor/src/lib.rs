@@ -1,4 +1,4 @@
-//! hol-cursor: the HOL4 server's knowledge of its own failures (seed 001).
+//! hol-cursor: the HOL4 server's knowledge of its own failures.
 //!
 //! hol4-mcp keeps its sessions in memory: they survive the agent's context but not a
 //! server restart. This adapter learns, from successful calls, each session's workdir

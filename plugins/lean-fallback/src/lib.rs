@@ -1,9 +1,10 @@
-//! lean-fallback: seed 000's recovery pattern for lean-lsp-mcp.
+//! lean-fallback: retry once, then alternatives, for lean-lsp-mcp's failing searches.
 //!
 //! An `AbortError` (`-32001`, a request timeout, often from several lean-lsp-mcp
 //! instances contending for one machine) is retried once after a delay (5 s, or
-//! `adapter_config.retry_delay_ms`), then answered by the seed's alternatives, with the
-//! arguments mapped to each tool's real schema. A rate-limited search goes to
+//! `adapter_config.retry_delay_ms`), then answered by alternative tools (another search
+//! such as `lean_loogle` or `lean_leanfinder`, `lean_goal`, `lean_hammer_premise`), with
+//! the arguments mapped to each tool's real schema. A rate-limited search goes to
 //! `lean_local_search`, which has no rate limit. Works with the 0.30 and 0.31 tool sets:
 //! the host skips alternatives the server does not have.
 

@@ -7,7 +7,7 @@ use crate::rebound::adapter::types::{Alternative, Category, Classification, Fail
 /// `adapter_config` for this adapter.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The seed's "wait 5 seconds before retry".
+    /// How long to wait before the one retry (default 5 s).
     pub retry_delay_ms: u64,
 }
 
@@ -42,8 +42,8 @@ fn rate_limited(outcome: &Outcome) -> bool {
     t.contains("rate limit") || t.contains("429") || t.contains("too many requests")
 }
 
-/// Seed 000's error types: `-32001`/AbortError is a timeout (retryable), a rate limit is a
-/// rate limit.
+/// lean-lsp-mcp's error types: `-32001`/AbortError is a timeout (retryable), a rate limit
+/// is a rate limit.
 pub fn classify(failure: &Failure, builtin: &Classification) -> Option<Classification> {
     if rate_limited(&failure.outcome) {
         return Some(Classification {
@@ -72,7 +72,7 @@ fn alternative(tool: &str, arguments: Value) -> Step {
     Step::Alternative(Alternative { server: None, tool: tool.into(), arguments: arguments.to_string() })
 }
 
-/// The seed's alternatives for `tool`, with arguments mapped from `args`.
+/// The alternatives for `tool`, with arguments mapped from `args`.
 pub fn alternatives(tool: &str, args: &Map<String, Value>) -> Vec<Step> {
     let query = args.get("query").cloned().unwrap_or(Value::Null);
     let count = args.get("num_results").or_else(|| args.get("limit")).cloned();
@@ -106,8 +106,7 @@ pub fn alternatives(tool: &str, args: &Map<String, Value>) -> Vec<Step> {
     }
 }
 
-/// What to say when every alternative failed, per the seed's "continue with available
-/// information".
+/// What to say when every alternative failed: continue with the information available.
 fn give_up(tool: &str, args: &Map<String, Value>) -> Step {
     Step::GiveUp(match tool {
         "lean_diagnostic_messages" => {
@@ -140,7 +139,7 @@ pub fn plan(config: &Config, failure: &Failure, class: &Classification) -> Optio
         }
         Category::Timeout | Category::RateLimit => {
             let mut steps = Vec::new();
-            // Seed 000: retry once, after a delay.
+            // Retry once, after a delay.
             if failure.attempt == 1 {
                 steps.push(Step::Retry(Some(config.retry_delay_ms)));
             }
@@ -200,7 +199,7 @@ mod tests {
     }
 
     #[test]
-    fn an_abort_is_retried_once_after_five_seconds_then_the_seed_table() {
+    fn an_abort_is_retried_once_after_five_seconds_then_the_other_searches() {
         let args = json!({"query": "add comm", "num_results": 3});
         assert_eq!(
             planned("lean_leansearch", args.clone(), 1, abort()),

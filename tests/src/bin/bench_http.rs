@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: streamable HTTP tool calls per second through Rebound, and through
 //! the two gateways people use for the same job today, supergateway (npm) and mcp-proxy
 //! (PyPI), each in front of the same stdio server, driven by the same client in the same
-//! run (DESIGN.md target: ≥ 2× the faster peer).
+//! run (target: ≥ 2× the faster peer).
 //!
 //! `bench-http --peer NAME ARGV... --peer NAME ARGV...`: xtask installs the peers and
 //! gives their command lines, with `{port}`, `{server}` (the stdio server's command line
@@ -105,7 +105,7 @@ fn fill(argv: &[String], port: u16, server: &[String]) -> Vec<String> {
 }
 
 /// Resident memory of an idle `rebound serve --http` with the three first-party adapters
-/// and three upstreams, once every server is ready (DESIGN.md target: ≤ 30 MB).
+/// and three upstreams, once every server is ready (target: ≤ 30 MB).
 async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
     let faulty = bin("faulty-server");
     let plugins = rebound_tests::root().join("target/plugins");

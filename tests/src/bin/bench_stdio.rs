@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: the stdio round trip through the gateway against the same client
-//! talking to the same server directly (DESIGN.md target: ≤ 1.10×).
+//! talking to the same server directly (target: ≤ 1.10×).
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -101,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     call(&gw, "outage() after recovery", "outage", json!({})).await;
 
-    step("11. lean-fallback (seed 000): a search that aborts is retried once, then answered by its alternative");
+    step("11. lean-fallback: a search that aborts is retried once, then answered by its alternative");
     call(
         &gw,
         "lean.lean_leansearch(\"Nat.add_comm\")",
@@ -117,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await;
 
-    step("12. hol-cursor (seed 001): a hung hol_send is interrupted, never replayed");
+    step("12. hol-cursor: a hung hol_send is interrupted, never replayed");
     call(&gw, "hol.hol_start(/proj, main)", "hol_start", json!({"workdir": "/proj", "name": "main"})).await;
     call(&gw, "hol.hol_send(main, loop)", "hol_send", json!({"session": "main", "command": "e(loop_tac)"})).await;
 
@@ -125,10 +125,10 @@ async fn main() -> anyhow::Result<()> {
     call(&gw, "hol.crash()", "hol__crash", json!({})).await;
     call(&gw, "hol.hol_send(main, simp)", "hol_send", json!({"session": "main", "command": "e(simp[])"})).await;
 
-    step("14. thanos-classify (seed 004), the default adapter: advice for a validation error");
+    step("14. thanos-classify, the default adapter: advice for a validation error");
     call(&gw, "flaky.rpc_error(-32602)", "rpc_error", json!({"code": -32602, "message": "missing `path`"})).await;
 
-    step("15. Every failure is in the errors log (seed 000/003 schema)");
+    step("15. Every failure is in the errors log, one JSON line each");
     let log = std::fs::read_to_string(&errors).unwrap_or_default();
     println!("{}: {} entries; the first:", errors.display(), log.lines().count());
     if let Some(first) = log.lines().next() {

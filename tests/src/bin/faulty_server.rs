@@ -10,7 +10,7 @@
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
 //! `DIR/calls` with the name of every tool called), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
-//! way seeds 000 and 001 describe, see `emulate`), `--start-delay MS` (reads nothing
+//! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop).
 
@@ -418,7 +418,7 @@ fn append(path: &std::path::Path, line: &str) {
 }
 
 impl Server {
-    /// Seeds 000 and 001: how lean-lsp-mcp and hol4-mcp fail.
+    /// How lean-lsp-mcp and hol4-mcp really fail.
     ///
     /// lean: the searches, `lean_state_search`, `lean_diagnostic_messages` and
     /// `lean_local_search` abort with -32001 (contention); `lean_loogle`,

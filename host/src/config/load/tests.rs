@@ -43,7 +43,7 @@ fn claude_desktop_file_loads_unchanged() {
 }
 
 #[test]
-fn seed_004_defaults() {
+fn retry_and_breaker_defaults() {
     let r = RecoveryConfig::default();
     assert_eq!((r.retry.max_attempts, r.retry.initial_delay_ms, r.retry.max_delay_ms), (3, 1000, 60_000));
     assert!((r.retry.multiplier - 2.0).abs() < f64::EPSILON);

@@ -7,7 +7,7 @@ fn breaker(config: BreakerConfig) -> Arc<Breaker> {
     Breaker::new(config, Arc::new(TokioClock), Arc::new(Rng::seeded(7)))
 }
 
-fn seed_004() -> Arc<Breaker> {
+fn defaults() -> Arc<Breaker> {
     breaker(BreakerConfig::default())
 }
 
@@ -19,7 +19,7 @@ fn fail(b: &Arc<Breaker>, n: u32) {
 
 #[tokio::test(start_paused = true)]
 async fn opens_after_consecutive_failures_and_rejects_without_calling() {
-    let b = seed_004();
+    let b = defaults();
     fail(&b, 4);
     assert_eq!(b.phase(), Phase::Closed);
     b.admit().unwrap().record(Outcome::Success);
@@ -32,7 +32,7 @@ async fn opens_after_consecutive_failures_and_rejects_without_calling() {
 
 #[tokio::test(start_paused = true)]
 async fn ignored_outcomes_do_not_count() {
-    let b = seed_004();
+    let b = defaults();
     for _ in 0..50 {
         b.admit().unwrap().record(Outcome::Ignored);
         drop(b.admit().unwrap()); // abandoned by its caller
@@ -67,7 +67,7 @@ async fn half_open_admits_exactly_the_configured_probes_among_many_callers() {
 
 #[tokio::test(start_paused = true)]
 async fn closes_after_success_threshold_probes() {
-    let b = seed_004();
+    let b = defaults();
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(60)).await;
     b.admit().unwrap().record(Outcome::Success);
@@ -96,7 +96,7 @@ async fn a_failed_probe_reopens_for_longer_up_to_the_cap() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_probe_counts_as_a_failure() {
-    let b = seed_004();
+    let b = defaults();
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(60)).await;
     let probe = b.admit().unwrap();
@@ -130,7 +130,7 @@ async fn old_calls_leave_the_window() {
 
 #[tokio::test(start_paused = true)]
 async fn reset_closes_it_by_hand() {
-    let b = seed_004();
+    let b = defaults();
     fail(&b, 5);
     b.reset();
     assert!(b.admit().is_ok());

@@ -100,7 +100,7 @@ fn engine(servers: &[ServerConfig]) -> Engine {
     Engine::new(servers, Arc::new(TokioClock), Arc::new(Rng::seeded(42)))
 }
 
-fn seed_004() -> RecoveryConfig {
+fn defaults() -> RecoveryConfig {
     RecoveryConfig { timeout_ms: 1_000, ..RecoveryConfig::default() }
 }
 
@@ -128,7 +128,7 @@ fn answered(ending: &Ending) -> String {
 async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_bound() {
     let up = Script::new(&[("s/read", true)])
         .then("s/read", vec![timeout(), Err(Failure::ConnectionLost { reason: "eof".into() }), ok("third time")]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "third time");
     assert!(record.recovered());
@@ -144,7 +144,7 @@ async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_b
 #[tokio::test(start_paused = true)]
 async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
     let up = Script::new(&[("s/write", false)]).then("s/write", vec![timeout()]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let (ending, record) = run(&e, &up, "write").await;
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/write").len(), 1);
@@ -153,7 +153,7 @@ async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
 
 #[tokio::test(start_paused = true)]
 async fn config_can_mark_a_tool_idempotent_or_not() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.tools.insert("write".into(), ToolRecovery { idempotent: Some(true), ..Default::default() });
     r.tools.insert("read".into(), ToolRecovery { idempotent: Some(false), ..Default::default() });
     let up = Script::new(&[("s/write", false), ("s/read", true)])
@@ -168,7 +168,7 @@ async fn config_can_mark_a_tool_idempotent_or_not() {
 async fn proof_of_non_delivery_makes_any_tool_safe_to_retry() {
     let up = Script::new(&[("s/write", false)])
         .then("s/write", vec![Err(Failure::SendFailed { reason: "broken pipe".into() })]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     assert_eq!(answered(&run(&e, &up, "write").await.0), "ok");
     assert_eq!(up.calls("s/write").len(), 2);
 }
@@ -177,7 +177,7 @@ async fn proof_of_non_delivery_makes_any_tool_safe_to_retry() {
 async fn retry_after_is_honoured() {
     let up = Script::new(&[("s/search", true)])
         .then("s/search", vec![tool_error("429 Too Many Requests; retry after 5 seconds")]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     assert_eq!(answered(&run(&e, &up, "search").await.0), "ok");
     let calls = up.calls("s/search");
     assert!(calls[1].0 - calls[0].0 >= Duration::from_secs(5));
@@ -187,7 +187,7 @@ async fn retry_after_is_honoured() {
 async fn a_retry_after_past_the_deadline_is_not_waited_for() {
     let up =
         Script::new(&[("s/search", true)]).then("s/search", vec![tool_error("rate limited, retry after 600 seconds")]);
-    let e = engine(&[server("s", RecoveryConfig { deadline_ms: Some(10_000), ..seed_004() })]);
+    let e = engine(&[server("s", RecoveryConfig { deadline_ms: Some(10_000), ..defaults() })]);
     let start = Instant::now();
     let (ending, record) = run(&e, &up, "search").await;
     assert!(matches!(ending, Ending::GaveUp));
@@ -197,7 +197,7 @@ async fn a_retry_after_past_the_deadline_is_not_waited_for() {
 
 #[tokio::test(start_paused = true)]
 async fn no_attempt_outlives_the_deadline() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.deadline_ms = Some(2_500);
     r.retry.max_attempts = 10;
     r.retry.initial_delay_ms = 10;
@@ -216,7 +216,7 @@ async fn no_attempt_outlives_the_deadline() {
 #[tokio::test(start_paused = true)]
 async fn a_tools_own_error_is_passed_through_untouched() {
     let up = Script::new(&[("s/read", true)]).then("s/read", vec![tool_error("no such file: a.lean")]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "no such file: a.lean");
     assert_eq!(record.attempts.len(), 1);
@@ -225,7 +225,7 @@ async fn a_tools_own_error_is_passed_through_untouched() {
 
 #[tokio::test(start_paused = true)]
 async fn invalid_arguments_are_neither_retried_nor_sent_elsewhere() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.fallbacks.insert("read".into(), vec![Alternative { tool: "other".into(), server: None, arguments: None }]);
     let up = Script::new(&[("s/read", true), ("s/other", true)])
         .then("s/read", vec![Err(Failure::Rpc { code: -32602, message: "bad".into(), data: None })]);
@@ -236,7 +236,7 @@ async fn invalid_arguments_are_neither_retried_nor_sent_elsewhere() {
 
 #[tokio::test(start_paused = true)]
 async fn alternatives_are_tried_in_order_with_mapped_arguments() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.fallbacks.insert(
         "leansearch".into(),
         vec![
@@ -252,7 +252,7 @@ async fn alternatives_are_tried_in_order_with_mapped_arguments() {
     let up = Script::new(&[("s/leansearch", true), ("s/loogle", true), ("t/finder", true)])
         .then("s/leansearch", vec![timeout(), timeout(), timeout()])
         .then("s/loogle", vec![Err(Failure::Rpc { code: -32001, message: "AbortError".into(), data: None })]);
-    let e = engine(&[server("s", r), server("t", seed_004())]);
+    let e = engine(&[server("s", r), server("t", defaults())]);
     let (ending, record) = run(&e, &up, "leansearch").await;
     assert_eq!(answered(&ending), "ok");
     let by = record.answered_by().unwrap();
@@ -263,7 +263,7 @@ async fn alternatives_are_tried_in_order_with_mapped_arguments() {
 
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_the_server_is_back() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.breaker.open_ms = 5_000;
     r.retry.max_attempts = 1;
     let up = Script::new(&[("s/read", true)])
@@ -282,7 +282,7 @@ async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_th
 
 #[tokio::test(start_paused = true)]
 async fn the_budget_keeps_an_outage_from_multiplying_load() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.breaker.failure_threshold = u32::MAX; // isolate the budget from the breaker
     r.breaker.min_calls = u32::MAX;
     r.retry.initial_delay_ms = 1;
@@ -310,7 +310,7 @@ impl Advisor for Planner {
     }
 
     fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
-        // Plans only for the first failure, like seed 000's "retry once".
+        // Plans only for the first failure, like lean-fallback's "retry once".
         let p = (f.attempt == 1).then(|| self.plan.clone()).or(Some(vec![]));
         Box::pin(async move { p })
     }
@@ -341,7 +341,7 @@ async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (End
 #[tokio::test(start_paused = true)]
 async fn a_plan_can_interrupt_and_give_up_without_replaying() {
     let up = Script::new(&[("s/hol_send", false), ("s/hol_interrupt", false)]).then("s/hol_send", vec![timeout()]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let a = planner(vec![
         Step::Retry(None), // not safe: the engine skips it
         Step::SideCall {
@@ -363,7 +363,7 @@ async fn a_plan_can_interrupt_and_give_up_without_replaying() {
 async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
     let up = Script::new(&[("s/hol_send", false), ("s/hol_start", false)])
         .then("s/hol_send", vec![tool_error("Session 'main' not found")]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
     lost.retryable = true;
     lost.not_delivered = true;
@@ -388,7 +388,7 @@ async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
 #[tokio::test(start_paused = true)]
 async fn a_plan_can_restart_the_server_and_name_alternatives_with_their_arguments() {
     let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(), timeout()]);
-    let mut s = server("s", seed_004());
+    let mut s = server("s", defaults());
     s.adapter_allow.restart = true;
     let e = engine(&[s]);
     let a = planner(vec![
@@ -410,7 +410,7 @@ async fn a_plan_can_restart_the_server_and_name_alternatives_with_their_argument
 async fn a_plan_can_turn_a_tool_error_into_an_alternative() {
     let up =
         Script::new(&[("s/diag", true), ("s/goal", true)]).then("s/diag", vec![tool_error("diagnostics are blocked")]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let a = planner(vec![Step::Alternative { server: None, tool: "goal".into(), arguments: None }]);
     let (ending, _) = advised(&e, &up, &a, "diag").await;
     assert_eq!(answered(&ending), "ok");
@@ -422,7 +422,7 @@ fn unavailable() -> Result<CallToolResult, Failure> {
 }
 
 fn one_attempt() -> RecoveryConfig {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.retry.max_attempts = 1;
     r.breaker.open_ms = 5_000;
     r.breaker.max_open_ms = 5_000;
@@ -506,7 +506,7 @@ async fn undelivered_calls_count_for_the_server_not_the_tool() {
 
 #[tokio::test(start_paused = true)]
 async fn configured_fallbacks_run_after_an_adapters_plan_and_before_its_give_up() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
     let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(); 3]);
     let e = engine(&[server("s", r.clone())]);
@@ -553,7 +553,7 @@ impl Upstream for Panics {
 
 #[tokio::test(start_paused = true)]
 async fn a_panic_in_a_call_ends_the_call_with_an_internal_failure() {
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let (ending, record) = e.run(&Panics, None, "s".into(), "t".into(), None, None).await;
     assert!(matches!(ending, Ending::GaveUp));
     assert!(record.panicked());
@@ -565,7 +565,7 @@ async fn a_panic_in_a_call_ends_the_call_with_an_internal_failure() {
 #[tokio::test(start_paused = true)]
 async fn an_adapter_reaches_only_what_its_grant_names() {
     let up = Script::new(&[("s/a", true), ("s/b", true), ("t/x", false)]).then("s/a", vec![timeout()]);
-    let e = engine(&[server("s", one_attempt()), server("t", seed_004())]);
+    let e = engine(&[server("s", one_attempt()), server("t", defaults())]);
     let plan = vec![
         Step::Alternative { server: Some("t".into()), tool: "x".into(), arguments: None },
         Step::Restart,
@@ -583,7 +583,7 @@ async fn an_adapter_reaches_only_what_its_grant_names() {
     let mut s = server("s", one_attempt());
     s.adapter_allow.tools.push(crate::config::ToolPattern::parse("t/*").unwrap());
     s.adapter_allow.restart = true;
-    let e = engine(&[s, server("t", seed_004())]);
+    let e = engine(&[s, server("t", defaults())]);
     let up = Script::new(&[("s/a", true), ("s/b", true), ("t/x", false)])
         .then("s/a", vec![timeout()])
         .then("t/x", vec![timeout()]);
@@ -626,7 +626,7 @@ async fn an_adapters_steps_spend_the_target_servers_retry_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn config_that_forbids_a_replay_wins_over_an_adapter() {
-    let mut r = seed_004();
+    let mut r = defaults();
     r.tools.insert("hol_send".into(), ToolRecovery { idempotent: Some(false), ..Default::default() });
     let up = Script::new(&[("s/hol_send", false)]).then("s/hol_send", vec![tool_error("Session 'main' not found")]);
     let e = engine(&[server("s", r)]);
@@ -643,7 +643,7 @@ async fn config_that_forbids_a_replay_wins_over_an_adapter() {
 #[tokio::test(start_paused = true)]
 async fn an_adapters_absurd_waits_are_clamped() {
     let up = Script::new(&[("s/a", true)]).then("s/a", vec![timeout()]);
-    let e = engine(&[server("s", seed_004())]);
+    let e = engine(&[server("s", defaults())]);
     let mut c = classify(&Failure::Timeout { after: Duration::ZERO }, std::time::SystemTime::UNIX_EPOCH);
     c.retry_after = Some(Duration::MAX);
     let a = Planner { plan: vec![Step::Retry(Some(Duration::MAX))], reclassify: Some(c), observed: Mutex::default() };

@@ -1,0 +1,174 @@
+//! End to end: a third-party adapter written to attack the gateway (`tests/plugins/hostile`,
+//! built by `cargo xtask test` into target/test-plugins), one attack per mode. Each is
+//! contained: the client's call is answered, other servers keep serving, and the adapter
+//! reaches only what its grant names. Each grant has a positive control.
+
+use std::path::PathBuf;
+
+use rebound_tests::{Gateway, HttpGateway, faulty, root, text};
+use serde_json::{Value, json};
+
+fn test_plugins() -> PathBuf {
+    let dir = root().join("target/test-plugins");
+    assert!(
+        dir.join("hostile.wasm").is_file(),
+        "run `cargo xtask test`, which builds the test plugins into {}",
+        dir.display()
+    );
+    dir
+}
+
+/// Servers `a` (with the hostile adapter in `mode`, and `extra` keys) and `b` (with an
+/// adapter that has no opinion), and the `rebound` settings `settings`.
+fn config(dir: &std::path::Path, mode: &str, extra: Value, settings: Value) -> Value {
+    let mut a = faulty("a", dir, &[]);
+    a["adapter"] = json!("hostile");
+    a["adapter_config"] = json!({"mode": mode});
+    for (k, v) in extra.as_object().cloned().unwrap_or_default() {
+        a[k] = v;
+    }
+    let mut b = faulty("b", dir, &[]);
+    b["adapter"] = json!("misbehave");
+    b["adapter_config"] = json!({"mode": "none"});
+    let mut rebound = json!({
+        "plugins_dir": test_plugins(),
+        "plugin_cache_dir": dir.join("cache"),
+        "errors_log": dir.join("errors.jsonl"),
+        "restart": {"initial_delay_ms": 50},
+    });
+    for (k, v) in settings.as_object().cloned().unwrap_or_default() {
+        rebound[k] = v;
+    }
+    json!({"mcpServers": {"a": a, "b": b}, "rebound": rebound})
+}
+
+async fn hostile(mode: &str, extra: Value, settings: Value) -> Gateway {
+    let mode = mode.to_owned();
+    Gateway::start(move |dir| config(dir, &mode, extra, settings)).await
+}
+
+fn calls_of(gw: &Gateway, server: &str, tool: &str) -> usize {
+    gw.state(server, "calls").iter().filter(|c| *c == tool).count()
+}
+
+async fn server_status(gw: &Gateway, server: &str) -> Value {
+    let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    s["servers"].as_array().unwrap().iter().find(|e| e["name"] == server).unwrap().clone()
+}
+
+#[tokio::test]
+async fn an_adapter_reaches_nothing_its_grant_does_not_name() {
+    let gw = hostile("reach", json!({}), json!({})).await;
+    let r = gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(calls_of(&gw, "b", "fail"), 0, "another server's tool was called");
+    assert_eq!(calls_of(&gw, "a", "fail"), 1, "a tool unsafe to replay ran again");
+    let a = server_status(&gw, "a").await;
+    assert_eq!(a["restarts"], 0, "{a}");
+    // The alternative on b, two restarts and two replays.
+    assert_eq!(a["counters"]["adapter_steps_denied"], 5, "{a}");
+    assert_eq!(text(&gw.call("b__echo", json!({"message": "fine"})).await), "b: fine");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn what_the_grant_names_does_run_once() {
+    let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
+    let gw = hostile("reach", grant, json!({})).await;
+    let r = gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(calls_of(&gw, "b", "fail"), 1, "the granted alternative ran");
+    let a = server_status(&gw, "a").await;
+    assert_eq!(a["restarts"], 1, "one restart per call: {a}");
+    // The second restart and the two replays of `fail`.
+    assert_eq!(a["counters"]["adapter_steps_denied"], 3, "{a}");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_plan_makes_at_most_plugin_max_calls_calls() {
+    let gw = hostile("flood-calls", json!({}), json!({"plugin_max_calls": 3})).await;
+    gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(calls_of(&gw, "a", "echo"), 3);
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn an_adapter_that_sleeps_in_wasi_is_stopped_at_its_deadline_and_the_pool_never_runs_dry() {
+    let gw = hostile("sleep", json!({}), json!({"plugin_timeout_ms": 100})).await;
+    // More calls at once than the instance pool holds (32), each sleeping an hour.
+    let calls = (0..40).map(|i| {
+        let peer = gw.client.peer().clone();
+        async move {
+            let mut p = rmcp::model::CallToolRequestParams::new("a__fail");
+            p.arguments = json!({"message": format!("boom {i}")}).as_object().cloned();
+            peer.call_tool(p).await
+        }
+    });
+    let answers = tokio::time::timeout(std::time::Duration::from_secs(60), futures::future::join_all(calls))
+        .await
+        .expect("every call answered");
+    for (i, r) in answers.into_iter().enumerate() {
+        assert_eq!(text(&r.unwrap()), format!("boom {i}"), "the built-in classification answered");
+    }
+    let a = server_status(&gw, "a").await;
+    assert!(a["adapter"]["last_fault"].as_str().unwrap().contains("deadline"), "{a}");
+    assert!(a["adapter"]["quarantined_for_ms"].as_u64().is_some(), "{a}");
+    // An innocent adapter still gets instances.
+    gw.call("b__fail", json!({"message": "b fails"})).await;
+    let b = server_status(&gw, "b").await;
+    assert_eq!(b["adapter"]["faults"], 0, "{b}");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_log_flood_is_capped_and_counted() {
+    let gw = hostile("log-flood", json!({}), json!({"plugin_timeout_ms": 500})).await;
+    let r = gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(text(&r), "boom");
+    let a = server_status(&gw, "a").await;
+    assert!(a["adapter"]["log_lines_dropped"].as_u64().unwrap() > 0, "{a}");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn a_plan_past_its_size_limits_is_a_fault_and_the_built_in_plan_answers() {
+    let gw = hostile("huge-plan", json!({}), json!({})).await;
+    let r = gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("boom"), "{}", text(&r));
+    let a = server_status(&gw, "a").await;
+    assert_eq!(a["adapter"]["faults"], 1, "{a}");
+    assert_eq!(text(&gw.call("a__echo", json!({"message": "alive"})).await), "a: alive");
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn an_adapter_never_sees_a_secret_so_it_cannot_launder_one() {
+    const KEY: &str = "sk-live-0123-4567-89ab";
+    let env = json!({"env": {"API_KEY": KEY}});
+    let gw = hostile("launder", env, json!({})).await;
+    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
+    let answer = text(&r);
+    assert!(answer.contains("laundered: "), "{answer}");
+    let reversed: String = KEY.chars().rev().collect();
+    let laundered = reversed.replace('-', "_");
+    for form in [KEY, &reversed, &laundered] {
+        assert!(!answer.contains(form), "{form} in {answer}");
+    }
+    gw.close().await;
+}
+
+#[tokio::test]
+async fn an_adapters_own_category_never_becomes_a_metric_label() {
+    let gw = HttpGateway::start(|dir| config(dir, "label", json!({}), json!({})), &[]).await;
+    let client = gw.client(None).await.unwrap();
+    let mut p = rmcp::model::CallToolRequestParams::new("a__fail");
+    p.arguments = json!({"message": "boom"}).as_object().cloned();
+    client.peer().call_tool(p).await.unwrap();
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(!metrics.contains("forged"), "{metrics}");
+    assert!(metrics.contains(r#"rebound_attempt_failures_total{server="a",category="other"} 1"#), "{metrics}");
+    assert_eq!(metrics.matches("# EOF").count(), 1, "one end of the exposition");
+    let _ = client.cancel().await;
+}
