@@ -38,7 +38,8 @@ fn main() {
     println!("load from the cache: p50 {:.2} ms", percentile(&cached, 0.5).as_secs_f64() * 1e3);
 
     let secrets = rebound::redact::Secrets::default();
-    let adapter = Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null, secrets);
+    let adapter =
+        Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null, secrets).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let failure = Failure::Timeout { after: Duration::from_secs(1) };
     let builtin = classify(&failure, SystemTime::UNIX_EPOCH);

@@ -99,6 +99,11 @@ fn check(path: PathBuf) -> Result<()> {
             if *cached { ", cached" } else { "" }
         );
     }
+    for (server, adapter) in plugins.adapters.iter() {
+        for line in grant_mismatches(&config.servers[&**server], &adapter.name, &adapter.declared()) {
+            println!("  warning: {line}");
+        }
+    }
     if !plugins.failures.is_empty() {
         let mut seen = std::collections::BTreeSet::new();
         for (_, name, e) in &plugins.failures {
@@ -113,6 +118,42 @@ fn check(path: PathBuf) -> Result<()> {
     }
     println!("ok");
     Ok(())
+}
+
+/// Where a server's grant (`adapter_allow`) and what its adapter declared differ. A step
+/// runs only when both allow it, so either side's extra is dead weight or a refusal.
+fn grant_mismatches(
+    server: &rebound::config::ServerConfig,
+    adapter: &str,
+    declared: &rebound::config::AdapterGrant,
+) -> Vec<String> {
+    let name = &server.name;
+    let grant = &server.adapter_allow;
+    let mut out = Vec::new();
+    for (i, p) in grant.tools.iter().enumerate() {
+        if p.server() != name.as_str() && !declared.tools.iter().any(|d| d.covers(p)) {
+            out.push(format!(
+                "mcpServers.{name}.adapter_allow.tools[{i}] grants \"{p}\", which adapter {adapter} does not ask for"
+            ));
+        }
+    }
+    for p in declared.tools.iter().filter(|p| p.server() != name.as_str()) {
+        if !grant.tools.iter().any(|g| g.covers(p)) {
+            out.push(format!(
+                "adapter {adapter} asks for \"{p}\", which mcpServers.{name}.adapter_allow.tools does not grant: those steps will be refused"
+            ));
+        }
+    }
+    match (grant.restart, declared.restart) {
+        (true, false) => out.push(format!(
+            "mcpServers.{name}.adapter_allow.restart grants restarts, which adapter {adapter} does not ask for"
+        )),
+        (false, true) => out.push(format!(
+            "adapter {adapter} asks to restart `{name}`, which mcpServers.{name}.adapter_allow.restart does not grant: its restarts will be refused"
+        )),
+        _ => {}
+    }
+    out
 }
 
 fn print_warnings(config: &Config) {

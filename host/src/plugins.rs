@@ -79,8 +79,14 @@ pub fn prepare(config: &Config) -> Prepared {
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
                 let secrets = crate::redact::Secrets::of(config);
-                let a = Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets);
-                prepared.adapters.insert(server, a);
+                match Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets) {
+                    Ok(a) => prepared.adapters.insert(server, a),
+                    Err(e) => {
+                        let e = format!("{}: {e}", loaded.path.display());
+                        tracing::error!(adapter, server, "{e}");
+                        prepared.failures.push((server.to_owned(), adapter.to_owned(), e));
+                    }
+                }
             }
             Some(Err(e)) => prepared.failures.push((server.to_owned(), adapter.to_owned(), e.to_string())),
             None => {}

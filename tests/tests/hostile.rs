@@ -86,6 +86,48 @@ async fn what_the_grant_names_does_run_once() {
 }
 
 #[tokio::test]
+async fn a_grant_the_adapter_did_not_declare_is_refused_and_check_says_so() {
+    let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
+    let gw = hostile("reach-undeclared", grant.clone(), json!({})).await;
+    gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(calls_of(&gw, "b", "fail"), 0);
+    assert_eq!(server_status(&gw, "a").await["restarts"], 0);
+    gw.close().await;
+
+    // `rebound check` names both sides of the mismatch.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, config(dir.path(), "reach-undeclared", grant, json!({})).to_string()).unwrap();
+    let out = std::process::Command::new(rebound_tests::bin("rebound"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.contains(r#"mcpServers.a.adapter_allow.tools[1] grants "b/fail", which adapter hostile does not ask for"#),
+        "{out}"
+    );
+    assert!(
+        out.contains("mcpServers.a.adapter_allow.restart grants restarts, which adapter hostile does not ask for"),
+        "{out}"
+    );
+
+    std::fs::write(&path, config(dir.path(), "reach", json!({}), json!({})).to_string()).unwrap();
+    let out = std::process::Command::new(rebound_tests::bin("rebound"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.contains(r#"adapter hostile asks for "b/fail", which mcpServers.a.adapter_allow.tools does not grant"#),
+        "{out}"
+    );
+    assert!(out.contains("adapter hostile asks to restart `a`"), "{out}");
+}
+
+#[tokio::test]
 async fn a_plan_makes_at_most_plugin_max_calls_calls() {
     let gw = hostile("flood-calls", json!({}), json!({"plugin_max_calls": 3})).await;
     gw.call("a__fail", json!({"message": "boom"})).await;

@@ -102,7 +102,10 @@ fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
     std::fs::write(dir.path().join("garbage.wasm"), b"#!/bin/sh\necho hi\n").unwrap();
     std::fs::write(dir.path().join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
     for (adapter, needles) in [
-        ("future", &["future.wasm", "speaks rebound:adapter@9.0.0", "this gateway speaks rebound:adapter@0.1.0"][..]),
+        (
+            "future",
+            &["future.wasm", "speaks rebound:adapter@9.0.0", "this gateway speaks rebound:adapter@0.2.0 and @0.1.0"][..],
+        ),
         ("sockets", &["sockets.wasm", "imports `wasi:sockets/"]),
         ("garbage", &["garbage.wasm", "not a WebAssembly component", "magic number"]),
         ("core", &["core.wasm", "core WebAssembly module"]),

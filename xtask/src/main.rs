@@ -291,7 +291,7 @@ fn new_plugin(root: &Path, name: &str, dir: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(krate.join("src"))?;
     std::fs::create_dir_all(krate.join("wit"))?;
-    std::fs::copy(root.join("wit/since_v0.1.0/adapter.wit"), krate.join("wit/adapter.wit"))?;
+    std::fs::copy(root.join("wit/since_v0.2.0/adapter.wit"), krate.join("wit/adapter.wit"))?;
     let ident = name.replace('-', "_");
     std::fs::write(krate.join("Cargo.toml"), SCAFFOLD_MANIFEST.replace("{name}", name))?;
     std::fs::write(krate.join("src/lib.rs"), SCAFFOLD_LIB.replace("{name}", name).replace("{ident}", &ident))?;
@@ -345,7 +345,7 @@ const SCAFFOLD_LIB: &str = r#"//! {name}: a Rebound adapter. The contract is `wi
 
 wit_bindgen::generate!({ world: "plugin", path: "wit", additional_derives: [PartialEq] });
 
-use exports::rebound::adapter::adapter::Guest;
+use exports::rebound::adapter::adapter::{Guest, Manifest};
 use rebound::adapter::types::{AdapterInfo, Category, Classification, CompletedCall, Failure, Outcome, Step};
 
 struct Adapter;
@@ -381,6 +381,14 @@ impl Guest for Adapter {
         AdapterInfo { name: "{name}".into(), version: env!("CARGO_PKG_VERSION").into(), servers: vec![], tools: vec![] }
     }
 
+    /// What this adapter needs from the gateway. Its own server's tools need no
+    /// declaration; list other servers' tools (`server/tool`, `*` wildcards) and restarts
+    /// here, and grant them in the gateway's configuration (`adapter_allow`): a step runs
+    /// only when both say yes. `observes` names the tools whose successes `observe` sees.
+    fn declare() -> Manifest {
+        Manifest { tools: vec![], restart: false, observes: vec![] }
+    }
+
     fn classify(failure: Failure, builtin: Classification) -> Option<Classification> {
         classify_failure(&failure, &builtin)
     }
@@ -390,8 +398,9 @@ impl Guest for Adapter {
     }
 
     fn observe(_call: CompletedCall) {
-        // Learn from successful calls here; keep what you learn with
-        // rebound::adapter::store::set, since every call runs in a fresh instance.
+        // Learn from successful calls of the tools `declare` names in `observes`; keep
+        // what you learn with rebound::adapter::store::set, since every call runs in a
+        // fresh instance.
     }
 }
 

@@ -82,6 +82,17 @@ impl ToolPattern {
     pub fn matches(&self, server: &str, tool: &str) -> bool {
         glob(&self.server, server) && glob(&self.tool, tool)
     }
+
+    /// Whether every tool `other` names is one this pattern names too, as far as can be
+    /// told without enumerating: the same pattern, or a literal one this matches.
+    pub fn covers(&self, other: &ToolPattern) -> bool {
+        self == other || (!other.to_string().contains('*') && self.matches(&other.server, &other.tool))
+    }
+
+    /// The server part, as written.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
 }
 
 impl std::fmt::Display for ToolPattern {

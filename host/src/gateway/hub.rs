@@ -99,8 +99,11 @@ impl Hub {
                     (handle.name.clone(), handle)
                 })
                 .collect();
-            let engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()))
+            let mut engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()))
                 .with_plan_calls(config.settings.plugin_max_calls);
+            for (server, adapter) in plugins.adapters.iter() {
+                engine.declare(server, adapter.declared());
+            }
             let errors = ErrorsLog::start(
                 config.settings.errors_log.clone(),
                 config.settings.errors_log_max_bytes,

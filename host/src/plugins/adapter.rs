@@ -6,10 +6,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::bindings::v0_1::{self, rebound::adapter::types as wit};
-use super::load::{Info, Loaded};
+use super::bindings::Pre;
+use super::bindings::v0_1::rebound::adapter::types as wit;
+use super::load::{Info, Loaded, Needs};
 use super::runtime::{Reply, Request, Runtime};
 use super::state::{CappedPipe, Kv, LogBudget, State};
+use crate::config::AdapterGrant;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Category, Classification, Kind, Severity};
 use crate::recovery::engine::{Denial, Denied};
@@ -28,7 +30,7 @@ const OUTPUT_CAP: usize = 4 << 10;
 /// One adapter serving one server.
 pub struct Adapter {
     runtime: Arc<Runtime>,
-    pre: v0_1::PluginPre<State>,
+    pre: Pre,
     pub info: Info,
     pub name: Arc<str>,
     server: Arc<str>,
@@ -66,6 +68,9 @@ pub struct HealthReport {
 }
 
 impl Adapter {
+    /// The adapter `loaded` serving `server` with its `config`. Asks the adapter what it
+    /// needs given that configuration (`declare`); one that cannot say, or says something
+    /// malformed, is not used. Call it outside the async runtime, like [`super::load::load`].
     pub fn new(
         runtime: Arc<Runtime>,
         loaded: &Loaded,
@@ -73,8 +78,27 @@ impl Adapter {
         server: &str,
         config: &serde_json::Value,
         secrets: Secrets,
-    ) -> Arc<Self> {
-        Arc::new(Self {
+    ) -> Result<Arc<Self>, String> {
+        let mut adapter = Self::unchecked(runtime, loaded, name, server, config, secrets);
+        let declared = super::load::block_on(adapter.call("declare", Request::Declare))
+            .map_err(|e| format!("could not be asked what it needs: {e}"))?;
+        let Some(Reply::Declared(manifest)) = declared else {
+            let why = adapter.health().last_fault.unwrap_or_default();
+            return Err(format!("failed when asked what it needs for `{server}`: {why}"));
+        };
+        adapter.info.needs = Needs::from_manifest(&manifest).map_err(|e| format!("declares {e}"))?;
+        Ok(Arc::new(adapter))
+    }
+
+    fn unchecked(
+        runtime: Arc<Runtime>,
+        loaded: &Loaded,
+        name: &str,
+        server: &str,
+        config: &serde_json::Value,
+        secrets: Secrets,
+    ) -> Self {
+        Self {
             runtime,
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),
@@ -86,7 +110,7 @@ impl Adapter {
             log: Arc::default(),
             health: Mutex::default(),
             denials_logged: Mutex::default(),
-        })
+        }
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
@@ -102,6 +126,15 @@ impl Adapter {
                 tracing::warn!(adapter = %self.name, server = %self.server, denial = d.denial.as_str(), "refused a step of the adapter's plan ({target}): {}", d.denial.explain());
             }
         }
+    }
+
+    /// What the adapter may ask the engine for, as it declared: its own server's tools,
+    /// and the tools and restarts it named.
+    pub fn declared(&self) -> AdapterGrant {
+        let mut grant = AdapterGrant::own(&self.server);
+        grant.tools.extend(self.info.needs.tools.iter().cloned());
+        grant.restart = self.info.needs.restart;
+        grant
     }
 
     pub fn health(&self) -> HealthReport {
@@ -241,6 +274,10 @@ impl Adapters {
     pub fn is_empty(&self) -> bool {
         self.by_server.is_empty()
     }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Adapter>)> {
+        self.by_server.iter()
+    }
 }
 
 impl Advisor for Adapters {
@@ -268,7 +305,10 @@ impl Advisor for Adapters {
         arguments: Option<&JsonObject>,
         result: &CallToolResult,
     ) -> BoxFuture<'static, ()> {
-        let Some(a) = self.by_server.get(server).cloned() else { return Box::pin(async {}) };
+        let Some(a) = self.by_server.get(server).cloned().filter(|a| a.info.needs.observes(tool)) else {
+            // An adapter that does not observe this tool costs a successful call nothing.
+            return Box::pin(async {});
+        };
         let call = a.completed(tool, arguments, result);
         Box::pin(async move {
             a.call("observe", Request::Observe(call)).await;

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use wasmtime::component::Component;
 
-use super::bindings::{self, v0_1};
+use super::bindings::{self, Manifest, Pre, v0_1, v0_2};
 use super::runtime::{Reply, Request, Runtime};
 use super::state::{CappedPipe, State};
+use crate::config::ToolPattern;
 
 /// Imports an adapter may have (interface names without `@version`). Everything a Rust
 /// wasm32-wasip2 program imports through std is here, and granted nothing: no
@@ -57,9 +58,9 @@ pub enum LoadError {
     )]
     NotComponent { path: PathBuf, what: String },
     #[error(
-        "{path}: speaks {found}; this gateway speaks rebound:adapter@{supported}\nhint: rebuild the plugin against wit/since_v{supported}"
+        "{path}: speaks {found}; this gateway speaks rebound:adapter@{supported}\nhint: rebuild the plugin against wit/since_v{newest}"
     )]
-    Contract { path: PathBuf, found: String, supported: String },
+    Contract { path: PathBuf, found: String, supported: String, newest: String },
     #[error(
         "{path}: imports `{import}`, which adapters may not use\nhint: adapters get no network and no host APIs beyond the contract's; remove the code that needs it"
     )]
@@ -71,7 +72,7 @@ pub enum LoadError {
 /// A loaded adapter, ready to instantiate.
 pub struct Loaded {
     pub path: PathBuf,
-    pub pre: v0_1::PluginPre<State>,
+    pub pre: Pre,
     pub info: Info,
     pub bytes: usize,
     pub from_cache: bool,
@@ -88,6 +89,9 @@ impl std::fmt::Debug for Loaded {
 pub struct Info {
     pub name: String,
     pub version: String,
+    /// The contract version it speaks.
+    pub contract: &'static str,
+    pub needs: Needs,
     pub servers: Vec<String>,
     pub tools: Vec<String>,
 }
@@ -114,62 +118,111 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
             return Err(LoadError::Forbidden { path: path.to_owned(), import: name.to_owned() });
         }
     }
-    let supported = bindings::SUPPORTED[0].to_owned();
     let exported: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
     let contract = exported.iter().find_map(|n| n.strip_prefix("rebound:adapter/adapter@"));
-    match contract {
-        Some(v) if compatible(v, &supported) => {}
-        Some(v) => {
-            return Err(LoadError::Contract {
-                path: path.to_owned(),
-                found: format!("rebound:adapter@{v}"),
-                supported,
-            });
-        }
-        None => {
-            let found = if exported.is_empty() {
-                "no contract (it exports nothing)".to_owned()
-            } else {
-                format!("no contract it knows (it exports {})", exported.join(", "))
-            };
-            return Err(LoadError::Contract { path: path.to_owned(), found, supported });
-        }
-    }
+    let unsupported = |found: String| LoadError::Contract {
+        path: path.to_owned(),
+        found,
+        supported: bindings::SUPPORTED.join(" and @"),
+        newest: bindings::SUPPORTED[0].to_owned(),
+    };
+    let version = match contract {
+        Some(v) => bindings::SUPPORTED
+            .iter()
+            .find(|s| compatible(v, s))
+            .copied()
+            .ok_or_else(|| unsupported(format!("rebound:adapter@{v}")))?,
+        None if exported.is_empty() => return Err(unsupported("no contract (it exports nothing)".into())),
+        None => return Err(unsupported(format!("no contract it knows (it exports {})", exported.join(", ")))),
+    };
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| invalid(format!("cannot be linked: {e:#}")))?;
-    let pre = v0_1::PluginPre::new(pre).map_err(|e| invalid(format!("does not match the contract: {e:#}")))?;
+    let mismatch = |e: wasmtime::Error| invalid(format!("does not match the contract: {e:#}"));
+    let pre = match version {
+        "0.2.0" => Pre::V0_2(v0_2::PluginPre::new(pre).map_err(mismatch)?),
+        _ => Pre::V0_1(v0_1::PluginPre::new(pre).map_err(mismatch)?),
+    };
 
     // Ask it who it is, under the same limits as every call: a plugin that cannot
     // answer that is broken.
     let output = CappedPipe::new(4 << 10);
-    let state = State::new(
-        "loading".into(),
-        "-".into(),
-        "null".into(),
-        Default::default(),
-        Default::default(),
-        output.clone(),
-        runtime.limits.memory,
-    );
-    let info = match block_on(runtime.invoke(&pre, state, Request::Info)) {
-        Ok(Ok(Reply::Info(info))) => info,
-        Ok(Ok(_)) => return Err(invalid("answered its info with something else".into())),
-        Ok(Err(e)) => {
-            return Err(invalid(format!("failed when asked for its info: {e}; its output: {}", output.text())));
-        }
-        Err(e) => return Err(invalid(format!("could not be asked for its info: {e}"))),
+    let state = || {
+        State::new(
+            "loading".into(),
+            "-".into(),
+            "null".into(),
+            Default::default(),
+            Default::default(),
+            output.clone(),
+            runtime.limits.memory,
+        )
     };
+    let asked = block_on(async {
+        let info = runtime.invoke(&pre, state(), Request::Info).await;
+        let declared = runtime.invoke(&pre, state(), Request::Declare).await;
+        (info, declared)
+    });
+    let (info, manifest) = match asked {
+        Ok((Ok(Reply::Info(info)), Ok(Reply::Declared(manifest)))) => (info, manifest),
+        Ok((Err(e), _) | (_, Err(e))) => {
+            return Err(invalid(format!("failed when asked who it is: {e}; its output: {}", output.text())));
+        }
+        Ok(_) => return Err(invalid("answered who it is with something else".into())),
+        Err(e) => return Err(invalid(format!("could not be asked who it is: {e}"))),
+    };
+    let needs = Needs::from_manifest(&manifest).map_err(|e| invalid(format!("declares {e}")))?;
     Ok(Loaded {
         path: path.to_owned(),
         pre,
-        info: Info { name: info.name, version: info.version, servers: info.servers, tools: info.tools },
+        info: Info {
+            name: info.name,
+            version: info.version,
+            contract: version,
+            servers: info.servers,
+            tools: info.tools,
+            needs,
+        },
         bytes: bytes.len(),
         from_cache,
     })
 }
 
+/// What an adapter declared it needs, checked.
+#[derive(Debug, Clone)]
+pub struct Needs {
+    /// Tools beyond its own server's that its plans may call.
+    pub tools: Vec<ToolPattern>,
+    pub restart: bool,
+    /// Tools of its own server whose successes it observes (patterns on the tool name).
+    pub observes: Vec<ToolPattern>,
+}
+
+/// The most patterns an adapter may declare in each list.
+const MAX_DECLARED: usize = 64;
+
+impl Needs {
+    pub(crate) fn from_manifest(m: &Manifest) -> Result<Self, String> {
+        if m.tools.len() > MAX_DECLARED || m.observes.len() > MAX_DECLARED {
+            return Err(format!("more than {MAX_DECLARED} patterns"));
+        }
+        let tools = m.tools.iter().map(|p| ToolPattern::parse(p)).collect::<Result<_, _>>()?;
+        let observes = m.observes.iter().map(|p| ToolPattern::parse(&format!("*/{p}"))).collect::<Result<_, _>>()?;
+        Ok(Self { tools, restart: m.restart, observes })
+    }
+
+    /// Whether the adapter of `server` declared that it calls `target/tool`: its own
+    /// server's tools it always may.
+    pub fn tool(&self, server: &str, target: &str, tool: &str) -> bool {
+        target == server || self.tools.iter().any(|p| p.matches(target, tool))
+    }
+
+    pub fn observes(&self, tool: &str) -> bool {
+        self.observes.iter().any(|p| p.matches("", tool))
+    }
+}
+
 /// Runs `future` to completion on a runtime of its own, on a thread of its own, so that
 /// loading works the same from inside an async runtime or outside one.
-fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> std::io::Result<T> {
+pub(crate) fn block_on<T: Send>(future: impl std::future::Future<Output = T> + Send) -> std::io::Result<T> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {

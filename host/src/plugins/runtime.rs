@@ -11,7 +11,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-use super::bindings::{self, v0_1};
+use super::bindings::{self, Manifest, Pre, v0_1};
 use super::state::State;
 use v0_1::rebound::adapter::types as wit;
 
@@ -29,6 +29,7 @@ pub const HOSTCALL_FUEL: usize = 2 << 20;
 /// One call into an adapter.
 pub enum Request {
     Info,
+    Declare,
     Classify(wit::Failure, wit::Classification),
     Plan(wit::Failure, wit::Classification),
     Observe(wit::CompletedCall),
@@ -37,6 +38,7 @@ pub enum Request {
 /// What the adapter answered.
 pub enum Reply {
     Info(wit::AdapterInfo),
+    Declared(Manifest),
     Classify(Option<wit::Classification>),
     Plan(Option<Vec<wit::Step>>),
     Observed,
@@ -107,6 +109,7 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         bindings::v0_1::Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
+        bindings::v0_2::Plugin::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)?;
         let cache = cache.and_then(|dir| match private_dir(&dir) {
             Ok(()) => Some(dir),
             Err(e) => {
@@ -141,7 +144,7 @@ impl Runtime {
     /// next epoch tick, and a wait in a WASI call (a clock subscription, `poll`) is
     /// abandoned, its instance dropped back into the pool. Fails with the reason, for the
     /// fault log.
-    pub async fn invoke(&self, pre: &v0_1::PluginPre<State>, state: State, request: Request) -> Result<Reply, String> {
+    pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, String> {
         let limit = self.limits.timeout;
         let end = std::time::Instant::now() + limit;
         let mut store = Store::new(&self.engine, state);
@@ -154,18 +157,40 @@ impl Runtime {
             Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
         });
         let _running = self.running();
+        // The two versions' exports differ only in `declare`; the rest is the same code
+        // on two generated types.
+        macro_rules! answer {
+            ($guest:expr, |$g:ident| $declare:expr) => {{
+                let guest = $guest;
+                wasmtime::Result::Ok(match request {
+                    Request::Info => Reply::Info(guest.call_info(&mut store).await?),
+                    Request::Declare => {
+                        let $g = guest;
+                        Reply::Declared($declare)
+                    }
+                    Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut store, &f, &b).await?),
+                    Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut store, &f, &c).await?),
+                    Request::Observe(c) => {
+                        guest.call_observe(&mut store, &c).await?;
+                        Reply::Observed
+                    }
+                })
+            }};
+        }
         let call = async {
-            let plugin = pre.instantiate_async(&mut store).await?;
-            let guest = plugin.rebound_adapter_adapter();
-            wasmtime::Result::Ok(match request {
-                Request::Info => Reply::Info(guest.call_info(&mut store).await?),
-                Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut store, &f, &b).await?),
-                Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut store, &f, &c).await?),
-                Request::Observe(c) => {
-                    guest.call_observe(&mut store, &c).await?;
-                    Reply::Observed
+            match pre {
+                Pre::V0_1(pre) => {
+                    let plugin = pre.instantiate_async(&mut store).await?;
+                    answer!(plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
                 }
-            })
+                Pre::V0_2(pre) => {
+                    let plugin = pre.instantiate_async(&mut store).await?;
+                    answer!(plugin.rebound_adapter_adapter(), |g| {
+                        let m = g.call_declare(&mut store).await?;
+                        Manifest { tools: m.tools, restart: m.restart, observes: m.observes }
+                    })
+                }
+            }
         };
         let past = || format!("it ran past its {} ms deadline", limit.as_millis());
         match tokio::time::timeout(limit, call).await {

@@ -9,6 +9,7 @@ use wasmtime::{StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
+use super::bindings::v0_2::rebound::adapter as v0_2;
 
 /// Limits of the key-value store (documented in the WIT).
 const MAX_KEY: usize = 256;
@@ -148,6 +149,41 @@ impl store::Host for State {
             .take_while(|(k, _)| k.starts_with(&prefix))
             .map(|(k, _)| k.clone())
             .collect()
+    }
+}
+
+// 0.2.0's imports are 0.1.0's, under the new package's name.
+impl v0_2::host::Host for State {
+    fn config(&mut self) -> String {
+        host::Host::config(self)
+    }
+
+    fn log(&mut self, level: v0_2::host::Level, message: String) {
+        let level = match level {
+            v0_2::host::Level::Debug => host::Level::Debug,
+            v0_2::host::Level::Info => host::Level::Info,
+            v0_2::host::Level::Warn => host::Level::Warn,
+            v0_2::host::Level::Error => host::Level::Error,
+        };
+        host::Host::log(self, level, message)
+    }
+}
+
+impl v0_2::store::Host for State {
+    fn get(&mut self, key: String) -> Option<String> {
+        store::Host::get(self, key)
+    }
+
+    fn set(&mut self, key: String, value: String) -> bool {
+        store::Host::set(self, key, value)
+    }
+
+    fn delete(&mut self, key: String) {
+        store::Host::delete(self, key)
+    }
+
+    fn keys(&mut self, prefix: String) -> Vec<String> {
+        store::Host::keys(self, prefix)
     }
 }
 

@@ -92,8 +92,10 @@ pub struct ServerPolicy {
     pub tools: ToolBreakers,
     pub budget: RetryBudget,
     pub counters: Counters,
-    /// What this server's adapter may make the gateway do.
+    /// What this server's adapter may make the gateway do (the configuration's grant).
     pub grant: AdapterGrant,
+    /// What the adapter declared it needs; a step must be in both.
+    pub declared: AdapterGrant,
 }
 
 /// Why a tool was called.
@@ -147,10 +149,13 @@ pub enum Denial {
     Calls,
     /// The tool is not safe to replay and already ran in this client call.
     Replay,
+    /// The adapter did not declare that it needs this (0.2.0's `declare`), whatever the
+    /// configuration grants.
+    Undeclared,
 }
 
 impl Denial {
-    pub const ALL: [Denial; 4] = [Denial::Grant, Denial::Restart, Denial::Calls, Denial::Replay];
+    pub const ALL: [Denial; 5] = [Denial::Grant, Denial::Restart, Denial::Calls, Denial::Replay, Denial::Undeclared];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -158,6 +163,7 @@ impl Denial {
             Self::Restart => "restart",
             Self::Calls => "max-calls",
             Self::Replay => "replay",
+            Self::Undeclared => "undeclared",
         }
     }
 
@@ -168,6 +174,7 @@ impl Denial {
             Self::Restart => "restarts are not granted (`adapter_allow.restart`), or one already ran for this call",
             Self::Calls => "the call's plans already made `rebound.plugin_max_calls` calls",
             Self::Replay => "the tool is not safe to replay and already ran for this call",
+            Self::Undeclared => "the adapter did not declare that it needs this (its `declare`), whatever is granted",
         }
     }
 }
@@ -310,11 +317,20 @@ impl Engine {
                     budget: RetryBudget::new(s.recovery.retry.budget_ratio, s.recovery.retry.budget_reserve),
                     counters: Counters::default(),
                     grant: s.adapter_allow.clone(),
+                    declared: AdapterGrant::own(&s.name),
                 };
                 (Arc::from(s.name.as_str()), policy)
             })
             .collect();
         Self { servers, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
+    }
+
+    /// Records what `server`'s adapter declared it needs (by default: its own server's
+    /// tools, no restart).
+    pub fn declare(&mut self, server: &str, declared: AdapterGrant) {
+        if let Some(policy) = self.servers.get_mut(server) {
+            policy.declared = declared;
+        }
     }
 
     /// Limits the side calls and alternatives adapters' plans make per client call.
@@ -528,6 +544,9 @@ impl Engine {
         if !call.policy.grant.allows_tool(server, tool) {
             return deny(record, Denial::Grant);
         }
+        if !call.policy.declared.allows_tool(server, tool) {
+            return deny(record, Denial::Undeclared);
+        }
         if spent.plan_calls >= self.max_plan_calls {
             return deny(record, Denial::Calls);
         }
@@ -591,9 +610,8 @@ impl Engine {
         arguments: Option<JsonObject>,
     ) -> Option<CallToolResult> {
         let policy = self.servers.get(&server)?;
-        if call.upstream.annotations(&server, &tool).is_none() {
-            return None; // this server (or version of it) has no such tool
-        }
+        // Skipped where this server (or version of it) has no such tool.
+        call.upstream.annotations(&server, &tool)?;
         if !spent.alternatives.insert((server.clone(), tool.clone())) {
             return None; // tried already in this call
         }
@@ -627,10 +645,14 @@ impl Engine {
 
     /// Restarts the failed tool's server, once per client call and only when granted.
     async fn restart(&self, call: &Call<'_>, record: &mut Record, spent: &mut Spent, origin: Origin) {
-        let granted = origin != Origin::Adapter || call.policy.grant.restart;
-        if !granted || spent.restarted {
-            call.policy.counters.deny(Denial::Restart);
-            record.denied.push(Denied { denial: Denial::Restart, target: call.server.to_string() });
+        let denial = match origin {
+            Origin::Adapter if !call.policy.grant.restart || spent.restarted => Some(Denial::Restart),
+            Origin::Adapter if !call.policy.declared.restart => Some(Denial::Undeclared),
+            _ => None,
+        };
+        if let Some(denial) = denial {
+            call.policy.counters.deny(denial);
+            record.denied.push(Denied { denial, target: call.server.to_string() });
             return;
         }
         let within = call.deadline.saturating_duration_since(self.clock.now());
@@ -664,14 +686,14 @@ impl Engine {
         }
         let shed = |retry_in, tool: Option<&str>| {
             policy.counters.shed.fetch_add(1, Ordering::Relaxed);
-            Err(failed(Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) }))
+            failed(Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) })
         };
         let server_permit = match policy.breaker.admit() {
             Ok(p) => p,
-            Err(retry_in) => return shed(retry_in, None),
+            Err(retry_in) => return Err(shed(retry_in, None)),
         };
         let tool_permit = match policy.tools.get(tool).map(|b| b.admit()) {
-            Some(Err(retry_in)) => return shed(retry_in, Some(tool)),
+            Some(Err(retry_in)) => return Err(shed(retry_in, Some(tool))),
             Some(Ok(p)) => Some(p),
             None => None,
         };

@@ -13,11 +13,11 @@
 //!   not run, so that is safe);
 //! - a failed `holmake` points the agent at the theory's log (`hol_log`).
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.1.0", additional_derives: [PartialEq] });
+wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.2.0", additional_derives: [PartialEq] });
 
 mod logic;
 
-use exports::rebound::adapter::adapter::Guest;
+use exports::rebound::adapter::adapter::{Guest, Manifest};
 use rebound::adapter::types::{AdapterInfo, Classification, CompletedCall, Failure, Step};
 
 struct HolCursor;
@@ -48,6 +48,26 @@ impl Guest for HolCursor {
             version: env!("CARGO_PKG_VERSION").into(),
             servers: vec!["hol*".into()],
             tools: vec!["hol_*".into(), "holmake".into()],
+        }
+    }
+
+    fn declare() -> Manifest {
+        // Its side calls are its own server's; it learns sessions and cursors from these.
+        Manifest {
+            tools: vec![],
+            restart: false,
+            observes: [
+                "hol_start",
+                "hol_restart",
+                "hol_stop",
+                "hol_cursor_init",
+                "hol_cursor_goto",
+                "hol_state_at",
+                "hol_check_proof",
+                "hol_file_status",
+            ]
+            .map(String::from)
+            .to_vec(),
         }
     }
 

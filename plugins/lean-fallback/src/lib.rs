@@ -8,11 +8,11 @@
 //! `lean_local_search`, which has no rate limit. Works with the 0.30 and 0.31 tool sets:
 //! the host skips alternatives the server does not have.
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.1.0", additional_derives: [PartialEq] });
+wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.2.0", additional_derives: [PartialEq] });
 
 mod logic;
 
-use exports::rebound::adapter::adapter::Guest;
+use exports::rebound::adapter::adapter::{Guest, Manifest};
 use rebound::adapter::types::{AdapterInfo, Classification, CompletedCall, Failure, Step};
 
 struct LeanFallback;
@@ -25,6 +25,11 @@ impl Guest for LeanFallback {
             servers: vec!["lean*".into()],
             tools: vec!["lean_*".into()],
         }
+    }
+
+    fn declare() -> Manifest {
+        // Its alternatives are its own server's tools; it learns nothing from successes.
+        Manifest { tools: vec![], restart: false, observes: vec![] }
     }
 
     fn classify(failure: Failure, builtin: Classification) -> Option<Classification> {

@@ -16,9 +16,9 @@
 //! | tool-validation | do not retry: the arguments must change |
 //! | circuit-open, tool-execution | the built-in plan: the configured fallbacks |
 
-wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.1.0", additional_derives: [PartialEq] });
+wit_bindgen::generate!({ world: "plugin", path: "../../wit/since_v0.2.0", additional_derives: [PartialEq] });
 
-use exports::rebound::adapter::adapter::Guest;
+use exports::rebound::adapter::adapter::{Guest, Manifest};
 use rebound::adapter::types::{AdapterInfo, Category, Classification, CompletedCall, Failure, Step};
 
 struct Thanos;
@@ -43,9 +43,7 @@ pub fn advice(category: &Category) -> Option<&'static str> {
         Category::Configuration => "the MCP configuration is invalid; fix the configuration file",
         Category::Discovery => "no server configuration was found; create one in a searched location",
         Category::ServerUnavailable => "the server is unavailable or unhealthy; wait and retry, and check its logs",
-        Category::CircuitOpen => {
-            "a circuit breaker is open after repeated failures; wait for it or use a backup"
-        }
+        Category::CircuitOpen => "a circuit breaker is open after repeated failures; wait for it or use a backup",
         Category::RateLimit => "the server is rate-limiting; wait the time it asked for and throttle requests",
         Category::ToolExecution | Category::Cancelled | Category::Other(_) => return None,
     })
@@ -85,6 +83,11 @@ impl Guest for Thanos {
             servers: vec![],
             tools: vec![],
         }
+    }
+
+    fn declare() -> Manifest {
+        // It needs nothing beyond the built-in plan, and learns nothing from successes.
+        Manifest { tools: vec![], restart: false, observes: vec![] }
     }
 
     fn classify(_failure: Failure, builtin: Classification) -> Option<Classification> {

@@ -96,8 +96,14 @@ fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
     }
 }
 
+/// An engine whose adapters declare exactly what their servers grant them, so that the
+/// grant alone decides (the two-sided test below narrows the declaration).
 fn engine(servers: &[ServerConfig]) -> Engine {
-    Engine::new(servers, Arc::new(TokioClock), Arc::new(Rng::seeded(42)))
+    let mut e = Engine::new(servers, Arc::new(TokioClock), Arc::new(Rng::seeded(42)));
+    for s in servers {
+        e.declare(&s.name, s.adapter_allow.clone());
+    }
+    e
 }
 
 fn defaults() -> RecoveryConfig {
@@ -652,4 +658,22 @@ async fn an_adapters_absurd_waits_are_clamped() {
     assert!(matches!(ending, Ending::GaveUp));
     assert!(record.stopped.unwrap().contains("past the call's deadline"));
     assert_eq!(Instant::now() - start, Duration::from_secs(1), "only the attempt's own timeout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_the_adapter_did_not_declare_is_refused_even_when_granted() {
+    let mut s = server("s", one_attempt());
+    s.adapter_allow.tools.push(crate::config::ToolPattern::parse("t/*").unwrap());
+    s.adapter_allow.restart = true;
+    let mut e = engine(&[s, server("t", defaults())]);
+    // It declared nothing beyond its own server: a 0.1.0 adapter, say.
+    e.declare("s", crate::config::AdapterGrant::own("s"));
+    let up = Script::new(&[("s/a", true), ("t/x", true)]).then("s/a", vec![timeout()]);
+    let plan = vec![Step::Alternative { server: Some("t".into()), tool: "x".into(), arguments: None }, Step::Restart];
+    let (ending, record) = advised(&e, &up, &planner(plan), "a").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert!(up.calls("t/x").is_empty());
+    assert!(up.calls("s/<restart>").is_empty());
+    let denied: Vec<_> = record.denied.iter().map(|d| d.denial).collect();
+    assert_eq!(denied, [Denial::Undeclared, Denial::Undeclared]);
 }
