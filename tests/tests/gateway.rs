@@ -280,3 +280,29 @@ async fn sigterm_stops_every_child_with_no_orphans() {
         assert!(!alive(pid), "child {pid} outlived the gateway");
     }
 }
+
+#[tokio::test]
+async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &["--mute-lists"]), "b": faulty("b", dir, &[])},
+            "rebound": {"init_timeout_ms": 300, "startup_timeout_ms": 2000, "restart": {"initial_delay_ms": 50}},
+        })
+    })
+    .await;
+    // The other server serves meanwhile.
+    assert_eq!(text(&gw.call("echo", json!({"message": "up"})).await), "b: up");
+    let status = || async { gw.call("rebound_status", json!({})).await.structured_content.unwrap() };
+    let mut seen = Value::Null;
+    for _ in 0..100 {
+        seen = status().await["servers"][0].clone();
+        if gw.state("a", "starts").len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gw.state("a", "starts").len() >= 3, "restarted with backoff: {seen}");
+    assert_ne!(seen["status"], "ready", "{seen}");
+    assert!(seen["last_error"].as_str().unwrap_or_default().contains("did not list its tools within 300 ms"), "{seen}");
+    gw.close().await;
+}

@@ -214,3 +214,16 @@ async fn an_adapters_own_category_never_becomes_a_metric_label() {
     assert_eq!(metrics.matches("# EOF").count(), 1, "one end of the exposition");
     let _ = client.cancel().await;
 }
+
+#[tokio::test]
+async fn granted_restarts_count_towards_the_crash_loop() {
+    let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
+    let settings = json!({"restart": {"initial_delay_ms": 50, "crash_loop_limit": 2, "down_retry_ms": 600000}});
+    let gw = hostile("reach", grant, settings).await;
+    for i in 0..2 {
+        gw.call("a__fail", json!({"message": format!("boom {i}")})).await;
+    }
+    let a = server_status(&gw, "a").await;
+    assert_eq!(a["status"], "down", "an adapter that restarts on every call ends a crash loop: {a}");
+    gw.close().await;
+}

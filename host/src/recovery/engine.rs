@@ -520,9 +520,10 @@ impl Engine {
         Next::Done(Ending::GaveUp)
     }
 
-    /// Whether a step an adapter asked for may call `server/tool`: inside its grant, within
-    /// the call's plan limit, not a second run of a tool that is unsafe to replay, and
-    /// with budget left on the target server. Steps from the configuration always may.
+    /// Whether a step an adapter asked for may call `server/tool`: inside its grant and its
+    /// declaration, within the call's plan limit, not a second run of a tool that is
+    /// unsafe to replay, and with retry budget left on the adapter's own server (so that an
+    /// adapter can never spend another server's). Steps from the configuration always may.
     fn admit_call(
         &self,
         call: &Call<'_>,
@@ -555,9 +556,11 @@ impl Engine {
         if spent.called.contains(&key) && !is_idempotent(&target.recovery, tool, annotations.as_ref()) {
             return deny(record, Denial::Replay);
         }
-        if !target.budget.withdraw() {
-            record.stopped =
-                Some(format!("`{server}`'s retry budget is spent, so the plan's call of `{tool}` was skipped"));
+        if !call.policy.budget.withdraw() {
+            record.stopped = Some(format!(
+                "`{}`'s retry budget is spent, so the plan's call of `{server}/{tool}` was skipped",
+                call.server
+            ));
             return false;
         }
         spent.plan_calls += 1;

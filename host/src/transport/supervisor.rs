@@ -281,11 +281,19 @@ impl Supervisor {
                             break;
                         }
                         () = self.restart.notified() => {
-                            // Asked for, not a crash: no backoff, no crash-loop count.
+                            // Asked for (by an adapter's plan): at once, but it counts
+                            // towards the crash loop, so that restarts on every call end
+                            // with the server marked down like any other loop.
                             tracing::info!(server = %self.name, "restarting on request");
                             self.tx.send_modify(|s| s.status = Status::Restarting);
                             conn.stop().await;
                             first = false;
+                            if note_crash(&mut crashes, &self.policy) {
+                                self.mark_down(&mut attempt, &mut crashes).await;
+                                if self.shutdown.is_cancelled() {
+                                    break;
+                                }
+                            }
                             continue;
                         }
                     };
@@ -313,26 +321,18 @@ impl Supervisor {
                 }
             }
             first = false;
-            let now = Instant::now();
-            crashes.push_back(now);
-            let window = Duration::from_millis(self.policy.crash_window_ms);
-            while crashes.front().is_some_and(|t| now.duration_since(*t) > window) {
-                crashes.pop_front();
-            }
-            let delay = if crashes.len() >= self.policy.crash_loop_limit as usize {
-                tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.policy.down_retry_ms);
-                self.tx.send_modify(|s| s.status = Status::Down);
-                crashes.clear();
-                attempt = 0;
-                Duration::from_millis(self.policy.down_retry_ms)
+            if note_crash(&mut crashes, &self.policy) {
+                self.mark_down(&mut attempt, &mut crashes).await;
             } else {
-                let d = restart_delay(&self.policy, attempt);
+                let delay = restart_delay(&self.policy, attempt);
                 attempt = attempt.saturating_add(1);
-                d
-            };
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = self.shutdown.cancelled() => break,
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = self.shutdown.cancelled() => {}
+                }
+            }
+            if self.shutdown.is_cancelled() {
+                break;
             }
         }
         self.tx.send_modify(|s| {
@@ -341,6 +341,19 @@ impl Supervisor {
                 session.closed.cancel();
             }
         });
+    }
+
+    /// A crash loop: the server is marked down and tried again after `down_retry_ms`
+    /// (or shutdown).
+    async fn mark_down(&self, attempt: &mut u32, crashes: &mut VecDeque<Instant>) {
+        tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.policy.down_retry_ms);
+        self.tx.send_modify(|s| s.status = Status::Down);
+        crashes.clear();
+        *attempt = 0;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(self.policy.down_retry_ms)) => {}
+            () = self.shutdown.cancelled() => {}
+        }
     }
 
     async fn start(&self) -> Result<Connection, String> {
@@ -470,6 +483,18 @@ impl Connection {
             process.stop().await;
         }
     }
+}
+
+/// Counts a crash (or a requested restart) now; true when the crashes within the window
+/// make a loop.
+fn note_crash(crashes: &mut VecDeque<Instant>, policy: &RestartPolicy) -> bool {
+    let now = Instant::now();
+    crashes.push_back(now);
+    let window = Duration::from_millis(policy.crash_window_ms);
+    while crashes.front().is_some_and(|t| now.duration_since(*t) > window) {
+        crashes.pop_front();
+    }
+    crashes.len() >= policy.crash_loop_limit as usize
 }
 
 /// Why a server's process ended, when it does; never, for an HTTP server.

@@ -80,7 +80,7 @@ async fn main() -> anyhow::Result<()> {
     step("9. A rate-limited tool: Rebound waits the server's retry-after, then succeeds");
     call(&gw, "flaky.rate_limited()", "rate_limited", json!({})).await;
 
-    step("10. A total outage: the breaker opens and answers at once, without upstream traffic");
+    step("10. One tool's outage: its breaker opens and answers at once; the server's other tools keep serving");
     std::fs::write(state.join("outage"), "")?;
     for i in 0..6 {
         let t = Instant::now();
@@ -92,10 +92,14 @@ async fn main() -> anyhow::Result<()> {
             t.elapsed().as_millis()
         );
     }
+    call(&gw, "flaky.echo(\"still here\")", "flaky__echo", json!({"message": "still here"})).await;
     let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap_or_default();
     let flaky =
         status["servers"].as_array().and_then(|s| s.iter().find(|s| s["name"] == "flaky")).cloned().unwrap_or_default();
-    println!("rebound_status: breaker {} , counters {}", flaky["breaker"], flaky["counters"]);
+    println!(
+        "rebound_status: server breaker {}, `outage`'s breaker {}, counters {}",
+        flaky["breaker"]["state"], flaky["tool_breakers"]["outage"]["state"], flaky["counters"]
+    );
     std::fs::remove_file(state.join("outage"))?;
     println!("(server back; waiting for the breaker's probe)");
     tokio::time::sleep(std::time::Duration::from_millis(2100)).await;

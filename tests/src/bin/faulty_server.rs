@@ -31,6 +31,8 @@ struct Server {
     state: Option<std::path::PathBuf>,
     extra_tools: Vec<Value>,
     crash_after: Option<u64>,
+    /// Never answer `tools/list`.
+    mute_lists: bool,
     calls: AtomicU64,
     per_tool: Mutex<std::collections::HashMap<String, u64>>,
     last_429: Mutex<Option<std::time::Instant>>,
@@ -50,6 +52,7 @@ async fn main() {
     let mut state = None;
     let mut start_delay = 0;
     let mut emulate = None;
+    let mut mute_lists = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -77,6 +80,8 @@ async fn main() {
             "--emulate" => emulate = Some(value()),
             "--start-delay" => start_delay = value().parse().expect("--start-delay takes milliseconds"),
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
+            // Initialises, then never answers `tools/list`: a start that never completes.
+            "--mute-lists" => mute_lists = true,
             other => panic!("unknown option {other}"),
         }
     }
@@ -89,6 +94,7 @@ async fn main() {
         state,
         extra_tools,
         crash_after,
+        mute_lists,
         calls: AtomicU64::new(0),
         per_tool: Mutex::default(),
         last_429: Mutex::default(),
@@ -173,6 +179,7 @@ impl Server {
                 "serverInfo": {"name": self.name, "version": "0.0.1"},
             })),
             "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => Ok(json!({})),
+            "tools/list" if self.mute_lists => return,
             "tools/list" => Ok(json!({"tools": self.tools()})),
             "prompts/list" => Ok(
                 json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),

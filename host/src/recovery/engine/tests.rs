@@ -618,16 +618,25 @@ async fn plans_are_bounded_per_client_call() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_adapters_steps_spend_the_target_servers_retry_budget() {
+async fn an_adapters_steps_spend_its_own_servers_retry_budget() {
     let mut r = one_attempt();
     r.retry.budget_reserve = 2;
     r.retry.budget_ratio = 0.0;
-    let up = Script::new(&[("s/a", true), ("s/look", true)]).then("s/a", vec![timeout()]);
-    let e = engine(&[server("s", r)]);
+    let mut s = server("s", r);
+    s.adapter_allow.tools.push(crate::config::ToolPattern::parse("t/*").unwrap());
+    let up = Script::new(&[("s/a", true), ("s/look", true), ("t/x", true), ("t/y", true)])
+        .then("s/a", vec![timeout()])
+        .then("t/x", vec![timeout()])
+        .then("t/y", vec![timeout()]);
+    let e = engine(&[s, server("t", defaults())]);
+    let t_before = e.policy("t").unwrap().budget.tokens();
+    let alt = |tool: &str| Step::Alternative { server: Some("t".into()), tool: tool.into(), arguments: None };
     let side = Step::SideCall { tool: "look".into(), arguments: JsonObject::new() };
-    let (_, record) = advised(&e, &up, &planner(vec![side; 5]), "a").await;
-    assert_eq!(up.calls("s/look").len(), 2);
+    let (_, record) = advised(&e, &up, &planner(vec![alt("x"), alt("y"), side]), "a").await;
+    assert_eq!(up.calls("t/x").len() + up.calls("t/y").len(), 2, "two tokens, two calls");
+    assert!(up.calls("s/look").is_empty());
     assert!(record.stopped.unwrap().contains("retry budget"));
+    assert_eq!(e.policy("t").unwrap().budget.tokens(), t_before, "another server's budget is untouched");
 }
 
 #[tokio::test(start_paused = true)]
