@@ -147,19 +147,26 @@ async fn an_adapter_that_sleeps_in_wasi_is_stopped_at_its_deadline_and_the_pool_
             peer.call_tool(p).await
         }
     });
-    let answers = tokio::time::timeout(std::time::Duration::from_secs(60), futures::future::join_all(calls))
-        .await
-        .expect("every call answered");
+    // Meanwhile, an innocent adapter is asked about a failure of its own server.
+    let innocent = async {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        gw.call("b__fail", json!({"message": "b fails"})).await
+    };
+    let (answers, b_answer) = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        futures::future::join(futures::future::join_all(calls), innocent),
+    )
+    .await
+    .expect("every call answered");
     for (i, r) in answers.into_iter().enumerate() {
         assert_eq!(text(&r.unwrap()), format!("boom {i}"), "the built-in classification answered");
     }
+    assert_eq!(text(&b_answer), "b fails");
     let a = server_status(&gw, "a").await;
     assert!(a["adapter"]["last_fault"].as_str().unwrap().contains("deadline"), "{a}");
     assert!(a["adapter"]["quarantined_for_ms"].as_u64().is_some(), "{a}");
-    // An innocent adapter still gets instances.
-    gw.call("b__fail", json!({"message": "b fails"})).await;
     let b = server_status(&gw, "b").await;
-    assert_eq!(b["adapter"]["faults"], 0, "{b}");
+    assert_eq!((&b["adapter"]["faults"], &b["adapter"]["busy"]), (&json!(0), &json!(0)), "{b}");
     gw.close().await;
 }
 
@@ -175,28 +182,41 @@ async fn a_log_flood_is_capped_and_counted() {
 
 #[tokio::test]
 async fn a_plan_past_its_size_limits_is_a_fault_and_the_built_in_plan_answers() {
-    let gw = hostile("huge-plan", json!({}), json!({})).await;
-    let r = gw.call("a__fail", json!({"message": "boom"})).await;
-    assert_eq!(r.is_error, Some(true));
-    assert!(text(&r).contains("boom"), "{}", text(&r));
-    let a = server_status(&gw, "a").await;
-    assert_eq!(a["adapter"]["faults"], 1, "{a}");
-    assert_eq!(text(&gw.call("a__echo", json!({"message": "alive"})).await), "a: alive");
-    gw.close().await;
+    for (mode, why) in [
+        ("many-steps", "its plan has 65 steps, more than 64"),
+        ("long-string", "its plan has a string of 66560 bytes"),
+        ("heavy-plan", "bytes of text, more than 1048576"),
+        ("fuel", "too much data is being copied between the host and the guest"),
+    ] {
+        let gw = hostile(mode, json!({}), json!({})).await;
+        let r = gw.call("a__fail", json!({"message": "boom"})).await;
+        assert_eq!(r.is_error, Some(true), "{mode}");
+        assert!(text(&r).contains("boom"), "{mode}: {}", text(&r));
+        let a = server_status(&gw, "a").await;
+        assert_eq!(a["adapter"]["faults"], 1, "{mode}: {a}");
+        assert!(a["adapter"]["last_fault"].as_str().unwrap().contains(why), "{mode}: {a}");
+        assert_eq!(text(&gw.call("a__echo", json!({"message": "alive"})).await), "a: alive");
+        gw.close().await;
+    }
 }
 
 #[tokio::test]
 async fn an_adapter_never_sees_a_secret_so_it_cannot_launder_one() {
-    const KEY: &str = "sk-live-0123-4567-89ab";
+    // A quote and a backslash: escaped in JSON text, where a text-only redaction misses them.
+    const KEY: &str = r#"sk-live-01"23\4567-89ab"#;
     let env = json!({"env": {"API_KEY": KEY}});
     let gw = hostile("launder", env, json!({})).await;
     let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
     let answer = text(&r);
     assert!(answer.contains("laundered: "), "{answer}");
-    let reversed: String = KEY.chars().rev().collect();
-    let laundered = reversed.replace('-', "_");
-    for form in [KEY, &reversed, &laundered] {
-        assert!(!answer.contains(form), "{form} in {answer}");
+    let escaped = serde_json::to_string(KEY).unwrap();
+    let escaped = escaped.trim_matches('"');
+    for form in [KEY, escaped] {
+        let reversed: String = form.chars().rev().collect();
+        let laundered = reversed.replace('-', "_");
+        for f in [form, &reversed, &laundered] {
+            assert!(!answer.contains(f), "{f} in {answer}");
+        }
     }
     gw.close().await;
 }

@@ -130,59 +130,20 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if self.hub.config.settings.gateway_tools
-            && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
-        {
-            return Ok(result.into());
-        }
-        self.hub.settled().await;
-        let catalogue = self.hub.catalogue();
-        let Some((route, tool)) = catalogue.tool(&request.name) else {
-            // The one failure that is a protocol error: there is nothing to route to.
-            return Err(ErrorData::invalid_params(
-                format!("unknown tool `{}`; call tools/list for the tools this gateway offers", request.name),
-                None,
-            ));
-        };
-        let upstreams = Upstreams { hub: &self.hub, cx: &cx };
-        let started = std::time::Instant::now();
-        let (ending, record) = self
-            .hub
-            .engine
-            .run(
-                &upstreams,
-                self.hub.advisor(),
-                route.server.clone(),
-                route.name.clone(),
-                tool.annotations.as_ref(),
-                request.arguments,
-            )
-            .await;
-        if record.failures().next().is_some() {
-            self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());
-            if let Some((failure, class)) = record.last_failure() {
-                let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
-                log_at(
-                    level,
-                    &record.server,
-                    &record.tool,
-                    class.category.as_str(),
-                    &failure.message(),
-                    record.attempts.len(),
+        use futures::FutureExt as _;
+        let name = request.name.clone();
+        // The engine catches a panic inside a call; this catches one anywhere else on the
+        // call's path (reporting, logging, metrics), so that no call goes unanswered.
+        match std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind().await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
+                let text = format!(
+                    "rebound: Rebound failed while answering this call of `{name}` (a bug, in its log); check whether the call took effect, then call it again"
                 );
+                Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into())
             }
         }
-        if !record.denied.is_empty()
-            && let Some(adapter) = self.hub.plugins.adapters.get(&record.server)
-        {
-            adapter.report_denied(&record.denied);
-        }
-        self.hub.metrics.observe(&record, &ending, started.elapsed());
-        let result = match ending {
-            Ending::Answered(result) => report::recovered(result, &record, &self.hub.secrets),
-            Ending::GaveUp => report::gave_up(&record, &self.hub.secrets),
-        };
-        Ok(result.into())
     }
 
     async fn list_prompts(
@@ -323,6 +284,69 @@ impl ServerHandler for Gateway {
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
         }
+    }
+}
+
+impl Gateway {
+    /// A tool call, routed and run through the recovery engine.
+    async fn call_tool_inner(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if self.hub.config.settings.gateway_tools
+            && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
+        {
+            return Ok(result.into());
+        }
+        self.hub.settled().await;
+        let catalogue = self.hub.catalogue();
+        let Some((route, tool)) = catalogue.tool(&request.name) else {
+            // The one failure that is a protocol error: there is nothing to route to.
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool `{}`; call tools/list for the tools this gateway offers", request.name),
+                None,
+            ));
+        };
+        let upstreams = Upstreams { hub: &self.hub, cx: &cx };
+        let started = std::time::Instant::now();
+        let (ending, record) = self
+            .hub
+            .engine
+            .run(
+                &upstreams,
+                self.hub.advisor(),
+                route.server.clone(),
+                route.name.clone(),
+                tool.annotations.as_ref(),
+                request.arguments,
+            )
+            .await;
+        if record.failures().next().is_some() {
+            self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());
+            if let Some((failure, class)) = record.last_failure() {
+                let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
+                log_at(
+                    level,
+                    &record.server,
+                    &record.tool,
+                    class.category.as_str(),
+                    &failure.message(),
+                    record.attempts.len(),
+                );
+            }
+        }
+        if !record.denied.is_empty()
+            && let Some(adapter) = self.hub.plugins.adapters.get(&record.server)
+        {
+            adapter.report_denied(&record.denied);
+        }
+        self.hub.metrics.observe(&record, &ending, started.elapsed());
+        let result = match ending {
+            Ending::Answered(result) => report::recovered(result, &record, &self.hub.secrets),
+            Ending::GaveUp => report::gave_up(&record, &self.hub.secrets),
+        };
+        Ok(result.into())
     }
 }
 

@@ -9,15 +9,18 @@ use std::time::{Duration, Instant};
 use super::bindings::Pre;
 use super::bindings::v0_1::rebound::adapter::types as wit;
 use super::load::{Info, Loaded, Needs};
-use super::runtime::{Reply, Request, Runtime};
+use super::runtime::{Fault, Reply, Request, Runtime};
 use super::state::{CappedPipe, Kv, LogBudget, State};
 use crate::config::AdapterGrant;
+
+mod lane;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Category, Classification, Kind, Severity};
 use crate::recovery::engine::{Denial, Denied};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
 use crate::redact::Secrets;
 use futures::future::BoxFuture;
+use lane::Lane;
 use rmcp::model::{CallToolResult, JsonObject};
 
 /// Faults within [`FAULT_WINDOW`] that quarantine a plugin.
@@ -40,6 +43,12 @@ pub struct Adapter {
     secrets: Secrets,
     log: Arc<LogBudget>,
     health: Mutex<Health>,
+    busy: std::sync::atomic::AtomicU64,
+    /// Successful calls waiting to be observed, in order.
+    lane: Lane,
+    /// Instances this adapter may hold at once: a share of the runtime's pool, so that
+    /// one slow adapter never starves the others.
+    share: tokio::sync::Semaphore,
     /// When each kind of refused step was last logged.
     denials_logged: Mutex<HashMap<Denial, Instant>>,
 }
@@ -65,6 +74,11 @@ pub struct HealthReport {
     pub last_fault: Option<String>,
     /// `host.log` lines dropped past the rate limit.
     pub log_lines_dropped: u64,
+    /// Successful calls not shown to it because its queue was full.
+    pub observe_dropped: u64,
+    /// Calls it was not asked because every instance it may hold was busy past its
+    /// deadline (no fault: the built-in classification answered).
+    pub busy: u64,
 }
 
 impl Adapter {
@@ -109,7 +123,10 @@ impl Adapter {
             secrets,
             log: Arc::default(),
             health: Mutex::default(),
+            busy: Default::default(),
             denials_logged: Mutex::default(),
+            lane: Lane::default(),
+            share: tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2),
         }
     }
 
@@ -149,6 +166,8 @@ impl Adapter {
                 .map(|d| d.as_millis() as u64),
             last_fault: h.last_fault.clone(),
             log_lines_dropped: self.log.dropped.load(std::sync::atomic::Ordering::Relaxed),
+            observe_dropped: self.lane.dropped.load(std::sync::atomic::Ordering::Relaxed),
+            busy: self.busy.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -199,6 +218,12 @@ impl Adapter {
             output.clone(),
             self.runtime.limits.memory,
         );
+        let limit = self.runtime.limits.timeout;
+        let Ok(Ok(_mine)) = tokio::time::timeout(limit, self.share.acquire()).await else {
+            self.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
+            return None;
+        };
         let result = self.runtime.invoke(&self.pre, state, request).await;
         let printed = output.text();
         match result {
@@ -208,7 +233,12 @@ impl Adapter {
                 }
                 Some(reply)
             }
-            Err(why) => {
+            Err(Fault::Busy) => {
+                self.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(adapter = %self.name, server = %self.server, "{what}: the instance pool is busy");
+                None
+            }
+            Err(Fault::Failed(why)) => {
                 let printed = if printed.is_empty() { "(none)".to_owned() } else { printed };
                 self.fault(what, format!("{why}; its output: {printed}"));
                 None
@@ -223,6 +253,7 @@ impl Adapter {
     }
 
     async fn classified(&self, request: Request, kind: Kind) -> Option<Classification> {
+        self.lane.flush(self.runtime.limits.timeout).await;
         let Some(Reply::Classify(refined)) = self.call("classify", request).await else { return None };
         match check_class(refined?) {
             Ok(c) => Some(from_class(c, kind)),
@@ -236,6 +267,7 @@ impl Adapter {
     /// Asks the adapter for a plan; one over the size limits is a fault (the built-in
     /// plan applies).
     async fn planned(&self, request: Request) -> Option<Vec<Step>> {
+        self.lane.flush(self.runtime.limits.timeout).await;
         let Some(Reply::Plan(steps)) = self.call("plan", request).await else { return None };
         let steps = steps?;
         if let Err(why) = check_plan(&steps) {
@@ -250,8 +282,8 @@ impl Adapter {
         wit::CompletedCall {
             server: self.server.to_string(),
             tool: tool.to_owned(),
-            arguments: self.secrets.redact(&json_text(arguments)).into_owned(),
-            call_result: self.secrets.redact(&serde_json::to_string(result).unwrap_or_default()).into_owned(),
+            arguments: clean_json(&self.secrets, arguments.map(|a| serde_json::Value::Object(a.clone()))),
+            call_result: clean_json(&self.secrets, serde_json::to_value(result).ok()),
         }
     }
 }
@@ -305,14 +337,12 @@ impl Advisor for Adapters {
         arguments: Option<&JsonObject>,
         result: &CallToolResult,
     ) -> BoxFuture<'static, ()> {
-        let Some(a) = self.by_server.get(server).cloned().filter(|a| a.info.needs.observes(tool)) else {
-            // An adapter that does not observe this tool costs a successful call nothing.
-            return Box::pin(async {});
-        };
-        let call = a.completed(tool, arguments, result);
-        Box::pin(async move {
-            a.call("observe", Request::Observe(call)).await;
-        })
+        // An adapter that does not observe this tool costs a successful call nothing; one
+        // that does sees it after the client has its answer.
+        if let Some(a) = self.by_server.get(server).filter(|a| a.info.needs.observes(tool)) {
+            a.lane.push(a, a.completed(tool, arguments, result));
+        }
+        Box::pin(async {})
     }
 }
 
@@ -375,8 +405,14 @@ pub(crate) fn cap_text(text: &str, max: usize) -> String {
     format!("{}…", &text[..cut])
 }
 
-fn json_text(arguments: Option<&JsonObject>) -> String {
-    arguments.map_or_else(|| "{}".to_owned(), |a| serde_json::Value::Object(a.clone()).to_string())
+/// `value` as JSON text, redacted value by value before it is written, so that a secret
+/// with a quote or a backslash in it cannot slip through as its escaped form. `{}` for
+/// none.
+fn clean_json(secrets: &Secrets, value: Option<serde_json::Value>) -> String {
+    let Some(mut value) = value else { return "{}".to_owned() };
+    secrets.redact_json(&mut value);
+    // Redacting text can still join pieces around a secret: redact the text as well.
+    secrets.redact(&value.to_string()).into_owned()
 }
 
 /// The failure as an adapter sees it: every text redacted first.
@@ -386,7 +422,7 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
         Failure::Rpc { code, message, data } => wit::Outcome::Rpc(wit::RpcError {
             code: *code,
             message: clean(message),
-            data: data.as_ref().map(|d| clean(&d.to_string())),
+            data: data.as_ref().map(|d| clean_json(secrets, Some(d.clone()))),
         }),
         Failure::ToolError { .. } => wit::Outcome::ToolError(clean(&f.failure.message())),
         Failure::Timeout { .. } => wit::Outcome::Timeout,
@@ -401,7 +437,7 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
     wit::Failure {
         server: f.server.to_owned(),
         tool: f.tool.to_owned(),
-        arguments: clean(&json_text(f.arguments)),
+        arguments: clean_json(secrets, f.arguments.map(|a| serde_json::Value::Object(a.clone()))),
         attempt: f.attempt,
         elapsed_ms: f.elapsed.as_millis() as u64,
         outcome,
@@ -504,4 +540,48 @@ fn from_step(a: &Adapter, step: wit::Step) -> Option<Step> {
         wit::Step::Restart => Step::Restart,
         wit::Step::GiveUp(action) => Step::GiveUp(action),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn give_up(bytes: usize) -> wit::Step {
+        wit::Step::GiveUp("x".repeat(bytes))
+    }
+
+    #[test]
+    fn plans_past_their_limits_are_refused() {
+        assert!(check_plan(&vec![wit::Step::Restart; MAX_PLAN_STEPS]).is_ok());
+        assert!(check_plan(&vec![wit::Step::Restart; MAX_PLAN_STEPS + 1]).unwrap_err().contains("65 steps"));
+        assert!(check_plan(&[give_up(MAX_STRING_BYTES)]).is_ok());
+        assert!(check_plan(&[give_up(MAX_STRING_BYTES + 1)]).unwrap_err().contains("a string of"));
+        let heavy: Vec<_> = (0..17).map(|_| give_up(MAX_STRING_BYTES - 1)).collect();
+        assert!(check_plan(&heavy).unwrap_err().contains("bytes of text"));
+        let side = wit::Step::SideCall(wit::ToolCall { tool: "t".into(), arguments: "a".repeat(MAX_STRING_BYTES + 1) });
+        assert!(check_plan(&[side]).is_err(), "arguments count too");
+    }
+
+    #[test]
+    fn classifications_past_their_limits_are_refused() {
+        let class = |category, message: Option<String>| wit::Classification {
+            category,
+            retryable: false,
+            retry_after_ms: None,
+            counts_for_breaker: false,
+            not_delivered: false,
+            severity: wit::Severity::Low,
+            message,
+        };
+        assert!(check_class(class(wit::Category::Timeout, Some("m".repeat(MAX_STRING_BYTES)))).is_ok());
+        assert!(check_class(class(wit::Category::Timeout, Some("m".repeat(MAX_STRING_BYTES + 1)))).is_err());
+        assert!(check_class(class(wit::Category::Other("c".repeat(MAX_CATEGORY_BYTES)), None)).is_ok());
+        assert!(check_class(class(wit::Category::Other("c".repeat(MAX_CATEGORY_BYTES + 1)), None)).is_err());
+    }
+
+    #[test]
+    fn text_is_capped_on_a_character_boundary() {
+        assert_eq!(cap_text("héllo", 2), "h…");
+        assert_eq!(cap_text("hello", 5), "hello");
+    }
 }

@@ -253,7 +253,7 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
         return Ok((Component::from_binary(engine, bytes)?, false));
     };
     let file = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
-    if std::fs::symlink_metadata(&file).is_ok_and(|m| m.file_type().is_file()) {
+    if cached_entry_is_ours(&file) {
         // SAFETY: the file is a regular file in a folder only this user can write
         // (checked when the runtime started), named by the SHA-256 of the component, of
         // this gateway's version (which fixes wasmtime's) and of the engine's settings,
@@ -277,6 +277,14 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
         }
     }
     Ok((component, false))
+}
+
+/// Whether `file` is a regular file (not a link) of this user's that nobody else can
+/// write: checked again right before it is loaded, not only when the folder was.
+fn cached_entry_is_ours(file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(file)
+        .is_ok_and(|m| m.file_type().is_file() && m.uid() == nix::unistd::geteuid().as_raw() && m.mode() & 0o022 == 0)
 }
 
 /// The cache entry's name: SHA-256 over the component's bytes, this gateway's version

@@ -18,7 +18,7 @@ use v0_1::rebound::adapter::types as wit;
 /// How often the epoch advances while plugins run.
 pub const TICK: Duration = Duration::from_millis(5);
 /// Concurrent plugin instances the pool holds.
-const POOL_INSTANCES: u32 = 32;
+pub const POOL_INSTANCES: u32 = 32;
 /// The largest linear memory a plugin may have.
 const MAX_MEMORY: usize = 64 << 20;
 /// The most bytes a guest may hand the host in one crossing (a host call's arguments, or
@@ -33,6 +33,17 @@ pub enum Request {
     Classify(wit::Failure, wit::Classification),
     Plan(wit::Failure, wit::Classification),
     Observe(wit::CompletedCall),
+}
+
+/// Why a call got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Fault {
+    /// No instance was free within the deadline: the host's load, not the adapter's doing.
+    #[error("no instance was free before the deadline")]
+    Busy,
+    /// The adapter trapped, ran past its deadline or broke the contract: the reason.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// What the adapter answered.
@@ -63,6 +74,8 @@ pub struct Runtime {
     pub limits: Limits,
     /// Whether the pooling allocator is in use (false: its reservation failed).
     pub pooling: bool,
+    /// One permit per instance the pool holds: a call waits for one rather than failing.
+    pool: tokio::sync::Semaphore,
     cache: Option<PathBuf>,
     ticker: Ticker,
 }
@@ -118,7 +131,8 @@ impl Runtime {
             }
         });
         let ticker = Ticker::start(&engine);
-        Ok(Arc::new(Self { engine, linker, limits, pooling, cache, ticker }))
+        let pool = tokio::sync::Semaphore::new(POOL_INSTANCES as usize);
+        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, ticker }))
     }
 
     /// The default cache folder: `$XDG_CACHE_HOME/rebound/plugins`, else
@@ -144,9 +158,13 @@ impl Runtime {
     /// next epoch tick, and a wait in a WASI call (a clock subscription, `poll`) is
     /// abandoned, its instance dropped back into the pool. Fails with the reason, for the
     /// fault log.
-    pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, String> {
+    pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
         let limit = self.limits.timeout;
         let end = std::time::Instant::now() + limit;
+        // An instance from the pool, waiting for one at most until the deadline.
+        let Ok(Ok(_instance)) = tokio::time::timeout(limit, self.pool.acquire()).await else {
+            return Err(Fault::Busy);
+        };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
@@ -193,14 +211,15 @@ impl Runtime {
             }
         };
         let past = || format!("it ran past its {} ms deadline", limit.as_millis());
-        match tokio::time::timeout(limit, call).await {
+        let remaining = end.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(remaining, call).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
+            Ok(Err(e)) => Err(Fault::Failed(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
                 Some(wasmtime::Trap::Interrupt) => past(),
                 Some(trap) => format!("it trapped ({trap})"),
                 None => format!("{e:#}"),
-            }),
-            Err(_) => Err(past()),
+            })),
+            Err(_) => Err(Fault::Failed(past())),
         }
     }
 }
@@ -208,14 +227,28 @@ impl Runtime {
 /// Creates `dir` (owner only) if it is missing, and checks that nobody but this user can
 /// put files in it: cached components are machine code, loaded without verification. The
 /// folder must be a real folder (not a symbolic link) owned by this user and writable by
-/// nobody else, and no folder above it may be writable by others unless it is sticky
-/// (as `/tmp` is: others can add entries there but not replace ours).
+/// nobody else; every folder above it must be owned by this user or by root (as OpenSSH
+/// asks of `~/.ssh`), and none may be writable by others unless it is sticky (as `/tmp`
+/// is: others can add entries there but not replace ours).
 pub fn private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let refuse = |why: String| Err(std::io::Error::other(why));
+    let me = nix::unistd::geteuid().as_raw();
     let dir = std::path::absolute(dir)?;
     for ancestor in dir.ancestors().skip(1) {
-        let Ok(meta) = std::fs::metadata(ancestor) else { continue };
+        let meta = match std::fs::metadata(ancestor) {
+            Ok(meta) => meta,
+            // Not there yet: created below, by this user.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return refuse(format!("{} cannot be checked: {e}", ancestor.display())),
+        };
+        if meta.uid() != me && meta.uid() != 0 {
+            return refuse(format!(
+                "{} is owned by user {}, neither this user nor root",
+                ancestor.display(),
+                meta.uid()
+            ));
+        }
         if meta.mode() & 0o022 != 0 && meta.mode() & 0o1000 == 0 {
             return refuse(format!("{} is writable by others (mode {:o})", ancestor.display(), meta.mode() & 0o7777));
         }

@@ -23,6 +23,12 @@ pub const MAX_LOG_LINES: u32 = 100;
 pub const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 /// The most table elements (function references) a plugin's tables may hold.
 const MAX_TABLE_ELEMENTS: usize = 64 << 10;
+/// The most bytes of randomness one WASI call may ask for.
+const MAX_RANDOM_BYTES: u64 = 64 << 10;
+/// The most WASI resources (streams, pollables) one instance may hold at once.
+const MAX_RESOURCES: usize = 1024;
+/// The most bytes, keys and values together, one adapter's store may hold for a server.
+const MAX_STORE_BYTES: usize = 4 << 20;
 
 /// A plugin's key-value store for one server; outlives instances.
 pub type Kv = Arc<Mutex<BTreeMap<String, String>>>;
@@ -83,7 +89,11 @@ impl State {
             .stderr(output)
             .wall_clock(Frozen)
             .monotonic_clock(Frozen)
+            // The host allocates what `get-random-bytes` asks for before the guest sees it.
+            .max_random_size(MAX_RANDOM_BYTES)
             .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
         let limits = StoreLimitsBuilder::new()
             .memory_size(memory)
             .table_elements(MAX_TABLE_ELEMENTS)
@@ -91,7 +101,7 @@ impl State {
             .tables(32)
             .memories(4)
             .build();
-        Self { wasi, table: ResourceTable::new(), limits, config, kv, name, server, log }
+        Self { wasi, table, limits, config, kv, name, server, log }
     }
 }
 
@@ -112,7 +122,12 @@ impl host::Host for State {
         if !self.log.take() {
             return;
         }
-        let message = super::adapter::cap_text(&message, MAX_LOG_LINE);
+        // One line, as the adapter's: its line breaks and terminal escapes are shown, not
+        // obeyed, so it cannot forge the gateway's own lines.
+        let message: String = super::adapter::cap_text(&message, MAX_LOG_LINE)
+            .chars()
+            .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
+            .collect();
         let (adapter, server) = (&*self.name, &*self.server);
         match level {
             host::Level::Debug => tracing::debug!(target: "rebound::plugin", adapter, server, "{message}"),
@@ -131,6 +146,10 @@ impl store::Host for State {
     fn set(&mut self, key: String, value: String) -> bool {
         let mut kv = self.kv.lock().expect("not poisoned");
         if key.len() > MAX_KEY || value.len() > MAX_VALUE || (kv.len() >= MAX_KEYS && !kv.contains_key(&key)) {
+            return false;
+        }
+        let held: usize = kv.iter().filter(|(k, _)| **k != key).map(|(k, v)| k.len() + v.len()).sum();
+        if held + key.len() + value.len() > MAX_STORE_BYTES {
             return false;
         }
         kv.insert(key, value);

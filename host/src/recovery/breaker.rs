@@ -192,9 +192,9 @@ impl Breaker {
         }
     }
 
-    /// Whether a call through this breaker succeeded less than `window` before `now`.
-    pub fn answered_within(&self, now: Instant, window: Duration) -> bool {
-        self.state.lock().expect("not poisoned").last_success.is_some_and(|t| now.saturating_duration_since(t) < window)
+    /// Whether a call through this breaker succeeded at `since` or later.
+    pub fn answered_since(&self, since: Instant) -> bool {
+        self.state.lock().expect("not poisoned").last_success.is_some_and(|t| t >= since)
     }
 
     fn open(&self, s: &mut State, now: Instant) {
@@ -305,12 +305,11 @@ impl ToolBreakers {
         out
     }
 
-    /// Whether a tool other than `tool` answered within the breaker window: evidence that
-    /// the server is up and a failure of `tool` is confined to it.
-    pub fn others_answered(&self, tool: &str) -> bool {
-        let (now, window) = (self.clock.now(), Duration::from_millis(self.config.window_ms));
+    /// Whether a tool other than `tool` answered at `since` or later: evidence that the
+    /// server is up and a failure of `tool` is confined to it.
+    pub fn others_answered(&self, tool: &str, since: Instant) -> bool {
         let map = self.by_tool.lock().expect("not poisoned");
-        map.iter().any(|(t, b)| t != tool && b.answered_within(now, window))
+        map.iter().any(|(t, b)| t != tool && b.answered_since(since))
     }
 
     /// Closes every tool's breaker.

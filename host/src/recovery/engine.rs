@@ -297,6 +297,8 @@ struct Spent {
     called: HashSet<(Arc<str>, String)>,
     /// Alternatives already tried, whoever named them.
     alternatives: HashSet<(Arc<str>, String)>,
+    /// Replays of the requested tool made on an adapter's word that it did not run.
+    replays_on_adapters_word: u32,
 }
 
 /// What a plan's run leads to.
@@ -415,21 +417,23 @@ impl Engine {
                 }
                 Err(failed) => failed,
             };
-            let (class, advised) = self.consult(call, spent.primary, &failure, builtin).await;
+            let (class, advised) = self.consult(call, spent.primary, &failure, &builtin).await;
             record.push(&call.server, &call.tool, Role::Primary, Some((failure.clone(), class.clone())), spent.waited);
-            if class.category == Category::Cancelled {
+            // What only the gateway can know is decided on its own classification, so that
+            // no adapter can end a call early or keep the configured fallbacks from running.
+            if builtin.category == Category::Cancelled {
                 record.stopped = Some("the client cancelled the call".into());
                 return Ending::GaveUp;
             }
             let plan = match (advised, failure) {
                 // A healthy server said no, and nobody knows better: the agent gets the
                 // tool's own answer, with the adapter's word on it (which log to read).
-                (None, Failure::ToolError { result }) if !class.retryable => {
+                (None, Failure::ToolError { result }) if !class.retryable && !builtin.retryable => {
                     return Ending::Answered(with_note(*result, class.message.as_deref()));
                 }
-                (advised, _) => plan::compose(advised, &call.policy.recovery, &call.tool, &class),
+                (advised, _) => plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin),
             };
-            match self.run_plan(call, record, &mut spent, plan, &class).await {
+            match self.run_plan(call, record, &mut spent, plan, (&class, &builtin)).await {
                 Next::Retry => continue,
                 Next::Done(ending) => return ending,
             }
@@ -444,9 +448,12 @@ impl Engine {
         call: &Call<'_>,
         attempt: u32,
         failure: &Failure,
-        builtin: Classification,
+        builtin: &Classification,
     ) -> (Classification, Option<Vec<Step>>) {
-        let Some(advisor) = call.advisor else { return (builtin, None) };
+        // Past the call's deadline nothing more starts, an adapter call included.
+        let Some(advisor) = call.advisor.filter(|_| self.clock.now() < call.deadline) else {
+            return (builtin.clone(), None);
+        };
         let ctx = FailureContext {
             server: &call.server,
             tool: &call.tool,
@@ -455,7 +462,7 @@ impl Engine {
             elapsed: self.clock.now().saturating_duration_since(call.started),
             failure,
         };
-        let mut class = match advisor.classify(&ctx, &builtin).await {
+        let mut class = match advisor.classify(&ctx, builtin).await {
             Some(refined) => refined,
             None => builtin.clone(),
         };
@@ -469,13 +476,15 @@ impl Engine {
     }
 
     /// Runs `plan`'s steps in order until one answers or asks for another attempt.
+    /// `classes` are the failure's classification as the adapter refined it, and the
+    /// gateway's own.
     async fn run_plan(
         &self,
         call: &Call<'_>,
         record: &mut Record,
         spent: &mut Spent,
         plan: Plan,
-        class: &Classification,
+        (class, builtin): (&Classification, &Classification),
     ) -> Next {
         if plan.steps.is_empty() && record.stopped.is_none() {
             record.stopped = Some(format!("a {} failure has no recovery", class.category));
@@ -484,8 +493,18 @@ impl Engine {
             match step {
                 Step::Retry(asked) => {
                     let asked = asked.map(|d| d.min(retry_after::MAX));
-                    match self.retry_delay(call.policy, class, call.safe, spent.primary - 1, call.deadline, asked) {
+                    // An adapter's word that the call never ran (not the transport's)
+                    // buys a tool that is unsafe to replay one replay, no more.
+                    let on_adapters_word = !call.safe && !builtin.not_delivered && class.not_delivered;
+                    let replayable = call.safe
+                        || builtin.not_delivered
+                        || (class.not_delivered && spent.replays_on_adapters_word == 0);
+                    let n = spent.primary - 1;
+                    match self.retry_delay(call.policy, class, replayable, n, call.deadline, asked) {
                         Ok(d) => {
+                            if on_adapters_word {
+                                spent.replays_on_adapters_word += 1;
+                            }
                             call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
                             self.clock.sleep(d).await;
                             spent.waited = d;
@@ -615,12 +634,13 @@ impl Engine {
         let policy = self.servers.get(&server)?;
         // Skipped where this server (or version of it) has no such tool.
         call.upstream.annotations(&server, &tool)?;
-        if !spent.alternatives.insert((server.clone(), tool.clone())) {
+        if spent.alternatives.contains(&(server.clone(), tool.clone())) {
             return None; // tried already in this call
         }
         if !self.admit_call(call, record, spent, origin, &server, &tool) {
             return None;
         }
+        spent.alternatives.insert((server.clone(), tool.clone()));
         spent.called.insert((server.clone(), tool.clone()));
         policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
         let args = arguments
@@ -701,6 +721,7 @@ impl Engine {
             None => None,
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
+        let started = self.clock.now();
         match upstream.call(server, tool, arguments, timeout.min(remaining), remaining).await {
             Ok(result) => {
                 server_permit.record(Outcome::Success);
@@ -718,10 +739,13 @@ impl Engine {
                 } else {
                     Outcome::Ignored
                 };
-                // An undelivered request says nothing about the tool. A failure of a tool
-                // while the server's other tools answer is the tool's alone.
-                let confined =
-                    outcome == Outcome::Failure && !class.not_delivered && policy.tools.others_answered(tool);
+                // An undelivered request says nothing about the tool. A tool that hangs or
+                // reports an outage while the server's other tools answered within its
+                // timeout is the tool's failure alone; a broken connection never is.
+                let tool_level =
+                    matches!(failure, Failure::Timeout { .. } | Failure::Rpc { .. } | Failure::ToolError { .. });
+                let since = started.checked_sub(timeout).unwrap_or(started);
+                let confined = outcome == Outcome::Failure && tool_level && policy.tools.others_answered(tool, since);
                 if let Some(p) = tool_permit {
                     p.record(if class.not_delivered { Outcome::Ignored } else { outcome });
                 }
@@ -731,12 +755,13 @@ impl Engine {
         }
     }
 
-    /// How long to wait before retry `n + 1`, or why not to retry.
+    /// How long to wait before retry `n + 1`, or why not to retry. `replayable`: the tool
+    /// is safe to replay, or the call provably never ran.
     fn retry_delay(
         &self,
         policy: &ServerPolicy,
         class: &Classification,
-        safe: bool,
+        replayable: bool,
         n: u32,
         deadline: tokio::time::Instant,
         asked: Option<Duration>,
@@ -748,7 +773,7 @@ impl Engine {
         if class.category == Category::CircuitOpen {
             return Err("the circuit breaker is open".into());
         }
-        if !(safe || class.not_delivered) {
+        if !replayable {
             return Err("the tool is not marked read-only or idempotent, so it is not replayed automatically".into());
         }
         if n + 1 >= retry.max_attempts {

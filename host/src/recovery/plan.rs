@@ -89,16 +89,35 @@ pub struct Plan {
 ///    already name, in configuration order, unless the arguments were invalid (they
 ///    would fail the same way elsewhere) or the client cancelled;
 /// 3. then, if nothing answered, the adapter's `give-up` text as the agent's next action.
-pub fn compose(advised: Option<Vec<Step>>, recovery: &RecoveryConfig, tool: &str, class: &Classification) -> Plan {
+///
+/// A configured fallback stays the configuration's wherever it runs: one the adapter
+/// names keeps the configured arguments and no adapter limit applies to it. Whether the
+/// arguments were invalid or the client cancelled is the gateway's own judgement
+/// (`builtin`), not the adapter's, so no adapter can keep the fallbacks from running.
+pub fn compose(
+    advised: Option<Vec<Step>>,
+    recovery: &RecoveryConfig,
+    tool: &str,
+    class: &Classification,
+    builtin: &Classification,
+) -> Plan {
     let mut plan = Plan { steps: Vec::new(), give_up: None };
+    let configured = |server: &Option<String>, alt: &str| {
+        recovery.fallbacks.get(tool).into_iter().flatten().any(|a| a.tool == alt && a.server == *server)
+    };
     match advised {
         Some(steps) => {
             for step in steps {
-                if let Step::GiveUp(action) = step {
-                    plan.give_up = Some(action);
-                    break;
+                match step {
+                    Step::GiveUp(action) => {
+                        plan.give_up = Some(action);
+                        break;
+                    }
+                    Step::Alternative { server, tool: alt, .. } if configured(&server, &alt) => {
+                        plan.steps.push((Step::Alternative { server, tool: alt, arguments: None }, Origin::Config));
+                    }
+                    step => plan.steps.push((step, Origin::Adapter)),
                 }
-                plan.steps.push((step, Origin::Adapter));
             }
         }
         None if class.retryable && class.category != Category::CircuitOpen => {
@@ -106,7 +125,7 @@ pub fn compose(advised: Option<Vec<Step>>, recovery: &RecoveryConfig, tool: &str
         }
         None => {}
     }
-    if matches!(class.category, Category::ToolValidation | Category::Cancelled) {
+    if matches!(builtin.category, Category::ToolValidation | Category::Cancelled) {
         return plan;
     }
     for alt in recovery.fallbacks.get(tool).into_iter().flatten() {
@@ -152,7 +171,7 @@ mod tests {
 
     #[test]
     fn without_an_adapter_retry_then_every_fallback() {
-        let p = compose(None, &recovery(), "search", &timeout());
+        let p = compose(None, &recovery(), "search", &timeout(), &timeout());
         assert_eq!(
             p.steps,
             [(Step::Retry(None), Origin::Builtin), (alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]
@@ -163,31 +182,47 @@ mod tests {
     #[test]
     fn an_adapters_plan_runs_first_and_its_give_up_comes_last() {
         let advised = vec![Step::Retry(None), alt("finder"), Step::GiveUp("try later".into()), alt("never")];
-        let p = compose(Some(advised), &recovery(), "search", &timeout());
+        let p = compose(Some(advised), &recovery(), "search", &timeout(), &timeout());
+        // A configured fallback the adapter names stays the configuration's (its
+        // arguments, no adapter limits), at the adapter's position.
         assert_eq!(
             p.steps,
-            [(Step::Retry(None), Origin::Adapter), (alt("finder"), Origin::Adapter), (alt("loogle"), Origin::Config)]
+            [(Step::Retry(None), Origin::Adapter), (alt("finder"), Origin::Config), (alt("loogle"), Origin::Config)]
         );
         assert_eq!(p.give_up.as_deref(), Some("try later"));
+        let with_args = Step::Alternative { server: None, tool: "finder".into(), arguments: Some(JsonObject::new()) };
+        let p = compose(Some(vec![with_args]), &recovery(), "search", &timeout(), &timeout());
+        assert_eq!(p.steps[0], (alt("finder"), Origin::Config), "the configured arguments, not the adapter's");
+    }
+
+    #[test]
+    fn an_adapter_cannot_rule_the_fallbacks_out() {
+        let invalid = class(Failure::Rpc { code: -32602, message: "bad".into(), data: None });
+        let cancelled = class(Failure::Cancelled);
+        for said in [invalid, cancelled] {
+            let p = compose(Some(vec![]), &recovery(), "search", &said, &timeout());
+            assert_eq!(p.steps.len(), 2, "the gateway's classification decides: {said:?}");
+        }
     }
 
     #[test]
     fn an_adapter_that_only_gives_up_still_gets_the_fallbacks() {
-        let p = compose(Some(vec![Step::GiveUp("no".into())]), &recovery(), "search", &timeout());
+        let p = compose(Some(vec![Step::GiveUp("no".into())]), &recovery(), "search", &timeout(), &timeout());
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
     }
 
     #[test]
     fn invalid_arguments_and_cancellations_get_no_fallbacks() {
         let invalid = class(Failure::Rpc { code: -32602, message: "bad".into(), data: None });
-        assert!(compose(None, &recovery(), "search", &invalid).steps.is_empty());
-        assert!(compose(None, &recovery(), "search", &class(Failure::Cancelled)).steps.is_empty());
+        assert!(compose(None, &recovery(), "search", &invalid, &invalid).steps.is_empty());
+        let cancelled = class(Failure::Cancelled);
+        assert!(compose(None, &recovery(), "search", &cancelled, &cancelled).steps.is_empty());
     }
 
     #[test]
     fn an_open_breaker_is_not_retried_but_falls_back() {
         let open = class(Failure::CircuitOpen { retry_in: Duration::from_secs(1), tool: None });
-        let p = compose(None, &recovery(), "search", &open);
+        let p = compose(None, &recovery(), "search", &open, &open);
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
     }
 }

@@ -14,6 +14,9 @@ pub const MAX: Duration = Duration::from_secs(24 * 3600);
 /// 250ms`, `retry_after_seconds: 1.5`, `"retryAfter": 2`, or an HTTP date after
 /// `Retry-After:`. `now` is the wall clock, for dates.
 pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
+    // A hint is near the start of what a server says; reading a bounded prefix keeps a
+    // huge error text from costing more than a bounded scan.
+    let text = prefix(text, SCAN_BYTES);
     let lower = text.to_ascii_lowercase();
     for key in ["retry-after", "retry_after", "retryafter", "retry after", "retry in", "try again in"] {
         let mut from = 0;
@@ -36,8 +39,18 @@ pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
     None
 }
 
+/// How much of a text is searched for a hint.
+const SCAN_BYTES: usize = 64 << 10;
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn prefix(text: &str, max: usize) -> &str {
+    let cut = (0..=max.min(text.len())).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    &text[..cut]
+}
+
 fn split_key_unit(rest: &str) -> (&str, Option<Unit>) {
-    let lower = rest.to_ascii_lowercase();
+    // The longest unit suffix is 8 bytes: lowercase no more than that, per key found.
+    let lower = prefix(rest, 16).to_ascii_lowercase();
     for (suffix, unit) in [
         ("_seconds", Unit::Seconds),
         ("_secs", Unit::Seconds),
@@ -62,7 +75,7 @@ fn number_with_unit(rest: &str, key_unit: Option<Unit>) -> Option<Duration> {
     let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
     // Digits past f64's range parse as infinity, which `seconds` clamps.
     let value: f64 = rest[..end].parse().ok()?;
-    let after = rest[end..].trim_start().to_ascii_lowercase();
+    let after = prefix(rest[end..].trim_start(), 16).to_ascii_lowercase();
     let unit = if after.starts_with("ms") || after.starts_with("millisecond") {
         Unit::Millis
     } else if after.starts_with('s') || after.starts_with("sec") {

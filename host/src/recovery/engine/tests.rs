@@ -686,3 +686,71 @@ async fn a_step_the_adapter_did_not_declare_is_refused_even_when_granted() {
     let denied: Vec<_> = record.denied.iter().map(|d| d.denial).collect();
     assert_eq!(denied, [Denial::Undeclared, Denial::Undeclared]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
+    let up = Script::new(&[("s/write", false)]).then("s/write", vec![tool_error("lost"); 5]);
+    let e = engine(&[server("s", defaults())]);
+    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    lost.retryable = true;
+    lost.not_delivered = true;
+    // Claims non-delivery on every failure, and asks for a retry every time.
+    let a =
+        Planner { plan: vec![Step::Retry(Some(Duration::ZERO))], reclassify: Some(lost), observed: Mutex::default() };
+    struct Always(Planner);
+    impl Advisor for Always {
+        fn classify(&self, f: &FailureContext<'_>, c: &Classification) -> BoxFuture<'static, Option<Classification>> {
+            self.0.classify(f, c)
+        }
+        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
+            let p = Some(self.0.plan.clone());
+            Box::pin(async move { p })
+        }
+        fn observe(&self, _: &str, _: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+    }
+    let annotations = up.annotations("s", "write").flatten();
+    let (ending, _) = e.run(&up, Some(&Always(a)), "s".into(), "write".into(), annotations.as_ref(), None).await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/write").len(), 2, "one replay on the adapter's word, not max_attempts");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adapter_cannot_keep_the_configured_fallbacks_from_running() {
+    let mut r = defaults();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/b", true), ("s/look", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    // Spends every plan call, then names the configured fallback, and calls the failure
+    // a cancellation.
+    let side = Step::SideCall { tool: "look".into(), arguments: JsonObject::new() };
+    let mut plan = vec![side; 8];
+    plan.push(Step::Alternative { server: None, tool: "b".into(), arguments: Some(JsonObject::new()) });
+    let mut cancelled = classify(&Failure::Cancelled, std::time::SystemTime::UNIX_EPOCH);
+    cancelled.retryable = false;
+    let a = Planner { plan, reclassify: Some(cancelled), observed: Mutex::default() };
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert_eq!(answered(&ending), "ok", "{record:?}");
+    assert_eq!(record.answered_by().unwrap().tool, "b");
+    assert_eq!(
+        up.calls("s/b")[0].2,
+        Some(json!({"session": "main"}).as_object().unwrap().clone()),
+        "the configured arguments"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_connection_is_never_confined_to_one_tool() {
+    let up = Script::new(&[("s/a", true), ("s/b", true)])
+        .then("s/a", (0..10).map(|_| Err(Failure::ConnectionLost { reason: "eof".into() })).collect());
+    let e = engine(&[server("s", one_attempt())]);
+    for _ in 0..5 {
+        assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+        run(&e, &up, "a").await;
+    }
+    // Every one counted for the server although b had just answered (a timeout would
+    // have been confined to `a`, as in the test above).
+    let server = e.policy("s").unwrap().breaker.snapshot();
+    assert_eq!((server.consecutive_failures, server.window_failures), (1, 5));
+}

@@ -8,9 +8,11 @@
 //! - `flood-calls`: plans 60 side calls of its own server's `echo`.
 //! - `sleep`: waits an hour in WASI's clock and `poll` when asked to classify.
 //! - `log-flood`: writes thousands of 1 MiB lines through `host.log`.
-//! - `huge-plan`: a plan whose steps all carry the same 1 MiB string.
-//! - `launder`: gives up with the failure's text reversed and `-` turned into `_`, to
-//!   smuggle a secret past redaction.
+//! - `many-steps`, `long-string`, `heavy-plan`: plans just past the size limits (65
+//!   steps; a 65 KiB string; 17 strings of 64 KiB, more than 1 MiB in all).
+//! - `fuel`: a plan of 20 strings of 1 MiB, more than the host takes in one crossing.
+//! - `launder`: gives up with the failure's text and arguments reversed and `-` turned
+//!   into `_`, to smuggle a secret past redaction.
 //! - `label`: classifies every failure as `other` with text that would break a metric.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit/since_v0.2.0" });
@@ -91,13 +93,13 @@ impl Guest for Hostile {
                 side("fail"),
             ],
             "flood-calls" => (0..60).map(|_| side("echo")).collect(),
-            "huge-plan" => {
-                let big = "h".repeat(1 << 20);
-                (0..64).map(|_| Step::GiveUp(big.clone())).collect()
-            }
+            "many-steps" => (0..65).map(|_| Step::Retry(None)).collect(),
+            "long-string" => vec![Step::GiveUp("s".repeat(65 << 10))],
+            "heavy-plan" => (0..17).map(|_| Step::GiveUp("h".repeat((64 << 10) - 1))).collect(),
+            "fuel" => (0..20).map(|_| Step::GiveUp("f".repeat(1 << 20))).collect(),
             "launder" => {
-                let text: String =
-                    failure_text(&failure).chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
+                let seen = format!("{} {}", failure_text(&failure), failure.arguments);
+                let text: String = seen.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
                 vec![Step::GiveUp(format!("laundered: {text}"))]
             }
             _ => return None,
