@@ -144,6 +144,9 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
         )
     })
     .await;
+    // As shipped: the default adapter advises on this server, and the fallback still runs.
+    let s = status(&gw).await;
+    assert_eq!(s["servers"][0]["adapter"]["name"], "thanos-classify", "{s}");
     let r = gw.call("search", json!({"query": "Nat.add_comm", "num_results": 5})).await;
     assert_ne!(r.is_error, Some(true), "{r:?}");
     let t = text(&r);
@@ -194,26 +197,6 @@ async fn the_gateway_tools_can_be_switched_off() {
     })
     .await;
     assert!(!gw.tool_names().await.iter().any(|t| t.starts_with("rebound_")));
-    gw.close().await;
-}
-
-#[tokio::test]
-async fn the_default_adapter_is_present_and_configured_fallbacks_still_answer() {
-    let gw = Gateway::start(|d| {
-        config(
-            d,
-            json!({
-                "retry": {"initial_delay_ms": 1, "max_delay_ms": 2},
-                "fallbacks": {"search": [{"tool": "echo", "arguments": {"message": "$query"}}]},
-            }),
-        )
-    })
-    .await;
-    let s = status(&gw).await;
-    assert_eq!(s["servers"][0]["adapter"]["name"], "thanos-classify", "{s}");
-    let r = gw.call("search", json!({"query": "Nat.add_comm"})).await;
-    assert_ne!(r.is_error, Some(true), "{r:?}");
-    assert!(text(&r).starts_with("a: Nat.add_comm"), "{}", text(&r));
     gw.close().await;
 }
 

@@ -43,14 +43,11 @@ pub struct Adapter {
     secrets: Secrets,
     log: Arc<LogBudget>,
     health: Mutex<Health>,
-    busy: std::sync::atomic::AtomicU64,
     /// Successful calls waiting to be observed, in order.
     lane: Lane,
     /// Instances this adapter may hold at once: a share of the runtime's pool, so that
     /// one slow adapter never starves the others.
     share: tokio::sync::Semaphore,
-    /// When each kind of refused step was last logged.
-    denials_logged: Mutex<HashMap<Denial, Instant>>,
 }
 
 /// Refused steps of one kind are logged at most this often per adapter.
@@ -62,6 +59,10 @@ struct Health {
     total_faults: u64,
     quarantined_until: Option<Instant>,
     last_fault: Option<String>,
+    /// Calls not made because no instance was free in time.
+    busy: u64,
+    /// When each kind of refused step was last logged.
+    denials_logged: HashMap<Denial, Instant>,
 }
 
 /// An adapter's health, for `rebound_status`.
@@ -93,26 +94,7 @@ impl Adapter {
         config: &serde_json::Value,
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
-        let mut adapter = Self::unchecked(runtime, loaded, name, server, config, secrets);
-        let declared = super::load::block_on(adapter.call("declare", Request::Declare))
-            .map_err(|e| format!("could not be asked what it needs: {e}"))?;
-        let Some(Reply::Declared(manifest)) = declared else {
-            let why = adapter.health().last_fault.unwrap_or_default();
-            return Err(format!("failed when asked what it needs for `{server}`: {why}"));
-        };
-        adapter.info.needs = Needs::from_manifest(&manifest).map_err(|e| format!("declares {e}"))?;
-        Ok(Arc::new(adapter))
-    }
-
-    fn unchecked(
-        runtime: Arc<Runtime>,
-        loaded: &Loaded,
-        name: &str,
-        server: &str,
-        config: &serde_json::Value,
-        secrets: Secrets,
-    ) -> Self {
-        Self {
+        let mut adapter = Self {
             runtime,
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),
@@ -123,18 +105,25 @@ impl Adapter {
             secrets,
             log: Arc::default(),
             health: Mutex::default(),
-            busy: Default::default(),
-            denials_logged: Mutex::default(),
             lane: Lane::default(),
             share: tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2),
-        }
+        };
+        let declared = super::load::block_on(adapter.call("declare", Request::Declare))
+            .map_err(|e| format!("could not be asked what it needs: {e}"))?;
+        let Some(Reply::Declared(manifest)) = declared else {
+            let why = adapter.health().last_fault.unwrap_or_default();
+            return Err(format!("failed when asked what it needs for `{server}`: {why}"));
+        };
+        adapter.info.needs = Needs::from_manifest(&manifest).map_err(|e| format!("declares {e}"))?;
+        Ok(Arc::new(adapter))
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
     /// once a minute (they are counted in full in the metrics).
     pub fn report_denied(&self, denied: &[Denied]) {
         let now = Instant::now();
-        let mut logged = self.denials_logged.lock().expect("not poisoned");
+        let mut health = self.health.lock().expect("not poisoned");
+        let logged = &mut health.denials_logged;
         for d in denied {
             let due = logged.get(&d.denial).is_none_or(|at| now.duration_since(*at) >= DENIAL_LOG_EVERY);
             if due {
@@ -167,7 +156,7 @@ impl Adapter {
             last_fault: h.last_fault.clone(),
             log_lines_dropped: self.log.dropped.load(std::sync::atomic::Ordering::Relaxed),
             observe_dropped: self.lane.dropped.load(std::sync::atomic::Ordering::Relaxed),
-            busy: self.busy.load(std::sync::atomic::Ordering::Relaxed),
+            busy: h.busy,
         }
     }
 
@@ -220,7 +209,7 @@ impl Adapter {
         );
         let limit = self.runtime.limits.timeout;
         let Ok(Ok(_mine)) = tokio::time::timeout(limit, self.share.acquire()).await else {
-            self.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.health.lock().expect("not poisoned").busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
@@ -234,7 +223,7 @@ impl Adapter {
                 Some(reply)
             }
             Err(Fault::Busy) => {
-                self.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.health.lock().expect("not poisoned").busy += 1;
                 tracing::debug!(adapter = %self.name, server = %self.server, "{what}: the instance pool is busy");
                 None
             }

@@ -223,3 +223,29 @@ fn a_broken_token_is_reported_without_being_repeated() {
     .unwrap();
     assert_eq!(c.settings.http.auth_token.as_deref(), Some("literal-${not-a-var}-0123"));
 }
+
+#[test]
+fn adapter_grants() {
+    let c = ok(r#"{"mcpServers": {"a": {"command": "x"}, "b": {"command": "y",
+        "adapter_allow": {"tools": ["b/*", "a/search_*"], "restart": true}}}, "rebound": {"plugin_max_calls": 3}}"#);
+    assert_eq!(c.servers["a"].adapter_allow, AdapterGrant::own("a"), "the default: its own server, no restart");
+    let b = &c.servers["b"].adapter_allow;
+    assert!(b.restart && b.allows_tool("a", "search_web") && !b.allows_tool("a", "delete"));
+    assert_eq!(c.settings.plugin_max_calls, 3);
+    assert!(
+        ok(r#"{"mcpServers": {"a": {"command": "x", "adapter_allow": {"restart": true}}}}"#).servers["a"]
+            .adapter_allow
+            .allows_tool("a", "anything")
+    );
+
+    let server = |allow: &str| format!(r#"{{"mcpServers": {{"a": {{"command": "x", "adapter_allow": {allow}}}}}}}"#);
+    rejects(&server(r#"{"tools": ["lean"]}"#), "mcpServers.a.adapter_allow.tools[0]", "no `/` between server and tool");
+    rejects(
+        &server(r#"{"tools": ["a/*", "/x"]}"#),
+        "mcpServers.a.adapter_allow.tools[1]",
+        "needs both a server and a tool",
+    );
+    rejects(&server(r#"{"tools": ["zz/*"]}"#), "mcpServers.a.adapter_allow.tools[0]", "names no configured server");
+    rejects(&server(r#"{"tool": ["a/*"]}"#), "mcpServers.a.adapter_allow.tool", "unknown field");
+    rejects(&server(r#"["a/*"]"#), "mcpServers.a.adapter_allow", "must be an object");
+}
