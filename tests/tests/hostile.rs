@@ -88,22 +88,28 @@ async fn what_the_grant_names_does_run_once() {
 #[tokio::test]
 async fn a_grant_the_adapter_did_not_declare_is_refused_and_check_says_so() {
     let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
-    let gw = hostile("reach-undeclared", grant.clone(), json!({})).await;
+    let gw = hostile("reach-undeclared", grant, json!({})).await;
     gw.call("a__fail", json!({"message": "boom"})).await;
     assert_eq!(calls_of(&gw, "b", "fail"), 0);
     assert_eq!(server_status(&gw, "a").await["restarts"], 0);
     gw.close().await;
 
     // `rebound check` names both sides of the mismatch.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rebound.json");
-    std::fs::write(&path, config(dir.path(), "reach-undeclared", grant, json!({})).to_string()).unwrap();
-    let out = std::process::Command::new(rebound_tests::bin("rebound"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let check = |config: fn(&std::path::Path) -> Value| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rebound.json");
+        std::fs::write(&path, config(dir.path()).to_string()).unwrap();
+        let out = std::process::Command::new(rebound_tests::bin("rebound"))
+            .args(["check", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = check(|d| {
+        let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
+        config(d, "reach-undeclared", grant, json!({}))
+    });
     assert!(
         out.contains(r#"mcpServers.a.adapter_allow.tools[1] grants "b/fail", which adapter hostile does not ask for"#),
         "{out}"
@@ -113,13 +119,7 @@ async fn a_grant_the_adapter_did_not_declare_is_refused_and_check_says_so() {
         "{out}"
     );
 
-    std::fs::write(&path, config(dir.path(), "reach", json!({}), json!({})).to_string()).unwrap();
-    let out = std::process::Command::new(rebound_tests::bin("rebound"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let out = check(|d| config(d, "reach", json!({}), json!({})));
     assert!(
         out.contains(r#"adapter hostile asks for "b/fail", which mcpServers.a.adapter_allow.tools does not grant"#),
         "{out}"
