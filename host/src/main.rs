@@ -41,6 +41,11 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The watchdog (see `transport::watchdog`) is this binary too, with a hidden word.
+    if std::env::args().nth(1).as_deref() == Some(rebound::transport::watchdog::SUBCOMMAND) {
+        rebound::transport::watchdog::run(std::io::stdin().lock());
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     // stdout is the protocol: every log line goes to stderr.
     tracing_subscriber::fmt()
@@ -166,6 +171,9 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
     print_warnings(&config);
+    if let Err(e) = rebound::transport::watchdog::start() {
+        tracing::warn!("no watchdog ({e}): if the gateway is killed, its servers may outlive it");
+    }
     // Before the async runtime: loading runs each plugin once, synchronously.
     let plugins = rebound::plugins::prepare(&config);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

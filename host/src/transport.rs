@@ -4,6 +4,7 @@
 pub mod process;
 pub mod supervisor;
 pub mod upstream;
+pub mod watchdog;
 
 pub use supervisor::{ServerHandle, Session, Status, spawn_supervisor};
 pub use upstream::{Asker, Relay, UpstreamEvent, UpstreamRequest};

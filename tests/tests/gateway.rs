@@ -306,3 +306,34 @@ async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
     assert!(seen["last_error"].as_str().unwrap_or_default().contains("did not list its tools within 300 ms"), "{seen}");
     gw.close().await;
 }
+
+#[tokio::test]
+async fn a_killed_gateway_leaves_no_orphans_even_stubborn_ones() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &["--stubborn"]), "b": faulty("b", dir, &[])},
+            "rebound": {"restart": {"initial_delay_ms": 50}},
+        })
+    })
+    .await;
+    gw.call("a__echo", json!({})).await;
+    let pids: Vec<u32> = ["a", "b"].iter().flat_map(|s| gw.state(s, "starts")).map(|p| p.parse().unwrap()).collect();
+    assert_eq!(pids.len(), 2);
+    // As the official Python SDK does when a server takes too long to exit: SIGKILL, so
+    // no stop sequence runs in the gateway.
+    let gateway_pid = gw.child.id().unwrap();
+    std::process::Command::new("kill").args(["-KILL", &gateway_pid.to_string()]).status().unwrap();
+    for pid in pids {
+        eventually(&format!("child {pid} to die with the gateway"), || !alive(pid)).await;
+    }
+}
+
+#[tokio::test]
+async fn client_eof_stops_a_stubborn_child_too() {
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--stubborn"])}})).await;
+    gw.call("echo", json!({})).await;
+    let pid: u32 = gw.state("a", "starts")[0].parse().unwrap();
+    let status = gw.close().await;
+    assert!(status.success(), "{status}");
+    assert!(!alive(pid), "the stubborn child outlived the gateway");
+}

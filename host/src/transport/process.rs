@@ -1,5 +1,7 @@
 //! Launching a stdio server as a child in its own process group, and stopping it
-//! politely: stdin closed, then SIGTERM, then SIGKILL, always reaped.
+//! politely: stdin closed, then SIGTERM, then SIGKILL, always reaped — within 2 s, well
+//! inside the 4 s MCP clients give a gateway to exit. Each group is also listed with the
+//! [`super::watchdog`], which stops it should the gateway itself be killed.
 
 use std::collections::VecDeque;
 use std::process::Stdio;
@@ -15,7 +17,7 @@ use crate::config::StdioLaunch;
 use crate::redact::Secrets;
 
 /// How long a child gets after stdin closes, and again after SIGTERM.
-const GRACE: Duration = Duration::from_secs(2);
+const GRACE: Duration = Duration::from_secs(1);
 
 /// A running child server. Dropping it kills the whole process group.
 #[derive(Debug)]
@@ -58,6 +60,9 @@ impl ServerProcess {
         }
         let mut child = cmd.spawn()?;
         let pgid = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
+        if let Some(pgid) = pgid {
+            super::watchdog::note(pgid, true);
+        }
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
@@ -110,7 +115,7 @@ impl ServerProcess {
     pub async fn stop(mut self) {
         if tokio::time::timeout(GRACE, self.child.wait()).await.is_ok() {
             self.signal_group(Signal::SIGKILL); // helpers it left behind
-            self.pgid = None;
+            self.forget_group();
             return;
         }
         self.signal_group(Signal::SIGTERM);
@@ -119,8 +124,15 @@ impl ServerProcess {
             let _ = self.child.kill().await;
         }
         self.signal_group(Signal::SIGKILL);
-        // Reaped: the id may be reused from now on, so Drop must not signal it.
-        self.pgid = None;
+        self.forget_group();
+    }
+
+    /// Reaped: the id may be reused from now on, so neither Drop nor the watchdog may
+    /// signal it.
+    fn forget_group(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            super::watchdog::note(pgid, false);
+        }
     }
 
     fn signal_group(&self, signal: Signal) {
@@ -134,5 +146,6 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.signal_group(Signal::SIGKILL);
+        self.forget_group();
     }
 }

@@ -478,7 +478,7 @@ impl Connection {
     async fn stop(self) {
         self.session.closed.cancel();
         self.stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(3), self.service).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.service).await;
         if let Some(process) = self.process {
             process.stop().await;
         }

@@ -53,6 +53,7 @@ async fn main() {
     let mut start_delay = 0;
     let mut emulate = None;
     let mut mute_lists = false;
+    let mut stubborn = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -82,10 +83,21 @@ async fn main() {
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             // Initialises, then never answers `tools/list`: a start that never completes.
             "--mute-lists" => mute_lists = true,
+            // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
+            "--stubborn" => stubborn = true,
             other => panic!("unknown option {other}"),
         }
     }
     eprintln!("faulty-server {name} started (pid {})", std::process::id());
+    if stubborn {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM");
+        tokio::spawn(async move {
+            while term.recv().await.is_some() {
+                // Written so that a closed stderr (the gateway gone) cannot kill it either.
+                let _ = writeln!(std::io::stderr(), "faulty-server: ignoring SIGTERM");
+            }
+        });
+    }
     tokio::time::sleep(Duration::from_millis(start_delay)).await;
     let server = Arc::new(Server {
         name,
@@ -111,6 +123,10 @@ async fn main() {
         let server = server.clone();
         // Each message on its own task, so that a hanging call does not block the rest.
         tokio::spawn(async move { server.handle(msg).await });
+    }
+    if stubborn {
+        let _ = writeln!(std::io::stderr(), "faulty-server: stdin closed, staying anyway");
+        std::future::pending::<()>().await;
     }
     eprintln!("faulty-server: stdin closed, exiting");
 }
