@@ -337,3 +337,19 @@ async fn client_eof_stops_a_stubborn_child_too() {
     assert!(status.success(), "{status}");
     assert!(!alive(pid), "the stubborn child outlived the gateway");
 }
+
+/// The most memory the process `pid` has held at once, in KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_huge_stderr_line_costs_no_memory() {
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--stderr-line-mb", "200"])}})).await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "still here"})).await), "a: still here");
+    let peak = peak_rss_kib(gw.child.id().unwrap());
+    assert!(peak < 100 << 10, "the gateway held {} MiB at its peak for a 200 MiB line", peak >> 10);
+    gw.close().await;
+}

@@ -32,6 +32,52 @@ pub struct ServerProcess {
 
 /// How many stderr lines a start-up error quotes.
 const TAIL_LINES: usize = 5;
+/// The longest stderr line kept; the rest of a longer one is read and dropped, so a
+/// server that prints a huge line costs no more memory than this.
+pub const MAX_STDERR_LINE: usize = 8 << 10;
+
+/// Lines of at most `cap` bytes (lossily decoded), however long they were written.
+struct CappedLines<R> {
+    reader: BufReader<R>,
+    cap: usize,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> CappedLines<R> {
+    fn new(inner: R, cap: usize) -> Self {
+        Self { reader: BufReader::with_capacity(cap.min(64 << 10), inner), cap }
+    }
+
+    /// The next line (its first `cap` bytes, with `…` when cut), or none at the end.
+    async fn next(&mut self) -> Option<String> {
+        let mut line = Vec::new();
+        let mut cut = false;
+        loop {
+            let available = match self.reader.fill_buf().await {
+                Ok([]) if line.is_empty() && !cut => return None,
+                Ok([]) => break,
+                Ok(bytes) => bytes,
+                Err(_) => return None,
+            };
+            let (chunk, done) = match available.iter().position(|b| *b == b'\n') {
+                Some(i) => (&available[..i], Some(i + 1)),
+                None => (available, None),
+            };
+            let room = self.cap.saturating_sub(line.len());
+            cut |= chunk.len() > room;
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let used = done.unwrap_or(available.len());
+            self.reader.consume(used);
+            if done.is_some() {
+                break;
+            }
+        }
+        let mut text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
+        if cut {
+            text.push_str(" …(cut)");
+        }
+        Some(text)
+    }
+}
 
 /// The child's protocol pipes.
 pub struct Pipes {
@@ -71,8 +117,8 @@ impl ServerProcess {
             let tail = tail.clone();
             let secrets = secrets.clone();
             tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
+                let mut lines = CappedLines::new(stderr, MAX_STDERR_LINE);
+                while let Some(line) = lines.next().await {
                     let line = secrets.redact(&line).into_owned();
                     tracing::info!(target: "rebound::upstream", server = %name, "{line}");
                     let mut tail = tail.lock().expect("not poisoned");
@@ -147,5 +193,23 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.signal_group(Signal::SIGKILL);
         self.forget_group();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CappedLines;
+
+    #[tokio::test]
+    async fn long_lines_are_cut_and_the_rest_still_read() {
+        let mut input = b"short\r\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', 100_000));
+        input.extend(b"\nnext\nno newline at the end");
+        let mut lines = CappedLines::new(&input[..], 10);
+        assert_eq!(lines.next().await.as_deref(), Some("short"));
+        assert_eq!(lines.next().await.as_deref(), Some("xxxxxxxxxx …(cut)"));
+        assert_eq!(lines.next().await.as_deref(), Some("next"));
+        assert_eq!(lines.next().await.as_deref(), Some("no newline …(cut)"));
+        assert_eq!(lines.next().await, None);
     }
 }

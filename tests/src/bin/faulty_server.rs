@@ -85,6 +85,16 @@ async fn main() {
             "--mute-lists" => mute_lists = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
+            // Writes one stderr line of this many MiB at start.
+            "--stderr-line-mb" => {
+                let mb: usize = value().parse().expect("--stderr-line-mb takes a number");
+                let chunk = vec![b'x'; 1 << 20];
+                let mut err = std::io::stderr().lock();
+                for _ in 0..mb {
+                    err.write_all(&chunk).expect("stderr");
+                }
+                err.write_all(b"\n").expect("stderr");
+            }
             other => panic!("unknown option {other}"),
         }
     }
