@@ -353,3 +353,34 @@ async fn a_huge_stderr_line_costs_no_memory() {
     assert!(peak < 100 << 10, "the gateway held {} MiB at its peak for a 200 MiB line", peak >> 10);
     gw.close().await;
 }
+
+#[tokio::test]
+async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &["--deaf-after-calls", "1"]);
+        a["recovery"] = json!({"timeout_ms": 500, "retry": {"initial_delay_ms": 10, "max_delay_ms": 20}});
+        json!({"mcpServers": {"a": a}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    })
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "heard"})).await), "a: heard");
+    // From now on it reads nothing: large requests fill the pipe, and writing one blocks.
+    let big = "x".repeat(256 << 10);
+    for _ in 0..3 {
+        let r = gw.call("echo", json!({"message": big})).await;
+        let t = text(&r);
+        assert!(r.is_error == Some(true) || t.starts_with("a: xxx"), "{}", &t[..t.len().min(300)]);
+    }
+    // The wedged process was replaced, and the new one answers.
+    eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
+    let mut answered = false;
+    for _ in 0..50 {
+        let r = gw.call("echo", json!({"message": "again"})).await;
+        if text(&r) == "a: again" {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "the restarted server answers");
+    gw.close().await;
+}

@@ -46,8 +46,14 @@ pub async fn attempt(
         options = options.reset_timeout_on_progress();
     }
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+    // A server that stops reading its input stops rmcp's writer, and then sending waits
+    // forever: every write is bounded by the attempt's timeout. A request that could not
+    // be handed over was never sent, so it may be retried; the server is restarted.
     let handle = tokio::select! {
-        r = session.peer.send_cancellable_request(request, options) => r.map_err(from_service_error)?,
+        r = tokio::time::timeout(how.timeout, session.peer.send_cancellable_request(request, options)) => match r {
+            Ok(sent) => sent.map_err(from_service_error)?,
+            Err(_) => return Err(wedged(hub, session, how.timeout)),
+        },
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
@@ -56,13 +62,24 @@ pub async fn attempt(
         hub.map_progress(session.id, token.clone(), cx.peer.clone(), client);
         true
     });
-    let response = handle.await_response();
+    // rmcp sends `notifications/cancelled` when its timeout fires, and that write can
+    // wait forever too: the whole wait is bounded, with a moment for the cancel.
+    let response = tokio::time::timeout(how.max_total + CANCEL_WRITE, handle.await_response());
     tokio::pin!(response);
     let outcome = tokio::select! {
-        r = &mut response => r.map_err(from_service_error),
+        r = &mut response => match r {
+            Ok(answered) => answered.map_err(from_service_error),
+            Err(_) => {
+                wedged(hub, session, how.max_total);
+                Err(Failure::Timeout { after: how.max_total })
+            }
+        },
         () = cx.ct.cancelled() => {
             let reason = Some("cancelled by the client".to_owned());
-            let _ = session.peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason)).await;
+            let cancel = session.peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
+            if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
+                wedged(hub, session, CANCEL_WRITE);
+            }
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
@@ -77,6 +94,19 @@ pub async fn attempt(
         ServerResult::CallToolResult(result) => Ok(result),
         other => Err(Failure::Protocol { reason: format!("tools/call was answered with {}", variant_name(&other)) }),
     }
+}
+
+/// How long a cancellation may take to be written once its request is over.
+const CANCEL_WRITE: Duration = Duration::from_secs(1);
+
+/// A server that has not read what it was sent for `waited`: its session is useless, so
+/// it is restarted, and the request counts as never sent.
+fn wedged(hub: &Hub, session: &Session, waited: Duration) -> Failure {
+    let reason = format!("the server did not read its input for {} ms", waited.as_millis());
+    if let Some(handle) = hub.servers.get(&session.server) {
+        handle.kick(&reason);
+    }
+    Failure::SendFailed { reason }
 }
 
 fn from_service_error(e: ServiceError) -> Failure {

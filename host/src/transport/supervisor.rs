@@ -67,6 +67,8 @@ pub struct Listing {
 pub struct Session {
     /// Unique across all servers and restarts.
     pub id: u64,
+    /// The server's name.
+    pub server: Arc<str>,
     pub peer: Peer<RoleClient>,
     pub info: Option<Arc<ServerPeerInfo>>,
     /// Cancelled the moment the connection is lost, so calls in flight end at once.
@@ -169,6 +171,13 @@ impl ServerHandle {
         });
         let _ = tokio::time::timeout(within, fresh).await;
         self.ready_session(Duration::ZERO).await
+    }
+
+    /// Restarts the server without waiting: its session is wedged (it stopped reading what
+    /// it is sent). Counts towards the crash loop, like any restart on request.
+    pub fn kick(&self, why: &str) {
+        tracing::warn!(server = %self.name, "{why}; restarting it");
+        self.restart.notify_waiters();
     }
 
     /// Stops the server and waits for its process to be gone.
@@ -382,6 +391,7 @@ impl Supervisor {
         };
         let session = Arc::new(Session {
             id,
+            server: self.name.clone(),
             peer,
             info,
             closed: CancellationToken::new(),

@@ -54,6 +54,7 @@ async fn main() {
     let mut emulate = None;
     let mut mute_lists = false;
     let mut stubborn = false;
+    let mut deaf_after_calls = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -85,6 +86,9 @@ async fn main() {
             "--mute-lists" => mute_lists = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
+            // Stops reading its input (but keeps running) after this many tool calls; once
+            // per state folder, so that its replacement hears again.
+            "--deaf-after-calls" => deaf_after_calls = Some(value().parse::<u64>().expect("a number")),
             // Writes one stderr line of this many MiB at start.
             "--stderr-line-mb" => {
                 let mb: usize = value().parse().expect("--stderr-line-mb takes a number");
@@ -126,10 +130,20 @@ async fn main() {
         pending: Mutex::default(),
     });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut calls_read = 0;
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
+        calls_read += u64::from(msg["method"] == "tools/call");
+        let was_deaf = server.state.as_ref().map(|d| d.join("was-deaf"));
+        if deaf_after_calls.is_some_and(|n| calls_read > n) && !was_deaf.as_ref().is_some_and(|f| f.exists()) {
+            if let Some(f) = &was_deaf {
+                std::fs::write(f, "").unwrap();
+            }
+            eprintln!("faulty-server: deaf from now on");
+            std::future::pending::<()>().await;
+        }
         let server = server.clone();
         // Each message on its own task, so that a hanging call does not block the rest.
         tokio::spawn(async move { server.handle(msg).await });
