@@ -2,7 +2,9 @@
 //! `message`, `context`, `recovery`, `fix_status`), written off the call path by a
 //! background task so that logging never blocks or fails a call. The file is rotated to
 //! `NAME.1` past its size cap; the newest entries are also kept in memory for
-//! `rebound://errors`.
+//! `rebound://errors`. A flood of one kind of failure is written as its first entries
+//! and a summary with the count ([`bursts`]), so it never rotates away the failure that
+//! started it; every entry that is not written is counted.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -24,11 +26,16 @@ const RECENT: usize = 100;
 /// Entries queued for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 4096;
 
+mod bursts;
+
 #[derive(Debug)]
 pub struct ErrorsLog {
     tx: mpsc::Sender<Value>,
     recent: Mutex<VecDeque<Value>>,
-    dropped: AtomicU64,
+    /// Floods of one kind, counted into summary entries.
+    bursts: Mutex<bursts::Bursts>,
+    /// Entries lost: the writer's queue was full, or the file could not be written.
+    dropped: Arc<AtomicU64>,
     next_id: AtomicU64,
     path: PathBuf,
     secrets: Secrets,
@@ -39,15 +46,32 @@ impl ErrorsLog {
     pub fn start(path: PathBuf, max_bytes: u64, secrets: Secrets) -> Arc<Self> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_path = path.clone();
-        tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes));
-        Arc::new(Self {
+        let dropped = Arc::new(AtomicU64::new(0));
+        let lost = dropped.clone();
+        tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes, &lost));
+        let log = Arc::new(Self {
             tx,
             recent: Mutex::new(VecDeque::with_capacity(RECENT)),
-            dropped: AtomicU64::new(0),
+            bursts: Mutex::default(),
+            dropped,
             next_id: AtomicU64::new(0),
             path,
             secrets,
-        })
+        });
+        // Ends a flood's window even when no entry of its kind follows.
+        let weak = Arc::downgrade(&log);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(bursts::WINDOW);
+            loop {
+                tick.tick().await;
+                let Some(log) = weak.upgrade() else { break };
+                let summaries = log.bursts.lock().expect("not poisoned").flush(tokio::time::Instant::now());
+                for s in summaries {
+                    log.send(s);
+                }
+            }
+        });
+        log
     }
 
     pub fn path(&self) -> &Path {
@@ -101,6 +125,21 @@ impl ErrorsLog {
 
     fn push(&self, mut entry: Value) {
         self.secrets.redact_json(&mut entry);
+        let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());
+        if let Some(summary) = summary {
+            self.send(summary);
+        }
+        if write {
+            self.send(entry);
+        }
+    }
+
+    /// Keeps `entry` among the recent ones and hands it to the writer.
+    fn send(&self, mut entry: Value) {
+        if entry.get("repeated").is_some() {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            entry["id"] = Value::String(format!("{}_r{id}", entry["id"].as_str().unwrap_or("err")));
+        }
         {
             let mut recent = self.recent.lock().expect("not poisoned");
             if recent.len() == RECENT {
@@ -124,12 +163,13 @@ impl ErrorsLog {
     }
 }
 
-fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64) {
+fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, dropped: &AtomicU64) {
     let mut warned = false;
     while let Some(entry) = rx.blocking_recv() {
         let mut line = entry.to_string();
         line.push('\n');
         if let Err(e) = append(path, line.as_bytes(), max_bytes) {
+            dropped.fetch_add(1, Ordering::Relaxed);
             // Logged once: a read-only disk must not flood the log either.
             if !warned {
                 tracing::warn!("cannot write the errors log {}: {e}", path.display());
