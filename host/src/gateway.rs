@@ -8,6 +8,7 @@ pub mod hub;
 pub mod metrics;
 pub mod server;
 pub mod status;
+pub mod unique_ids;
 
 pub use hub::Hub;
 pub use server::Gateway;

@@ -190,7 +190,11 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
                 // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
                 // client): tokio's `stdin()` hands each read to a blocking thread, which
                 // cost a quarter of the round trip (cargo xtask bench).
-                .serve(rmcp::transport::stdio_pipes())
+                .serve({
+                    let (read, write) = rmcp::transport::stdio_pipes();
+                    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
+                    rebound::gateway::unique_ids::UniqueIds::new(transport)
+                })
                 .await
                 .context("the client did not complete the MCP handshake")?;
             let _ = running.waiting().await;

@@ -384,3 +384,46 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
     assert!(answered, "the restarted server answers");
     gw.close().await;
 }
+
+#[tokio::test]
+async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}}).to_string()).unwrap();
+    // Raw JSON lines: no SDK client would send a duplicate id.
+    let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |m: Value| stdin.write_all(format!("{m}\n").as_bytes()).await.unwrap();
+    send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
+    let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert_eq!(init["id"], 0);
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let call = |tool: &str, args: Value| json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": tool, "arguments": args}});
+    send(call("slow", json!({"ms": 500}))).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send(call("echo", json!({"message": "second"}))).await;
+    // The two answers, in order, among whatever notifications come too.
+    let mut answers = Vec::new();
+    while answers.len() < 2 {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message.get("id").is_some() {
+            answers.push(message);
+        }
+    }
+    assert_eq!(
+        (answers[0]["id"].as_u64(), answers[0]["error"]["code"].as_i64()),
+        (Some(5), Some(-32600)),
+        "{answers:?}"
+    );
+    assert_eq!(answers[1]["result"]["content"][0]["text"], "a: slept 500 ms", "{answers:?}");
+}

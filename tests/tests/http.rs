@@ -190,6 +190,20 @@ async fn what_a_client_must_not_get_past() {
     assert!(a.contains("slept 1500 ms") && b.contains("slept 1500 ms"), "{a}\n{b}");
     // Finished answers give the permits back.
     assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
+
+    // A second request with an id still in flight is refused at once, as JSON-RPC, and
+    // the first is answered as usual.
+    let (first, again) = tokio::join!(slow(5), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        slow(5).await
+    });
+    let again = again.unwrap();
+    assert_eq!(again.headers()["content-type"], "application/json");
+    let refused: Value = again.json().await.unwrap();
+    assert_eq!((refused["id"].as_u64(), refused["error"]["code"].as_i64()), (Some(5), Some(-32600)), "{refused}");
+    assert!(first.unwrap().text().await.unwrap().contains("slept 1500 ms"));
+    // Once answered, the id may be used again.
+    assert!(slow(5).await.unwrap().text().await.unwrap().contains("slept 1500 ms"));
 }
 
 #[tokio::test]

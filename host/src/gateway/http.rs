@@ -198,25 +198,52 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// be able to answer an elicitation or cancel). The permit is held until the response
 /// body ends, so a tool call answered over SSE counts while its answer streams; a client
 /// that disconnects gives its permit back even if the call goes on.
+///
+/// A request whose JSON-RPC id is already in flight for the same client is refused at
+/// once with a JSON-RPC error: two answers with one id could not be told apart, and rmcp
+/// would answer only one of them.
 #[derive(Debug, Default)]
 struct ClientLimits {
     per_client: usize,
-    clients: Mutex<HashMap<String, Arc<Semaphore>>>,
+    clients: Mutex<HashMap<String, InFlight>>,
+}
+
+/// One client's requests in flight: the permits, and the ids they carry.
+#[derive(Debug)]
+struct InFlight {
+    permits: Arc<Semaphore>,
+    ids: std::collections::HashSet<String>,
+}
+
+/// Why a request may not go on.
+enum Refusal {
+    TooMany,
+    DuplicateId,
 }
 
 impl ClientLimits {
-    fn try_acquire(self: &Arc<Self>, client: String) -> Option<ClientPermit> {
+    fn try_acquire(self: &Arc<Self>, client: String, id: Option<String>) -> Result<ClientPermit, Refusal> {
         // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
         let mut clients = self.clients.lock().expect("not poisoned");
-        let semaphore = clients.entry(client.clone()).or_insert_with(|| Arc::new(Semaphore::new(self.per_client)));
-        let permit = semaphore.clone().try_acquire_owned().ok()?;
-        Some(ClientPermit { limits: self.clone(), client, permit: Some(permit) })
+        let entry = clients.entry(client.clone()).or_insert_with(|| InFlight {
+            permits: Arc::new(Semaphore::new(self.per_client)),
+            ids: Default::default(),
+        });
+        if id.as_ref().is_some_and(|id| entry.ids.contains(id)) {
+            return Err(Refusal::DuplicateId);
+        }
+        let permit = entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany)?;
+        if let Some(id) = &id {
+            entry.ids.insert(id.clone());
+        }
+        Ok(ClientPermit { limits: self.clone(), client, id, permit: Some(permit) })
     }
 }
 
 struct ClientPermit {
     limits: Arc<ClientLimits>,
     client: String,
+    id: Option<String>,
     permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -224,8 +251,12 @@ impl Drop for ClientPermit {
     fn drop(&mut self) {
         let mut clients = self.limits.clients.lock().expect("not poisoned");
         drop(self.permit.take());
+        let Some(entry) = clients.get_mut(&self.client) else { return };
+        if let Some(id) = &self.id {
+            entry.ids.remove(id);
+        }
         // Forget idle clients, or the map would grow with every session ever seen.
-        if clients.get(&self.client).is_some_and(|s| s.available_permits() == self.limits.per_client) {
+        if entry.permits.available_permits() == self.limits.per_client {
             clients.remove(&self.client);
         }
     }
@@ -235,7 +266,7 @@ impl Drop for ClientPermit {
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
 enum Probe {
-    One { method: Option<IgnoredAny>, id: Option<IgnoredAny> },
+    One { method: Option<IgnoredAny>, id: Option<serde_json::Value> },
     Batch(Vec<Probe>),
 }
 
@@ -246,11 +277,23 @@ impl Probe {
             Probe::Batch(items) => items.iter().any(Probe::is_request),
         }
     }
+
+    /// The id of a single request, as JSON text (`1` and `"1"` differ, as in JSON-RPC).
+    fn id(&self) -> Option<serde_json::Value> {
+        match self {
+            Probe::One { method: Some(_), id } => id.clone(),
+            _ => None,
+        }
+    }
 }
 
-/// Whether `body` carries a request; what cannot be read counts (rmcp will refuse it).
-fn carries_request(body: &[u8]) -> bool {
-    serde_json::from_slice::<Probe>(body).map_or(true, |p| p.is_request())
+/// Whether `body` carries a request (what cannot be read counts: rmcp will refuse it),
+/// and the id of a single one.
+fn carries_request(body: &[u8]) -> (bool, Option<serde_json::Value>) {
+    match serde_json::from_slice::<Probe>(body) {
+        Ok(p) => (p.is_request(), p.id()),
+        Err(_) => (true, None),
+    }
 }
 
 async fn limit(
@@ -273,23 +316,36 @@ async fn limit(
         }
         Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
     };
-    let counts = carries_request(&body);
+    let (counts, id) = carries_request(&body);
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
         return next.run(request).await;
     }
-    let client = match request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
+    let client = match session {
         Some(session) => format!("session {session}"),
         None => format!("address {}", peer.ip()),
     };
-    let Some(permit) = front.limits.try_acquire(client) else {
-        front.hub.metrics.rejected("too_many_requests");
-        let mut response = refuse(
-            StatusCode::TOO_MANY_REQUESTS,
-            "too many requests in flight from this client; wait for one to finish (rebound.http.max_concurrent_per_client)",
-        );
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+    // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
+    let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
+    let permit = match front.limits.try_acquire(client, key) {
+        Ok(permit) => permit,
+        Err(Refusal::TooMany) => {
+            front.hub.metrics.rejected("too_many_requests");
+            let mut response = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many requests in flight from this client; wait for one to finish (rebound.http.max_concurrent_per_client)",
+            );
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
+        }
+        Err(Refusal::DuplicateId) => {
+            front.hub.metrics.rejected("duplicate_id");
+            let id = id.unwrap_or(serde_json::Value::Null);
+            let error = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600,
+                "message": format!("a request with id {id} is already in flight in this session; give each request its own id")}});
+            return ([(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response();
+        }
     };
     let (parts, body) = next.run(request).await.into_parts();
     let body = body.map_frame(move |frame| {
@@ -420,13 +476,18 @@ mod tests {
 
     #[test]
     fn only_json_rpc_requests_count_against_the_limit() {
-        assert!(carries_request(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#));
-        assert!(carries_request(
+        let counts = |body: &[u8]| carries_request(body).0;
+        assert!(counts(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#));
+        assert!(counts(
             br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"ping"}]"#
         ));
-        assert!(carries_request(b"not json"));
-        assert!(!carries_request(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
-        assert!(!carries_request(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
+        assert!(counts(b"not json"));
+        assert!(!counts(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
+        assert!(!counts(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
+        // The id of a single request, to refuse a second one in flight; `1` is not `"1"`.
+        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).1, Some(serde_json::json!(1)));
+        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":"1","method":"ping"}"#).1, Some(serde_json::json!("1")));
+        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).1, None, "an answer has no request id");
     }
 
     #[test]
