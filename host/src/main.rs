@@ -177,6 +177,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     // Before the async runtime: loading runs each plugin once, synchronously.
     let plugins = rebound::plugins::prepare(&config);
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let max_in_flight = config.settings.http.max_concurrent_per_client;
     let outcome = runtime.block_on(async {
         let hub = Hub::start(config, plugins);
         let mut term = signal(SignalKind::terminate())?;
@@ -193,7 +194,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
                 .serve({
                     let (read, write) = rmcp::transport::stdio_pipes();
                     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
-                    rebound::gateway::unique_ids::UniqueIds::new(transport)
+                    rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight)
                 })
                 .await
                 .context("the client did not complete the MCP handshake")?;

@@ -385,45 +385,95 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
     gw.close().await;
 }
 
+/// `rebound serve` spoken to in raw JSON lines, for what no SDK client would send.
+struct RawStdio {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    _dir: tempfile::TempDir,
+}
+
+impl RawStdio {
+    async fn start(rebound: Value) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rebound.json");
+        let config = json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}, "rebound": rebound});
+        std::fs::write(&path, config.to_string()).unwrap();
+        let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut raw = Self { child, stdin, lines, _dir: dir };
+        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
+        assert_eq!(raw.answers(1).await[0]["id"], 0);
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        raw
+    }
+
+    async fn send(&mut self, message: Value) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(format!("{message}\n").as_bytes()).await.unwrap();
+    }
+
+    async fn call(&mut self, id: u64, tool: &str, args: Value) {
+        self.send(
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}}),
+        )
+        .await;
+    }
+
+    /// The next `n` answers, in order, among whatever notifications come too.
+    async fn answers(&mut self, n: usize) -> Vec<Value> {
+        let mut answers = Vec::new();
+        while answers.len() < n {
+            let line =
+                tokio::time::timeout(Duration::from_secs(30), self.lines.next_line()).await.unwrap().unwrap().unwrap();
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message.get("id").is_some() {
+                answers.push(message);
+            }
+        }
+        answers
+    }
+}
+
 #[tokio::test]
 async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rebound.json");
-    std::fs::write(&path, json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}}).to_string()).unwrap();
-    // Raw JSON lines: no SDK client would send a duplicate id.
-    let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut send = async |m: Value| stdin.write_all(format!("{m}\n").as_bytes()).await.unwrap();
-    send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
-    let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-    assert_eq!(init["id"], 0);
-    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-    let call = |tool: &str, args: Value| json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": tool, "arguments": args}});
-    send(call("slow", json!({"ms": 500}))).await;
+    let mut raw = RawStdio::start(json!({})).await;
+    raw.call(5, "slow", json!({"ms": 500})).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    send(call("echo", json!({"message": "second"}))).await;
-    // The two answers, in order, among whatever notifications come too.
-    let mut answers = Vec::new();
-    while answers.len() < 2 {
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap().unwrap().unwrap();
-        let message: Value = serde_json::from_str(&line).unwrap();
-        if message.get("id").is_some() {
-            answers.push(message);
-        }
-    }
+    raw.call(5, "echo", json!({"message": "second"})).await;
+    let answers = raw.answers(2).await;
     assert_eq!(
         (answers[0]["id"].as_u64(), answers[0]["error"]["code"].as_i64()),
         (Some(5), Some(-32600)),
         "{answers:?}"
     );
     assert_eq!(answers[1]["result"]["content"][0]["text"], "a: slept 500 ms", "{answers:?}");
+    let _ = raw.child.kill().await;
+}
+
+#[tokio::test]
+async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
+    let mut raw = RawStdio::start(json!({"http": {"max_concurrent_per_client": 3}})).await;
+    for id in 1..=5 {
+        raw.call(id, "slow", json!({"ms": 500})).await;
+    }
+    let answers = raw.answers(5).await;
+    let mut refused: Vec<u64> =
+        answers.iter().filter(|a| a["error"]["code"] == -32000).map(|a| a["id"].as_u64().unwrap()).collect();
+    refused.sort_unstable();
+    assert_eq!(refused, [4, 5], "{answers:?}");
+    assert_eq!(answers.iter().filter(|a| a["result"]["content"][0]["text"] == "a: slept 500 ms").count(), 3);
+    // Answered calls make room again.
+    raw.call(6, "echo", json!({"message": "room"})).await;
+    assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: room");
+    let _ = raw.child.kill().await;
 }

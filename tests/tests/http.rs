@@ -191,6 +191,27 @@ async fn what_a_client_must_not_get_past() {
     // Finished answers give the permits back.
     assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
 
+    // What is not JSON-RPC at all gets the protocol's error, as JSON.
+    for (body, code) in [
+        ("not json".to_owned(), -32700),
+        (r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#.to_owned(), -32700),
+        ("[".repeat(10_000), -32700),
+        ("42".to_owned(), -32600),
+    ] {
+        let response = post(&gw, &json!(null))
+            .body(body.clone())
+            .bearer_auth(TOKEN)
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{}", &body[..body.len().min(40)]);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["code"], code, "{error}");
+    }
+
     // A second request with an id still in flight is refused at once, as JSON-RPC, and
     // the first is answered as usual.
     let (first, again) = tokio::join!(slow(5), async {

@@ -296,6 +296,19 @@ fn carries_request(body: &[u8]) -> (bool, Option<serde_json::Value>) {
     }
 }
 
+/// The JSON-RPC error for a body that is not a JSON-RPC message at all: -32700 for what
+/// is not JSON (nesting too deep included), -32600 for JSON that is neither a message nor
+/// a batch. Checked only when the cheap probe could not read the body.
+fn malformed(body: &[u8]) -> Option<Response> {
+    let (code, message) = match serde_json::from_slice::<serde_json::Value>(body) {
+        Err(e) => (-32700, format!("Parse error: {e}")),
+        Ok(serde_json::Value::Object(_) | serde_json::Value::Array(_)) => return None,
+        Ok(_) => (-32600, "Invalid Request: a JSON-RPC message is a JSON object".to_owned()),
+    };
+    let error = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
+    Some((StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response())
+}
+
 async fn limit(
     State(front): State<Front>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -317,6 +330,13 @@ async fn limit(
         Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
     };
     let (counts, id) = carries_request(&body);
+    if counts
+        && id.is_none()
+        && let Some(refusal) = malformed(&body)
+    {
+        front.hub.metrics.rejected("malformed");
+        return refusal;
+    }
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
         return next.run(request).await;
