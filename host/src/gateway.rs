@@ -7,6 +7,7 @@ pub mod http;
 pub mod hub;
 pub mod metrics;
 pub mod server;
+pub mod sessions;
 pub mod status;
 pub mod unique_ids;
 

@@ -376,3 +376,40 @@ async fn an_expired_upstream_session_is_reinitialised_without_the_client_noticin
     assert!(direct.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "echo"));
     let _ = direct.cancel().await;
 }
+
+#[tokio::test]
+async fn sessions_are_capped_and_the_least_recently_used_goes_first() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_sessions": 3}}}),
+        &[],
+    )
+    .await;
+    let open = || async {
+        let init = post(&gw, &initialize()).send().await.unwrap();
+        assert_eq!(init.status(), StatusCode::OK);
+        init.headers()["mcp-session-id"].to_str().unwrap().to_owned()
+    };
+    let ping = |session: String| {
+        post(&gw, &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(open().await);
+    }
+    // The first is used again, so the second is now the least recently used.
+    assert_eq!(ping(sessions[0].clone()).await.unwrap().status(), StatusCode::OK);
+    sessions.push(open().await);
+    sessions.push(open().await);
+    let status = |i: usize| {
+        let s = sessions[i].clone();
+        async move { ping(s).await.unwrap().status() }
+    };
+    assert_eq!(status(1).await, StatusCode::NOT_FOUND, "evicted first");
+    assert_eq!(status(2).await, StatusCode::NOT_FOUND, "evicted second");
+    for i in [0, 3, 4] {
+        assert_eq!(status(i).await, StatusCode::OK, "session {i} kept");
+    }
+}

@@ -485,6 +485,13 @@ impl Ctx<'_> {
                 "leave them out for the defaults (4 MiB, 32)",
             ));
         }
+        if !(1..=100_000).contains(&http.max_sessions) {
+            return Err(self.err(
+                "rebound.http.max_sessions",
+                "must be 1 to 100000",
+                "leave it out for the default (256)",
+            ));
+        }
         Ok(http)
     }
 

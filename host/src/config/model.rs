@@ -204,8 +204,10 @@ pub struct HttpSettings {
     /// The largest request body accepted (413 beyond it).
     pub max_body_bytes: usize,
     /// Requests one client may have in flight at once (429 beyond it). A client is its
-    /// MCP session, or its address before it has one.
+    /// MCP session, or its address before it has one. Over stdio, the one client.
     pub max_concurrent_per_client: usize,
+    /// MCP sessions kept at once; a new one past it closes the least recently used.
+    pub max_sessions: usize,
 }
 
 impl Default for HttpSettings {
@@ -218,6 +220,7 @@ impl Default for HttpSettings {
                 .to_vec(),
             max_body_bytes: 4 << 20,
             max_concurrent_per_client: 32,
+            max_sessions: 256,
         }
     }
 }

@@ -19,7 +19,6 @@ use axum::routing::get;
 use http_body_util::BodyExt;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use serde::de::IgnoredAny;
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -95,7 +94,7 @@ pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) 
     let factory_hub = hub.clone();
     let mcp = StreamableHttpService::new(
         move || Ok(Gateway::new(factory_hub.clone())),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(super::sessions::CappedSessions::new(settings.max_sessions)),
         config,
     );
     let front = Front {
