@@ -509,6 +509,25 @@ mod tests {
         assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).1, None, "an answer has no request id");
     }
 
+    proptest::proptest! {
+        /// Whatever a client posts, reading it never panics, and a body that is answered as
+        /// malformed is one that is neither a JSON-RPC request with an id nor a batch.
+        #[test]
+        fn any_body_is_read_without_panic(body in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..300)) {
+            let (_, id) = carries_request(&body);
+            if malformed(&body).is_some() {
+                proptest::prop_assert!(id.is_none());
+            }
+        }
+
+        #[test]
+        fn any_json_body_is_read_without_panic(text in "[\\[\\]{}\":,0-9a-z ]{0,200}") {
+            let (counts, id) = carries_request(text.as_bytes());
+            proptest::prop_assert!(counts || id.is_none());
+            let _ = malformed(text.as_bytes());
+        }
+    }
+
     #[test]
     fn bearer_tokens_are_read_from_the_authorization_header() {
         let mut h = HeaderMap::new();

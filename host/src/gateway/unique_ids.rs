@@ -90,3 +90,85 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for UniqueIds<T> {
         self.inner.close()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use rmcp::transport::async_rw::AsyncRwTransport;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Lines a hostile or broken client might send: bytes, JSON of every shape, and
+    /// JSON-RPC messages with odd ids and methods.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let id = prop_oneof![
+            Just(serde_json::json!(1)),
+            Just(serde_json::json!("1")),
+            Just(serde_json::json!(null)),
+            Just(serde_json::json!(-1e308)),
+            Just(serde_json::json!(u64::MAX)),
+            Just(serde_json::json!([1])),
+            "[a-z]{0,4}".prop_map(serde_json::Value::String),
+        ];
+        let method = prop_oneof![
+            Just("tools/call"),
+            Just("ping"),
+            Just("initialize"),
+            Just("notifications/cancelled"),
+            Just(""),
+            Just("x/y")
+        ];
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200).prop_map(|mut b| {
+                b.retain(|c| *c != b'\n');
+                b
+            }),
+            (id.clone(), method).prop_map(|(id, m)| {
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "method": m, "params": {}}).to_string().into_bytes()
+            }),
+            id.prop_map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string().into_bytes()),
+            (1usize..2000).prop_map(|depth| "[".repeat(depth).into_bytes()),
+            Just(b"[]".to_vec()),
+            Just(b"42".to_vec()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever a client sends, decoding never panics, every message that reaches the
+        /// gateway is one rmcp parsed, and no request id is in flight twice.
+        #[test]
+        fn client_input_never_breaks_the_decoder(lines in proptest::collection::vec(line(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (ours, theirs) = tokio::io::duplex(1 << 20);
+                let (read, write) = tokio::io::split(ours);
+                let mut transport = UniqueIds::new(AsyncRwTransport::<RoleServer, _, _>::new_server(read, write), 1000);
+                let (their_read, mut their_write) = tokio::io::split(theirs);
+                for l in &lines {
+                    their_write.write_all(l).await.unwrap();
+                    their_write.write_all(b"\n").await.unwrap();
+                }
+                // After whatever came before, a good request still gets through.
+                their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"final\",\"method\":\"ping\"}\n").await.unwrap();
+                their_write.shutdown().await.unwrap();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(message) = transport.receive().await {
+                    if let ClientJsonRpcMessage::Request(r) = message {
+                        assert!(seen.insert(r.id.clone()), "{} delivered twice", r.id);
+                    }
+                }
+                assert!(seen.contains(&RequestId::String("final".into())), "the decoder gave up early");
+                // Refusals go back as JSON-RPC errors with their ids, one JSON line each.
+                drop(transport);
+                let mut back = tokio::io::BufReader::new(their_read).lines();
+                while let Ok(Some(line)) = back.next_line().await {
+                    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                    assert!(v["error"]["code"].is_i64(), "{line}");
+                }
+            });
+        }
+    }
+}
