@@ -14,6 +14,8 @@ commands:
   build-plugins [--release] build plugins/* for wasm32-wasip2 into target/plugins/NAME.wasm
   new-plugin NAME [--dir D] scaffold a third-party adapter in D/NAME (default plugins/NAME)
   conformance               the official MCP conformance suite against `serve --http`
+  chaos [SECONDS]            fault-injecting servers, several clients, a burst of large calls:
+                            answered, recovered, failed, latency, memory, orphans (default 30 s)
   setup                     install the test peers only
   bench    the benchmarks, each checked against its target";
 
@@ -35,6 +37,10 @@ fn main() -> Result<()> {
             new_plugin(&root, name, &dir).map(|_| ())
         }
         Some("bench") => bench(&root, &args[1..]),
+        Some("chaos") => {
+            run(cargo().args(["build", "--workspace", "--bins"]))?;
+            run(Command::new(root.join("target/debug/chaos")).args(args.get(1)))
+        }
         Some("conformance") => {
             setup_node(&root)?;
             run(cargo().args(["build", "-p", "rebound", "--bin", "rebound"]))?;
