@@ -134,6 +134,15 @@ impl ErrorsLog {
         }
     }
 
+    /// Writes the summaries of every flood still being counted (at shutdown).
+    pub fn flush(&self) {
+        let far = tokio::time::Instant::now() + bursts::WINDOW;
+        let summaries = self.bursts.lock().expect("not poisoned").flush(far);
+        for s in summaries {
+            self.send(s);
+        }
+    }
+
     /// Keeps `entry` among the recent ones and hands it to the writer.
     fn send(&self, mut entry: Value) {
         if entry.get("repeated").is_some() {
@@ -147,8 +156,10 @@ impl ErrorsLog {
             }
             recent.push_back(entry.clone());
         }
+        // A summary that cannot be written loses every entry it counts.
+        let stands_for = entry["repeated"]["count"].as_u64().unwrap_or(1);
         if self.tx.try_send(entry).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.fetch_add(stands_for, Ordering::Relaxed);
         }
     }
 

@@ -187,18 +187,23 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
             if let Some(addr) = http {
                 return rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await;
             }
+            // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
+            // client): tokio's `stdin()` hands each read to a blocking thread, which cost a
+            // quarter of the round trip (cargo xtask bench).
+            let (read, write) = rmcp::transport::stdio_pipes();
+            let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
+            let transport = rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight);
+            let ended = transport.ended();
             let running = Gateway::new(hub.clone())
-                // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
-                // client): tokio's `stdin()` hands each read to a blocking thread, which
-                // cost a quarter of the round trip (cargo xtask bench).
-                .serve({
-                    let (read, write) = rmcp::transport::stdio_pipes();
-                    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
-                    rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight)
-                })
+                .serve(transport)
                 .await
                 .context("the client did not complete the MCP handshake")?;
-            let _ = running.waiting().await;
+            // When the client's input ends, the servers are stopped at once: rmcp would
+            // first wait up to 5 s for calls in flight, past the 4 s clients allow.
+            tokio::select! {
+                _ = running.waiting() => {}
+                () = ended.cancelled() => {}
+            }
             anyhow::Ok(())
         };
         let signals = async {

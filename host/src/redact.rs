@@ -64,6 +64,11 @@ impl Secrets {
         Self { values: values.into() }
     }
 
+    /// The length of the longest secret, in bytes.
+    pub fn longest(&self) -> usize {
+        self.values.first().map_or(0, String::len)
+    }
+
     /// `text` with every secret replaced by `[redacted]`.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out = Cow::Borrowed(text);

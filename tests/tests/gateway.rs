@@ -475,5 +475,15 @@ async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
     // Answered calls make room again.
     raw.call(6, "echo", json!({"message": "room"})).await;
     assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: room");
+    // So do cancelled ones, which get no answer at all.
+    for id in 7..=9 {
+        raw.call(id, "slow", json!({"ms": 60_000})).await;
+    }
+    for id in 7..=9 {
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}})).await;
+    }
+    raw.call(10, "echo", json!({"message": "after cancelling"})).await;
+    let answer = raw.answers(1).await.remove(0);
+    assert_eq!(answer["result"]["content"][0]["text"], "a: after cancelling", "{answer}");
     let _ = raw.child.kill().await;
 }

@@ -137,7 +137,8 @@ async fn a_plan_makes_at_most_plugin_max_calls_calls() {
 
 #[tokio::test]
 async fn an_adapter_that_sleeps_in_wasi_is_stopped_at_its_deadline_and_the_pool_never_runs_dry() {
-    let gw = hostile("sleep", json!({}), json!({"plugin_timeout_ms": 100})).await;
+    let settings = json!({"plugin_timeout_ms": 100, "http": {"max_concurrent_per_client": 64}});
+    let gw = hostile("sleep", json!({}), settings).await;
     // More calls at once than the instance pool holds (32), each sleeping an hour.
     let calls = (0..40).map(|i| {
         let peer = gw.client.peer().clone();

@@ -83,6 +83,17 @@ async fn a_flood_of_shed_calls_keeps_its_first_failures_and_counts_the_rest() {
     assert_eq!(log.iter().filter(|e| e["type"] == "mcp_timeout").count(), 5, "{log:?}");
     assert!(log.len() <= 20, "{} entries for 500 failures", log.len());
     assert!(!gw.dir.path().join("errors.jsonl.1").exists(), "the flood did not rotate the log");
+    // The rest is counted: once the window ends, its summary accounts for every one.
+    let accounted = |log: &[Value]| -> u64 { log.iter().map(|e| e["repeated"]["count"].as_u64().unwrap_or(1)).sum() };
+    let mut log = Vec::new();
+    for _ in 0..300 {
+        log = errors_log(&gw);
+        if accounted(&log) == 500 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(accounted(&log), 500, "{log:?}");
     gw.close().await;
 }
 

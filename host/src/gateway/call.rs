@@ -46,9 +46,10 @@ pub async fn attempt(
         options = options.reset_timeout_on_progress();
     }
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-    // A server that stops reading its input stops rmcp's writer, and then sending waits
-    // forever: every write is bounded by the attempt's timeout. A request that could not
-    // be handed over was never sent, so it may be retried; the server is restarted.
+    // A server that stops reading its input stops rmcp's writer, and then sending can wait
+    // forever: handing the request over is bounded by the attempt's timeout. A request
+    // that could not be handed over was never sent, so it may be retried; the server is
+    // restarted.
     let handle = tokio::select! {
         r = tokio::time::timeout(how.timeout, session.peer.send_cancellable_request(request, options)) => match r {
             Ok(sent) => sent.map_err(from_service_error)?,
@@ -63,23 +64,32 @@ pub async fn attempt(
         true
     });
     // rmcp sends `notifications/cancelled` when its timeout fires, and that write can
-    // wait forever too: the whole wait is bounded, with a moment for the cancel.
-    let response = tokio::time::timeout(how.max_total + CANCEL_WRITE, handle.await_response());
-    tokio::pin!(response);
+    // wait forever behind a server that stopped reading. The call ends at its deadline
+    // regardless; the cancel is left a moment more, off the call's path, and a server
+    // that has not taken it by then is restarted.
+    let mut response = Box::pin(handle.await_response());
     let outcome = tokio::select! {
-        r = &mut response => match r {
+        r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => answered.map_err(from_service_error),
             Err(_) => {
-                wedged(hub, session, how.max_total);
+                let (hub, server, session_id) = (hub.clone(), session.server.clone(), session.id);
+                tokio::spawn(async move {
+                    if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
+                        kick(&hub, &server, session_id, CANCEL_WRITE);
+                    }
+                });
                 Err(Failure::Timeout { after: how.max_total })
             }
         },
         () = cx.ct.cancelled() => {
             let reason = Some("cancelled by the client".to_owned());
-            let cancel = session.peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
-            if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
-                wedged(hub, session, CANCEL_WRITE);
-            }
+            let (hub, server, session_id, peer) = (hub.clone(), session.server.clone(), session.id, session.peer.clone());
+            tokio::spawn(async move {
+                let cancel = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
+                if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
+                    kick(&hub, &server, session_id, CANCEL_WRITE);
+                }
+            });
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
@@ -99,14 +109,19 @@ pub async fn attempt(
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);
 
-/// A server that has not read what it was sent for `waited`: its session is useless, so
-/// it is restarted, and the request counts as never sent.
+/// A request that could not even be handed to the writer within the attempt's timeout:
+/// the server has not read its input for that long. It was never sent (so a retry is
+/// safe), and the server is restarted.
 fn wedged(hub: &Hub, session: &Session, waited: Duration) -> Failure {
-    let reason = format!("the server did not read its input for {} ms", waited.as_millis());
-    if let Some(handle) = hub.servers.get(&session.server) {
-        handle.kick(&reason);
+    kick(hub, &session.server, session.id, waited);
+    Failure::SendFailed { reason: format!("the server did not read its input for {} ms", waited.as_millis()) }
+}
+
+/// Restarts `server` if `session` is still its current one: it stopped reading its input.
+fn kick(hub: &Hub, server: &str, session: u64, waited: Duration) {
+    if let Some(handle) = hub.servers.get(server) {
+        handle.kick(session, &format!("the server did not read its input for {} ms", waited.as_millis()));
     }
-    Failure::SendFailed { reason }
 }
 
 fn from_service_error(e: ServiceError) -> Failure {

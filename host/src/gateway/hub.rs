@@ -335,6 +335,7 @@ impl Hub {
     /// Stops every server in parallel and waits until their processes are gone.
     pub async fn shutdown(&self) {
         futures::future::join_all(self.servers.values().map(ServerHandle::shutdown)).await;
+        self.errors.flush();
     }
 
     fn on_event(self: Arc<Self>, server: &str, session: u64, event: UpstreamEvent) {

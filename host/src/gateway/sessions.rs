@@ -1,12 +1,14 @@
 //! HTTP sessions, capped. Every MCP session holds a gateway handler and rmcp's buffers;
 //! clients that open sessions and walk away would grow memory without bound. At
-//! `rebound.http.max_sessions`, a new session first evicts the one used least recently
-//! (its client gets 404 and, as the protocol says, starts a new session).
+//! `rebound.http.max_sessions`, a new session first closes the idle session (no stream
+//! open: no call in flight, no GET stream) used least recently; only when every session
+//! is busy does the least recently used busy one go. Its client gets 404 and, as the
+//! protocol says, starts a new session.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::streamable_http_server::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -17,28 +19,64 @@ use tokio::time::Instant;
 pub struct CappedSessions {
     inner: LocalSessionManager,
     max: usize,
-    /// When each session was last used.
-    used: Mutex<HashMap<SessionId, Instant>>,
+    used: Arc<Mutex<HashMap<SessionId, Use>>>,
+}
+
+/// How a session is used: when last, and how many of its streams are open.
+#[derive(Debug, Clone, Copy)]
+struct Use {
+    at: Instant,
+    streams: usize,
+}
+
+/// Counts a stream as open while it lives.
+struct Open {
+    used: Arc<Mutex<HashMap<SessionId, Use>>>,
+    id: SessionId,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(&self.id) {
+            u.streams = u.streams.saturating_sub(1);
+            u.at = Instant::now();
+        }
+    }
 }
 
 impl CappedSessions {
     pub fn new(max: usize) -> Self {
-        Self { inner: LocalSessionManager::default(), max: max.max(1), used: Mutex::default() }
+        Self { inner: LocalSessionManager::default(), max: max.max(1), used: Arc::default() }
     }
 
     fn touch(&self, id: &SessionId) {
-        if let Some(at) = self.used.lock().expect("not poisoned").get_mut(id) {
-            *at = Instant::now();
+        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+            u.at = Instant::now();
         }
     }
 
-    /// The sessions to close so that one more fits: the least recently used first.
-    fn to_evict(&self) -> Vec<SessionId> {
-        let used = self.used.lock().expect("not poisoned");
+    /// Marks a stream of `id` open until the returned guard is dropped.
+    fn open(&self, id: &SessionId) -> Open {
+        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+            u.streams += 1;
+            u.at = Instant::now();
+        }
+        Open { used: self.used.clone(), id: id.clone() }
+    }
+
+    /// Makes room for one more session, under one lock so that two new sessions cannot
+    /// both take the last place: the sessions to close, idle ones (least recently used
+    /// first) before busy ones, already forgotten here.
+    fn make_room(&self) -> Vec<SessionId> {
+        let mut used = self.used.lock().expect("not poisoned");
         let over = (used.len() + 1).saturating_sub(self.max);
-        let mut by_age: Vec<(&SessionId, &Instant)> = used.iter().collect();
-        by_age.sort_by_key(|(_, at)| **at);
-        by_age.into_iter().take(over).map(|(id, _)| id.clone()).collect()
+        let mut order: Vec<(SessionId, Use)> = used.iter().map(|(id, u)| (id.clone(), *u)).collect();
+        order.sort_by_key(|(_, u)| (u.streams > 0, u.at));
+        let evicted: Vec<SessionId> = order.into_iter().take(over).map(|(id, _)| id).collect();
+        for id in &evicted {
+            used.remove(id);
+        }
+        evicted
     }
 }
 
@@ -47,13 +85,12 @@ impl SessionManager for CappedSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        for old in self.to_evict() {
+        for old in self.make_room() {
             tracing::info!(session = %old, "closing the least recently used HTTP session: rebound.http.max_sessions ({}) reached", self.max);
-            self.used.lock().expect("not poisoned").remove(&old);
             let _ = self.inner.close_session(&old).await;
         }
         let (id, transport) = self.inner.create_session().await?;
-        self.used.lock().expect("not poisoned").insert(id.clone(), Instant::now());
+        self.used.lock().expect("not poisoned").insert(id.clone(), Use { at: Instant::now(), streams: 0 });
         Ok((id, transport))
     }
 
@@ -80,8 +117,11 @@ impl SessionManager for CappedSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.touch(id);
-        self.inner.create_stream(id, message).await
+        let open = self.open(id);
+        Ok(self.inner.create_stream(id, message).await?.map(move |m| {
+            let _open = &open;
+            m
+        }))
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
@@ -93,8 +133,11 @@ impl SessionManager for CappedSessions {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.touch(id);
-        self.inner.create_standalone_stream(id).await
+        let open = self.open(id);
+        Ok(self.inner.create_standalone_stream(id).await?.map(move |m| {
+            let _open = &open;
+            m
+        }))
     }
 
     async fn resume(
@@ -102,8 +145,11 @@ impl SessionManager for CappedSessions {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.touch(id);
-        self.inner.resume(id, last_event_id).await
+        let open = self.open(id);
+        Ok(self.inner.resume(id, last_event_id).await?.map(move |m| {
+            let _open = &open;
+            m
+        }))
     }
 
     async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {

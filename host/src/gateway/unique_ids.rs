@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use rmcp::ErrorData;
 use rmcp::RoleServer;
 use rmcp::model::ErrorCode;
-use rmcp::model::{ClientJsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, RequestId, ServerJsonRpcMessage};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
@@ -21,15 +21,23 @@ pub const BUSY: i32 = -32000;
 /// Wraps the client's transport; see the module's documentation.
 pub struct UniqueIds<T> {
     inner: T,
-    /// Ids of the client's requests not answered yet.
+    /// Ids of the client's requests not answered (or cancelled) yet.
     in_flight: Arc<Mutex<HashSet<RequestId>>>,
     max: usize,
+    /// Cancelled when the client's input ends.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 impl<T> UniqueIds<T> {
     /// `inner`, allowing at most `max` requests in flight.
     pub fn new(inner: T, max: usize) -> Self {
-        Self { inner, in_flight: Arc::default(), max: max.max(1) }
+        Self { inner, in_flight: Arc::default(), max: max.max(1), ended: Default::default() }
+    }
+
+    /// Cancelled the moment the client's input ends, before rmcp has finished with the
+    /// requests in flight: the gateway can start stopping its servers at once.
+    pub fn ended(&self) -> tokio_util::sync::CancellationToken {
+        self.ended.clone()
     }
 }
 
@@ -57,7 +65,17 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for UniqueIds<T> {
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         loop {
-            let message = self.inner.receive().await?;
+            let Some(message) = self.inner.receive().await else {
+                self.ended.cancel();
+                return None;
+            };
+            // rmcp answers nothing for a request the client cancelled: its id is free.
+            if let ClientJsonRpcMessage::Notification(n) = &message
+                && let ClientNotification::CancelledNotification(c) = &n.notification
+                && let Some(id) = &c.params.request_id
+            {
+                self.in_flight.lock().expect("not poisoned").remove(id);
+            }
             let ClientJsonRpcMessage::Request(request) = &message else { return Some(message) };
             let error = {
                 let mut in_flight = self.in_flight.lock().expect("not poisoned");

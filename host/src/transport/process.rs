@@ -47,8 +47,8 @@ impl<R: tokio::io::AsyncRead + Unpin> CappedLines<R> {
         Self { reader: BufReader::with_capacity(cap.min(64 << 10), inner), cap }
     }
 
-    /// The next line (its first `cap` bytes, with `…` when cut), or none at the end.
-    async fn next(&mut self) -> Option<String> {
+    /// The next line (its first `cap` bytes) and whether it was cut, or none at the end.
+    async fn next(&mut self) -> Option<(String, bool)> {
         let mut line = Vec::new();
         let mut cut = false;
         loop {
@@ -71,12 +71,15 @@ impl<R: tokio::io::AsyncRead + Unpin> CappedLines<R> {
                 break;
             }
         }
-        let mut text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned();
-        if cut {
-            text.push_str(" …(cut)");
-        }
-        Some(text)
+        Some((String::from_utf8_lossy(&line).trim_end_matches('\r').to_owned(), cut))
     }
+}
+
+/// `text` without its last `n` bytes (at a character boundary).
+fn trim_end(text: &str, n: usize) -> &str {
+    let end = text.len().saturating_sub(n);
+    let end = (0..=end).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    &text[..end]
 }
 
 /// The child's protocol pipes.
@@ -118,8 +121,14 @@ impl ServerProcess {
             let secrets = secrets.clone();
             tokio::spawn(async move {
                 let mut lines = CappedLines::new(stderr, MAX_STDERR_LINE);
-                while let Some(line) = lines.next().await {
-                    let line = secrets.redact(&line).into_owned();
+                while let Some((line, cut)) = lines.next().await {
+                    // A secret cut in half no longer matches: what is left of the line past
+                    // the last place one could start is dropped with the rest.
+                    let line = if cut { trim_end(&line, secrets.longest().saturating_sub(1)) } else { &line };
+                    let mut line = secrets.redact(line).into_owned();
+                    if cut {
+                        line.push_str(" …(cut)");
+                    }
                     tracing::info!(target: "rebound::upstream", server = %name, "{line}");
                     let mut tail = tail.lock().expect("not poisoned");
                     if tail.len() == TAIL_LINES {
@@ -206,10 +215,13 @@ mod tests {
         input.extend(std::iter::repeat_n(b'x', 100_000));
         input.extend(b"\nnext\nno newline at the end");
         let mut lines = CappedLines::new(&input[..], 10);
-        assert_eq!(lines.next().await.as_deref(), Some("short"));
-        assert_eq!(lines.next().await.as_deref(), Some("xxxxxxxxxx …(cut)"));
-        assert_eq!(lines.next().await.as_deref(), Some("next"));
-        assert_eq!(lines.next().await.as_deref(), Some("no newline …(cut)"));
-        assert_eq!(lines.next().await, None);
+        let mut next = async || lines.next().await.map(|(l, cut)| (l, cut));
+        assert_eq!(next().await, Some(("short".to_owned(), false)));
+        assert_eq!(next().await, Some(("xxxxxxxxxx".to_owned(), true)));
+        assert_eq!(next().await, Some(("next".to_owned(), false)));
+        assert_eq!(next().await, Some(("no newline".to_owned(), true)));
+        assert_eq!(next().await, None);
+        assert_eq!(super::trim_end("abcdé", 1), "abcd");
+        assert_eq!(super::trim_end("abc", 9), "");
     }
 }

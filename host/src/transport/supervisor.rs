@@ -173,11 +173,14 @@ impl ServerHandle {
         self.ready_session(Duration::ZERO).await
     }
 
-    /// Restarts the server without waiting: its session is wedged (it stopped reading what
-    /// it is sent). Counts towards the crash loop, like any restart on request.
-    pub fn kick(&self, why: &str) {
-        tracing::warn!(server = %self.name, "{why}; restarting it");
-        self.restart.notify_waiters();
+    /// Restarts the server without waiting, if `session` is still its current one: that
+    /// session is wedged (it stopped reading what it is sent). Counts towards the crash
+    /// loop, like any restart on request.
+    pub fn kick(&self, session: u64, why: &str) {
+        if self.state().session.is_some_and(|s| s.id == session && s.is_live()) {
+            tracing::warn!(server = %self.name, "{why}; restarting it");
+            self.restart.notify_waiters();
+        }
     }
 
     /// Stops the server and waits for its process to be gone.

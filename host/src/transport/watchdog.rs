@@ -61,16 +61,13 @@ pub fn note(pgid: Pid, ours: bool) {
 /// The watchdog itself: keeps the listed groups until its input ends, then stops them.
 pub fn run(input: impl BufRead) {
     let mut groups = BTreeSet::new();
-    for line in input.lines().map_while(Result::ok) {
-        let (sign, pgid) = line.split_at(line.len().min(1));
-        match (sign, pgid.parse::<i32>()) {
-            ("+", Ok(p)) if p > 1 => {
-                groups.insert(p);
-            }
-            ("-", Ok(p)) => {
-                groups.remove(&p);
-            }
-            _ => {}
+    // Bytes, not text: a line that is not UTF-8 is skipped, never the end of the input.
+    for line in input.split(b'\n').map_while(Result::ok) {
+        let line = String::from_utf8_lossy(&line);
+        if let Some(p) = line.strip_prefix('+').and_then(|p| p.parse::<i32>().ok()).filter(|p| *p > 1) {
+            groups.insert(p);
+        } else if let Some(p) = line.strip_prefix('-').and_then(|p| p.parse::<i32>().ok()) {
+            groups.remove(&p);
         }
     }
     if groups.is_empty() {
@@ -97,7 +94,8 @@ mod tests {
         let mut reaped = Command::new("sleep").arg("60").process_group(0).spawn().unwrap();
         let (a, b) = (listed.id(), reaped.id());
         // A garbage line and the gateway's own group (1 is init) are ignored.
-        let input = format!("+{a}\n+{b}\n-{b}\nnonsense\n+1\n");
+        let mut input = format!("+{a}\n+{b}\n-{b}\nnonsense\n+1\né\n").into_bytes();
+        input.extend(b"\xff\xfe\n+");
         run(std::io::Cursor::new(input));
         let status = listed.wait().unwrap();
         assert!(!status.success(), "the listed group was signalled: {status}");

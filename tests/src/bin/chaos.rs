@@ -146,7 +146,10 @@ async fn main() {
         async move {
             let mut p = CallToolRequestParams::new("flaky__echo");
             p.arguments = json!({"message": big}).as_object().cloned();
-            gw.client.peer().call_tool(p).await.map(|r| text(&r).len())
+            match tokio::time::timeout(Duration::from_secs(60), gw.client.peer().call_tool(p)).await {
+                Ok(Ok(r)) if r.is_error != Some(true) => Ok(text(&r).len()),
+                _ => Err(()),
+            }
         }
     });
     let burst_ok = futures::future::join_all(burst).await.iter().filter(|r| r.is_ok()).count();
@@ -190,9 +193,16 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let orphans: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
     println!("gateway exit: {exit}; orphaned children: {}", orphans.len());
-    let broken = load(&tally.unanswered) + load(&tally.protocol_errors) + orphans.len() as u64;
+    let burst_lost = 32 - burst_ok as u64;
+    let broken = load(&tally.unanswered)
+        + load(&tally.protocol_errors)
+        + orphans.len() as u64
+        + burst_lost
+        + u64::from(!exit.success());
     if broken > 0 {
-        eprintln!("chaos: FAILED ({broken} unanswered calls, protocol errors or orphans)");
+        eprintln!(
+            "chaos: FAILED ({broken} unanswered calls, protocol errors, lost burst calls, orphans or a failed exit)"
+        );
         std::process::exit(1);
     }
     println!("chaos: every call answered, nothing orphaned");
