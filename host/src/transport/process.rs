@@ -215,7 +215,7 @@ mod tests {
         input.extend(std::iter::repeat_n(b'x', 100_000));
         input.extend(b"\nnext\nno newline at the end");
         let mut lines = CappedLines::new(&input[..], 10);
-        let mut next = async || lines.next().await.map(|(l, cut)| (l, cut));
+        let mut next = async || lines.next().await;
         assert_eq!(next().await, Some(("short".to_owned(), false)));
         assert_eq!(next().await, Some(("xxxxxxxxxx".to_owned(), true)));
         assert_eq!(next().await, Some(("next".to_owned(), false)));
