@@ -80,6 +80,17 @@ impl CappedSessions {
     }
 }
 
+/// `stream`, counted as open (by `open`) for as long as it lives.
+fn counted<S: Stream + Send + Sync + 'static>(
+    open: Open,
+    stream: S,
+) -> impl Stream<Item = S::Item> + Send + Sync + 'static {
+    stream.map(move |item| {
+        let _open = &open;
+        item
+    })
+}
+
 impl SessionManager for CappedSessions {
     type Error = <LocalSessionManager as SessionManager>::Error;
     type Transport = <LocalSessionManager as SessionManager>::Transport;
@@ -118,10 +129,7 @@ impl SessionManager for CappedSessions {
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         let open = self.open(id);
-        Ok(self.inner.create_stream(id, message).await?.map(move |m| {
-            let _open = &open;
-            m
-        }))
+        Ok(counted(open, self.inner.create_stream(id, message).await?))
     }
 
     async fn accept_message(&self, id: &SessionId, message: ClientJsonRpcMessage) -> Result<(), Self::Error> {
@@ -134,10 +142,7 @@ impl SessionManager for CappedSessions {
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         let open = self.open(id);
-        Ok(self.inner.create_standalone_stream(id).await?.map(move |m| {
-            let _open = &open;
-            m
-        }))
+        Ok(counted(open, self.inner.create_standalone_stream(id).await?))
     }
 
     async fn resume(
@@ -146,10 +151,7 @@ impl SessionManager for CappedSessions {
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         let open = self.open(id);
-        Ok(self.inner.resume(id, last_event_id).await?.map(move |m| {
-            let _open = &open;
-            m
-        }))
+        Ok(counted(open, self.inner.resume(id, last_event_id).await?))
     }
 
     async fn restore_session(&self, id: SessionId) -> Result<RestoreOutcome<Self::Transport>, Self::Error> {
