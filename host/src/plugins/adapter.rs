@@ -10,7 +10,7 @@ use super::bindings::Pre;
 use super::bindings::v0_1::rebound::adapter::types as wit;
 use super::load::{Info, Loaded, Needs};
 use super::runtime::{Fault, Reply, Request, Runtime};
-use super::state::{CappedPipe, Kv, LogBudget, State};
+use super::state::{CappedPipe, Kv, LogBudget, State, cap_text};
 use crate::config::AdapterGrant;
 
 mod lane;
@@ -383,15 +383,6 @@ fn check_class(c: wit::Classification) -> Result<wit::Classification, String> {
         ));
     }
     Ok(c)
-}
-
-/// `text` cut to at most `max` bytes (on a character boundary), with an ellipsis when cut.
-pub(crate) fn cap_text(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    format!("{}…", &text[..cut])
 }
 
 /// `value` as JSON text, redacted value by value before it is written, so that a secret

@@ -124,7 +124,7 @@ impl host::Host for State {
         }
         // One line, as the adapter's: its line breaks and terminal escapes are shown, not
         // obeyed, so it cannot forge the gateway's own lines.
-        let message: String = super::adapter::cap_text(&message, MAX_LOG_LINE)
+        let message: String = cap_text(&message, MAX_LOG_LINE)
             .chars()
             .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
             .collect();
@@ -204,6 +204,15 @@ impl v0_2::store::Host for State {
     fn keys(&mut self, prefix: String) -> Vec<String> {
         store::Host::keys(self, prefix)
     }
+}
+
+/// `text` cut to at most `max` bytes (on a character boundary), with an ellipsis when cut.
+pub fn cap_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}…", &text[..cut])
 }
 
 /// A plugin's stdout and stderr: kept up to a cap, the rest dropped. (A pipe that
