@@ -8,6 +8,7 @@ pub mod hub;
 pub mod metrics;
 pub mod server;
 pub mod sessions;
+pub mod snapshot;
 pub mod status;
 pub mod unique_ids;
 

@@ -395,7 +395,7 @@ async fn readyz(State(front): State<Front>) -> Response {
 }
 
 async fn metrics(State(front): State<Front>) -> Response {
-    let body = front.hub.metrics.render(&front.hub);
+    let body = front.hub.metrics.render(&super::status::snapshot(&front.hub));
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 

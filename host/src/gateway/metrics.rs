@@ -3,7 +3,6 @@
 //! the engine's counters, plugin faults — is read from the hub at scrape time, so the two
 //! can never disagree with `rebound_status`.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
@@ -14,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use super::hub::Hub;
+use super::snapshot::Snapshot;
 use crate::recovery::engine::{Denial, Ending, Record};
 use crate::transport::Status;
 
@@ -131,12 +130,12 @@ impl Metrics {
         self.http_rejected.get_or_create(&RejectLabels { reason: reason.to_owned() }).inc();
     }
 
-    /// The whole exposition: the counted metrics, then the hub's state as it is now.
-    pub fn render(&self, hub: &Hub) -> String {
+    /// The whole exposition: the counted metrics, then the gateway's state as it is now.
+    pub fn render(&self, now: &Snapshot) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);
-        let _ = encode_registry(&mut out, &state_registry(hub));
+        let _ = encode_registry(&mut out, &state_registry(now));
         let _ = encode_eof(&mut out);
         out
     }
@@ -156,8 +155,8 @@ fn breaker_value(state: &str) -> i64 {
     }
 }
 
-/// A registry filled from the hub's state at this moment.
-fn state_registry(hub: &Hub) -> Registry {
+/// A registry filled from the gateway's state at one moment.
+fn state_registry(now: &Snapshot) -> Registry {
     let mut registry = Registry::with_prefix("rebound");
     let status = Family::<StatusLabels, Gauge>::default();
     let breaker = Family::<ServerLabel, Gauge>::default();
@@ -174,35 +173,31 @@ fn state_registry(hub: &Hub) -> Registry {
     ];
     let faults = Family::<AdapterLabels, Counter>::default();
     let quarantined = Family::<AdapterLabels, Gauge>::default();
-    for (name, handle) in &hub.servers {
-        let server = ServerLabel { server: name.to_string() };
-        let state = handle.state();
-        for s in [Status::Starting, Status::Ready, Status::Restarting, Status::Down, Status::Stopped] {
-            let labels = StatusLabels { server: name.to_string(), status: s.as_str().into() };
-            status.get_or_create(&labels).set(i64::from(state.status == s));
+    for s in &now.servers {
+        let server = ServerLabel { server: s.name.clone() };
+        for each in [Status::Starting, Status::Ready, Status::Restarting, Status::Down, Status::Stopped] {
+            let labels = StatusLabels { server: s.name.clone(), status: each.as_str().into() };
+            status.get_or_create(&labels).set(i64::from(s.status == each));
         }
-        restarts.get_or_create(&server).inc_by(u64::from(state.restarts));
-        if let Some(policy) = hub.engine.policy(name) {
-            breaker.get_or_create(&server).set(breaker_value(policy.breaker.snapshot().state));
-            for (tool, snapshot) in policy.tools.troubled() {
-                let labels = ToolLabels { server: name.to_string(), tool: label(&tool) };
-                tool_breaker.get_or_create(&labels).set(breaker_value(snapshot.state));
-            }
-            for denial in Denial::ALL {
-                let labels = DeniedLabels { server: name.to_string(), kind: denial.as_str().into() };
-                denied.get_or_create(&labels).inc_by(policy.counters.denied[denial as usize].load(Ordering::Relaxed));
-            }
-            let c = &policy.counters;
-            let values = [&c.attempts, &c.retries, &c.fallbacks, &c.recovered, &c.shed, &c.failures];
-            for ((_, _, family), value) in engine.iter().zip(values) {
-                family.get_or_create(&server).inc_by(value.load(Ordering::Relaxed));
-            }
+        restarts.get_or_create(&server).inc_by(u64::from(s.restarts));
+        breaker.get_or_create(&server).set(breaker_value(s.breaker));
+        for (tool, state) in &s.tool_breakers {
+            let labels = ToolLabels { server: s.name.clone(), tool: label(tool) };
+            tool_breaker.get_or_create(&labels).set(breaker_value(state));
         }
-        if let Some(adapter) = hub.plugins.adapters.get(name) {
-            let h = adapter.health();
-            let labels = AdapterLabels { server: name.to_string(), adapter: label(&h.name) };
-            faults.get_or_create(&labels).inc_by(h.faults);
-            quarantined.get_or_create(&labels).set(i64::from(h.quarantined_for_ms.is_some()));
+        for (denial, count) in Denial::ALL.iter().zip(s.denied) {
+            let labels = DeniedLabels { server: s.name.clone(), kind: denial.as_str().into() };
+            denied.get_or_create(&labels).inc_by(count);
+        }
+        let c = s.counters;
+        let values = [c.attempts, c.retries, c.fallbacks, c.recovered, c.shed, c.failures];
+        for ((_, _, family), value) in engine.iter().zip(values) {
+            family.get_or_create(&server).inc_by(value);
+        }
+        if let Some(a) = &s.adapter {
+            let labels = AdapterLabels { server: s.name.clone(), adapter: label(&a.name) };
+            faults.get_or_create(&labels).inc_by(a.faults);
+            quarantined.get_or_create(&labels).set(i64::from(a.quarantined));
         }
     }
     registry.register("server_status", "1 for the status each server is in now", status);
@@ -220,7 +215,7 @@ fn state_registry(hub: &Hub) -> Registry {
     registry.register("plugin_faults", "Adapter calls that trapped, looped or broke the contract", faults);
     registry.register("plugin_quarantined", "1 while an adapter is quarantined", quarantined);
     let dropped = Counter::<u64>::default();
-    dropped.inc_by(hub.errors.dropped());
+    dropped.inc_by(now.errors_dropped);
     registry.register("errors_log_dropped", "Errors log entries not written", dropped);
     registry
 }

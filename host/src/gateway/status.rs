@@ -9,7 +9,8 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceCo
 use serde_json::{Value, json};
 
 use super::hub::Hub;
-use crate::recovery::breaker::Snapshot;
+use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
+use crate::recovery::breaker::Snapshot as BreakerSnapshot;
 
 pub const STATUS_TOOL: &str = "rebound_status";
 pub const RESET_TOOL: &str = "rebound_reset_breaker";
@@ -87,7 +88,7 @@ pub fn status(hub: &Hub) -> Value {
     status
 }
 
-fn breaker_json(b: &Snapshot) -> Value {
+fn breaker_json(b: &BreakerSnapshot) -> Value {
     json!({
         "state": b.state,
         "consecutive_failures": b.consecutive_failures,
@@ -154,4 +155,41 @@ pub fn read(hub: &Hub, uri: &str) -> Option<ResourceContents> {
     };
     let mime = if uri == STATUS_URI { "application/json" } else { "application/x-ndjson" };
     Some(ResourceContents::text(text, uri).with_mime_type(mime))
+}
+
+/// The gateway's state now, for `/metrics`.
+pub fn snapshot(hub: &Hub) -> Snapshot {
+    let servers = hub
+        .servers
+        .iter()
+        .map(|(name, handle)| {
+            let state = handle.state();
+            let policy = hub.engine.policy(name);
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            let counters = policy.map(|p| &p.counters).map_or_else(Counts::default, |c| Counts {
+                attempts: load(&c.attempts),
+                retries: load(&c.retries),
+                fallbacks: load(&c.fallbacks),
+                recovered: load(&c.recovered),
+                shed: load(&c.shed),
+                failures: load(&c.failures),
+            });
+            ServerSnapshot {
+                name: name.to_string(),
+                status: state.status,
+                restarts: state.restarts,
+                breaker: policy.map_or("closed", |p| p.breaker.snapshot().state),
+                tool_breakers: policy
+                    .map(|p| p.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
+                    .unwrap_or_default(),
+                counters,
+                denied: policy.map(|p| std::array::from_fn(|i| load(&p.counters.denied[i]))).unwrap_or_default(),
+                adapter: hub.plugins.adapters.get(name).map(|a| {
+                    let h = a.health();
+                    AdapterSnapshot { name: h.name, faults: h.faults, quarantined: h.quarantined_for_ms.is_some() }
+                }),
+            }
+        })
+        .collect();
+    Snapshot { servers, errors_dropped: hub.errors.dropped() }
 }

@@ -6,10 +6,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::bindings::Pre;
 use super::bindings::v0_1::rebound::adapter::types as wit;
 use super::load::{Info, Loaded, Needs};
-use super::runtime::{Fault, Reply, Request, Runtime};
+use super::runtime::{Fault, Pre, Reply, Request, Runtime};
 use super::state::{CappedPipe, Kv, LogBudget, State, cap_text};
 use crate::config::AdapterGrant;
 

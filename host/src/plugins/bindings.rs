@@ -23,27 +23,5 @@ pub mod v0_2 {
     });
 }
 
-/// A pre-instantiated adapter, of whichever contract version it speaks.
-#[derive(Clone)]
-pub enum Pre {
-    V0_1(v0_1::PluginPre<super::state::State>),
-    V0_2(v0_2::PluginPre<super::state::State>),
-}
-
-/// What an adapter declares it needs (0.2.0's `declare`); a 0.1.0 adapter needs nothing
-/// beyond its own server's tools and observes every successful call, as 0.1.0 promised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Manifest {
-    pub tools: Vec<String>,
-    pub restart: bool,
-    pub observes: Vec<String>,
-}
-
-impl Manifest {
-    pub fn of_v0_1() -> Self {
-        Self { tools: Vec::new(), restart: false, observes: vec!["*".into()] }
-    }
-}
-
 /// The contract versions a plugin may export, newest first.
 pub const SUPPORTED: &[&str] = &["0.2.0", "0.1.0"];

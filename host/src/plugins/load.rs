@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use wasmtime::component::Component;
 
-use super::bindings::{self, Manifest, Pre, v0_1, v0_2};
-use super::runtime::{Reply, Request, Runtime};
+use super::bindings::{self, v0_1, v0_2};
+use super::runtime::{Manifest, Pre, Reply, Request, Runtime};
 use super::state::{CappedPipe, State};
 use crate::config::ToolPattern;
 

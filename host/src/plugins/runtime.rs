@@ -11,7 +11,7 @@ use std::time::Duration;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, UpdateDeadline};
 
-use super::bindings::{self, Manifest, Pre, v0_1};
+use super::bindings::{self, v0_1, v0_2};
 use super::state::State;
 use v0_1::rebound::adapter::types as wit;
 
@@ -33,6 +33,28 @@ pub enum Request {
     Classify(wit::Failure, wit::Classification),
     Plan(wit::Failure, wit::Classification),
     Observe(wit::CompletedCall),
+}
+
+/// A pre-instantiated adapter, of whichever contract version it speaks.
+#[derive(Clone)]
+pub enum Pre {
+    V0_1(v0_1::PluginPre<State>),
+    V0_2(v0_2::PluginPre<State>),
+}
+
+/// What an adapter declares it needs (0.2.0's `declare`); a 0.1.0 adapter needs nothing
+/// beyond its own server's tools and observes every successful call, as 0.1.0 promised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub tools: Vec<String>,
+    pub restart: bool,
+    pub observes: Vec<String>,
+}
+
+impl Manifest {
+    pub fn of_v0_1() -> Self {
+        Self { tools: Vec::new(), restart: false, observes: vec!["*".into()] }
+    }
 }
 
 /// Why a call got no answer.
