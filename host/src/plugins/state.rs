@@ -211,8 +211,7 @@ pub fn cap_text(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
     }
-    let cut = (0..=max).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    format!("{}…", &text[..cut])
+    format!("{}…", &text[..text.floor_char_boundary(max)])
 }
 
 /// A plugin's stdout and stderr: kept up to a cap, the rest dropped. (A pipe that

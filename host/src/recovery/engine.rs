@@ -293,7 +293,8 @@ struct Spent {
     /// Side calls and alternatives an adapter's plans made.
     plan_calls: u32,
     restarted: bool,
-    /// Every `server/tool` that was called (it may have run).
+    /// Every `server/tool` a plan called (it may have run); the requested tool is not
+    /// listed: it has always been called.
     called: HashSet<(Arc<str>, String)>,
     /// Alternatives already tried, whoever named them.
     alternatives: HashSet<(Arc<str>, String)>,
@@ -391,7 +392,6 @@ impl Engine {
         let mut spent = Spent::default();
         loop {
             spent.primary += 1;
-            spent.called.insert((call.server.clone(), call.tool.clone()));
             let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&call.tool));
             let outcome = self
                 .attempt(
@@ -543,14 +543,14 @@ impl Engine {
     /// declaration, within the call's plan limit, not a second run of a tool that is
     /// unsafe to replay, and with retry budget left on the adapter's own server (so that an
     /// adapter can never spend another server's). Steps from the configuration always may.
+    /// `annotations` are the target tool's, as its server lists it.
     fn admit_call(
         &self,
         call: &Call<'_>,
         record: &mut Record,
         spent: &mut Spent,
         origin: Origin,
-        server: &Arc<str>,
-        tool: &str,
+        (server, tool, annotations): (&Arc<str>, &str, Option<&ToolAnnotations>),
     ) -> bool {
         if origin != Origin::Adapter {
             return true;
@@ -570,9 +570,9 @@ impl Engine {
         if spent.plan_calls >= self.max_plan_calls {
             return deny(record, Denial::Calls);
         }
-        let annotations = call.upstream.annotations(server, tool).flatten();
-        let key = (server.clone(), tool.to_owned());
-        if spent.called.contains(&key) && !is_idempotent(&target.recovery, tool, annotations.as_ref()) {
+        let ran = (**server == *call.server && tool == call.tool)
+            || spent.called.contains(&(server.clone(), tool.to_owned()));
+        if ran && !is_idempotent(&target.recovery, tool, annotations) {
             return deny(record, Denial::Replay);
         }
         if !call.policy.budget.withdraw() {
@@ -596,11 +596,14 @@ impl Engine {
         tool: String,
         arguments: JsonObject,
     ) {
-        if self.clock.now() >= call.deadline || call.upstream.annotations(&call.server, &tool).is_none() {
-            return; // no time left, or the server has no such tool
+        if self.clock.now() >= call.deadline {
+            return;
         }
+        let Some(annotations) = call.upstream.annotations(&call.server, &tool) else {
+            return; // the server has no such tool
+        };
         let server = call.server.clone();
-        if !self.admit_call(call, record, spent, origin, &server, &tool) {
+        if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return;
         }
         spent.called.insert((server.clone(), tool.clone()));
@@ -633,11 +636,11 @@ impl Engine {
     ) -> Option<CallToolResult> {
         let policy = self.servers.get(&server)?;
         // Skipped where this server (or version of it) has no such tool.
-        call.upstream.annotations(&server, &tool)?;
+        let annotations = call.upstream.annotations(&server, &tool)?;
         if spent.alternatives.contains(&(server.clone(), tool.clone())) {
             return None; // tried already in this call
         }
-        if !self.admit_call(call, record, spent, origin, &server, &tool) {
+        if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return None;
         }
         spent.alternatives.insert((server.clone(), tool.clone()));

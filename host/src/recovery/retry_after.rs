@@ -44,8 +44,7 @@ const SCAN_BYTES: usize = 64 << 10;
 
 /// `text` cut to at most `max` bytes, on a character boundary.
 fn prefix(text: &str, max: usize) -> &str {
-    let cut = (0..=max.min(text.len())).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    &text[..cut]
+    &text[..text.floor_char_boundary(max)]
 }
 
 fn split_key_unit(rest: &str) -> (&str, Option<Unit>) {

@@ -77,9 +77,7 @@ impl<R: tokio::io::AsyncRead + Unpin> CappedLines<R> {
 
 /// `text` without its last `n` bytes (at a character boundary).
 fn trim_end(text: &str, n: usize) -> &str {
-    let end = text.len().saturating_sub(n);
-    let end = (0..=end).rev().find(|i| text.is_char_boundary(*i)).unwrap_or(0);
-    &text[..end]
+    &text[..text.floor_char_boundary(text.len().saturating_sub(n))]
 }
 
 /// The child's protocol pipes.
