@@ -3,10 +3,13 @@
 
 pub mod call;
 pub mod catalogue;
+pub mod downstreams;
 pub mod http;
 pub mod hub;
 pub mod metrics;
+pub mod routing;
 pub mod server;
+pub mod session_servers;
 pub mod sessions;
 pub mod snapshot;
 pub mod status;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use rebound::config::{self, Config, Launch};
+use rebound::gateway::downstreams::Front;
 use rebound::gateway::{Gateway, Hub};
 use rebound::redact::Secrets;
 use rmcp::ServiceExt;
@@ -179,7 +180,8 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let max_in_flight = config.settings.http.max_concurrent_per_client;
     let outcome = runtime.block_on(async {
-        let hub = Hub::start(config, plugins);
+        let front = if http.is_some() { Front::Http } else { Front::Stdio };
+        let hub = Hub::start(config, plugins, front);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let shutdown = tokio_util::sync::CancellationToken::new();

@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, ServerConfig, Settings,
-    StdioLaunch, ToolNames, ToolPattern,
+    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, Scope, ServerConfig,
+    Settings, StdioLaunch, ToolNames, ToolPattern,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
@@ -33,6 +33,7 @@ const SERVER_KEYS: &[&str] = &[
     "recovery",
     "adapter_config",
     "adapter_allow",
+    "scope",
 ];
 
 /// The `rebound` object, as written.
@@ -316,7 +317,22 @@ impl Ctx<'_> {
             recovery,
             adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
             adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
+            scope: self.scope(&format!("{key}.scope"), entry.remove("scope"))?,
         })
+    }
+
+    /// `scope`: `"shared"` (the default) or `"session"`.
+    fn scope(&self, key: &str, value: Option<Value>) -> Result<Scope, ConfigError> {
+        match value {
+            None | Some(Value::Null) => Ok(Scope::Shared),
+            Some(Value::String(s)) if s == "shared" => Ok(Scope::Shared),
+            Some(Value::String(s)) if s == "session" => Ok(Scope::Session),
+            Some(other) => Err(self.err(
+                key,
+                format!("is {other}, not a scope"),
+                r#"use "shared" (one process for every client) or "session" (one per client session)"#,
+            )),
+        }
     }
 
     /// `adapter_allow`: `{"tools": ["server/tool", ...], "restart": false}`.
@@ -483,6 +499,13 @@ impl Ctx<'_> {
                 "rebound.http",
                 "`max_body_bytes` must be 1 to 2^30 and `max_concurrent_per_client` 1 to 100000",
                 "leave them out for the defaults (4 MiB, 32)",
+            ));
+        }
+        if !(1_000..=7 * 24 * 3_600_000).contains(&http.session_idle_ms) {
+            return Err(self.err(
+                "rebound.http.session_idle_ms",
+                "must be 1000 (a second) to 604800000 (a week)",
+                "leave it out for the default (1800000, half an hour)",
             ));
         }
         if !(1..=100_000).contains(&http.max_sessions) {

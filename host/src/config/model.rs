@@ -33,6 +33,28 @@ pub struct ServerConfig {
     pub adapter_config: Value,
     /// What the adapter's plans may make the gateway do.
     pub adapter_allow: AdapterGrant,
+    /// One process for every client, or one per client session.
+    pub scope: Scope,
+}
+
+/// Who a server's process serves (`mcpServers.NAME.scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// One instance for every client of the gateway (the default).
+    #[default]
+    Shared,
+    /// One instance per client session, started on its first use, stopped when the
+    /// session ends: for servers that keep per-user state or ask the client things.
+    Session,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Session => "session",
+        }
+    }
 }
 
 /// What a server's adapter may ask the gateway to do (`mcpServers.NAME.adapter_allow`).
@@ -208,6 +230,9 @@ pub struct HttpSettings {
     pub max_concurrent_per_client: usize,
     /// MCP sessions kept at once; a new one past it closes the least recently used.
     pub max_sessions: usize,
+    /// A session that sends nothing for this long is closed (with its `session`-scoped
+    /// servers).
+    pub session_idle_ms: u64,
 }
 
 impl Default for HttpSettings {
@@ -221,6 +246,7 @@ impl Default for HttpSettings {
             max_body_bytes: 4 << 20,
             max_concurrent_per_client: 32,
             max_sessions: 256,
+            session_idle_ms: 30 * 60 * 1000,
         }
     }
 }

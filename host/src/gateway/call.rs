@@ -11,8 +11,9 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
 
-use super::hub::{CallGuard, Hub};
+use super::routing::{CallGuard, Routing};
 use crate::recovery::Failure;
+use crate::transport::ServerHandle;
 use crate::transport::Session;
 
 /// How to make one attempt.
@@ -26,8 +27,10 @@ pub struct Attempt {
 
 /// Calls `tool` on `session` once. A successful answer with `isError: true` is a
 /// [`Failure::ToolError`].
+#[allow(clippy::too_many_arguments)]
 pub async fn attempt(
-    hub: &Arc<Hub>,
+    routing: &Routing,
+    server: &Arc<ServerHandle>,
     session: &Session,
     tool: &str,
     arguments: Option<JsonObject>,
@@ -53,14 +56,14 @@ pub async fn attempt(
     let handle = tokio::select! {
         r = tokio::time::timeout(how.timeout, session.peer.send_cancellable_request(request, options)) => match r {
             Ok(sent) => sent.map_err(from_service_error)?,
-            Err(_) => return Err(wedged(hub, session, how.timeout)),
+            Err(_) => return Err(wedged(server, session, how.timeout)),
         },
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
     call.sent(session.id, id.clone());
     let mapped = cx.meta.get_progress_token().is_some_and(|client| {
-        hub.map_progress(session.id, token.clone(), cx.peer.clone(), client);
+        routing.map_progress(session.id, token.clone(), cx.peer.clone(), client);
         true
     });
     // rmcp sends `notifications/cancelled` when its timeout fires, and that write can
@@ -72,10 +75,10 @@ pub async fn attempt(
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => answered.map_err(from_service_error),
             Err(_) => {
-                let (hub, server, session_id) = (hub.clone(), session.server.clone(), session.id);
+                let (server, session_id) = (server.clone(), session.id);
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
-                        kick(&hub, &server, session_id, CANCEL_WRITE);
+                        kick(&server, session_id, CANCEL_WRITE);
                     }
                 });
                 Err(Failure::Timeout { after: how.max_total })
@@ -83,18 +86,18 @@ pub async fn attempt(
         },
         () = cx.ct.cancelled() => {
             let reason = Some("cancelled by the client".to_owned());
-            let (hub, server, session_id, peer) = (hub.clone(), session.server.clone(), session.id, session.peer.clone());
+            let (server, session_id, peer) = (server.clone(), session.id, session.peer.clone());
             tokio::spawn(async move {
                 let cancel = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
                 if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
-                    kick(&hub, &server, session_id, CANCEL_WRITE);
+                    kick(&server, session_id, CANCEL_WRITE);
                 }
             });
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
     };
-    if mapped && let Some(progress) = hub.unmap_progress(session.id, &token) {
+    if mapped && let Some(progress) = routing.unmap_progress(session.id, &token) {
         progress.flush().await;
     }
     match outcome? {
@@ -112,16 +115,14 @@ const CANCEL_WRITE: Duration = Duration::from_secs(1);
 /// A request that could not even be handed to the writer within the attempt's timeout:
 /// the server has not read its input for that long. It was never sent (so a retry is
 /// safe), and the server is restarted.
-fn wedged(hub: &Hub, session: &Session, waited: Duration) -> Failure {
-    kick(hub, &session.server, session.id, waited);
+fn wedged(handle: &ServerHandle, session: &Session, waited: Duration) -> Failure {
+    kick(handle, session.id, waited);
     Failure::SendFailed { reason: format!("the server did not read its input for {} ms", waited.as_millis()) }
 }
 
-/// Restarts `server` if `session` is still its current one: it stopped reading its input.
-fn kick(hub: &Hub, server: &str, session: u64, waited: Duration) {
-    if let Some(handle) = hub.servers.get(server) {
-        handle.kick(session, &format!("the server did not read its input for {} ms", waited.as_millis()));
-    }
+/// Restarts the server if `session` is still its current one: it stopped reading its input.
+fn kick(handle: &ServerHandle, session: u64, waited: Duration) {
+    handle.kick(session, &format!("the server did not read its input for {} ms", waited.as_millis()));
 }
 
 fn from_service_error(e: ServiceError) -> Failure {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rmcp::model::{Prompt, Resource, ResourceTemplate, Tool};
+use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerNotification, Tool};
 
 use crate::config::ToolNames;
 use crate::transport::supervisor::Listing;
@@ -26,7 +26,10 @@ pub struct Catalogue {
     pub templates: Vec<ResourceTemplate>,
     tool_routes: HashMap<String, (Route, Tool)>,
     prompt_routes: HashMap<String, Route>,
-    resource_routes: HashMap<String, Arc<str>>,
+    /// Exposed URI → (server, the URI it knows).
+    resource_routes: HashMap<String, (Arc<str>, String)>,
+    /// URIs more than one server listed: (URI, the server that keeps it, the other).
+    pub collisions: Vec<(String, Arc<str>, Arc<str>)>,
     /// (literal prefix of the template, server), longest prefix first.
     template_routes: Vec<(String, Arc<str>)>,
     /// Names of servers that have resources, for URIs nobody listed.
@@ -35,6 +38,10 @@ pub struct Catalogue {
 
 /// The separator of prefixed names, `server__tool`.
 pub const SEPARATOR: &str = "__";
+
+/// A resource URI that an earlier server (in configuration order) also lists is exposed
+/// under this prefix, the server's name and a slash: `rebound://via/SERVER/URI`.
+pub const VIA: &str = "rebound://via/";
 
 impl Catalogue {
     /// Merges `listings` (in configuration order) under the naming `policy`.
@@ -58,11 +65,17 @@ impl Catalogue {
                 cat.prompt_routes.insert(exposed, Route { server: server.clone(), name: prompt.name.clone() });
                 cat.prompts.push(p);
             }
-            // URIs are global names already; the first server to list one owns it.
+            // URIs are global names already; the first server to list one keeps it, and a
+            // later one's is reachable under `VIA`.
             for resource in &listing.resources {
-                if !cat.resource_routes.contains_key(&resource.uri) {
-                    cat.resource_routes.insert(resource.uri.clone(), server.clone());
-                    cat.resources.push(resource.clone());
+                let mut exposed = resource.clone();
+                if let Some((first, _)) = cat.resource_routes.get(&resource.uri) {
+                    cat.collisions.push((resource.uri.clone(), first.clone(), server.clone()));
+                    exposed.uri = format!("{VIA}{server}/{}", resource.uri);
+                }
+                if !cat.resource_routes.contains_key(&exposed.uri) {
+                    cat.resource_routes.insert(exposed.uri.clone(), (server.clone(), resource.uri.clone()));
+                    cat.resources.push(exposed);
                 }
             }
             for template in &listing.templates {
@@ -87,20 +100,29 @@ impl Catalogue {
         self.prompt_routes.get(name)
     }
 
-    /// The server that serves `uri`: the one that listed it, else the one whose template
-    /// matches it best, else the only server with resources.
-    pub fn resource_server(&self, uri: &str) -> Option<Arc<str>> {
-        if let Some(s) = self.resource_routes.get(uri) {
-            return Some(s.clone());
+    /// The server that serves `uri`, and the URI it knows: the one that listed it, else
+    /// the one whose template matches it best, else the only server with resources.
+    pub fn resource(&self, uri: &str) -> Option<(Arc<str>, String)> {
+        if let Some(route) = self.resource_routes.get(uri) {
+            return Some(route.clone());
         }
-        if let Some((_, s)) =
-            self.template_routes.iter().find(|(prefix, _)| !prefix.is_empty() && uri.starts_with(prefix.as_str()))
-        {
-            return Some(s.clone());
-        }
-        match self.resource_servers.as_slice() {
-            [only] => Some(only.clone()),
-            _ => None,
+        let server = self
+            .template_routes
+            .iter()
+            .find(|(prefix, _)| !prefix.is_empty() && uri.starts_with(prefix.as_str()))
+            .map(|(_, s)| s)
+            .or(match self.resource_servers.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            })?;
+        Some((server.clone(), uri.to_owned()))
+    }
+
+    /// The URI a client knows for `server`'s `uri` (see [`VIA`]).
+    pub fn exposed_uri(&self, server: &str, uri: &str) -> String {
+        match self.resource_routes.get(uri) {
+            Some((owner, _)) if &**owner != server => format!("{VIA}{server}/{uri}"),
+            _ => uri.to_owned(),
         }
     }
 
@@ -111,7 +133,7 @@ impl Catalogue {
             .iter()
             .find(|(p, _)| p == prefix)
             .map(|(_, s)| s.clone())
-            .or_else(|| self.resource_server(uri_template))
+            .or_else(|| self.resource(uri_template).map(|(s, _)| s))
     }
 
     /// Whether the exposed tool lists differ (names, schemas or annotations).
@@ -125,6 +147,27 @@ impl Catalogue {
 
     pub fn resources_differ(&self, other: &Catalogue) -> bool {
         self.resources != other.resources || self.templates != other.templates
+    }
+
+    /// The `list_changed` notifications that tell a client this catalogue became `next`
+    /// (tools always, with `force`).
+    pub fn changes(&self, next: &Catalogue, force: bool) -> Vec<ServerNotification> {
+        let mut out = Vec::new();
+        if force || next.tools_differ(self) {
+            out.push(ServerNotification::ToolListChangedNotification(Default::default()));
+        }
+        if next.prompts_differ(self) {
+            out.push(ServerNotification::PromptListChangedNotification(Default::default()));
+        }
+        if next.resources_differ(self) {
+            out.push(ServerNotification::ResourceListChangedNotification(Default::default()));
+        }
+        for (uri, first, other) in next.collisions.iter().filter(|c| !self.collisions.contains(c)) {
+            tracing::warn!(
+                "`{first}` and `{other}` both list the resource {uri}: `{other}`'s is reachable as {VIA}{other}/{uri}"
+            );
+        }
+        out
     }
 }
 
@@ -214,8 +257,27 @@ mod tests {
         let mut b = Listing::default();
         b.templates.push(ResourceTemplate::new("db://rows/{id}", "row"));
         let cat = Catalogue::build(&[("a".into(), Arc::new(a)), ("b".into(), Arc::new(b))], ToolNames::Conditional);
-        assert_eq!(cat.resource_server("file:///a").as_deref(), Some("a"));
-        assert_eq!(cat.resource_server("db://rows/7").as_deref(), Some("b"));
-        assert_eq!(cat.resource_server("nope://x"), None);
+        let server = |uri: &str| cat.resource(uri).map(|(s, _)| s.to_string());
+        assert_eq!(server("file:///a").as_deref(), Some("a"));
+        assert_eq!(server("db://rows/7").as_deref(), Some("b"));
+        assert_eq!(server("nope://x"), None);
+    }
+
+    #[test]
+    fn a_uri_two_servers_list_is_reachable_on_both() {
+        let listing = |uri: &str| {
+            let mut l = Listing::default();
+            l.resources.push(Resource::new(uri, "r"));
+            Arc::new(l)
+        };
+        let servers = [("a".into(), listing("file:///x")), ("b".into(), listing("file:///x"))];
+        let cat = Catalogue::build(&servers, ToolNames::Conditional);
+        let uris: Vec<&str> = cat.resources.iter().map(|r| r.uri.as_str()).collect();
+        assert_eq!(uris, ["file:///x", "rebound://via/b/file:///x"]);
+        assert_eq!(cat.resource("file:///x"), Some(("a".into(), "file:///x".into())));
+        assert_eq!(cat.resource("rebound://via/b/file:///x"), Some(("b".into(), "file:///x".into())));
+        assert_eq!(cat.exposed_uri("b", "file:///x"), "rebound://via/b/file:///x");
+        assert_eq!(cat.exposed_uri("a", "file:///x"), "file:///x");
+        assert_eq!(cat.collisions, [("file:///x".into(), "a".into(), "b".into())]);
     }
 }

@@ -94,7 +94,10 @@ pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) 
     let factory_hub = hub.clone();
     let mcp = StreamableHttpService::new(
         move || Ok(Gateway::new(factory_hub.clone())),
-        Arc::new(super::sessions::CappedSessions::new(settings.max_sessions)),
+        Arc::new(super::sessions::CappedSessions::new(
+            settings.max_sessions,
+            Duration::from_millis(settings.session_idle_ms),
+        )),
         config,
     );
     let front = Front {
@@ -168,12 +171,7 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
 
 /// The bearer token, when one is configured.
 async fn authorize(State(front): State<Front>, request: Request, next: Next) -> Response {
-    let Some(expected) = &front.settings.auth_token else {
-        return next.run(request).await;
-    };
-    let presented = bearer(request.headers());
-    let ok = presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())));
-    if ok {
+    if front.authorized(request.headers()) {
         return next.run(request).await;
     }
     front.hub.metrics.rejected("unauthorized");
@@ -183,6 +181,14 @@ async fn authorize(State(front): State<Front>, request: Request, next: Next) -> 
     );
     response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"rebound\""));
     response
+}
+
+impl Front {
+    /// Whether `headers` carry the gateway's token (always, when it has none).
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(expected) = &self.settings.auth_token else { return true };
+        bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())))
+    }
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -387,11 +393,40 @@ async fn session_ended(request: Request, next: Next) -> Response {
 
 /// 200 when every server is ready, else 503. Counts only: it needs no token, so it names
 /// nothing (`/metrics` and `rebound_status` do, behind the token).
-async fn readyz(State(front): State<Front>) -> Response {
-    let total = front.hub.servers.len();
-    let ready = front.hub.servers.values().filter(|h| h.state().status == Status::Ready).count();
-    let status = if ready == total { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, axum::Json(json!({"ready": ready == total, "servers": total, "servers_ready": ready}))).into_response()
+/// Ready once every shared server is up or has been given up on: marked down after a
+/// crash loop, or still not up when the start-up wait (`startup_timeout_ms`) ended. Then
+/// the gateway serves what it has, and says which servers it is without. A server that
+/// restarts later does not make the gateway unready. Server names are given only to
+/// whoever holds the token (probes need none): to others, counts.
+async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
+    let hub = &front.hub;
+    let past_startup = hub.startup_over();
+    let mut without = Vec::new();
+    let mut waiting = Vec::new();
+    for handle in hub.servers.values() {
+        let state = handle.state();
+        match state.status {
+            Status::Ready => {}
+            Status::Starting if !past_startup && state.last_error.is_none() => waiting.push(handle.name.clone()),
+            _ => without.push(
+                json!({"server": &*handle.name, "status": state.status.as_str(), "last_error": state.last_error}),
+            ),
+        }
+    }
+    let ready = waiting.is_empty();
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut body = json!({
+        "ready": ready,
+        "servers": hub.servers.len(),
+        "servers_ready": hub.servers.len() - without.len() - waiting.len(),
+        "servers_starting": waiting.len(),
+        "servers_given_up": without.len(),
+    });
+    if front.authorized(&headers) {
+        body["starting"] = json!(waiting.iter().map(|n| &**n).collect::<Vec<_>>());
+        body["given_up"] = json!(without);
+    }
+    (status, axum::Json(body)).into_response()
 }
 
 async fn metrics(State(front): State<Front>) -> Response {

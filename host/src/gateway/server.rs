@@ -23,22 +23,28 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
-use rmcp::model::{CallToolResult, JsonObject, ReadResourceResult, ToolAnnotations};
+use rmcp::model::{
+    CallToolResult, InitializeRequestParams, InitializeResult, JsonObject, ReadResourceResult, ResourceContents,
+    ToolAnnotations,
+};
 
 use super::call::{Attempt, attempt};
+use super::downstreams::Front;
 use super::hub::Hub;
+use super::session_servers::SessionServers;
 use super::status;
 use crate::recovery::Failure;
 use crate::recovery::engine::{Ending, Upstream};
 use crate::recovery::report;
 use crate::transport::Session;
 
-/// One downstream session's handler. Cheap to clone; all state lives in the [`Hub`].
+/// One downstream session's handler. Cheap to clone; the state lives in the [`Hub`] and
+/// the session's [`SessionServers`].
 #[derive(Clone)]
 pub struct Gateway {
     hub: Arc<Hub>,
-    /// Names this downstream session in the errors log.
-    session: Arc<str>,
+    /// The servers this session reaches; its name is the session's in the errors log.
+    own: Arc<SessionServers>,
 }
 
 impl Gateway {
@@ -48,17 +54,14 @@ impl Gateway {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let session = format!("sess_{millis}_{}", NEXT.fetch_add(1, Ordering::Relaxed)).into();
-        Self { hub, session }
+        let session: Arc<str> = format!("sess_{millis}_{}", NEXT.fetch_add(1, Ordering::Relaxed)).into();
+        Self { own: SessionServers::new(hub.clone(), session), hub }
     }
 
     /// The live session of `server`, waiting for a start in progress up to `within`.
     async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
-        let handle = self
-            .hub
-            .servers
-            .get(server)
-            .ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
+        let handle =
+            self.own.server(server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
         handle.ready_session(within).await.map_err(|nr| {
             let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
             ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
@@ -108,8 +111,21 @@ impl ServerHandler for Gateway {
         Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE))
     }
 
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        cx.peer.set_peer_info(request.clone());
+        if self.hub.downstreams.front() == Front::Stdio {
+            self.hub.offer(&request.capabilities);
+        }
+        self.negotiate_initialize(&request)
+    }
+
     async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
-        self.hub.add_downstream(cx.peer);
+        self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
+        self.own.initialised(cx.peer);
     }
 
     async fn list_tools(
@@ -117,8 +133,8 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.hub.settled().await;
-        let mut tools = self.hub.catalogue().tools.clone();
+        self.own.settled().await;
+        let mut tools = self.own.catalogue().tools.clone();
         if self.hub.config.settings.gateway_tools {
             tools.extend(status::tools());
         }
@@ -151,8 +167,8 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        self.hub.settled().await;
-        Ok(ListPromptsResult::with_all_items(self.hub.catalogue().prompts.clone()))
+        self.own.settled().await;
+        Ok(ListPromptsResult::with_all_items(self.own.catalogue().prompts.clone()))
     }
 
     async fn get_prompt(
@@ -160,8 +176,9 @@ impl ServerHandler for Gateway {
         mut request: GetPromptRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
+        self.own.settled().await;
         let route = self
-            .hub
+            .own
             .catalogue()
             .prompt(&request.name)
             .cloned()
@@ -176,8 +193,8 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        self.hub.settled().await;
-        let mut resources = self.hub.catalogue().resources.clone();
+        self.own.settled().await;
+        let mut resources = self.own.catalogue().resources.clone();
         if self.hub.config.settings.gateway_tools {
             resources.extend(status::resources());
         }
@@ -189,13 +206,13 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         _: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        self.hub.settled().await;
-        Ok(ListResourceTemplatesResult::with_all_items(self.hub.catalogue().templates.clone()))
+        self.own.settled().await;
+        Ok(ListResourceTemplatesResult::with_all_items(self.own.catalogue().templates.clone()))
     }
 
     async fn read_resource(
         &self,
-        request: ReadResourceRequestParams,
+        mut request: ReadResourceRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if self.hub.config.settings.gateway_tools
@@ -203,28 +220,42 @@ impl ServerHandler for Gateway {
         {
             return Ok(ReadResourceResult::new(vec![contents]).into());
         }
-        let server = self.resource_server(&request.uri)?;
+        let exposed = request.uri.clone();
+        let (server, uri) = self.resource(&exposed).await?;
         let session = self.session(&server, self.wait_for(&server)).await?;
-        session.peer.read_resource(request).await.map(Into::into).map_err(|e| upstream_error(&server, e))
+        request.uri = uri;
+        let mut result = session.peer.read_resource(request).await.map_err(|e| upstream_error(&server, e))?;
+        for content in &mut result.contents {
+            rename_content(content, &exposed);
+        }
+        Ok(result.into())
     }
 
-    async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        let server = self.resource_server(&request.uri)?;
+    async fn subscribe(
+        &self,
+        mut request: SubscribeRequestParams,
+        _: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let (server, uri) = self.resource(&request.uri).await?;
         let session = self.session(&server, self.wait_for(&server)).await?;
-        let uri = request.uri.clone();
+        request.uri = uri.clone();
         session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
-        self.hub.subscribed(server, uri, true);
+        self.hub.downstreams.subscribe(&self.own.client, server, uri, true);
         Ok(())
     }
 
     async fn unsubscribe(
         &self,
-        request: UnsubscribeRequestParams,
+        mut request: UnsubscribeRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let server = self.resource_server(&request.uri)?;
-        self.hub.subscribed(server.clone(), request.uri.clone(), false);
+        let (server, uri) = self.resource(&request.uri).await?;
+        // The server keeps the subscription while another session still has it.
+        if self.hub.downstreams.subscribe(&self.own.client, server.clone(), uri.clone(), false) {
+            return Ok(());
+        }
         let session = self.session(&server, self.wait_for(&server)).await?;
+        request.uri = uri;
         session.peer.unsubscribe(request).await.map_err(|e| upstream_error(&server, e))
     }
 
@@ -233,7 +264,8 @@ impl ServerHandler for Gateway {
         mut request: CompleteRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        let catalogue = self.hub.catalogue();
+        self.own.settled().await;
+        let catalogue = self.own.catalogue();
         let server = match &mut request.r#ref {
             rmcp::model::Reference::Prompt(p) => {
                 let route = catalogue
@@ -255,13 +287,18 @@ impl ServerHandler for Gateway {
     }
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.hub.set_log_level(request.level);
-        for handle in self.hub.servers.values() {
+        self.hub.downstreams.set_level(&self.own.client, request.level);
+        // Shared servers log at the most verbose level any session asked for; each
+        // session hears only what its own level lets through.
+        let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
+        let own = self.own.own_instances();
+        let levels = own.iter().map(|h| (h, request.level)).chain(self.hub.servers.values().map(|h| (h, shared)));
+        for (handle, level) in levels {
             let Some(session) = handle.state().session.filter(|s| s.is_live()) else {
                 continue;
             };
             if session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some())
-                && let Err(e) = session.peer.set_level(SetLevelRequestParams::new(request.level)).await
+                && let Err(e) = session.peer.set_level(SetLevelRequestParams::new(level)).await
             {
                 tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
             }
@@ -274,13 +311,13 @@ impl ServerHandler for Gateway {
     }
 
     async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {
-        for session in self.live_sessions() {
+        for session in self.concerned_sessions() {
             let _ = session.peer.notify_roots_list_changed().await;
         }
     }
 
     async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
-        for session in self.live_sessions() {
+        for session in self.concerned_sessions() {
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
         }
@@ -299,8 +336,8 @@ impl Gateway {
         {
             return Ok(result.into());
         }
-        self.hub.settled().await;
-        let catalogue = self.hub.catalogue();
+        self.own.settled().await;
+        let catalogue = self.own.catalogue();
         let Some((route, tool)) = catalogue.tool(&request.name) else {
             // The one failure that is a protocol error: there is nothing to route to.
             return Err(ErrorData::invalid_params(
@@ -308,14 +345,14 @@ impl Gateway {
                 None,
             ));
         };
-        let upstreams = Upstreams { hub: &self.hub, cx: &cx };
+        let upstreams = Upstreams { hub: &self.hub, own: &self.own, cx: &cx };
         let started = std::time::Instant::now();
         let (ending, record) = self
-            .hub
-            .engine
+            .own
+            .engine()
             .run(
                 &upstreams,
-                self.hub.advisor(),
+                self.own.advisor(),
                 route.server.clone(),
                 route.name.clone(),
                 tool.annotations.as_ref(),
@@ -323,7 +360,7 @@ impl Gateway {
             )
             .await;
         if record.failures().next().is_some() {
-            self.hub.errors.record(&record, &self.session, self.hub.engine.clock().wall());
+            self.hub.errors.record(&record, &self.own.client, self.own.engine().clock().wall());
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
                 log_at(
@@ -351,21 +388,31 @@ impl Gateway {
 }
 
 impl Gateway {
-    fn resource_server(&self, uri: &str) -> Result<Arc<str>, ErrorData> {
-        self.hub
+    /// The server of the resource a client knows as `uri`, and the URI that server knows.
+    async fn resource(&self, uri: &str) -> Result<(Arc<str>, String), ErrorData> {
+        self.own.settled().await;
+        self.own
             .catalogue()
-            .resource_server(uri)
+            .resource(uri)
             .ok_or_else(|| ErrorData::resource_not_found(format!("no server offers `{uri}`"), None))
     }
 
-    fn live_sessions(&self) -> Vec<Arc<Session>> {
-        self.hub.servers.values().filter_map(|h| h.state().session.filter(|s| s.is_live())).collect()
+    /// The live upstream sessions that hear what this client says of itself (its roots,
+    /// its custom notifications): its own instances, and the shared servers only when it
+    /// is the gateway's one client (stdio); over HTTP they are not offered roots.
+    fn concerned_sessions(&self) -> Vec<Arc<Session>> {
+        let handles = match self.hub.downstreams.front() {
+            Front::Stdio => self.own.all(),
+            Front::Http => self.own.own_instances(),
+        };
+        handles.iter().filter_map(|h| h.state().session.filter(|s| s.is_live())).collect()
     }
 }
 
 /// The engine's way upstream for one client request.
 struct Upstreams<'a> {
     hub: &'a Arc<Hub>,
+    own: &'a Arc<SessionServers>,
     cx: &'a RequestContext<RoleServer>,
 }
 
@@ -381,13 +428,14 @@ impl Upstream for Upstreams<'_> {
         let server = server.to_owned();
         let tool = tool.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.hub.servers.get(server.as_str()) else {
+            let Some(handle) = self.own.server(&server) else {
                 return Err(Failure::Unavailable {
                     status: crate::transport::Status::Stopped,
                     reason: Some(format!("no server `{server}`")),
                 });
             };
-            let call = self.hub.track_call(&handle.name, &self.cx.peer, self.cx.id.clone());
+            let call =
+                self.hub.routing.track_call(handle.instance, &self.own.client, &self.cx.peer, self.cx.id.clone());
             let started = tokio::time::Instant::now();
             // Waiting for a restart in progress counts against the call's deadline.
             let session = handle
@@ -400,14 +448,14 @@ impl Upstream for Upstreams<'_> {
                 max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
                 progress_extends_timeout: handle.config.recovery.progress_extends_timeout,
             };
-            attempt(self.hub, &session, &tool, arguments, how, self.cx, &call).await
+            attempt(&self.hub.routing, &handle, &session, &tool, arguments, how, self.cx, &call).await
         })
     }
 
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
         let server = server.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.hub.servers.get(server.as_str()) else { return };
+            let Some(handle) = self.own.server(&server) else { return };
             if let Err(nr) = handle.restart(within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
@@ -415,7 +463,7 @@ impl Upstream for Upstreams<'_> {
     }
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        let session = self.hub.servers.get(server)?.state().session?;
+        let session = self.own.server(server)?.state().session?;
         let listing = session.listing();
         listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
     }
@@ -426,5 +474,18 @@ fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, messa
         tracing::Level::ERROR => tracing::error!(server, tool, category, attempts, "call failed: {message}"),
         tracing::Level::WARN => tracing::warn!(server, tool, category, attempts, "call failed: {message}"),
         _ => tracing::info!(server, tool, category, attempts, "call recovered after: {message}"),
+    }
+}
+
+/// Names a resource's contents as the client asked for it (a `rebound://via/` URI stays
+/// one in the answer).
+fn rename_content(content: &mut ResourceContents, exposed: &str) {
+    match content {
+        ResourceContents::TextResourceContents { uri, .. } | ResourceContents::BlobResourceContents { uri, .. }
+            if exposed.starts_with(super::catalogue::VIA) && exposed.ends_with(uri.as_str()) =>
+        {
+            *uri = exposed.to_owned();
+        }
+        _ => {}
     }
 }

@@ -45,8 +45,11 @@ impl Drop for Open {
 }
 
 impl CappedSessions {
-    pub fn new(max: usize) -> Self {
-        Self { inner: LocalSessionManager::default(), max: max.max(1), used: Arc::default() }
+    /// At most `max` sessions; one that sends nothing for `idle` is closed.
+    pub fn new(max: usize, idle: std::time::Duration) -> Self {
+        let mut inner = LocalSessionManager::default();
+        inner.session_config.keep_alive = Some(idle);
+        Self { inner, max: max.max(1), used: Arc::default() }
     }
 
     fn touch(&self, id: &SessionId) {

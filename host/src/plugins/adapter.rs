@@ -117,6 +117,26 @@ impl Adapter {
         Ok(Arc::new(adapter))
     }
 
+    /// The same adapter for another instance of its server (a client session's own): the
+    /// same code, configuration and declared needs, with state of its own (its key-value
+    /// store, such as the HOL cursor, its observe queue and its health).
+    pub fn fork(&self) -> Arc<Self> {
+        Arc::new(Self {
+            runtime: self.runtime.clone(),
+            pre: self.pre.clone(),
+            info: self.info.clone(),
+            name: self.name.clone(),
+            server: self.server.clone(),
+            config: self.config.clone(),
+            kv: Kv::default(),
+            secrets: self.secrets.clone(),
+            log: Arc::default(),
+            health: Mutex::default(),
+            lane: Lane::default(),
+            share: tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2),
+        })
+    }
+
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
     /// once a minute (they are counted in full in the metrics).
     pub fn report_denied(&self, denied: &[Denied]) {
@@ -297,6 +317,18 @@ impl Adapters {
 
     pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Adapter>)> {
         self.by_server.iter()
+    }
+
+    /// The adapters for a set of server instances of their own: `servers`' adapters
+    /// forked (state of their own), every other server's shared.
+    pub fn for_instances<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut by_server = self.by_server.clone();
+        for name in servers {
+            if let Some(a) = self.by_server.get(name) {
+                by_server.insert(name.into(), a.fork());
+            }
+        }
+        Self { by_server }
     }
 }
 

@@ -91,11 +91,32 @@ pub struct ServerPolicy {
     /// One breaker per tool, for failures confined to one tool.
     pub tools: ToolBreakers,
     pub budget: RetryBudget,
-    pub counters: Counters,
+    /// Shared by every instance of the server (see [`Engine::for_instances`]).
+    pub counters: Arc<Counters>,
     /// What this server's adapter may make the gateway do (the configuration's grant).
     pub grant: AdapterGrant,
     /// What the adapter declared it needs; a step must be in both.
     pub declared: AdapterGrant,
+}
+
+impl ServerPolicy {
+    fn fresh(
+        recovery: &RecoveryConfig,
+        grant: AdapterGrant,
+        declared: AdapterGrant,
+        clock: &Arc<dyn Clock>,
+        rng: &Arc<Rng>,
+    ) -> Self {
+        Self {
+            recovery: recovery.clone(),
+            breaker: Breaker::new(recovery.breaker, clock.clone(), rng.clone()),
+            tools: ToolBreakers::new(recovery.breaker, clock.clone(), rng.clone()),
+            budget: RetryBudget::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve),
+            counters: Arc::default(),
+            grant,
+            declared,
+        }
+    }
 }
 
 /// Why a tool was called.
@@ -246,7 +267,7 @@ impl Record {
 }
 
 pub struct Engine {
-    servers: HashMap<Arc<str>, ServerPolicy>,
+    servers: HashMap<Arc<str>, Arc<ServerPolicy>>,
     clock: Arc<dyn Clock>,
     rng: Arc<Rng>,
     /// `rebound.plugin_max_calls`.
@@ -313,25 +334,37 @@ impl Engine {
         let servers = servers
             .into_iter()
             .map(|s| {
-                let policy = ServerPolicy {
-                    recovery: s.recovery.clone(),
-                    breaker: Breaker::new(s.recovery.breaker, clock.clone(), rng.clone()),
-                    tools: ToolBreakers::new(s.recovery.breaker, clock.clone(), rng.clone()),
-                    budget: RetryBudget::new(s.recovery.retry.budget_ratio, s.recovery.retry.budget_reserve),
-                    counters: Counters::default(),
-                    grant: s.adapter_allow.clone(),
-                    declared: AdapterGrant::own(&s.name),
-                };
-                (Arc::from(s.name.as_str()), policy)
+                let policy =
+                    ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), AdapterGrant::own(&s.name), &clock, &rng);
+                (Arc::from(s.name.as_str()), Arc::new(policy))
             })
             .collect();
         Self { servers, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
     }
 
-    /// Records what `server`'s adapter declared it needs (by default: its own server's
-    /// tools, no restart).
+    /// An engine for a set of server instances of their own (one client session's):
+    /// `servers` get fresh breakers and retry budgets, sharing only their counters with
+    /// this engine's; every other server's policy is this engine's own.
+    pub fn for_instances<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut map = self.servers.clone();
+        for name in servers {
+            if let Some(shared) = self.servers.get(name) {
+                let mut own = ServerPolicy::fresh(
+                    &shared.recovery,
+                    shared.grant.clone(),
+                    shared.declared.clone(),
+                    &self.clock,
+                    &self.rng,
+                );
+                own.counters = shared.counters.clone();
+                map.insert(Arc::from(name), Arc::new(own));
+            }
+        }
+        Self { servers: map, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls: self.max_plan_calls }
+    }
+
     pub fn declare(&mut self, server: &str, declared: AdapterGrant) {
-        if let Some(policy) = self.servers.get_mut(server) {
+        if let Some(policy) = self.servers.get_mut(server).and_then(Arc::get_mut) {
             policy.declared = declared;
         }
     }
@@ -343,7 +376,7 @@ impl Engine {
     }
 
     pub fn policy(&self, server: &str) -> Option<&ServerPolicy> {
-        self.servers.get(server)
+        self.servers.get(server).map(|p| &**p)
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {

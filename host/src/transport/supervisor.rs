@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
+use rmcp::model::{ClientCapabilities, Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{ClientCacheConfig, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::async_rw::AsyncRwTransport;
@@ -29,6 +29,20 @@ use crate::redact::Secrets;
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+/// What the server is told its client can do (sampling, elicitation, roots), once that is
+/// known: a server waits for it before it starts.
+pub type Offer = watch::Receiver<Option<ClientCapabilities>>;
+
+/// How every supervisor of a gateway runs its server.
+#[derive(Debug, Clone)]
+pub struct Supervision {
+    pub policy: RestartPolicy,
+    pub init_timeout: Duration,
+    /// Applied to every error before it is logged or kept in the state.
+    pub secrets: Secrets,
+}
 
 /// What a server is doing now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +130,8 @@ pub struct ServerState {
 #[derive(Debug)]
 pub struct ServerHandle {
     pub name: Arc<str>,
+    /// Unique across every server instance of the gateway (shared or per session).
+    pub instance: u64,
     pub config: ServerConfig,
     state: watch::Receiver<ServerState>,
     shutdown: CancellationToken,
@@ -193,32 +209,32 @@ impl ServerHandle {
     }
 }
 
-/// Starts supervising `config`; its traffic goes to `relay`.
+/// Starts supervising `config` once `offer` says what its client can do; its traffic goes
+/// to the relay `relay` makes for the new instance's id.
 pub fn spawn_supervisor(
     config: ServerConfig,
-    relay: Arc<dyn Relay>,
-    policy: RestartPolicy,
-    init_timeout: Duration,
-    secrets: Secrets,
+    relay: impl FnOnce(u64) -> Arc<dyn Relay>,
+    offer: Offer,
+    how: &Supervision,
 ) -> ServerHandle {
     let (tx, rx) =
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
     let shutdown = CancellationToken::new();
     let restart = Arc::new(tokio::sync::Notify::new());
     let name: Arc<str> = config.name.as_str().into();
+    let instance = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
     let sup = Supervisor {
         name: name.clone(),
         config: config.clone(),
-        relay,
-        policy,
-        init_timeout,
-        secrets,
+        relay: relay(instance),
+        offer,
+        how: how.clone(),
         tx,
         shutdown: shutdown.clone(),
         restart: restart.clone(),
     };
     let task = tokio::spawn(sup.run());
-    ServerHandle { name, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
+    ServerHandle { name, instance, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
 }
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
@@ -231,10 +247,8 @@ struct Supervisor {
     name: Arc<str>,
     config: ServerConfig,
     relay: Arc<dyn Relay>,
-    policy: RestartPolicy,
-    init_timeout: Duration,
-    /// Applied to every error before it is logged or kept in the state.
-    secrets: Secrets,
+    offer: Offer,
+    how: Supervision,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
     restart: Arc<tokio::sync::Notify>,
@@ -253,13 +267,21 @@ struct Connection {
 }
 
 impl Supervisor {
-    async fn run(self) {
+    async fn run(mut self) {
+        let caps = tokio::select! {
+            caps = self.offer.wait_for(Option::is_some) => caps.ok().and_then(|c| c.clone()),
+            () = self.shutdown.cancelled() => None,
+        };
+        let Some(caps) = caps else {
+            self.tx.send_modify(|s| s.status = Status::Stopped);
+            return;
+        };
         let mut crashes: VecDeque<Instant> = VecDeque::new();
         let mut attempt = 0u32;
         let mut first = true;
         loop {
             let started = tokio::select! {
-                r = self.start() => r,
+                r = self.start(&caps) => r,
                 () = self.shutdown.cancelled() => break,
             };
             match started {
@@ -300,7 +322,7 @@ impl Supervisor {
                             self.tx.send_modify(|s| s.status = Status::Restarting);
                             conn.stop().await;
                             first = false;
-                            if note_crash(&mut crashes, &self.policy) {
+                            if note_crash(&mut crashes, &self.how.policy) {
                                 self.mark_down(&mut attempt, &mut crashes).await;
                                 if self.shutdown.is_cancelled() {
                                     break;
@@ -310,7 +332,7 @@ impl Supervisor {
                         }
                     };
                     conn.session.closed.cancel();
-                    let lost = self.secrets.redact(&lost).into_owned();
+                    let lost = self.how.secrets.redact(&lost).into_owned();
                     tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
                     self.tx.send_modify(|s| {
                         s.status = Status::Restarting;
@@ -318,13 +340,13 @@ impl Supervisor {
                     });
                     conn.stop().await;
                     // A server that stayed up for a whole window has not been looping.
-                    if up_since.elapsed() >= Duration::from_millis(self.policy.crash_window_ms) {
+                    if up_since.elapsed() >= Duration::from_millis(self.how.policy.crash_window_ms) {
                         crashes.clear();
                         attempt = 0;
                     }
                 }
                 Err(error) => {
-                    let error = self.secrets.redact(&error).into_owned();
+                    let error = self.how.secrets.redact(&error).into_owned();
                     tracing::warn!(server = %self.name, "failed to start: {error}");
                     self.tx.send_modify(|s| {
                         s.status = if first { Status::Starting } else { Status::Restarting };
@@ -333,10 +355,10 @@ impl Supervisor {
                 }
             }
             first = false;
-            if note_crash(&mut crashes, &self.policy) {
+            if note_crash(&mut crashes, &self.how.policy) {
                 self.mark_down(&mut attempt, &mut crashes).await;
             } else {
-                let delay = restart_delay(&self.policy, attempt);
+                let delay = restart_delay(&self.how.policy, attempt);
                 attempt = attempt.saturating_add(1);
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
@@ -358,19 +380,20 @@ impl Supervisor {
     /// A crash loop: the server is marked down and tried again after `down_retry_ms`
     /// (or shutdown).
     async fn mark_down(&self, attempt: &mut u32, crashes: &mut VecDeque<Instant>) {
-        tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.policy.down_retry_ms);
+        tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.how.policy.down_retry_ms);
         self.tx.send_modify(|s| s.status = Status::Down);
         crashes.clear();
         *attempt = 0;
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(self.policy.down_retry_ms)) => {}
+            () = tokio::time::sleep(Duration::from_millis(self.how.policy.down_retry_ms)) => {}
             () = self.shutdown.cancelled() => {}
         }
     }
 
-    async fn start(&self) -> Result<Connection, String> {
+    async fn start(&self, caps: &ClientCapabilities) -> Result<Connection, String> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let handler = UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone() };
+        let handler =
+            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), caps: caps.clone() };
         let stop = CancellationToken::new();
         let (running, process) = match &self.config.launch {
             Launch::Stdio(launch) => {
@@ -384,13 +407,16 @@ impl Supervisor {
         let info = running.peer_info();
         // The first listing is part of the start: a server that initialises and then
         // never lists its tools has failed to start, and is restarted with backoff.
-        let Ok(listing) = tokio::time::timeout(self.init_timeout, list_all(&peer, info.as_deref())).await else {
+        let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref())).await else {
             stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(1), running.cancel()).await;
             if let Some(process) = process {
                 process.stop().await;
             }
-            return Err(format!("initialised but did not list its tools within {} ms", self.init_timeout.as_millis()));
+            return Err(format!(
+                "initialised but did not list its tools within {} ms",
+                self.how.init_timeout.as_millis()
+            ));
         };
         let session = Arc::new(Session {
             id,
@@ -423,14 +449,14 @@ impl Supervisor {
         handler: UpstreamHandler,
         stop: &CancellationToken,
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), String> {
-        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.secrets).map_err(|e| {
+        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             format!("cannot run `{}`: {e}{hint}", launch.command)
         })?;
         let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
         let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
-            r = tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
+            r = tokio::time::timeout(self.how.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 return Err(format!("exited during start-up ({status}){}", process.final_stderr_tail().await));
@@ -448,7 +474,7 @@ impl Supervisor {
             Err(_) => {
                 stop.cancel();
                 process.stop().await;
-                Err(format!("did not initialise within {} ms", self.init_timeout.as_millis()))
+                Err(format!("did not initialise within {} ms", self.how.init_timeout.as_millis()))
             }
         }
     }
@@ -474,12 +500,12 @@ impl Supervisor {
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
         let transport = self.in_order(StreamableHttpClientTransport::from_config(config), &handler);
-        match tokio::time::timeout(self.init_timeout, handler.serve_with_ct(transport, stop.clone())).await {
+        match tokio::time::timeout(self.how.init_timeout, handler.serve_with_ct(transport, stop.clone())).await {
             Ok(Ok(running)) => Ok(running),
             Ok(Err(e)) => Err(format!("cannot initialise a session at {}: {e}", http.url)),
             Err(_) => {
                 stop.cancel();
-                Err(format!("{} did not initialise within {} ms", http.url, self.init_timeout.as_millis()))
+                Err(format!("{} did not initialise within {} ms", http.url, self.how.init_timeout.as_millis()))
             }
         }
     }

@@ -114,6 +114,8 @@ pub struct UpstreamHandler {
     pub server: Arc<str>,
     pub session: u64,
     pub relay: Arc<dyn Relay>,
+    /// What the server is told the client can do: the client's own capabilities.
+    pub caps: ClientCapabilities,
 }
 
 impl UpstreamHandler {
@@ -133,16 +135,9 @@ fn unexpected(what: &str) -> ErrorData {
 
 impl ClientHandler for UpstreamHandler {
     fn get_info(&self) -> rmcp::model::ClientConfig {
-        // Advertise everything a client might support; a request the real client cannot
-        // answer is refused by the gateway with a clear error.
-        let mut caps = ClientCapabilities::default();
-        caps.sampling = Some(Default::default());
-        caps.roots = Some(Default::default());
-        if let Some(roots) = caps.roots.as_mut() {
-            roots.list_changed = Some(true);
-        }
-        caps.elicitation = Some(Default::default());
-        rmcp::model::ClientConfig::new(caps, Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
+        // What the client behind the gateway can do (see `Hub::offer`), so that the server
+        // offers through the gateway what it would offer the client directly.
+        rmcp::model::ClientConfig::new(self.caps.clone(), Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 

@@ -93,6 +93,7 @@ fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
         recovery,
         adapter_config: Value::Null,
         adapter_allow: crate::config::AdapterGrant::own(name),
+        scope: Default::default(),
     }
 }
 

@@ -1,0 +1,219 @@
+//! Which client a server's traffic belongs to: the calls in flight on each server
+//! instance (for requests a server makes while serving one), and where each call's
+//! progress goes.
+//!
+//! The rule for a server-to-client request (sampling, elicitation, roots):
+//! 1. over streamable HTTP the server says which of our requests it is serving, and the
+//!    request goes to the client of exactly that call;
+//! 2. otherwise (a stdio server cannot say), to the client whose calls are in flight on
+//!    that instance, when they are all one client's (the newest of its calls);
+//! 3. with calls of several clients in flight, to none of them: which one the server means
+//!    cannot be known, and guessing would show one client another's request. The server
+//!    is told so (give it `"scope": "session"` to have one instance per client);
+//! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
+//!    the gateway's only client (stdio); else to none.
+//!
+//! The client chosen must also have advertised the capability; that is checked by the hub.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::{ProgressNotificationParam, ProgressToken, RequestId};
+use rmcp::{Peer, RoleServer};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::transport::Asker;
+
+/// How long, and how much, progress without a call is kept for a call about to be mapped.
+const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
+const EARLY_PROGRESS_MAX: usize = 256;
+
+/// A client's tool call in flight on a server instance.
+struct InFlight {
+    id: u64,
+    /// The downstream session that made it.
+    client: Arc<str>,
+    peer: Peer<RoleServer>,
+    /// The client's id for the call.
+    request: RequestId,
+    /// The upstream session and our request id there, once the attempt is sent.
+    upstream: Option<(u64, RequestId)>,
+}
+
+/// Who should answer a server's request.
+pub enum Caller {
+    /// This client, about its request `during` (if known: over HTTP the request then
+    /// travels on that call's response stream).
+    Client { peer: Peer<RoleServer>, during: Option<RequestId> },
+    /// Nobody may: why, for the server.
+    Nobody(&'static str),
+}
+
+/// Calls in flight and progress routes, for every server instance.
+#[derive(Default)]
+pub struct Routing {
+    /// Calls in flight per server instance, newest last.
+    in_flight: Mutex<HashMap<u64, Vec<InFlight>>>,
+    next_call: AtomicU64,
+    /// (upstream session, upstream token) → downstream.
+    progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
+    /// Progress that came before its call was mapped (a server may report before the
+    /// send returns here), briefly: (arrived, upstream session, notification). Locked
+    /// after `progress`, never before.
+    early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
+}
+
+impl Routing {
+    /// Registers a call of `client` in flight on `instance`; dropped when the guard is.
+    /// `request` is the client's request id.
+    pub fn track_call(
+        self: &Arc<Self>,
+        instance: u64,
+        client: &Arc<str>,
+        peer: &Peer<RoleServer>,
+        request: RequestId,
+    ) -> CallGuard {
+        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let call = InFlight { id, client: client.clone(), peer: peer.clone(), request, upstream: None };
+        self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
+        CallGuard { routing: self.clone(), instance, id }
+    }
+
+    /// Who should answer `asker`'s request to `instance` (see the module's rule).
+    /// `otherwise` is the client asked when no call is in flight.
+    pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<Peer<RoleServer>>) -> Caller {
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
+        let live = || calls.iter().rev().filter(|c| !c.peer.is_transport_closed());
+        let exact = asker.during.as_ref().and_then(|during| {
+            live().find(|c| c.upstream.as_ref().is_some_and(|(s, id)| *s == asker.session && id == during))
+        });
+        if let Some(call) = exact {
+            return Caller::Client { peer: call.peer.clone(), during: Some(call.request.clone()) };
+        }
+        let mut live = live();
+        let Some(newest) = live.next() else {
+            return match otherwise {
+                Some(peer) => Caller::Client { peer, during: None },
+                None => Caller::Nobody("no client of the gateway has a call in flight on this server"),
+            };
+        };
+        if live.any(|c| c.client != newest.client) {
+            return Caller::Nobody(
+                "calls of several clients are in flight on this shared server, and which one this request belongs to cannot be known (give the server \"scope\": \"session\" in Rebound's configuration)",
+            );
+        }
+        Caller::Client { peer: newest.peer.clone(), during: Some(newest.request.clone()) }
+    }
+
+    /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,
+    /// in the order it arrives, until [`Routing::unmap_progress`].
+    pub fn map_progress(&self, session: u64, upstream: ProgressToken, peer: Peer<RoleServer>, token: ProgressToken) {
+        let mut route = ProgressRoute { peer, token, forwarder: None };
+        let mut routes = self.progress.lock().expect("not poisoned");
+        let mut early = self.early_progress.lock().expect("not poisoned");
+        early.retain(|(_, s, p)| {
+            let ours = *s == session && p.progress_token == upstream;
+            if ours {
+                route.forward(p.clone());
+            }
+            !ours
+        });
+        routes.insert((session, upstream), route);
+    }
+
+    /// Ends the mapping; the forwarder, if progress came, is to be flushed before the
+    /// answer is sent.
+    pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) -> Option<ProgressForwarder> {
+        let route = self.progress.lock().expect("not poisoned").remove(&(session, upstream.clone()))?;
+        route.forwarder.map(|(_, task)| ProgressForwarder(task))
+    }
+
+    /// Progress from upstream `session`: to its call's client, or kept a moment in case
+    /// its call is about to be mapped. Progress is never sent to anyone else.
+    pub fn progress(&self, session: u64, p: ProgressNotificationParam) {
+        let mut routes = self.progress.lock().expect("not poisoned");
+        if let Some(route) = routes.get_mut(&(session, p.progress_token.clone())) {
+            route.forward(p);
+            return;
+        }
+        let mut early = self.early_progress.lock().expect("not poisoned");
+        let now = Instant::now();
+        while early.front().is_some_and(|(t, _, _)| now.duration_since(*t) > EARLY_PROGRESS_KEPT)
+            || early.len() >= EARLY_PROGRESS_MAX
+        {
+            early.pop_front();
+        }
+        early.push_back((now, session, p));
+    }
+}
+
+/// Where one call's progress goes. The forwarding task starts with the first progress:
+/// most calls have none, and a task per call would cost every call.
+struct ProgressRoute {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    forwarder: Option<(mpsc::UnboundedSender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
+}
+
+impl ProgressRoute {
+    /// Queues `p` for the client, in order.
+    fn forward(&mut self, p: ProgressNotificationParam) {
+        let (tx, _) = self.forwarder.get_or_insert_with(|| {
+            let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
+            let (peer, token) = (self.peer.clone(), self.token.clone());
+            let task = tokio::spawn(async move {
+                while let Some(mut p) = rx.recv().await {
+                    p.progress_token = token.clone();
+                    let _ = peer.notify_progress(p).await;
+                }
+            });
+            (tx, task)
+        });
+        let _ = tx.send(p);
+    }
+}
+
+/// The task passing one call's progress on.
+pub struct ProgressForwarder(tokio::task::JoinHandle<()>);
+
+impl ProgressForwarder {
+    /// Waits until the progress relayed so far has been handed to the client's session,
+    /// so that the answer, sent next, comes after it. A client that does not read is
+    /// given a second, not the call.
+    pub async fn flush(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.0).await;
+    }
+}
+
+/// Keeps a call registered as in flight until dropped.
+pub struct CallGuard {
+    routing: Arc<Routing>,
+    instance: u64,
+    id: u64,
+}
+
+impl CallGuard {
+    /// The attempt went out as request `request` on upstream session `session`.
+    pub fn sent(&self, session: u64, request: RequestId) {
+        let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
+        if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
+            call.upstream = Some((session, request));
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
+        if let Some(calls) = in_flight.get_mut(&self.instance) {
+            calls.retain(|c| c.id != self.id);
+            if calls.is_empty() {
+                in_flight.remove(&self.instance);
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! One client session's view of the servers: the shared ones, and its own instance of
+//! each `"scope": "session"` server. Its instances start on the session's first request
+//! after it initialised, offered exactly its capabilities, and stop when the session ends
+//! (closed by the client, idle past `rebound.http.session_idle_ms`, or the oldest idle one
+//! past `rebound.http.max_sessions`). Each has its own supervision, breakers, retry
+//! budget and adapter state (such as the HOL cursor); counters and metrics add up under
+//! the server's name. What an instance says reaches its session only.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use indexmap::IndexMap;
+use rmcp::{Peer, RoleServer};
+use tokio::time::Instant;
+
+use super::catalogue::Catalogue;
+use super::downstreams::send;
+use super::hub::{Hub, HubRelay, Owner, offered, settle};
+use crate::config::Scope;
+use crate::plugins::Adapters;
+use crate::recovery::engine::Engine;
+use crate::recovery::plan::Advisor;
+use crate::transport::Relay;
+use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
+
+/// The servers one client session reaches.
+pub struct SessionServers {
+    hub: Arc<Hub>,
+    /// The session's name (in the errors log and the routing of calls).
+    pub client: Arc<str>,
+    /// The session's peer, once it initialised.
+    peer: OnceLock<Peer<RoleServer>>,
+    own: OnceLock<Own>,
+    /// The catalogue with this session's instances, and the shared one it was built on.
+    catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
+}
+
+/// The session's own server instances, with the recovery state that is theirs alone.
+struct Own {
+    servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
+    engine: Engine,
+    adapters: Adapters,
+    started: Instant,
+    settled: AtomicBool,
+}
+
+impl SessionServers {
+    pub fn new(hub: Arc<Hub>, client: Arc<str>) -> Arc<Self> {
+        Arc::new(Self { hub, client, peer: OnceLock::new(), own: OnceLock::new(), catalogue: Mutex::default() })
+    }
+
+    /// The session initialised: its instances may start from now on.
+    pub fn initialised(&self, peer: Peer<RoleServer>) {
+        let _ = self.peer.set(peer);
+    }
+
+    /// The session's own instances, started on first use; none before it initialised or
+    /// when no server is `session`-scoped.
+    fn own(self: &Arc<Self>) -> Option<&Own> {
+        if let Some(own) = self.own.get() {
+            return Some(own);
+        }
+        let scoped: Vec<&str> =
+            self.hub.config.servers.values().filter(|s| s.scope == Scope::Session).map(|s| s.name.as_str()).collect();
+        if scoped.is_empty() {
+            return None;
+        }
+        let peer = self.peer.get()?;
+        Some(self.own.get_or_init(|| self.start(&scoped, peer)))
+    }
+
+    fn start(self: &Arc<Self>, scoped: &[&str], peer: &Peer<RoleServer>) -> Own {
+        let caps = peer.peer_info().map(|i| offered(&i.capabilities)).unwrap_or_default();
+        let (_, offer) = tokio::sync::watch::channel(Some(caps));
+        let how = self.hub.supervision();
+        let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
+        let hub = Arc::downgrade(&self.hub);
+        let servers: IndexMap<_, _> = scoped
+            .iter()
+            .map(|name| {
+                let relay = |instance| -> Arc<dyn Relay> {
+                    Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
+                };
+                let handle =
+                    Arc::new(spawn_supervisor(self.hub.config.servers[*name].clone(), relay, offer.clone(), &how));
+                self.hub.keep_instance(&handle);
+                self.hub.watch(&handle, Some(owner.clone()));
+                (handle.name.clone(), handle)
+            })
+            .collect();
+        tracing::info!(session = %self.client, servers = servers.len(), "started the session's own servers");
+        Own {
+            servers,
+            engine: self.hub.engine.for_instances(scoped.iter().copied()),
+            adapters: self.hub.plugins.adapters.for_instances(scoped.iter().copied()),
+            started: Instant::now(),
+            settled: AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for the first start of every server this session reaches (bounded by
+    /// `startup_timeout_ms`), like the first `tools/list` does.
+    pub async fn settled(self: &Arc<Self>) {
+        self.hub.settled().await;
+        let Some(own) = self.own() else { return };
+        if own.settled.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = own.started + Duration::from_millis(self.hub.config.settings.startup_timeout_ms);
+        settle(own.servers.values(), deadline).await;
+        self.rebuild(false);
+        own.settled.store(true, Ordering::Release);
+    }
+
+    /// The catalogue this session sees.
+    pub fn catalogue(self: &Arc<Self>) -> Arc<Catalogue> {
+        let shared = self.hub.catalogue();
+        let Some(own) = self.own() else { return shared };
+        let mut cached = self.catalogue.lock().expect("not poisoned");
+        match &*cached {
+            Some((built_on, catalogue)) if Arc::ptr_eq(built_on, &shared) => catalogue.clone(),
+            _ => {
+                let catalogue = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
+                *cached = Some((shared, catalogue.clone()));
+                catalogue
+            }
+        }
+    }
+
+    /// One of this session's instances changed: rebuild its catalogue and tell it what
+    /// changed (tools always, with `force`).
+    pub fn rebuild(self: &Arc<Self>, force: bool) {
+        let Some(own) = self.own() else { return };
+        let mut cached = self.catalogue.lock().expect("not poisoned");
+        let shared = self.hub.catalogue();
+        let next = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
+        let prev = cached.replace((shared, next.clone())).map(|(_, c)| c).unwrap_or_default();
+        drop(cached);
+        if let Some(peer) = self.peer.get() {
+            for change in prev.changes(&next, force) {
+                send(peer.clone(), change);
+            }
+        }
+    }
+
+    /// This session's own instance of `server`, if it has one.
+    pub fn instance(&self, server: &str) -> Option<Arc<ServerHandle>> {
+        self.own.get()?.servers.get(server).cloned()
+    }
+
+    /// The instance of `server` this session's calls go to.
+    pub fn server(&self, server: &str) -> Option<Arc<ServerHandle>> {
+        self.instance(server).or_else(|| self.hub.servers.get(server).cloned())
+    }
+
+    /// Every instance this session reaches: its own, then the shared ones.
+    pub fn all(&self) -> Vec<Arc<ServerHandle>> {
+        let own = self.own.get().into_iter().flat_map(|o| o.servers.values().cloned());
+        own.chain(self.hub.servers.values().cloned()).collect()
+    }
+
+    /// Its own instances only.
+    pub fn own_instances(&self) -> Vec<Arc<ServerHandle>> {
+        self.own.get().into_iter().flat_map(|o| o.servers.values().cloned()).collect()
+    }
+
+    /// The recovery engine of this session's calls (with its instances' breakers).
+    pub fn engine(&self) -> &Engine {
+        self.own.get().map_or(&self.hub.engine, |o| &o.engine)
+    }
+
+    /// The adapters advising this session's calls (its instances' with state of their own).
+    pub fn advisor(&self) -> Option<&dyn Advisor> {
+        match self.own.get() {
+            Some(own) => (!own.adapters.is_empty()).then_some(&own.adapters as _),
+            None => self.hub.advisor(),
+        }
+    }
+}
+
+impl Drop for SessionServers {
+    fn drop(&mut self) {
+        let Some(own) = self.own.take() else { return };
+        tracing::info!(session = %self.client, "the session ended; stopping its own servers");
+        let servers: Vec<_> = own.servers.into_values().collect();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                futures::future::join_all(servers.iter().map(|h| h.shutdown())).await;
+            });
+        }
+    }
+}
