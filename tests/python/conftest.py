@@ -1,8 +1,12 @@
 """Shared set-up for the tests that drive the gateway with the official Python MCP SDK."""
 
+import contextlib
 import json
 import os
 import pathlib
+import re
+import subprocess
+import time
 
 import pytest
 
@@ -30,3 +34,26 @@ def gateway_config(tmp_path):
     path = tmp_path / "rebound.json"
     path.write_text(json.dumps(config))
     return path, tmp_path / "state"
+
+
+@contextlib.contextmanager
+def serve_http(config, log, token):
+    """Runs `rebound serve --http` on a free loopback port; yields its /mcp URL and pid."""
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            [str(BIN / "rebound"), "serve", "--config", str(config), "--http", "127.0.0.1:0"],
+            stderr=sink,
+            env={**os.environ, "REBOUND_AUTH_TOKEN": token},
+        )
+    try:
+        deadline = time.monotonic() + 30
+        url = None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"listening on (http://\S+/mcp)", log.read_text())
+            url = found.group(1) if found else time.sleep(0.05)
+        assert url, f"the gateway never said where it listens:\n{log.read_text()}"
+        yield url, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        print(log.read_text())

@@ -2,10 +2,6 @@
 server-everything, with a bearer token."""
 
 import json
-import os
-import re
-import subprocess
-import time
 import urllib.error
 import urllib.request
 
@@ -14,7 +10,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from conftest import BIN
+from conftest import serve_http
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -23,25 +19,8 @@ TOKEN = "test-token-0123456789abcdef"
 def http_gateway(gateway_config, tmp_path):
     """Starts the gateway on a free loopback port and yields its /mcp URL."""
     config, _ = gateway_config
-    log = tmp_path / "rebound.log"
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            [str(BIN / "rebound"), "serve", "--config", str(config), "--http", "127.0.0.1:0"],
-            stderr=sink,
-            env={**os.environ, "REBOUND_AUTH_TOKEN": TOKEN},
-        )
-    try:
-        deadline = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r"listening on (http://\S+/mcp)", log.read_text())
-            url = found.group(1) if found else time.sleep(0.05)
-        assert url, f"the gateway never said where it listens:\n{log.read_text()}"
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-        print(log.read_text())
 
 
 def text(result):

@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, Scope, ServerConfig,
-    Settings, StdioLaunch, ToolNames, ToolPattern,
+    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, SESSION_VAR, Scope,
+    ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
@@ -310,7 +310,7 @@ impl Ctx<'_> {
         let recovery: RecoveryConfig = self.typed(&format!("{key}.recovery"), recovery)?;
         self.check_recovery(&format!("{key}.recovery"), &recovery)?;
 
-        Ok(ServerConfig {
+        let server = ServerConfig {
             name: name.to_owned(),
             launch,
             adapter,
@@ -318,7 +318,15 @@ impl Ctx<'_> {
             adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
             adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
             scope: self.scope(&format!("{key}.scope"), entry.remove("scope"))?,
-        })
+        };
+        if server.scope == Scope::Shared && server.mentions_session() {
+            return Err(self.err(
+                key,
+                format!("uses {SESSION_VAR}, which only a server with one instance per client session has"),
+                r#"add "scope": "session", or remove ${REBOUND_SESSION}"#,
+            ));
+        }
+        Ok(server)
     }
 
     /// `scope`: `"shared"` (the default) or `"session"`.
@@ -580,6 +588,8 @@ impl Ctx<'_> {
                 None => (expr, None),
             };
             match ((self.env)(name), default) {
+                // Known only when a session's instance starts (`ServerConfig::for_session`).
+                _ if name == "REBOUND_SESSION" => out.push_str(SESSION_VAR),
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {

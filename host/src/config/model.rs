@@ -37,6 +37,57 @@ pub struct ServerConfig {
     pub scope: Scope,
 }
 
+/// Written in a `session`-scoped server's `command`, `args`, `env`, `cwd`, `url` or
+/// `headers`, it is replaced by the client session's name when that session's instance
+/// starts: storage of its own, for servers that keep state in files.
+pub const SESSION_VAR: &str = "${REBOUND_SESSION}";
+
+impl ServerConfig {
+    /// Whether `SESSION_VAR` appears anywhere in how the server is launched.
+    pub fn mentions_session(&self) -> bool {
+        self.launch_strings().any(|s| s.contains(SESSION_VAR))
+    }
+
+    fn launch_strings(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match &self.launch {
+            Launch::Stdio(l) => Box::new(
+                std::iter::once(l.command.as_str())
+                    .chain(l.args.iter().map(String::as_str))
+                    .chain(l.env.values().map(String::as_str))
+                    .chain(l.cwd.iter().filter_map(|c| c.to_str())),
+            ),
+            Launch::Http(h) => Box::new(std::iter::once(h.url.as_str()).chain(h.headers.values().map(String::as_str))),
+        }
+    }
+
+    /// This server's configuration for the instance of client session `session`.
+    pub fn for_session(&self, session: &str) -> ServerConfig {
+        let mut config = self.clone();
+        let put = |s: &mut String| {
+            if s.contains(SESSION_VAR) {
+                *s = s.replace(SESSION_VAR, session);
+            }
+        };
+        match &mut config.launch {
+            Launch::Stdio(l) => {
+                put(&mut l.command);
+                l.args.iter_mut().for_each(put);
+                l.env.values_mut().for_each(put);
+                if let Some(cwd) = l.cwd.as_mut().and_then(|c| c.to_str().map(str::to_owned)) {
+                    let mut cwd = cwd;
+                    put(&mut cwd);
+                    l.cwd = Some(cwd.into());
+                }
+            }
+            Launch::Http(h) => {
+                put(&mut h.url);
+                h.headers.values_mut().for_each(put);
+            }
+        }
+        config
+    }
+}
+
 /// Who a server's process serves (`mcpServers.NAME.scope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Scope {

@@ -82,8 +82,8 @@ impl SessionServers {
                 let relay = |instance| -> Arc<dyn Relay> {
                     Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
                 };
-                let handle =
-                    Arc::new(spawn_supervisor(self.hub.config.servers[*name].clone(), relay, offer.clone(), &how));
+                let config = self.hub.config.servers[*name].for_session(&self.client);
+                let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
                 self.hub.keep_instance(&handle);
                 self.hub.watch(&handle, Some(owner.clone()));
                 (handle.name.clone(), handle)

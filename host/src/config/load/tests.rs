@@ -249,3 +249,29 @@ fn adapter_grants() {
     rejects(&server(r#"{"tool": ["a/*"]}"#), "mcpServers.a.adapter_allow.tool", "unknown field");
     rejects(&server(r#"["a/*"]"#), "mcpServers.a.adapter_allow", "must be an object");
 }
+
+#[test]
+fn session_scope_and_its_variable() {
+    let c = ok(r#"{"mcpServers": {
+        "memory": {"command": "mcp-server-memory", "scope": "session",
+                   "env": {"MEMORY_FILE_PATH": "/var/lib/memory/${REBOUND_SESSION}.jsonl"}},
+        "time": {"command": "mcp-server-time"}
+    }}"#);
+    assert_eq!((c.servers["memory"].scope, c.servers["time"].scope), (Scope::Session, Scope::Shared));
+    let own = c.servers["memory"].for_session("sess_1_2");
+    let Launch::Stdio(s) = &own.launch else { panic!() };
+    assert_eq!(s.env["MEMORY_FILE_PATH"], "/var/lib/memory/sess_1_2.jsonl");
+    assert_eq!(c.settings.http.session_idle_ms, 1_800_000);
+
+    rejects(
+        r#"{"mcpServers": {"m": {"command": "x", "args": ["${REBOUND_SESSION}"]}}}"#,
+        "mcpServers.m",
+        "only a server with one instance per client session",
+    );
+    rejects(r#"{"mcpServers": {"m": {"command": "x", "scope": "user"}}}"#, "mcpServers.m.scope", "not a scope");
+    rejects(
+        r#"{"mcpServers": {"m": {"command": "x"}}, "rebound": {"http": {"session_idle_ms": 5}}}"#,
+        "rebound.http.session_idle_ms",
+        "1000",
+    );
+}
