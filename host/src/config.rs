@@ -9,5 +9,5 @@ pub use error::ConfigError;
 pub use load::{load, parse};
 pub use model::{
     AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy,
-    RetryConfig, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern, ToolRecovery,
+    RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern, ToolRecovery,
 };

@@ -76,6 +76,9 @@ fn check(path: PathBuf) -> Result<()> {
     print_warnings(&config);
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
     for (name, server) in &config.servers {
+        if let Some(warning) = command_missing(name, server) {
+            println!("  warning: {warning}");
+        }
         let launch = match &server.launch {
             Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
             Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", secrets.redact(&h.url)),
@@ -160,6 +163,29 @@ fn grant_mismatches(
         _ => {}
     }
     out
+}
+
+/// Why `server`'s command will not start, if it is not there: looked up as its process
+/// will be, on the `PATH` of its environment (the configuration's `env`, else Rebound's),
+/// from its working directory.
+fn command_missing(name: &str, server: &rebound::config::ServerConfig) -> Option<String> {
+    let Launch::Stdio(s) = &server.launch else { return None };
+    if s.command.contains(rebound::config::SESSION_VAR) {
+        return None;
+    }
+    let path = s.env.get("PATH").cloned().or_else(|| std::env::var("PATH").ok()).unwrap_or_default();
+    let cwd = s.cwd.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_default();
+    match which::which_in(&s.command, Some(&path), &cwd) {
+        Ok(_) => None,
+        Err(_) if s.command.contains('/') => Some(format!(
+            "mcpServers.{name}.command: {} is not an executable file (hint: check the path, or install the server)",
+            s.command
+        )),
+        Err(_) => Some(format!(
+            "mcpServers.{name}.command: `{}` is not found on PATH (hint: install it, or give its full path)",
+            s.command
+        )),
+    }
 }
 
 fn print_warnings(config: &Config) {

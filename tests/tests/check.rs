@@ -14,9 +14,27 @@ fn check(json: &str) -> (bool, String) {
 
 #[test]
 fn a_good_config_is_summarised() {
-    let (ok, out) = check(r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "server"]}}}"#);
+    let (ok, out) = check(r#"{"mcpServers": {"fs": {"command": "sh", "args": ["-y", "server"]}}}"#);
     assert!(ok, "{out}");
-    assert!(out.contains("fs: stdio: npx -y server") && out.ends_with("ok\n"), "{out}");
+    assert!(out.contains("fs: stdio: sh -y server") && out.ends_with("ok\n"), "{out}");
+    assert!(!out.contains("warning"), "{out}");
+}
+
+#[test]
+fn a_command_that_is_not_installed_is_warned_about() {
+    let (ok, out) = check(
+        r#"{"mcpServers": {
+            "gone": {"command": "mcp-server-that-is-not-installed"},
+            "moved": {"command": "/nonexistent/bin/server"},
+            "narrow": {"command": "npx", "env": {"PATH": "/nonexistent"}}
+        }}"#,
+    );
+    // A warning, not an error: it may be installed before `serve` runs.
+    assert!(ok, "{out}");
+    assert!(out.contains("mcpServers.gone.command: `mcp-server-that-is-not-installed` is not found on PATH"), "{out}");
+    assert!(out.contains("mcpServers.moved.command: /nonexistent/bin/server is not an executable file"), "{out}");
+    // Looked up on the PATH the server will have.
+    assert!(out.contains("mcpServers.narrow.command: `npx` is not found on PATH"), "{out}");
 }
 
 #[test]
