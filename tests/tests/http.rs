@@ -425,3 +425,40 @@ async fn sessions_are_capped_and_the_least_recently_used_goes_first() {
         assert_eq!(status(i).await, StatusCode::OK, "session {i} kept");
     }
 }
+
+#[tokio::test]
+async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 60000, "retry": {"max_attempts": 1}});
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"shutdown_grace_ms": 1500}}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let late = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "echo", json!({"message": "up"})).await), "a: up");
+    // One call that finishes within the grace period, one that never would.
+    let slow = call(&client, "slow", json!({"ms": 800}));
+    let hang = call(&client, "hang", json!({}));
+    let term = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pid = gw.child.id().unwrap().to_string();
+        std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Taken no more: a new call is refused, not left hanging.
+        let mut params = CallToolRequestParams::new("echo");
+        params.arguments = json!({"message": "too late"}).as_object().cloned();
+        tokio::time::timeout(Duration::from_secs(10), late.peer().call_tool(params)).await
+    };
+    let (slow, hang, refused) = tokio::join!(slow, hang, term);
+    assert!(text(&slow).contains("slept 800 ms"), "{}", text(&slow));
+    assert_eq!(hang.is_error, Some(true));
+    assert!(text(&hang).contains("shut down while `hang` was running"), "{}", text(&hang));
+    assert!(refused.expect("refused at once").is_err(), "a call was taken after SIGTERM");
+    let mut gw = gw;
+    let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+}

@@ -509,6 +509,13 @@ impl Ctx<'_> {
                 "leave them out for the defaults (4 MiB, 32)",
             ));
         }
+        if http.shutdown_grace_ms > 600_000 {
+            return Err(self.err(
+                "rebound.http.shutdown_grace_ms",
+                "must be at most 600000 (ten minutes)",
+                "leave it out for the default (5000)",
+            ));
+        }
         if !(1_000..=7 * 24 * 3_600_000).contains(&http.session_idle_ms) {
             return Err(self.err(
                 "rebound.http.session_idle_ms",

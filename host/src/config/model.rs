@@ -284,6 +284,9 @@ pub struct HttpSettings {
     /// A session that sends nothing for this long is closed (with its `session`-scoped
     /// servers).
     pub session_idle_ms: u64,
+    /// On SIGTERM, how long requests in flight get to finish before their calls are ended
+    /// with an error.
+    pub shutdown_grace_ms: u64,
 }
 
 impl Default for HttpSettings {
@@ -298,6 +301,7 @@ impl Default for HttpSettings {
             max_concurrent_per_client: 32,
             max_sessions: 256,
             session_idle_ms: 30 * 60 * 1000,
+            shutdown_grace_ms: 5_000,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,9 +31,6 @@ use super::hub::Hub;
 use super::server::Gateway;
 use crate::config::HttpSettings;
 use crate::transport::Status;
-
-/// How long open SSE streams and in-flight requests get to finish on shutdown.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 struct Front {
@@ -66,32 +64,70 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
             "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any process on this machine may connect"
         );
     }
-    let app = router(hub, settings, shutdown.child_token());
+    // The service's own token: its SSE streams must outlive the signal, to carry the
+    // answers of the calls in flight.
+    let streams = CancellationToken::new();
+    let grace = Duration::from_millis(settings.shutdown_grace_ms);
+    let front = Front {
+        hub: hub.clone(),
+        limits: Arc::new(ClientLimits { per_client: settings.max_concurrent_per_client, ..Default::default() }),
+        settings: Arc::new(settings),
+    };
+    let app = router(front.clone(), streams.clone());
     // Printed for scripts that bind port 0.
     tracing::info!("serving streamable HTTP at http://{local}/mcp");
     eprintln!("rebound: listening on http://{local}/mcp");
+    // On the signal, axum stops accepting connections (and closes idle ones).
     let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let server = tokio::spawn(server.into_future());
-    shutdown.cancelled().await;
-    // SSE streams end with the service's token (a child of `shutdown`); give what is in
-    // flight a moment, then go.
-    match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+    let mut server = tokio::spawn(server.into_future());
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        ended = &mut server => return match ended {
+            Ok(Err(e)) => Err(e).context("the HTTP server failed"),
+            _ => Ok(()),
+        },
+    }
+    drain(&front, grace).await;
+    streams.cancel();
+    match tokio::time::timeout(Duration::from_secs(1), server).await {
         Ok(Ok(Err(e))) => Err(e).context("the HTTP server failed"),
         _ => Ok(()),
     }
 }
 
+/// Shutdown: new requests are refused (503), those in flight get `grace` to finish; the
+/// tool calls still running then are ended with an error result, which is sent before
+/// the streams close.
+async fn drain(front: &Front, grace: Duration) {
+    front.limits.draining.store(true, Ordering::Release);
+    let waiting = front.limits.in_flight();
+    if waiting > 0 {
+        tracing::info!("shutting down: waiting up to {} ms for {waiting} request(s) in flight", grace.as_millis());
+    }
+    if tokio::time::timeout(grace, front.limits.drained()).await.is_err() {
+        tracing::warn!(
+            "shutting down: {} request(s) still in flight after {} ms; their calls are ended with an error",
+            front.limits.in_flight(),
+            grace.as_millis()
+        );
+        front.hub.stop_calls();
+        let _ = tokio::time::timeout(Duration::from_secs(1), front.limits.drained()).await;
+    }
+}
+
 /// The whole HTTP surface: `/mcp` and `/metrics` behind the token, the probes open.
-pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) -> Router {
+/// `streams` ends the MCP service's streams.
+fn router(front: Front, streams: CancellationToken) -> Router {
+    let settings = &front.settings;
     // The Host and Origin checks are done once, by `guard`, for every route; rmcp's own
     // are turned off so that the two cannot disagree.
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .disable_allowed_origins()
         .with_max_request_body_bytes(settings.max_body_bytes)
-        .with_cancellation_token(cancel);
-    let factory_hub = hub.clone();
+        .with_cancellation_token(streams);
+    let factory_hub = front.hub.clone();
     let mcp = StreamableHttpService::new(
         move || Ok(Gateway::new(factory_hub.clone())),
         Arc::new(super::sessions::CappedSessions::new(
@@ -100,11 +136,6 @@ pub fn router(hub: Arc<Hub>, settings: HttpSettings, cancel: CancellationToken) 
         )),
         config,
     );
-    let front = Front {
-        hub,
-        limits: Arc::new(ClientLimits { per_client: settings.max_concurrent_per_client, ..Default::default() }),
-        settings: Arc::new(settings),
-    };
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/metrics", get(metrics))
@@ -211,6 +242,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 struct ClientLimits {
     per_client: usize,
     clients: Mutex<HashMap<String, InFlight>>,
+    /// Requests in flight from every client, and a wake-up when it drops to none.
+    total: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+    /// Set on shutdown: new requests are refused, those in flight finish.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 /// One client's requests in flight: the permits, and the ids they carry.
@@ -241,7 +277,23 @@ impl ClientLimits {
         if let Some(id) = &id {
             entry.ids.insert(id.clone());
         }
+        self.total.fetch_add(1, Ordering::AcqRel);
         Ok(ClientPermit { limits: self.clone(), client, id, permit: Some(permit) })
+    }
+
+    fn in_flight(&self) -> usize {
+        self.total.load(Ordering::Acquire)
+    }
+
+    /// Returns once no request is in flight.
+    async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 }
 
@@ -254,6 +306,9 @@ struct ClientPermit {
 
 impl Drop for ClientPermit {
     fn drop(&mut self) {
+        if self.limits.total.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.limits.idle.notify_waiters();
+        }
         let mut clients = self.limits.clients.lock().expect("not poisoned");
         drop(self.permit.take());
         let Some(entry) = clients.get_mut(&self.client) else { return };
@@ -345,6 +400,11 @@ async fn limit(
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
         return next.run(request).await;
+    }
+    if front.limits.draining.load(Ordering::Acquire) {
+        let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
     }
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
     let client = match session {

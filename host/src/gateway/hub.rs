@@ -52,13 +52,16 @@ pub struct Hub {
     offer: watch::Sender<Option<ClientCapabilities>>,
     /// Every per-session server instance still running, to stop on shutdown.
     instances: Mutex<Vec<Weak<ServerHandle>>>,
-    startup: Startup,
+    life: Life,
 }
 
-/// The first start of the shared servers.
-struct Startup {
-    at: Instant,
+/// The gateway's start and end.
+struct Life {
+    started: Instant,
+    /// Every shared server finished its first start (or failed it).
     settled: std::sync::atomic::AtomicBool,
+    /// Cancelled when the calls still in flight are to be ended (shutdown).
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 /// Forwards one server instance's traffic to the hub without keeping it alive.
@@ -126,7 +129,7 @@ impl Hub {
                 catalogue: RwLock::default(),
                 offer,
                 instances: Mutex::default(),
-                startup: Startup { at: Instant::now(), settled: Default::default() },
+                life: Life { started: Instant::now(), settled: Default::default(), stopping: Default::default() },
             }
         });
         for handle in hub.servers.values() {
@@ -190,28 +193,38 @@ impl Hub {
         self.catalogue.read().expect("not poisoned").clone()
     }
 
+    /// Ends every tool call still in flight with an error result (shutdown).
+    pub fn stop_calls(&self) {
+        self.life.stopping.cancel();
+    }
+
+    /// Cancelled when the calls in flight are to end.
+    pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
+        &self.life.stopping
+    }
+
     /// Whether the start-up wait is over: every shared server finished its first start
     /// (or failed it), or `startup_timeout_ms` passed.
     pub fn startup_over(&self) -> bool {
-        self.startup.settled.load(std::sync::atomic::Ordering::Acquire)
-            || self.startup.at.elapsed() >= Duration::from_millis(self.config.settings.startup_timeout_ms)
+        self.life.settled.load(std::sync::atomic::Ordering::Acquire)
+            || self.life.started.elapsed() >= Duration::from_millis(self.config.settings.startup_timeout_ms)
     }
 
     /// Waits until every shared server has finished its first start (or failed it), at
     /// most until the start-up deadline, so that the first answer is complete.
     pub async fn settled(&self) {
         // On the call path: once settled, this is one atomic load.
-        if self.startup.settled.load(std::sync::atomic::Ordering::Acquire) {
+        if self.life.settled.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        let deadline = self.startup.at + Duration::from_millis(self.config.settings.startup_timeout_ms);
+        let deadline = self.life.started + Duration::from_millis(self.config.settings.startup_timeout_ms);
         settle(self.servers.values(), deadline).await;
         // The state watchers rebuild too, but asynchronously: make sure the first answer
         // already has every server that is up. Set only afterwards, so that a caller who
         // skips the wait finds the catalogue built (two first callers may both rebuild;
         // rebuilds are serialised and announce only differences).
         self.rebuild(false);
-        self.startup.settled.store(true, std::sync::atomic::Ordering::Release);
+        self.life.settled.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// A server instance became ready: re-apply the log level and subscriptions its

@@ -150,7 +150,17 @@ impl ServerHandler for Gateway {
         let name = request.name.clone();
         // The engine catches a panic inside a call; this catches one anywhere else on the
         // call's path (reporting, logging, metrics), so that no call goes unanswered.
-        match std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind().await {
+        let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
+        let answer = tokio::select! {
+            answer = answer => answer,
+            () = self.hub.stopping().cancelled() => {
+                let text = format!(
+                    "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
+                );
+                return Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into());
+            }
+        };
+        match answer {
             Ok(answer) => answer,
             Err(_) => {
                 tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
