@@ -15,6 +15,7 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
+use axum::serve::ListenerExt as _;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http_body_util::BodyExt;
@@ -77,6 +78,13 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     // Printed for scripts that bind port 0.
     tracing::info!("serving streamable HTTP at http://{local}/mcp");
     eprintln!("rebound: listening on http://{local}/mcp");
+    // Every answer goes out at once: without TCP_NODELAY, an answer written in two parts
+    // (an SSE priming event, then the message) waits for the client's delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
+        }
+    });
     // On the signal, axum stops accepting connections (and closes idle ones).
     let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
