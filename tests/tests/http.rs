@@ -462,3 +462,41 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");
 }
+
+#[tokio::test]
+async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() {
+    let gw = HttpGateway::start(
+        |dir| {
+            // It keeps talking to its session, which must not keep the session alive.
+            let mut a = faulty("a", dir, &["--log-every-ms", "100"]);
+            // Each session's instance keeps its state (its pid) apart.
+            a["args"][3] = json!(format!("{}/a-${{REBOUND_SESSION}}", dir.display()));
+            a["scope"] = json!("session");
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"session_idle_ms": 1000}}})
+        },
+        &[],
+    )
+    .await;
+    // A raw client: no GET stream, no DELETE; it makes one call and goes silent.
+    let init = post(&gw, &initialize()).send().await.unwrap();
+    let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    drop(init);
+    let in_session =
+        |body: Value| post(&gw, &body).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-11-25");
+    in_session(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).send().await.unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo", "arguments": {"message": "mine"}}});
+    let answer = in_session(call.clone()).send().await.unwrap().text().await.unwrap();
+    assert!(answer.contains("a: mine"), "{answer}");
+    let own: Vec<_> = std::fs::read_dir(gw.dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("a-sess_"))
+        .collect();
+    assert_eq!(own.len(), 1, "one instance, for the one session");
+    let pid: u32 = std::fs::read_to_string(own[0].path().join("starts")).unwrap().trim().parse().unwrap();
+    assert!(rebound_tests::alive(pid));
+    // Silent past `session_idle_ms`: the session is closed and its server stopped.
+    eventually("the idle session's own server stops", move || !rebound_tests::alive(pid)).await;
+    let gone = in_session(call).send().await.unwrap();
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND, "the session is gone");
+}

@@ -32,8 +32,16 @@ struct Downstream {
     client: Arc<str>,
     peer: Peer<RoleServer>,
     level: Option<LoggingLevel>,
-    /// (server, URI) pairs it subscribed to.
-    subscriptions: HashSet<(Arc<str>, String)>,
+    subscriptions: HashSet<Subscription>,
+}
+
+/// A resource a session subscribed to: on which server instance, by the URI the server
+/// knows, and by the URI the session knows (they differ for `rebound://via/` URIs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Subscription {
+    pub instance: u64,
+    pub uri: String,
+    pub exposed: String,
 }
 
 /// Every client session that finished initialising.
@@ -120,27 +128,26 @@ impl Downstreams {
         list.iter().find(|d| &*d.client == client).is_none_or(|d| d.level.is_none_or(|l| rank(level) >= rank(l)))
     }
 
-    /// `server` says its resource `uri` changed (`update` names it as clients know it):
-    /// to the sessions subscribed to it (of them, only `only` for a session-scoped server).
-    pub fn resource_updated(
-        &self,
-        server: &str,
-        uri: &str,
-        update: ResourceUpdatedNotificationParam,
-        only: Option<&str>,
-    ) {
+    /// Server instance `instance` says its resource `uri` changed: to the sessions
+    /// subscribed to it, each by the URI it subscribed with.
+    pub fn resource_updated(&self, instance: u64, update: ResourceUpdatedNotificationParam) {
         let to: Vec<_> = self
             .list
             .lock()
             .expect("not poisoned")
             .iter()
-            .filter(|d| !d.peer.is_transport_closed() && only.is_none_or(|c| c == &*d.client))
-            .filter(|d| d.subscriptions.iter().any(|(s, u)| &**s == server && u == uri))
-            .map(|d| d.peer.clone())
+            .filter(|d| !d.peer.is_transport_closed())
+            .flat_map(|d| {
+                d.subscriptions
+                    .iter()
+                    .filter(|s| s.instance == instance && s.uri == update.uri)
+                    .map(|s| (d.peer.clone(), s.exposed.clone()))
+            })
             .collect();
-        for peer in to {
-            let n = ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update.clone()));
-            send(peer, n);
+        for (peer, exposed) in to {
+            let mut update = update.clone();
+            update.uri = exposed;
+            send(peer, ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
         }
     }
 
@@ -161,32 +168,51 @@ impl Downstreams {
             .min_by_key(|l| rank(*l))
     }
 
-    /// Records `client`'s (un)subscription; returns whether any session is still
-    /// subscribed to `uri` of `server` (to keep, or end, the upstream subscription).
-    pub fn subscribe(&self, client: &str, server: Arc<str>, uri: String, on: bool) -> bool {
+    /// Records `client`'s (un)subscription; returns whether any live session is still
+    /// subscribed to that resource of that instance (to keep, or end, the upstream
+    /// subscription).
+    pub fn subscribe(&self, client: &str, subscription: Subscription, on: bool) -> bool {
         let mut list = self.list.lock().expect("not poisoned");
         if let Some(d) = list.iter_mut().find(|d| &*d.client == client) {
             if on {
-                d.subscriptions.insert((server.clone(), uri.clone()));
+                d.subscriptions.insert(subscription.clone());
             } else {
-                d.subscriptions.remove(&(server.clone(), uri.clone()));
+                d.subscriptions.remove(&subscription);
             }
         }
-        list.iter().any(|d| d.subscriptions.contains(&(server.clone(), uri.clone())))
+        list.iter()
+            .filter(|d| !d.peer.is_transport_closed())
+            .any(|d| d.subscriptions.iter().any(|s| s.instance == subscription.instance && s.uri == subscription.uri))
     }
 
-    /// Every URI of `server` some live session (or only `only`) is subscribed to
+    /// Every URI of server instance `instance` some live session is subscribed to
     /// (re-applied after it restarts).
-    pub fn subscriptions(&self, server: &str, only: Option<&str>) -> Vec<String> {
+    pub fn subscriptions(&self, instance: u64) -> Vec<String> {
         let list = self.list.lock().expect("not poisoned");
         let mut uris: Vec<String> = list
             .iter()
-            .filter(|d| !d.peer.is_transport_closed() && only.is_none_or(|c| c == &*d.client))
-            .flat_map(|d| d.subscriptions.iter().filter(|(s, _)| &**s == server).map(|(_, u)| u.clone()))
+            .filter(|d| !d.peer.is_transport_closed())
+            .flat_map(|d| d.subscriptions.iter().filter(|s| s.instance == instance).map(|s| s.uri.clone()))
             .collect();
         uris.sort();
         uris.dedup();
         uris
+    }
+
+    /// `client`'s session ended: it is forgotten, and the subscriptions no other live
+    /// session holds are returned, to be ended upstream.
+    pub fn remove(&self, client: &str) -> Vec<(u64, String)> {
+        let mut list = self.list.lock().expect("not poisoned");
+        let Some(at) = list.iter().position(|d| &*d.client == client) else { return Vec::new() };
+        let gone = list.swap_remove(at);
+        list.retain(|d| !d.peer.is_transport_closed());
+        gone.subscriptions
+            .into_iter()
+            .filter(|s| {
+                !list.iter().any(|d| d.subscriptions.iter().any(|o| o.instance == s.instance && o.uri == s.uri))
+            })
+            .map(|s| (s.instance, s.uri))
+            .collect()
     }
 }
 

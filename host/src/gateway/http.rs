@@ -15,9 +15,9 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::serve::ListenerExt as _;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt as _;
 use http_body_util::BodyExt;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
@@ -108,7 +108,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
 /// tool calls still running then are ended with an error result, which is sent before
 /// the streams close.
 async fn drain(front: &Front, grace: Duration) {
-    front.limits.draining.store(true, Ordering::Release);
+    front.limits.draining.store(true, Ordering::SeqCst);
     let waiting = front.limits.in_flight();
     if waiting > 0 {
         tracing::info!("shutting down: waiting up to {} ms for {waiting} request(s) in flight", grace.as_millis());
@@ -136,14 +136,12 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .with_max_request_body_bytes(settings.max_body_bytes)
         .with_cancellation_token(streams);
     let factory_hub = front.hub.clone();
-    let mcp = StreamableHttpService::new(
-        move || Ok(Gateway::new(factory_hub.clone())),
-        Arc::new(super::sessions::CappedSessions::new(
-            settings.max_sessions,
-            Duration::from_millis(settings.session_idle_ms),
-        )),
-        config,
-    );
+    let sessions = Arc::new(super::sessions::CappedSessions::new(
+        settings.max_sessions,
+        Duration::from_millis(settings.session_idle_ms),
+    ));
+    sessions.close_idle();
+    let mcp = StreamableHttpService::new(move || Ok(Gateway::new(factory_hub.clone())), sessions, config);
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/metrics", get(metrics))
@@ -285,12 +283,12 @@ impl ClientLimits {
         if let Some(id) = &id {
             entry.ids.insert(id.clone());
         }
-        self.total.fetch_add(1, Ordering::AcqRel);
+        self.total.fetch_add(1, Ordering::SeqCst);
         Ok(ClientPermit { limits: self.clone(), client, id, permit: Some(permit) })
     }
 
     fn in_flight(&self) -> usize {
-        self.total.load(Ordering::Acquire)
+        self.total.load(Ordering::SeqCst)
     }
 
     /// Returns once no request is in flight.
@@ -409,11 +407,6 @@ async fn limit(
     if !counts {
         return next.run(request).await;
     }
-    if front.limits.draining.load(Ordering::Acquire) {
-        let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
-    }
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
     let client = match session {
         Some(session) => format!("session {session}"),
@@ -440,6 +433,14 @@ async fn limit(
             return ([(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response();
         }
     };
+    // After the permit is counted, so that a drain that has begun either sees it or
+    // has already refused it.
+    if front.limits.draining.load(Ordering::SeqCst) {
+        drop(permit);
+        let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
     let (parts, body) = next.run(request).await.into_parts();
     let body = body.map_frame(move |frame| {
         let _held = &permit;

@@ -14,6 +14,7 @@ use indexmap::IndexMap;
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
     Notification, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
 use rmcp::{ErrorData, Peer, RoleServer};
@@ -57,7 +58,9 @@ pub struct Hub {
 
 /// The gateway's start and end.
 struct Life {
-    started: Instant,
+    /// When the shared servers were told what their client can do, and so started: at
+    /// once over HTTP, at the client's `initialize` over stdio.
+    started: std::sync::OnceLock<Instant>,
     /// Every shared server finished its first start (or failed it).
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
@@ -90,7 +93,7 @@ impl Hub {
     /// several clients it means cannot always be known, so it is never led to expect an
     /// answer. Servers that need them get `"scope": "session"`.
     pub fn start(config: Config, plugins: Prepared, front: Front) -> Arc<Self> {
-        let offer = watch::Sender::new((front == Front::Http).then(ClientCapabilities::default));
+        let offer = watch::Sender::new(None);
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let secrets = Secrets::of(&config);
             let how = supervision(&config, &secrets);
@@ -129,11 +132,14 @@ impl Hub {
                 catalogue: RwLock::default(),
                 offer,
                 instances: Mutex::default(),
-                life: Life { started: Instant::now(), settled: Default::default(), stopping: Default::default() },
+                life: Life { started: Default::default(), settled: Default::default(), stopping: Default::default() },
             }
         });
         for handle in hub.servers.values() {
             hub.watch(handle, None);
+        }
+        if front == Front::Http {
+            hub.offer(&ClientCapabilities::default());
         }
         hub
     }
@@ -150,6 +156,7 @@ impl Hub {
             if offer.is_some() {
                 return false;
             }
+            let _ = self.life.started.set(Instant::now());
             *offer = Some(offered(caps));
             true
         });
@@ -193,6 +200,23 @@ impl Hub {
         self.catalogue.read().expect("not poisoned").clone()
     }
 
+    fn startup_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.settings.startup_timeout_ms)
+    }
+
+    /// A client session ended: it is forgotten, and the subscriptions it alone held on
+    /// the shared servers are ended.
+    pub fn session_ended(&self, client: &str) {
+        for (instance, uri) in self.downstreams.remove(client) {
+            let Some(handle) = self.servers.values().find(|h| h.instance == instance) else { continue };
+            if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
+                tokio::spawn(async move {
+                    let _ = session.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
+                });
+            }
+        }
+    }
+
     /// Ends every tool call still in flight with an error result (shutdown).
     pub fn stop_calls(&self) {
         self.life.stopping.cancel();
@@ -207,7 +231,7 @@ impl Hub {
     /// (or failed it), or `startup_timeout_ms` passed.
     pub fn startup_over(&self) -> bool {
         self.life.settled.load(std::sync::atomic::Ordering::Acquire)
-            || self.life.started.elapsed() >= Duration::from_millis(self.config.settings.startup_timeout_ms)
+            || self.life.started.get().is_some_and(|at| at.elapsed() >= self.startup_timeout())
     }
 
     /// Waits until every shared server has finished its first start (or failed it), at
@@ -217,8 +241,10 @@ impl Hub {
         if self.life.settled.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        let deadline = self.life.started + Duration::from_millis(self.config.settings.startup_timeout_ms);
-        settle(self.servers.values(), deadline).await;
+        // Over stdio the servers start at the client's `initialize`, which precedes every
+        // request that waits here.
+        let started = self.life.started.get().copied().unwrap_or_else(Instant::now);
+        settle(self.servers.values(), started + self.startup_timeout()).await;
         // The state watchers rebuild too, but asynchronously: make sure the first answer
         // already has every server that is up. Set only afterwards, so that a caller who
         // skips the wait finds the catalogue built (two first callers may both rebuild;
@@ -237,7 +263,7 @@ impl Hub {
         {
             let _ = session.peer.set_level(SetLevelRequestParams::new(level)).await;
         }
-        for uri in self.downstreams.subscriptions(&handle.name, only) {
+        for uri in self.downstreams.subscriptions(handle.instance) {
             let _ = session.peer.subscribe(SubscribeRequestParams::new(uri)).await;
         }
     }
@@ -295,7 +321,8 @@ impl Hub {
         self.errors.flush();
     }
 
-    fn on_event(self: Arc<Self>, server: &str, owner: Option<&Owner>, session: u64, event: UpstreamEvent) {
+    fn on_event(self: Arc<Self>, server: &str, relay: &HubRelay, session: u64, event: UpstreamEvent) {
+        let owner = relay.owner.as_ref();
         match event {
             UpstreamEvent::Progress(p) => self.routing.progress(session, p),
             UpstreamEvent::Log(mut log) => {
@@ -312,15 +339,7 @@ impl Hub {
                     None => self.downstreams.log(log),
                 }
             }
-            UpstreamEvent::ResourceUpdated(mut update) => {
-                let catalogue = match owner.and_then(|o| o.servers.upgrade()) {
-                    Some(servers) => servers.catalogue(),
-                    None => self.catalogue(),
-                };
-                let upstream_uri = update.uri.clone();
-                update.uri = catalogue.exposed_uri(server, &update.uri);
-                self.downstreams.resource_updated(server, &upstream_uri, update, owner.map(|o| &*o.client));
-            }
+            UpstreamEvent::ResourceUpdated(update) => self.downstreams.resource_updated(relay.instance, update),
             UpstreamEvent::Custom(n) => {
                 match owner.map(|o| o.peer.clone()).or_else(|| self.downstreams.only_stdio_client()) {
                     Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
@@ -469,7 +488,7 @@ async fn ask(
 impl Relay for HubRelay {
     fn notify(&self, server: &str, session: u64, event: UpstreamEvent) {
         if let Some(hub) = self.hub.upgrade() {
-            hub.on_event(server, self.owner.as_ref(), session, event);
+            hub.on_event(server, self, session, event);
         }
     }
 

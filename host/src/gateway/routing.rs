@@ -4,12 +4,14 @@
 //!
 //! The rule for a server-to-client request (sampling, elicitation, roots):
 //! 1. over streamable HTTP the server says which of our requests it is serving, and the
-//!    request goes to the client of exactly that call;
+//!    request goes to the client of exactly that call; if that call has ended, to none
+//!    (only a call whose sending is not yet recorded here may still be the one);
 //! 2. otherwise (a stdio server cannot say), to the client whose calls are in flight on
 //!    that instance, when they are all one client's (the newest of its calls);
-//! 3. with calls of several clients in flight, to none of them: which one the server means
-//!    cannot be known, and guessing would show one client another's request. The server
-//!    is told so (give it `"scope": "session"` to have one instance per client);
+//! 3. with calls of several clients in flight (sessions that just closed included), to
+//!    none of them: which one the server means cannot be known, and guessing would show
+//!    one client another's request. The server is told so (give it `"scope": "session"`
+//!    to have one instance per client);
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
@@ -52,6 +54,14 @@ pub enum Caller {
     Nobody(&'static str),
 }
 
+/// `call`'s client, unless its session is gone.
+fn client_of(call: &InFlight) -> Caller {
+    if call.peer.is_transport_closed() {
+        return Caller::Nobody("the client whose call this request belongs to is gone");
+    }
+    Caller::Client { peer: call.peer.clone(), during: Some(call.request.clone()) }
+}
+
 /// Calls in flight and progress routes, for every server instance.
 #[derive(Default)]
 pub struct Routing {
@@ -87,26 +97,33 @@ impl Routing {
     pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<Peer<RoleServer>>) -> Caller {
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
-        let live = || calls.iter().rev().filter(|c| !c.peer.is_transport_closed());
-        let exact = asker.during.as_ref().and_then(|during| {
-            live().find(|c| c.upstream.as_ref().is_some_and(|(s, id)| *s == asker.session && id == during))
-        });
-        if let Some(call) = exact {
-            return Caller::Client { peer: call.peer.clone(), during: Some(call.request.clone()) };
+        let mut candidates: Vec<&InFlight> = calls.iter().collect();
+        if let Some(during) = &asker.during {
+            let exact =
+                calls.iter().find(|c| c.upstream.as_ref().is_some_and(|(s, id)| *s == asker.session && id == during));
+            if let Some(call) = exact {
+                return client_of(call);
+            }
+            // The call it names has ended (cancelled, timed out), or is one whose sending
+            // is not recorded yet: only those can be meant.
+            candidates.retain(|c| c.upstream.is_none());
+            if candidates.is_empty() {
+                return Caller::Nobody("the call this request belongs to has ended");
+            }
         }
-        let mut live = live();
-        let Some(newest) = live.next() else {
+        // Closed sessions count: their calls may be the ones the server means.
+        let Some(newest) = candidates.last() else {
             return match otherwise {
                 Some(peer) => Caller::Client { peer, during: None },
                 None => Caller::Nobody("no client of the gateway has a call in flight on this server"),
             };
         };
-        if live.any(|c| c.client != newest.client) {
+        if candidates.iter().any(|c| c.client != newest.client) {
             return Caller::Nobody(
                 "calls of several clients are in flight on this shared server, and which one this request belongs to cannot be known (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
-        Caller::Client { peer: newest.peer.clone(), during: Some(newest.request.clone()) }
+        client_of(newest)
     }
 
     /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,

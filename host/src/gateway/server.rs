@@ -29,7 +29,7 @@ use rmcp::model::{
 };
 
 use super::call::{Attempt, attempt};
-use super::downstreams::Front;
+use super::downstreams::{Front, Subscription};
 use super::hub::Hub;
 use super::session_servers::SessionServers;
 use super::status;
@@ -120,12 +120,11 @@ impl ServerHandler for Gateway {
         if self.hub.downstreams.front() == Front::Stdio {
             self.hub.offer(&request.capabilities);
         }
-        self.negotiate_initialize(&request)
-    }
-
-    async fn on_initialized(&self, cx: NotificationContext<RoleServer>) {
+        // Here, not at `notifications/initialized`: rmcp handles that notification on a
+        // task of its own, which the client's first requests can overtake.
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
         self.own.initialised(cx.peer);
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(
@@ -246,11 +245,11 @@ impl ServerHandler for Gateway {
         mut request: SubscribeRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (server, uri) = self.resource(&request.uri).await?;
+        let (subscription, server) = self.subscription(&request.uri).await?;
         let session = self.session(&server, self.wait_for(&server)).await?;
-        request.uri = uri.clone();
+        request.uri = subscription.uri.clone();
         session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
-        self.hub.downstreams.subscribe(&self.own.client, server, uri, true);
+        self.hub.downstreams.subscribe(&self.own.client, subscription, true);
         Ok(())
     }
 
@@ -259,9 +258,10 @@ impl ServerHandler for Gateway {
         mut request: UnsubscribeRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (server, uri) = self.resource(&request.uri).await?;
+        let (subscription, server) = self.subscription(&request.uri).await?;
+        let uri = subscription.uri.clone();
         // The server keeps the subscription while another session still has it.
-        if self.hub.downstreams.subscribe(&self.own.client, server.clone(), uri.clone(), false) {
+        if self.hub.downstreams.subscribe(&self.own.client, subscription, false) {
             return Ok(());
         }
         let session = self.session(&server, self.wait_for(&server)).await?;
@@ -405,6 +405,14 @@ impl Gateway {
             .catalogue()
             .resource(uri)
             .ok_or_else(|| ErrorData::resource_not_found(format!("no server offers `{uri}`"), None))
+    }
+
+    /// The subscription to the resource a client knows as `exposed`, and its server.
+    async fn subscription(&self, exposed: &str) -> Result<(Subscription, Arc<str>), ErrorData> {
+        let (server, uri) = self.resource(exposed).await?;
+        let handle =
+            self.own.server(&server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
+        Ok((Subscription { instance: handle.instance, uri, exposed: exposed.to_owned() }, server))
     }
 
     /// The live upstream sessions that hear what this client says of itself (its roots,

@@ -181,6 +181,9 @@ impl SessionServers {
 
 impl Drop for SessionServers {
     fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.hub.session_ended(&self.client);
+        }
         let Some(own) = self.own.take() else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
         let servers: Vec<_> = own.servers.into_values().collect();

@@ -15,10 +15,12 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId};
 use tokio::time::Instant;
 
-/// rmcp's in-memory sessions, at most `max` of them.
+/// rmcp's in-memory sessions, at most `max` of them, each closed after `idle` without
+/// a request from its client.
 pub struct CappedSessions {
     inner: LocalSessionManager,
     max: usize,
+    idle: std::time::Duration,
     used: Arc<Mutex<HashMap<SessionId, Use>>>,
 }
 
@@ -48,8 +50,36 @@ impl CappedSessions {
     /// At most `max` sessions; one that sends nothing for `idle` is closed.
     pub fn new(max: usize, idle: std::time::Duration) -> Self {
         let mut inner = LocalSessionManager::default();
-        inner.session_config.keep_alive = Some(idle);
-        Self { inner, max: max.max(1), used: Arc::default() }
+        // rmcp's own timer restarts with every message, the gateway's included (a log
+        // line, a `list_changed`), so a client that walked away could be kept forever:
+        // it stays only as a backstop, and `close_idle` decides from the client's side.
+        inner.session_config.keep_alive = Some(idle.saturating_mul(4));
+        Self { inner, max: max.max(1), idle, used: Arc::default() }
+    }
+
+    /// Closes, from now on, every session whose client has sent nothing for `idle` and
+    /// holds no stream open (a stream open is a client still listening).
+    pub fn close_idle(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let every = (self.idle / 4).clamp(std::time::Duration::from_millis(250), std::time::Duration::from_secs(30));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(sessions) = weak.upgrade() else { return };
+                let idle: Vec<SessionId> = sessions
+                    .used
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .filter(|(_, u)| u.streams == 0 && u.at.elapsed() >= sessions.idle)
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in idle {
+                    tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
+                    let _ = sessions.close_session(&id).await;
+                }
+            }
+        });
     }
 
     fn touch(&self, id: &SessionId) {

@@ -45,8 +45,9 @@ pub struct Adapter {
     /// Successful calls waiting to be observed, in order.
     lane: Lane,
     /// Instances this adapter may hold at once: a share of the runtime's pool, so that
-    /// one slow adapter never starves the others.
-    share: tokio::sync::Semaphore,
+    /// one slow adapter never starves the others. Shared with its forks, as is its log
+    /// budget: many client sessions do not make one adapter many.
+    share: Arc<tokio::sync::Semaphore>,
 }
 
 /// Refused steps of one kind are logged at most this often per adapter.
@@ -105,7 +106,7 @@ impl Adapter {
             log: Arc::default(),
             health: Mutex::default(),
             lane: Lane::default(),
-            share: tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2),
+            share: Arc::new(tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2)),
         };
         let declared = super::load::block_on(adapter.call("declare", Request::Declare))
             .map_err(|e| format!("could not be asked what it needs: {e}"))?;
@@ -119,7 +120,8 @@ impl Adapter {
 
     /// The same adapter for another instance of its server (a client session's own): the
     /// same code, configuration and declared needs, with state of its own (its key-value
-    /// store, such as the HOL cursor, its observe queue and its health).
+    /// store, such as the HOL cursor, its observe queue and its health); its share of the
+    /// instance pool and its log budget stay the original's.
     pub fn fork(&self) -> Arc<Self> {
         Arc::new(Self {
             runtime: self.runtime.clone(),
@@ -130,10 +132,10 @@ impl Adapter {
             config: self.config.clone(),
             kv: Kv::default(),
             secrets: self.secrets.clone(),
-            log: Arc::default(),
+            log: self.log.clone(),
             health: Mutex::default(),
             lane: Lane::default(),
-            share: tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2),
+            share: self.share.clone(),
         })
     }
 

@@ -1,7 +1,8 @@
-//! `cargo xtask bench`: streamable HTTP tool calls per second through Rebound, and through
-//! the two gateways people use for the same job today, supergateway (npm) and mcp-proxy
-//! (PyPI), each in front of the same stdio server, driven by the same client in the same
-//! run (target: ≥ 2× the faster peer).
+//! `cargo xtask bench`: streamable HTTP tool calls through Rebound, and through the two
+//! gateways people use for the same job today, supergateway (npm) and mcp-proxy (PyPI),
+//! each in front of the same stdio server, driven by the same client in the same run: one
+//! session calling one call at a time (what one agent feels: p50 and p99 latency), and 16
+//! sessions at once (throughput; target: ≥ 2× the faster peer).
 //!
 //! `bench-http --peer NAME ARGV... --peer NAME ARGV...`: xtask installs the peers and
 //! gives their command lines, with `{port}`, `{server}` (the stdio server's command line
@@ -17,8 +18,8 @@ use rebound_tests::{bin, http_client};
 use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 
-/// Client sessions calling at once, each in a loop.
-const CLIENTS: usize = 8;
+/// Client sessions calling at once, each in a loop, in the two rounds.
+const CONCURRENCY: [usize; 2] = [1, 16];
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASURE: Duration = Duration::from_secs(5);
 
@@ -26,8 +27,17 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Starts `argv` and measures calls/s against `url` once it answers.
-async fn measure(name: &str, argv: &[String], url: &str) -> Option<f64> {
+/// What one round measured.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Starts `argv` and measures calls/s and latency against `url` once it answers, with
+/// `sessions` sessions calling at once.
+async fn measure(name: &str, argv: &[String], url: &str, sessions: usize) -> Option<Round> {
     let mut child = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .env("REBOUND_LOG", "error")
@@ -41,7 +51,7 @@ async fn measure(name: &str, argv: &[String], url: &str) -> Option<f64> {
         .ok()?;
     let started = Instant::now();
     let mut clients = Vec::new();
-    while clients.len() < CLIENTS {
+    while clients.len() < sessions {
         match http_client(url, None).await {
             Ok(c) => clients.push(c),
             Err(_) if started.elapsed() < Duration::from_secs(30) => {
@@ -57,17 +67,21 @@ async fn measure(name: &str, argv: &[String], url: &str) -> Option<f64> {
     params.arguments = json!({"message": "ping"}).as_object().cloned();
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
     let counting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let end = Instant::now() + WARM_UP + MEASURE;
     let tasks: Vec<_> = clients
         .into_iter()
         .map(|client| {
             let (params, done, failed, counting) = (params.clone(), done.clone(), failed.clone(), counting.clone());
+            let latencies = latencies.clone();
             tokio::spawn(async move {
                 while Instant::now() < end {
+                    let sent = Instant::now();
                     let ok = client.peer().call_tool(params.clone()).await.is_ok_and(|r| r.is_error != Some(true));
                     if counting.load(Ordering::Relaxed) {
                         if ok { &done } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                        latencies.lock().unwrap().push(sent.elapsed());
                     }
                 }
                 let _ = client.cancel().await;
@@ -90,7 +104,11 @@ async fn measure(name: &str, argv: &[String], url: &str) -> Option<f64> {
     if failed > 0 {
         eprintln!("{name}: {failed} calls failed");
     }
-    Some(done.load(Ordering::Relaxed) as f64 / seconds)
+    let mut latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    latencies.sort();
+    let at = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
+    let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
+    Some(Round { per_second: done.load(Ordering::Relaxed) as f64 / seconds, p50_ms: ms(at(0.5)), p99_ms: ms(at(0.99)) })
 }
 
 /// `argv` with `{port}` filled in, `{server}` as one word (a command line) and
@@ -144,6 +162,48 @@ async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
     Some(kib)
 }
 
+/// One round: Rebound, then each peer, with `sessions` sessions calling at once.
+async fn compare(config: &std::path::Path, peers: &[(String, Vec<String>)], server: &[String], sessions: usize) {
+    let port = free_port();
+    let rebound_argv = vec![
+        bin("rebound").display().to_string(),
+        "serve".into(),
+        "--config".into(),
+        config.display().to_string(),
+        "--http".into(),
+        format!("127.0.0.1:{port}"),
+    ];
+    let Some(ours) = measure("rebound", &rebound_argv, &format!("http://127.0.0.1:{port}/mcp"), sessions).await else {
+        std::process::exit(1);
+    };
+    let line = |name: &str, r: &Round| {
+        format!("  {name:<13} {:>8.0} calls/s   p50 {:>7.2} ms   p99 {:>7.2} ms", r.per_second, r.p50_ms, r.p99_ms)
+    };
+    println!("streamable HTTP, {sessions} session(s) calling `echo` for {} s:", MEASURE.as_secs());
+    println!("{}", line("rebound", &ours));
+    let mut best: Option<(String, f64)> = None;
+    for (name, argv) in peers {
+        let port = free_port();
+        let argv = fill(argv, port, server);
+        match measure(name, &argv, &format!("http://127.0.0.1:{port}/mcp"), sessions).await {
+            Some(r) => {
+                println!("{}   (rebound: {:.2}× the calls/s)", line(name, &r), ours.per_second / r.per_second);
+                if best.as_ref().is_none_or(|(_, b)| r.per_second > *b) {
+                    best = Some((name.clone(), r.per_second));
+                }
+            }
+            None => println!("  {name:<13} did not run"),
+        }
+    }
+    if let Some((name, rate)) = best {
+        let ratio = ours.per_second / rate;
+        println!(
+            "  rebound vs the faster peer ({name}): {ratio:.2}× ({} ≥ 2×)",
+            if ratio >= 2.0 { "meets" } else { "MISSES" }
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -161,40 +221,8 @@ async fn main() {
     std::fs::write(&config, json!({"mcpServers": {"s": {"command": faulty, "args": ["--name", "s"]}}}).to_string())
         .unwrap();
 
-    let port = free_port();
-    let rebound_argv = vec![
-        bin("rebound").display().to_string(),
-        "serve".into(),
-        "--config".into(),
-        config.display().to_string(),
-        "--http".into(),
-        format!("127.0.0.1:{port}"),
-    ];
-    let Some(ours) = measure("rebound", &rebound_argv, &format!("http://127.0.0.1:{port}/mcp")).await else {
-        std::process::exit(1);
-    };
-    println!("streamable HTTP, {CLIENTS} sessions calling `echo` for {} s:", MEASURE.as_secs());
-    println!("  rebound       {ours:>8.0} calls/s");
-    let mut best: Option<(String, f64)> = None;
-    for (name, argv) in &peers {
-        let port = free_port();
-        let argv = fill(argv, port, &server);
-        match measure(name, &argv, &format!("http://127.0.0.1:{port}/mcp")).await {
-            Some(rate) => {
-                println!("  {name:<13} {rate:>8.0} calls/s   (rebound: {:.2}×)", ours / rate);
-                if best.as_ref().is_none_or(|(_, b)| rate > *b) {
-                    best = Some((name.clone(), rate));
-                }
-            }
-            None => println!("  {name:<13} did not run"),
-        }
-    }
-    if let Some((name, rate)) = best {
-        let ratio = ours / rate;
-        println!(
-            "rebound vs the faster peer ({name}): {ratio:.2}× ({} ≥ 2×)",
-            if ratio >= 2.0 { "meets" } else { "MISSES" }
-        );
+    for sessions in CONCURRENCY {
+        compare(&config, &peers, &server, sessions).await;
     }
     match idle_memory(dir.path()).await {
         Some(kib) => {

@@ -55,6 +55,7 @@ async fn main() {
     let mut mute_lists = false;
     let mut stubborn = false;
     let mut deaf_after_calls = None;
+    let mut log_every = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -89,6 +90,8 @@ async fn main() {
             // Stops reading its input (but keeps running) after this many tool calls; once
             // per state folder, so that its replacement hears again.
             "--deaf-after-calls" => deaf_after_calls = Some(value().parse::<u64>().expect("a number")),
+            // Sends a log message this often, whatever the client does.
+            "--log-every-ms" => log_every = Some(Duration::from_millis(value().parse().expect("milliseconds"))),
             // Writes one stderr line of this many MiB at start.
             "--stderr-line-mb" => {
                 let mb: usize = value().parse().expect("--stderr-line-mb takes a number");
@@ -129,6 +132,16 @@ async fn main() {
         next_id: AtomicU64::new(1),
         pending: Mutex::default(),
     });
+    if let Some(every) = log_every {
+        let server = server.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let log = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "logger": "faulty", "data": "tick"}});
+                server.send(&log).await;
+            }
+        });
+    }
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut calls_read = 0;
     while let Ok(Some(line)) = lines.next_line().await {
