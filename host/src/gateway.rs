@@ -7,6 +7,7 @@ pub mod downstreams;
 pub mod http;
 pub mod hub;
 pub mod metrics;
+pub mod recent;
 pub mod routing;
 pub mod server;
 pub mod session_servers;

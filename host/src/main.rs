@@ -39,6 +39,18 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Print the state of a running `serve --http` gateway as a table.
+    Status {
+        /// The gateway's address, e.g. http://127.0.0.1:8080 (its /mcp URL works too).
+        #[arg(long)]
+        url: String,
+        /// The gateway's token, if it has one (default: $REBOUND_AUTH_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+        /// Print the JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -59,6 +71,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve { config, http } => serve(config, http),
         Command::Check { config } => check(config),
+        Command::Status { url, token, json } => {
+            let token = token.or_else(|| std::env::var("REBOUND_AUTH_TOKEN").ok().filter(|t| !t.is_empty()));
+            status(&url, token.as_deref(), json)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,6 +83,31 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
+    let base = url.trim_end_matches('/').trim_end_matches("/mcp");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let doc: serde_json::Value = runtime.block_on(async {
+        let mut request = reqwest::Client::new().get(format!("{base}/status"));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.with_context(|| format!("cannot reach the gateway at {base}"))?;
+        match response.status() {
+            reqwest::StatusCode::UNAUTHORIZED => {
+                anyhow::bail!("the gateway wants its token: pass --token or set REBOUND_AUTH_TOKEN")
+            }
+            s if !s.is_success() => anyhow::bail!("the gateway answered {s} for {base}/status"),
+            _ => response.json().await.context("the gateway's status is not JSON"),
+        }
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", rebound::gateway::status::table(&doc));
+    }
+    Ok(())
 }
 
 fn check(path: PathBuf) -> Result<()> {

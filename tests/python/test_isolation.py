@@ -46,8 +46,8 @@ def answering_as(who):
     return {"sampling_callback": sampling, "elicitation_callback": elicitation, "list_roots_callback": roots}
 
 
-async def http_session(url, body, **callbacks):
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+async def http_session(url, body, token=TOKEN, **callbacks):
+    headers = {"Authorization": f"Bearer {token}"}
     async with create_mcp_http_client(headers=headers) as http:
         async with streamable_http_client(url, http_client=http) as (read, write):
             async with ClientSession(read, write, **callbacks) as session:

@@ -500,3 +500,59 @@ async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() 
     let gone = in_session(call).send().await.unwrap();
     assert_eq!(gone.status(), StatusCode::NOT_FOUND, "the session is gone");
 }
+
+#[tokio::test]
+async fn the_status_document_and_rebound_status_in_a_terminal() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"auth_token": TOKEN}}}),
+        &[],
+    )
+    .await;
+    let client = gw.client(Some(TOKEN)).await.unwrap();
+    call(&client, "echo", json!({"message": "m"})).await;
+    call(&client, "fail", json!({"message": "no"})).await;
+
+    let doc: Value = reqwest::Client::new()
+        .get(format!("{}/status", gw.base))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["schema"], 1);
+    let a = &doc["servers"][0];
+    assert_eq!((a["name"].as_str(), a["health"].as_str()), (Some("a"), Some("green")), "{doc}");
+    let outcomes: Vec<&str> =
+        a["recent_calls"].as_array().unwrap().iter().map(|c| c["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["ok", "tool_error"]);
+    assert!(a["latency_ms"]["p50"].as_f64().is_some(), "{doc}");
+    // The data needs the token; the page that shows it does not (it holds none).
+    let refused = reqwest::get(format!("{}/status", gw.base)).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let page = reqwest::get(format!("{}/", gw.base)).await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.headers()["content-security-policy"].to_str().unwrap().contains("default-src 'none'"));
+    assert!(page.text().await.unwrap().contains("<title>Rebound status</title>"));
+
+    let status = |token: Option<&str>| {
+        let mut cmd = std::process::Command::new(rebound_tests::bin("rebound"));
+        cmd.args(["status", "--url", &format!("{}/mcp", gw.base)]).env_remove("REBOUND_AUTH_TOKEN");
+        if let Some(token) = token {
+            cmd.args(["--token", token]);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, table) = status(Some(TOKEN));
+    assert!(ok, "{table}");
+    let row = table.lines().find(|l| l.starts_with("a ")).unwrap_or_else(|| panic!("no row for a:\n{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[..6], ["a", "green", "ready", "closed", "0", "2"], "{table}");
+    let (ok, refused) = status(None);
+    assert!(!ok && refused.contains("the gateway wants its token"), "{refused}");
+}

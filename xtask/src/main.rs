@@ -74,11 +74,38 @@ fn cargo() -> Command {
 }
 
 /// Installs what the end-to-end tests talk to: real third-party MCP servers and clients
-/// from npm (`tests/node`) and the official Python SDK in a virtualenv (`target/venv`).
+/// from npm (`tests/node`), the official Python SDK in a virtualenv (`target/venv`), and
+/// Debian's Chromium for the status page.
 fn setup(root: &Path) -> Result<()> {
     setup_node(root)?;
-    setup_python(root)
+    setup_python(root)?;
+    setup_chromium()
 }
+
+/// Debian's Chromium, which the status page test drives headless (Playwright downloads no
+/// browser of its own here).
+fn setup_chromium() -> Result<()> {
+    if Path::new(CHROMIUM).exists() {
+        return Ok(());
+    }
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !install() {
+        run(Command::new("apt-get").arg("update"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", "chromium"])
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    anyhow::ensure!(Path::new(CHROMIUM).exists(), "installing chromium did not give {CHROMIUM}");
+    Ok(())
+}
+
+const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// The npm packages: real third-party MCP servers, the SDK and the conformance suite.
 fn setup_node(root: &Path) -> Result<()> {

@@ -145,6 +145,7 @@ fn router(front: Front, streams: CancellationToken) -> Router {
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/metrics", get(metrics))
+        .route("/status", get(status_document))
         .layer(middleware::from_fn(session_ended))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
         .layer(middleware::from_fn_with_state(front.clone(), authorize));
@@ -168,6 +169,9 @@ fn router(front: Front, streams: CancellationToken) -> Router {
     Router::new()
         .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
+        // The page holds no data (it reads /status, with the token): a browser that
+        // navigates here cannot send a bearer token.
+        .route("/", get(status_page))
         .merge(protected)
         .layer(cors)
         .layer(middleware::from_fn_with_state(front.clone(), guard))
@@ -469,17 +473,14 @@ async fn session_ended(request: Request, next: Next) -> Response {
 /// whoever holds the token (probes need none): to others, counts.
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;
-    let past_startup = hub.startup_over();
+    let waiting = hub.starting();
     let mut without = Vec::new();
-    let mut waiting = Vec::new();
     for handle in hub.servers.values() {
         let state = handle.state();
-        match state.status {
-            Status::Ready => {}
-            Status::Starting if !past_startup && state.last_error.is_none() => waiting.push(handle.name.clone()),
-            _ => without.push(
+        if state.status != Status::Ready && !waiting.contains(&handle.name) {
+            without.push(
                 json!({"server": &*handle.name, "status": state.status.as_str(), "last_error": state.last_error}),
-            ),
+            );
         }
     }
     let ready = waiting.is_empty();
@@ -496,6 +497,22 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
         body["given_up"] = json!(without);
     }
     (status, axum::Json(body)).into_response()
+}
+
+/// The status page: one self-contained file, no CDN, nothing to build.
+async fn status_page() -> Response {
+    let csp =
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:";
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CONTENT_SECURITY_POLICY, csp)],
+        include_str!("status_page.html"),
+    )
+        .into_response()
+}
+
+/// The status document (`status::document`), versioned by its `schema` field.
+async fn status_document(State(front): State<Front>) -> Response {
+    axum::Json(super::status::document(&front.hub)).into_response()
 }
 
 async fn metrics(State(front): State<Front>) -> Response {

@@ -217,6 +217,20 @@ impl Hub {
         }
     }
 
+    /// The shared servers still in their first start, within the start-up wait: while
+    /// there are any, the gateway is not ready.
+    pub fn starting(&self) -> Vec<Arc<str>> {
+        let over = self.startup_over();
+        self.servers
+            .values()
+            .filter(|h| {
+                let state = h.state();
+                !over && state.status == Status::Starting && state.last_error.is_none()
+            })
+            .map(|h| h.name.clone())
+            .collect()
+    }
+
     /// Ends every tool call still in flight with an error result (shutdown).
     pub fn stop_calls(&self) {
         self.life.stopping.cancel();

@@ -30,6 +30,17 @@ enum Outcome {
     gave_up,
 }
 
+impl Outcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::ok => "ok",
+            Self::recovered => "recovered",
+            Self::tool_error => "tool_error",
+            Self::gave_up => "gave_up",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
     server: String,
@@ -82,6 +93,8 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     latency: Histograms,
     http_rejected: Family<RejectLabels, Counter>,
+    /// The last calls of each server, for the status page.
+    pub recent: super::recent::RecentCalls,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -101,7 +114,7 @@ impl Default for Metrics {
         registry.register("attempt_failures", "Failed attempts by failure category", failures.clone());
         registry.register("call_duration_seconds", "Time from a client's tool call to its answer", latency.clone());
         registry.register("http_rejected", "HTTP requests refused before reaching MCP", http_rejected.clone());
-        Self { registry, calls, failures, latency, http_rejected }
+        Self { registry, calls, failures, latency, http_rejected, recent: Default::default() }
     }
 }
 
@@ -121,6 +134,7 @@ impl Metrics {
             let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.label().into() };
             self.failures.get_or_create(&labels).inc();
         }
+        self.recent.push(&server, took, outcome.as_str());
         self.latency.get_or_create(&ServerLabel { server }).observe(took.as_secs_f64());
     }
 

@@ -225,7 +225,7 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if self.hub.config.settings.gateway_tools
-            && let Some(contents) = status::read(&self.hub, &request.uri)
+            && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
         {
             return Ok(ReadResourceResult::new(vec![contents]).into());
         }

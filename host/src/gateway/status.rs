@@ -9,6 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceCo
 use serde_json::{Value, json};
 
 use super::hub::Hub;
+use super::recent::quantile;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
 use crate::recovery::breaker::Snapshot as BreakerSnapshot;
 
@@ -88,6 +89,102 @@ pub fn status(hub: &Hub) -> Value {
     status
 }
 
+/// The version of `GET /status`'s document: raised when a field changes meaning or goes
+/// away (new fields may appear within a version).
+pub const STATUS_SCHEMA: u32 = 1;
+
+/// Errors-log entries in the status document.
+const RECENT_ERRORS: usize = 20;
+
+/// `GET /status`: everything `rebound_status` reports, and for the status page and
+/// `rebound status --url` each server's health (`green`, `amber`, `red`), its last
+/// calls and their latency, and the newest errors-log entries.
+pub fn document(hub: &Hub) -> Value {
+    let mut doc = status(hub);
+    doc["schema"] = json!(STATUS_SCHEMA);
+    doc["gateway"]["ready"] = json!(hub.starting().is_empty());
+    if let Some(servers) = doc["servers"].as_array_mut() {
+        for server in servers {
+            let calls = hub.metrics.recent.of(server["name"].as_str().unwrap_or_default());
+            server["health"] = json!(health(server));
+            server["latency_ms"] = json!({"p50": quantile(&calls, 0.5), "p99": quantile(&calls, 0.99)});
+            server["recent_calls"] = json!(calls);
+        }
+    }
+    let errors = hub.errors.recent();
+    doc["recent_errors"] = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
+    hub.secrets.redact_json(&mut doc);
+    doc
+}
+
+/// The status document as a table for a terminal (`rebound status --url`).
+pub fn table(doc: &Value) -> String {
+    let ms = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |v| format!("{v:.1}ms"));
+    let mut rows = vec![
+        ["SERVER", "HEALTH", "STATUS", "BREAKER", "RESTARTS", "CALLS", "FAILED", "RECOVERED", "P50", "P99", "ADAPTER"]
+            .map(str::to_owned),
+    ];
+    for s in doc["servers"].as_array().into_iter().flatten() {
+        let c = &s["counters"];
+        let adapter = match &s["adapter"] {
+            Value::Null => "built-in".to_owned(),
+            a if a["quarantined_for_ms"].is_u64() => format!("{} (quarantined)", a["name"].as_str().unwrap_or("?")),
+            a => format!("{} ({} faults)", a["name"].as_str().unwrap_or("?"), a["faults"]),
+        };
+        let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        rows.push([
+            text(&s["name"]),
+            text(&s["health"]),
+            text(&s["status"]),
+            text(&s["breaker"]["state"]),
+            text(&s["restarts"]),
+            text(&c["calls"]),
+            text(&c["failures"]),
+            text(&c["recovered"]),
+            ms(&s["latency_ms"]["p50"]),
+            ms(&s["latency_ms"]["p99"]),
+            adapter,
+        ]);
+    }
+    let widths: Vec<usize> =
+        (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in &rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    let errors = doc["recent_errors"].as_array().map_or(0, Vec::len);
+    let g = &doc["gateway"];
+    out.push_str(&format!(
+        "rebound {} ({}), status schema {}; {errors} recent errors-log entries (--json shows them)\n",
+        g["version"].as_str().unwrap_or("?"),
+        if g["ready"].as_bool() == Some(true) { "ready" } else { "starting" },
+        doc["schema"],
+    ));
+    out
+}
+
+/// A server's health at a glance: `red` when it cannot serve now (crashed and restarting,
+/// down, stopped, its breaker open); `amber` when it serves with trouble, or not yet
+/// (its first start, its breaker probing, a tool's breaker not closed, its adapter
+/// quarantined); else `green`. How its calls went is in its chart, not its color.
+fn health(server: &Value) -> &'static str {
+    let status = server["status"].as_str().unwrap_or_default();
+    let breaker = server["breaker"]["state"].as_str().unwrap_or("closed");
+    if matches!(status, "restarting" | "down" | "stopped") || breaker == "open" {
+        return "red";
+    }
+    let tools_troubled = server["tool_breakers"]
+        .as_object()
+        .is_some_and(|t| t.values().any(|b| b["state"].as_str().is_some_and(|s| s != "closed")));
+    let quarantined = server["adapter"]["quarantined_for_ms"].is_u64();
+    if status != "ready" || breaker != "closed" || tools_troubled || quarantined {
+        return "amber";
+    }
+    "green"
+}
+
 fn breaker_json(b: &BreakerSnapshot) -> Value {
     json!({
         "state": b.state,
@@ -146,11 +243,18 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
     }
 }
 
-/// Reads one of the gateway's own resources, or `None` if `uri` is not one.
-pub fn read(hub: &Hub, uri: &str) -> Option<ResourceContents> {
+/// Reads one of the gateway's own resources for client session `client`, or `None` if
+/// `uri` is not one. The errors log shows a client its own calls' entries only.
+pub fn read(hub: &Hub, uri: &str, client: &str) -> Option<ResourceContents> {
     let text = match uri {
         STATUS_URI => serde_json::to_string_pretty(&status(hub)).unwrap_or_default(),
-        ERRORS_URI => hub.errors.recent().iter().map(|e| format!("{e}\n")).collect(),
+        ERRORS_URI => hub
+            .errors
+            .recent()
+            .iter()
+            .filter(|e| e["context"]["session_id"].as_str() == Some(client))
+            .map(|e| format!("{e}\n"))
+            .collect(),
         _ => return None,
     };
     let mime = if uri == STATUS_URI { "application/json" } else { "application/x-ndjson" };
