@@ -249,6 +249,14 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let outcome = runtime.block_on(async {
         let front = if http.is_some() { Front::Http } else { Front::Stdio };
         let hub = Hub::start(config, plugins, front);
+        let mut hup = signal(SignalKind::hangup())?;
+        let (hangups, hung_up) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = hangups.try_send(());
+            }
+        });
+        rebound::gateway::reload::watch(&hub, path.clone(), hung_up);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let shutdown = tokio_util::sync::CancellationToken::new();

@@ -22,7 +22,7 @@ pub struct Config {
     pub warnings: Vec<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub name: String,
     pub launch: Launch,
@@ -200,13 +200,13 @@ fn glob(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|c| *c == '*')
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Launch {
     Stdio(StdioLaunch),
     Http(HttpLaunch),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StdioLaunch {
     pub command: String,
     pub args: Vec<String>,
@@ -215,7 +215,7 @@ pub struct StdioLaunch {
     pub cwd: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpLaunch {
     pub url: String,
     pub headers: BTreeMap<String, String>,

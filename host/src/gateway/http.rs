@@ -44,7 +44,7 @@ struct Front {
 pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
-    let settings = hub.config.settings.http.clone();
+    let settings = hub.setup().config.settings.http.clone();
     let loopback_only = settings.allowed_hosts.iter().all(|h| {
         let (name, _) = split_authority(h);
         name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -474,8 +474,9 @@ async fn session_ended(request: Request, next: Next) -> Response {
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;
     let waiting = hub.starting();
+    let setup = hub.setup();
     let mut without = Vec::new();
-    for handle in hub.servers.values() {
+    for handle in setup.servers.values() {
         let state = handle.state();
         if state.status != Status::Ready && !waiting.contains(&handle.name) {
             without.push(
@@ -487,8 +488,8 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = json!({
         "ready": ready,
-        "servers": hub.servers.len(),
-        "servers_ready": hub.servers.len() - without.len() - waiting.len(),
+        "servers": setup.servers.len(),
+        "servers_ready": setup.servers.len() - without.len() - waiting.len(),
         "servers_starting": waiting.len(),
         "servers_given_up": without.len(),
     });

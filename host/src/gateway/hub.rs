@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use indexmap::IndexMap;
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
     Notification, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
@@ -25,25 +24,18 @@ use super::catalogue::Catalogue;
 use super::downstreams::{Downstreams, Front, send};
 use super::metrics::Metrics;
 use super::routing::{Caller, Routing};
-use crate::config::{Config, Scope};
+use super::setup::{Changes, Setup};
+use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
-use crate::recovery::clock::{Rng, TokioClock};
-use crate::recovery::engine::Engine;
 use crate::redact::Secrets;
 use crate::transport::supervisor::{ServerHandle, Status, Supervision, spawn_supervisor};
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
 pub struct Hub {
-    pub config: Config,
-    /// The shared servers (`scope: shared`); per-session instances live with their
-    /// session ([`super::session_servers`]).
-    pub servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
-    pub engine: Engine,
+    /// The configuration's shared servers, engine and adapters; replaced by a reload.
+    setup: RwLock<Arc<Setup>>,
     pub errors: Arc<ErrorsLog>,
-    pub plugins: Prepared,
-    /// Values from the configuration that must never leave the gateway.
-    pub secrets: Secrets,
     pub metrics: Metrics,
     pub downstreams: Downstreams,
     pub routing: Arc<Routing>,
@@ -97,35 +89,15 @@ impl Hub {
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let secrets = Secrets::of(&config);
             let how = supervision(&config, &secrets);
-            let servers = config
-                .servers
-                .values()
-                .filter(|s| s.scope == Scope::Shared)
-                .map(|s| {
-                    let relay = |instance| -> Arc<dyn Relay> {
-                        Arc::new(HubRelay { hub: weak.clone(), instance, owner: None })
-                    };
-                    let handle = spawn_supervisor(s.clone(), relay, offer.subscribe(), &how);
-                    (handle.name.clone(), Arc::new(handle))
-                })
-                .collect();
-            let mut engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()))
-                .with_plan_calls(config.settings.plugin_max_calls);
-            for (server, adapter) in plugins.adapters.iter() {
-                engine.declare(server, adapter.declared());
-            }
             let errors = ErrorsLog::start(
                 config.settings.errors_log.clone(),
                 config.settings.errors_log_max_bytes,
                 secrets.clone(),
             );
+            let setup = Setup::first(config, plugins, &spawner(weak, &offer, &how));
             Hub {
-                config,
-                servers,
-                engine,
+                setup: RwLock::new(Arc::new(setup)),
                 errors,
-                plugins,
-                secrets,
                 metrics: Metrics::default(),
                 downstreams: Downstreams::new(front),
                 routing: Arc::default(),
@@ -135,7 +107,7 @@ impl Hub {
                 life: Life { started: Default::default(), settled: Default::default(), stopping: Default::default() },
             }
         });
-        for handle in hub.servers.values() {
+        for handle in hub.setup().servers.values() {
             hub.watch(handle, None);
         }
         if front == Front::Http {
@@ -144,9 +116,36 @@ impl Hub {
         hub
     }
 
+    /// The configuration's shared servers, engine and adapters, as they are now. A call
+    /// keeps the one it started with.
+    pub fn setup(&self) -> Arc<Setup> {
+        self.setup.read().expect("not poisoned").clone()
+    }
+
+    /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
+    /// [`Setup::next`]. Servers that left or were relaunched stop once the new setup is
+    /// in place (their calls in flight are answered); clients hear what changed.
+    pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
+        let changes = {
+            let mut current = self.setup.write().expect("not poisoned");
+            let how = supervision(&config, &Secrets::of(&config));
+            let (next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
+            *current = Arc::new(next);
+            changes
+        };
+        for handle in &changes.started {
+            self.watch(handle, None);
+        }
+        self.rebuild(false);
+        futures::future::join_all(changes.retired.iter().map(|h| h.shutdown())).await;
+        self.rebuild(false);
+        changes
+    }
+
     /// How every server of this gateway is supervised.
     pub fn supervision(&self) -> Supervision {
-        supervision(&self.config, &self.secrets)
+        let setup = self.setup();
+        supervision(&setup.config, &setup.secrets)
     }
 
     /// The stdio client initialised with `caps`: the shared servers start, offered them.
@@ -191,24 +190,21 @@ impl Hub {
         list.push(Arc::downgrade(handle));
     }
 
-    /// The servers' adapters, as one advisor for the recovery engine.
-    pub fn advisor(&self) -> Option<&dyn crate::recovery::plan::Advisor> {
-        (!self.plugins.adapters.is_empty()).then_some(&self.plugins.adapters as _)
-    }
-
     pub fn catalogue(&self) -> Arc<Catalogue> {
         self.catalogue.read().expect("not poisoned").clone()
     }
 
     fn startup_timeout(&self) -> Duration {
-        Duration::from_millis(self.config.settings.startup_timeout_ms)
+        Duration::from_millis(self.setup().config.settings.startup_timeout_ms)
     }
 
     /// A client session ended: it is forgotten, and the subscriptions it alone held on
     /// the shared servers are ended.
     pub fn session_ended(&self, client: &str) {
         for (instance, uri) in self.downstreams.remove(client) {
-            let Some(handle) = self.servers.values().find(|h| h.instance == instance) else { continue };
+            let Some(handle) = self.setup().servers.values().find(|h| h.instance == instance).cloned() else {
+                continue;
+            };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
                 tokio::spawn(async move {
                     let _ = session.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
@@ -221,7 +217,8 @@ impl Hub {
     /// there are any, the gateway is not ready.
     pub fn starting(&self) -> Vec<Arc<str>> {
         let over = self.startup_over();
-        self.servers
+        self.setup()
+            .servers
             .values()
             .filter(|h| {
                 let state = h.state();
@@ -258,7 +255,7 @@ impl Hub {
         // Over stdio the servers start at the client's `initialize`, which precedes every
         // request that waits here.
         let started = self.life.started.get().copied().unwrap_or_else(Instant::now);
-        settle(self.servers.values(), started + self.startup_timeout()).await;
+        settle(self.setup().servers.values(), started + self.startup_timeout()).await;
         // The state watchers rebuild too, but asynchronously: make sure the first answer
         // already has every server that is up. Set only afterwards, so that a caller who
         // skips the wait finds the catalogue built (two first callers may both rebuild;
@@ -314,23 +311,25 @@ impl Hub {
     /// The catalogue of every configured server's latest listing, in configuration
     /// order: `own`'s instance where it has one, else the shared server.
     pub fn build_catalogue(&self, own: &dyn Fn(&str) -> Option<Arc<ServerHandle>>) -> Catalogue {
-        let listings: Vec<_> = self
+        let setup = self.setup();
+        let listings: Vec<_> = setup
             .config
             .servers
             .keys()
             .filter_map(|name| {
-                let handle = own(name).or_else(|| self.servers.get(name.as_str()).cloned())?;
+                let handle = own(name).or_else(|| setup.servers.get(name.as_str()).cloned())?;
                 Some((handle.name.clone(), handle.state().session?.listing()))
             })
             .collect();
-        Catalogue::build(&listings, self.config.settings.tool_names)
+        Catalogue::build(&listings, setup.config.settings.tool_names)
     }
 
     /// Stops every server in parallel, the sessions' own instances too, and waits until
     /// their processes are gone.
     pub async fn shutdown(&self) {
         let instances: Vec<_> = self.instances.lock().expect("not poisoned").iter().filter_map(Weak::upgrade).collect();
-        let all = self.servers.values().chain(&instances);
+        let setup = self.setup();
+        let all = setup.servers.values().chain(&instances);
         futures::future::join_all(all.map(|h| h.shutdown())).await;
         self.errors.flush();
     }
@@ -373,10 +372,10 @@ impl Hub {
                 tokio::spawn(async move {
                     let handle = match owner.as_ref().and_then(|o| o.servers.upgrade()) {
                         Some(servers) => servers.instance(&server),
-                        None => self.servers.get(server.as_str()).cloned(),
+                        None => self.setup().servers.get(server.as_str()).cloned(),
                     };
                     let Some(session) = handle.and_then(|h| h.state().session) else { return };
-                    session.refresh(Duration::from_millis(self.config.settings.init_timeout_ms)).await;
+                    session.refresh(Duration::from_millis(self.setup().config.settings.init_timeout_ms)).await;
                     self.rebuild_for(owner.as_ref(), false);
                 });
             }
@@ -407,6 +406,18 @@ impl Hub {
             let request = to_client(request, &peer, &server)?;
             ask(peer, request, originating, asker).await
         })
+    }
+}
+
+/// Starts a shared server's supervisor, its traffic relayed to `hub`.
+fn spawner<'a>(
+    hub: &'a Weak<Hub>,
+    offer: &'a watch::Sender<Option<ClientCapabilities>>,
+    how: &'a Supervision,
+) -> impl Fn(&ServerConfig) -> Arc<ServerHandle> + 'a {
+    move |s| {
+        let relay = |instance| -> Arc<dyn Relay> { Arc::new(HubRelay { hub: hub.clone(), instance, owner: None }) };
+        Arc::new(spawn_supervisor(s.clone(), relay, offer.subscribe(), how))
     }
 }
 

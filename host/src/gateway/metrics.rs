@@ -93,6 +93,7 @@ pub struct Metrics {
     failures: Family<FailureLabels, Counter>,
     latency: Histograms,
     http_rejected: Family<RejectLabels, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
     /// The last calls of each server, for the status page.
     pub recent: super::recent::RecentCalls,
 }
@@ -100,6 +101,11 @@ pub struct Metrics {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RejectLabels {
     reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: String,
 }
 
 impl Default for Metrics {
@@ -114,7 +120,9 @@ impl Default for Metrics {
         registry.register("attempt_failures", "Failed attempts by failure category", failures.clone());
         registry.register("call_duration_seconds", "Time from a client's tool call to its answer", latency.clone());
         registry.register("http_rejected", "HTTP requests refused before reaching MCP", http_rejected.clone());
-        Self { registry, calls, failures, latency, http_rejected, recent: Default::default() }
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register("config_reloads", "Configuration reloads, applied or refused", reloads.clone());
+        Self { registry, calls, failures, latency, http_rejected, reloads, recent: Default::default() }
     }
 }
 
@@ -142,6 +150,11 @@ impl Metrics {
     /// `too_many_requests`).
     pub fn rejected(&self, reason: &str) {
         self.http_rejected.get_or_create(&RejectLabels { reason: reason.to_owned() }).inc();
+    }
+
+    /// Counts a configuration reload (`applied` or `refused`).
+    pub fn reloaded(&self, result: &str) {
+        self.reloads.get_or_create(&ReloadLabels { result: result.to_owned() }).inc();
     }
 
     /// The whole exposition: the counted metrics, then the gateway's state as it is now.

@@ -70,6 +70,7 @@ impl Gateway {
 
     fn wait_for(&self, server: &str) -> Duration {
         self.hub
+            .setup()
             .config
             .servers
             .get(server)
@@ -134,7 +135,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, ErrorData> {
         self.own.settled().await;
         let mut tools = self.own.catalogue().tools.clone();
-        if self.hub.config.settings.gateway_tools {
+        if self.hub.setup().config.settings.gateway_tools {
             tools.extend(status::tools());
         }
         Ok(ListToolsResult::with_all_items(tools))
@@ -204,7 +205,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListResourcesResult, ErrorData> {
         self.own.settled().await;
         let mut resources = self.own.catalogue().resources.clone();
-        if self.hub.config.settings.gateway_tools {
+        if self.hub.setup().config.settings.gateway_tools {
             resources.extend(status::resources());
         }
         Ok(ListResourcesResult::with_all_items(resources))
@@ -224,7 +225,7 @@ impl ServerHandler for Gateway {
         mut request: ReadResourceRequestParams,
         _: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        if self.hub.config.settings.gateway_tools
+        if self.hub.setup().config.settings.gateway_tools
             && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
         {
             return Ok(ReadResourceResult::new(vec![contents]).into());
@@ -302,7 +303,8 @@ impl ServerHandler for Gateway {
         // session hears only what its own level lets through.
         let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
         let own = self.own.own_instances();
-        let levels = own.iter().map(|h| (h, request.level)).chain(self.hub.servers.values().map(|h| (h, shared)));
+        let setup = self.hub.setup();
+        let levels = own.iter().map(|h| (h, request.level)).chain(setup.servers.values().map(|h| (h, shared)));
         for (handle, level) in levels {
             let Some(session) = handle.state().session.filter(|s| s.is_live()) else {
                 continue;
@@ -341,7 +343,7 @@ impl Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if self.hub.config.settings.gateway_tools
+        if self.hub.setup().config.settings.gateway_tools
             && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
         {
             return Ok(result.into());
@@ -355,14 +357,14 @@ impl Gateway {
                 None,
             ));
         };
+        let recovery = self.own.recovery();
         let upstreams = Upstreams { hub: &self.hub, own: &self.own, cx: &cx };
         let started = std::time::Instant::now();
-        let (ending, record) = self
-            .own
+        let (ending, record) = recovery
             .engine()
             .run(
                 &upstreams,
-                self.own.advisor(),
+                recovery.advisor(),
                 route.server.clone(),
                 route.name.clone(),
                 tool.annotations.as_ref(),
@@ -370,7 +372,7 @@ impl Gateway {
             )
             .await;
         if record.failures().next().is_some() {
-            self.hub.errors.record(&record, &self.own.client, self.own.engine().clock().wall());
+            self.hub.errors.record(&record, &self.own.client, recovery.engine().clock().wall());
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
                 log_at(
@@ -384,14 +386,14 @@ impl Gateway {
             }
         }
         if !record.denied.is_empty()
-            && let Some(adapter) = self.hub.plugins.adapters.get(&record.server)
+            && let Some(adapter) = recovery.setup.plugins.adapters.get(&record.server)
         {
             adapter.report_denied(&record.denied);
         }
         self.hub.metrics.observe(&record, &ending, started.elapsed());
         let result = match ending {
-            Ending::Answered(result) => report::recovered(result, &record, &self.hub.secrets),
-            Ending::GaveUp => report::gave_up(&record, &self.hub.secrets),
+            Ending::Answered(result) => report::recovered(result, &record, &recovery.setup.secrets),
+            Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
         };
         Ok(result.into())
     }
@@ -464,7 +466,14 @@ impl Upstream for Upstreams<'_> {
             let how = Attempt {
                 timeout,
                 max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
-                progress_extends_timeout: handle.config.recovery.progress_extends_timeout,
+                // From the configuration now: a reload may have changed it, not the process.
+                progress_extends_timeout: self
+                    .hub
+                    .setup()
+                    .config
+                    .servers
+                    .get(&server)
+                    .is_none_or(|s| s.recovery.progress_extends_timeout),
             };
             attempt(&self.hub.routing, &handle, &session, &tool, arguments, how, self.cx, &call).await
         })

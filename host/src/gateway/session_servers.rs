@@ -6,6 +6,7 @@
 //! budget and adapter state (such as the HOL cursor); counters and metrics add up under
 //! the server's name. What an instance says reaches its session only.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -17,9 +18,10 @@ use tokio::time::Instant;
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::hub::{Hub, HubRelay, Owner, offered, settle};
+use super::setup::Setup;
 use crate::config::Scope;
-use crate::plugins::Adapters;
-use crate::recovery::engine::Engine;
+use crate::plugins::{Adapter, Adapters};
+use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
 use crate::transport::Relay;
 use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
@@ -39,10 +41,34 @@ pub struct SessionServers {
 /// The session's own server instances, with the recovery state that is theirs alone.
 struct Own {
     servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
-    engine: Engine,
-    adapters: Adapters,
+    /// Their breakers and budgets, and their adapters' state.
+    policies: HashMap<Arc<str>, Arc<ServerPolicy>>,
+    forks: HashMap<Arc<str>, Arc<Adapter>>,
+    /// The engine and adapters of this session's calls, and the setup they extend.
+    recovery: Mutex<Option<(Arc<Setup>, Arc<OwnRecovery>)>>,
     started: Instant,
     settled: AtomicBool,
+}
+
+/// The setup's engine and adapters with a session's own instances' in place of theirs.
+type OwnRecovery = (Engine, Adapters);
+
+/// The recovery engine and adapters one call runs with: the setup's, with this session's
+/// own instances' in place of theirs.
+pub struct Recovery {
+    pub setup: Arc<Setup>,
+    own: Option<Arc<OwnRecovery>>,
+}
+
+impl Recovery {
+    pub fn engine(&self) -> &Engine {
+        self.own.as_ref().map_or(&*self.setup.engine, |o| &o.0)
+    }
+
+    pub fn advisor(&self) -> Option<&dyn Advisor> {
+        let adapters = self.own.as_ref().map_or(&self.setup.plugins.adapters, |o| &o.1);
+        (!adapters.is_empty()).then_some(adapters as _)
+    }
 }
 
 impl SessionServers {
@@ -61,16 +87,19 @@ impl SessionServers {
         if let Some(own) = self.own.get() {
             return Some(own);
         }
+        let setup = self.hub.setup();
         let scoped: Vec<&str> =
-            self.hub.config.servers.values().filter(|s| s.scope == Scope::Session).map(|s| s.name.as_str()).collect();
+            setup.config.servers.values().filter(|s| s.scope == Scope::Session).map(|s| s.name.as_str()).collect();
         if scoped.is_empty() {
             return None;
         }
         let peer = self.peer.get()?;
-        Some(self.own.get_or_init(|| self.start(&scoped, peer)))
+        Some(self.own.get_or_init(|| self.start(&setup, &scoped, peer)))
     }
 
-    fn start(self: &Arc<Self>, scoped: &[&str], peer: &Peer<RoleServer>) -> Own {
+    /// Starts this session's instances of `scoped`, as `setup` configures them. (A
+    /// reload later changes the instances of sessions that start after it.)
+    fn start(self: &Arc<Self>, setup: &Setup, scoped: &[&str], peer: &Peer<RoleServer>) -> Own {
         let caps = peer.peer_info().map(|i| offered(&i.capabilities)).unwrap_or_default();
         let (_, offer) = tokio::sync::watch::channel(Some(caps));
         let how = self.hub.supervision();
@@ -82,7 +111,7 @@ impl SessionServers {
                 let relay = |instance| -> Arc<dyn Relay> {
                     Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
                 };
-                let config = self.hub.config.servers[*name].for_session(&self.client);
+                let config = setup.config.servers[*name].for_session(&self.client);
                 let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
                 self.hub.keep_instance(&handle);
                 self.hub.watch(&handle, Some(owner.clone()));
@@ -92,8 +121,9 @@ impl SessionServers {
         tracing::info!(session = %self.client, servers = servers.len(), "started the session's own servers");
         Own {
             servers,
-            engine: self.hub.engine.for_instances(scoped.iter().copied()),
-            adapters: self.hub.plugins.adapters.for_instances(scoped.iter().copied()),
+            policies: setup.engine.fresh_policies(scoped.iter().copied()),
+            forks: setup.plugins.adapters.forks(scoped.iter().copied()),
+            recovery: Mutex::default(),
             started: Instant::now(),
             settled: AtomicBool::new(false),
         }
@@ -107,7 +137,7 @@ impl SessionServers {
         if own.settled.load(Ordering::Acquire) {
             return;
         }
-        let deadline = own.started + Duration::from_millis(self.hub.config.settings.startup_timeout_ms);
+        let deadline = own.started + Duration::from_millis(self.hub.setup().config.settings.startup_timeout_ms);
         settle(own.servers.values(), deadline).await;
         self.rebuild(false);
         own.settled.store(true, Ordering::Release);
@@ -151,13 +181,13 @@ impl SessionServers {
 
     /// The instance of `server` this session's calls go to.
     pub fn server(&self, server: &str) -> Option<Arc<ServerHandle>> {
-        self.instance(server).or_else(|| self.hub.servers.get(server).cloned())
+        self.instance(server).or_else(|| self.hub.setup().servers.get(server).cloned())
     }
 
     /// Every instance this session reaches: its own, then the shared ones.
     pub fn all(&self) -> Vec<Arc<ServerHandle>> {
         let own = self.own.get().into_iter().flat_map(|o| o.servers.values().cloned());
-        own.chain(self.hub.servers.values().cloned()).collect()
+        own.chain(self.hub.setup().servers.values().cloned()).collect()
     }
 
     /// Its own instances only.
@@ -165,17 +195,20 @@ impl SessionServers {
         self.own.get().into_iter().flat_map(|o| o.servers.values().cloned()).collect()
     }
 
-    /// The recovery engine of this session's calls (with its instances' breakers).
-    pub fn engine(&self) -> &Engine {
-        self.own.get().map_or(&self.hub.engine, |o| &o.engine)
-    }
-
-    /// The adapters advising this session's calls (its instances' with state of their own).
-    pub fn advisor(&self) -> Option<&dyn Advisor> {
-        match self.own.get() {
-            Some(own) => (!own.adapters.is_empty()).then_some(&own.adapters as _),
-            None => self.hub.advisor(),
-        }
+    /// The recovery engine and adapters of this session's next call.
+    pub fn recovery(&self) -> Recovery {
+        let setup = self.hub.setup();
+        let Some(own) = self.own.get() else { return Recovery { setup, own: None } };
+        let mut cached = own.recovery.lock().expect("not poisoned");
+        let built = match &*cached {
+            Some((on, built)) if Arc::ptr_eq(on, &setup) => built.clone(),
+            _ => {
+                let built = Arc::new((setup.engine.overlay(&own.policies), setup.plugins.adapters.overlay(&own.forks)));
+                *cached = Some((setup.clone(), built.clone()));
+                built
+            }
+        };
+        Recovery { setup, own: Some(built) }
     }
 }
 

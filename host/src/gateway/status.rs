@@ -42,7 +42,8 @@ pub fn resources() -> Vec<Resource> {
 /// Everything `rebound_status` reports. Server `env` and `headers` never appear here, not
 /// even inside a server's own error text.
 pub fn status(hub: &Hub) -> Value {
-    let servers: Vec<Value> = hub
+    let setup = hub.setup();
+    let servers: Vec<Value> = setup
         .servers
         .values()
         .map(|handle| {
@@ -54,12 +55,12 @@ pub fn status(hub: &Hub) -> Value {
                 "restarts": state.restarts,
                 "last_error": state.last_error,
                 "tools": tools,
-                "adapter": hub.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
+                "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
             });
-            if let Some((_, name, e)) = hub.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
+            if let Some((_, name, e)) = setup.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
                 entry["adapter_error"] = json!(format!("{name}: {e}"));
             }
-            if let Some(policy) = hub.engine.policy(&handle.name) {
+            if let Some(policy) = setup.engine.policy(&handle.name) {
                 let b = policy.breaker.snapshot();
                 let c = &policy.counters;
                 entry["breaker"] = breaker_json(&b);
@@ -85,7 +86,7 @@ pub fn status(hub: &Hub) -> Value {
         "gateway": {"version": env!("CARGO_PKG_VERSION"), "errors_log": hub.errors.path(), "errors_dropped": hub.errors.dropped()},
         "servers": servers,
     });
-    hub.secrets.redact_json(&mut status);
+    setup.secrets.redact_json(&mut status);
     status
 }
 
@@ -100,6 +101,7 @@ const RECENT_ERRORS: usize = 20;
 /// `rebound status --url` each server's health (`green`, `amber`, `red`), its last
 /// calls and their latency, and the newest errors-log entries.
 pub fn document(hub: &Hub) -> Value {
+    let setup = hub.setup();
     let mut doc = status(hub);
     doc["schema"] = json!(STATUS_SCHEMA);
     doc["gateway"]["ready"] = json!(hub.starting().is_empty());
@@ -113,7 +115,7 @@ pub fn document(hub: &Hub) -> Value {
     }
     let errors = hub.errors.recent();
     doc["recent_errors"] = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
-    hub.secrets.redact_json(&mut doc);
+    setup.secrets.redact_json(&mut doc);
     doc
 }
 
@@ -198,6 +200,7 @@ fn breaker_json(b: &BreakerSnapshot) -> Value {
 
 /// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.
 pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<CallToolResult> {
+    let setup = hub.setup();
     match name {
         STATUS_TOOL => {
             let s = status(hub);
@@ -209,7 +212,7 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
         RESET_TOOL => {
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
-            Some(match (hub.engine.policy(server), arg("tool")) {
+            Some(match (setup.engine.policy(server), arg("tool")) {
                 (Some(policy), None) => {
                     policy.breaker.reset();
                     policy.tools.reset_all();
@@ -231,7 +234,7 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
                     ))]),
                 },
                 (None, _) => {
-                    let known: Vec<&str> = hub.servers.keys().map(|k| &**k).collect();
+                    let known: Vec<&str> = setup.servers.keys().map(|k| &**k).collect();
                     CallToolResult::error(vec![ContentBlock::text(format!(
                         "no server `{server}`; the servers are: {}",
                         known.join(", ")
@@ -263,12 +266,13 @@ pub fn read(hub: &Hub, uri: &str, client: &str) -> Option<ResourceContents> {
 
 /// The gateway's state now, for `/metrics`.
 pub fn snapshot(hub: &Hub) -> Snapshot {
-    let servers = hub
+    let setup = hub.setup();
+    let servers = setup
         .servers
         .iter()
         .map(|(name, handle)| {
             let state = handle.state();
-            let policy = hub.engine.policy(name);
+            let policy = setup.engine.policy(name);
             let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
             let counters = policy.map(|p| &p.counters).map_or_else(Counts::default, |c| Counts {
                 attempts: load(&c.attempts),
@@ -288,7 +292,7 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
                     .unwrap_or_default(),
                 counters,
                 denied: policy.map(|p| std::array::from_fn(|i| load(&p.counters.denied[i]))).unwrap_or_default(),
-                adapter: hub.plugins.adapters.get(name).map(|a| {
+                adapter: setup.plugins.adapters.get(name).map(|a| {
                     let h = a.health();
                     AdapterSnapshot { name: h.name, faults: h.faults, quarantined: h.quarantined_for_ms.is_some() }
                 }),

@@ -35,6 +35,8 @@ pub struct Adapter {
     pre: Pre,
     pub info: Info,
     pub name: Arc<str>,
+    /// SHA-256 of the component's bytes: a reload keeps an adapter whose code is the same.
+    pub digest: [u8; 32],
     server: Arc<str>,
     config: Arc<str>,
     kv: Kv,
@@ -99,6 +101,7 @@ impl Adapter {
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),
             name: name.into(),
+            digest: loaded.digest,
             server: server.into(),
             config: config.to_string().into(),
             kv: Kv::default(),
@@ -128,6 +131,7 @@ impl Adapter {
             pre: self.pre.clone(),
             info: self.info.clone(),
             name: self.name.clone(),
+            digest: self.digest,
             server: self.server.clone(),
             config: self.config.clone(),
             kv: Kv::default(),
@@ -321,15 +325,16 @@ impl Adapters {
         self.by_server.iter()
     }
 
-    /// The adapters for a set of server instances of their own: `servers`' adapters
-    /// forked (state of their own), every other server's shared.
-    pub fn for_instances<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> Self {
+    /// Forks of `servers`' adapters, for server instances of their own (state of their
+    /// own).
+    pub fn forks<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> HashMap<Arc<str>, Arc<Adapter>> {
+        servers.into_iter().filter_map(|name| Some((Arc::from(name), self.by_server.get(name)?.fork()))).collect()
+    }
+
+    /// These adapters with `forks` in place of theirs for those servers.
+    pub fn overlay(&self, forks: &HashMap<Arc<str>, Arc<Adapter>>) -> Self {
         let mut by_server = self.by_server.clone();
-        for name in servers {
-            if let Some(a) = self.by_server.get(name) {
-                by_server.insert(name.into(), a.fork());
-            }
-        }
+        by_server.extend(forks.iter().map(|(k, v)| (k.clone(), v.clone())));
         Self { by_server }
     }
 }

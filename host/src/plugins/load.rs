@@ -72,6 +72,8 @@ pub enum LoadError {
 /// A loaded adapter, ready to instantiate.
 pub struct Loaded {
     pub path: PathBuf,
+    /// SHA-256 of the file's bytes.
+    pub digest: [u8; 32],
     pub pre: Pre,
     pub info: Info,
     pub bytes: usize,
@@ -172,6 +174,10 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
     let needs = Needs::from_manifest(&manifest).map_err(|e| invalid(format!("declares {e}")))?;
     Ok(Loaded {
         path: path.to_owned(),
+        digest: {
+            use sha2::Digest;
+            sha2::Sha256::digest(&bytes).into()
+        },
         pre,
         info: Info {
             name: info.name,

@@ -342,13 +342,17 @@ impl Engine {
         Self { servers, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
     }
 
-    /// An engine for a set of server instances of their own (one client session's):
-    /// `servers` get fresh breakers and retry budgets, sharing only their counters with
-    /// this engine's; every other server's policy is this engine's own.
-    pub fn for_instances<'a>(&self, servers: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut map = self.servers.clone();
-        for name in servers {
-            if let Some(shared) = self.servers.get(name) {
+    /// Policies for server instances of their own (one client session's): fresh
+    /// breakers and retry budgets for `servers`, sharing only their counters with this
+    /// engine's.
+    pub fn fresh_policies<'a>(
+        &self,
+        servers: impl IntoIterator<Item = &'a str>,
+    ) -> HashMap<Arc<str>, Arc<ServerPolicy>> {
+        servers
+            .into_iter()
+            .filter_map(|name| {
+                let shared = self.servers.get(name)?;
                 let mut own = ServerPolicy::fresh(
                     &shared.recovery,
                     shared.grant.clone(),
@@ -357,10 +361,49 @@ impl Engine {
                     &self.rng,
                 );
                 own.counters = shared.counters.clone();
-                map.insert(Arc::from(name), Arc::new(own));
-            }
-        }
-        Self { servers: map, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls: self.max_plan_calls }
+                Some((Arc::from(name), Arc::new(own)))
+            })
+            .collect()
+    }
+
+    /// This engine with `policies` in place of its own for those servers.
+    pub fn overlay(&self, policies: &HashMap<Arc<str>, Arc<ServerPolicy>>) -> Self {
+        let mut servers = self.servers.clone();
+        servers.extend(policies.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Self { servers, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls: self.max_plan_calls }
+    }
+
+    /// The engine of a new configuration: a server that `keep` names keeps its policy
+    /// (breakers, budget) as it is; every other gets a fresh one with the adapter needs
+    /// `declared` gives, counters carried over by name.
+    pub fn reconfigure<'a>(
+        &self,
+        servers: impl IntoIterator<Item = &'a ServerConfig>,
+        keep: &dyn Fn(&str) -> bool,
+        declared: &dyn Fn(&str) -> Option<AdapterGrant>,
+        max_plan_calls: u32,
+    ) -> Self {
+        let servers = servers
+            .into_iter()
+            .map(|s| {
+                let name: Arc<str> = s.name.as_str().into();
+                let old = self.servers.get(&name);
+                let policy = match old {
+                    Some(p) if keep(&s.name) => p.clone(),
+                    _ => {
+                        let declared = declared(&s.name).unwrap_or_else(|| AdapterGrant::own(&s.name));
+                        let mut fresh =
+                            ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), declared, &self.clock, &self.rng);
+                        if let Some(old) = old {
+                            fresh.counters = old.counters.clone();
+                        }
+                        Arc::new(fresh)
+                    }
+                };
+                (name, policy)
+            })
+            .collect();
+        Self { servers, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls }
     }
 
     pub fn declare(&mut self, server: &str, declared: AdapterGrant) {

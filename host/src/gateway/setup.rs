@@ -1,0 +1,181 @@
+//! What one configuration makes of the gateway: its shared servers, the recovery engine's
+//! policies, the adapters. A reload builds the next `Setup` from the previous one, as a
+//! diff: a server whose launch is unchanged keeps its process (and its sessions); one
+//! whose whole entry is unchanged keeps its breakers, retry budget and adapter state too;
+//! counters carry over by name. Calls in flight finish on the `Setup` they started with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+
+use crate::config::{Config, Scope, ServerConfig};
+use crate::plugins::{Adapter, Adapters, Prepared};
+use crate::recovery::clock::{Rng, TokioClock};
+use crate::recovery::engine::Engine;
+use crate::redact::Secrets;
+use crate::transport::supervisor::ServerHandle;
+
+pub struct Setup {
+    pub config: Config,
+    /// The shared servers (`scope: shared`); per-session instances live with their
+    /// session ([`super::session_servers`]).
+    pub servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
+    pub engine: Arc<Engine>,
+    pub plugins: Prepared,
+    /// Values from the configuration that must never leave the gateway.
+    pub secrets: Secrets,
+}
+
+/// What a reload changed.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Launched anew: their launch (command, arguments, environment, URL…) changed.
+    pub restarted: Vec<String>,
+    /// Same process, new recovery settings or adapter settings.
+    pub reconfigured: Vec<String>,
+    /// Same configuration, new adapter code (its `.wasm` changed).
+    pub new_adapter_code: Vec<String>,
+    /// Instances to stop once the new setup is in place.
+    pub retired: Vec<Arc<ServerHandle>>,
+    /// Instances to follow (new ones).
+    pub started: Vec<Arc<ServerHandle>>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.restarted.is_empty()
+            && self.reconfigured.is_empty()
+            && self.new_adapter_code.is_empty()
+    }
+
+    /// One line for the log.
+    pub fn summary(&self) -> String {
+        let part = |what: &str, names: &[String]| (!names.is_empty()).then(|| format!("{what} {}", names.join(", ")));
+        let parts: Vec<String> = [
+            part("added", &self.added),
+            part("removed", &self.removed),
+            part("restarted", &self.restarted),
+            part("reconfigured", &self.reconfigured),
+            part("new adapter code for", &self.new_adapter_code),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if parts.is_empty() { "nothing changed".to_owned() } else { parts.join("; ") }
+    }
+}
+
+impl Setup {
+    /// The first setup: every shared server started with `spawn`.
+    pub fn first(config: Config, plugins: Prepared, spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>) -> Self {
+        let servers = shared(&config).map(|s| (Arc::from(s.name.as_str()), spawn(s))).collect();
+        let mut engine = Engine::new(config.servers.values(), Arc::new(TokioClock), Arc::new(Rng::from_entropy()))
+            .with_plan_calls(config.settings.plugin_max_calls);
+        for (server, adapter) in plugins.adapters.iter() {
+            engine.declare(server, adapter.declared());
+        }
+        let secrets = Secrets::of(&config);
+        Setup { config, servers, engine: Arc::new(engine), plugins, secrets }
+    }
+
+    /// The setup of `config` (with its freshly loaded `plugins`), keeping from this one
+    /// what did not change.
+    pub fn next(
+        &self,
+        config: Config,
+        mut plugins: Prepared,
+        spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>,
+    ) -> (Self, Changes) {
+        let mut changes = Changes::default();
+        let before = |name: &str| self.config.servers.get(name);
+        // An unchanged entry whose adapter file is unchanged keeps its adapter (its state).
+        let unchanged = |s: &ServerConfig| before(&s.name).is_some_and(|b| b == s);
+        let mut adapters = Adapters::default();
+        let mut kept_adapters = Vec::new();
+        for (server, fresh) in plugins.adapters.iter() {
+            let old = self.plugins.adapters.get(server).filter(|_| unchanged(&config.servers[&**server]));
+            match old {
+                Some(old) if same_code(old, fresh) => {
+                    kept_adapters.push(server.clone());
+                    adapters.insert(server, old.clone());
+                }
+                Some(_) => {
+                    changes.new_adapter_code.push(server.to_string());
+                    adapters.insert(server, fresh.clone());
+                }
+                None => adapters.insert(server, fresh.clone()),
+            }
+        }
+        plugins.adapters = adapters;
+        // A server keeps its policy (breakers, budget) when its entry is unchanged and so
+        // is its adapter (whose declared needs the policy holds).
+        let keep_policy = |name: &str| {
+            before(name).is_some_and(|b| Some(b) == config.servers.get(name))
+                && (self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name))
+        };
+
+        let mut servers = IndexMap::new();
+        for s in shared(&config) {
+            let name: Arc<str> = s.name.as_str().into();
+            let old = self.servers.get(&name).filter(|_| before(&s.name).is_some_and(|b| b.scope == Scope::Shared));
+            match old {
+                Some(handle) if before(&s.name).is_some_and(|b| b.launch == s.launch) => {
+                    if !unchanged(s) {
+                        changes.reconfigured.push(s.name.clone());
+                    }
+                    servers.insert(name, handle.clone());
+                }
+                Some(handle) => {
+                    changes.restarted.push(s.name.clone());
+                    changes.retired.push(handle.clone());
+                    let fresh = spawn(s);
+                    changes.started.push(fresh.clone());
+                    servers.insert(name, fresh);
+                }
+                None => {
+                    changes.added.push(s.name.clone());
+                    let fresh = spawn(s);
+                    changes.started.push(fresh.clone());
+                    servers.insert(name, fresh);
+                }
+            }
+        }
+        for (name, handle) in &self.servers {
+            if !servers.contains_key(name) {
+                changes.removed.push(name.to_string());
+                changes.retired.push(handle.clone());
+            }
+        }
+        for s in config.servers.values().filter(|s| s.scope == Scope::Session) {
+            match before(&s.name) {
+                None => changes.added.push(s.name.clone()),
+                Some(b) if b != s => changes.reconfigured.push(s.name.clone()),
+                Some(_) => {}
+            }
+        }
+        let declared: HashMap<&str, _> = plugins.adapters.iter().map(|(s, a)| (&**s, a.declared())).collect();
+        let engine = self.engine.reconfigure(
+            config.servers.values(),
+            &keep_policy,
+            &|name| declared.get(name).cloned(),
+            config.settings.plugin_max_calls,
+        );
+        let secrets = Secrets::of(&config);
+        (Setup { config, servers, engine: Arc::new(engine), plugins, secrets }, changes)
+    }
+}
+
+/// `config`'s shared servers, in file order.
+fn shared(config: &Config) -> impl Iterator<Item = &ServerConfig> {
+    config.servers.values().filter(|s| s.scope == Scope::Shared)
+}
+
+/// Whether two loads of an adapter are the same code.
+fn same_code(a: &Adapter, b: &Adapter) -> bool {
+    a.digest == b.digest && a.name == b.name
+}

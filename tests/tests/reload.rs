@@ -1,0 +1,194 @@
+//! Hot reload of a running gateway: its configuration file edited (a server added, a
+//! timeout changed, the file broken and fixed, a launch changed) and an adapter replaced
+//! while calls run, with one client session connected throughout.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use rebound_tests::{Gateway, HttpGateway, alive, eventually, faulty, text};
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+
+fn pid(dir: &Path, server: &str) -> u32 {
+    let starts = std::fs::read_to_string(dir.join(server).join("starts")).unwrap_or_default();
+    starts.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(0)
+}
+
+fn write(dir: &Path, config: &Value) {
+    // Written beside and renamed over, as editors do.
+    let tmp = dir.join("rebound.json.new");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+    std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
+}
+
+fn config(dir: &Path, a_timeout: u64, extra: &[(&str, Value)]) -> Value {
+    let mut a = faulty("a", dir, &[]);
+    a["recovery"] = json!({"timeout_ms": a_timeout, "retry": {"max_attempts": 1}});
+    let mut b = faulty("b", dir, &[]);
+    // One timeout opens b's breaker, for a long time.
+    b["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
+        "breaker": {"failure_threshold": 1, "open_ms": 600000}});
+    let mut servers = serde_json::Map::new();
+    servers.insert("a".into(), a);
+    servers.insert("b".into(), b);
+    for (name, server) in extra {
+        servers.insert((*name).into(), server.clone());
+    }
+    json!({"mcpServers": servers, "rebound": {"tool_names": "always"}})
+}
+
+async fn call(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::TestClient>,
+    tool: &str,
+    args: Value,
+) -> rmcp::model::CallToolResult {
+    let mut params = CallToolRequestParams::new(tool.to_owned());
+    params.arguments = args.as_object().cloned();
+    tokio::time::timeout(Duration::from_secs(30), client.peer().call_tool(params)).await.unwrap().unwrap()
+}
+
+async fn status(client: &rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::TestClient>) -> Value {
+    call(client, "rebound_status", json!({})).await.structured_content.unwrap()
+}
+
+fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
+    status["servers"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap_or(&Value::Null)
+}
+
+#[tokio::test]
+async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refused() {
+    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
+    let before = status(&client).await;
+    assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
+    let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
+
+    // Add a server and change a's timeout.
+    write(&dir, &config(&dir, 30000, &[("c", faulty("c", &dir, &[]))]));
+    let tools = || async { client.peer().list_all_tools().await.unwrap() };
+    for _ in 0..100 {
+        if tools().await.iter().any(|t| t.name == "c__echo") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&call(&client, "c__echo", json!({"message": "new"})).await), "c: new");
+    // a was reconfigured, not relaunched; b was untouched: same processes, b's breaker
+    // still open.
+    assert_eq!((pid(&dir, "a"), pid(&dir, "b")), (a_pid, b_pid));
+    let after = status(&client).await;
+    assert_eq!(server(&after, "b")["breaker"]["state"], "open", "{after}");
+    assert_eq!(server(&after, "b")["counters"]["calls"], server(&before, "b")["counters"]["calls"]);
+
+    // A broken file is refused with the check's message; everything keeps serving.
+    std::fs::write(dir.join("rebound.json"), r#"{"mcpServers": {"a": {"args": []}}}"#).unwrap();
+    let log = gw.log.clone();
+    eventually("the broken file refused", move || log.lock().unwrap().contains("reload refused")).await;
+    assert!(gw.log.lock().unwrap().contains("neither `command` nor `url`"));
+    assert_eq!(text(&call(&client, "c__echo", json!({"message": "still"})).await), "c: still");
+
+    // Fixed, with a's launch changed: a is relaunched (a new process), c removed.
+    let mut fixed = config(&dir, 30000, &[]);
+    fixed["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("1")]);
+    write(&dir, &fixed);
+    let old_a = a_pid;
+    eventually("a relaunched", move || !alive(old_a)).await;
+    for _ in 0..100 {
+        if !tools().await.iter().any(|t| t.name == "c__echo") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!tools().await.iter().any(|t| t.name == "c__echo"), "c is gone");
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
+    assert_ne!(pid(&dir, "a"), a_pid);
+    assert_eq!(pid(&dir, "b"), b_pid);
+
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"rebound_config_reloads_total{result="refused"} 1"#), "{metrics}");
+    assert!(metrics.lines().any(|l| l.starts_with(r#"rebound_config_reloads_total{result="applied"}"#)), "{metrics}");
+    let _ = client.cancel().await;
+}
+
+#[tokio::test]
+async fn an_adapter_replaced_while_calls_run_loses_none() {
+    let plugins = rebound_tests::root().join("target/plugins");
+    let gw = HttpGateway::start(
+        |dir| {
+            let own = dir.join("plugins");
+            std::fs::create_dir_all(&own).unwrap();
+            std::fs::copy(plugins.join("thanos-classify.wasm"), own.join("thanos-classify.wasm")).unwrap();
+            let mut a = faulty("a", dir, &[]);
+            a["adapter"] = json!("thanos-classify");
+            a["recovery"] = json!({"retry": {"initial_delay_ms": 10}});
+            json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": own}})
+        },
+        &[],
+    )
+    .await;
+    let dir = gw.dir.path().to_owned();
+    let client = Arc::new(gw.client(None).await.unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicU32::new(0));
+    let callers: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, stop, answered) = (client.clone(), stop.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // `flaky` aborts every fifth call (the adapter is consulted on those);
+                    // one caller makes them, so that a retry never meets the next abort.
+                    let tool = if i == 0 { "flaky" } else { "echo" };
+                    let r = call(&client, tool, json!({"q": format!("{i}-{n}"), "message": "m"})).await;
+                    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+                    answered.fetch_add(1, Ordering::Relaxed);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A new build of the adapter: other bytes (the file's tail padded with a custom
+    // section would do; another first-party adapter's code is simpler to come by).
+    let replacement = plugins.join("lean-fallback.wasm");
+    let target = dir.join("plugins/thanos-classify.wasm");
+    std::fs::copy(&replacement, dir.join("plugins/next.tmp")).unwrap();
+    std::fs::rename(dir.join("plugins/next.tmp"), &target).unwrap();
+    let log = gw.log.clone();
+    eventually("the adapter reloaded", move || log.lock().unwrap().contains("new adapter code for a")).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.expect("every call answered, and well");
+    }
+    assert!(answered.load(Ordering::Relaxed) > 20);
+    // The new code serves: its faults (none) are its own, and `flaky` still recovers.
+    let status = call(&client, "rebound_status", json!({})).await.structured_content.unwrap();
+    assert_eq!(status["servers"][0]["adapter"]["faults"], 0, "{status}");
+    let loads = gw.log.lock().unwrap().matches("plugins/thanos-classify.wasm (").count();
+    assert_eq!(loads, 2, "loaded at start and again on the change");
+}
+
+#[tokio::test]
+async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
+    let dir = gw.dir.path().to_owned();
+    assert_eq!(text(&gw.call("echo", json!({"message": "1"})).await), "a: 1");
+    let a_pid = pid(&dir, "a");
+    write(&dir, &json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}}));
+    let heard = gw.heard.clone();
+    eventually("tools/list_changed", move || heard.lock().unwrap().tools_changed > 0).await;
+    for _ in 0..100 {
+        if gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(text(&gw.call("b__echo", json!({"message": "2"})).await), "b: 2");
+    assert_eq!(pid(&dir, "a"), a_pid, "the untouched server kept its process");
+}
