@@ -1,6 +1,6 @@
-//! The hub: every supervised server, the catalogue built from them, and the downstream
-//! clients that hear about them. Shared by all downstream sessions (one over stdio, many
-//! over HTTP).
+//! The hub: the current setup (shared servers, engine, adapters), the catalogue built
+//! from them, and the downstream clients that hear about them. Shared by all downstream
+//! sessions (one over stdio, many over HTTP).
 
 // Logging, sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every
 // revision the gateway speaks; they are relayed faithfully.
