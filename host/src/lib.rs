@@ -7,4 +7,5 @@ pub mod gateway;
 pub mod plugins;
 pub mod recovery;
 pub mod redact;
+pub mod telemetry;
 pub mod transport;

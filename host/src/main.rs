@@ -242,8 +242,14 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     if let Err(e) = rebound::transport::watchdog::start() {
         tracing::warn!("no watchdog ({e}): if the gateway is killed, its servers may outlive it");
     }
-    // Before the async runtime: loading runs each plugin once, synchronously.
+    // Before the async runtime: loading runs each plugin once, synchronously; the OTLP
+    // exporter's client blocks on a thread of its own.
     let plugins = rebound::plugins::prepare(&config);
+    match rebound::telemetry::init() {
+        Ok(true) => tracing::info!("exporting traces over OTLP"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!("{e}; no traces will be exported"),
+    }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     let max_in_flight = config.settings.http.max_concurrent_per_client;
     let outcome = runtime.block_on(async {
@@ -299,6 +305,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         tracing::info!("all servers stopped");
         outcome
     });
+    rebound::telemetry::shutdown();
     // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
     // to drop it.
     if let Err(e) = outcome {

@@ -18,7 +18,9 @@ use crate::transport::Session;
 
 /// How to make one attempt.
 #[derive(Debug, Clone, Copy)]
-pub struct Attempt {
+pub struct Attempt<'a> {
+    /// Passed on in `_meta.traceparent` when the call is traced (`crate::telemetry`).
+    pub traceparent: Option<&'a str>,
     pub timeout: Duration,
     /// The most the attempt may take, progress or not: what is left of the call's deadline.
     pub max_total: Duration,
@@ -34,7 +36,7 @@ pub async fn attempt(
     session: &Session,
     tool: &str,
     arguments: Option<JsonObject>,
-    how: Attempt,
+    how: Attempt<'_>,
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<CallToolResult, Failure> {
@@ -43,6 +45,9 @@ pub async fn attempt(
     // Pass the client's `_meta` on (rmcp puts its own progress token in).
     let mut meta = RequestMetaObject::default();
     meta.extend(cx.meta.clone());
+    if let Some(tp) = how.traceparent {
+        meta.insert("traceparent".to_owned(), tp.into());
+    }
     let mut options = PeerRequestOptions::with_timeout(how.timeout).with_meta(meta);
     options = options.with_max_total_timeout(how.max_total);
     if how.progress_extends_timeout {

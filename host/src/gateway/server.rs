@@ -31,11 +31,13 @@ use rmcp::model::{
 use super::call::{Attempt, attempt};
 use super::downstreams::{Front, Subscription};
 use super::hub::Hub;
-use super::session_servers::SessionServers;
+use super::session_servers::{Recovery, SessionServers};
 use super::status;
 use crate::recovery::Failure;
+use crate::recovery::engine::Record;
 use crate::recovery::engine::{Ending, Upstream};
 use crate::recovery::report;
+use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::Session;
 
 /// One downstream session's handler. Cheap to clone; the state lives in the [`Hub`] and
@@ -358,21 +360,43 @@ impl Gateway {
             ));
         };
         let recovery = self.own.recovery();
-        let upstreams = Upstreams { hub: &self.hub, own: &self.own, cx: &cx };
+        let trace = start_trace(&cx, &route.name);
+        let traced;
+        let advisor = match (&trace, recovery.advisor()) {
+            (Some(trace), Some(inner)) => {
+                traced = TracedAdvisor { inner, trace: trace.clone() };
+                Some(&traced as &dyn crate::recovery::plan::Advisor)
+            }
+            (_, advisor) => advisor,
+        };
+        let upstreams = Upstreams { hub: &self.hub, own: &self.own, cx: &cx, trace: trace.as_deref() };
         let started = std::time::Instant::now();
         let (ending, record) = recovery
             .engine()
             .run(
                 &upstreams,
-                recovery.advisor(),
+                advisor,
                 route.server.clone(),
                 route.name.clone(),
                 tool.annotations.as_ref(),
                 request.arguments,
             )
             .await;
+        if let Some(trace) = &trace {
+            trace.finish(&record, &ending);
+        }
+        self.account(&recovery, &record, &ending, started.elapsed());
+        let result = match ending {
+            Ending::Answered(result) => report::recovered(result, &record, &recovery.setup.secrets),
+            Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
+        };
+        Ok(result.into())
+    }
+
+    /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
+    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration) {
         if record.failures().next().is_some() {
-            self.hub.errors.record(&record, &self.own.client, recovery.engine().clock().wall());
+            self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
                 log_at(
@@ -390,13 +414,24 @@ impl Gateway {
         {
             adapter.report_denied(&record.denied);
         }
-        self.hub.metrics.observe(&record, &ending, started.elapsed());
-        let result = match ending {
-            Ending::Answered(result) => report::recovered(result, &record, &recovery.setup.secrets),
-            Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
-        };
-        Ok(result.into())
+        self.hub.metrics.observe(record, ending, took);
     }
+}
+
+/// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
+/// HTTP request's `traceparent` header, else its `_meta.traceparent`.
+fn start_trace(cx: &RequestContext<RoleServer>, tool: &str) -> Option<Arc<CallTrace>> {
+    let header = |name: &str| {
+        cx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get(name))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let meta = |name: &str| cx.meta.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    let traceparent = header("traceparent").or_else(|| meta("traceparent"));
+    let tracestate = header("tracestate").or_else(|| meta("tracestate"));
+    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref())
 }
 
 impl Gateway {
@@ -434,6 +469,7 @@ struct Upstreams<'a> {
     hub: &'a Arc<Hub>,
     own: &'a Arc<SessionServers>,
     cx: &'a RequestContext<RoleServer>,
+    trace: Option<&'a CallTrace>,
 }
 
 impl Upstream for Upstreams<'_> {
@@ -463,7 +499,9 @@ impl Upstream for Upstreams<'_> {
                 .await
                 .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
             let spent = started.elapsed();
+            let traceparent = self.trace.map(CallTrace::traceparent);
             let how = Attempt {
+                traceparent: traceparent.as_deref(),
                 timeout,
                 max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
                 // From the configuration now: a reload may have changed it, not the process.
@@ -475,7 +513,12 @@ impl Upstream for Upstreams<'_> {
                     .get(&server)
                     .is_none_or(|s| s.recovery.progress_extends_timeout),
             };
-            attempt(&self.hub.routing, &handle, &session, &tool, arguments, how, self.cx, &call).await
+            let began = std::time::SystemTime::now();
+            let outcome = attempt(&self.hub.routing, &handle, &session, &tool, arguments, how, self.cx, &call).await;
+            if let Some(trace) = self.trace {
+                trace.upstream(&server, &tool, began, outcome.as_ref().err());
+            }
+            outcome
         })
     }
 
