@@ -38,7 +38,8 @@ pub struct ErrorsLog {
     dropped: Arc<AtomicU64>,
     next_id: AtomicU64,
     path: PathBuf,
-    secrets: Secrets,
+    /// Replaced on reload (by the old ones and the new).
+    secrets: std::sync::RwLock<Secrets>,
 }
 
 impl ErrorsLog {
@@ -56,7 +57,7 @@ impl ErrorsLog {
             dropped,
             next_id: AtomicU64::new(0),
             path,
-            secrets,
+            secrets: std::sync::RwLock::new(secrets),
         });
         // Ends a flood's window even when no entry of its kind follows.
         let weak = Arc::downgrade(&log);
@@ -124,7 +125,7 @@ impl ErrorsLog {
     }
 
     fn push(&self, mut entry: Value) {
-        self.secrets.redact_json(&mut entry);
+        self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).redact_json(&mut entry);
         let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());
         if let Some(summary) = summary {
             self.send(summary);
@@ -166,6 +167,11 @@ impl ErrorsLog {
     /// The newest entries, oldest first.
     pub fn recent(&self) -> Vec<Value> {
         self.recent.lock().expect("not poisoned").iter().cloned().collect()
+    }
+
+    /// From now on, entries carry none of `secrets` either.
+    pub fn set_secrets(&self, secrets: Secrets) {
+        *self.secrets.write().unwrap_or_else(std::sync::PoisonError::into_inner) = secrets;
     }
 
     /// Entries not written because the writer fell behind or the file was unwritable.

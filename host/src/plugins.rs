@@ -46,6 +46,12 @@ pub fn adapter_for<'a>(config: &'a Config, server: &'a crate::config::ServerConf
 /// each plugin once. A plugin that fails to load is reported and its servers use the
 /// built-in classifier; nothing here fails the gateway.
 pub fn prepare(config: &Config) -> Prepared {
+    prepare_reusing(config, None)
+}
+
+/// [`prepare`], on `runtime` (a reload's previous one) when its limits and cache are the
+/// ones `config` asks for: one engine, one instance pool, one epoch thread.
+pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepared {
     let mut prepared =
         Prepared { adapters: Adapters::default(), failures: Vec::new(), loaded: Vec::new(), runtime: None };
     let wanted: Vec<(&str, &str)> =
@@ -57,7 +63,9 @@ pub fn prepare(config: &Config) -> Prepared {
         memory: config.settings.plugin_memory_mb.saturating_mul(1 << 20),
         timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
     };
-    let runtime = match Runtime::new(limits, config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache)) {
+    let cache = config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache);
+    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
+    let runtime = match reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache)) {
         Ok(r) => r,
         Err(e) => {
             tracing::error!("the plugin runtime could not start ({e:#}); every server uses the built-in classifier");

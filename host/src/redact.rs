@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 use std::io::Write;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
@@ -64,6 +64,15 @@ impl Secrets {
         Self { values: values.into() }
     }
 
+    /// Both sets of secrets (a reload keeps hiding the old ones: they may be in text
+    /// written before it).
+    pub fn union(&self, other: &Secrets) -> Secrets {
+        let mut values: Vec<String> = self.values.iter().chain(other.values.iter()).cloned().collect();
+        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        values.dedup();
+        Self { values: values.into() }
+    }
+
     /// The length of the longest secret, in bytes.
     pub fn longest(&self) -> usize {
         self.values.first().map_or(0, String::len)
@@ -104,12 +113,12 @@ impl Secrets {
     }
 }
 
-static FOR_LOGS: OnceLock<Secrets> = OnceLock::new();
+static FOR_LOGS: RwLock<Option<Secrets>> = RwLock::new(None);
 
 /// From now on, every log line written through [`RedactedStderr`] is redacted with
-/// `secrets`. Set once, when the configuration is loaded.
+/// `secrets`. Set when the configuration is loaded, and again on each reload.
 pub fn redact_logs(secrets: Secrets) {
-    let _ = FOR_LOGS.set(secrets);
+    *FOR_LOGS.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(secrets);
 }
 
 /// stderr for the log, redacting each line: libraries log too, and rmcp quotes an
@@ -121,7 +130,8 @@ pub struct RedactedStderr;
 impl Write for RedactedStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let mut stderr = std::io::stderr().lock();
-        match (FOR_LOGS.get(), std::str::from_utf8(buf)) {
+        let secrets = FOR_LOGS.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        match (secrets, std::str::from_utf8(buf)) {
             (Some(secrets), Ok(text)) => stderr.write_all(secrets.redact(text).as_bytes())?,
             _ => stderr.write_all(buf)?,
         }

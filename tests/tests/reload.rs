@@ -92,10 +92,22 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     assert!(gw.log.lock().unwrap().contains("neither `command` nor `url`"));
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "still"})).await), "c: still");
 
-    // Fixed, with a's launch changed: a is relaunched (a new process), c removed.
+    // Fixed, with a's launch changed: a is relaunched (a new process), c removed. A call
+    // in flight on the old process finishes there; calls meanwhile never miss a's tools.
     let mut fixed = config(&dir, 30000, &[]);
-    fixed["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("1")]);
-    write(&dir, &fixed);
+    fixed["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("300")]);
+    let in_flight = call(&client, "a__slow", json!({"ms": 1500}));
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        write(&dir, &fixed);
+        for i in 0..20 {
+            let r = call(&client, "a__echo", json!({"message": i.to_string()})).await;
+            assert_eq!(text(&r), format!("a: {i}"), "a call during the relaunch");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (slow, ()) = tokio::join!(in_flight, meanwhile);
+    assert!(text(&slow).contains("slept 1500 ms"), "{}", text(&slow));
     let old_a = a_pid;
     eventually("a relaunched", move || !alive(old_a)).await;
     for _ in 0..100 {

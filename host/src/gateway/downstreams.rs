@@ -199,6 +199,22 @@ impl Downstreams {
         uris
     }
 
+    /// A server was relaunched as instance `new` (`Some`), or removed (`None`): its
+    /// subscriptions follow it, or end.
+    pub fn reinstance(&self, old: u64, new: Option<u64>) {
+        let mut list = self.list.lock().expect("not poisoned");
+        for d in list.iter_mut() {
+            let moved: Vec<Subscription> = d.subscriptions.iter().filter(|s| s.instance == old).cloned().collect();
+            for mut s in moved {
+                d.subscriptions.remove(&s);
+                if let Some(new) = new {
+                    s.instance = new;
+                    d.subscriptions.insert(s);
+                }
+            }
+        }
+    }
+
     /// `client`'s session ended: it is forgotten, and the subscriptions no other live
     /// session holds are returned, to be ended upstream.
     pub fn remove(&self, client: &str) -> Vec<(u64, String)> {

@@ -473,8 +473,8 @@ async fn session_ended(request: Request, next: Next) -> Response {
 /// whoever holds the token (probes need none): to others, counts.
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;
-    let waiting = hub.starting();
     let setup = hub.setup();
+    let waiting = hub.starting(&setup);
     let mut without = Vec::new();
     for handle in setup.servers.values() {
         let state = handle.state();
@@ -489,7 +489,7 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let mut body = json!({
         "ready": ready,
         "servers": setup.servers.len(),
-        "servers_ready": setup.servers.len() - without.len() - waiting.len(),
+        "servers_ready": setup.servers.len().saturating_sub(without.len() + waiting.len()),
         "servers_starting": waiting.len(),
         "servers_given_up": without.len(),
     });

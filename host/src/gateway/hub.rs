@@ -123,22 +123,49 @@ impl Hub {
     }
 
     /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
-    /// [`Setup::next`]. Servers that left or were relaunched stop once the new setup is
-    /// in place (their calls in flight are answered); clients hear what changed.
+    /// [`Setup::next`]. New instances come up (within `init_timeout_ms`) before they
+    /// replace anything, so that a relaunched server's tools never leave the catalogue;
+    /// the instances replaced or removed finish their calls in flight (each within its
+    /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
-        let changes = {
-            let mut current = self.setup.write().expect("not poisoned");
-            let how = supervision(&config, &Secrets::of(&config));
-            let (next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
-            *current = Arc::new(next);
-            changes
-        };
+        let current = self.setup();
+        let how = supervision(&config, &Secrets::of(&config));
+        let (mut next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
+        // What was secret stays hidden: it may be in text written before the reload.
+        let secrets = current.secrets.union(&next.secrets);
+        crate::redact::redact_logs(secrets.clone());
+        self.errors.set_secrets(secrets.clone());
+        next.secrets = secrets;
+        for (old, new) in &changes.moved {
+            self.downstreams.reinstance(*old, Some(*new));
+        }
         for handle in &changes.started {
             self.watch(handle, None);
         }
+        // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
+        if self.offer.borrow().is_some() {
+            settle(changes.started.iter(), Instant::now() + how.init_timeout).await;
+        }
+        *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
-        futures::future::join_all(changes.retired.iter().map(|h| h.shutdown())).await;
-        self.rebuild(false);
+        for handle in changes.retired.iter().cloned() {
+            let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
+            let within = current
+                .config
+                .servers
+                .get(&*handle.name)
+                .map_or(Duration::from_secs(60), |s| Duration::from_millis(s.recovery.deadline_for("")));
+            tokio::spawn(async move {
+                let deadline = Instant::now() + within;
+                while hub.routing.in_flight_on(handle.instance) > 0 && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if removed {
+                    hub.downstreams.reinstance(handle.instance, None);
+                }
+                handle.shutdown().await;
+            });
+        }
         changes
     }
 
@@ -215,9 +242,9 @@ impl Hub {
 
     /// The shared servers still in their first start, within the start-up wait: while
     /// there are any, the gateway is not ready.
-    pub fn starting(&self) -> Vec<Arc<str>> {
+    pub fn starting(&self, setup: &Setup) -> Vec<Arc<str>> {
         let over = self.startup_over();
-        self.setup()
+        setup
             .servers
             .values()
             .filter(|h| {

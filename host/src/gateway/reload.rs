@@ -57,8 +57,13 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     {
         tracing::warn!("rebound.http and the errors log's settings take effect at the next start, not on reload");
     }
+    let (old, new) = (&current.config.settings, &config.settings);
+    if old.restart != new.restart || old.init_timeout_ms != new.init_timeout_ms {
+        tracing::warn!("rebound.restart and init_timeout_ms apply to servers started from now on");
+    }
     let for_plugins = config.clone();
-    let plugins = tokio::task::spawn_blocking(move || crate::plugins::prepare(&for_plugins))
+    let runtime = current.plugins.runtime.clone();
+    let plugins = tokio::task::spawn_blocking(move || crate::plugins::prepare_reusing(&for_plugins, runtime))
         .await
         .map_err(|e| Refused::Loading(e.to_string()))?;
     if let Some((server, adapter, reason)) = plugins.failures.first() {
@@ -73,12 +78,13 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     // Events name paths under the folder watched: compare absolute paths.
     let path = std::path::absolute(&path).unwrap_or(path);
     let (tx, mut changed) = mpsc::channel::<()>(1);
-    let plugins_dir = hub.setup().config.settings.plugins_dir.clone();
-    let watched = [path.clone(), plugins_dir.clone()];
+    let mut plugins_dir = hub.setup().config.settings.plugins_dir.clone();
+    let file = path.clone();
     let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        let relevant = !matches!(event.kind, EventKind::Access(_))
-            && event.paths.iter().any(|p| p == &watched[0] || (p.starts_with(&watched[1]) && is_wasm(p)));
+        // Only the plugins folder is watched for `.wasm` files.
+        let relevant =
+            !matches!(event.kind, EventKind::Access(_)) && event.paths.iter().any(|p| p == &file || is_wasm(p));
         if relevant {
             let _ = tx.try_send(());
         }
@@ -92,15 +98,15 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     if let Some(w) = watcher.as_mut() {
         // The folders, not the files: editors replace a file rather than write it.
         let folder = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-        for dir in [folder, plugins_dir] {
-            if let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive) {
+        for dir in [&folder, &plugins_dir] {
+            if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
                 tracing::debug!("not watching {}: {e}", dir.display());
             }
         }
     }
     let hub = Arc::downgrade(hub);
     tokio::spawn(async move {
-        let _watcher = watcher;
+        let mut watcher = watcher;
         loop {
             tokio::select! {
                 Some(()) = changed.recv() => {
@@ -112,7 +118,19 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
                 else => break,
             }
             let Some(hub) = hub.upgrade() else { break };
-            let _ = reload(&hub, &path).await;
+            if reload(&hub, &path).await.is_ok() {
+                // A new `plugins_dir` is watched from now on.
+                let now = hub.setup().config.settings.plugins_dir.clone();
+                if now != plugins_dir
+                    && let Some(w) = watcher.as_mut()
+                {
+                    let _ = w.unwatch(&plugins_dir);
+                    if let Err(e) = w.watch(&now, RecursiveMode::NonRecursive) {
+                        tracing::debug!("not watching {}: {e}", now.display());
+                    }
+                    plugins_dir = now;
+                }
+            }
         }
     });
 }

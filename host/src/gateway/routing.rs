@@ -126,6 +126,11 @@ impl Routing {
         client_of(newest)
     }
 
+    /// Calls in flight on `instance`.
+    pub fn in_flight_on(&self, instance: u64) -> usize {
+        self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len)
+    }
+
     /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,
     /// in the order it arrives, until [`Routing::unmap_progress`].
     pub fn map_progress(&self, session: u64, upstream: ProgressToken, peer: Peer<RoleServer>, token: ProgressToken) {

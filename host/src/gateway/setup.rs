@@ -42,6 +42,8 @@ pub struct Changes {
     pub retired: Vec<Arc<ServerHandle>>,
     /// Instances to follow (new ones).
     pub started: Vec<Arc<ServerHandle>>,
+    /// (old instance, new instance) of each relaunched server.
+    pub moved: Vec<(u64, u64)>,
 }
 
 impl Changes {
@@ -134,6 +136,7 @@ impl Setup {
                     changes.restarted.push(s.name.clone());
                     changes.retired.push(handle.clone());
                     let fresh = spawn(s);
+                    changes.moved.push((handle.instance, fresh.instance));
                     changes.started.push(fresh.clone());
                     servers.insert(name, fresh);
                 }
@@ -149,6 +152,11 @@ impl Setup {
             if !servers.contains_key(name) {
                 changes.removed.push(name.to_string());
                 changes.retired.push(handle.clone());
+            }
+        }
+        for old in self.config.servers.values().filter(|s| s.scope == Scope::Session) {
+            if !config.servers.contains_key(&old.name) {
+                changes.removed.push(old.name.clone());
             }
         }
         for s in config.servers.values().filter(|s| s.scope == Scope::Session) {

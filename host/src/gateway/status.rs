@@ -104,17 +104,22 @@ pub fn document(hub: &Hub) -> Value {
     let setup = hub.setup();
     let mut doc = status(hub);
     doc["schema"] = json!(STATUS_SCHEMA);
-    doc["gateway"]["ready"] = json!(hub.starting().is_empty());
+    doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty());
     if let Some(servers) = doc["servers"].as_array_mut() {
         for server in servers {
             let calls = hub.metrics.recent.of(server["name"].as_str().unwrap_or_default());
             server["health"] = json!(health(server));
             server["latency_ms"] = json!({"p50": quantile(&calls, 0.5), "p99": quantile(&calls, 0.99)});
             server["recent_calls"] = json!(calls);
+            cap(&mut server["last_error"]);
         }
     }
     let errors = hub.errors.recent();
-    doc["recent_errors"] = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
+    let mut recent = errors[errors.len().saturating_sub(RECENT_ERRORS)..].to_vec();
+    for entry in &mut recent {
+        cap(&mut entry["message"]);
+    }
+    doc["recent_errors"] = json!(recent);
     setup.secrets.redact_json(&mut doc);
     doc
 }
@@ -165,6 +170,19 @@ pub fn table(doc: &Value) -> String {
         doc["schema"],
     ));
     out
+}
+
+/// A text of the status document cut to 2 KiB: a server's error text can be as long as
+/// any message it sends, and the page reads the document every second.
+fn cap(value: &mut Value) {
+    const MAX: usize = 2 << 10;
+    if let Value::String(s) = value
+        && s.len() > MAX
+    {
+        let end = s.floor_char_boundary(MAX);
+        s.truncate(end);
+        s.push('…');
+    }
 }
 
 /// A server's health at a glance: `red` when it cannot serve now (crashed and restarting,

@@ -78,7 +78,7 @@ pub enum Reply {
 }
 
 /// Limits every plugin call runs under.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub memory: usize,
     pub timeout: Duration,
@@ -297,7 +297,16 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 /// flight, and sleeps otherwise, so an idle gateway does not wake up for nothing.
 struct Ticker {
     active: Arc<AtomicUsize>,
+    /// Set when the runtime goes (a reload replaced it): the thread ends.
+    stop: Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::Thread,
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
 }
 
 pub struct TickGuard<'a>(&'a Ticker);
@@ -305,12 +314,16 @@ pub struct TickGuard<'a>(&'a Ticker);
 impl Ticker {
     fn start(engine: &Engine) -> Self {
         let active = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let weak = engine.weak();
-        let busy = active.clone();
+        let (busy, stopped) = (active.clone(), stop.clone());
         let handle = std::thread::Builder::new()
             .name("rebound-epoch".into())
             .spawn(move || {
                 loop {
+                    if stopped.load(Ordering::Acquire) {
+                        break;
+                    }
                     if busy.load(Ordering::Acquire) == 0 {
                         std::thread::park();
                         continue;
@@ -323,7 +336,7 @@ impl Ticker {
                 }
             })
             .expect("spawn the epoch thread");
-        Self { active, thread: handle.thread().clone() }
+        Self { active, stop, thread: handle.thread().clone() }
     }
 
     fn enter(&self) -> TickGuard<'_> {
