@@ -215,19 +215,30 @@ pub struct TracedAdvisor<'a> {
     pub trace: Arc<CallTrace>,
 }
 
+impl TracedAdvisor<'_> {
+    /// `asked`, recorded as an adapter call `what` of `server`'s adapter when it ends.
+    fn timed<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        server: &str,
+        asked: BoxFuture<'static, Option<T>>,
+    ) -> BoxFuture<'static, Option<T>> {
+        let (start, trace, server) = (SystemTime::now(), self.trace.clone(), server.to_owned());
+        Box::pin(async move {
+            let answer = asked.await;
+            trace.adapter(what, &server, start, answer.is_some());
+            answer
+        })
+    }
+}
+
 impl Advisor for TracedAdvisor<'_> {
     fn classify(
         &self,
         failure: &FailureContext<'_>,
         builtin: &Classification,
     ) -> BoxFuture<'static, Option<Classification>> {
-        let (start, trace, server) = (SystemTime::now(), self.trace.clone(), failure.server.to_owned());
-        let asked = self.inner.classify(failure, builtin);
-        Box::pin(async move {
-            let answer = asked.await;
-            trace.adapter("classify", &server, start, answer.is_some());
-            answer
-        })
+        self.timed("classify", failure.server, self.inner.classify(failure, builtin))
     }
 
     fn plan(
@@ -235,13 +246,7 @@ impl Advisor for TracedAdvisor<'_> {
         failure: &FailureContext<'_>,
         classification: &Classification,
     ) -> BoxFuture<'static, Option<Vec<Step>>> {
-        let (start, trace, server) = (SystemTime::now(), self.trace.clone(), failure.server.to_owned());
-        let asked = self.inner.plan(failure, classification);
-        Box::pin(async move {
-            let answer = asked.await;
-            trace.adapter("plan", &server, start, answer.is_some());
-            answer
-        })
+        self.timed("plan", failure.server, self.inner.plan(failure, classification))
     }
 
     fn observe(

@@ -55,6 +55,19 @@ async def http_session(url, body, token=TOKEN, **callbacks):
                 return await body(session)
 
 
+async def alice_and_bob(url, rounds):
+    """Two clients at once, each answering server requests with its own name, each
+    running `rounds(who, session)`."""
+
+    async def client(who):
+        await http_session(url, lambda s: rounds(who, s), **answering_as(who))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client, "alice")
+            tg.start_soon(client, "bob")
+
+
 def children(pid):
     """The command lines of `pid`'s descendants."""
     parents = {}
@@ -96,17 +109,8 @@ def test_two_http_clients_each_answer_only_their_own_server_requests(tmp_path):
                 tg.start_soon(one, "trigger-elicitation-request", {})
                 tg.start_soon(one, "get-roots-list", {})
 
-    async def client(url, who):
-        await http_session(url, lambda s: rounds(who, s), **answering_as(who))
-
-    async def both(url):
-        with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(client, url, "alice")
-                tg.start_soon(client, url, "bob")
-
     with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
-        anyio.run(both, url)
+        anyio.run(alice_and_bob, url, rounds)
     for who, other in (("alice", "bob"), ("bob", "alice")):
         assert len(seen[who]) == 3 * ROUNDS
         for tool, is_error, answer in seen[who]:
@@ -128,14 +132,9 @@ def test_a_shared_server_never_shows_one_client_another_clients_request(tmp_path
             result = await session.call_tool("sample", {"prompt": f"{who} {i}"})
             seen[who].append(text(result))
 
-    async def client(url, who):
-        await http_session(url, lambda s: rounds(who, s), **answering_as(who))
-
     async def both(url):
         with anyio.fail_after(120):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(client, url, "alice")
-                tg.start_soon(client, url, "bob")
+            await alice_and_bob(url, rounds)
             # Alone on the server, a client's request is unambiguous again.
             alone = await http_session(url, lambda s: s.call_tool("sample", {"prompt": "alone"}), **answering_as("carol"))
             return text(alone)

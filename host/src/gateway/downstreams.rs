@@ -105,21 +105,22 @@ impl Downstreams {
     /// A log message of a shared server, to the sessions that asked for its level.
     pub fn log(&self, log: LoggingMessageNotificationParam) {
         let stdio = self.front == Front::Stdio;
-        let to: Vec<_> = self
-            .list
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .filter(|d| !d.peer.is_transport_closed())
-            .filter(|d| match d.level {
-                Some(level) => rank(log.level) >= rank(level),
-                None => stdio,
-            })
-            .map(|d| d.peer.clone())
-            .collect();
-        for peer in to {
+        let wants = |d: &Downstream| match d.level {
+            Some(level) => rank(log.level) >= rank(level),
+            None => stdio,
+        };
+        for (peer, ()) in self.live(|d| if wants(d) { vec![()] } else { vec![] }) {
             send(peer, ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())));
         }
+    }
+
+    /// Each live session's peer with each of what `pick` takes from it.
+    fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(Peer<RoleServer>, T)> {
+        let list = self.list.lock().expect("not poisoned");
+        list.iter()
+            .filter(|d| !d.peer.is_transport_closed())
+            .flat_map(|d| pick(d).into_iter().map(|t| (d.peer.clone(), t)))
+            .collect()
     }
 
     /// Whether `client` wants a log message at `level` (of its own session-scoped server).
@@ -131,19 +132,10 @@ impl Downstreams {
     /// Server instance `instance` says its resource `uri` changed: to the sessions
     /// subscribed to it, each by the URI it subscribed with.
     pub fn resource_updated(&self, instance: u64, update: ResourceUpdatedNotificationParam) {
-        let to: Vec<_> = self
-            .list
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .filter(|d| !d.peer.is_transport_closed())
-            .flat_map(|d| {
-                d.subscriptions
-                    .iter()
-                    .filter(|s| s.instance == instance && s.uri == update.uri)
-                    .map(|s| (d.peer.clone(), s.exposed.clone()))
-            })
-            .collect();
+        let to = self.live(|d| {
+            let theirs = d.subscriptions.iter().filter(|s| s.instance == instance && s.uri == update.uri);
+            theirs.map(|s| s.exposed.clone()).collect()
+        });
         for (peer, exposed) in to {
             let mut update = update.clone();
             update.uri = exposed;
