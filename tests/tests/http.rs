@@ -495,8 +495,20 @@ async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() 
     assert_eq!(own.len(), 1, "one instance, for the one session");
     let pid: u32 = std::fs::read_to_string(own[0].path().join("starts")).unwrap().trim().parse().unwrap();
     assert!(rebound_tests::alive(pid));
+    let status = || async {
+        let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+        doc["servers"][0].clone()
+    };
+    let a = status().await;
+    assert_eq!(
+        (a["scope"].as_str(), a["instances"].as_u64(), a["health"].as_str()),
+        (Some("session"), Some(1), Some("green")),
+        "{a}"
+    );
+    assert_eq!(a["counters"]["calls"], 1, "{a}");
     // Silent past `session_idle_ms`: the session is closed and its server stopped.
     eventually("the idle session's own server stops", move || !rebound_tests::alive(pid)).await;
+    assert_eq!(status().await["instances"], 0);
     let gone = in_session(call).send().await.unwrap();
     assert_eq!(gone.status(), StatusCode::NOT_FOUND, "the session is gone");
 }

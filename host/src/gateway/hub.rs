@@ -210,6 +210,12 @@ impl Hub {
         });
     }
 
+    /// The running instances of `scope: session` server `name`, one per session using it.
+    pub fn instances_of(&self, name: &str) -> Vec<Arc<ServerHandle>> {
+        let list = self.instances.lock().expect("not poisoned");
+        list.iter().filter_map(Weak::upgrade).filter(|h| &*h.name == name && !h.is_stopped()).collect()
+    }
+
     /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
     pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
         let mut list = self.instances.lock().expect("not poisoned");

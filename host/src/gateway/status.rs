@@ -10,8 +10,12 @@ use serde_json::{Value, json};
 
 use super::hub::Hub;
 use super::recent::quantile;
+use super::setup::Setup;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
+use crate::config::Scope;
 use crate::recovery::breaker::Snapshot as BreakerSnapshot;
+use crate::recovery::engine::Counters;
+use crate::transport::supervisor::ServerHandle;
 
 pub const STATUS_TOOL: &str = "rebound_status";
 pub const RESET_TOOL: &str = "rebound_reset_breaker";
@@ -44,42 +48,13 @@ pub fn resources() -> Vec<Resource> {
 pub fn status(hub: &Hub) -> Value {
     let setup = hub.setup();
     let servers: Vec<Value> = setup
+        .config
         .servers
         .values()
-        .map(|handle| {
-            let state = handle.state();
-            let tools = state.session.as_ref().map_or(0, |s| s.listing().tools.len());
-            let mut entry = json!({
-                "name": &*handle.name,
-                "status": state.status.as_str(),
-                "restarts": state.restarts,
-                "last_error": state.last_error,
-                "tools": tools,
-                "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
-            });
-            if let Some((_, name, e)) = setup.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
-                entry["adapter_error"] = json!(format!("{name}: {e}"));
-            }
-            if let Some(policy) = setup.engine.policy(&handle.name) {
-                let b = policy.breaker.snapshot();
-                let c = &policy.counters;
-                entry["breaker"] = breaker_json(&b);
-                let tools: serde_json::Map<String, Value> =
-                    policy.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
-                entry["tool_breakers"] = Value::Object(tools);
-                entry["counters"] = json!({
-                    "calls": c.calls.load(Ordering::Relaxed),
-                    "attempts": c.attempts.load(Ordering::Relaxed),
-                    "failures": c.failures.load(Ordering::Relaxed),
-                    "retries": c.retries.load(Ordering::Relaxed),
-                    "recovered": c.recovered.load(Ordering::Relaxed),
-                    "fallbacks": c.fallbacks.load(Ordering::Relaxed),
-                    "shed_by_breaker": c.shed.load(Ordering::Relaxed),
-                    "adapter_steps_denied": c.denied.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>(),
-                });
-                entry["retry_budget"] = json!(policy.budget.tokens());
-            }
-            entry
+        .filter_map(|server| match setup.servers.get(server.name.as_str()) {
+            Some(handle) => Some(shared_status(&setup, handle)),
+            None if server.scope == Scope::Session => Some(session_status(hub, &setup, &server.name)),
+            None => None,
         })
         .collect();
     let mut status = json!({
@@ -88,6 +63,68 @@ pub fn status(hub: &Hub) -> Value {
     });
     setup.secrets.redact_json(&mut status);
     status
+}
+
+/// A shared server: its one instance's state, breakers, budget and counters.
+fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
+    let state = handle.state();
+    let tools = state.session.as_ref().map_or(0, |s| s.listing().tools.len());
+    let mut entry = json!({
+        "name": &*handle.name,
+        "scope": "shared",
+        "status": state.status.as_str(),
+        "restarts": state.restarts,
+        "last_error": state.last_error,
+        "tools": tools,
+        "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
+    });
+    if let Some((_, name, e)) = setup.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
+        entry["adapter_error"] = json!(format!("{name}: {e}"));
+    }
+    if let Some(policy) = setup.engine.policy(&handle.name) {
+        entry["breaker"] = breaker_json(&policy.breaker.snapshot());
+        let tools: serde_json::Map<String, Value> =
+            policy.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
+        entry["tool_breakers"] = Value::Object(tools);
+        entry["counters"] = counters_json(&policy.counters);
+        entry["retry_budget"] = json!(policy.budget.tokens());
+    }
+    entry
+}
+
+/// A `scope: session` server: how many sessions run an instance of it, how many of
+/// those are ready, their restarts, and the counters all of them add to.
+fn session_status(hub: &Hub, setup: &Setup, name: &str) -> Value {
+    let instances = hub.instances_of(name);
+    let states: Vec<_> = instances.iter().map(|h| h.state()).collect();
+    let ready = states.iter().filter(|s| s.status == crate::transport::Status::Ready).count();
+    let mut entry = json!({
+        "name": name,
+        "scope": "session",
+        "status": "per-session",
+        "instances": instances.len(),
+        "instances_ready": ready,
+        "restarts": states.iter().map(|s| s.restarts).sum::<u32>(),
+        "last_error": states.iter().find_map(|s| s.last_error.clone()),
+        "tools": states.iter().find_map(|s| s.session.as_ref()).map_or(0, |s| s.listing().tools.len()),
+    });
+    if let Some(policy) = setup.engine.policy(name) {
+        entry["counters"] = counters_json(&policy.counters);
+    }
+    entry
+}
+
+fn counters_json(c: &Counters) -> Value {
+    json!({
+        "calls": c.calls.load(Ordering::Relaxed),
+        "attempts": c.attempts.load(Ordering::Relaxed),
+        "failures": c.failures.load(Ordering::Relaxed),
+        "retries": c.retries.load(Ordering::Relaxed),
+        "recovered": c.recovered.load(Ordering::Relaxed),
+        "fallbacks": c.fallbacks.load(Ordering::Relaxed),
+        "shed_by_breaker": c.shed.load(Ordering::Relaxed),
+        "adapter_steps_denied": c.denied.iter().map(|d| d.load(Ordering::Relaxed)).sum::<u64>(),
+    })
 }
 
 /// The version of `GET /status`'s document: raised when a field changes meaning or goes
@@ -199,7 +236,7 @@ fn health(server: &Value) -> &'static str {
         .as_object()
         .is_some_and(|t| t.values().any(|b| b["state"].as_str().is_some_and(|s| s != "closed")));
     let quarantined = server["adapter"]["quarantined_for_ms"].is_u64();
-    if status != "ready" || breaker != "closed" || tools_troubled || quarantined {
+    if !matches!(status, "ready" | "per-session") || breaker != "closed" || tools_troubled || quarantined {
         return "amber";
     }
     "green"

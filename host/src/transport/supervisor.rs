@@ -151,6 +151,11 @@ impl ServerHandle {
         self.state.borrow().clone()
     }
 
+    /// Whether it was told to stop (its session ended, or the gateway is stopping).
+    pub fn is_stopped(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<ServerState> {
         self.state.clone()
     }
