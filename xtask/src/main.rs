@@ -245,6 +245,14 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
     build_plugins(root, true)?;
     run(cargo().args(["build", "--release", "--bins", "-p", "rebound", "-p", "rebound-tests"]))?;
     run(&mut Command::new(root.join("target/release/bench-stdio")))?;
+    // The same round trip as one user feels it: the official Python SDK and a real server.
+    setup_node(root)?;
+    setup_python(root)?;
+    run(Command::new(root.join("target/venv/bin/python"))
+        .arg(root.join("tests/bench/stdio_python.py"))
+        .arg(root.join("target/release/rebound"))
+        .arg(root.join("tests/node/node_modules/.bin/mcp-server-everything"))
+        .arg(root.join("target/plugins")))?;
     // The HTTP peers: supergateway (npm) and mcp-proxy (PyPI), each in its best mode
     // (stateful sessions; one stdio server).
     npm_ci(&root.join("tests/bench"))?;

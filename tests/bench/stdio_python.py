@@ -1,0 +1,54 @@
+"""`cargo xtask bench`: what one user feels over stdio. The official Python SDK client
+calls `@modelcontextprotocol/server-everything`'s `echo` one call at a time, directly and
+through `rebound serve` (with the first-party adapters present, as shipped), in
+interleaved rounds; the ratio is the median of the rounds' (target: <= 1.10x).
+
+usage: stdio_python.py REBOUND EVERYTHING PLUGINS_DIR"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+ROUNDS = 3
+WARM_UP = 100
+CALLS = 1000
+
+
+async def per_call(command, args):
+    params = StdioServerParameters(command=command, args=args)
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            for _ in range(WARM_UP):
+                await session.call_tool("echo", {"message": "ping"})
+            start = time.perf_counter()
+            for _ in range(CALLS):
+                await session.call_tool("echo", {"message": "ping"})
+            return (time.perf_counter() - start) / CALLS
+
+
+def main():
+    rebound, everything, plugins = (os.path.abspath(a) for a in sys.argv[1:4])
+    with tempfile.TemporaryDirectory() as dir:
+        config = f"{dir}/rebound.json"
+        with open(config, "w") as f:
+            json.dump({"mcpServers": {"everything": {"command": everything}}, "rebound": {"plugins_dir": plugins}}, f)
+        ratios = []
+        for i in range(ROUNDS):
+            direct = anyio.run(per_call, everything, [])
+            through = anyio.run(per_call, rebound, ["serve", "--config", config])
+            ratios.append(through / direct)
+            print(f"  round {i + 1}: direct {direct * 1e6:.0f} us, through rebound {through * 1e6:.0f} us: {through / direct:.2f}x")
+    ratio = statistics.median(ratios)
+    verdict = "meets" if ratio <= 1.10 else "MISSES"
+    print(f"stdio, Python SDK -> server-everything, one call at a time: {ratio:.2f}x direct, median of {ROUNDS} ({verdict} <= 1.10x)")
+
+
+main()
