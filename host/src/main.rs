@@ -235,6 +235,37 @@ fn print_warnings(config: &Config) {
     }
 }
 
+/// SIGHUP, as a stream of reload requests.
+fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
+    let mut hup = signal(SignalKind::hangup())?;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let _ = tx.try_send(());
+        }
+    });
+    Ok(rx)
+}
+
+/// The one client on stdin and stdout, until its input ends.
+async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<()> {
+    // Non-blocking pipes where stdin and stdout are pipes (as under every MCP client):
+    // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
+    // round trip (cargo xtask bench).
+    let (read, write) = rmcp::transport::stdio_pipes();
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
+    let transport = rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight);
+    let ended = transport.ended();
+    let running = Gateway::new(hub).serve(transport).await.context("the client did not complete the MCP handshake")?;
+    // When the client's input ends, the servers are stopped at once: rmcp would first
+    // wait up to 5 s for calls in flight, past the 4 s clients allow.
+    tokio::select! {
+        _ = running.waiting() => {}
+        () = ended.cancelled() => {}
+    }
+    Ok(())
+}
+
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
@@ -255,39 +286,15 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
     let outcome = runtime.block_on(async {
         let front = if http.is_some() { Front::Http } else { Front::Stdio };
         let hub = Hub::start(config, plugins, front);
-        let mut hup = signal(SignalKind::hangup())?;
-        let (hangups, hung_up) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                let _ = hangups.try_send(());
-            }
-        });
-        rebound::gateway::reload::watch(&hub, path.clone(), hung_up);
+        rebound::gateway::reload::watch(&hub, path.clone(), hangups()?);
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let shutdown = tokio_util::sync::CancellationToken::new();
         let serving = async {
-            if let Some(addr) = http {
-                return rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await;
+            match http {
+                Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
+                None => serve_stdio(hub.clone(), max_in_flight).await,
             }
-            // Non-blocking pipes where stdin and stdout are pipes (as under every MCP
-            // client): tokio's `stdin()` hands each read to a blocking thread, which cost a
-            // quarter of the round trip (cargo xtask bench).
-            let (read, write) = rmcp::transport::stdio_pipes();
-            let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
-            let transport = rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight);
-            let ended = transport.ended();
-            let running = Gateway::new(hub.clone())
-                .serve(transport)
-                .await
-                .context("the client did not complete the MCP handshake")?;
-            // When the client's input ends, the servers are stopped at once: rmcp would
-            // first wait up to 5 s for calls in flight, past the 4 s clients allow.
-            tokio::select! {
-                _ = running.waiting() => {}
-                () = ended.cancelled() => {}
-            }
-            anyhow::Ok(())
         };
         let signals = async {
             tokio::select! {

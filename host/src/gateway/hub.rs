@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
-    Notification, RequestId, ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    ClientCapabilities, ClientResult, Notification, ServerNotification, SetLevelRequestParams, SubscribeRequestParams,
     UnsubscribeRequestParams,
 };
-use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -23,7 +21,7 @@ use tokio::time::Instant;
 use super::catalogue::Catalogue;
 use super::downstreams::{Downstreams, Front, send};
 use super::metrics::Metrics;
-use super::routing::{Caller, Routing};
+use super::routing::{Caller, Routing, ask, to_client};
 use super::setup::{Changes, Setup};
 use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
@@ -481,65 +479,6 @@ pub async fn settle<'a>(handles: impl Iterator<Item = &'a Arc<ServerHandle>>, de
         let _ =
             tokio::time::timeout_at(deadline, rx.wait_for(|s| s.status != Status::Starting || s.last_error.is_some()))
                 .await;
-    }
-}
-
-/// `request` as the client sees it, if its capabilities allow it.
-fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str) -> Result<ServerRequest, ErrorData> {
-    let caps = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
-    let (request, supported, what) = match request {
-        UpstreamRequest::Sampling(p) => {
-            (ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)), caps.sampling.is_some(), "sampling")
-        }
-        UpstreamRequest::Roots => (ServerRequest::ListRootsRequest(Default::default()), caps.roots.is_some(), "roots"),
-        UpstreamRequest::Elicitation(p) => {
-            (ServerRequest::ElicitRequest(ElicitRequest::new(p)), caps.elicitation.is_some(), "elicitation")
-        }
-        UpstreamRequest::Custom(c) => (ServerRequest::CustomRequest(c), true, "custom requests"),
-    };
-    if !supported {
-        return Err(ErrorData::new(
-            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-            format!("the client behind the gateway does not support {what} (server `{server}` asked for it)"),
-            None,
-        ));
-    }
-    Ok(request)
-}
-
-/// Asks `peer` the server's `request` (about the client's call `originating`), and
-/// closes the client's dialog if the server gives up on it.
-async fn ask(
-    peer: Peer<RoleServer>,
-    mut request: ServerRequest,
-    originating: Option<RequestId>,
-    asker: Asker,
-) -> Result<ClientResult, ErrorData> {
-    if let Some(id) = originating {
-        request.extensions_mut().insert(OriginatingRequestId(id));
-    }
-    // On a task of its own: rmcp marks requests sent from inside a request handler with
-    // that request's id (a task-local), and here that would be the upstream server's id,
-    // which means nothing to the client's session.
-    let sent = tokio::spawn(async move {
-        let handle = peer.send_cancellable_request(request, PeerRequestOptions::no_options()).await?;
-        let id = handle.id.clone();
-        tokio::select! {
-            answer = handle.await_response() => answer,
-            () = asker.cancel.cancelled() => {
-                // The server gave up: close the client's dialog too.
-                let reason = Some("the server cancelled its request".to_owned());
-                let _ = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason.clone())).await;
-                Err(rmcp::ServiceError::Cancelled { reason })
-            }
-        }
-    });
-    match sent.await {
-        Ok(answer) => answer.map_err(|e| match e {
-            rmcp::ServiceError::McpError(e) => e,
-            other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
-        }),
-        Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
     }
 }
 

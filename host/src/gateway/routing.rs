@@ -15,19 +15,28 @@
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
-//! The client chosen must also have advertised the capability; that is checked by the hub.
+//! The client chosen must also have advertised the capability (`to_client`); `ask` then
+//! asks it, and closes the client's dialog if the server gives up.
+
+// Sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every revision
+// the gateway speaks; they are relayed faithfully.
+#![allow(deprecated)]
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::{ProgressNotificationParam, ProgressToken, RequestId};
-use rmcp::{Peer, RoleServer};
+use rmcp::model::{
+    CancelledNotificationParam, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
+    ProgressNotificationParam, ProgressToken, RequestId, ServerRequest,
+};
+use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
+use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::transport::Asker;
+use crate::transport::{Asker, UpstreamRequest};
 
 /// How long, and how much, progress without a call is kept for a call about to be mapped.
 const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
@@ -237,5 +246,64 @@ impl Drop for CallGuard {
                 in_flight.remove(&self.instance);
             }
         }
+    }
+}
+
+/// `request` as the client sees it, if its capabilities allow it.
+pub fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str) -> Result<ServerRequest, ErrorData> {
+    let caps = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
+    let (request, supported, what) = match request {
+        UpstreamRequest::Sampling(p) => {
+            (ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)), caps.sampling.is_some(), "sampling")
+        }
+        UpstreamRequest::Roots => (ServerRequest::ListRootsRequest(Default::default()), caps.roots.is_some(), "roots"),
+        UpstreamRequest::Elicitation(p) => {
+            (ServerRequest::ElicitRequest(ElicitRequest::new(p)), caps.elicitation.is_some(), "elicitation")
+        }
+        UpstreamRequest::Custom(c) => (ServerRequest::CustomRequest(c), true, "custom requests"),
+    };
+    if !supported {
+        return Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("the client behind the gateway does not support {what} (server `{server}` asked for it)"),
+            None,
+        ));
+    }
+    Ok(request)
+}
+
+/// Asks `peer` the server's `request` (about the client's call `originating`), and
+/// closes the client's dialog if the server gives up on it.
+pub async fn ask(
+    peer: Peer<RoleServer>,
+    mut request: ServerRequest,
+    originating: Option<RequestId>,
+    asker: Asker,
+) -> Result<ClientResult, ErrorData> {
+    if let Some(id) = originating {
+        request.extensions_mut().insert(OriginatingRequestId(id));
+    }
+    // On a task of its own: rmcp marks requests sent from inside a request handler with
+    // that request's id (a task-local), and here that would be the upstream server's id,
+    // which means nothing to the client's session.
+    let sent = tokio::spawn(async move {
+        let handle = peer.send_cancellable_request(request, PeerRequestOptions::no_options()).await?;
+        let id = handle.id.clone();
+        tokio::select! {
+            answer = handle.await_response() => answer,
+            () = asker.cancel.cancelled() => {
+                // The server gave up: close the client's dialog too.
+                let reason = Some("the server cancelled its request".to_owned());
+                let _ = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason.clone())).await;
+                Err(rmcp::ServiceError::Cancelled { reason })
+            }
+        }
+    });
+    match sent.await {
+        Ok(answer) => answer.map_err(|e| match e {
+            rmcp::ServiceError::McpError(e) => e,
+            other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
+        }),
+        Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
     }
 }

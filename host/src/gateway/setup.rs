@@ -94,16 +94,40 @@ impl Setup {
         spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>,
     ) -> (Self, Changes) {
         let mut changes = Changes::default();
-        let before = |name: &str| self.config.servers.get(name);
-        // An unchanged entry whose adapter file is unchanged keeps its adapter (its state).
-        let unchanged = |s: &ServerConfig| before(&s.name).is_some_and(|b| b == s);
+        let kept_adapters = self.keep_adapters(&config, &mut plugins, &mut changes);
+        let servers = self.next_servers(&config, spawn, &mut changes);
+        self.session_changes(&config, &mut changes);
+        // A server keeps its policy (breakers, budget) when its entry is unchanged and so
+        // is its adapter (whose declared needs the policy holds).
+        let keep_policy = |name: &str| {
+            self.unchanged(&config, name)
+                && (self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name))
+        };
+        let declared: HashMap<&str, _> = plugins.adapters.iter().map(|(s, a)| (&**s, a.declared())).collect();
+        let engine = self.engine.reconfigure(
+            config.servers.values(),
+            &keep_policy,
+            &|name| declared.get(name).cloned(),
+            config.settings.plugin_max_calls,
+        );
+        let secrets = Secrets::of(&config);
+        (Setup { config, servers, engine: Arc::new(engine), plugins, secrets }, changes)
+    }
+
+    /// Whether `name`'s entry is the same in `config` as in this setup's.
+    fn unchanged(&self, config: &Config, name: &str) -> bool {
+        self.config.servers.get(name).is_some_and(|b| Some(b) == config.servers.get(name))
+    }
+
+    /// In `plugins`, an unchanged server whose adapter's code is unchanged keeps its
+    /// running adapter (its state); returns those servers.
+    fn keep_adapters(&self, config: &Config, plugins: &mut Prepared, changes: &mut Changes) -> Vec<Arc<str>> {
         let mut adapters = Adapters::default();
-        let mut kept_adapters = Vec::new();
+        let mut kept = Vec::new();
         for (server, fresh) in plugins.adapters.iter() {
-            let old = self.plugins.adapters.get(server).filter(|_| unchanged(&config.servers[&**server]));
-            match old {
+            match self.plugins.adapters.get(server).filter(|_| self.unchanged(config, server)) {
                 Some(old) if same_code(old, fresh) => {
-                    kept_adapters.push(server.clone());
+                    kept.push(server.clone());
                     adapters.insert(server, old.clone());
                 }
                 Some(_) => {
@@ -114,23 +138,28 @@ impl Setup {
             }
         }
         plugins.adapters = adapters;
-        // A server keeps its policy (breakers, budget) when its entry is unchanged and so
-        // is its adapter (whose declared needs the policy holds).
-        let keep_policy = |name: &str| {
-            before(name).is_some_and(|b| Some(b) == config.servers.get(name))
-                && (self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name))
-        };
+        kept
+    }
 
+    /// `config`'s shared servers: an unchanged launch keeps its instance, a changed one
+    /// gets a new one (the old retired), a new server starts; the ones gone are retired.
+    fn next_servers(
+        &self,
+        config: &Config,
+        spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>,
+        changes: &mut Changes,
+    ) -> IndexMap<Arc<str>, Arc<ServerHandle>> {
         let mut servers = IndexMap::new();
-        for s in shared(&config) {
+        for s in shared(config) {
             let name: Arc<str> = s.name.as_str().into();
-            let old = self.servers.get(&name).filter(|_| before(&s.name).is_some_and(|b| b.scope == Scope::Shared));
-            match old {
-                Some(handle) if before(&s.name).is_some_and(|b| b.launch == s.launch) => {
-                    if !unchanged(s) {
+            let before = self.config.servers.get(&s.name).filter(|b| b.scope == Scope::Shared);
+            let old = self.servers.get(&name).filter(|_| before.is_some());
+            let handle = match old {
+                Some(handle) if before.is_some_and(|b| b.launch == s.launch) => {
+                    if !self.unchanged(config, &s.name) {
                         changes.reconfigured.push(s.name.clone());
                     }
-                    servers.insert(name, handle.clone());
+                    handle.clone()
                 }
                 Some(handle) => {
                     changes.restarted.push(s.name.clone());
@@ -138,15 +167,16 @@ impl Setup {
                     let fresh = spawn(s);
                     changes.moved.push((handle.instance, fresh.instance));
                     changes.started.push(fresh.clone());
-                    servers.insert(name, fresh);
+                    fresh
                 }
                 None => {
                     changes.added.push(s.name.clone());
                     let fresh = spawn(s);
                     changes.started.push(fresh.clone());
-                    servers.insert(name, fresh);
+                    fresh
                 }
-            }
+            };
+            servers.insert(name, handle);
         }
         for (name, handle) in &self.servers {
             if !servers.contains_key(name) {
@@ -154,27 +184,24 @@ impl Setup {
                 changes.retired.push(handle.clone());
             }
         }
+        servers
+    }
+
+    /// What changed among the `scope: session` servers (their instances are their
+    /// sessions' own: sessions that start from now on get the new configuration).
+    fn session_changes(&self, config: &Config, changes: &mut Changes) {
         for old in self.config.servers.values().filter(|s| s.scope == Scope::Session) {
             if !config.servers.contains_key(&old.name) {
                 changes.removed.push(old.name.clone());
             }
         }
         for s in config.servers.values().filter(|s| s.scope == Scope::Session) {
-            match before(&s.name) {
+            match self.config.servers.get(&s.name) {
                 None => changes.added.push(s.name.clone()),
                 Some(b) if b != s => changes.reconfigured.push(s.name.clone()),
                 Some(_) => {}
             }
         }
-        let declared: HashMap<&str, _> = plugins.adapters.iter().map(|(s, a)| (&**s, a.declared())).collect();
-        let engine = self.engine.reconfigure(
-            config.servers.values(),
-            &keep_policy,
-            &|name| declared.get(name).cloned(),
-            config.settings.plugin_max_calls,
-        );
-        let secrets = Secrets::of(&config);
-        (Setup { config, servers, engine: Arc::new(engine), plugins, secrets }, changes)
     }
 }
 
