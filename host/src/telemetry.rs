@@ -5,12 +5,13 @@
 //! load of a `OnceLock`.
 //!
 //! Every client tool call is a span (`tools/call TOOL`), continuing the client's
-//! `traceparent` (its HTTP header, or `_meta.traceparent`), and passing its own on to the
-//! servers in `_meta.traceparent`. Inside it, one child span per attempt, side call and
-//! alternative (`attempt SERVER/TOOL`) and per adapter call (`adapter classify` and
-//! `adapter plan`), with the server, tool, role, failure category, outcome and the wait
-//! before a retry as attributes. The children are recorded as they happen and emitted,
-//! with their own times, when the call ends: the recovery engine stays free of I/O.
+//! `traceparent` (its HTTP header, or `_meta.traceparent`). Inside it, one child span per
+//! attempt, side call and alternative (`attempt SERVER/TOOL`, whose `traceparent` goes to
+//! the server in `_meta`) and per adapter call (`adapter classify` and `adapter plan`),
+//! with the server, tool, role, failure category, outcome and the wait before a retry as
+//! attributes. The children are started at the gateway's edges as things happen and ended
+//! when the call ends, with what the engine's record says of them: the recovery engine
+//! stays free of I/O.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -20,7 +21,7 @@ use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolResult, JsonObject};
@@ -30,6 +31,7 @@ use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;
 use crate::recovery::engine::{Ending, Record, Role};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
+use crate::redact::Secrets;
 
 static TRACING: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();
 
@@ -46,17 +48,23 @@ pub fn init() -> Result<bool, String> {
         .with_http()
         .build()
         .map_err(|e| format!("the OTLP exporter could not start: {e}"))?;
-    let resource = opentelemetry_sdk::Resource::builder().with_service_name("rebound").build();
+    // `OTEL_SERVICE_NAME` (read by the builder) wins; "rebound" otherwise.
+    let mut resource = opentelemetry_sdk::Resource::builder();
+    if !set("OTEL_SERVICE_NAME") {
+        resource = resource.with_service_name("rebound");
+    }
+    let resource = resource.build();
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("rebound");
     let _ = TRACING.set((provider, tracer));
     Ok(true)
 }
 
-/// Sends the spans not yet exported. Call it outside the async runtime, before exiting.
+/// Sends the spans not yet exported, waiting a second at most (the servers are stopped
+/// already; a slow collector must not hold the exit). Call it outside the async runtime.
 pub fn shutdown() {
     if let Some((provider, _)) = TRACING.get()
-        && let Err(e) = provider.shutdown()
+        && let Err(e) = provider.shutdown_with_timeout(std::time::Duration::from_secs(1))
     {
         eprintln!("rebound: exporting the last traces failed: {e}");
     }
@@ -78,26 +86,53 @@ fn parent(traceparent: Option<&str>, tracestate: Option<&str>) -> Context {
     TraceContextPropagator::new().extract(&carrier)
 }
 
-/// One child of a call's span, as it happened.
+/// A text attribute at most this long (error texts come from servers).
+const TEXT_MAX: usize = 1 << 10;
+
+/// One child of a call's span: started live (an attempt's id goes to the server in its
+/// `traceparent`), ended when the call ends, with what the record says of it.
 struct Child {
-    name: String,
-    start: SystemTime,
+    span: Span,
     end: SystemTime,
-    attributes: Vec<KeyValue>,
     /// An upstream attempt (matched to the record's attempts at the end).
     upstream: bool,
+}
+
+/// An upstream attempt's span while it runs.
+pub struct Attempt {
+    span: Span,
+    traceparent: String,
+}
+
+impl Attempt {
+    /// The `traceparent` that makes the server's spans children of this attempt's.
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
 }
 
 /// One client call's trace.
 pub struct CallTrace {
     context: Context,
+    /// Removed from every text the spans carry.
+    secrets: Secrets,
     children: Mutex<Vec<Child>>,
+}
+
+/// Whether traces are exported: the cost of tracing when off is this one load.
+pub fn enabled() -> bool {
+    TRACING.get().is_some()
 }
 
 impl CallTrace {
     /// The span of a call of `tool`, continuing the client's trace; `None` when tracing
     /// is off.
-    pub fn start(tool: &str, traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Arc<Self>> {
+    pub fn start(
+        tool: &str,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+        secrets: Secrets,
+    ) -> Option<Arc<Self>> {
         let tracer = tracer()?;
         let parent = parent(traceparent, tracestate);
         let span = tracer
@@ -108,86 +143,94 @@ impl CallTrace {
                 KeyValue::new("gen_ai.tool.name", tool.to_owned()),
             ])
             .start_with_context(tracer, &parent);
-        Some(Arc::new(Self { context: parent.with_span(span), children: Mutex::default() }))
+        Some(Arc::new(Self { context: parent.with_span(span), secrets, children: Mutex::default() }))
     }
 
-    /// The `traceparent` that makes a server's spans children of this call's.
-    pub fn traceparent(&self) -> String {
-        let sc = self.context.span().span_context().clone();
-        format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8())
+    /// An upstream call of `tool` on `server` begins.
+    pub fn attempt(&self, server: &str, tool: &str) -> Option<Attempt> {
+        let tracer = tracer()?;
+        let span = tracer
+            .span_builder(format!("attempt {server}/{tool}"))
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("rebound.server", server.to_owned()),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+            ])
+            .start_with_context(tracer, &self.context);
+        let sc = span.span_context();
+        let traceparent = format!("00-{}-{}-{:02x}", sc.trace_id(), sc.span_id(), sc.trace_flags().to_u8());
+        Some(Attempt { span, traceparent })
     }
 
-    /// An upstream call of `tool` on `server`, begun at `start`, just ended.
-    pub fn upstream(&self, server: &str, tool: &str, start: SystemTime, failure: Option<&Failure>) {
-        let mut attributes = vec![
-            KeyValue::new("rebound.server", server.to_owned()),
-            KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-        ];
+    /// `attempt` ended, with `failure` or not.
+    pub fn attempt_ended(&self, attempt: Attempt, failure: Option<&Failure>) {
+        let mut span = attempt.span;
         match failure {
-            None => attributes.push(KeyValue::new("rebound.outcome", "ok")),
+            None => span.set_attribute(KeyValue::new("rebound.outcome", "ok")),
             Some(f) => {
-                attributes.push(KeyValue::new("rebound.outcome", "failed"));
-                attributes.push(KeyValue::new("error.type", classify(f, SystemTime::now()).category.label()));
-                attributes.push(KeyValue::new("rebound.failure", f.message()));
+                span.set_attribute(KeyValue::new("rebound.outcome", "failed"));
+                span.set_attribute(KeyValue::new("error.type", classify(f, SystemTime::now()).category.label()));
+                span.set_attribute(KeyValue::new("rebound.failure", self.text(&f.message())));
             }
         }
-        self.push(Child {
-            name: format!("attempt {server}/{tool}"),
-            start,
-            end: SystemTime::now(),
-            attributes,
-            upstream: true,
-        });
+        self.push(Child { span, end: SystemTime::now(), upstream: true });
     }
 
     /// An adapter call (`classify` or `plan`) of `server`'s adapter, begun at `start`.
     pub fn adapter(&self, what: &'static str, server: &str, start: SystemTime, answered: bool) {
-        let attributes = vec![
-            KeyValue::new("rebound.server", server.to_owned()),
-            KeyValue::new("rebound.adapter.answered", answered),
-        ];
-        self.push(Child {
-            name: format!("adapter {what}"),
-            start,
-            end: SystemTime::now(),
-            attributes,
-            upstream: false,
-        });
+        let Some(tracer) = tracer() else { return };
+        let span = tracer
+            .span_builder(format!("adapter {what}"))
+            .with_kind(SpanKind::Internal)
+            .with_start_time(start)
+            .with_attributes([
+                KeyValue::new("rebound.server", server.to_owned()),
+                KeyValue::new("rebound.adapter.answered", answered),
+            ])
+            .start_with_context(tracer, &self.context);
+        self.push(Child { span, end: SystemTime::now(), upstream: false });
     }
 
     fn push(&self, child: Child) {
         self.children.lock().expect("not poisoned").push(child);
     }
 
-    /// The call ended: its children are emitted, then its own span, with what the
-    /// engine's record says of each attempt (role, category, the wait before it).
+    /// `text` without secrets, at most `TEXT_MAX` bytes.
+    fn text(&self, text: &str) -> String {
+        let mut text = self.secrets.redact(text).into_owned();
+        if text.len() > TEXT_MAX {
+            text.truncate(text.floor_char_boundary(TEXT_MAX));
+            text.push('…');
+        }
+        text
+    }
+
+    /// The call ended: its children end, with what the engine's record says of each
+    /// attempt (role, the wait before it), then its own span.
     pub fn finish(&self, record: &Record, ending: &Ending) {
-        let Some(tracer) = tracer() else { return };
-        let mut children = std::mem::take(&mut *self.children.lock().expect("not poisoned"));
-        // The record's attempts that reached a server, in order, are the upstream children.
+        let children = std::mem::take(&mut *self.children.lock().expect("not poisoned"));
+        // The record's attempts that reached a server, in order, are the upstream children
+        // (every call of the gateway's `Upstream` is one, whether it got through or not).
         let sent = record.attempts.iter().filter(|a| {
             !matches!(
                 a.failure,
                 Some(Failure::CircuitOpen { .. }) | Some(Failure::Timeout { after: std::time::Duration::ZERO })
             )
         });
-        for (child, attempt) in children.iter_mut().filter(|c| c.upstream).zip(sent) {
-            let role = match attempt.role {
-                Role::Primary => "primary",
-                Role::Alternative => "alternative",
-                Role::SideCall => "side-call",
-            };
-            child.attributes.push(KeyValue::new("rebound.role", role));
-            child.attributes.push(KeyValue::new("rebound.retry.waited_ms", attempt.waited.as_millis() as i64));
-        }
-        for child in children {
-            let mut span = tracer
-                .span_builder(child.name)
-                .with_kind(SpanKind::Client)
-                .with_start_time(child.start)
-                .with_attributes(child.attributes)
-                .start_with_context(tracer, &self.context);
-            span.end_with_timestamp(child.end);
+        let mut sent = sent.peekable();
+        for mut child in children {
+            if child.upstream
+                && let Some(attempt) = sent.next()
+            {
+                let role = match attempt.role {
+                    Role::Primary => "primary",
+                    Role::Alternative => "alternative",
+                    Role::SideCall => "side-call",
+                };
+                child.span.set_attribute(KeyValue::new("rebound.role", role));
+                child.span.set_attribute(KeyValue::new("rebound.retry.waited_ms", attempt.waited.as_millis() as i64));
+            }
+            child.span.end_with_timestamp(child.end);
         }
         let span = self.context.span();
         let outcome = match ending {
@@ -202,7 +245,7 @@ impl CallTrace {
         if let Some((failure, class)) = record.last_failure() {
             span.set_attribute(KeyValue::new("error.type", class.category.label()));
             if matches!(ending, Ending::GaveUp) {
-                span.set_status(Status::error(failure.message()));
+                span.set_status(Status::error(self.text(&failure.message())));
             }
         }
         span.end();

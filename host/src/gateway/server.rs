@@ -37,6 +37,7 @@ use crate::recovery::Failure;
 use crate::recovery::engine::Record;
 use crate::recovery::engine::{Ending, Upstream};
 use crate::recovery::report;
+use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::Session;
 
@@ -360,7 +361,7 @@ impl Gateway {
             ));
         };
         let recovery = self.own.recovery();
-        let trace = start_trace(&cx, &route.name);
+        let trace = start_trace(&cx, &route.name, &recovery.setup.secrets);
         let traced;
         let advisor = match (&trace, recovery.advisor()) {
             (Some(trace), Some(inner)) => {
@@ -420,7 +421,10 @@ impl Gateway {
 
 /// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
 /// HTTP request's `traceparent` header, else its `_meta.traceparent`.
-fn start_trace(cx: &RequestContext<RoleServer>, tool: &str) -> Option<Arc<CallTrace>> {
+fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
+    if !crate::telemetry::enabled() {
+        return None;
+    }
     let header = |name: &str| {
         cx.extensions
             .get::<axum::http::request::Parts>()
@@ -429,9 +433,12 @@ fn start_trace(cx: &RequestContext<RoleServer>, tool: &str) -> Option<Arc<CallTr
             .map(str::to_owned)
     };
     let meta = |name: &str| cx.meta.get(name).and_then(|v| v.as_str()).map(str::to_owned);
-    let traceparent = header("traceparent").or_else(|| meta("traceparent"));
-    let tracestate = header("tracestate").or_else(|| meta("tracestate"));
-    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref())
+    // Both from the same place: the header's pair, else `_meta`'s.
+    let (traceparent, tracestate) = match header("traceparent") {
+        Some(tp) => (Some(tp), header("tracestate")),
+        None => (meta("traceparent"), meta("tracestate")),
+    };
+    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref(), secrets.clone())
 }
 
 impl Gateway {
@@ -472,6 +479,48 @@ struct Upstreams<'a> {
     trace: Option<&'a CallTrace>,
 }
 
+impl Upstreams<'_> {
+    /// One attempt of `tool` on `server`'s instance for this session.
+    async fn attempt(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+        max_total: Duration,
+        traceparent: Option<&str>,
+    ) -> Result<CallToolResult, Failure> {
+        let Some(handle) = self.own.server(server) else {
+            return Err(Failure::Unavailable {
+                status: crate::transport::Status::Stopped,
+                reason: Some(format!("no server `{server}`")),
+            });
+        };
+        let call = self.hub.routing.track_call(handle.instance, &self.own.client, &self.cx.peer, self.cx.id.clone());
+        let started = tokio::time::Instant::now();
+        // Waiting for a restart in progress counts against the call's deadline.
+        let session = handle
+            .ready_session(timeout)
+            .await
+            .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
+        let spent = started.elapsed();
+        let how = Attempt {
+            traceparent,
+            timeout,
+            max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
+            // From the configuration now: a reload may have changed it, not the process.
+            progress_extends_timeout: self
+                .hub
+                .setup()
+                .config
+                .servers
+                .get(server)
+                .is_none_or(|s| s.recovery.progress_extends_timeout),
+        };
+        attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
+    }
+}
+
 impl Upstream for Upstreams<'_> {
     fn call(
         &self,
@@ -484,39 +533,13 @@ impl Upstream for Upstreams<'_> {
         let server = server.to_owned();
         let tool = tool.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.own.server(&server) else {
-                return Err(Failure::Unavailable {
-                    status: crate::transport::Status::Stopped,
-                    reason: Some(format!("no server `{server}`")),
-                });
-            };
-            let call =
-                self.hub.routing.track_call(handle.instance, &self.own.client, &self.cx.peer, self.cx.id.clone());
-            let started = tokio::time::Instant::now();
-            // Waiting for a restart in progress counts against the call's deadline.
-            let session = handle
-                .ready_session(timeout)
-                .await
-                .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
-            let spent = started.elapsed();
-            let traceparent = self.trace.map(CallTrace::traceparent);
-            let how = Attempt {
-                traceparent: traceparent.as_deref(),
-                timeout,
-                max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
-                // From the configuration now: a reload may have changed it, not the process.
-                progress_extends_timeout: self
-                    .hub
-                    .setup()
-                    .config
-                    .servers
-                    .get(&server)
-                    .is_none_or(|s| s.recovery.progress_extends_timeout),
-            };
-            let began = std::time::SystemTime::now();
-            let outcome = attempt(&self.hub.routing, &handle, &session, &tool, arguments, how, self.cx, &call).await;
-            if let Some(trace) = self.trace {
-                trace.upstream(&server, &tool, began, outcome.as_ref().err());
+            // Every way out of an attempt ends its span, so that the spans match the
+            // engine's record of attempts one to one.
+            let span = self.trace.and_then(|t| t.attempt(&server, &tool));
+            let traceparent = span.as_ref().map(|s| s.traceparent());
+            let outcome = self.attempt(&server, &tool, arguments, timeout, max_total, traceparent).await;
+            if let (Some(trace), Some(span)) = (self.trace, span) {
+                trace.attempt_ended(span, outcome.as_ref().err());
             }
             outcome
         })

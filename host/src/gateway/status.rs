@@ -74,7 +74,7 @@ fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
         "scope": "shared",
         "status": state.status.as_str(),
         "restarts": state.restarts,
-        "last_error": state.last_error,
+        "last_error": state.last_error.as_deref().map(capped),
         "tools": tools,
         "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
     });
@@ -104,8 +104,8 @@ fn session_status(hub: &Hub, setup: &Setup, name: &str) -> Value {
         "status": "per-session",
         "instances": instances.len(),
         "instances_ready": ready,
+        // Not their errors: each is one session's (its own calls' are in its errors log).
         "restarts": states.iter().map(|s| s.restarts).sum::<u32>(),
-        "last_error": states.iter().find_map(|s| s.last_error.clone()),
         "tools": states.iter().find_map(|s| s.session.as_ref()).map_or(0, |s| s.listing().tools.len()),
     });
     if let Some(policy) = setup.engine.policy(name) {
@@ -209,17 +209,21 @@ pub fn table(doc: &Value) -> String {
     out
 }
 
-/// A text of the status document cut to 2 KiB: a server's error text can be as long as
-/// any message it sends, and the page reads the document every second.
+/// A text of the status cut to 2 KiB: a server's error text can be as long as any
+/// message it sends, and the page reads the document every second.
+const TEXT_MAX: usize = 2 << 10;
+
 fn cap(value: &mut Value) {
-    const MAX: usize = 2 << 10;
-    if let Value::String(s) = value
-        && s.len() > MAX
-    {
-        let end = s.floor_char_boundary(MAX);
-        s.truncate(end);
-        s.push('…');
+    if let Value::String(s) = value {
+        *s = capped(s);
     }
+}
+
+fn capped(text: &str) -> String {
+    if text.len() <= TEXT_MAX {
+        return text.to_owned();
+    }
+    format!("{}…", &text[..text.floor_char_boundary(TEXT_MAX)])
 }
 
 /// A server's health at a glance: `red` when it cannot serve now (crashed and restarting,
