@@ -204,3 +204,23 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     assert_eq!(text(&gw.call("b__echo", json!({"message": "2"})).await), "b: 2");
     assert_eq!(pid(&dir, "a"), a_pid, "the untouched server kept its process");
 }
+
+#[tokio::test]
+async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
+    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let pids = (pid(&dir, "a"), pid(&dir, "b"));
+    let gateway = gw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-HUP", &gateway]).status().unwrap();
+    let log = gw.log.clone();
+    eventually("the reload on SIGHUP", move || {
+        let log = log.lock().unwrap();
+        log.contains("SIGHUP: reloading") && log.contains(": nothing changed")
+    })
+    .await;
+    assert_eq!((pid(&dir, "a"), pid(&dir, "b")), pids);
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
+    let _ = client.cancel().await;
+}
