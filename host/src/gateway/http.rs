@@ -3,30 +3,29 @@
 //! sit, in order, the DNS-rebinding checks (`Host`, `Origin`), the bearer token, and a
 //! per-client concurrency limit. `/healthz`, `/readyz` and `/metrics` are for operators.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
-use http_body_util::BodyExt;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
-use serde::de::IgnoredAny;
 use serde_json::json;
 use subtle::ConstantTimeEq;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+
+mod limits;
+
+use limits::{ClientLimits, limit};
 
 use super::hub::Hub;
 use super::server::Gateway;
@@ -71,7 +70,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     let grace = Duration::from_millis(settings.shutdown_grace_ms);
     let front = Front {
         hub: hub.clone(),
-        limits: Arc::new(ClientLimits { per_client: settings.max_concurrent_per_client, ..Default::default() }),
+        limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
         settings: Arc::new(settings),
     };
     let app = router(front.clone(), streams.clone());
@@ -238,221 +237,6 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then_some(token.trim())
 }
 
-/// Requests in flight per client. A client is its MCP session once it has one, and its
-/// address before (the `initialize` request). Only JSON-RPC requests count, not the
-/// client's answers to the server's requests or its notifications (a client must always
-/// be able to answer an elicitation or cancel). The permit is held until the response
-/// body ends, so a tool call answered over SSE counts while its answer streams; a client
-/// that disconnects gives its permit back even if the call goes on.
-///
-/// A request whose JSON-RPC id is already in flight for the same client is refused at
-/// once with a JSON-RPC error: two answers with one id could not be told apart, and rmcp
-/// would answer only one of them.
-#[derive(Debug, Default)]
-struct ClientLimits {
-    per_client: usize,
-    clients: Mutex<HashMap<String, InFlight>>,
-    /// Requests in flight from every client, and a wake-up when it drops to none.
-    total: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
-    /// Set on shutdown: new requests are refused, those in flight finish.
-    draining: std::sync::atomic::AtomicBool,
-}
-
-/// One client's requests in flight: the permits, and the ids they carry.
-#[derive(Debug)]
-struct InFlight {
-    permits: Arc<Semaphore>,
-    ids: std::collections::HashSet<String>,
-}
-
-/// Why a request may not go on.
-enum Refusal {
-    TooMany,
-    DuplicateId,
-}
-
-impl ClientLimits {
-    fn try_acquire(self: &Arc<Self>, client: String, id: Option<String>) -> Result<ClientPermit, Refusal> {
-        // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
-        let mut clients = self.clients.lock().expect("not poisoned");
-        let entry = clients.entry(client.clone()).or_insert_with(|| InFlight {
-            permits: Arc::new(Semaphore::new(self.per_client)),
-            ids: Default::default(),
-        });
-        if id.as_ref().is_some_and(|id| entry.ids.contains(id)) {
-            return Err(Refusal::DuplicateId);
-        }
-        let permit = entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany)?;
-        if let Some(id) = &id {
-            entry.ids.insert(id.clone());
-        }
-        self.total.fetch_add(1, Ordering::SeqCst);
-        Ok(ClientPermit { limits: self.clone(), client, id, permit: Some(permit) })
-    }
-
-    fn in_flight(&self) -> usize {
-        self.total.load(Ordering::SeqCst)
-    }
-
-    /// Returns once no request is in flight.
-    async fn drained(&self) {
-        loop {
-            let idle = self.idle.notified();
-            if self.in_flight() == 0 {
-                return;
-            }
-            idle.await;
-        }
-    }
-}
-
-struct ClientPermit {
-    limits: Arc<ClientLimits>,
-    client: String,
-    id: Option<String>,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Drop for ClientPermit {
-    fn drop(&mut self) {
-        if self.limits.total.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.limits.idle.notify_waiters();
-        }
-        let mut clients = self.limits.clients.lock().expect("not poisoned");
-        drop(self.permit.take());
-        let Some(entry) = clients.get_mut(&self.client) else { return };
-        if let Some(id) = &self.id {
-            entry.ids.remove(id);
-        }
-        // Forget idle clients, or the map would grow with every session ever seen.
-        if entry.permits.available_permits() == self.limits.per_client {
-            clients.remove(&self.client);
-        }
-    }
-}
-
-/// What decides whether a POST counts: a JSON-RPC request has a method and an id.
-#[derive(serde::Deserialize)]
-#[serde(untagged)]
-enum Probe {
-    One { method: Option<IgnoredAny>, id: Option<serde_json::Value> },
-    Batch(Vec<Probe>),
-}
-
-impl Probe {
-    fn is_request(&self) -> bool {
-        match self {
-            Probe::One { method, id } => method.is_some() && id.is_some(),
-            Probe::Batch(items) => items.iter().any(Probe::is_request),
-        }
-    }
-
-    /// The id of a single request, as JSON text (`1` and `"1"` differ, as in JSON-RPC).
-    fn id(&self) -> Option<serde_json::Value> {
-        match self {
-            Probe::One { method: Some(_), id } => id.clone(),
-            _ => None,
-        }
-    }
-}
-
-/// Whether `body` carries a request (what cannot be read counts: rmcp will refuse it),
-/// and the id of a single one.
-fn carries_request(body: &[u8]) -> (bool, Option<serde_json::Value>) {
-    match serde_json::from_slice::<Probe>(body) {
-        Ok(p) => (p.is_request(), p.id()),
-        Err(_) => (true, None),
-    }
-}
-
-/// The JSON-RPC error for a body that is not a JSON-RPC message at all: -32700 for what
-/// is not JSON (nesting too deep included), -32600 for JSON that is neither a message nor
-/// a batch. Checked only when the cheap probe could not read the body.
-fn malformed(body: &[u8]) -> Option<Response> {
-    let (code, message) = match serde_json::from_slice::<serde_json::Value>(body) {
-        Err(e) => (-32700, format!("Parse error: {e}")),
-        Ok(serde_json::Value::Object(_) | serde_json::Value::Array(_)) => return None,
-        Ok(_) => (-32600, "Invalid Request: a JSON-RPC message is a JSON object".to_owned()),
-    };
-    let error = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
-    Some((StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response())
-}
-
-async fn limit(
-    State(front): State<Front>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if request.method() != Method::POST {
-        return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, front.settings.max_body_bytes).await {
-        Ok(body) => body,
-        Err(e) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is larger than rebound.http.max_body_bytes",
-            );
-        }
-        Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
-    };
-    let (counts, id) = carries_request(&body);
-    if counts
-        && id.is_none()
-        && let Some(refusal) = malformed(&body)
-    {
-        front.hub.metrics.rejected("malformed");
-        return refusal;
-    }
-    let request = Request::from_parts(parts, Body::from(body));
-    if !counts {
-        return next.run(request).await;
-    }
-    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
-    let client = match session {
-        Some(session) => format!("session {session}"),
-        None => format!("address {}", peer.ip()),
-    };
-    // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
-    let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
-    let permit = match front.limits.try_acquire(client, key) {
-        Ok(permit) => permit,
-        Err(Refusal::TooMany) => {
-            front.hub.metrics.rejected("too_many_requests");
-            let mut response = refuse(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too many requests in flight from this client; wait for one to finish (rebound.http.max_concurrent_per_client)",
-            );
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return response;
-        }
-        Err(Refusal::DuplicateId) => {
-            front.hub.metrics.rejected("duplicate_id");
-            let id = id.unwrap_or(serde_json::Value::Null);
-            let error = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600,
-                "message": format!("a request with id {id} is already in flight in this session; give each request its own id")}});
-            return ([(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response();
-        }
-    };
-    // After the permit is counted, so that a drain that has begun either sees it or
-    // has already refused it.
-    if front.limits.draining.load(Ordering::SeqCst) {
-        drop(permit);
-        let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
-    }
-    let (parts, body) = next.run(request).await.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &permit;
-        frame
-    });
-    Response::from_parts(parts, Body::new(body))
-}
-
 /// A session ended by `DELETE` is answered 204 rather than rmcp's 202: the official
 /// Python SDK takes anything but 200 or 204 for a failure and warns on every close.
 async fn session_ended(request: Request, next: Next) -> Response {
@@ -464,8 +248,6 @@ async fn session_ended(request: Request, next: Next) -> Response {
     response
 }
 
-/// 200 when every server is ready, else 503. Counts only: it needs no token, so it names
-/// nothing (`/metrics` and `rebound_status` do, behind the token).
 /// Ready once every shared server is up or has been given up on: marked down after a
 /// crash loop, or still not up when the start-up wait (`startup_timeout_ms`) ended. Then
 /// the gateway serves what it has, and says which servers it is without. A server that
@@ -613,41 +395,6 @@ mod tests {
             assert!(!origin_allowed(&allowed, bad), "{bad}");
         }
         assert!(origin_allowed(&list(&["null"]), "null"));
-    }
-
-    #[test]
-    fn only_json_rpc_requests_count_against_the_limit() {
-        let counts = |body: &[u8]| carries_request(body).0;
-        assert!(counts(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#));
-        assert!(counts(
-            br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"ping"}]"#
-        ));
-        assert!(counts(b"not json"));
-        assert!(!counts(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
-        assert!(!counts(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
-        // The id of a single request, to refuse a second one in flight; `1` is not `"1"`.
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).1, Some(serde_json::json!(1)));
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":"1","method":"ping"}"#).1, Some(serde_json::json!("1")));
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).1, None, "an answer has no request id");
-    }
-
-    proptest::proptest! {
-        /// Whatever a client posts, reading it never panics, and a body that is answered as
-        /// malformed is one that is neither a JSON-RPC request with an id nor a batch.
-        #[test]
-        fn any_body_is_read_without_panic(body in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..300)) {
-            let (_, id) = carries_request(&body);
-            if malformed(&body).is_some() {
-                proptest::prop_assert!(id.is_none());
-            }
-        }
-
-        #[test]
-        fn any_json_body_is_read_without_panic(text in "[\\[\\]{}\":,0-9a-z ]{0,200}") {
-            let (counts, id) = carries_request(text.as_bytes());
-            proptest::prop_assert!(counts || id.is_none());
-            let _ = malformed(text.as_bytes());
-        }
     }
 
     #[test]
