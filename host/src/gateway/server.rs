@@ -32,6 +32,7 @@ use super::call::{Attempt, attempt};
 use super::downstreams::{Front, Subscription};
 use super::hub::Hub;
 use super::session_servers::{Recovery, SessionServers};
+use super::setup::Setup;
 use super::status;
 use crate::recovery::Failure;
 use crate::recovery::engine::Record;
@@ -370,7 +371,8 @@ impl Gateway {
             }
             (_, advisor) => advisor,
         };
-        let upstreams = Upstreams { hub: &self.hub, own: &self.own, cx: &cx, trace: trace.as_deref() };
+        let upstreams =
+            Upstreams { hub: &self.hub, own: &self.own, setup: &recovery.setup, cx: &cx, trace: trace.as_deref() };
         let started = std::time::Instant::now();
         let (ending, record) = recovery
             .engine()
@@ -475,6 +477,8 @@ impl Gateway {
 struct Upstreams<'a> {
     hub: &'a Arc<Hub>,
     own: &'a Arc<SessionServers>,
+    /// The setup the call started with: its attempts go to its servers.
+    setup: &'a Setup,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
 }
@@ -490,7 +494,7 @@ impl Upstreams<'_> {
         max_total: Duration,
         traceparent: Option<&str>,
     ) -> Result<CallToolResult, Failure> {
-        let Some(handle) = self.own.server(server) else {
+        let Some(handle) = self.own.server_in(self.setup, server) else {
             return Err(Failure::Unavailable {
                 status: crate::transport::Status::Stopped,
                 reason: Some(format!("no server `{server}`")),
@@ -508,10 +512,9 @@ impl Upstreams<'_> {
             traceparent,
             timeout,
             max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
-            // From the configuration now: a reload may have changed it, not the process.
+            // From the call's configuration: a reload may have changed it, not the process.
             progress_extends_timeout: self
-                .hub
-                .setup()
+                .setup
                 .config
                 .servers
                 .get(server)
@@ -548,7 +551,7 @@ impl Upstream for Upstreams<'_> {
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
         let server = server.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.own.server(&server) else { return };
+            let Some(handle) = self.own.server_in(self.setup, &server) else { return };
             if let Err(nr) = handle.restart(within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
@@ -556,7 +559,7 @@ impl Upstream for Upstreams<'_> {
     }
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        let session = self.own.server(server)?.state().session?;
+        let session = self.own.server_in(self.setup, server)?.state().session?;
         let listing = session.listing();
         listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
     }

@@ -181,7 +181,13 @@ impl SessionServers {
 
     /// The instance of `server` this session's calls go to.
     pub fn server(&self, server: &str) -> Option<Arc<ServerHandle>> {
-        self.instance(server).or_else(|| self.hub.setup().servers.get(server).cloned())
+        self.server_in(&self.hub.setup(), server)
+    }
+
+    /// The instance of `server` a call that started on `setup` goes to: this session's
+    /// own, else `setup`'s shared one.
+    pub fn server_in(&self, setup: &Setup, server: &str) -> Option<Arc<ServerHandle>> {
+        self.instance(server).or_else(|| setup.servers.get(server).cloned())
     }
 
     /// Every instance this session reaches: its own, then the shared ones.
