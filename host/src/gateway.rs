@@ -6,6 +6,7 @@ pub mod catalogue;
 pub mod downstreams;
 pub mod http;
 pub mod hub;
+pub mod malformed;
 pub mod metrics;
 pub mod recent;
 pub mod reload;
@@ -16,7 +17,7 @@ pub mod sessions;
 pub mod setup;
 pub mod snapshot;
 pub mod status;
-pub mod unique_ids;
+pub mod stdio_client;
 
 pub use hub::Hub;
 pub use server::Gateway;

@@ -248,13 +248,12 @@ fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
 }
 
 /// The one client on stdin and stdout, until its input ends.
-async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<()> {
+async fn serve_stdio(hub: std::sync::Arc<Hub>, max_line: usize, max_in_flight: usize) -> Result<()> {
     // Non-blocking pipes where stdin and stdout are pipes (as under every MCP client):
     // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
     // round trip (cargo xtask bench).
     let (read, write) = rmcp::transport::stdio_pipes();
-    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
-    let transport = rebound::gateway::unique_ids::UniqueIds::new(transport, max_in_flight);
+    let transport = rebound::gateway::stdio_client::StdioClient::new(read, write, max_line, max_in_flight);
     let ended = transport.ended();
     let running = Gateway::new(hub).serve(transport).await.context("the client did not complete the MCP handshake")?;
     // When the client's input ends, the servers are stopped at once: rmcp would first
@@ -282,7 +281,8 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         Err(e) => tracing::warn!("{e}; no traces will be exported"),
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let max_in_flight = config.settings.http.max_concurrent_per_client;
+    let (max_line, max_in_flight) =
+        (config.settings.http.max_body_bytes, config.settings.http.max_concurrent_per_client);
     let outcome = runtime.block_on(async {
         let front = if http.is_some() { Front::Http } else { Front::Stdio };
         let hub = Hub::start(config, plugins, front);
@@ -293,7 +293,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         let serving = async {
             match http {
                 Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
-                None => serve_stdio(hub.clone(), max_in_flight).await,
+                None => serve_stdio(hub.clone(), max_line, max_in_flight).await,
             }
         };
         let signals = async {

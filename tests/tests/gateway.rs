@@ -461,6 +461,50 @@ async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
 }
 
 #[tokio::test]
+async fn what_a_stdio_client_sends_that_cannot_be_read_gets_the_protocols_error() {
+    use tokio::io::AsyncWriteExt;
+    let mut raw = RawStdio::start(json!({"http": {"max_body_bytes": 4096}})).await;
+    let lines = [
+        "not json".to_owned(),
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#.to_owned(),
+        "[".repeat(4000),
+        r#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":"not an object"}"#.to_owned(),
+        // A notification is never answered, even when it cannot be read.
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":7}"#.to_owned(),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"{}"}}}}}}"#,
+            "x".repeat(8192)
+        ),
+    ];
+    for line in lines {
+        raw.stdin.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+    }
+    raw.call(7, "echo", json!({"message": "still here"})).await;
+    let answers = raw.answers(6).await;
+    let got: Vec<(Value, i64)> =
+        answers.iter().take(5).map(|a| (a["id"].clone(), a["error"]["code"].as_i64().unwrap())).collect();
+    assert_eq!(
+        got,
+        [
+            (Value::Null, -32700),
+            (Value::Null, -32700),
+            (Value::Null, -32700),
+            (Value::Null, -32600),
+            (json!(5), -32600)
+        ],
+        "{answers:?}"
+    );
+    assert!(answers[4]["error"]["message"].as_str().unwrap().starts_with("Invalid Request"), "{answers:?}");
+    // The line over `max_body_bytes` was never read whole, so its id is unknown.
+    let long = &answers[5];
+    assert_eq!((long["id"].clone(), long["error"]["code"].as_i64()), (Value::Null, Some(-32600)), "{long}");
+    assert!(long["error"]["message"].as_str().unwrap().contains("max_body_bytes"), "{long}");
+    assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: still here");
+    let _ = raw.child.kill().await;
+}
+
+#[tokio::test]
 async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
     let mut raw = RawStdio::start(json!({"http": {"max_concurrent_per_client": 3}})).await;
     for id in 1..=5 {

@@ -191,12 +191,15 @@ async fn what_a_client_must_not_get_past() {
     // Finished answers give the permits back.
     assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
 
-    // What is not JSON-RPC at all gets the protocol's error, as JSON.
-    for (body, code) in [
-        ("not json".to_owned(), -32700),
-        (r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#.to_owned(), -32700),
-        ("[".repeat(10_000), -32700),
-        ("42".to_owned(), -32600),
+    // What is not a JSON-RPC message gets the protocol's error, as JSON, with the id when
+    // the request has one.
+    for (body, code, id) in [
+        ("not json".to_owned(), -32700, Value::Null),
+        (r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#.to_owned(), -32700, Value::Null),
+        ("[".repeat(10_000), -32700, Value::Null),
+        ("42".to_owned(), -32600, Value::Null),
+        (r#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#.to_owned(), -32600, Value::Null),
+        (r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":"not an object"}"#.to_owned(), -32600, json!(6)),
     ] {
         let response = post(&gw, &json!(null))
             .body(body.clone())
@@ -209,7 +212,7 @@ async fn what_a_client_must_not_get_past() {
         assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{}", &body[..body.len().min(40)]);
         assert_eq!(response.headers()["content-type"], "application/json");
         let error: Value = response.json().await.unwrap();
-        assert_eq!(error["error"]["code"], code, "{error}");
+        assert_eq!((&error["error"]["code"], &error["id"]), (&json!(code), &id), "{error}");
     }
 
     // A second request with an id still in flight is refused at once, as JSON-RPC, and

@@ -13,10 +13,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use serde::de::IgnoredAny;
-use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{Front, refuse};
+use crate::gateway::malformed::Unreadable;
 
 /// Requests in flight per client. A client is its MCP session once it has one, and its
 /// address before (the `initialize` request). Only JSON-RPC requests count, not the
@@ -142,26 +142,17 @@ impl Probe {
     }
 }
 
-/// Whether `body` carries a request (what cannot be read counts: rmcp will refuse it),
-/// and the id of a single one.
-fn carries_request(body: &[u8]) -> (bool, Option<serde_json::Value>) {
-    match serde_json::from_slice::<Probe>(body) {
-        Ok(p) => (p.is_request(), p.id()),
-        Err(_) => (true, None),
-    }
+/// Whether `body` carries a request, and the id of a single one; `None` for what rmcp
+/// cannot read as a message (not JSON, or not objects).
+fn carries_request(body: &[u8]) -> Option<(bool, Option<serde_json::Value>)> {
+    serde_json::from_slice::<Probe>(body).ok().map(|p| (p.is_request(), p.id()))
 }
 
-/// The JSON-RPC error for a body that is not a JSON-RPC message at all: -32700 for what
-/// is not JSON (nesting too deep included), -32600 for JSON that is neither a message nor
-/// a batch. Checked only when the cheap probe could not read the body.
-fn malformed(body: &[u8]) -> Option<Response> {
-    let (code, message) = match serde_json::from_slice::<serde_json::Value>(body) {
-        Err(e) => (-32700, format!("Parse error: {e}")),
-        Ok(serde_json::Value::Object(_) | serde_json::Value::Array(_)) => return None,
-        Ok(_) => (-32600, "Invalid Request: a JSON-RPC message is a JSON object".to_owned()),
-    };
-    let error = json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}});
-    Some((StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response())
+/// The protocol's error for a body that is not a client message, as JSON (rmcp would
+/// answer 415 and plain text): -32700, or -32600 with the request's id when it has one.
+fn unreadable(body: &[u8]) -> Response {
+    let error = Unreadable::of(body).to_json();
+    (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response()
 }
 
 pub(super) async fn limit(
@@ -184,17 +175,18 @@ pub(super) async fn limit(
         }
         Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
     };
-    let (counts, id) = carries_request(&body);
-    if counts
-        && id.is_none()
-        && let Some(refusal) = malformed(&body)
-    {
+    let Some((counts, id)) = carries_request(&body) else {
         front.hub.metrics.rejected("malformed");
-        return refusal;
-    }
+        return unreadable(&body);
+    };
+    // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
+    let is_json = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+    });
+    let kept = is_json.then(|| body.clone());
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
-        return next.run(request).await;
+        return answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     }
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
     let client = match session {
@@ -230,12 +222,24 @@ pub(super) async fn limit(
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    let (parts, body) = next.run(request).await.into_parts();
+    let response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+    let (parts, body) = response.into_parts();
     let body = body.map_frame(move |frame| {
         let _held = &permit;
         frame
     });
     Response::from_parts(parts, Body::new(body))
+}
+
+/// `response`, or the protocol's error in its place when rmcp could not read the JSON body.
+fn answer_unreadable(response: Response, json_body: Option<&[u8]>, front: &Front) -> Response {
+    match json_body {
+        Some(body) if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            front.hub.metrics.rejected("malformed");
+            unreadable(body)
+        }
+        _ => response,
+    }
 }
 
 #[cfg(test)]
@@ -244,7 +248,7 @@ mod tests {
 
     #[test]
     fn only_json_rpc_requests_count_against_the_limit() {
-        let counts = |body: &[u8]| carries_request(body).0;
+        let counts = |body: &[u8]| carries_request(body).is_none_or(|(counts, _)| counts);
         assert!(counts(br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#));
         assert!(counts(
             br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"ping"}]"#
@@ -253,27 +257,37 @@ mod tests {
         assert!(!counts(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
         assert!(!counts(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
         // The id of a single request, to refuse a second one in flight; `1` is not `"1"`.
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).1, Some(serde_json::json!(1)));
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":"1","method":"ping"}"#).1, Some(serde_json::json!("1")));
-        assert_eq!(carries_request(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).1, None, "an answer has no request id");
+        assert_eq!(
+            carries_request(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#).unwrap().1,
+            Some(serde_json::json!(1))
+        );
+        assert_eq!(
+            carries_request(br#"{"jsonrpc":"2.0","id":"1","method":"ping"}"#).unwrap().1,
+            Some(serde_json::json!("1"))
+        );
+        assert_eq!(
+            carries_request(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).unwrap().1,
+            None,
+            "an answer has no request id"
+        );
     }
 
     proptest::proptest! {
-        /// Whatever a client posts, reading it never panics, and a body that is answered as
-        /// malformed is one that is neither a JSON-RPC request with an id nor a batch.
+        /// Whatever a client posts, reading it never panics, and what the probe cannot read
+        /// gets an answer with a null id.
         #[test]
         fn any_body_is_read_without_panic(body in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..300)) {
-            let (_, id) = carries_request(&body);
-            if malformed(&body).is_some() {
-                proptest::prop_assert!(id.is_none());
+            if carries_request(&body).is_none() {
+                proptest::prop_assert!(Unreadable::of(&body).id.is_null());
             }
         }
 
         #[test]
         fn any_json_body_is_read_without_panic(text in "[\\[\\]{}\":,0-9a-z ]{0,200}") {
-            let (counts, id) = carries_request(text.as_bytes());
-            proptest::prop_assert!(counts || id.is_none());
-            let _ = malformed(text.as_bytes());
+            if let Some((counts, id)) = carries_request(text.as_bytes()) {
+                proptest::prop_assert!(counts || id.is_none());
+            }
+            let _ = Unreadable::of(text.as_bytes());
         }
     }
 }

@@ -1,0 +1,113 @@
+//! The protocol's answer to a message from a client that cannot be read as one: the
+//! same over stdio (a line) and streamable HTTP (a request body).
+//!
+//! JSON-RPC 2.0 says: what is not JSON gets -32700 (parse error) with a null id; JSON
+//! that is not a valid message gets -32600 (invalid request) with the message's id when it
+//! has one; a notification or an answer gets no reply. Batches left MCP in 2025-06-18,
+//! so an array is an invalid request too.
+
+use serde_json::{Value, json};
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+
+/// Why a client's message could not be read, and whether JSON-RPC wants it answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unreadable {
+    pub code: i64,
+    pub message: String,
+    /// The message's own id when it has a usable one (a string or a number), else null.
+    pub id: Value,
+    /// False for a notification or an answer: JSON-RPC sends nothing back for those.
+    pub wants_answer: bool,
+}
+
+impl Unreadable {
+    /// Classifies `bytes`, which did not decode as a client message.
+    pub fn of(bytes: &[u8]) -> Self {
+        let value = match serde_json::from_slice::<Value>(bytes) {
+            Ok(value) => value,
+            // Nesting past serde_json's depth limit lands here too: it is not JSON we read.
+            Err(e) => return Self::answered(PARSE_ERROR, format!("Parse error: {e}"), Value::Null),
+        };
+        let object = match value {
+            Value::Object(object) => object,
+            Value::Array(_) => {
+                return Self::answered(
+                    INVALID_REQUEST,
+                    "Invalid Request: JSON-RPC batches are not part of MCP (since 2025-06-18); send one message at a time"
+                        .into(),
+                    Value::Null,
+                );
+            }
+            _ => {
+                return Self::answered(
+                    INVALID_REQUEST,
+                    "Invalid Request: a JSON-RPC message is a JSON object".into(),
+                    Value::Null,
+                );
+            }
+        };
+        let is_notification = object.contains_key("method") && !object.contains_key("id");
+        let is_answer =
+            !object.contains_key("method") && (object.contains_key("result") || object.contains_key("error"));
+        let id = object.get("id").filter(|id| id.is_string() || id.is_number()).cloned();
+        // serde's untagged enums say only "did not match any variant": say what is wrong.
+        let why = match object.get("method") {
+            Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
+                format!("`{method}` needs \"jsonrpc\": \"2.0\"")
+            }
+            Some(Value::String(method)) => format!("the `params` of `{method}` are not what it takes"),
+            Some(_) => "`method` must be a string".into(),
+            None => "a message has a `method` (a request or notification) or a `result` or `error` (an answer)".into(),
+        };
+        Self {
+            code: INVALID_REQUEST,
+            message: format!("Invalid Request: {why}"),
+            wants_answer: !is_notification && !is_answer,
+            id: id.unwrap_or(Value::Null),
+        }
+    }
+
+    fn answered(code: i64, message: String, id: Value) -> Self {
+        Self { code, message, id, wants_answer: true }
+    }
+
+    /// The JSON-RPC error message to send back.
+    pub fn to_json(&self) -> Value {
+        json!({"jsonrpc": "2.0", "id": self.id, "error": {"code": self.code, "message": self.message}})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(text: &str) -> (i64, Value, bool) {
+        let u = Unreadable::of(text.as_bytes());
+        (u.code, u.id, u.wants_answer)
+    }
+
+    #[test]
+    fn each_kind_of_unreadable_message_gets_the_protocols_answer() {
+        assert_eq!(of("not json"), (PARSE_ERROR, Value::Null, true));
+        assert_eq!(of(r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#), (PARSE_ERROR, Value::Null, true));
+        assert_eq!(of(&"[".repeat(100_000)), (PARSE_ERROR, Value::Null, true));
+        assert_eq!(of("42"), (INVALID_REQUEST, Value::Null, true));
+        assert_eq!(of(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#), (INVALID_REQUEST, Value::Null, true));
+        // A request of the wrong shape keeps its id, string or number.
+        assert_eq!(
+            of(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":"x"}"#),
+            (INVALID_REQUEST, json!(7), true)
+        );
+        assert_eq!(of(r#"{"jsonrpc":"2.0","id":"a","method":5}"#), (INVALID_REQUEST, json!("a"), true));
+        // An id that is neither is not echoed: the answer's id is null.
+        assert_eq!(of(r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#), (INVALID_REQUEST, Value::Null, true));
+        // A notification or an answer is never answered.
+        assert!(!of(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":7}"#).2);
+        assert!(!of(r#"{"jsonrpc":"2.0","id":4,"result":7,"error":{}}"#).2);
+        // An object that is neither a request nor an answer is.
+        assert_eq!(of(r#"{"hello":"world"}"#), (INVALID_REQUEST, Value::Null, true));
+        assert!(Unreadable::of(b"{}").to_json()["error"]["message"].as_str().unwrap().starts_with("Invalid Request"));
+    }
+}

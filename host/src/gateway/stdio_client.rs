@@ -1,0 +1,503 @@
+//! The stdio client's side of the wire: its lines in, the gateway's messages out.
+//!
+//! - **Framing with a bound.** A line longer than `max_line` bytes is never buffered: it
+//!   is skipped as it is read and answered with -32600.
+//! - **The protocol's answer to what cannot be read** ([`Unreadable`]): -32700 for a line
+//!   that is not JSON, -32600 with the request's id for JSON that is not a valid message.
+//!   (rmcp's own transport ignores the first and answers the second without the id.)
+//! - **Ids unique in flight.** A second request with the id of one still in flight would
+//!   make rmcp drop the first (its answer would never come): it is refused at once with a
+//!   JSON-RPC error naming the id, and the first goes on.
+//! - **A cap on requests in flight.** Past `max` requests, the next gets an error at once,
+//!   not a queue that grows with the client's input. (The HTTP front does the same per
+//!   session, in `http::limits`.)
+//!
+//! Refusals are written on tasks of their own, at most [`REFUSALS_PENDING`] at once: a
+//! client that floods the gateway and never reads its output cannot make them pile up.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rmcp::ErrorData;
+use rmcp::RoleServer;
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ErrorCode, RequestId, ServerJsonRpcMessage};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
+
+use super::malformed::{INVALID_REQUEST, Unreadable};
+
+/// The JSON-RPC error code for "too many requests in flight" (server-defined range).
+pub const BUSY: i32 = -32000;
+
+/// Refusals written at once; past it, a refusal is counted and dropped.
+pub const REFUSALS_PENDING: usize = 64;
+
+/// The client on the gateway's stdin and stdout, as an rmcp transport.
+pub struct StdioClient<R, W> {
+    lines: Lines<BufReader<R>>,
+    out: Out<W>,
+    admission: Admission,
+    /// Cancelled when the client's input ends.
+    ended: CancellationToken,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R, W> {
+    /// Reads lines of at most `max_line` bytes and admits at most `max` requests in flight.
+    pub fn new(read: R, write: W, max_line: usize, max: usize) -> Self {
+        Self {
+            lines: Lines::new(BufReader::new(read), max_line),
+            out: Out::new(write),
+            admission: Admission::new(max),
+            ended: CancellationToken::new(),
+        }
+    }
+
+    /// Cancelled the moment the client's input ends, before rmcp has finished with the
+    /// requests in flight: the gateway can start stopping its servers at once.
+    pub fn ended(&self) -> CancellationToken {
+        self.ended.clone()
+    }
+
+    /// The message on the line just read; `None` after answering it (or for an empty line).
+    fn decode(&mut self) -> Option<ClientJsonRpcMessage> {
+        let line = self.lines.line();
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
+            Ok(message) => Some(message),
+            Err(_) => {
+                let unreadable = Unreadable::of(line);
+                tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);
+                if unreadable.wants_answer {
+                    self.out.refuse(unreadable.to_json());
+                }
+                None
+            }
+        }
+    }
+}
+
+impl<R, W> Transport<RoleServer> for StdioClient<R, W>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn name() -> std::borrow::Cow<'static, str> {
+        "client".into()
+    }
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let answered = match &item {
+            ServerJsonRpcMessage::Response(r) => Some(&r.id),
+            ServerJsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = answered {
+            self.admission.done(id);
+        }
+        let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
+        let out = self.out.clone();
+        async move { out.write(encoded?).await }
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        loop {
+            // Everything after this await is synchronous: a `receive` dropped by rmcp's
+            // `select!` loses no line (`Lines` keeps a partial one).
+            match self.lines.next().await {
+                Ok(Line::Complete) => {}
+                Ok(Line::TooLong) => {
+                    let limit = self.lines.max;
+                    self.out.refuse(
+                        Unreadable {
+                            code: INVALID_REQUEST,
+                            message: format!("Invalid Request: the message is longer than {limit} bytes (rebound.http.max_body_bytes)"),
+                            id: serde_json::Value::Null,
+                            wants_answer: true,
+                        }
+                        .to_json(),
+                    );
+                    continue;
+                }
+                Ok(Line::End) | Err(_) => {
+                    self.ended.cancel();
+                    return None;
+                }
+            }
+            let message = self.decode();
+            self.lines.clear();
+            let Some(message) = message else { continue };
+            match self.admission.admit(&message) {
+                Ok(()) => return Some(message),
+                Err((error, id)) => self.out.refuse(
+                    serde_json::to_value(ServerJsonRpcMessage::error(error, Some(id))).expect("an error serialises"),
+                ),
+            }
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.out.close().await
+    }
+}
+
+/// The ids of the client's requests not answered (or cancelled) yet, and their cap.
+struct Admission {
+    in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
+    max: usize,
+}
+
+impl Admission {
+    fn new(max: usize) -> Self {
+        Self { in_flight: Arc::default(), max: max.max(1) }
+    }
+
+    /// Lets `message` through, or the error to refuse it with and its id.
+    fn admit(&self, message: &ClientJsonRpcMessage) -> Result<(), (ErrorData, RequestId)> {
+        // rmcp answers nothing for a request the client cancelled: its id is free.
+        if let ClientJsonRpcMessage::Notification(n) = message
+            && let ClientNotification::CancelledNotification(c) = &n.notification
+            && let Some(id) = &c.params.request_id
+        {
+            self.done(id);
+        }
+        let ClientJsonRpcMessage::Request(request) = message else { return Ok(()) };
+        let mut in_flight = self.in_flight.lock().expect("not poisoned");
+        let error = if in_flight.contains(&request.id) {
+            ErrorData::invalid_request(
+                format!("a request with id {} is already in flight; give each request its own id", request.id),
+                None,
+            )
+        } else if in_flight.len() >= self.max {
+            ErrorData::new(
+                ErrorCode(BUSY),
+                format!(
+                    "{} requests are in flight, the most this gateway takes from one client (rebound.http.max_concurrent_per_client); wait for one to finish",
+                    in_flight.len()
+                ),
+                None,
+            )
+        } else {
+            in_flight.insert(request.id.clone());
+            return Ok(());
+        };
+        Err((error, request.id.clone()))
+    }
+
+    fn done(&self, id: &RequestId) {
+        self.in_flight.lock().expect("not poisoned").remove(id);
+    }
+}
+
+/// The gateway's output: one JSON message a line, written whole under a lock.
+struct Out<W> {
+    write: Arc<tokio::sync::Mutex<Option<W>>>,
+    refusals: Arc<tokio::sync::Semaphore>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl<W> Clone for Out<W> {
+    fn clone(&self) -> Self {
+        Self { write: self.write.clone(), refusals: self.refusals.clone(), dropped: self.dropped.clone() }
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
+    fn new(write: W) -> Self {
+        Self {
+            write: Arc::new(tokio::sync::Mutex::new(Some(write))),
+            refusals: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)),
+            dropped: Arc::default(),
+        }
+    }
+
+    async fn write(&self, mut line: Vec<u8>) -> std::io::Result<()> {
+        line.push(b'\n');
+        let mut write = self.write.lock().await;
+        let Some(write) = write.as_mut() else {
+            return Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the client's output is closed"));
+        };
+        write.write_all(&line).await?;
+        write.flush().await
+    }
+
+    /// Sends `message` on a task of its own: `receive` may be dropped at any await, and the
+    /// refusal must not be lost with it.
+    fn refuse(&self, message: serde_json::Value) {
+        let Ok(permit) = self.refusals.clone().try_acquire_owned() else {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!("{dropped} refusals not sent: the client is not reading its answers");
+            }
+            return;
+        };
+        let out = self.clone();
+        tokio::spawn(async move {
+            let _held = permit;
+            let _ = out.write(message.to_string().into_bytes()).await;
+        });
+    }
+
+    async fn close(&self) -> std::io::Result<()> {
+        let taken = self.write.lock().await.take();
+        if let Some(mut write) = taken {
+            write.shutdown().await?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`Lines::next`] found.
+#[derive(Debug, PartialEq)]
+enum Line {
+    /// A whole line is in the buffer.
+    Complete,
+    /// A line longer than the bound was skipped.
+    TooLong,
+    /// The input ended.
+    End,
+}
+
+/// Newline-delimited lines of at most `max` bytes, read without ever buffering more.
+/// Cancel-safe: a partial line stays in the buffer for the next call.
+struct Lines<R> {
+    read: R,
+    buf: Vec<u8>,
+    max: usize,
+    /// Set while skipping the rest of a line found too long.
+    skipping: bool,
+}
+
+impl<R: AsyncBufRead + Unpin> Lines<R> {
+    fn new(read: R, max: usize) -> Self {
+        Self { read, buf: Vec::new(), max, skipping: false }
+    }
+
+    async fn next(&mut self) -> std::io::Result<Line> {
+        loop {
+            let available = self.read.fill_buf().await?;
+            if available.is_empty() {
+                return Ok(Line::End);
+            }
+            let newline = available.iter().position(|b| *b == b'\n');
+            let take = newline.map_or(available.len(), |at| at + 1);
+            let over = !self.skipping && self.buf.len() + take > self.max.saturating_add(1);
+            if !self.skipping && !over {
+                self.buf.extend_from_slice(&available[..take]);
+            }
+            self.read.consume(take);
+            let was_skipping = self.skipping;
+            self.skipping = (was_skipping || over) && newline.is_none();
+            if over {
+                self.buf = Vec::new();
+                return Ok(Line::TooLong);
+            }
+            if newline.is_some() && !was_skipping {
+                return Ok(Line::Complete);
+            }
+        }
+    }
+
+    /// The line just read, without its line ending.
+    fn line(&self) -> &[u8] {
+        let line = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
+        line.strip_suffix(b"\r").unwrap_or(line)
+    }
+
+    /// Forgets the line just read; a large one gives its memory back.
+    fn clear(&mut self) {
+        if self.buf.capacity() > 64 << 10 {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// Lines a hostile or broken client might send: bytes, JSON of every shape, and
+    /// JSON-RPC messages with odd ids and methods.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let id = prop_oneof![
+            Just(serde_json::json!(1)),
+            Just(serde_json::json!("1")),
+            Just(serde_json::json!(null)),
+            Just(serde_json::json!(-1e308)),
+            Just(serde_json::json!(u64::MAX)),
+            Just(serde_json::json!([1])),
+            "[a-z]{0,4}".prop_map(serde_json::Value::String),
+        ];
+        let method = prop_oneof![
+            Just("tools/call"),
+            Just("ping"),
+            Just("initialize"),
+            Just("notifications/cancelled"),
+            Just(""),
+            Just("x/y")
+        ];
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200).prop_map(|mut b| {
+                b.retain(|c| *c != b'\n');
+                b
+            }),
+            (id.clone(), method).prop_map(|(id, m)| {
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "method": m, "params": {}}).to_string().into_bytes()
+            }),
+            id.prop_map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {}}).to_string().into_bytes()),
+            (1usize..2000).prop_map(|depth| "[".repeat(depth).into_bytes()),
+            Just(b"[]".to_vec()),
+            Just(b"42".to_vec()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever a client sends, decoding never panics, every message that reaches the
+        /// gateway is one rmcp parsed, and no request id is in flight twice.
+        #[test]
+        fn client_input_never_breaks_the_decoder(lines in proptest::collection::vec(line(), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (ours, theirs) = tokio::io::duplex(1 << 20);
+                let (read, write) = tokio::io::split(ours);
+                let mut transport = StdioClient::new(read, write, 1 << 16, 1000);
+                let (their_read, mut their_write) = tokio::io::split(theirs);
+                for l in &lines {
+                    their_write.write_all(l).await.unwrap();
+                    their_write.write_all(b"\n").await.unwrap();
+                }
+                // After whatever came before, a good request still gets through.
+                their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"final\",\"method\":\"ping\"}\n").await.unwrap();
+                their_write.shutdown().await.unwrap();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(message) = transport.receive().await {
+                    if let ClientJsonRpcMessage::Request(r) = message {
+                        assert!(seen.insert(r.id.clone()), "{} delivered twice", r.id);
+                    }
+                }
+                assert!(seen.contains(&RequestId::String("final".into())), "the decoder gave up early");
+                // Refusals go back as JSON-RPC errors, one JSON line each.
+                transport.close().await.unwrap();
+                let mut back = tokio::io::BufReader::new(their_read).lines();
+                while let Ok(Some(line)) = back.next_line().await {
+                    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                    assert!(v["error"]["code"].is_i64(), "{line}");
+                }
+            });
+        }
+    }
+
+    /// A client on one end of a pipe, the transport on the other.
+    fn pair(
+        max_line: usize,
+        max: usize,
+    ) -> (StdioClient<impl AsyncRead + Unpin + Send, impl AsyncWrite + Unpin + Send + 'static>, tokio::io::DuplexStream)
+    {
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let (read, write) = tokio::io::split(ours);
+        (StdioClient::new(read, write, max_line, max), theirs)
+    }
+
+    async fn answer(
+        back: &mut tokio::io::Lines<tokio::io::BufReader<tokio::io::ReadHalf<tokio::io::DuplexStream>>>,
+    ) -> serde_json::Value {
+        let line =
+            tokio::time::timeout(std::time::Duration::from_secs(5), back.next_line()).await.unwrap().unwrap().unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    #[tokio::test]
+    async fn what_cannot_be_read_gets_the_protocols_error_and_the_next_line_still_counts() {
+        let (mut transport, theirs) = pair(100, 10);
+        let (their_read, mut their_write) = tokio::io::split(theirs);
+        let mut back = tokio::io::BufReader::new(their_read).lines();
+        let input = [
+            "not json".to_owned(),
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":"x"}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":7}"#.to_owned(),
+            format!(r#"{{"jsonrpc":"2.0","id":8,"method":"ping","params":{{"pad":"{}"}}}}"#, "x".repeat(500)),
+            "\r".to_owned(),
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ping\"}\r".to_owned(),
+        ];
+        for line in input {
+            their_write.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+        }
+        let Some(ClientJsonRpcMessage::Request(ping)) = transport.receive().await else { panic!("the ping was lost") };
+        assert_eq!(ping.id, RequestId::Number(9));
+        let mut answers: Vec<_> = Vec::new();
+        for _ in 0..3 {
+            let a = answer(&mut back).await;
+            answers.push((a["id"].clone(), a["error"]["code"].as_i64().unwrap()));
+        }
+        answers.sort_by_key(|(_, code)| *code);
+        // The notification got nothing; the long line got -32600 without an id, since it
+        // was never read.
+        assert_eq!(
+            answers,
+            [(serde_json::Value::Null, -32700), (serde_json::json!(7), -32600), (serde_json::Value::Null, -32600)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_id_and_a_request_past_the_cap_are_refused_until_an_answer_frees_them() {
+        let (mut transport, theirs) = pair(1 << 10, 2);
+        let (their_read, mut their_write) = tokio::io::split(theirs);
+        let mut back = tokio::io::BufReader::new(their_read).lines();
+        for id in [1, 1, 2, 3] {
+            their_write
+                .write_all(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"ping\"}}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").await.unwrap();
+        for id in [1, 2] {
+            let Some(ClientJsonRpcMessage::Request(r)) = transport.receive().await else { panic!() };
+            assert_eq!(r.id, RequestId::Number(id));
+        }
+        assert!(matches!(transport.receive().await, Some(ClientJsonRpcMessage::Notification(_))));
+        let mut refused = vec![answer(&mut back).await, answer(&mut back).await];
+        refused.sort_by_key(|a| a["id"].as_u64());
+        assert_eq!((refused[0]["id"].as_u64(), refused[0]["error"]["code"].as_i64()), (Some(1), Some(-32600)));
+        assert_eq!((refused[1]["id"].as_u64(), refused[1]["error"]["code"].as_i64()), (Some(3), Some(i64::from(BUSY))));
+        // Answering 1 makes room for 3.
+        transport
+            .send(ServerJsonRpcMessage::response(rmcp::model::ServerResult::empty(()), RequestId::Number(1)))
+            .await
+            .unwrap();
+        assert_eq!(answer(&mut back).await["id"], 1);
+        their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n").await.unwrap();
+        let Some(ClientJsonRpcMessage::Request(r)) = transport.receive().await else { panic!() };
+        assert_eq!(r.id, RequestId::Number(3));
+    }
+
+    #[tokio::test]
+    async fn a_line_read_in_pieces_survives_a_dropped_receive() {
+        let (mut transport, mut theirs) = pair(1 << 10, 2);
+        theirs.write_all(br#"{"jsonrpc":"2.0","id":1,"#).await.unwrap();
+        // rmcp's loop drops `receive` whenever another branch is ready first.
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(50), transport.receive()).await.is_err());
+        theirs.write_all(b"\"method\":\"ping\"}\n").await.unwrap();
+        let Some(ClientJsonRpcMessage::Request(r)) = transport.receive().await else { panic!("the line was lost") };
+        assert_eq!(r.id, RequestId::Number(1));
+        drop(theirs);
+        assert!(transport.receive().await.is_none());
+        assert!(transport.ended().is_cancelled());
+    }
+}
