@@ -472,7 +472,7 @@ mod tests {
             assert_eq!(r.id, RequestId::Number(id));
         }
         assert!(matches!(transport.receive().await, Some(ClientJsonRpcMessage::Notification(_))));
-        let mut refused = vec![answer(&mut back).await, answer(&mut back).await];
+        let mut refused = [answer(&mut back).await, answer(&mut back).await];
         refused.sort_by_key(|a| a["id"].as_u64());
         assert_eq!((refused[0]["id"].as_u64(), refused[0]["error"]["code"].as_i64()), (Some(1), Some(-32600)));
         assert_eq!((refused[1]["id"].as_u64(), refused[1]["error"]["code"].as_i64()), (Some(3), Some(i64::from(BUSY))));
