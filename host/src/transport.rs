@@ -1,6 +1,7 @@
 //! Upstream MCP servers: launching them, speaking to them as a client, and supervising
 //! their processes.
 
+pub mod lines;
 pub mod process;
 pub mod supervisor;
 pub mod upstream;

@@ -338,11 +338,44 @@ async fn client_eof_stops_a_stubborn_child_too() {
     assert!(!alive(pid), "the stubborn child outlived the gateway");
 }
 
-/// The most memory the process `pid` has held at once, in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
+/// The memory the process `pid` holds now (`VmRSS:`) or has held at most (`VmHWM:`), in KiB.
+fn memory_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    memory_kib(pid, "VmHWM:")
+}
+
+#[tokio::test]
+async fn a_burst_of_large_calls_gives_its_memory_back() {
+    let gw = Gateway::start(|dir| {
+        json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_body_bytes": 8 << 20}}})
+    })
+    .await;
+    gw.call("echo", json!({"message": "warm"})).await;
+    let pid = gw.child.id().unwrap();
+    let idle = memory_kib(pid, "VmRSS:");
+    let big = "x".repeat(4 << 20);
+    let burst = (0..16).map(|_| {
+        let mut p = rmcp::model::CallToolRequestParams::new("echo");
+        p.arguments = json!({"message": big}).as_object().cloned();
+        gw.client.peer().call_tool(p)
+    });
+    for answer in futures::future::join_all(burst).await {
+        assert_eq!(text(&answer.unwrap()).len(), (4 << 20) + "a: ".len());
+    }
+    let peak = peak_rss_kib(pid);
+    assert!(peak > idle + (16 << 10), "the burst never reached the gateway's memory ({idle} → {peak} KiB)");
+    // Each large buffer is its own mapping, returned as it is freed, and no per-connection
+    // buffer stays at the size of the largest message.
+    eventually(&format!("memory back near its idle {} MiB after a {} MiB peak", idle >> 10, peak >> 10), || {
+        memory_kib(pid, "VmRSS:") < idle + (12 << 10)
+    })
+    .await;
+    gw.close().await;
 }
 
 #[tokio::test]

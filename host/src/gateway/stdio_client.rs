@@ -24,10 +24,11 @@ use rmcp::RoleServer;
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ErrorCode, RequestId, ServerJsonRpcMessage};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio_util::sync::CancellationToken;
 
 use super::malformed::{INVALID_REQUEST, Unreadable};
+use crate::transport::lines::{Line, Lines, Out};
 
 /// The JSON-RPC error code for "too many requests in flight" (server-defined range).
 pub const BUSY: i32 = -32000;
@@ -39,6 +40,7 @@ pub const REFUSALS_PENDING: usize = 64;
 pub struct StdioClient<R, W> {
     lines: Lines<BufReader<R>>,
     out: Out<W>,
+    refusals: Refusals<W>,
     admission: Admission,
     /// Cancelled when the client's input ends.
     ended: CancellationToken,
@@ -47,9 +49,11 @@ pub struct StdioClient<R, W> {
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R, W> {
     /// Reads lines of at most `max_line` bytes and admits at most `max` requests in flight.
     pub fn new(read: R, write: W, max_line: usize, max: usize) -> Self {
+        let out = Out::new(write);
         Self {
             lines: Lines::new(BufReader::new(read), max_line),
-            out: Out::new(write),
+            refusals: Refusals::new(out.clone()),
+            out,
             admission: Admission::new(max),
             ended: CancellationToken::new(),
         }
@@ -74,7 +78,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
                 let unreadable = Unreadable::of(line);
                 tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);
                 if unreadable.wants_answer {
-                    self.out.refuse(unreadable.to_json());
+                    self.refusals.send(unreadable.to_json());
                 }
                 None
             }
@@ -118,7 +122,7 @@ where
                 Ok(Line::Complete) => {}
                 Ok(Line::TooLong) => {
                     let limit = self.lines.max;
-                    self.out.refuse(
+                    self.refusals.send(
                         Unreadable {
                             code: INVALID_REQUEST,
                             message: format!("Invalid Request: the message is longer than {limit} bytes (rebound.http.max_body_bytes)"),
@@ -139,7 +143,7 @@ where
             let Some(message) = message else { continue };
             match self.admission.admit(&message) {
                 Ok(()) => return Some(message),
-                Err((error, id)) => self.out.refuse(
+                Err((error, id)) => self.refusals.send(
                     serde_json::to_value(ServerJsonRpcMessage::error(error, Some(id))).expect("an error serialises"),
                 ),
             }
@@ -199,135 +203,40 @@ impl Admission {
     }
 }
 
-/// The gateway's output: one JSON message a line, written whole under a lock.
-struct Out<W> {
-    write: Arc<tokio::sync::Mutex<Option<W>>>,
-    refusals: Arc<tokio::sync::Semaphore>,
-    dropped: Arc<AtomicU64>,
+/// Refusals written on tasks of their own, at most [`REFUSALS_PENDING`] at once.
+struct Refusals<W> {
+    out: Out<W>,
+    pending: Arc<tokio::sync::Semaphore>,
+    dropped: AtomicU64,
 }
 
-impl<W> Clone for Out<W> {
-    fn clone(&self) -> Self {
-        Self { write: self.write.clone(), refusals: self.refusals.clone(), dropped: self.dropped.clone() }
-    }
-}
-
-impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
-    fn new(write: W) -> Self {
-        Self {
-            write: Arc::new(tokio::sync::Mutex::new(Some(write))),
-            refusals: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)),
-            dropped: Arc::default(),
-        }
-    }
-
-    async fn write(&self, mut line: Vec<u8>) -> std::io::Result<()> {
-        line.push(b'\n');
-        let mut write = self.write.lock().await;
-        let Some(write) = write.as_mut() else {
-            return Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the client's output is closed"));
-        };
-        write.write_all(&line).await?;
-        write.flush().await
+impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
+    fn new(out: Out<W>) -> Self {
+        Self { out, pending: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)), dropped: AtomicU64::new(0) }
     }
 
     /// Sends `message` on a task of its own: `receive` may be dropped at any await, and the
     /// refusal must not be lost with it.
-    fn refuse(&self, message: serde_json::Value) {
-        let Ok(permit) = self.refusals.clone().try_acquire_owned() else {
+    fn send(&self, message: serde_json::Value) {
+        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
             if dropped.is_power_of_two() {
                 tracing::warn!("{dropped} refusals not sent: the client is not reading its answers");
             }
             return;
         };
-        let out = self.clone();
+        let out = self.out.clone();
         tokio::spawn(async move {
             let _held = permit;
             let _ = out.write(message.to_string().into_bytes()).await;
         });
-    }
-
-    async fn close(&self) -> std::io::Result<()> {
-        let taken = self.write.lock().await.take();
-        if let Some(mut write) = taken {
-            write.shutdown().await?;
-        }
-        Ok(())
-    }
-}
-
-/// What [`Lines::next`] found.
-#[derive(Debug, PartialEq)]
-enum Line {
-    /// A whole line is in the buffer.
-    Complete,
-    /// A line longer than the bound was skipped.
-    TooLong,
-    /// The input ended.
-    End,
-}
-
-/// Newline-delimited lines of at most `max` bytes, read without ever buffering more.
-/// Cancel-safe: a partial line stays in the buffer for the next call.
-struct Lines<R> {
-    read: R,
-    buf: Vec<u8>,
-    max: usize,
-    /// Set while skipping the rest of a line found too long.
-    skipping: bool,
-}
-
-impl<R: AsyncBufRead + Unpin> Lines<R> {
-    fn new(read: R, max: usize) -> Self {
-        Self { read, buf: Vec::new(), max, skipping: false }
-    }
-
-    async fn next(&mut self) -> std::io::Result<Line> {
-        loop {
-            let available = self.read.fill_buf().await?;
-            if available.is_empty() {
-                return Ok(Line::End);
-            }
-            let newline = available.iter().position(|b| *b == b'\n');
-            let take = newline.map_or(available.len(), |at| at + 1);
-            let over = !self.skipping && self.buf.len() + take > self.max.saturating_add(1);
-            if !self.skipping && !over {
-                self.buf.extend_from_slice(&available[..take]);
-            }
-            self.read.consume(take);
-            let was_skipping = self.skipping;
-            self.skipping = (was_skipping || over) && newline.is_none();
-            if over {
-                self.buf = Vec::new();
-                return Ok(Line::TooLong);
-            }
-            if newline.is_some() && !was_skipping {
-                return Ok(Line::Complete);
-            }
-        }
-    }
-
-    /// The line just read, without its line ending.
-    fn line(&self) -> &[u8] {
-        let line = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
-        line.strip_suffix(b"\r").unwrap_or(line)
-    }
-
-    /// Forgets the line just read; a large one gives its memory back.
-    fn clear(&mut self) {
-        if self.buf.capacity() > 64 << 10 {
-            self.buf = Vec::new();
-        } else {
-            self.buf.clear();
-        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
     use super::*;
 

@@ -10,7 +10,6 @@ use axum::http::{HeaderName, HeaderValue};
 use rmcp::model::{ClientCapabilities, Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{ClientCacheConfig, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{Peer, RoleClient, ServiceExt};
 use std::sync::RwLock;
@@ -458,7 +457,7 @@ impl Supervisor {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             format!("cannot run `{}`: {e}{hint}", launch.command)
         })?;
-        let transport = AsyncRwTransport::new_client(pipes.stdout, pipes.stdin).with_max_line_length(MAX_MESSAGE_BYTES);
+        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES);
         let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
