@@ -351,9 +351,9 @@ fn peak_rss_kib(pid: u32) -> u64 {
 
 #[tokio::test]
 async fn a_burst_of_large_calls_gives_its_memory_back() {
-    let gw = Gateway::start(|dir| {
-        json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_body_bytes": 8 << 20}}})
-    })
+    let gw = Gateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_body_bytes": 8 << 20}}}),
+    )
     .await;
     gw.call("echo", json!({"message": "warm"})).await;
     let pid = gw.child.id().unwrap();
