@@ -265,28 +265,8 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_line: usize, max_in_flight: u
     Ok(())
 }
 
-/// Large blocks (a big call's arguments or answer) get their own mapping, which goes
-/// back to the system when freed. glibc's default raises this threshold to the largest
-/// block freed so far (up to 32 MiB), after which a burst of large calls is served from
-/// the heap arenas and stays resident long after it ended (`cargo xtask chaos`: 62 MiB
-/// 15 s after a burst of 32 × 4 MiB calls, against 26 MiB with a fixed threshold and an
-/// idle figure of 23 MiB).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
-fn return_large_blocks_to_the_system() {
-    // SAFETY: `mallopt` only sets an allocator parameter; it is called before any other
-    // thread exists, and the value is one glibc documents as valid.
-    let set = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10) };
-    if set != 1 {
-        tracing::debug!("mallopt(M_MMAP_THRESHOLD) was refused");
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn return_large_blocks_to_the_system() {}
-
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
-    return_large_blocks_to_the_system();
+    rebound::memory::return_large_blocks();
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
     print_warnings(&config);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rebound_tests::{Gateway, alive, eventually, faulty, root, text};
+use rebound_tests::{Gateway, alive, eventually, faulty, memory_kib, root, text};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, GetPromptRequestParams, ReadResourceRequestParams,
     ServerResult,
@@ -336,13 +336,6 @@ async fn client_eof_stops_a_stubborn_child_too() {
     let status = gw.close().await;
     assert!(status.success(), "{status}");
     assert!(!alive(pid), "the stubborn child outlived the gateway");
-}
-
-/// The memory the process `pid` holds now (`VmRSS:`) or has held at most (`VmHWM:`), in KiB.
-fn memory_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use rebound_tests::{Gateway, HttpGateway, eventually, faulty, http_client, text};
+use rebound_tests::{Gateway, HttpGateway, eventually, faulty, http_client, memory_kib, text};
 use reqwest::StatusCode;
 use rmcp::RoleClient;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam};
@@ -427,6 +427,33 @@ async fn sessions_are_capped_and_the_least_recently_used_goes_first() {
     for i in [0, 3, 4] {
         assert_eq!(status(i).await, StatusCode::OK, "session {i} kept");
     }
+}
+
+#[tokio::test]
+async fn a_flood_of_abandoned_sessions_gives_its_memory_back_once_they_idle_out() {
+    let gw = HttpGateway::start(
+        |dir| {
+            json!({"mcpServers": {"a": faulty("a", dir, &[])},
+                   "rebound": {"http": {"max_sessions": 200, "session_idle_ms": 1000}}})
+        },
+        &[],
+    )
+    .await;
+    let pid = gw.child.id().unwrap();
+    let open = || async { post(&gw, &initialize()).send().await.unwrap().bytes().await.unwrap() };
+    open().await;
+    let idle = memory_kib(pid, "VmRSS:");
+    for _ in 0..8 {
+        futures::future::join_all((0..50).map(|_| open())).await;
+    }
+    let flooded = memory_kib(pid, "VmRSS:");
+    assert!(flooded > idle + (8 << 10), "the flood never showed in the gateway's memory ({idle} → {flooded} KiB)");
+    // Sessions past `max_sessions` were evicted; the rest idle out, and what they held goes
+    // back to the system, not just to the allocator.
+    eventually(&format!("memory back near its idle {} MiB from {} MiB", idle >> 10, flooded >> 10), || {
+        memory_kib(pid, "VmRSS:") < idle + (6 << 10)
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -63,6 +63,7 @@ impl CappedSessions {
         let weak = Arc::downgrade(self);
         let every = (self.idle / 4).clamp(std::time::Duration::from_millis(250), std::time::Duration::from_secs(30));
         tokio::spawn(async move {
+            let mut closed_last_round = false;
             loop {
                 tokio::time::sleep(every).await;
                 let Some(sessions) = weak.upgrade() else { return };
@@ -74,6 +75,11 @@ impl CappedSessions {
                     .filter(|(_, u)| u.streams == 0 && u.at.elapsed() >= sessions.idle)
                     .map(|(id, _)| id.clone())
                     .collect();
+                // A closed session's task ends after `close_session` returns: what it held is
+                // free by the next round, and goes back to the system then.
+                if std::mem::replace(&mut closed_last_round, !idle.is_empty()) {
+                    crate::memory::trim();
+                }
                 for id in idle {
                     tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
                     let _ = sessions.close_session(&id).await;
