@@ -9,7 +9,7 @@
 /// burst of 32 × 4 MiB calls, against 26 MiB with a fixed threshold and an idle figure of
 /// 23 MiB). Call it first thing, before any other thread exists.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "a glibc allocator call")]
 pub fn return_large_blocks() {
     // SAFETY: `mallopt` only sets an allocator parameter, to a value glibc documents as
     // valid; the caller runs it before any other thread exists.
@@ -23,7 +23,7 @@ pub fn return_large_blocks() {
 /// sessions) has ended. It takes the arenas' locks for a moment: call it once per such
 /// event, not per call.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-#[allow(unsafe_code)]
+#[allow(unsafe_code, reason = "a glibc allocator call")]
 pub fn trim() {
     // SAFETY: `malloc_trim` is thread-safe and only releases memory that is free.
     unsafe {
