@@ -9,6 +9,7 @@ pub mod hub;
 pub mod malformed;
 pub mod metrics;
 pub mod recent;
+pub mod relay;
 pub mod reload;
 pub mod routing;
 pub mod server;

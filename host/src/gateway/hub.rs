@@ -9,26 +9,22 @@
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use rmcp::model::{
-    ClientCapabilities, ClientResult, Notification, ServerNotification, SetLevelRequestParams, SubscribeRequestParams,
-    UnsubscribeRequestParams,
-};
-use rmcp::{ErrorData, Peer, RoleServer};
+use rmcp::model::{ClientCapabilities, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
-use super::downstreams::{Downstreams, Front, send};
+use super::downstreams::{Downstreams, Front};
 use super::metrics::Metrics;
-use super::routing::{Caller, Routing, ask, to_client};
+use super::relay::{HubRelay, Owner};
+use super::routing::Routing;
 use super::setup::{Changes, Setup};
 use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
+use crate::transport::Relay;
 use crate::transport::supervisor::{ServerHandle, Status, Supervision, spawn_supervisor};
-use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
 pub struct Hub {
     /// The configuration's shared servers, engine and adapters; replaced by a reload.
@@ -55,23 +51,6 @@ struct Life {
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
     stopping: tokio_util::sync::CancellationToken,
-}
-
-/// Forwards one server instance's traffic to the hub without keeping it alive.
-pub struct HubRelay {
-    pub hub: Weak<Hub>,
-    pub instance: u64,
-    /// The session a `session`-scoped instance belongs to; none for a shared server.
-    pub owner: Option<Owner>,
-}
-
-/// The client session that owns a `session`-scoped server instance.
-#[derive(Clone)]
-pub struct Owner {
-    pub client: Arc<str>,
-    pub peer: Peer<RoleServer>,
-    /// Told when the instance's listing changes.
-    pub servers: Weak<super::session_servers::SessionServers>,
 }
 
 impl Hub {
@@ -313,7 +292,7 @@ impl Hub {
     /// Rebuilds the catalogue `owner` sees (the shared one when none); after a restart
     /// (`force`) its clients are told the tools changed even if nothing did: their view
     /// may have been invalidated by errors they saw meanwhile.
-    fn rebuild_for(&self, owner: Option<&Owner>, force: bool) {
+    pub(super) fn rebuild_for(&self, owner: Option<&Owner>, force: bool) {
         match owner {
             None => self.rebuild(force),
             Some(owner) => {
@@ -364,80 +343,6 @@ impl Hub {
         futures::future::join_all(all.map(|h| h.shutdown())).await;
         self.errors.flush();
     }
-
-    fn on_event(self: Arc<Self>, server: &str, relay: &HubRelay, session: u64, event: UpstreamEvent) {
-        let owner = relay.owner.as_ref();
-        match event {
-            UpstreamEvent::Progress(p) => self.routing.progress(session, p),
-            UpstreamEvent::Log(mut log) => {
-                log.logger = Some(match log.logger.take() {
-                    Some(l) => format!("{server}/{l}"),
-                    None => server.to_owned(),
-                });
-                match owner {
-                    Some(o) if self.downstreams.wants_log(&o.client, log.level) => {
-                        let n = ServerNotification::LoggingMessageNotification(Notification::new(log));
-                        send(o.peer.clone(), n);
-                    }
-                    Some(_) => {}
-                    None => self.downstreams.log(log),
-                }
-            }
-            UpstreamEvent::ResourceUpdated(update) => self.downstreams.resource_updated(relay.instance, update),
-            UpstreamEvent::Custom(n) => {
-                match owner.map(|o| o.peer.clone()).or_else(|| self.downstreams.only_stdio_client()) {
-                    Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
-                    None => tracing::debug!(
-                        server,
-                        "a custom notification of a shared server concerns no one client; not passed on"
-                    ),
-                }
-            }
-            UpstreamEvent::Cancelled(c) => {
-                // rmcp has already cancelled the request the server gave up on.
-                tracing::debug!(server, "server cancelled its request {:?}", c.request_id);
-            }
-            UpstreamEvent::ToolsChanged | UpstreamEvent::PromptsChanged | UpstreamEvent::ResourcesChanged => {
-                let owner = owner.cloned();
-                let server = server.to_owned();
-                tokio::spawn(async move {
-                    let handle = match owner.as_ref().and_then(|o| o.servers.upgrade()) {
-                        Some(servers) => servers.instance(&server),
-                        None => self.setup().servers.get(server.as_str()).cloned(),
-                    };
-                    let Some(session) = handle.and_then(|h| h.state().session) else { return };
-                    session.refresh(Duration::from_millis(self.setup().config.settings.init_timeout_ms)).await;
-                    self.rebuild_for(owner.as_ref(), false);
-                });
-            }
-        }
-    }
-
-    fn on_request(
-        self: Arc<Self>,
-        server: &str,
-        relay: &HubRelay,
-        asker: Asker,
-        request: UpstreamRequest,
-    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let otherwise = match &relay.owner {
-            Some(owner) => Some(owner.peer.clone()),
-            None => self.downstreams.only_stdio_client(),
-        };
-        let caller = self.routing.caller(relay.instance, &asker, otherwise);
-        let server = server.to_owned();
-        Box::pin(async move {
-            let (peer, originating) = match caller {
-                Caller::Client { peer, during } => (peer, during),
-                Caller::Nobody(why) => {
-                    tracing::info!(server, "a request of the server was not passed to any client: {why}");
-                    return Err(ErrorData::internal_error(format!("Rebound asked no client: {why}"), None));
-                }
-            };
-            let request = to_client(request, &peer, &server)?;
-            ask(peer, request, originating, asker).await
-        })
-    }
 }
 
 /// Starts a shared server's supervisor, its traffic relayed to `hub`.
@@ -479,25 +384,5 @@ pub async fn settle<'a>(handles: impl Iterator<Item = &'a Arc<ServerHandle>>, de
         let _ =
             tokio::time::timeout_at(deadline, rx.wait_for(|s| s.status != Status::Starting || s.last_error.is_some()))
                 .await;
-    }
-}
-
-impl Relay for HubRelay {
-    fn notify(&self, server: &str, session: u64, event: UpstreamEvent) {
-        if let Some(hub) = self.hub.upgrade() {
-            hub.on_event(server, self, session, event);
-        }
-    }
-
-    fn request(
-        &self,
-        server: &str,
-        asker: Asker,
-        request: UpstreamRequest,
-    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        match self.hub.upgrade() {
-            Some(hub) => hub.on_request(server, self, asker, request),
-            None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
-        }
     }
 }

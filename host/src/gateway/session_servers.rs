@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
 use super::downstreams::send;
-use super::hub::{Hub, HubRelay, Owner, offered, settle};
+use super::hub::{Hub, offered, settle};
+use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use crate::config::Scope;
 use crate::plugins::{Adapter, Adapters};
