@@ -6,7 +6,6 @@ pub mod catalogue;
 pub mod downstreams;
 pub mod http;
 pub mod hub;
-pub mod malformed;
 pub mod metrics;
 pub mod recent;
 pub mod relay;

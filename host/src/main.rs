@@ -11,6 +11,7 @@ use rebound::gateway::{Gateway, Hub};
 use rebound::redact::Secrets;
 use rmcp::ServiceExt;
 use tokio::signal::unix::{SignalKind, signal};
+use tracing_appender::non_blocking::WorkerGuard;
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +54,9 @@ enum Command {
     },
 }
 
+/// Log lines waiting to be written to stderr at most.
+const LOG_LINES_QUEUED: usize = 8192;
+
 fn main() -> ExitCode {
     // The watchdog (see `transport::watchdog`) is this binary too, with a hidden word.
     if std::env::args().nth(1).as_deref() == Some(rebound::transport::watchdog::SUBCOMMAND) {
@@ -60,16 +64,23 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let cli = Cli::parse();
-    // stdout is the protocol: every log line goes to stderr.
+    // stdout is the protocol: every log line goes to stderr, written by a thread of its
+    // own, so that a client that does not drain the gateway's stderr never stops the
+    // runtime. Past LOG_LINES_QUEUED lines waiting, lines are dropped, not queued.
+    let (log, log_written) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_LINES_QUEUED)
+        .lossy(true)
+        .thread_name("rebound-log")
+        .finish(rebound::redact::RedactedStderr);
     tracing_subscriber::fmt()
-        .with_writer(|| rebound::redact::RedactedStderr)
+        .with_writer(log)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG").unwrap_or_else(|_| "info,rmcp=warn".into()),
         )
         .with_ansi(false)
         .init();
     let result = match cli.command {
-        Command::Serve { config, http } => serve(config, http),
+        Command::Serve { config, http } => serve(config, http, log_written),
         Command::Check { config } => check(config),
         Command::Status { url, token, json } => {
             let token = token.or_else(|| std::env::var("REBOUND_AUTH_TOKEN").ok().filter(|t| !t.is_empty()));
@@ -248,12 +259,13 @@ fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
 }
 
 /// The one client on stdin and stdout, until its input ends.
-async fn serve_stdio(hub: std::sync::Arc<Hub>, max_line: usize, max_in_flight: usize) -> Result<()> {
+async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<()> {
     // Non-blocking pipes where stdin and stdout are pipes (as under every MCP client):
     // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
     // round trip (cargo xtask bench).
     let (read, write) = rmcp::transport::stdio_pipes();
-    let transport = rebound::gateway::stdio_client::StdioClient::new(read, write, max_line, max_in_flight);
+    use rebound::gateway::stdio_client;
+    let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
     let ended = transport.ended();
     let running = Gateway::new(hub).serve(transport).await.context("the client did not complete the MCP handshake")?;
     // When the client's input ends, the servers are stopped at once: rmcp would first
@@ -265,7 +277,8 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_line: usize, max_in_flight: u
     Ok(())
 }
 
-fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
+/// `log_written` is the log's writer thread: dropped (so flushed) before the process exits.
+fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log_written: WorkerGuard) -> Result<()> {
     rebound::memory::return_large_blocks();
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
@@ -292,8 +305,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         Some(_) => tokio::runtime::Runtime::new(),
     }
     .context("cannot start the async runtime")?;
-    let (max_line, max_in_flight) =
-        (config.settings.http.max_body_bytes, config.settings.http.max_concurrent_per_client);
+    let max_in_flight = config.settings.http.max_concurrent_per_client;
     let outcome = runtime.block_on(async {
         let front = if http.is_some() { Front::Http } else { Front::Stdio };
         let hub = Hub::start(config, plugins, front);
@@ -304,7 +316,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         let serving = async {
             match http {
                 Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
-                None => serve_stdio(hub.clone(), max_line, max_in_flight).await,
+                None => serve_stdio(hub.clone(), max_in_flight).await,
             }
         };
         let signals = async {
@@ -324,6 +336,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>) -> Result<()> {
         outcome
     });
     rebound::telemetry::shutdown();
+    drop(log_written);
     // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
     // to drop it.
     if let Err(e) = outcome {

@@ -344,10 +344,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 
 #[tokio::test]
 async fn a_burst_of_large_calls_gives_its_memory_back() {
-    let gw = Gateway::start(
-        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_body_bytes": 8 << 20}}}),
-    )
-    .await;
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
     gw.call("echo", json!({"message": "warm"})).await;
     let pid = gw.child.id().unwrap();
     let idle = memory_kib(pid, "VmRSS:");
@@ -489,27 +486,29 @@ async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
 #[tokio::test]
 async fn what_a_stdio_client_sends_that_cannot_be_read_gets_the_protocols_error() {
     use tokio::io::AsyncWriteExt;
-    let mut raw = RawStdio::start(json!({"http": {"max_body_bytes": 4096}})).await;
+    let mut raw = RawStdio::start(json!({})).await;
     let lines = [
         "not json".to_owned(),
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/list""#.to_owned(),
         "[".repeat(4000),
         r#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#.to_owned(),
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":"not an object"}"#.to_owned(),
+        r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":7}}"#.to_owned(),
         // A notification is never answered, even when it cannot be read.
         r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":7}"#.to_owned(),
+        // Past the 16 MiB a stdio message may be.
         format!(
             r#"{{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"{}"}}}}}}"#,
-            "x".repeat(8192)
+            "x".repeat(17 << 20)
         ),
     ];
     for line in lines {
         raw.stdin.write_all(format!("{line}\n").as_bytes()).await.unwrap();
     }
     raw.call(7, "echo", json!({"message": "still here"})).await;
-    let answers = raw.answers(6).await;
+    let answers = raw.answers(7).await;
     let got: Vec<(Value, i64)> =
-        answers.iter().take(5).map(|a| (a["id"].clone(), a["error"]["code"].as_i64().unwrap())).collect();
+        answers.iter().take(6).map(|a| (a["id"].clone(), a["error"]["code"].as_i64().unwrap())).collect();
     assert_eq!(
         got,
         [
@@ -517,15 +516,16 @@ async fn what_a_stdio_client_sends_that_cannot_be_read_gets_the_protocols_error(
             (Value::Null, -32700),
             (Value::Null, -32700),
             (Value::Null, -32600),
-            (json!(5), -32600)
+            (json!(5), -32600),
+            (json!(8), -32602)
         ],
         "{answers:?}"
     );
     assert!(answers[4]["error"]["message"].as_str().unwrap().starts_with("Invalid Request"), "{answers:?}");
-    // The line over `max_body_bytes` was never read whole, so its id is unknown.
-    let long = &answers[5];
+    // The line past the bound was never read whole, so its id is unknown.
+    let long = &answers[6];
     assert_eq!((long["id"].clone(), long["error"]["code"].as_i64()), (Value::Null, Some(-32600)), "{long}");
-    assert!(long["error"]["message"].as_str().unwrap().contains("max_body_bytes"), "{long}");
+    assert!(long["error"]["message"].as_str().unwrap().contains("longer than 16777216 bytes"), "{long}");
     assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: still here");
     let _ = raw.child.kill().await;
 }

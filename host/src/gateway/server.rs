@@ -176,6 +176,27 @@ impl ServerHandler for Gateway {
         }
     }
 
+    /// A request rmcp could not read as one it models. For a method MCP defines, that means
+    /// its `params` do not fit: -32602 (rmcp would say -32601, "method not found").
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        let method = request.method;
+        if crate::transport::malformed::CLIENT_METHODS.contains(&method.as_str()) {
+            return Err(ErrorData::invalid_params(
+                format!("Invalid params: the `params` of `{method}` are not what it takes"),
+                None,
+            ));
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("Method not found: `{method}` is not a method this gateway serves"),
+            None,
+        ))
+    }
+
     async fn list_prompts(
         &self,
         _: Option<PaginatedRequestParams>,

@@ -22,6 +22,8 @@ pub struct CappedSessions {
     max: usize,
     idle: std::time::Duration,
     used: Arc<Mutex<HashMap<SessionId, Use>>>,
+    /// A session was closed (idle, evicted or deleted) since the last round of `close_idle`.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// How a session is used: when last, and how many of its streams are open.
@@ -54,11 +56,13 @@ impl CappedSessions {
         // line, a `list_changed`), so a client that walked away could be kept forever:
         // it stays only as a backstop, and `close_idle` decides from the client's side.
         inner.session_config.keep_alive = Some(idle.saturating_mul(4));
-        Self { inner, max: max.max(1), idle, used: Arc::default() }
+        Self { inner, max: max.max(1), idle, used: Arc::default(), closed: Default::default() }
     }
 
     /// Closes, from now on, every session whose client has sent nothing for `idle` and
-    /// holds no stream open (a stream open is a client still listening).
+    /// holds no stream open (a stream open is a client still listening); and a round after
+    /// any session closed (idle, evicted or deleted), gives the memory it held back to the
+    /// system.
     pub fn close_idle(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let every = (self.idle / 4).clamp(std::time::Duration::from_millis(250), std::time::Duration::from_secs(30));
@@ -77,8 +81,9 @@ impl CappedSessions {
                     .collect();
                 // A closed session's task ends after `close_session` returns: what it held is
                 // free by the next round, and goes back to the system then.
-                if std::mem::replace(&mut closed_last_round, !idle.is_empty()) {
-                    crate::memory::trim();
+                let closed = sessions.closed.swap(false, std::sync::atomic::Ordering::AcqRel);
+                if std::mem::replace(&mut closed_last_round, closed) {
+                    tokio::task::spawn_blocking(crate::memory::trim);
                 }
                 for id in idle {
                     tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
@@ -136,6 +141,7 @@ impl SessionManager for CappedSessions {
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         for old in self.make_room() {
+            self.closed.store(true, std::sync::atomic::Ordering::Release);
             tracing::info!(session = %old, "closing the least recently used HTTP session: rebound.http.max_sessions ({}) reached", self.max);
             let _ = self.inner.close_session(&old).await;
         }
@@ -159,6 +165,7 @@ impl SessionManager for CappedSessions {
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         self.used.lock().expect("not poisoned").remove(id);
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
         self.inner.close_session(id).await
     }
 

@@ -12,12 +12,13 @@
 //!   not a queue that grows with the client's input. (The HTTP front does the same per
 //!   session, in `http::limits`.)
 //!
-//! Refusals are written on tasks of their own, at most [`REFUSALS_PENDING`] at once: a
+//! Refusals are written on tasks of their own, at most
+//! [`REFUSALS_PENDING`](crate::transport::lines::REFUSALS_PENDING) at once: a
 //! client that floods the gateway and never reads its output cannot make them pile up.
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use rmcp::ErrorData;
 use rmcp::RoleServer;
@@ -27,14 +28,15 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use super::malformed::{INVALID_REQUEST, Unreadable};
-use crate::transport::lines::{Line, Lines, Out};
+use crate::transport::lines::{Line, Lines, Out, Refusals};
+use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
 
 /// The JSON-RPC error code for "too many requests in flight" (server-defined range).
 pub const BUSY: i32 = -32000;
 
-/// Refusals written at once; past it, a refusal is counted and dropped.
-pub const REFUSALS_PENDING: usize = 64;
+/// The longest message a stdio client may send: 16 MiB, as rmcp's own stdio transport
+/// (and its bound on an SSE event).
+pub const MAX_LINE: usize = 16 << 20;
 
 /// The client on the gateway's stdin and stdout, as an rmcp transport.
 pub struct StdioClient<R, W> {
@@ -51,7 +53,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     pub fn new(read: R, write: W, max_line: usize, max: usize) -> Self {
         let out = Out::new(write);
         Self {
-            lines: Lines::new(BufReader::new(read), max_line),
+            // Large reads: where stdin is not a pipe (a socket under Node clients) each
+            // read is a hop to tokio's blocking pool.
+            lines: Lines::new(BufReader::with_capacity(64 << 10, read), max_line),
             refusals: Refusals::new(out.clone()),
             out,
             admission: Admission::new(max),
@@ -102,16 +106,21 @@ where
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
         let answered = match &item {
-            ServerJsonRpcMessage::Response(r) => Some(&r.id),
-            ServerJsonRpcMessage::Error(e) => e.id.as_ref(),
+            ServerJsonRpcMessage::Response(r) => Some(r.id.clone()),
+            ServerJsonRpcMessage::Error(e) => e.id.clone(),
             _ => None,
         };
-        if let Some(id) = answered {
-            self.admission.done(id);
-        }
         let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
-        let out = self.out.clone();
-        async move { out.write(encoded?).await }
+        let (out, admission) = (self.out.clone(), self.admission.clone());
+        async move {
+            let written = out.write(encoded?).await;
+            // Only once written: a client that does not read its answers keeps its
+            // requests counted, so the answers waiting for it are bounded by the cap.
+            if let Some(id) = answered {
+                admission.done(&id);
+            }
+            written
+        }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -125,7 +134,7 @@ where
                     self.refusals.send(
                         Unreadable {
                             code: INVALID_REQUEST,
-                            message: format!("Invalid Request: the message is longer than {limit} bytes (rebound.http.max_body_bytes)"),
+                            message: format!("Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"),
                             id: serde_json::Value::Null,
                             wants_answer: true,
                         }
@@ -134,6 +143,8 @@ where
                     continue;
                 }
                 Ok(Line::End) | Err(_) => {
+                    // The refusals of the last lines go out before the gateway stops.
+                    let _ = tokio::time::timeout(Duration::from_millis(200), self.refusals.all_sent()).await;
                     self.ended.cancel();
                     return None;
                 }
@@ -156,6 +167,7 @@ where
 }
 
 /// The ids of the client's requests not answered (or cancelled) yet, and their cap.
+#[derive(Clone)]
 struct Admission {
     in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
     max: usize,
@@ -200,36 +212,6 @@ impl Admission {
 
     fn done(&self, id: &RequestId) {
         self.in_flight.lock().expect("not poisoned").remove(id);
-    }
-}
-
-/// Refusals written on tasks of their own, at most [`REFUSALS_PENDING`] at once.
-struct Refusals<W> {
-    out: Out<W>,
-    pending: Arc<tokio::sync::Semaphore>,
-    dropped: AtomicU64,
-}
-
-impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
-    fn new(out: Out<W>) -> Self {
-        Self { out, pending: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)), dropped: AtomicU64::new(0) }
-    }
-
-    /// Sends `message` on a task of its own: `receive` may be dropped at any await, and the
-    /// refusal must not be lost with it.
-    fn send(&self, message: serde_json::Value) {
-        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if dropped.is_power_of_two() {
-                tracing::warn!("{dropped} refusals not sent: the client is not reading its answers");
-            }
-            return;
-        };
-        let out = self.out.clone();
-        tokio::spawn(async move {
-            let _held = permit;
-            let _ = out.write(message.to_string().into_bytes()).await;
-        });
     }
 }
 

@@ -9,11 +9,14 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::RoleClient;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+use super::malformed::{PARSE_ERROR, Unreadable};
 
 /// Output: one JSON message a line, written whole under a lock.
 pub struct Out<W> {
@@ -49,6 +52,44 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
             write.shutdown().await?;
         }
         Ok(())
+    }
+}
+
+/// Refusals written at once; past it, a refusal is counted and dropped.
+pub const REFUSALS_PENDING: usize = 64;
+
+/// Refusals written on tasks of their own, at most [`REFUSALS_PENDING`] at once.
+pub struct Refusals<W> {
+    out: Out<W>,
+    pending: Arc<tokio::sync::Semaphore>,
+    dropped: AtomicU64,
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
+    pub fn new(out: Out<W>) -> Self {
+        Self { out, pending: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)), dropped: AtomicU64::new(0) }
+    }
+
+    /// Sends `message` on a task of its own: `receive` may be dropped at any await, and the
+    /// refusal must not be lost with it.
+    pub fn send(&self, message: serde_json::Value) {
+        let Ok(permit) = self.pending.clone().try_acquire_owned() else {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!("{dropped} refusals not sent: the other side is not reading what it is sent");
+            }
+            return;
+        };
+        let out = self.out.clone();
+        tokio::spawn(async move {
+            let _held = permit;
+            let _ = out.write(message.to_string().into_bytes()).await;
+        });
+    }
+
+    /// Waits until every refusal sent so far is written.
+    pub async fn all_sent(&self) {
+        let _ = self.pending.acquire_many(REFUSALS_PENDING as u32).await;
     }
 }
 
@@ -121,17 +162,53 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
 }
 
 /// A server's stdout and stdin, as the gateway's rmcp client transport. A line from the
-/// server that is not a message is logged and skipped (there is no one to answer: the
-/// server is not waiting for a reply to it); a line past the bound likewise.
+/// server that is not a message is logged and skipped, and answered with the protocol's
+/// error when it was a request (the server would wait on it); a line past the bound is
+/// logged and skipped.
 pub struct ServerLines<R, W> {
     lines: Lines<BufReader<R>>,
     out: Out<W>,
+    refusals: Refusals<W>,
     _role: PhantomData<fn() -> RoleClient>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
     pub fn new(read: R, write: W, max_line: usize) -> Self {
-        Self { lines: Lines::new(BufReader::new(read), max_line), out: Out::new(write), _role: PhantomData }
+        let out = Out::new(write);
+        Self {
+            lines: Lines::new(BufReader::with_capacity(64 << 10, read), max_line),
+            refusals: Refusals::new(out.clone()),
+            out,
+            _role: PhantomData,
+        }
+    }
+
+    /// The message on the line just read; `None` for an empty line or one that is not a
+    /// message (answered when it was a request, which the server waits on).
+    fn decode(&self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let line = self.lines.line();
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        match serde_json::from_slice(line) {
+            Ok(message) => Some(message),
+            Err(_) => {
+                let unreadable = Unreadable::of(line);
+                // What is not JSON is usually a server printing to stdout (a banner):
+                // noted, never answered (the answer could start an exchange of errors).
+                if unreadable.code == PARSE_ERROR {
+                    tracing::debug!("the server printed what is not JSON-RPC: {}", unreadable.message);
+                    return None;
+                }
+                tracing::warn!(id = %unreadable.id, "the server sent what is not an MCP message: {}", unreadable.message);
+                // A request the server waits on is told why it will not be answered.
+                if unreadable.wants_answer && !unreadable.id.is_null() {
+                    self.refusals.send(unreadable.to_json());
+                }
+                None
+            }
+        }
     }
 }
 
@@ -165,19 +242,7 @@ where
                     return None;
                 }
             }
-            let line = self.lines.line();
-            let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-            let message = if line.iter().all(u8::is_ascii_whitespace) {
-                None
-            } else {
-                match serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line) {
-                    Ok(message) => Some(message),
-                    Err(e) => {
-                        tracing::debug!("skipped a line from the server that is not an MCP message: {e}");
-                        None
-                    }
-                }
-            };
+            let message = self.decode();
             self.lines.clear();
             if message.is_some() {
                 return message;
@@ -214,5 +279,30 @@ mod tests {
         lines.clear();
         // A last line without its newline is not a message.
         assert_eq!(lines.next().await.unwrap(), Line::End);
+    }
+
+    #[tokio::test]
+    async fn a_server_request_that_cannot_be_read_is_answered_and_its_noise_is_not() {
+        use tokio::io::AsyncBufReadExt as _;
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = ServerLines::new(read, write, 1 << 16);
+        let (their_read, mut their_write) = tokio::io::split(theirs);
+        let input = concat!(
+            "Starting server...\n",
+            r#"{"jsonrpc":"2.0","id":5,"method":7}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#,
+            "\n",
+        );
+        their_write.write_all(input.as_bytes()).await.unwrap();
+        let message = transport.receive().await.expect("the notification gets through");
+        assert!(matches!(message, rmcp::model::ServerJsonRpcMessage::Notification(_)), "{message:?}");
+        let mut back = tokio::io::BufReader::new(their_read).lines();
+        let answer: serde_json::Value = serde_json::from_str(&back.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!((answer["id"].as_u64(), answer["error"]["code"].as_i64()), (Some(5), Some(-32600)), "{answer}");
+        // Nothing for the banner.
+        transport.close().await.unwrap();
+        assert!(back.next_line().await.unwrap().is_none());
     }
 }

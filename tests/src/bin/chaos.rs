@@ -45,9 +45,7 @@ fn config(dir: &Path) -> Value {
             "deaf": with(faulty("deaf", dir, &["--deaf-after-calls", "30"]), quick.clone()),
             "stubborn": with(faulty("stubborn", dir, &["--stubborn"]), quick),
         },
-        "rebound": {"errors_log": dir.join("errors.jsonl"), "restart": {"initial_delay_ms": 50, "crash_loop_limit": 1000},
-            // The burst below sends 4 MiB messages, past the default bound of 4 MiB.
-            "http": {"max_body_bytes": 8 << 20}},
+        "rebound": {"errors_log": dir.join("errors.jsonl"), "restart": {"initial_delay_ms": 50, "crash_loop_limit": 1000}},
     })
 }
 

@@ -16,7 +16,7 @@ use serde::de::IgnoredAny;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{Front, refuse};
-use crate::gateway::malformed::Unreadable;
+use crate::transport::malformed::Unreadable;
 
 /// Requests in flight per client. A client is its MCP session once it has one, and its
 /// address before (the `initialize` request). Only JSON-RPC requests count, not the

@@ -1,17 +1,37 @@
-//! The protocol's answer to a message from a client that cannot be read as one: the
-//! same over stdio (a line) and streamable HTTP (a request body).
+//! The protocol's answer to a message that cannot be read as one: the same for a client
+//! over stdio (a line) and streamable HTTP (a request body), and for a server's line.
 //!
 //! JSON-RPC 2.0 says: what is not JSON gets -32700 (parse error) with a null id; JSON
 //! that is not a valid message gets -32600 (invalid request) with the message's id when it
-//! has one; a notification or an answer gets no reply. Batches left MCP in 2025-06-18,
-//! so an array is an invalid request too.
+//! has one, or -32602 (invalid params) when only its structured params are wrong; a
+//! notification or an answer gets no reply. Batches left MCP in 2025-06-18, so an array is
+//! an invalid request too.
 
 use serde_json::{Value, json};
 
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
+pub const INVALID_PARAMS: i64 = -32602;
 
-/// Why a client's message could not be read, and whether JSON-RPC wants it answered.
+/// The requests MCP defines for a client to send (2025-11-25). rmcp reads one whose
+/// params do not fit as a custom request; these names say it was not.
+pub const CLIENT_METHODS: &[&str] = &[
+    "initialize",
+    "ping",
+    "tools/list",
+    "tools/call",
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "completion/complete",
+    "logging/setLevel",
+];
+
+/// Why a message could not be read, and whether JSON-RPC wants it answered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unreadable {
     pub code: i64,
@@ -23,7 +43,8 @@ pub struct Unreadable {
 }
 
 impl Unreadable {
-    /// Classifies `bytes`, which did not decode as a client message.
+    /// Classifies `bytes`, which did not decode as a message (of a client, or of a server:
+    /// the reasons are the same).
     pub fn of(bytes: &[u8]) -> Self {
         let value = match serde_json::from_slice::<Value>(bytes) {
             Ok(value) => value,
@@ -53,20 +74,25 @@ impl Unreadable {
             !object.contains_key("method") && (object.contains_key("result") || object.contains_key("error"));
         let id = object.get("id").filter(|id| id.is_string() || id.is_number()).cloned();
         // serde's untagged enums say only "did not match any variant": say what is wrong.
-        let why = match object.get("method") {
+        let structured = matches!(object.get("params"), Some(Value::Object(_) | Value::Array(_)));
+        let (code, why) = match object.get("method") {
             Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
-                format!("`{method}` needs \"jsonrpc\": \"2.0\"")
+                (INVALID_REQUEST, format!("Invalid Request: `{method}` needs \"jsonrpc\": \"2.0\""))
             }
-            Some(Value::String(method)) => format!("the `params` of `{method}` are not what it takes"),
-            Some(_) => "`method` must be a string".into(),
-            None => "a message has a `method` (a request or notification) or a `result` or `error` (an answer)".into(),
+            Some(Value::String(method)) if structured => {
+                (INVALID_PARAMS, format!("Invalid params: the `params` of `{method}` are not what it takes"))
+            }
+            Some(Value::String(method)) => {
+                (INVALID_REQUEST, format!("Invalid Request: the `params` of `{method}` must be an object"))
+            }
+            Some(_) => (INVALID_REQUEST, "Invalid Request: `method` must be a string".into()),
+            None => (
+                INVALID_REQUEST,
+                "Invalid Request: a message has a `method` (a request or notification) or a `result` or `error` (an answer)"
+                    .into(),
+            ),
         };
-        Self {
-            code: INVALID_REQUEST,
-            message: format!("Invalid Request: {why}"),
-            wants_answer: !is_notification && !is_answer,
-            id: id.unwrap_or(Value::Null),
-        }
+        Self { code, message: why, wants_answer: !is_notification && !is_answer, id: id.unwrap_or(Value::Null) }
     }
 
     fn answered(code: i64, message: String, id: Value) -> Self {
@@ -101,6 +127,11 @@ mod tests {
             (INVALID_REQUEST, json!(7), true)
         );
         assert_eq!(of(r#"{"jsonrpc":"2.0","id":"a","method":5}"#), (INVALID_REQUEST, json!("a"), true));
+        // Structured params of the wrong shape are invalid params.
+        assert_eq!(
+            of(r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":7}}"#),
+            (INVALID_PARAMS, json!(8), true)
+        );
         // An id that is neither is not echoed: the answer's id is null.
         assert_eq!(of(r#"{"jsonrpc":"2.0","id":[1],"method":"ping"}"#), (INVALID_REQUEST, Value::Null, true));
         // A notification or an answer is never answered.
