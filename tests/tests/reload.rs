@@ -224,3 +224,37 @@ async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
     let _ = client.cancel().await;
 }
+
+#[tokio::test]
+async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_is_swapped() {
+    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    // The layout the kubelet makes: rebound.json -> ..data/rebound.json, ..data -> ..v1.
+    let version = |name: &str, config: &Value| {
+        std::fs::create_dir(dir.join(name)).unwrap();
+        std::fs::write(dir.join(name).join("rebound.json"), serde_json::to_vec_pretty(config).unwrap()).unwrap();
+    };
+    version("..v1", &config(&dir, 60000, &[]));
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/rebound.json", dir.join("rebound.json.link")).unwrap();
+    std::fs::rename(dir.join("rebound.json.link"), dir.join("rebound.json")).unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // An update: a new version, and `..data` swapped to it by a rename. No event names
+    // rebound.json.
+    version("..v2", &config(&dir, 60000, &[("c", faulty("c", &dir, &[]))]));
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    std::fs::remove_dir_all(dir.join("..v1")).unwrap();
+    let mut found = false;
+    for _ in 0..100 {
+        if client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "c__echo") {
+            found = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(found, "the swapped configuration was not applied: {}", gw.log.lock().unwrap());
+    assert_eq!(text(&call(&client, "c__echo", json!({"message": "swapped"})).await), "c: swapped");
+}

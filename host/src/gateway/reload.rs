@@ -1,5 +1,5 @@
-//! Hot reload. `rebound serve` watches its configuration file and `plugins_dir` (and
-//! reloads on SIGHUP). A change is validated exactly as `rebound check` does, its
+//! Hot reload. `rebound serve` watches its configuration file (a Kubernetes ConfigMap's
+//! symlinked files included) and `plugins_dir`, and reloads on SIGHUP. A change is validated exactly as `rebound check` does, its
 //! adapters compiled and checked; one that fails is refused with that message and the
 //! running configuration keeps serving. One that passes is applied as a diff
 //! ([`super::setup::Setup::next`]). `rebound.http` and the errors log's settings take
@@ -83,8 +83,8 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
         // Only the plugins folder is watched for `.wasm` files.
-        let relevant =
-            !matches!(event.kind, EventKind::Access(_)) && event.paths.iter().any(|p| p == &file || is_wasm(p));
+        let relevant = !matches!(event.kind, EventKind::Access(_))
+            && event.paths.iter().any(|p| p == &file || is_wasm(p) || is_atomic_swap(p, &file));
         if relevant {
             let _ = tx.try_send(());
         }
@@ -137,4 +137,11 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
 
 fn is_wasm(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "wasm")
+}
+
+/// Whether `path` is part of an atomic swap of the configuration's folder, as Kubernetes
+/// does to a mounted ConfigMap or Secret: the files are symlinks through `..data`, which
+/// is replaced by a rename (`..data_tmp` → `..data`), so no event ever names the file.
+fn is_atomic_swap(path: &Path, config: &Path) -> bool {
+    path.parent() == config.parent() && path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b".."))
 }
