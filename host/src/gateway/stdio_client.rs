@@ -71,15 +71,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
 
     /// The message on the line just read; `None` after answering it (or for an empty line).
     fn decode(&mut self) -> Option<ClientJsonRpcMessage> {
-        let line = self.lines.line();
-        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return None;
-        }
-        match serde_json::from_slice::<ClientJsonRpcMessage>(line) {
-            Ok(message) => Some(message),
-            Err(_) => {
-                let unreadable = Unreadable::of(line);
+        match self.lines.message() {
+            Ok(message) => message,
+            Err(unreadable) => {
                 tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);
                 if unreadable.wants_answer {
                     self.refusals.send(unreadable.to_json());

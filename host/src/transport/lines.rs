@@ -145,6 +145,17 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
         }
     }
 
+    /// The message on the line just read: `None` for a blank line, the reason it cannot
+    /// be read otherwise. (A UTF-8 byte order mark is skipped, as RFC 8259 allows.)
+    pub fn message<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, Unreadable> {
+        let line = self.line();
+        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice(line).map(Some).map_err(|_| Unreadable::of(line))
+    }
+
     /// The line just read, without its line ending.
     pub fn line(&self) -> &[u8] {
         let line = self.buf.strip_suffix(b"\n").unwrap_or(&self.buf);
@@ -186,29 +197,22 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     /// The message on the line just read; `None` for an empty line or one that is not a
     /// message (answered when it was a request, which the server waits on).
     fn decode(&self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let line = self.lines.line();
-        let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
+        let unreadable = match self.lines.message() {
+            Ok(message) => return message,
+            Err(unreadable) => unreadable,
+        };
+        // What is not JSON is usually a server printing to stdout (a banner): noted,
+        // never answered (the answer could start an exchange of errors).
+        if unreadable.code == PARSE_ERROR {
+            tracing::debug!("the server printed what is not JSON-RPC: {}", unreadable.message);
             return None;
         }
-        match serde_json::from_slice(line) {
-            Ok(message) => Some(message),
-            Err(_) => {
-                let unreadable = Unreadable::of(line);
-                // What is not JSON is usually a server printing to stdout (a banner):
-                // noted, never answered (the answer could start an exchange of errors).
-                if unreadable.code == PARSE_ERROR {
-                    tracing::debug!("the server printed what is not JSON-RPC: {}", unreadable.message);
-                    return None;
-                }
-                tracing::warn!(id = %unreadable.id, "the server sent what is not an MCP message: {}", unreadable.message);
-                // A request the server waits on is told why it will not be answered.
-                if unreadable.wants_answer && !unreadable.id.is_null() {
-                    self.refusals.send(unreadable.to_json());
-                }
-                None
-            }
+        tracing::warn!(id = %unreadable.id, "the server sent what is not an MCP message: {}", unreadable.message);
+        // A request the server waits on is told why it will not be answered.
+        if unreadable.wants_answer && !unreadable.id.is_null() {
+            self.refusals.send(unreadable.to_json());
         }
+        None
     }
 }
 
