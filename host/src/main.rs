@@ -57,6 +57,31 @@ enum Command {
 /// Log lines waiting to be written to stderr at most.
 const LOG_LINES_QUEUED: usize = 8192;
 
+/// The log's writer thread, and the count of lines it dropped.
+struct Log {
+    dropped: tracing_appender::non_blocking::ErrorCounter,
+    written: WorkerGuard,
+}
+
+impl Log {
+    /// Says how many lines were dropped, then lets the writer finish, for at most
+    /// `within`: its thread may be blocked on a stderr nobody reads, and the process must
+    /// exit all the same.
+    fn finish(self, within: std::time::Duration) {
+        let dropped = self.dropped.dropped_lines();
+        if dropped > 0 {
+            tracing::warn!("{dropped} log lines were dropped: stderr was not read fast enough");
+        }
+        let (done, finished) = std::sync::mpsc::channel();
+        let written = self.written;
+        let _ = std::thread::Builder::new().name("rebound-log-end".into()).spawn(move || {
+            drop(written);
+            let _ = done.send(());
+        });
+        let _ = finished.recv_timeout(within);
+    }
+}
+
 fn main() -> ExitCode {
     // The watchdog (see `transport::watchdog`) is this binary too, with a hidden word.
     if std::env::args().nth(1).as_deref() == Some(rebound::transport::watchdog::SUBCOMMAND) {
@@ -67,11 +92,12 @@ fn main() -> ExitCode {
     // stdout is the protocol: every log line goes to stderr, written by a thread of its
     // own, so that a client that does not drain the gateway's stderr never stops the
     // runtime. Past LOG_LINES_QUEUED lines waiting, lines are dropped, not queued.
-    let (log, log_written) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+    let (log, written) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .buffered_lines_limit(LOG_LINES_QUEUED)
         .lossy(true)
         .thread_name("rebound-log")
         .finish(rebound::redact::RedactedStderr);
+    let log_written = Log { dropped: log.error_counter(), written };
     tracing_subscriber::fmt()
         .with_writer(log)
         .with_env_filter(
@@ -277,8 +303,8 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<(
     Ok(())
 }
 
-/// `log_written` is the log's writer thread: dropped (so flushed) before the process exits.
-fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log_written: WorkerGuard) -> Result<()> {
+/// `log` is the log's writer: finished (so flushed) before the process exits.
+fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<()> {
     rebound::memory::return_large_blocks();
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
@@ -336,12 +362,12 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log_written: WorkerG
         outcome
     });
     rebound::telemetry::shutdown();
-    drop(log_written);
+    // Through the log, whose writer never blocks the exit (stderr may be full).
+    if let Err(e) = &outcome {
+        tracing::error!("{e:#}");
+    }
+    log.finish(std::time::Duration::from_secs(1));
     // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
     // to drop it.
-    if let Err(e) = outcome {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
-    }
-    std::process::exit(0)
+    std::process::exit(i32::from(outcome.is_err()))
 }

@@ -1,10 +1,10 @@
-//! Hot reload. `rebound serve` watches its configuration file (a Kubernetes ConfigMap's
-//! symlinked files included) and `plugins_dir`, and reloads on SIGHUP. A change is validated exactly as `rebound check` does, its
-//! adapters compiled and checked; one that fails is refused with that message and the
-//! running configuration keeps serving. One that passes is applied as a diff
-//! ([`super::setup::Setup::next`]). `rebound.http` and the errors log's settings take
-//! effect at the next start; sessions' own (`scope: session`) instances keep the
-//! configuration their session started with.
+//! Hot reload. `rebound serve` watches its configuration file and `plugins_dir` (each
+//! also when mounted from a Kubernetes ConfigMap or Secret), and reloads on SIGHUP. A
+//! change is validated exactly as `rebound check` does, its adapters compiled and
+//! checked; one that fails is refused with that message and the running configuration
+//! keeps serving. One that passes is applied as a diff ([`super::setup::Setup::next`]).
+//! `rebound.http` and the errors log's settings take effect at the next start; sessions'
+//! own (`scope: session`) instances keep the configuration their session started with.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -80,11 +80,20 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     let (tx, mut changed) = mpsc::channel::<()>(1);
     let mut plugins_dir = hub.setup().config.settings.plugins_dir.clone();
     let file = path.clone();
+    let folder = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    // Read by the watcher's thread; a reload may change it.
+    let plugins_now =
+        Arc::new(std::sync::RwLock::new(std::path::absolute(&plugins_dir).unwrap_or(plugins_dir.clone())));
+    let plugins_seen = plugins_now.clone();
     let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
         // Only the plugins folder is watched for `.wasm` files.
+        let plugins = plugins_seen.read().expect("not poisoned");
         let relevant = !matches!(event.kind, EventKind::Access(_))
-            && event.paths.iter().any(|p| p == &file || is_wasm(p) || is_atomic_swap(p, &file));
+            && event
+                .paths
+                .iter()
+                .any(|p| p == &file || is_wasm(p) || is_atomic_swap(p, &folder) || is_atomic_swap(p, &plugins));
         if relevant {
             let _ = tx.try_send(());
         }
@@ -128,6 +137,7 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
                     if let Err(e) = w.watch(&now, RecursiveMode::NonRecursive) {
                         tracing::debug!("not watching {}: {e}", now.display());
                     }
+                    *plugins_now.write().expect("not poisoned") = std::path::absolute(&now).unwrap_or(now.clone());
                     plugins_dir = now;
                 }
             }
@@ -139,9 +149,25 @@ fn is_wasm(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "wasm")
 }
 
-/// Whether `path` is part of an atomic swap of the configuration's folder, as Kubernetes
-/// does to a mounted ConfigMap or Secret: the files are symlinks through `..data`, which
-/// is replaced by a rename (`..data_tmp` → `..data`), so no event ever names the file.
-fn is_atomic_swap(path: &Path, config: &Path) -> bool {
-    path.parent() == config.parent() && path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b".."))
+/// Whether `path` is part of an atomic swap of `folder`, as Kubernetes does to a mounted
+/// ConfigMap or Secret: the files are symlinks through `..data`, which is replaced by a
+/// rename (`..data_tmp` → `..data`), so no event ever names a file. (A `subPath` mount
+/// is never updated by Kubernetes at all.)
+fn is_atomic_swap(path: &Path, folder: &Path) -> bool {
+    path.parent() == Some(folder) && path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b".."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubernetes_swap_is_seen_in_the_folder_watched_and_nowhere_else() {
+        let folder = Path::new("/etc/rebound");
+        assert!(is_atomic_swap(Path::new("/etc/rebound/..data"), folder));
+        assert!(is_atomic_swap(Path::new("/etc/rebound/..2026_11_23_20_00_00.123"), folder));
+        assert!(!is_atomic_swap(Path::new("/etc/rebound/rebound-errors.jsonl"), folder));
+        assert!(!is_atomic_swap(Path::new("/etc/rebound/sub/..data"), folder));
+        assert!(!is_atomic_swap(Path::new("/etc/other/..data"), folder));
+    }
 }

@@ -81,14 +81,14 @@ impl CappedSessions {
                     .collect();
                 // A closed session's task ends after `close_session` returns: what it held is
                 // free by the next round, and goes back to the system then.
-                let closed = sessions.closed.swap(false, std::sync::atomic::Ordering::AcqRel);
-                if std::mem::replace(&mut closed_last_round, closed) {
+                if closed_last_round {
                     tokio::task::spawn_blocking(crate::memory::trim);
                 }
                 for id in idle {
                     tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
                     let _ = sessions.close_session(&id).await;
                 }
+                closed_last_round = sessions.closed.swap(false, std::sync::atomic::Ordering::AcqRel);
             }
         });
     }

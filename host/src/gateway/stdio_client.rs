@@ -16,8 +16,9 @@
 //! [`REFUSALS_PENDING`](crate::transport::lines::REFUSALS_PENDING) at once: a
 //! client that floods the gateway and never reads its output cannot make them pile up.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rmcp::ErrorData;
@@ -34,6 +35,9 @@ use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
 /// The JSON-RPC error code for "too many requests in flight" (server-defined range).
 pub const BUSY: i32 = -32000;
 
+/// How long the last refusals get to be written once the client's input has ended.
+const FLUSH: Duration = Duration::from_millis(200);
+
 /// The longest message a stdio client may send: 16 MiB, as rmcp's own stdio transport
 /// (and its bound on an SSE event).
 pub const MAX_LINE: usize = 16 << 20;
@@ -46,6 +50,9 @@ pub struct StdioClient<R, W> {
     admission: Admission,
     /// Cancelled when the client's input ends.
     ended: CancellationToken,
+    /// When the input ended, the last refusals have until then to be written. (rmcp
+    /// starts a new `receive` whenever it sends something: the wait must not restart.)
+    flush_until: Option<tokio::time::Instant>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R, W> {
@@ -60,6 +67,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
             out,
             admission: Admission::new(max),
             ended: CancellationToken::new(),
+            flush_until: None,
         }
     }
 
@@ -104,14 +112,18 @@ where
             ServerJsonRpcMessage::Error(e) => e.id.clone(),
             _ => None,
         };
+        let answered = answered.and_then(|id| Some((self.admission.holder(&id)?, id)));
         let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
         let (out, admission) = (self.out.clone(), self.admission.clone());
         async move {
-            let written = out.write(encoded?).await;
+            let written = match encoded {
+                Ok(line) => out.write(line).await,
+                Err(e) => Err(e),
+            };
             // Only once written: a client that does not read its answers keeps its
             // requests counted, so the answers waiting for it are bounded by the cap.
-            if let Some(id) = answered {
-                admission.done(&id);
+            if let Some((holder, id)) = answered {
+                admission.done(&id, holder);
             }
             written
         }
@@ -131,6 +143,7 @@ where
                             message: format!("Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"),
                             id: serde_json::Value::Null,
                             wants_answer: true,
+                            is_request: false,
                         }
                         .to_json(),
                     );
@@ -138,7 +151,8 @@ where
                 }
                 Ok(Line::End) | Err(_) => {
                     // The refusals of the last lines go out before the gateway stops.
-                    let _ = tokio::time::timeout(Duration::from_millis(200), self.refusals.all_sent()).await;
+                    let until = *self.flush_until.get_or_insert_with(|| tokio::time::Instant::now() + FLUSH);
+                    let _ = tokio::time::timeout_at(until, self.refusals.all_sent()).await;
                     self.ended.cancel();
                     return None;
                 }
@@ -163,13 +177,16 @@ where
 /// The ids of the client's requests not answered (or cancelled) yet, and their cap.
 #[derive(Clone)]
 struct Admission {
-    in_flight: Arc<std::sync::Mutex<HashSet<RequestId>>>,
+    /// Each id with the number of the request that holds it: an answer frees only the
+    /// request it answers, not a later one that reused a cancelled request's id.
+    in_flight: Arc<std::sync::Mutex<HashMap<RequestId, u64>>>,
+    admitted: Arc<AtomicU64>,
     max: usize,
 }
 
 impl Admission {
     fn new(max: usize) -> Self {
-        Self { in_flight: Arc::default(), max: max.max(1) }
+        Self { in_flight: Arc::default(), admitted: Arc::default(), max: max.max(1) }
     }
 
     /// Lets `message` through, or the error to refuse it with and its id.
@@ -179,11 +196,11 @@ impl Admission {
             && let ClientNotification::CancelledNotification(c) = &n.notification
             && let Some(id) = &c.params.request_id
         {
-            self.done(id);
+            self.in_flight.lock().expect("not poisoned").remove(id);
         }
         let ClientJsonRpcMessage::Request(request) = message else { return Ok(()) };
         let mut in_flight = self.in_flight.lock().expect("not poisoned");
-        let error = if in_flight.contains(&request.id) {
+        let error = if in_flight.contains_key(&request.id) {
             ErrorData::invalid_request(
                 format!("a request with id {} is already in flight; give each request its own id", request.id),
                 None,
@@ -198,14 +215,23 @@ impl Admission {
                 None,
             )
         } else {
-            in_flight.insert(request.id.clone());
+            in_flight.insert(request.id.clone(), self.admitted.fetch_add(1, Ordering::Relaxed));
             return Ok(());
         };
         Err((error, request.id.clone()))
     }
 
-    fn done(&self, id: &RequestId) {
-        self.in_flight.lock().expect("not poisoned").remove(id);
+    /// The request now holding `id`, to free once its answer is written.
+    fn holder(&self, id: &RequestId) -> Option<u64> {
+        self.in_flight.lock().expect("not poisoned").get(id).copied()
+    }
+
+    /// Frees `id` if request `holder` still holds it.
+    fn done(&self, id: &RequestId, holder: u64) {
+        let mut in_flight = self.in_flight.lock().expect("not poisoned");
+        if in_flight.get(id) == Some(&holder) {
+            in_flight.remove(id);
+        }
     }
 }
 

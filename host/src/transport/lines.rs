@@ -187,7 +187,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     pub fn new(read: R, write: W, max_line: usize) -> Self {
         let out = Out::new(write);
         Self {
-            lines: Lines::new(BufReader::with_capacity(64 << 10, read), max_line),
+            lines: Lines::new(BufReader::new(read), max_line),
             refusals: Refusals::new(out.clone()),
             out,
             _role: PhantomData,
@@ -208,8 +208,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             return None;
         }
         tracing::warn!(id = %unreadable.id, "the server sent what is not an MCP message: {}", unreadable.message);
-        // A request the server waits on is told why it will not be answered.
-        if unreadable.wants_answer && !unreadable.id.is_null() {
+        // A request the server waits on is told why it will not be answered; other JSON
+        // (a JSON log line printed to stdout) is not.
+        if unreadable.is_request {
             self.refusals.send(unreadable.to_json());
         }
         None
@@ -294,7 +295,9 @@ mod tests {
         let (their_read, mut their_write) = tokio::io::split(theirs);
         let input = concat!(
             "Starting server...\n",
-            r#"{"jsonrpc":"2.0","id":5,"method":7}"#,
+            r#"{"jsonrpc":"2.0","id":5,"method":"sampling/createMessage","params":"not an object"}"#,
+            "\n",
+            r#"{"id":6,"level":"info","msg":"a JSON log line, not a request"}"#,
             "\n",
             r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#,
             "\n",
@@ -303,9 +306,10 @@ mod tests {
         let message = transport.receive().await.expect("the notification gets through");
         assert!(matches!(message, rmcp::model::ServerJsonRpcMessage::Notification(_)), "{message:?}");
         let mut back = tokio::io::BufReader::new(their_read).lines();
-        let answer: serde_json::Value = serde_json::from_str(&back.next_line().await.unwrap().unwrap()).unwrap();
+        let line = tokio::time::timeout(std::time::Duration::from_secs(5), back.next_line()).await.expect("answered");
+        let answer: serde_json::Value = serde_json::from_str(&line.unwrap().unwrap()).unwrap();
         assert_eq!((answer["id"].as_u64(), answer["error"]["code"].as_i64()), (Some(5), Some(-32600)), "{answer}");
-        // Nothing for the banner.
+        // Nothing for the banner or the log line.
         transport.close().await.unwrap();
         assert!(back.next_line().await.unwrap().is_none());
     }

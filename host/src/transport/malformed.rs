@@ -40,6 +40,8 @@ pub struct Unreadable {
     pub id: Value,
     /// False for a notification or an answer: JSON-RPC sends nothing back for those.
     pub wants_answer: bool,
+    /// A JSON-RPC 2.0 request with a usable id, only the rest wrong: someone waits on it.
+    pub is_request: bool,
 }
 
 impl Unreadable {
@@ -72,14 +74,18 @@ impl Unreadable {
         let is_notification = object.contains_key("method") && !object.contains_key("id");
         let is_answer =
             !object.contains_key("method") && (object.contains_key("result") || object.contains_key("error"));
-        let id = object.get("id").filter(|id| id.is_string() || id.is_number()).cloned();
+        // An id MCP takes: a string or an integer.
+        let id = object.get("id").filter(|id| id.is_string() || id.is_i64() || id.is_u64()).cloned();
+        let is_request = id.is_some()
+            && object.get("jsonrpc") == Some(&json!("2.0"))
+            && object.get("method").is_some_and(Value::is_string);
         // serde's untagged enums say only "did not match any variant": say what is wrong.
         let structured = matches!(object.get("params"), Some(Value::Object(_) | Value::Array(_)));
         let (code, why) = match object.get("method") {
             Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
                 (INVALID_REQUEST, format!("Invalid Request: `{method}` needs \"jsonrpc\": \"2.0\""))
             }
-            Some(Value::String(method)) if structured => {
+            Some(Value::String(method)) if structured && id.is_some() => {
                 (INVALID_PARAMS, format!("Invalid params: the `params` of `{method}` are not what it takes"))
             }
             Some(Value::String(method)) => {
@@ -92,11 +98,17 @@ impl Unreadable {
                     .into(),
             ),
         };
-        Self { code, message: why, wants_answer: !is_notification && !is_answer, id: id.unwrap_or(Value::Null) }
+        Self {
+            code,
+            message: why,
+            wants_answer: !is_notification && !is_answer,
+            is_request,
+            id: id.unwrap_or(Value::Null),
+        }
     }
 
     fn answered(code: i64, message: String, id: Value) -> Self {
-        Self { code, message, id, wants_answer: true }
+        Self { code, message, id, wants_answer: true, is_request: false }
     }
 
     /// The JSON-RPC error message to send back.
@@ -127,6 +139,13 @@ mod tests {
             (INVALID_REQUEST, json!(7), true)
         );
         assert_eq!(of(r#"{"jsonrpc":"2.0","id":"a","method":5}"#), (INVALID_REQUEST, json!("a"), true));
+        // A bad id is an invalid request, whatever the params.
+        assert_eq!(
+            of(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping","params":{}}"#),
+            (INVALID_REQUEST, Value::Null, true)
+        );
+        assert!(Unreadable::of(br#"{"jsonrpc":"2.0","id":7,"method":"x","params":"y"}"#).is_request);
+        assert!(!Unreadable::of(br#"{"id":7,"level":"info","msg":"a JSON log line"}"#).is_request);
         // Structured params of the wrong shape are invalid params.
         assert_eq!(
             of(r#"{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":7}}"#),
