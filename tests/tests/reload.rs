@@ -53,6 +53,18 @@ async fn status(client: &rmcp::service::RunningService<rmcp::RoleClient, rebound
     call(client, "rebound_status", json!({})).await.structured_content.unwrap()
 }
 
+/// Lists the tools until `tool` is offered (or, with `wanted` false, is not), for up to
+/// 10 s; whether it got there.
+async fn until_offered(peer: &rmcp::Peer<rmcp::RoleClient>, tool: &str, wanted: bool) -> bool {
+    for _ in 0..100 {
+        if peer.list_all_tools().await.unwrap().iter().any(|t| t.name == tool) == wanted {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
     status["servers"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap_or(&Value::Null)
 }
@@ -71,12 +83,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     // Add a server and change a's timeout.
     write(&dir, &config(&dir, 30000, &[("c", faulty("c", &dir, &[]))]));
     let tools = || async { client.peer().list_all_tools().await.unwrap() };
-    for _ in 0..100 {
-        if tools().await.iter().any(|t| t.name == "c__echo") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_offered(client.peer(), "c__echo", true).await;
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "new"})).await), "c: new");
     // a was reconfigured, not relaunched; b was untouched: same processes, b's breaker
     // still open.
@@ -110,12 +117,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     assert!(text(&slow).contains("slept 1500 ms"), "{}", text(&slow));
     let old_a = a_pid;
     eventually("a relaunched", move || !alive(old_a)).await;
-    for _ in 0..100 {
-        if !tools().await.iter().any(|t| t.name == "c__echo") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_offered(client.peer(), "c__echo", false).await;
     assert!(!tools().await.iter().any(|t| t.name == "c__echo"), "c is gone");
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
     assert_ne!(pid(&dir, "a"), a_pid);
@@ -195,12 +197,7 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     write(&dir, &json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}}));
     let heard = gw.heard.clone();
     eventually("tools/list_changed", move || heard.lock().unwrap().tools_changed > 0).await;
-    for _ in 0..100 {
-        if gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_offered(gw.client.peer(), "b__echo", true).await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "2"})).await), "b: 2");
     assert_eq!(pid(&dir, "a"), a_pid, "the untouched server kept its process");
 }
@@ -247,14 +244,7 @@ async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_i
     std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
     std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
     std::fs::remove_dir_all(dir.join("..v1")).unwrap();
-    let mut found = false;
-    for _ in 0..100 {
-        if client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "c__echo") {
-            found = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let found = until_offered(client.peer(), "c__echo", true).await;
     assert!(found, "the swapped configuration was not applied: {}", gw.log.lock().unwrap());
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "swapped"})).await), "c: swapped");
 }

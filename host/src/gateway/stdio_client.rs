@@ -137,16 +137,10 @@ where
                 Ok(Line::Complete) => {}
                 Ok(Line::TooLong) => {
                     let limit = self.lines.max;
-                    self.refusals.send(
-                        Unreadable {
-                            code: INVALID_REQUEST,
-                            message: format!("Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"),
-                            id: serde_json::Value::Null,
-                            wants_answer: true,
-                            is_request: false,
-                        }
-                        .to_json(),
+                    let why = format!(
+                        "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
                     );
+                    self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, serde_json::Value::Null).to_json());
                     continue;
                 }
                 Ok(Line::End) | Err(_) => {

@@ -107,7 +107,8 @@ impl Unreadable {
         }
     }
 
-    fn answered(code: i64, message: String, id: Value) -> Self {
+    /// An error that is answered, whatever the message was (one never read whole, say).
+    pub fn answered(code: i64, message: String, id: Value) -> Self {
         Self { code, message, id, wants_answer: true, is_request: false }
     }
 
