@@ -62,6 +62,7 @@ fn open_breaker_answer(c: &mut Criterion) {
         adapter_config: serde_json::Value::Null,
         adapter_allow: rebound::config::AdapterGrant::own("s"),
         scope: Default::default(),
+        protocol: Default::default(),
     };
     let engine = rt.block_on(async { Engine::new([&server], Arc::new(TokioClock), Arc::new(Rng::seeded(1))) });
     let down = Down(Default::default());

@@ -8,6 +8,7 @@ mod model;
 pub use error::ConfigError;
 pub use load::{load, parse};
 pub use model::{
-    AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy,
-    RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern, ToolRecovery,
+    AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig,
+    RestartPolicy, RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
+    ToolRecovery,
 };

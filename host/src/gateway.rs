@@ -6,6 +6,7 @@ pub mod catalogue;
 pub mod downstreams;
 pub mod http;
 pub mod hub;
+pub mod input;
 pub mod metrics;
 pub mod recent;
 pub mod relay;

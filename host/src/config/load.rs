@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, RecoveryConfig, RestartPolicy, SESSION_VAR, Scope,
-    ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
+    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig, RestartPolicy, SESSION_VAR,
+    Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
@@ -34,6 +34,7 @@ const SERVER_KEYS: &[&str] = &[
     "adapter_config",
     "adapter_allow",
     "scope",
+    "protocol",
 ];
 
 /// The `rebound` object, as written.
@@ -318,6 +319,7 @@ impl Ctx<'_> {
             adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
             adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
             scope: self.scope(&format!("{key}.scope"), entry.remove("scope"))?,
+            protocol: self.protocol(&format!("{key}.protocol"), entry.remove("protocol"))?,
         };
         if server.scope == Scope::Shared && server.mentions_session() {
             return Err(self.err(
@@ -339,6 +341,20 @@ impl Ctx<'_> {
                 key,
                 format!("is {other}, not a scope"),
                 r#"use "shared" (one process for every client) or "session" (one per client session)"#,
+            )),
+        }
+    }
+
+    /// `protocol`: `"auto"` (the default) or `"2025-11-25"`.
+    fn protocol(&self, key: &str, value: Option<Value>) -> Result<Protocol, ConfigError> {
+        match value {
+            None | Some(Value::Null) => Ok(Protocol::Auto),
+            Some(Value::String(s)) if s == "auto" => Ok(Protocol::Auto),
+            Some(Value::String(s)) if s == "2025-11-25" => Ok(Protocol::Initialize),
+            Some(other) => Err(self.err(
+                key,
+                format!("is {other}, not a way to start a connection"),
+                r#"use "auto" (MCP 2026-07-28 if the server speaks it, else initialize) or "2025-11-25" (initialize only)"#,
             )),
         }
     }

@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub adapter_allow: AdapterGrant,
     /// One process for every client, or one per client session.
     pub scope: Scope,
+    /// How the gateway starts its connection to the server.
+    pub protocol: Protocol,
 }
 
 /// Written in a `session`-scoped server's `command`, `args`, `env`, `cwd`, `url` or
@@ -97,6 +99,18 @@ pub enum Scope {
     /// One instance per client session, started on its first use, stopped when the
     /// session ends: for servers that keep per-user state or ask the client things.
     Session,
+}
+
+/// How the gateway opens its connection to a server (`mcpServers.NAME.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// Asks for MCP 2026-07-28 with `server/discover`; a server that does not know that
+    /// request is initialised as before (the default).
+    #[default]
+    Auto,
+    /// Only the `initialize` handshake (2025-11-25 and older): for a server that answers
+    /// nothing, or breaks, when a request comes before `initialize`.
+    Initialize,
 }
 
 impl Scope {

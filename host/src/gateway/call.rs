@@ -11,6 +11,7 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
 
+use super::input;
 use super::routing::{CallGuard, Routing};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
@@ -28,7 +29,9 @@ pub struct Attempt<'a> {
 }
 
 /// Calls `tool` on `session` once. A successful answer with `isError: true` is a
-/// [`Failure::ToolError`].
+/// [`Failure::ToolError`]. A server on 2026-07-28 that answers with questions for the
+/// client has them answered by the client and is called again (`super::input`), within
+/// the same deadline.
 #[allow(clippy::too_many_arguments)]
 pub async fn attempt(
     routing: &Routing,
@@ -42,6 +45,48 @@ pub async fn attempt(
 ) -> Result<CallToolResult, Failure> {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     params.arguments = arguments;
+    let deadline = tokio::time::Instant::now() + how.max_total;
+    let mut round = 0;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
+        match exchange(routing, server, session, params.clone(), this, cx, call).await? {
+            ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
+                return Err(Failure::ToolError { result: Box::new(result) });
+            }
+            ServerResult::CallToolResult(result) => return Ok(result),
+            ServerResult::InputRequiredResult(asked) if round < input::MAX_ROUNDS => {
+                let answers = tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx))
+                    .await
+                    .map_err(|_| Failure::Timeout { after: how.max_total })?
+                    .map_err(|e| Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data })?;
+                params.input_responses = Some(answers);
+                params.request_state = asked.request_state;
+                round += 1;
+            }
+            ServerResult::InputRequiredResult(_) => {
+                let reason = format!("the server still asked for input after {} rounds", input::MAX_ROUNDS);
+                return Err(Failure::Protocol { reason });
+            }
+            other => {
+                return Err(Failure::Protocol {
+                    reason: format!("tools/call was answered with {}", variant_name(&other)),
+                });
+            }
+        }
+    }
+}
+
+/// Sends `params` as a `tools/call` on `session` and waits for its answer, within `how`.
+async fn exchange(
+    routing: &Routing,
+    server: &Arc<ServerHandle>,
+    session: &Session,
+    params: CallToolRequestParams,
+    how: Attempt<'_>,
+    cx: &RequestContext<RoleServer>,
+    call: &CallGuard,
+) -> Result<ServerResult, Failure> {
     // Pass the client's `_meta` on (rmcp puts its own progress token in).
     let mut meta = RequestMetaObject::default();
     meta.extend(cx.meta.clone());
@@ -105,13 +150,7 @@ pub async fn attempt(
     if mapped && let Some(progress) = routing.unmap_progress(session.id, &token) {
         progress.flush().await;
     }
-    match outcome? {
-        ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
-            Err(Failure::ToolError { result: Box::new(result) })
-        }
-        ServerResult::CallToolResult(result) => Ok(result),
-        other => Err(Failure::Protocol { reason: format!("tools/call was answered with {}", variant_name(&other)) }),
-    }
+    outcome
 }
 
 /// How long a cancellation may take to be written once its request is over.

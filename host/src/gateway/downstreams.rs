@@ -6,6 +6,10 @@
 //! - a log message of a shared server: the sessions that set a level (`logging/setLevel`)
 //!   at or below the message's; over stdio, the one client whether it set one or not;
 //! - anything a `session`-scoped server says: its own session only.
+//!
+//! A client on 2026-07-28 has no session to send to: it hears list changes and resource
+//! updates on each `subscriptions/listen` request it keeps open, as that request's
+//! filter allows, and nothing else (see [`Reach`]).
 
 // Logging is deprecated by 2026-07-28 (SEP-2577) but live in every revision we speak.
 #![allow(deprecated)]
@@ -16,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use rmcp::model::{
     LoggingLevel, LoggingMessageNotificationParam, ResourceUpdatedNotificationParam, ServerNotification,
 };
+use rmcp::service::SubscriptionSink;
 use rmcp::{Peer, RoleServer};
+use tokio_util::sync::CancellationToken;
 
 /// How clients reach this gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +33,54 @@ pub enum Front {
     Http,
 }
 
-/// One client session.
+/// How a client hears what it did not ask in a request.
+#[derive(Clone)]
+pub enum Reach {
+    /// A session (every revision before 2026-07-28): notifications go to its peer.
+    Session(Peer<RoleServer>),
+    /// One `subscriptions/listen` request of a 2026-07-28 client, open until `open` is
+    /// cancelled: list changes and resource updates, as its accepted filter allows.
+    Listen { sink: SubscriptionSink, open: CancellationToken },
+}
+
+impl Reach {
+    fn is_closed(&self) -> bool {
+        match self {
+            Reach::Session(peer) => peer.is_transport_closed(),
+            Reach::Listen { open, .. } => open.is_cancelled(),
+        }
+    }
+
+    fn session(&self) -> Option<&Peer<RoleServer>> {
+        match self {
+            Reach::Session(peer) => Some(peer),
+            Reach::Listen { .. } => None,
+        }
+    }
+
+    /// Sends `notification` on a task of its own: a client that does not read never
+    /// holds up the server that spoke.
+    fn send(&self, notification: ServerNotification) {
+        match self.clone() {
+            Reach::Session(peer) => send(peer, notification),
+            Reach::Listen { sink, .. } => {
+                tokio::spawn(async move {
+                    if let Err(e) = sink.send(notification).await {
+                        tracing::debug!("a notification was not delivered on a listen request: {e}");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// One client session, or one listen request of a 2026-07-28 client.
 struct Downstream {
+    /// The entry's name: the session's, or one of its listen requests'.
     client: Arc<str>,
-    peer: Peer<RoleServer>,
+    /// The client session it belongs to (its own name for a session).
+    owner: Arc<str>,
+    reach: Reach,
     level: Option<LoggingLevel>,
     subscriptions: HashSet<Subscription>,
 }
@@ -75,30 +125,46 @@ impl Downstreams {
 
     /// `client` finished initialising: it hears notifications from now on.
     pub fn add(&self, client: Arc<str>, peer: Peer<RoleServer>) {
-        let mut list = self.list.lock().expect("not poisoned");
-        list.retain(|d| !d.peer.is_transport_closed() && d.client != client);
-        list.push(Downstream { client, peer, level: None, subscriptions: HashSet::new() });
+        self.add_entry(client.clone(), client, Reach::Session(peer));
     }
 
-    /// The live sessions' peers.
-    pub fn peers(&self) -> Vec<Peer<RoleServer>> {
-        let mut list = self.list.lock().expect("not poisoned");
-        list.retain(|d| !d.peer.is_transport_closed());
-        list.iter().map(|d| d.peer.clone()).collect()
+    /// `owner` (a 2026-07-28 client) opened the listen request `listen`, reached by `reach`.
+    pub fn add_listen(&self, listen: Arc<str>, owner: Arc<str>, reach: Reach) {
+        self.add_entry(listen, owner, reach);
     }
 
-    /// The only client, over stdio.
+    fn add_entry(&self, client: Arc<str>, owner: Arc<str>, reach: Reach) {
+        let mut list = self.list.lock().expect("not poisoned");
+        list.retain(|d| !d.reach.is_closed() && d.client != client);
+        list.push(Downstream { client, owner, reach, level: None, subscriptions: HashSet::new() });
+    }
+
+    /// Sends `notification` to the client session `owner` however it is reached.
+    pub fn tell(&self, owner: &str, notification: ServerNotification) {
+        for (reach, ()) in self.live(|d| if &*d.owner == owner { vec![()] } else { vec![] }) {
+            reach.send(notification.clone());
+        }
+    }
+
+    /// How each live client is reached.
+    fn reaches(&self) -> Vec<Reach> {
+        let mut list = self.list.lock().expect("not poisoned");
+        list.retain(|d| !d.reach.is_closed());
+        list.iter().map(|d| d.reach.clone()).collect()
+    }
+
+    /// The only client, over stdio, if it has a session (a 2026-07-28 client has none).
     pub fn only_stdio_client(&self) -> Option<Peer<RoleServer>> {
-        match (self.front, self.peers().as_slice()) {
-            (Front::Stdio, [only]) => Some(only.clone()),
+        match (self.front, self.reaches().as_slice()) {
+            (Front::Stdio, [Reach::Session(only)]) => Some(only.clone()),
             _ => None,
         }
     }
 
-    /// Sends `notification` to every session, without waiting on any of them.
+    /// Sends `notification` to every client, without waiting on any of them.
     pub fn broadcast(&self, notification: ServerNotification) {
-        for peer in self.peers() {
-            send(peer, notification.clone());
+        for reach in self.reaches() {
+            reach.send(notification.clone());
         }
     }
 
@@ -109,24 +175,29 @@ impl Downstreams {
             Some(level) => rank(log.level) >= rank(level),
             None => stdio,
         };
-        for (peer, ()) in self.live(|d| if wants(d) { vec![()] } else { vec![] }) {
-            send(peer, ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())));
+        // Logging on 2026-07-28 is asked per request; a listen request never carries it.
+        let wants = |d: &Downstream| d.reach.session().is_some() && wants(d);
+        for (reach, ()) in self.live(|d| if wants(d) { vec![()] } else { vec![] }) {
+            reach.send(ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())));
         }
     }
 
-    /// Each live session's peer with each of what `pick` takes from it.
-    fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(Peer<RoleServer>, T)> {
+    /// Each live client's reach with each of what `pick` takes from it.
+    fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(Reach, T)> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
-            .filter(|d| !d.peer.is_transport_closed())
-            .flat_map(|d| pick(d).into_iter().map(|t| (d.peer.clone(), t)))
+            .filter(|d| !d.reach.is_closed())
+            .flat_map(|d| pick(d).into_iter().map(|t| (d.reach.clone(), t)))
             .collect()
     }
 
     /// Whether `client` wants a log message at `level` (of its own session-scoped server).
     pub fn wants_log(&self, client: &str, level: LoggingLevel) -> bool {
         let list = self.list.lock().expect("not poisoned");
-        list.iter().find(|d| &*d.client == client).is_none_or(|d| d.level.is_none_or(|l| rank(level) >= rank(l)))
+        // A 2026-07-28 client (no session entry) asks for logs per request, never here.
+        list.iter()
+            .find(|d| &*d.client == client && d.reach.session().is_some())
+            .is_some_and(|d| d.level.is_none_or(|l| rank(level) >= rank(l)))
     }
 
     /// Server instance `instance` says its resource `uri` changed: to the sessions
@@ -136,10 +207,10 @@ impl Downstreams {
             let theirs = d.subscriptions.iter().filter(|s| s.instance == instance && s.uri == update.uri);
             theirs.map(|s| s.exposed.clone()).collect()
         });
-        for (peer, exposed) in to {
+        for (reach, exposed) in to {
             let mut update = update.clone();
             update.uri = exposed;
-            send(peer, ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
+            reach.send(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
         }
     }
 
@@ -155,7 +226,7 @@ impl Downstreams {
     pub fn level(&self, only: Option<&str>) -> Option<LoggingLevel> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
-            .filter(|d| !d.peer.is_transport_closed() && only.is_none_or(|c| c == &*d.client))
+            .filter(|d| !d.reach.is_closed() && only.is_none_or(|c| c == &*d.client))
             .filter_map(|d| d.level)
             .min_by_key(|l| rank(*l))
     }
@@ -173,7 +244,7 @@ impl Downstreams {
             }
         }
         list.iter()
-            .filter(|d| !d.peer.is_transport_closed())
+            .filter(|d| !d.reach.is_closed())
             .any(|d| d.subscriptions.iter().any(|s| s.instance == subscription.instance && s.uri == subscription.uri))
     }
 
@@ -183,7 +254,7 @@ impl Downstreams {
         let list = self.list.lock().expect("not poisoned");
         let mut uris: Vec<String> = list
             .iter()
-            .filter(|d| !d.peer.is_transport_closed())
+            .filter(|d| !d.reach.is_closed())
             .flat_map(|d| d.subscriptions.iter().filter(|s| s.instance == instance).map(|s| s.uri.clone()))
             .collect();
         uris.sort();
@@ -207,20 +278,25 @@ impl Downstreams {
         }
     }
 
-    /// `client`'s session ended: it is forgotten, and the subscriptions no other live
-    /// session holds are returned, to be ended upstream.
+    /// `client`'s session (with its listen requests), or one listen request, ended: it
+    /// is forgotten, and the subscriptions no other live entry holds are returned, to be
+    /// ended upstream.
     pub fn remove(&self, client: &str) -> Vec<(u64, String)> {
         let mut list = self.list.lock().expect("not poisoned");
-        let Some(at) = list.iter().position(|d| &*d.client == client) else { return Vec::new() };
-        let gone = list.swap_remove(at);
-        list.retain(|d| !d.peer.is_transport_closed());
-        gone.subscriptions
+        let (gone, kept): (Vec<_>, Vec<_>) = list.drain(..).partition(|d| &*d.client == client || &*d.owner == client);
+        *list = kept;
+        list.retain(|d| !d.reach.is_closed());
+        let mut ended: Vec<(u64, String)> = gone
             .into_iter()
+            .flat_map(|d| d.subscriptions)
             .filter(|s| {
                 !list.iter().any(|d| d.subscriptions.iter().any(|o| o.instance == s.instance && o.uri == s.uri))
             })
             .map(|s| (s.instance, s.uri))
-            .collect()
+            .collect();
+        ended.sort();
+        ended.dedup();
+        ended
     }
 }
 

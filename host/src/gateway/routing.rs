@@ -251,7 +251,17 @@ impl Drop for CallGuard {
 
 /// `request` as the client sees it, if its capabilities allow it.
 pub fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str) -> Result<ServerRequest, ErrorData> {
-    let caps = peer.peer_info().map(|i| i.capabilities.clone()).unwrap_or_default();
+    let Some(info) = peer.peer_info() else {
+        // A 2026-07-28 session never initialised: servers may not send it requests.
+        return Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "the client behind the gateway speaks MCP 2026-07-28, which takes no requests from servers (server `{server}` sent one)"
+            ),
+            None,
+        ));
+    };
+    let caps = info.capabilities.clone();
     let (request, supported, what) = match request {
         UpstreamRequest::Sampling(p) => {
             (ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)), caps.sampling.is_some(), "sampling")

@@ -17,7 +17,8 @@ use rmcp::model::{
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability, ServerCapabilities,
     SetLevelRequestParams, SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::model::{RequestId, ResultType, SubscriptionFilter};
+use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,8 +30,8 @@ use rmcp::model::{
 };
 
 use super::call::{Attempt, attempt};
-use super::downstreams::{Front, Subscription};
-use super::hub::Hub;
+use super::downstreams::{Front, Reach, Subscription};
+use super::hub::{Hub, offered_modern};
 use super::session_servers::{Recovery, SessionServers};
 use super::setup::Setup;
 use super::status;
@@ -112,8 +113,31 @@ impl ServerHandler for Gateway {
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        // 2026-07-28 forbids server-to-client requests, which the servers behind us use.
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::LATEST_WITH_INITIALIZE))
+        // 2026-07-28 (no `initialize`, capabilities on every request) and every revision
+        // before it; see `Gateway::attach`.
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        // Every list change, and updates of every resource asked for (a URI no server
+        // offers is logged when the listen starts, and never heard of).
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let cx = context.request_context();
+        self.attach(cx);
+        let listen: Arc<str> = format!("{} listen {}", self.own.client, id_text(&cx.id)).into();
+        let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
+        self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), reach);
+        for uri in context.accepted().resource_subscriptions.iter().flatten() {
+            if let Err(e) = self.subscribe_to(&listen, uri).await {
+                tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+            }
+        }
+        context.cancelled().await;
+        self.hub.session_ended(&listen);
+        Ok(())
     }
 
     async fn initialize(
@@ -128,16 +152,16 @@ impl ServerHandler for Gateway {
         // Here, not at `notifications/initialized`: rmcp handles that notification on a
         // task of its own, which the client's first requests can overtake.
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
-        self.own.initialised(cx.peer);
+        self.own.initialised(cx.peer, request.capabilities.clone());
         self.negotiate_initialize(&request)
     }
 
     async fn list_tools(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         let mut tools = self.own.catalogue().tools.clone();
         if self.hub.setup().config.settings.gateway_tools {
             tools.extend(status::tools());
@@ -200,18 +224,18 @@ impl ServerHandler for Gateway {
     async fn list_prompts(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         Ok(ListPromptsResult::with_all_items(self.own.catalogue().prompts.clone()))
     }
 
     async fn get_prompt(
         &self,
         mut request: GetPromptRequestParams,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         let route = self
             .own
             .catalogue()
@@ -220,15 +244,17 @@ impl ServerHandler for Gateway {
             .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
         let session = self.session(&route.server, self.wait_for(&route.server)).await?;
         request.name = route.name;
-        session.peer.get_prompt(request).await.map(Into::into).map_err(|e| upstream_error(&route.server, e))
+        let mut result = session.peer.get_prompt(request).await.map_err(|e| upstream_error(&route.server, e))?;
+        result.result_type = Some(ResultType::COMPLETE);
+        Ok(result.into())
     }
 
     async fn list_resources(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         let mut resources = self.own.catalogue().resources.clone();
         if self.hub.setup().config.settings.gateway_tools {
             resources.extend(status::resources());
@@ -239,17 +265,18 @@ impl ServerHandler for Gateway {
     async fn list_resource_templates(
         &self,
         _: Option<PaginatedRequestParams>,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         Ok(ListResourceTemplatesResult::with_all_items(self.own.catalogue().templates.clone()))
     }
 
     async fn read_resource(
         &self,
         mut request: ReadResourceRequestParams,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        self.attach(&cx);
         if self.hub.setup().config.settings.gateway_tools
             && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
         {
@@ -263,20 +290,12 @@ impl ServerHandler for Gateway {
         for content in &mut result.contents {
             rename_content(content, &exposed);
         }
+        result.result_type = Some(ResultType::COMPLETE);
         Ok(result.into())
     }
 
-    async fn subscribe(
-        &self,
-        mut request: SubscribeRequestParams,
-        _: RequestContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        let (subscription, server) = self.subscription(&request.uri).await?;
-        let session = self.session(&server, self.wait_for(&server)).await?;
-        request.uri = subscription.uri.clone();
-        session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
-        self.hub.downstreams.subscribe(&self.own.client, subscription, true);
-        Ok(())
+    async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
+        self.subscribe_to(&self.own.client, &request.uri).await
     }
 
     async fn unsubscribe(
@@ -298,9 +317,9 @@ impl ServerHandler for Gateway {
     async fn complete(
         &self,
         mut request: CompleteRequestParams,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        self.own.settled().await;
+        self.ready(&cx).await;
         let catalogue = self.own.catalogue();
         let server = match &mut request.r#ref {
             rmcp::model::Reference::Prompt(p) => {
@@ -319,7 +338,9 @@ impl ServerHandler for Gateway {
             }
         };
         let session = self.session(&server, self.wait_for(&server)).await?;
-        session.peer.complete(request).await.map_err(|e| upstream_error(&server, e))
+        let mut result = session.peer.complete(request).await.map_err(|e| upstream_error(&server, e))?;
+        result.result_type = Some(ResultType::COMPLETE);
+        Ok(result)
     }
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
@@ -368,6 +389,7 @@ impl Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        self.attach(&cx);
         if self.hub.setup().config.settings.gateway_tools
             && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
         {
@@ -410,10 +432,11 @@ impl Gateway {
             trace.finish(&record, &ending);
         }
         self.account(&recovery, &record, &ending, started.elapsed());
-        let result = match ending {
+        let mut result = match ending {
             Ending::Answered(result) => report::recovered(result, &record, &recovery.setup.secrets),
             Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
         };
+        result.result_type = Some(ResultType::COMPLETE);
         Ok(result.into())
     }
 
@@ -442,6 +465,14 @@ impl Gateway {
     }
 }
 
+/// A request id as text, for a name.
+fn id_text(id: &RequestId) -> String {
+    match id {
+        RequestId::Number(n) => n.to_string(),
+        RequestId::String(s) => s.to_string(),
+    }
+}
+
 /// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
 /// HTTP request's `traceparent` header, else its `_meta.traceparent`.
 fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
@@ -465,6 +496,38 @@ fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -
 }
 
 impl Gateway {
+    /// A 2026-07-28 client never initialises: its first request introduces it, with its
+    /// capabilities in the request's `_meta`. Over stdio it is the gateway's one client
+    /// and has its session-scoped servers like any other; over HTTP that revision has no
+    /// sessions (each request stands alone), so it reaches the shared servers only.
+    /// Either way it hears list changes only on its `subscriptions/listen` requests.
+    fn attach(&self, cx: &RequestContext<RoleServer>) {
+        let modern = cx.protocol_version().is_some_and(|v| !v.has_initialize());
+        if !modern || self.own.is_initialised() || self.hub.downstreams.front() == Front::Http {
+            return;
+        }
+        let caps = offered_modern(&cx.client_capabilities().unwrap_or_default());
+        self.hub.offer(&caps);
+        self.own.initialised(cx.peer.clone(), caps);
+    }
+
+    /// Ready to answer `cx`: the client introduced, the servers' first start awaited.
+    async fn ready(&self, cx: &RequestContext<RoleServer>) {
+        self.attach(cx);
+        self.own.settled().await;
+    }
+
+    /// Subscribes `client` (a session, or a listen request) to the resource it knows as
+    /// `exposed`: upstream, unless another client already holds that subscription.
+    async fn subscribe_to(&self, client: &str, exposed: &str) -> Result<(), ErrorData> {
+        let (subscription, server) = self.subscription(exposed).await?;
+        let session = self.session(&server, self.wait_for(&server)).await?;
+        let request = SubscribeRequestParams::new(subscription.uri.clone());
+        session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
+        self.hub.downstreams.subscribe(client, subscription, true);
+        Ok(())
+    }
+
     /// The server of the resource a client knows as `uri`, and the URI that server knows.
     async fn resource(&self, uri: &str) -> Result<(Arc<str>, String), ErrorData> {
         self.own.settled().await;

@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use indexmap::IndexMap;
+use rmcp::model::ClientCapabilities;
 use rmcp::{Peer, RoleServer};
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
-use super::downstreams::send;
 use super::hub::{Hub, offered, settle};
 use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
@@ -32,8 +32,9 @@ pub struct SessionServers {
     hub: Arc<Hub>,
     /// The session's name (in the errors log and the routing of calls).
     pub client: Arc<str>,
-    /// The session's peer, once it initialised.
-    peer: OnceLock<Peer<RoleServer>>,
+    /// The session's peer, and what its own instances are offered of its capabilities,
+    /// once it initialised.
+    peer: OnceLock<(Peer<RoleServer>, ClientCapabilities)>,
     own: OnceLock<Own>,
     /// The catalogue with this session's instances, and the shared one it was built on.
     catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
@@ -77,9 +78,15 @@ impl SessionServers {
         Arc::new(Self { hub, client, peer: OnceLock::new(), own: OnceLock::new(), catalogue: Mutex::default() })
     }
 
-    /// The session initialised: its instances may start from now on.
-    pub fn initialised(&self, peer: Peer<RoleServer>) {
-        let _ = self.peer.set(peer);
+    /// The session initialised (or, on 2026-07-28, made its first request): its
+    /// instances may start from now on, offered `caps`.
+    pub fn initialised(&self, peer: Peer<RoleServer>, caps: ClientCapabilities) {
+        let _ = self.peer.set((peer, offered(&caps)));
+    }
+
+    /// Whether the session has introduced itself (see [`Self::initialised`]).
+    pub fn is_initialised(&self) -> bool {
+        self.peer.get().is_some()
     }
 
     /// The session's own instances, started on first use; none before it initialised or
@@ -94,15 +101,20 @@ impl SessionServers {
         if scoped.is_empty() {
             return None;
         }
-        let peer = self.peer.get()?;
-        Some(self.own.get_or_init(|| self.start(&setup, &scoped, peer)))
+        let (peer, caps) = self.peer.get()?;
+        Some(self.own.get_or_init(|| self.start(&setup, &scoped, peer, caps)))
     }
 
     /// Starts this session's instances of `scoped`, as `setup` configures them. (A
     /// reload later changes the instances of sessions that start after it.)
-    fn start(self: &Arc<Self>, setup: &Setup, scoped: &[&str], peer: &Peer<RoleServer>) -> Own {
-        let caps = peer.peer_info().map(|i| offered(&i.capabilities)).unwrap_or_default();
-        let (_, offer) = tokio::sync::watch::channel(Some(caps));
+    fn start(
+        self: &Arc<Self>,
+        setup: &Setup,
+        scoped: &[&str],
+        peer: &Peer<RoleServer>,
+        caps: &ClientCapabilities,
+    ) -> Own {
+        let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
         let hub = Arc::downgrade(&self.hub);
@@ -168,10 +180,8 @@ impl SessionServers {
         let next = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
         let prev = cached.replace((shared, next.clone())).map(|(_, c)| c).unwrap_or_default();
         drop(cached);
-        if let Some(peer) = self.peer.get() {
-            for change in prev.changes(&next, force) {
-                send(peer.clone(), change);
-            }
+        for change in prev.changes(&next, force) {
+            self.hub.downstreams.tell(&self.client, change);
         }
     }
 

@@ -7,11 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use rmcp::model::{ClientCapabilities, Prompt, Resource, ResourceTemplate, ServerPeerInfo, Tool};
-use rmcp::service::{ClientCacheConfig, RunningService};
+use rmcp::model::{
+    ClientCapabilities, Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerNotification, ServerPeerInfo,
+    SubscriptionFilter, Tool,
+};
+use rmcp::service::{ClientCacheConfig, ClientLifecycleMode, RunningService, serve_client_with_lifecycle_and_ct};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{Peer, RoleClient, ServiceExt};
+use rmcp::{Peer, RoleClient};
 use std::sync::RwLock;
 
 use tokio::sync::watch;
@@ -19,8 +22,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::process::ServerProcess;
-use super::upstream::{InOrder, Relay, UpstreamHandler};
-use crate::config::{HttpLaunch, Launch, RestartPolicy, ServerConfig, StdioLaunch};
+use super::upstream::{InOrder, Relay, UpstreamEvent, UpstreamHandler};
+use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
 use crate::redact::Secrets;
 
 /// Lines longer than this from a server are dropped (and the request they answer times
@@ -430,6 +433,9 @@ impl Supervisor {
             closed: CancellationToken::new(),
             listing: RwLock::new(Arc::new(listing)),
         });
+        if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
+            listen(&session, self.relay.clone());
+        }
         let service_ended = CancellationToken::new();
         let ended = service_ended.clone();
         let closed = session.closed.clone();
@@ -440,6 +446,17 @@ impl Supervisor {
             ended.cancel();
         });
         Ok(Connection { process, service, service_ended, stop, session })
+    }
+
+    /// How the connection starts (`mcpServers.NAME.protocol`).
+    fn lifecycle(&self) -> ClientLifecycleMode {
+        match self.config.protocol {
+            Protocol::Auto => ClientLifecycleMode::Auto {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+                legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+            },
+            Protocol::Initialize => ClientLifecycleMode::Initialize,
+        }
     }
 
     fn in_order<T>(&self, inner: T, handler: &UpstreamHandler) -> InOrder<T> {
@@ -460,7 +477,7 @@ impl Supervisor {
         let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES);
         let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
-            r = tokio::time::timeout(self.how.init_timeout, handler.serve_with_ct(transport, stop.clone())) => r,
+            r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, self.lifecycle(), stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 return Err(format!("exited during start-up ({status}){}", process.final_stderr_tail().await));
@@ -504,7 +521,12 @@ impl Supervisor {
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
         let transport = self.in_order(StreamableHttpClientTransport::from_config(config), &handler);
-        match tokio::time::timeout(self.how.init_timeout, handler.serve_with_ct(transport, stop.clone())).await {
+        match tokio::time::timeout(
+            self.how.init_timeout,
+            serve_client_with_lifecycle_and_ct(handler, transport, self.lifecycle(), stop.clone()),
+        )
+        .await
+        {
             Ok(Ok(running)) => Ok(running),
             Ok(Err(e)) => Err(format!("cannot initialise a session at {}: {e}", http.url)),
             Err(_) => {
@@ -580,6 +602,39 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Lis
         }
     }
     listing
+}
+
+/// On a 2026-07-28 connection a server says its lists changed only on a
+/// `subscriptions/listen` request: one is kept open for the session's life, and what
+/// arrives on it is relayed like the notifications of older revisions.
+fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
+    let (server, id, peer, closed) = (session.server.clone(), session.id, session.peer.clone(), session.closed.clone());
+    tokio::spawn(async move {
+        let filter =
+            SubscriptionFilter::builder().tools_list_changed().prompts_list_changed().resources_list_changed().build();
+        let mut subscription = match peer.listen(filter).await {
+            Ok(subscription) => subscription,
+            Err(e) => {
+                tracing::info!(%server, "the server takes no subscriptions/listen, so its list changes go unheard: {e}");
+                return;
+            }
+        };
+        loop {
+            let next = tokio::select! {
+                next = subscription.next() => next,
+                () = closed.cancelled() => break,
+            };
+            let event = match next {
+                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => UpstreamEvent::ToolsChanged,
+                Ok(Some(ServerNotification::PromptListChangedNotification(_))) => UpstreamEvent::PromptsChanged,
+                Ok(Some(ServerNotification::ResourceListChangedNotification(_))) => UpstreamEvent::ResourcesChanged,
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            };
+            relay.notify(&server, id, event);
+        }
+        tracing::debug!(%server, session = id, "the server's subscriptions/listen ended");
+    });
 }
 
 #[cfg(test)]

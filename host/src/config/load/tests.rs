@@ -275,3 +275,16 @@ fn session_scope_and_its_variable() {
         "1000",
     );
 }
+
+#[test]
+fn protocol_is_auto_unless_pinned_to_initialize() {
+    let c = ok(r#"{"mcpServers": {"a": {"command": "x"}, "b": {"command": "y", "protocol": "2025-11-25"},
+        "c": {"command": "z", "protocol": "auto"}}}"#);
+    let got = (c.servers["a"].protocol, c.servers["b"].protocol, c.servers["c"].protocol);
+    assert_eq!(got, (Protocol::Auto, Protocol::Initialize, Protocol::Auto));
+    rejects(
+        r#"{"mcpServers": {"m": {"command": "x", "protocol": "2026-07-28"}}}"#,
+        "mcpServers.m.protocol",
+        "not a way to start a connection",
+    );
+}

@@ -94,6 +94,7 @@ fn server(name: &str, recovery: RecoveryConfig) -> ServerConfig {
         adapter_config: Value::Null,
         adapter_allow: crate::config::AdapterGrant::own(name),
         scope: Default::default(),
+        protocol: Default::default(),
     }
 }
 

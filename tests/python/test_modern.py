@@ -1,0 +1,94 @@
+"""MCP 2026-07-28 through the gateway, with the official Python SDK on both sides: each
+side negotiates its own revision (a client on 2026-07-28 or on 2025-11-25, a server
+that speaks 2026-07-28 and one that does not), over stdio and streamable HTTP."""
+
+import json
+import sys
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters, types
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+from conftest import BIN, serve_http
+
+MODERN = str(__import__("pathlib").Path(__file__).with_name("modern_server.py"))
+TOKEN = "test-token-modern-0123456789"
+
+
+@pytest.fixture
+def config(tmp_path):
+    """A server on 2026-07-28 (the Python SDK's) beside one that only initialises."""
+    config = {
+        "mcpServers": {
+            "modern": {"command": sys.executable, "args": [MODERN]},
+            "faulty": {"command": str(BIN / "faulty-server"), "args": ["--name", "faulty", "--state", str(tmp_path / "state")]},
+        }
+    }
+    path = tmp_path / "rebound.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def text(result):
+    return "\n".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+async def name_please(context, params):
+    return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+
+def stdio(config):
+    return StdioServerParameters(command=str(BIN / "rebound"), args=["serve", "--config", str(config)])
+
+
+async def listed_then_toggled(client):
+    """Lists, calls the 2026-07-28 server, and hears a list change of the older one on a
+    `subscriptions/listen` request."""
+    tools = {t.name for t in (await client.list_tools()).tools}
+    assert {"revision", "greet", "toggle_tool"} <= tools and "extra" not in tools
+    # The gateway reached the server on 2026-07-28 too.
+    assert text(await client.call_tool("revision", {})) == "revision: 2026-07-28"
+    async with client.listen(tools_list_changed=True) as changes:
+        assert not (await client.call_tool("toggle_tool", {})).is_error
+        with anyio.fail_after(10):
+            async for event in changes:
+                break
+    assert "extra" in {t.name for t in (await client.list_tools()).tools}
+
+
+def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
+    async def main():
+        with anyio.fail_after(60):
+            async with Client(stdio(config), mode="auto") as client:
+                assert client.protocol_version == "2026-07-28"
+                await listed_then_toggled(client)
+
+    anyio.run(main)
+
+
+def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_path):
+    async def main(url):
+        with anyio.fail_after(60):
+            async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                async with Client(streamable_http_client(url, http_client=http), mode="auto") as client:
+                    assert client.protocol_version == "2026-07-28"
+                    await listed_then_toggled(client)
+
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
+        anyio.run(main, url)
+
+
+def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(config):
+    """The server asks with an `InputRequiredResult`; the gateway asks the client with
+    `elicitation/create`, as its revision knows it, and calls the server again."""
+
+    async def main():
+        with anyio.fail_after(60):
+            async with Client(stdio(config), mode="legacy", elicitation_callback=name_please) as client:
+                assert client.protocol_version == "2025-11-25"
+                result = await client.call_tool("greet", {})
+                assert not result.is_error, text(result)
+                assert text(result) == "hello, Ada"
+
+    anyio.run(main)
