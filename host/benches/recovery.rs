@@ -13,7 +13,7 @@ use rebound::recovery::Failure;
 use rebound::recovery::breaker::{Breaker, Outcome};
 use rebound::recovery::clock::{Rng, TokioClock};
 use rebound::recovery::engine::{Engine, Upstream};
-use rmcp::model::{CallToolResult, JsonObject, ToolAnnotations};
+use rmcp::model::{CallToolResponse, JsonObject, ToolAnnotations};
 
 fn breaker(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
@@ -35,7 +35,7 @@ impl Upstream for Down {
         _: Option<JsonObject>,
         _: Duration,
         _: Duration,
-    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Box::pin(async { Err(Failure::ConnectionLost { reason: "down".into() }) })
     }

@@ -235,7 +235,7 @@ impl CallTrace {
         let span = self.context.span();
         let outcome = match ending {
             Ending::GaveUp => "gave_up",
-            Ending::Answered(r) if r.is_error == Some(true) => "tool_error",
+            _ if ending.is_tool_error() => "tool_error",
             Ending::Answered(_) if record.recovered() => "recovered",
             Ending::Answered(_) => "ok",
         };

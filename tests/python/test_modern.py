@@ -42,13 +42,18 @@ def stdio(config):
     return StdioServerParameters(command=str(BIN / "rebound"), args=["serve", "--config", str(config)])
 
 
-async def listed_then_toggled(client):
-    """Lists, calls the 2026-07-28 server, and hears a list change of the older one on a
-    `subscriptions/listen` request."""
+async def exercised(client):
+    """Lists, calls the 2026-07-28 server (one call of which the client answers questions
+    for), and hears a list change of the older server on a `subscriptions/listen` request."""
     tools = {t.name for t in (await client.list_tools()).tools}
     assert {"revision", "greet", "toggle_tool"} <= tools and "extra" not in tools
     # The gateway reached the server on 2026-07-28 too.
     assert text(await client.call_tool("revision", {})) == "revision: 2026-07-28"
+    # The server's `InputRequiredResult` reaches the client as it is; the client's second
+    # call, with its answers and the server's state, reaches the server.
+    greeted = await client.call_tool("greet", {})
+    assert not greeted.is_error, text(greeted)
+    assert text(greeted) == "hello, Ada"
     async with client.listen(tools_list_changed=True) as changes:
         assert not (await client.call_tool("toggle_tool", {})).is_error
         with anyio.fail_after(10):
@@ -60,9 +65,9 @@ async def listed_then_toggled(client):
 def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
     async def main():
         with anyio.fail_after(60):
-            async with Client(stdio(config), mode="auto") as client:
+            async with Client(stdio(config), mode="auto", elicitation_callback=name_please) as client:
                 assert client.protocol_version == "2026-07-28"
-                await listed_then_toggled(client)
+                await exercised(client)
 
     anyio.run(main)
 
@@ -71,9 +76,11 @@ def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_p
     async def main(url):
         with anyio.fail_after(60):
             async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-                async with Client(streamable_http_client(url, http_client=http), mode="auto") as client:
+                async with Client(
+                    streamable_http_client(url, http_client=http), mode="auto", elicitation_callback=name_please
+                ) as client:
                     assert client.protocol_version == "2026-07-28"
-                    await listed_then_toggled(client)
+                    await exercised(client)
 
     with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
         anyio.run(main, url)

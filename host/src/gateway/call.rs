@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam, ClientRequest, JsonObject,
-    RequestMetaObject, ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
+    InputResponses, JsonObject, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
@@ -26,12 +26,23 @@ pub struct Attempt<'a> {
     /// The most the attempt may take, progress or not: what is left of the call's deadline.
     pub max_total: Duration,
     pub progress_extends_timeout: bool,
+    /// A 2026-07-28 client's answers to the server's questions, and the server's state,
+    /// when it calls again.
+    pub resume: Option<&'a Resume>,
+}
+
+/// What a 2026-07-28 client sends back with a call the server answered with questions.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub answers: InputResponses,
+    pub state: Option<String>,
 }
 
 /// Calls `tool` on `session` once. A successful answer with `isError: true` is a
-/// [`Failure::ToolError`]. A server on 2026-07-28 that answers with questions for the
-/// client has them answered by the client and is called again (`super::input`), within
-/// the same deadline.
+/// [`Failure::ToolError`]. A server on 2026-07-28 may answer with questions for the
+/// client instead: a client on that revision gets them as they are (and calls again with
+/// its answers, which `how.resume` passes on); an older client is asked them as requests
+/// it knows (`super::input`) and the server is called again, within the same deadline.
 #[allow(clippy::too_many_arguments)]
 pub async fn attempt(
     routing: &Routing,
@@ -42,38 +53,45 @@ pub async fn attempt(
     how: Attempt<'_>,
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
-) -> Result<CallToolResult, Failure> {
+) -> Result<CallToolResponse, Failure> {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     params.arguments = arguments;
+    if let Some(resume) = how.resume {
+        params.input_responses = Some(resume.answers.clone());
+        params.request_state = resume.state.clone();
+    }
+    let modern_client = cx.protocol_version().is_some_and(|v| !v.has_initialize());
     let deadline = tokio::time::Instant::now() + how.max_total;
     let mut round = 0;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
-        match exchange(routing, server, session, params.clone(), this, cx, call).await? {
+        let asked = match exchange(routing, server, session, params.clone(), this, cx, call).await? {
             ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
                 return Err(Failure::ToolError { result: Box::new(result) });
             }
-            ServerResult::CallToolResult(result) => return Ok(result),
-            ServerResult::InputRequiredResult(asked) if round < input::MAX_ROUNDS => {
-                let answers = tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx))
-                    .await
-                    .map_err(|_| Failure::Timeout { after: how.max_total })?
-                    .map_err(|e| Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data })?;
-                params.input_responses = Some(answers);
-                params.request_state = asked.request_state;
-                round += 1;
+            ServerResult::CallToolResult(result) => return Ok(result.into()),
+            ServerResult::InputRequiredResult(asked) if modern_client => {
+                return Ok(CallToolResponse::InputRequired(asked));
             }
-            ServerResult::InputRequiredResult(_) => {
-                let reason = format!("the server still asked for input after {} rounds", input::MAX_ROUNDS);
-                return Err(Failure::Protocol { reason });
-            }
+            ServerResult::InputRequiredResult(asked) => asked,
             other => {
                 return Err(Failure::Protocol {
                     reason: format!("tools/call was answered with {}", variant_name(&other)),
                 });
             }
+        };
+        if round == input::MAX_ROUNDS {
+            let reason = format!("the server still asked for input after {} rounds", input::MAX_ROUNDS);
+            return Err(Failure::Protocol { reason });
         }
+        let answers = tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx))
+            .await
+            .map_err(|_| Failure::Timeout { after: how.max_total })?
+            .map_err(|e| Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data })?;
+        params.input_responses = Some(answers);
+        params.request_state = asked.request_state;
+        round += 1;
     }
 }
 

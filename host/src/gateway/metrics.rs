@@ -131,7 +131,7 @@ impl Metrics {
     pub fn observe(&self, record: &Record, ending: &Ending, took: Duration) {
         let outcome = match ending {
             Ending::GaveUp => Outcome::gave_up,
-            Ending::Answered(r) if r.is_error == Some(true) => Outcome::tool_error,
+            _ if ending.is_tool_error() => Outcome::tool_error,
             Ending::Answered(_) if record.recovered() => Outcome::recovered,
             Ending::Answered(_) => Outcome::ok,
         };

@@ -29,7 +29,8 @@ use rmcp::model::{
     ToolAnnotations,
 };
 
-use super::call::{Attempt, attempt};
+use super::call::{Attempt, Resume, attempt};
+use super::catalogue::Route;
 use super::downstreams::{Front, Reach, Subscription};
 use super::hub::{Hub, offered_modern};
 use super::session_servers::{Recovery, SessionServers};
@@ -386,7 +387,7 @@ impl Gateway {
     /// A tool call, routed and run through the recovery engine.
     async fn call_tool_inner(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         self.attach(&cx);
@@ -414,8 +415,19 @@ impl Gateway {
             }
             (_, advisor) => advisor,
         };
-        let upstreams =
-            Upstreams { hub: &self.hub, own: &self.own, setup: &recovery.setup, cx: &cx, trace: trace.as_deref() };
+        // A 2026-07-28 client calling again with its answers to the server's questions: they
+        // go to that server's tool, not to an alternative.
+        let resume =
+            request.input_responses.take().map(|answers| Resume { answers, state: request.request_state.take() });
+        let resume = resume.as_ref().map(|r| (route, r));
+        let upstreams = Upstreams {
+            hub: &self.hub,
+            own: &self.own,
+            setup: &recovery.setup,
+            cx: &cx,
+            trace: trace.as_deref(),
+            resume,
+        };
         let started = std::time::Instant::now();
         let (ending, record) = recovery
             .engine()
@@ -433,7 +445,10 @@ impl Gateway {
         }
         self.account(&recovery, &record, &ending, started.elapsed());
         let mut result = match ending {
-            Ending::Answered(result) => report::recovered(result, &record, &recovery.setup.secrets),
+            Ending::Answered(CallToolResponse::Complete(result)) => {
+                report::recovered(result, &record, &recovery.setup.secrets)
+            }
+            Ending::Answered(other) => return Ok(other),
             Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
         };
         result.result_type = Some(ResultType::COMPLETE);
@@ -565,6 +580,8 @@ struct Upstreams<'a> {
     setup: &'a Setup,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
+    /// The client's answers, for the tool they answer (see [`Resume`]).
+    resume: Option<(&'a Route, &'a Resume)>,
 }
 
 impl Upstreams<'_> {
@@ -577,7 +594,7 @@ impl Upstreams<'_> {
         timeout: Duration,
         max_total: Duration,
         traceparent: Option<&str>,
-    ) -> Result<CallToolResult, Failure> {
+    ) -> Result<CallToolResponse, Failure> {
         let Some(handle) = self.own.server_in(self.setup, server) else {
             return Err(Failure::Unavailable {
                 status: crate::transport::Status::Stopped,
@@ -603,6 +620,7 @@ impl Upstreams<'_> {
                 .servers
                 .get(server)
                 .is_none_or(|s| s.recovery.progress_extends_timeout),
+            resume: self.resume.filter(|(route, _)| *route.server == *server && route.name == tool).map(|(_, r)| r),
         };
         attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
     }
@@ -616,7 +634,7 @@ impl Upstream for Upstreams<'_> {
         arguments: Option<JsonObject>,
         timeout: Duration,
         max_total: Duration,
-    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         let server = server.to_owned();
         let tool = tool.to_owned();
         Box::pin(async move {

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use rmcp::model::{CallToolResult, JsonObject, ToolAnnotations};
+use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ToolAnnotations};
 use serde_json::Value;
 
 use super::backoff;
@@ -47,7 +47,8 @@ use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
 /// The I/O the engine needs; the gateway provides it.
 pub trait Upstream: Send + Sync {
     /// One attempt of `tool` on `server`, answered within `timeout` (restarted by progress
-    /// where configured) and never later than `max_total`.
+    /// where configured) and never later than `max_total`. An answer that is not a
+    /// result (questions for the client, a task) ends the call as it is.
     fn call(
         &self,
         server: &str,
@@ -55,7 +56,7 @@ pub trait Upstream: Send + Sync {
         arguments: Option<JsonObject>,
         timeout: Duration,
         max_total: Duration,
-    ) -> BoxFuture<'_, Result<CallToolResult, Failure>>;
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>>;
     /// The annotations of a tool as its server publishes it, or `None` if it has no
     /// such tool (right now).
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>>;
@@ -210,11 +211,20 @@ pub struct Denied {
 
 /// The end of a call.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant, reason = "one per call, moved a few times: boxing would allocate on every call")]
 pub enum Ending {
-    /// A result to pass on as it is: a success, or the tool's own error.
-    Answered(CallToolResult),
+    /// An answer to pass on as it is: a success, the tool's own error, or (from a server
+    /// on 2026-07-28) questions for the client or a task.
+    Answered(CallToolResponse),
     /// Nothing worked.
     GaveUp,
+}
+
+impl Ending {
+    /// Whether the call ended in the tool's own error result.
+    pub fn is_tool_error(&self) -> bool {
+        matches!(self, Ending::Answered(CallToolResponse::Complete(r)) if r.is_error == Some(true))
+    }
 }
 
 impl Record {
@@ -324,6 +334,7 @@ struct Spent {
 }
 
 /// What a plan's run leads to.
+#[allow(clippy::large_enum_variant, reason = "as `Ending`")]
 enum Next {
     Retry,
     Done(Ending),
@@ -486,9 +497,7 @@ impl Engine {
                     if spent.primary > 1 {
                         call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
                     }
-                    if let Some(a) = call.advisor {
-                        a.observe(&call.server, &call.tool, call.arguments.as_ref(), &result).await;
-                    }
+                    observe(call.advisor, &call.server, &call.tool, call.arguments.as_ref(), &result).await;
                     return Ending::Answered(result);
                 }
                 Err(failed) => failed,
@@ -505,7 +514,7 @@ impl Engine {
                 // A healthy server said no, and nobody knows better: the agent gets the
                 // tool's own answer, with the adapter's word on it (which log to read).
                 (None, Failure::ToolError { result }) if !class.retryable && !builtin.retryable => {
-                    return Ending::Answered(with_note(*result, class.message.as_deref()));
+                    return Ending::Answered(with_note(*result, class.message.as_deref()).into());
                 }
                 (advised, _) => plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin),
             };
@@ -689,9 +698,7 @@ impl Engine {
             self.attempt(call.upstream, call.policy, &server, &tool, args.clone(), timeout, call.deadline).await;
         match outcome {
             Ok(result) => {
-                if let Some(a) = call.advisor {
-                    a.observe(&server, &tool, args.as_ref(), &result).await;
-                }
+                observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
                 record.push(&server, &tool, Role::SideCall, None, Duration::ZERO);
             }
             Err(f) => record.push(&server, &tool, Role::SideCall, Some(f), Duration::ZERO),
@@ -709,7 +716,7 @@ impl Engine {
         server: Arc<str>,
         tool: String,
         arguments: Option<JsonObject>,
-    ) -> Option<CallToolResult> {
+    ) -> Option<CallToolResponse> {
         let policy = self.servers.get(&server)?;
         // Skipped where this server (or version of it) has no such tool.
         let annotations = call.upstream.annotations(&server, &tool)?;
@@ -733,9 +740,7 @@ impl Engine {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
                 call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
-                if let Some(a) = call.advisor {
-                    a.observe(&server, &tool, args.as_ref(), &result).await;
-                }
+                observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
                 Some(result)
             }
             Err(f) => {
@@ -776,7 +781,7 @@ impl Engine {
         arguments: Option<JsonObject>,
         timeout: Duration,
         deadline: tokio::time::Instant,
-    ) -> Result<CallToolResult, (Failure, Classification)> {
+    ) -> Result<CallToolResponse, (Failure, Classification)> {
         let failed = |f: Failure| {
             let c = classify(&f, self.clock.wall());
             policy.counters.failures.fetch_add(1, Ordering::Relaxed);
@@ -875,6 +880,19 @@ impl Engine {
 }
 
 /// A tool's own error result, with the adapter's note on it when it has one.
+/// Shows the advisor a successful call's result (an answer that is not one, it never sees).
+async fn observe(
+    advisor: Option<&dyn Advisor>,
+    server: &str,
+    tool: &str,
+    arguments: Option<&JsonObject>,
+    answer: &CallToolResponse,
+) {
+    if let (Some(a), CallToolResponse::Complete(result)) = (advisor, answer) {
+        a.observe(server, tool, arguments, result).await;
+    }
+}
+
 fn with_note(mut result: CallToolResult, note: Option<&str>) -> CallToolResult {
     if let Some(note) = note {
         result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));

@@ -18,20 +18,20 @@ type Call = (String, Instant, Duration, Option<JsonObject>);
 /// Answers from a script per tool; an exhausted script answers `ok`. Records every call.
 #[derive(Default)]
 struct Script {
-    answers: Mutex<HashMap<String, VecDeque<Result<CallToolResult, Failure>>>>,
+    answers: Mutex<HashMap<String, VecDeque<Result<CallToolResponse, Failure>>>>,
     calls: Mutex<Vec<Call>>,
     tools: HashMap<String, Option<ToolAnnotations>>,
 }
 
-fn ok(text: &str) -> Result<CallToolResult, Failure> {
-    Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+fn ok(text: &str) -> Result<CallToolResponse, Failure> {
+    Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
 }
 
-fn tool_error(text: &str) -> Result<CallToolResult, Failure> {
+fn tool_error(text: &str) -> Result<CallToolResponse, Failure> {
     Err(Failure::ToolError { result: Box::new(CallToolResult::error(vec![ContentBlock::text(text)])) })
 }
 
-fn timeout() -> Result<CallToolResult, Failure> {
+fn timeout() -> Result<CallToolResponse, Failure> {
     Err(Failure::Timeout { after: Duration::from_secs(1) })
 }
 
@@ -42,7 +42,7 @@ impl Script {
         Self { tools, ..Self::default() }
     }
 
-    fn then(self, tool: &str, answers: Vec<Result<CallToolResult, Failure>>) -> Self {
+    fn then(self, tool: &str, answers: Vec<Result<CallToolResponse, Failure>>) -> Self {
         self.answers.lock().unwrap().entry(tool.into()).or_default().extend(answers);
         self
     }
@@ -60,7 +60,7 @@ impl Upstream for Script {
         arguments: Option<JsonObject>,
         timeout: Duration,
         _max_total: Duration,
-    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         let key = format!("{server}/{tool}");
         self.calls.lock().unwrap().push((key.clone(), Instant::now(), timeout, arguments));
         let answer =
@@ -127,7 +127,8 @@ async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
 
 fn answered(ending: &Ending) -> String {
     match ending {
-        Ending::Answered(r) => r.content[0].as_text().unwrap().text.clone(),
+        Ending::Answered(CallToolResponse::Complete(r)) => r.content[0].as_text().unwrap().text.clone(),
+        Ending::Answered(_) => "not a result".into(),
         Ending::GaveUp => "gave up".into(),
     }
 }
@@ -425,7 +426,7 @@ async fn a_plan_can_turn_a_tool_error_into_an_alternative() {
     assert_eq!(up.calls("s/goal").len(), 1);
 }
 
-fn unavailable() -> Result<CallToolResult, Failure> {
+fn unavailable() -> Result<CallToolResponse, Failure> {
     tool_error("upstream answered 503 Service Unavailable")
 }
 
@@ -546,7 +547,7 @@ impl Upstream for Panics {
         _: Option<JsonObject>,
         _: Duration,
         _: Duration,
-    ) -> BoxFuture<'_, Result<CallToolResult, Failure>> {
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         Box::pin(async { panic!("a bug in the call path") })
     }
 
