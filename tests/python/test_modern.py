@@ -60,6 +60,11 @@ async def exercised(client):
             async for event in changes:
                 break
     assert "extra" in {t.name for t in (await client.list_tools()).tools}
+    # What each connection upstream negotiated, for the operator.
+    status = (await client.call_tool("rebound_status", {})).structured_content
+    revisions = {s["name"]: s["protocol"] for s in status["servers"]}
+    assert revisions["modern"] == "2026-07-28"
+    assert revisions["faulty"] != "2026-07-28", revisions
 
 
 def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):

@@ -76,6 +76,8 @@ fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
         "restarts": state.restarts,
         "last_error": state.last_error.as_deref().map(capped),
         "tools": tools,
+        // The revision its current connection negotiated (2026-07-28, 2025-11-25, ...).
+        "protocol": state.session.as_ref().and_then(|s| s.info.as_ref()).map(|i| i.protocol_version.to_string()),
         "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
     });
     if let Some((_, name, e)) = setup.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
