@@ -104,3 +104,21 @@ def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(con
                 assert text(result) == "hello, Ada"
 
     anyio.run(main)
+
+
+def test_a_listen_request_follows_a_bounded_number_of_resources(config):
+    """A listen request's filter is the client's to write: the gateway follows at most
+    256 resources of one request, each once, and its acknowledgement says which."""
+
+    async def main():
+        with anyio.fail_after(60):
+            async with Client(stdio(config), mode="auto") as client:
+                await client.list_resources()
+                asked = ["faulty://faulty/readme"] * 3 + [f"file:///nowhere/{i}" for i in range(5000)]
+                async with client.listen(resources_list_changed=True, resource_subscriptions=asked) as sub:
+                    honored = set(sub.honored.resource_subscriptions)
+                    assert "faulty://faulty/readme" in honored
+                    assert len(honored) == 256 and "file:///nowhere/4999" not in honored
+                    assert sub.honored.resources_list_changed
+
+    anyio.run(main)

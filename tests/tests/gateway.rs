@@ -557,3 +557,28 @@ async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
     assert_eq!(answer["result"]["content"][0]["text"], "a: after cancelling", "{answer}");
     let _ = raw.child.kill().await;
 }
+
+/// A server of an older revision that knows `server/discover` refuses it (-32022, as an
+/// rmcp server that lists no 2026-07-28 does) instead of calling it unknown: Rebound
+/// initialises a fresh process at once, within the same start, so the client's first
+/// list has its tools; and its later starts initialise directly.
+#[tokio::test]
+async fn a_server_that_refuses_to_speak_2026_is_initialised_within_the_same_start() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"old": faulty("old", dir, &["--refuse-discover"])},
+            "rebound": {"restart": {"initial_delay_ms": 50}},
+        })
+    })
+    .await;
+    assert!(gw.tool_names().await.contains(&"echo".to_owned()), "the first list has its tools");
+    assert_eq!(text(&gw.call("echo", json!({"message": "hi"})).await), "old: hi");
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    let old = &status["servers"][0];
+    assert_eq!((old["protocol"].as_str(), old["restarts"].as_u64()), (Some("2025-11-25"), Some(0)), "{old}");
+    // Two processes for the first start (asked, then initialised), one for the restart.
+    assert_eq!(gw.state("old", "starts").len(), 2);
+    gw.call("crash", json!({})).await;
+    eventually("a restart", || gw.state("old", "starts").len() == 3).await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "again"})).await), "old: again");
+}

@@ -11,6 +11,7 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
 
+use super::hub::offered;
 use super::input;
 use super::routing::{CallGuard, Routing};
 use crate::recovery::Failure;
@@ -85,10 +86,19 @@ pub async fn attempt(
             let reason = format!("the server still asked for input after {} rounds", input::MAX_ROUNDS);
             return Err(Failure::Protocol { reason });
         }
-        let answers = tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx))
-            .await
-            .map_err(|_| Failure::Timeout { after: how.max_total })?
-            .map_err(|e| Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data })?;
+        // The client's answers and the server's next round both come out of what is left.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let answers = match tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx)).await {
+            Ok(Ok(answers)) => answers,
+            Ok(Err(e)) => return Err(Failure::Unanswered { reason: e.message.into_owned() }),
+            Err(_) => {
+                let reason = format!("the call's deadline ({} ms) passed first", how.max_total.as_millis());
+                return Err(Failure::Unanswered { reason });
+            }
+        };
+        if deadline <= tokio::time::Instant::now() {
+            return Err(Failure::Timeout { after: how.max_total });
+        }
         params.input_responses = Some(answers);
         params.request_state = asked.request_state;
         round += 1;
@@ -105,9 +115,17 @@ async fn exchange(
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<ServerResult, Failure> {
-    // Pass the client's `_meta` on (rmcp puts its own progress token in).
+    // Pass the client's `_meta` on (rmcp puts its own progress token in), but for the
+    // protocol's own keys: they describe the client's revision, not this connection's.
     let mut meta = RequestMetaObject::default();
-    meta.extend(cx.meta.clone());
+    for (key, value) in cx.meta.iter().filter(|(k, _)| !k.starts_with(PROTOCOL_KEYS)) {
+        meta.insert(key.clone(), value.clone());
+    }
+    // A server on 2026-07-28 is told, on each request, what the client that made it can
+    // answer: exactly that client's capabilities (over stdio and HTTP alike).
+    if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
+        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default()));
+    }
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());
     }
@@ -170,6 +188,10 @@ async fn exchange(
     }
     outcome
 }
+
+/// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,
+/// log level): the gateway's connection to the server sets its own.
+const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
 
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);

@@ -134,8 +134,9 @@ impl Downstreams {
     }
 
     fn add_entry(&self, client: Arc<str>, owner: Arc<str>, reach: Reach) {
+        // Closed entries stay until `remove`, which ends the subscriptions they held.
         let mut list = self.list.lock().expect("not poisoned");
-        list.retain(|d| !d.reach.is_closed() && d.client != client);
+        list.retain(|d| d.client != client);
         list.push(Downstream { client, owner, reach, level: None, subscriptions: HashSet::new() });
     }
 
@@ -148,14 +149,14 @@ impl Downstreams {
 
     /// How each live client is reached.
     fn reaches(&self) -> Vec<Reach> {
-        let mut list = self.list.lock().expect("not poisoned");
-        list.retain(|d| !d.reach.is_closed());
-        list.iter().map(|d| d.reach.clone()).collect()
+        let list = self.list.lock().expect("not poisoned");
+        list.iter().filter(|d| !d.reach.is_closed()).map(|d| d.reach.clone()).collect()
     }
 
     /// The only client, over stdio, if it has a session (a 2026-07-28 client has none).
     pub fn only_stdio_client(&self) -> Option<Peer<RoleServer>> {
-        match (self.front, self.reaches().as_slice()) {
+        let sessions: Vec<Reach> = self.reaches().into_iter().filter(|r| r.session().is_some()).collect();
+        match (self.front, sessions.as_slice()) {
             (Front::Stdio, [Reach::Session(only)]) => Some(only.clone()),
             _ => None,
         }
@@ -283,9 +284,10 @@ impl Downstreams {
     /// ended upstream.
     pub fn remove(&self, client: &str) -> Vec<(u64, String)> {
         let mut list = self.list.lock().expect("not poisoned");
-        let (gone, kept): (Vec<_>, Vec<_>) = list.drain(..).partition(|d| &*d.client == client || &*d.owner == client);
+        // Closed entries go too: a session or listen request whose end was not seen.
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            list.drain(..).partition(|d| &*d.client == client || &*d.owner == client || d.reach.is_closed());
         *list = kept;
-        list.retain(|d| !d.reach.is_closed());
         let mut ended: Vec<(u64, String)> = gone
             .into_iter()
             .flat_map(|d| d.subscriptions)

@@ -251,8 +251,9 @@ impl Drop for CallGuard {
 
 /// `request` as the client sees it, if its capabilities allow it.
 pub fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str) -> Result<ServerRequest, ErrorData> {
-    let Some(info) = peer.peer_info() else {
-        // A 2026-07-28 session never initialised: servers may not send it requests.
+    // A 2026-07-28 client never initialised (over HTTP rmcp makes up its details, with its
+    // revision): servers may not send it requests.
+    let Some(info) = peer.peer_info().filter(|i| i.protocol_version.has_initialize()) else {
         return Err(ErrorData::new(
             rmcp::model::ErrorCode::METHOD_NOT_FOUND,
             format!(

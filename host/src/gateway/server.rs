@@ -120,9 +120,21 @@ impl ServerHandler for Gateway {
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-        // Every list change, and updates of every resource asked for (a URI no server
-        // offers is logged when the listen starts, and never heard of).
-        Some(requested.clone())
+        // Every list change, and updates of the resources asked for that a server offers
+        // (at most `MAX_LISTENED`, each once): the acknowledgement says which.
+        let catalogue = self.own.catalogue();
+        let mut uris: Vec<String> = Vec::new();
+        for uri in requested.resource_subscriptions.iter().flatten() {
+            if uris.len() == MAX_LISTENED {
+                break;
+            }
+            if !uris.contains(uri) && catalogue.resource(uri).is_some() {
+                uris.push(uri.clone());
+            }
+        }
+        let mut accepted = requested.clone();
+        accepted.resource_subscriptions = requested.resource_subscriptions.as_ref().map(|_| uris);
+        Some(accepted)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
@@ -131,13 +143,20 @@ impl ServerHandler for Gateway {
         let listen: Arc<str> = format!("{} listen {}", self.own.client, id_text(&cx.id)).into();
         let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
         self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), reach);
-        for uri in context.accepted().resource_subscriptions.iter().flatten() {
-            if let Err(e) = self.subscribe_to(&listen, uri).await {
-                tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+        // However the request ends (rmcp may drop this future when it is cancelled), its
+        // entry goes, and the upstream subscriptions only it held end.
+        let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
+        let subscribe = async {
+            for uri in context.accepted().resource_subscriptions.iter().flatten() {
+                if let Err(e) = self.subscribe_to(&listen, uri).await {
+                    tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+                }
             }
+        };
+        tokio::select! {
+            () = subscribe => context.cancelled().await,
+            () = context.cancelled() => {}
         }
-        context.cancelled().await;
-        self.hub.session_ended(&listen);
         Ok(())
     }
 
@@ -480,6 +499,24 @@ impl Gateway {
     }
 }
 
+/// The most resources one `subscriptions/listen` request follows.
+const MAX_LISTENED: usize = 256;
+
+/// Ends a listen request's entry when dropped (see [`Hub::session_ended`]).
+struct Ended {
+    hub: Arc<Hub>,
+    client: Arc<str>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        // Ending upstream subscriptions takes a task; there is none to take at shutdown.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.hub.session_ended(&self.client);
+        }
+    }
+}
+
 /// A request id as text, for a name.
 fn id_text(id: &RequestId) -> String {
     match id {
@@ -536,9 +573,18 @@ impl Gateway {
     /// `exposed`: upstream, unless another client already holds that subscription.
     async fn subscribe_to(&self, client: &str, exposed: &str) -> Result<(), ErrorData> {
         let (subscription, server) = self.subscription(exposed).await?;
-        let session = self.session(&server, self.wait_for(&server)).await?;
+        let within = self.wait_for(&server);
+        let session = self.session(&server, within).await?;
         let request = SubscribeRequestParams::new(subscription.uri.clone());
-        session.peer.subscribe(request).await.map_err(|e| upstream_error(&server, e))?;
+        tokio::time::timeout(within, session.peer.subscribe(request))
+            .await
+            .map_err(|_| {
+                ErrorData::internal_error(
+                    format!("server `{server}` did not answer within {} ms", within.as_millis()),
+                    None,
+                )
+            })?
+            .map_err(|e| upstream_error(&server, e))?;
         self.hub.downstreams.subscribe(client, subscription, true);
         Ok(())
     }

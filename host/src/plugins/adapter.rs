@@ -448,7 +448,7 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
         Failure::Unavailable { .. } | Failure::SendFailed { .. } | Failure::CircuitOpen { .. } => {
             wit::Outcome::NotDelivered(clean(&f.failure.message()))
         }
-        Failure::Protocol { .. } | Failure::Cancelled | Failure::Internal { .. } => {
+        Failure::Protocol { .. } | Failure::Cancelled | Failure::Unanswered { .. } | Failure::Internal { .. } => {
             wit::Outcome::Other(clean(&f.failure.message()))
         }
     };

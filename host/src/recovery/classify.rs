@@ -182,6 +182,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
             c
         }
         Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
+        Failure::Unanswered { .. } => C::Capability.with(false, false, Low, User),
         // The gateway's own bug: nothing to retry, nothing against the server.
         Failure::Internal { .. } => C::Other("internal".into()).with(false, false, Severity::Critical, Bug),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
@@ -325,6 +326,7 @@ mod tests {
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
         check(Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None }, CircuitOpen, true, false, true);
         check(Failure::Cancelled, Cancelled, false, false, false);
+        check(Failure::Unanswered { reason: "declined".into() }, Capability, false, false, false);
         check(Failure::Protocol { reason: "odd".into() }, Protocol, false, true, false);
     }
 

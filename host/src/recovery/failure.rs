@@ -29,6 +29,9 @@ pub enum Failure {
     Protocol { reason: String },
     /// The client cancelled the call.
     Cancelled,
+    /// The server (on MCP 2026-07-28) asked the client something, and the client did not
+    /// or could not answer: nothing against the server, nothing to retry.
+    Unanswered { reason: String },
     /// The gateway itself failed while handling the call (a panic, caught): a bug.
     Internal { reason: String },
 }
@@ -46,6 +49,7 @@ impl Failure {
             Self::CircuitOpen { .. } => "circuit_open",
             Self::Protocol { .. } => "protocol",
             Self::Cancelled => "cancelled",
+            Self::Unanswered { .. } => "unanswered",
             Self::Internal { .. } => "internal",
         }
     }
@@ -77,6 +81,7 @@ impl Failure {
             ),
             Self::Protocol { reason } => format!("protocol error: {reason}"),
             Self::Cancelled => "cancelled by the client".to_owned(),
+            Self::Unanswered { reason } => format!("the server asked the client for input, with no answer: {reason}"),
             Self::Internal { reason } => format!("Rebound failed internally while handling the call: {reason}"),
         }
     }

@@ -53,6 +53,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (Category::ToolNotFound, _) => {
             format!("the `{server}` server no longer offers `{tool}`; call tools/list and pick another tool")
         }
+        (_, Failure::Unanswered { .. }) => format!(
+            "`{tool}` needs an answer from this client (sampling, elicitation or roots) that it did not give; answer it, or use a client that supports what the server asks"
+        ),
         (Category::Capability, _) => format!("the `{server}` server does not support this request; use another tool"),
         (Category::Cancelled, _) => "nothing: the call was cancelled by the client".to_owned(),
         (Category::ServerUnavailable | Category::Connection, _) => {

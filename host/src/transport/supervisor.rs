@@ -239,6 +239,7 @@ pub fn spawn_supervisor(
         tx,
         shutdown: shutdown.clone(),
         restart: restart.clone(),
+        learned: std::sync::Mutex::new(Learned::Nothing),
     };
     let task = tokio::spawn(sup.run());
     ServerHandle { name, instance, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
@@ -259,6 +260,25 @@ struct Supervisor {
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
     restart: Arc<tokio::sync::Notify>,
+    /// What its starts have shown of the revisions it speaks (`protocol: auto`).
+    learned: std::sync::Mutex<Learned>,
+}
+
+/// What starting a server has shown of the revisions it speaks. Asking for 2026-07-28
+/// (`server/discover`) before initialising costs a round trip with a server that does not
+/// know it, and can fail outright: with a server that answers the question late (after
+/// the 10 s rmcp waits, as a slow first start does) or with an error rmcp does not take
+/// for "older revision". So a server is asked once, and what it showed decides the next
+/// start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Learned {
+    /// Nothing yet, or it speaks 2026-07-28: ask.
+    Nothing,
+    /// It initialised on an older revision: initialise it directly from now on.
+    Initialises,
+    /// The last start, which asked, failed: the next one initialises, and the one after
+    /// that asks again (so a server that speaks only 2026-07-28 is not locked out).
+    AskingFailed,
 }
 
 /// A running, initialised server.
@@ -399,19 +419,21 @@ impl Supervisor {
 
     async fn start(&self, caps: &ClientCapabilities) -> Result<Connection, String> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let handler =
-            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), caps: caps.clone() };
-        let stop = CancellationToken::new();
-        let (running, process) = match &self.config.launch {
-            Launch::Stdio(launch) => {
-                let (process, running) = self.start_stdio(launch, handler, &stop).await?;
-                (running, Some(process))
+        let asked = matches!(self.lifecycle(), ClientLifecycleMode::Auto { .. });
+        let (running, process, stop) = match self.connect(id, caps).await {
+            // A server that cannot take the question is initialised at once, afresh.
+            Err(e) if asked => {
+                self.learn(None);
+                tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({e}); initialising instead");
+                self.connect(id, caps).await
             }
-            Launch::Http(http) => (self.start_http(http, handler, &stop).await?, None),
-        };
+            connected => connected,
+        }
+        .inspect_err(|_| self.learn(None))?;
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
+        self.learn(info.as_ref().map(|i| &i.protocol_version));
         // The first listing is part of the start: a server that initialises and then
         // never lists its tools has failed to start, and is restarted with backoff.
         let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref())).await else {
@@ -448,14 +470,49 @@ impl Supervisor {
         Ok(Connection { process, service, service_ended, stop, session })
     }
 
-    /// How the connection starts (`mcpServers.NAME.protocol`).
+    /// How the connection starts (`mcpServers.NAME.protocol`, and what earlier starts
+    /// showed: [`Learned`]).
     fn lifecycle(&self) -> ClientLifecycleMode {
-        match self.config.protocol {
-            Protocol::Auto => ClientLifecycleMode::Auto {
+        match (self.config.protocol, self.learned()) {
+            (Protocol::Auto, Learned::Nothing) => ClientLifecycleMode::Auto {
                 preferred_versions: vec![ProtocolVersion::V_2026_07_28],
                 legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
             },
-            Protocol::Initialize => ClientLifecycleMode::Initialize,
+            _ => ClientLifecycleMode::Initialize,
+        }
+    }
+
+    fn learned(&self) -> Learned {
+        *self.learned.lock().expect("not poisoned")
+    }
+
+    /// A start ended: on `revision`, or (`None`) failed.
+    fn learn(&self, revision: Option<&ProtocolVersion>) {
+        let mut learned = self.learned.lock().expect("not poisoned");
+        *learned = match (revision, *learned) {
+            (Some(v), _) if v.has_initialize() => Learned::Initialises,
+            (Some(_), _) => Learned::Nothing,
+            (None, Learned::Nothing) if self.config.protocol == Protocol::Auto => Learned::AskingFailed,
+            (None, Learned::AskingFailed) => Learned::Nothing,
+            (None, kept) => kept,
+        };
+    }
+
+    /// Connects to the server (a new process for a stdio one) and initialises session `id`.
+    async fn connect(
+        &self,
+        id: u64,
+        caps: &ClientCapabilities,
+    ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), String> {
+        let handler =
+            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), caps: caps.clone() };
+        let stop = CancellationToken::new();
+        match &self.config.launch {
+            Launch::Stdio(launch) => {
+                let (process, running) = self.start_stdio(launch, handler, &stop).await?;
+                Ok((running, Some(process), stop))
+            }
+            Launch::Http(http) => Ok((self.start_http(http, handler, &stop).await?, None, stop)),
         }
     }
 
@@ -605,36 +662,83 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Lis
 }
 
 /// On a 2026-07-28 connection a server says its lists changed only on a
-/// `subscriptions/listen` request: one is kept open for the session's life, and what
-/// arrives on it is relayed like the notifications of older revisions.
+/// `subscriptions/listen` request: one is kept open for the session's life (opened again,
+/// after a pause that doubles up to 30 s, when the server ends it or it lags), and what
+/// arrives on it is relayed like the notifications of older revisions. Every reopening
+/// counts as a change of every list, since changes in between went unheard.
 fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
     let (server, id, peer, closed) = (session.server.clone(), session.id, session.peer.clone(), session.closed.clone());
     tokio::spawn(async move {
-        let filter =
-            SubscriptionFilter::builder().tools_list_changed().prompts_list_changed().resources_list_changed().build();
-        let mut subscription = match peer.listen(filter).await {
-            Ok(subscription) => subscription,
-            Err(e) => {
-                tracing::info!(%server, "the server takes no subscriptions/listen, so its list changes go unheard: {e}");
+        let mut pause = Duration::from_secs(1);
+        for round in 0u32.. {
+            let filter = SubscriptionFilter::builder()
+                .tools_list_changed()
+                .prompts_list_changed()
+                .resources_list_changed()
+                .build();
+            let opened = tokio::select! {
+                opened = peer.listen(filter) => opened,
+                () = closed.cancelled() => return,
+            };
+            match opened {
+                Ok(mut subscription) => {
+                    if round > 0 {
+                        for event in [
+                            UpstreamEvent::ToolsChanged,
+                            UpstreamEvent::PromptsChanged,
+                            UpstreamEvent::ResourcesChanged,
+                        ] {
+                            relay.notify(&server, id, event);
+                        }
+                    }
+                    pause = Duration::from_secs(1);
+                    relay_changes(&mut subscription, &closed, &*relay, &server, id).await;
+                }
+                Err(e) if round == 0 => {
+                    tracing::info!(%server, "the server takes no subscriptions/listen, so its list changes go unheard: {e}");
+                    return;
+                }
+                Err(e) => tracing::debug!(%server, "subscriptions/listen failed again: {e}"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = closed.cancelled() => return,
+            }
+            pause = (pause * 2).min(Duration::from_secs(30));
+        }
+    });
+}
+
+/// Relays the list changes `subscription` brings until it ends or the session closes.
+async fn relay_changes(
+    subscription: &mut rmcp::service::Subscription,
+    closed: &CancellationToken,
+    relay: &dyn Relay,
+    server: &str,
+    id: u64,
+) {
+    loop {
+        let next = tokio::select! {
+            next = subscription.next() => next,
+            () = closed.cancelled() => return,
+        };
+        let event = match next {
+            Ok(Some(ServerNotification::ToolListChangedNotification(_))) => UpstreamEvent::ToolsChanged,
+            Ok(Some(ServerNotification::PromptListChangedNotification(_))) => UpstreamEvent::PromptsChanged,
+            Ok(Some(ServerNotification::ResourceListChangedNotification(_))) => UpstreamEvent::ResourcesChanged,
+            Ok(Some(_)) => continue,
+            Ok(None) | Err(_) => {
+                tracing::debug!(
+                    server,
+                    session = id,
+                    "the server's subscriptions/listen ended: {:?}",
+                    subscription.end()
+                );
                 return;
             }
         };
-        loop {
-            let next = tokio::select! {
-                next = subscription.next() => next,
-                () = closed.cancelled() => break,
-            };
-            let event = match next {
-                Ok(Some(ServerNotification::ToolListChangedNotification(_))) => UpstreamEvent::ToolsChanged,
-                Ok(Some(ServerNotification::PromptListChangedNotification(_))) => UpstreamEvent::PromptsChanged,
-                Ok(Some(ServerNotification::ResourceListChangedNotification(_))) => UpstreamEvent::ResourcesChanged,
-                Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => break,
-            };
-            relay.notify(&server, id, event);
-        }
-        tracing::debug!(%server, session = id, "the server's subscriptions/listen ended");
-    });
+        relay.notify(server, id, event);
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,9 @@ struct Server {
     crash_after: Option<u64>,
     /// Never answer `tools/list`.
     mute_lists: bool,
+    /// Answer `server/discover` as a server of 2025-11-25 and older that knows the
+    /// request does: "unsupported protocol version" (-32022), listing only those.
+    refuse_discover: bool,
     calls: AtomicU64,
     per_tool: Mutex<std::collections::HashMap<String, u64>>,
     last_429: Mutex<Option<std::time::Instant>>,
@@ -53,6 +56,7 @@ async fn main() {
     let mut start_delay = 0;
     let mut emulate = None;
     let mut mute_lists = false;
+    let mut refuse_discover = false;
     let mut stubborn = false;
     let mut deaf_after_calls = None;
     let mut log_every = None;
@@ -85,6 +89,7 @@ async fn main() {
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             // Initialises, then never answers `tools/list`: a start that never completes.
             "--mute-lists" => mute_lists = true,
+            "--refuse-discover" => refuse_discover = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
             // Stops reading its input (but keeps running) after this many tool calls; once
@@ -124,6 +129,7 @@ async fn main() {
         extra_tools,
         crash_after,
         mute_lists,
+        refuse_discover,
         calls: AtomicU64::new(0),
         per_tool: Mutex::default(),
         last_429: Mutex::default(),
@@ -233,6 +239,12 @@ impl Server {
             })),
             "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => Ok(json!({})),
             "tools/list" if self.mute_lists => return,
+            "server/discover" if self.refuse_discover => {
+                let data = json!({"supported": ["2025-11-25", "2025-06-18"], "requested": "2026-07-28"});
+                let error = json!({"code": -32022, "message": "Unsupported protocol version", "data": data});
+                self.send(&json!({"jsonrpc": "2.0", "id": id, "error": error})).await;
+                return;
+            }
             "tools/list" => Ok(json!({"tools": self.tools()})),
             "prompts/list" => Ok(
                 json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),
