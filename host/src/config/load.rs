@@ -333,29 +333,31 @@ impl Ctx<'_> {
 
     /// `scope`: `"shared"` (the default) or `"session"`.
     fn scope(&self, key: &str, value: Option<Value>) -> Result<Scope, ConfigError> {
-        match value {
-            None | Some(Value::Null) => Ok(Scope::Shared),
-            Some(Value::String(s)) if s == "shared" => Ok(Scope::Shared),
-            Some(Value::String(s)) if s == "session" => Ok(Scope::Session),
-            Some(other) => Err(self.err(
-                key,
-                format!("is {other}, not a scope"),
-                r#"use "shared" (one process for every client) or "session" (one per client session)"#,
-            )),
-        }
+        let hint = r#"use "shared" (one process for every client) or "session" (one per client session)"#;
+        self.one_of(key, value, &[("shared", Scope::Shared), ("session", Scope::Session)], "a scope", hint)
     }
 
     /// `protocol`: `"auto"` (the default) or `"2025-11-25"`.
     fn protocol(&self, key: &str, value: Option<Value>) -> Result<Protocol, ConfigError> {
+        let hint =
+            r#"use "auto" (MCP 2026-07-28 if the server speaks it, else initialize) or "2025-11-25" (initialize only)"#;
+        let choices = [("auto", Protocol::Auto), ("2025-11-25", Protocol::Initialize)];
+        self.one_of(key, value, &choices, "a way to start a connection", hint)
+    }
+
+    /// One of `choices` by its name; absent or `null` is the first.
+    fn one_of<T: Copy>(
+        &self,
+        key: &str,
+        value: Option<Value>,
+        choices: &[(&str, T)],
+        what: &str,
+        hint: &str,
+    ) -> Result<T, ConfigError> {
         match value {
-            None | Some(Value::Null) => Ok(Protocol::Auto),
-            Some(Value::String(s)) if s == "auto" => Ok(Protocol::Auto),
-            Some(Value::String(s)) if s == "2025-11-25" => Ok(Protocol::Initialize),
-            Some(other) => Err(self.err(
-                key,
-                format!("is {other}, not a way to start a connection"),
-                r#"use "auto" (MCP 2026-07-28 if the server speaks it, else initialize) or "2025-11-25" (initialize only)"#,
-            )),
+            None | Some(Value::Null) => Ok(choices[0].1),
+            Some(Value::String(s)) if let Some((_, t)) = choices.iter().find(|(name, _)| *name == s) => Ok(*t),
+            Some(other) => Err(self.err(key, format!("is {other}, not {what}"), hint)),
         }
     }
 
