@@ -27,6 +27,9 @@ pub struct Attempt<'a> {
     /// The most the attempt may take, progress or not: what is left of the call's deadline.
     pub max_total: Duration,
     pub progress_extends_timeout: bool,
+    /// Whether this is the tool the client called (not an alternative or a side call):
+    /// only its questions may go to a 2026-07-28 client as they are.
+    pub called: bool,
     /// A 2026-07-28 client's answers to the server's questions, and the server's state,
     /// when it calls again.
     pub resume: Option<&'a Resume>,
@@ -35,7 +38,7 @@ pub struct Attempt<'a> {
 /// What a 2026-07-28 client sends back with a call the server answered with questions.
 #[derive(Debug, Clone)]
 pub struct Resume {
-    pub answers: InputResponses,
+    pub answers: Option<InputResponses>,
     pub state: Option<String>,
 }
 
@@ -58,7 +61,7 @@ pub async fn attempt(
     let mut params = CallToolRequestParams::new(tool.to_owned());
     params.arguments = arguments;
     if let Some(resume) = how.resume {
-        params.input_responses = Some(resume.answers.clone());
+        params.input_responses = resume.answers.clone();
         params.request_state = resume.state.clone();
     }
     let modern_client = cx.protocol_version().is_some_and(|v| !v.has_initialize());
@@ -72,8 +75,13 @@ pub async fn attempt(
                 return Err(Failure::ToolError { result: Box::new(result) });
             }
             ServerResult::CallToolResult(result) => return Ok(result.into()),
-            ServerResult::InputRequiredResult(asked) if modern_client => {
+            ServerResult::InputRequiredResult(asked) if modern_client && how.called => {
                 return Ok(CallToolResponse::InputRequired(asked));
+            }
+            ServerResult::InputRequiredResult(_) if modern_client => {
+                let reason =
+                    "a tool other than the one called asked for input; only the called tool's questions are passed on";
+                return Err(Failure::Unanswered { reason: reason.to_owned() });
             }
             ServerResult::InputRequiredResult(asked) => asked,
             other => {
@@ -90,14 +98,17 @@ pub async fn attempt(
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let answers = match tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx)).await {
             Ok(Ok(answers)) => answers,
+            _ if cx.ct.is_cancelled() => return Err(Failure::Cancelled),
             Ok(Err(e)) => return Err(Failure::Unanswered { reason: e.message.into_owned() }),
             Err(_) => {
                 let reason = format!("the call's deadline ({} ms) passed first", how.max_total.as_millis());
                 return Err(Failure::Unanswered { reason });
             }
         };
+        // The time the client took to answer is not the server's: nothing is left for it.
         if deadline <= tokio::time::Instant::now() {
-            return Err(Failure::Timeout { after: how.max_total });
+            let reason = format!("the answers took the rest of the call's deadline ({} ms)", how.max_total.as_millis());
+            return Err(Failure::Unanswered { reason });
         }
         params.input_responses = Some(answers);
         params.request_state = asked.request_state;

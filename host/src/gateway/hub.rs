@@ -24,7 +24,7 @@ use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::Relay;
-use crate::transport::supervisor::{ServerHandle, Status, Supervision, spawn_supervisor};
+use crate::transport::supervisor::{Revisions, ServerHandle, Status, Supervision, spawn_supervisor};
 
 pub struct Hub {
     /// The configuration's shared servers, engine and adapters; replaced by a reload.
@@ -51,6 +51,8 @@ struct Life {
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
     stopping: tokio_util::sync::CancellationToken,
+    /// What each server's starts showed of the revisions it speaks, for all its instances.
+    revisions: Revisions,
 }
 
 impl Hub {
@@ -65,7 +67,8 @@ impl Hub {
         let offer = watch::Sender::new(None);
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let secrets = Secrets::of(&config);
-            let how = supervision(&config, &secrets);
+            let revisions = Revisions::default();
+            let how = supervision(&config, &secrets, &revisions);
             let errors = ErrorsLog::start(
                 config.settings.errors_log.clone(),
                 config.settings.errors_log_max_bytes,
@@ -81,7 +84,12 @@ impl Hub {
                 catalogue: RwLock::default(),
                 offer,
                 instances: Mutex::default(),
-                life: Life { started: Default::default(), settled: Default::default(), stopping: Default::default() },
+                life: Life {
+                    started: Default::default(),
+                    settled: Default::default(),
+                    stopping: Default::default(),
+                    revisions,
+                },
             }
         });
         for handle in hub.setup().servers.values() {
@@ -106,7 +114,7 @@ impl Hub {
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
         let current = self.setup();
-        let how = supervision(&config, &Secrets::of(&config));
+        let how = supervision(&config, &Secrets::of(&config), &self.life.revisions);
         let (mut next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
         // What was secret stays hidden: it may be in text written before the reload.
         let secrets = current.secrets.union(&next.secrets);
@@ -149,7 +157,7 @@ impl Hub {
     /// How every server of this gateway is supervised.
     pub fn supervision(&self) -> Supervision {
         let setup = self.setup();
-        supervision(&setup.config, &setup.secrets)
+        supervision(&setup.config, &setup.secrets, &self.life.revisions)
     }
 
     /// The stdio client initialised with `caps`: the shared servers start, offered them.
@@ -358,11 +366,12 @@ fn spawner<'a>(
 }
 
 /// What `config`'s servers are supervised with.
-fn supervision(config: &Config, secrets: &Secrets) -> Supervision {
+fn supervision(config: &Config, secrets: &Secrets, revisions: &Revisions) -> Supervision {
     Supervision {
         policy: config.settings.restart,
         init_timeout: Duration::from_millis(config.settings.init_timeout_ms),
         secrets: secrets.clone(),
+        revisions: revisions.clone(),
     }
 }
 

@@ -17,7 +17,7 @@ use rmcp::model::{
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability, ServerCapabilities,
     SetLevelRequestParams, SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
 };
-use rmcp::model::{RequestId, ResultType, SubscriptionFilter};
+use rmcp::model::{ResultType, SubscriptionFilter};
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
 
@@ -120,15 +120,16 @@ impl ServerHandler for Gateway {
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-        // Every list change, and updates of the resources asked for that a server offers
-        // (at most `MAX_LISTENED`, each once): the acknowledgement says which.
+        // Every list change, and updates of the resources asked for whose server takes
+        // subscriptions (at most `MAX_LISTENED`, each once): the acknowledgement says which.
         let catalogue = self.own.catalogue();
         let mut uris: Vec<String> = Vec::new();
         for uri in requested.resource_subscriptions.iter().flatten() {
             if uris.len() == MAX_LISTENED {
                 break;
             }
-            if !uris.contains(uri) && catalogue.resource(uri).is_some() {
+            let server = catalogue.resource(uri).map(|(server, _)| server);
+            if !uris.contains(uri) && server.is_some_and(|s| self.subscribable(&s)) {
                 uris.push(uri.clone());
             }
         }
@@ -140,7 +141,8 @@ impl ServerHandler for Gateway {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let cx = context.request_context();
         self.attach(cx);
-        let listen: Arc<str> = format!("{} listen {}", self.own.client, id_text(&cx.id)).into();
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let listen: Arc<str> = format!("{} listen {}", self.own.client, NEXT.fetch_add(1, Ordering::Relaxed)).into();
         let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
         self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), reach);
         // However the request ends (rmcp may drop this future when it is cancelled), its
@@ -434,18 +436,18 @@ impl Gateway {
             }
             (_, advisor) => advisor,
         };
-        // A 2026-07-28 client calling again with its answers to the server's questions: they
-        // go to that server's tool, not to an alternative.
-        let resume =
-            request.input_responses.take().map(|answers| Resume { answers, state: request.request_state.take() });
-        let resume = resume.as_ref().map(|r| (route, r));
+        // A 2026-07-28 client calling again with its answers to the server's questions (or
+        // the server's state alone): they go to that server's tool, never to an alternative.
+        let resume = (request.input_responses.is_some() || request.request_state.is_some())
+            .then(|| Resume { answers: request.input_responses.take(), state: request.request_state.take() });
         let upstreams = Upstreams {
             hub: &self.hub,
             own: &self.own,
             setup: &recovery.setup,
             cx: &cx,
             trace: trace.as_deref(),
-            resume,
+            called: route,
+            resume: resume.as_ref(),
         };
         let started = std::time::Instant::now();
         let (ending, record) = recovery
@@ -517,14 +519,6 @@ impl Drop for Ended {
     }
 }
 
-/// A request id as text, for a name.
-fn id_text(id: &RequestId) -> String {
-    match id {
-        RequestId::Number(n) => n.to_string(),
-        RequestId::String(s) => s.to_string(),
-    }
-}
-
 /// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
 /// HTTP request's `traceparent` header, else its `_meta.traceparent`.
 fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
@@ -561,6 +555,16 @@ impl Gateway {
         let caps = offered_modern(&cx.client_capabilities().unwrap_or_default());
         self.hub.offer(&caps);
         self.own.initialised(cx.peer.clone(), caps);
+    }
+
+    /// Whether `server`'s resources can be subscribed to now: it is up, on a revision
+    /// before 2026-07-28 (see the README), and says it takes subscriptions.
+    fn subscribable(&self, server: &str) -> bool {
+        let session = self.own.server(server).and_then(|h| h.state().session);
+        session.and_then(|s| s.info.clone()).is_some_and(|i| {
+            i.protocol_version.has_initialize()
+                && i.capabilities.resources.as_ref().and_then(|r| r.subscribe) == Some(true)
+        })
     }
 
     /// Ready to answer `cx`: the client introduced, the servers' first start awaited.
@@ -626,8 +630,11 @@ struct Upstreams<'a> {
     setup: &'a Setup,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
-    /// The client's answers, for the tool they answer (see [`Resume`]).
-    resume: Option<(&'a Route, &'a Resume)>,
+    /// The tool the client called: only its answers may be questions for the client, and
+    /// only it gets the client's answers (`resume`). A question from an alternative would
+    /// come back, answered, to the tool called, which did not ask it.
+    called: &'a Route,
+    resume: Option<&'a Resume>,
 }
 
 impl Upstreams<'_> {
@@ -666,7 +673,8 @@ impl Upstreams<'_> {
                 .servers
                 .get(server)
                 .is_none_or(|s| s.recovery.progress_extends_timeout),
-            resume: self.resume.filter(|(route, _)| *route.server == *server && route.name == tool).map(|(_, r)| r),
+            called: *self.called.server == *server && self.called.name == tool,
+            resume: self.resume.filter(|_| *self.called.server == *server && self.called.name == tool),
         };
         attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
     }

@@ -44,6 +44,23 @@ pub struct Supervision {
     pub init_timeout: Duration,
     /// Applied to every error before it is logged or kept in the state.
     pub secrets: Secrets,
+    /// What the starts of each server (by name) showed of the revisions it speaks.
+    pub revisions: Revisions,
+}
+
+/// What each server's starts showed of the revisions it speaks ([`Learned`]), by name:
+/// one for a gateway, so that the instances of a `session`-scoped server learn together.
+#[derive(Debug, Clone, Default)]
+pub struct Revisions(Arc<std::sync::Mutex<std::collections::HashMap<Arc<str>, Learned>>>);
+
+impl Revisions {
+    fn of(&self, server: &str) -> Learned {
+        self.0.lock().expect("not poisoned").get(server).copied().unwrap_or(Learned::Nothing)
+    }
+
+    fn set(&self, server: &Arc<str>, learned: Learned) {
+        self.0.lock().expect("not poisoned").insert(server.clone(), learned);
+    }
 }
 
 /// What a server is doing now.
@@ -239,7 +256,6 @@ pub fn spawn_supervisor(
         tx,
         shutdown: shutdown.clone(),
         restart: restart.clone(),
-        learned: std::sync::Mutex::new(Learned::Nothing),
     };
     let task = tokio::spawn(sup.run());
     ServerHandle { name, instance, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
@@ -260,8 +276,6 @@ struct Supervisor {
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
     restart: Arc<tokio::sync::Notify>,
-    /// What its starts have shown of the revisions it speaks (`protocol: auto`).
-    learned: std::sync::Mutex<Learned>,
 }
 
 /// What starting a server has shown of the revisions it speaks. Asking for 2026-07-28
@@ -271,7 +285,7 @@ struct Supervisor {
 /// for "older revision". So a server is asked once, and what it showed decides the next
 /// start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Learned {
+pub enum Learned {
     /// Nothing yet, or it speaks 2026-07-28: ask.
     Nothing,
     /// It initialised on an older revision: initialise it directly from now on.
@@ -279,6 +293,25 @@ enum Learned {
     /// The last start, which asked, failed: the next one initialises, and the one after
     /// that asks again (so a server that speaks only 2026-07-28 is not locked out).
     AskingFailed,
+}
+
+/// Why connecting to a server failed; `handshake` when it got as far as the protocol
+/// (rmcp's error, or the process exiting meanwhile), not when it could not be reached or
+/// ran out of time.
+struct ConnectError {
+    message: String,
+    handshake: bool,
+}
+
+impl ConnectError {
+    fn other(message: String) -> Self {
+        Self { message, handshake: false }
+    }
+
+    fn handshake(e: &rmcp::service::ClientInitializeError, message: String) -> Self {
+        use rmcp::service::ClientInitializeError as E;
+        Self { message, handshake: !matches!(e, E::TransportError { .. } | E::Cancelled) }
+    }
 }
 
 /// A running, initialised server.
@@ -422,14 +455,17 @@ impl Supervisor {
         let asked = matches!(self.lifecycle(), ClientLifecycleMode::Auto { .. });
         let (running, process, stop) = match self.connect(id, caps).await {
             // A server that cannot take the question is initialised at once, afresh.
-            Err(e) if asked => {
+            Err(e) if asked && e.handshake => {
                 self.learn(None);
-                tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({e}); initialising instead");
+                tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
                 self.connect(id, caps).await
             }
             connected => connected,
         }
-        .inspect_err(|_| self.learn(None))?;
+        .map_err(|e| {
+            self.learn(None);
+            e.message
+        })?;
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
@@ -483,19 +519,21 @@ impl Supervisor {
     }
 
     fn learned(&self) -> Learned {
-        *self.learned.lock().expect("not poisoned")
+        self.how.revisions.of(&self.name)
     }
 
     /// A start ended: on `revision`, or (`None`) failed.
     fn learn(&self, revision: Option<&ProtocolVersion>) {
-        let mut learned = self.learned.lock().expect("not poisoned");
-        *learned = match (revision, *learned) {
+        let learned = match (revision, self.learned()) {
             (Some(v), _) if v.has_initialize() => Learned::Initialises,
             (Some(_), _) => Learned::Nothing,
-            (None, Learned::Nothing) if self.config.protocol == Protocol::Auto => Learned::AskingFailed,
-            (None, Learned::AskingFailed) => Learned::Nothing,
-            (None, kept) => kept,
+            (None, _) if self.config.protocol != Protocol::Auto => Learned::Nothing,
+            (None, Learned::Nothing) => Learned::AskingFailed,
+            // A start that initialised failed: the server may have changed (upgraded to
+            // speak only 2026-07-28); the next start asks again.
+            (None, Learned::AskingFailed | Learned::Initialises) => Learned::Nothing,
         };
+        self.how.revisions.set(&self.name, learned);
     }
 
     /// Connects to the server (a new process for a stdio one) and initialises session `id`.
@@ -503,7 +541,8 @@ impl Supervisor {
         &self,
         id: u64,
         caps: &ClientCapabilities,
-    ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), String> {
+    ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
+    {
         let handler =
             UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), caps: caps.clone() };
         let stop = CancellationToken::new();
@@ -526,10 +565,10 @@ impl Supervisor {
         launch: &StdioLaunch,
         handler: UpstreamHandler,
         stop: &CancellationToken,
-    ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), String> {
+    ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
-            format!("cannot run `{}`: {e}{hint}", launch.command)
+            ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;
         let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES);
         let transport = self.in_order(transport, &handler);
@@ -537,7 +576,8 @@ impl Supervisor {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, self.lifecycle(), stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-                return Err(format!("exited during start-up ({status}){}", process.final_stderr_tail().await));
+                let message = format!("exited during start-up ({status}){}", process.final_stderr_tail().await);
+                return Err(ConnectError { message, handshake: true });
             }
         };
         match init {
@@ -547,12 +587,12 @@ impl Supervisor {
                 let tail = process.final_stderr_tail().await;
                 stop.cancel();
                 process.stop().await;
-                Err(format!("initialisation failed: {e}{tail}"))
+                Err(ConnectError::handshake(&e, format!("initialisation failed: {e}{tail}")))
             }
             Err(_) => {
                 stop.cancel();
                 process.stop().await;
-                Err(format!("did not initialise within {} ms", self.how.init_timeout.as_millis()))
+                Err(ConnectError::other(format!("did not initialise within {} ms", self.how.init_timeout.as_millis())))
             }
         }
     }
@@ -565,7 +605,7 @@ impl Supervisor {
         http: &HttpLaunch,
         handler: UpstreamHandler,
         stop: &CancellationToken,
-    ) -> Result<RunningService<RoleClient, UpstreamHandler>, String> {
+    ) -> Result<RunningService<RoleClient, UpstreamHandler>, ConnectError> {
         let headers = http
             .headers
             .iter()
@@ -585,10 +625,14 @@ impl Supervisor {
         .await
         {
             Ok(Ok(running)) => Ok(running),
-            Ok(Err(e)) => Err(format!("cannot initialise a session at {}: {e}", http.url)),
+            Ok(Err(e)) => Err(ConnectError::handshake(&e, format!("cannot initialise a session at {}: {e}", http.url))),
             Err(_) => {
                 stop.cancel();
-                Err(format!("{} did not initialise within {} ms", http.url, self.how.init_timeout.as_millis()))
+                Err(ConnectError::other(format!(
+                    "{} did not initialise within {} ms",
+                    http.url,
+                    self.how.init_timeout.as_millis()
+                )))
             }
         }
     }
@@ -691,8 +735,13 @@ fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
                             relay.notify(&server, id, event);
                         }
                     }
-                    pause = Duration::from_secs(1);
+                    let opened_at = Instant::now();
                     relay_changes(&mut subscription, &closed, &*relay, &server, id).await;
+                    // Only a listen that lasted resets the pause: one the server ends at
+                    // once is not reopened (and every list re-read) every second.
+                    if opened_at.elapsed() >= Duration::from_secs(30) {
+                        pause = Duration::from_secs(1);
+                    }
                 }
                 Err(e) if round == 0 => {
                     tracing::info!(%server, "the server takes no subscriptions/listen, so its list changes go unheard: {e}");
