@@ -456,20 +456,22 @@ impl Supervisor {
         let (running, process, stop) = match self.connect(id, caps).await {
             // A server that cannot take the question is initialised at once, afresh.
             Err(e) if asked && e.handshake => {
-                self.learn(None);
+                self.learn(Err(true));
                 tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
                 self.connect(id, caps).await
             }
             connected => connected,
         }
         .map_err(|e| {
-            self.learn(None);
+            self.learn(Err(e.handshake));
             e.message
         })?;
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
-        self.learn(info.as_ref().map(|i| &i.protocol_version));
+        if let Some(info) = &info {
+            self.learn(Ok(&info.protocol_version));
+        }
         // The first listing is part of the start: a server that initialises and then
         // never lists its tools has failed to start, and is restarted with backoff.
         let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref())).await else {
@@ -522,17 +524,9 @@ impl Supervisor {
         self.how.revisions.of(&self.name)
     }
 
-    /// A start ended: on `revision`, or (`None`) failed.
-    fn learn(&self, revision: Option<&ProtocolVersion>) {
-        let learned = match (revision, self.learned()) {
-            (Some(v), _) if v.has_initialize() => Learned::Initialises,
-            (Some(_), _) => Learned::Nothing,
-            (None, _) if self.config.protocol != Protocol::Auto => Learned::Nothing,
-            (None, Learned::Nothing) => Learned::AskingFailed,
-            // A start that initialised failed: the server may have changed (upgraded to
-            // speak only 2026-07-28); the next start asks again.
-            (None, Learned::AskingFailed | Learned::Initialises) => Learned::Nothing,
-        };
+    /// A start ended: initialised on a revision, or failed (`true`: in the handshake).
+    fn learn(&self, outcome: Result<&ProtocolVersion, bool>) {
+        let learned = next_learned(self.learned(), self.config.protocol, outcome);
         self.how.revisions.set(&self.name, learned);
     }
 
@@ -790,9 +784,42 @@ async fn relay_changes(
     }
 }
 
+/// What a server's start teaches ([`Learned`]): it initialised on a revision, or failed
+/// (`true`: in the handshake, which the question may have caused).
+fn next_learned(now: Learned, protocol: Protocol, outcome: Result<&ProtocolVersion, bool>) -> Learned {
+    match (outcome, now) {
+        (Ok(v), _) if v.has_initialize() => Learned::Initialises,
+        (Ok(_), _) => Learned::Nothing,
+        (Err(_), _) if protocol != Protocol::Auto => Learned::Nothing,
+        (Err(true), Learned::Nothing) => Learned::AskingFailed,
+        // Not the question's fault (the server could not be reached, or ran out of time).
+        (Err(false), Learned::Nothing) => Learned::Nothing,
+        // A start without the question failed: the server may have changed (upgraded to
+        // speak only 2026-07-28), so the next start asks again.
+        (Err(_), Learned::AskingFailed | Learned::Initialises) => Learned::Nothing,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_is_asked_until_it_shows_it_initialises_and_again_after_a_failed_start() {
+        use Learned::*;
+        let (auto, old, new) = (Protocol::Auto, &ProtocolVersion::V_2025_11_25, &ProtocolVersion::V_2026_07_28);
+        let next = |now, outcome| next_learned(now, auto, outcome);
+        assert_eq!(next(Nothing, Ok(old)), Initialises, "initialised: no question next time");
+        assert_eq!(next(Nothing, Ok(new)), Nothing, "speaks 2026-07-28: keep asking");
+        assert_eq!(next(Nothing, Err(true)), AskingFailed, "the question broke the start");
+        assert_eq!(next(Nothing, Err(false)), Nothing, "a timeout is not the question's fault");
+        assert_eq!(next(AskingFailed, Ok(old)), Initialises);
+        assert_eq!(next(AskingFailed, Err(true)), Nothing, "initialising failed too: ask again");
+        assert_eq!(next(Initialises, Err(false)), Nothing, "it may have been upgraded: ask again");
+        assert_eq!(next(Initialises, Ok(old)), Initialises);
+        // Pinned to initialize, nothing is learned that would make it ask.
+        assert_eq!(next_learned(Initialises, Protocol::Initialize, Err(true)), Nothing);
+    }
 
     #[test]
     fn restart_delay_doubles_to_the_cap_and_never_overflows() {
