@@ -11,6 +11,9 @@ use rebound_tests::{Gateway, HttpGateway, alive, eventually, faulty, text};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
+/// A streamable HTTP client of the gateway.
+type Client = rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::TestClient>;
+
 fn pid(dir: &Path, server: &str) -> u32 {
     let starts = std::fs::read_to_string(dir.join(server).join("starts")).unwrap_or_default();
     starts.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(0)
@@ -39,17 +42,13 @@ fn config(dir: &Path, a_timeout: u64, extra: &[(&str, Value)]) -> Value {
     json!({"mcpServers": servers, "rebound": {"tool_names": "always"}})
 }
 
-async fn call(
-    client: &rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::TestClient>,
-    tool: &str,
-    args: Value,
-) -> rmcp::model::CallToolResult {
+async fn call(client: &Client, tool: &str, args: Value) -> rmcp::model::CallToolResult {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     params.arguments = args.as_object().cloned();
     tokio::time::timeout(Duration::from_secs(30), client.peer().call_tool(params)).await.unwrap().unwrap()
 }
 
-async fn status(client: &rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::TestClient>) -> Value {
+async fn status(client: &Client) -> Value {
     call(client, "rebound_status", json!({})).await.structured_content.unwrap()
 }
 
@@ -65,16 +64,23 @@ async fn until_offered(peer: &rmcp::Peer<rmcp::RoleClient>, tool: &str, wanted: 
     false
 }
 
+/// `rebound serve --http` on servers `a` and `b`, its folder, and a client whose first
+/// call of `a__echo` answered.
+async fn serving_a_and_b() -> (HttpGateway, std::path::PathBuf, Client) {
+    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    (gw, dir, client)
+}
+
 fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
     status["servers"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap_or(&Value::Null)
 }
 
 #[tokio::test]
 async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refused() {
-    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
-    let dir = gw.dir.path().to_owned();
-    let client = gw.client(None).await.unwrap();
-    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let (gw, dir, client) = serving_a_and_b().await;
     assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
     let before = status(&client).await;
     assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
@@ -204,10 +210,7 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
 
 #[tokio::test]
 async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
-    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
-    let dir = gw.dir.path().to_owned();
-    let client = gw.client(None).await.unwrap();
-    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let (gw, dir, client) = serving_a_and_b().await;
     let pids = (pid(&dir, "a"), pid(&dir, "b"));
     let gateway = gw.child.id().unwrap().to_string();
     std::process::Command::new("kill").args(["-HUP", &gateway]).status().unwrap();
@@ -224,10 +227,7 @@ async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
 
 #[tokio::test]
 async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_is_swapped() {
-    let gw = HttpGateway::start(|dir| config(dir, 60000, &[]), &[]).await;
-    let dir = gw.dir.path().to_owned();
-    let client = gw.client(None).await.unwrap();
-    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let (gw, dir, client) = serving_a_and_b().await;
     // The layout the kubelet makes: rebound.json -> ..data/rebound.json, ..data -> ..v1.
     let version = |name: &str, config: &Value| {
         std::fs::create_dir(dir.join(name)).unwrap();

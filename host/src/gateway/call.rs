@@ -65,16 +65,28 @@ pub async fn attempt(
         params.request_state = resume.state.clone();
     }
     let modern_client = cx.protocol_version().is_some_and(|v| !v.has_initialize());
+    // Only a server on 2026-07-28 asks questions, and then is called again with the same
+    // arguments: only for it are they kept (copied) past the first request.
+    let asks = session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize());
     let deadline = tokio::time::Instant::now() + how.max_total;
     let mut round = 0;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
-        let asked = match exchange(routing, server, session, params.clone(), this, cx, call).await? {
+        // (A server that does not ask is called once: its request takes the params.)
+        let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
+        let asked = match exchange(routing, server, session, sent, this, cx, call).await? {
             ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
                 return Err(Failure::ToolError { result: Box::new(result) });
             }
             ServerResult::CallToolResult(result) => return Ok(result.into()),
+            // Questions belong to 2026-07-28: from a server on an older revision they are
+            // a broken answer, like any other that is not a tool result.
+            ServerResult::InputRequiredResult(_) if !asks => {
+                return Err(Failure::Protocol {
+                    reason: "tools/call was answered with questions (InputRequiredResult) by a server on a revision before 2026-07-28".into(),
+                });
+            }
             ServerResult::InputRequiredResult(asked) if modern_client && how.called => {
                 return Ok(CallToolResponse::InputRequired(asked));
             }

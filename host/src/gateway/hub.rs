@@ -385,13 +385,13 @@ pub fn offered(caps: &ClientCapabilities) -> ClientCapabilities {
     caps
 }
 
-/// What a server is told of a 2026-07-28 client's capabilities: none of those a server
-/// uses by sending the client a request (sampling, elicitation, roots). That revision
-/// has servers ask through the call's result instead (`InputRequiredResult`), which the
+/// A 2026-07-28 client's capabilities without those a server uses by sending the client
+/// a request (sampling, elicitation, roots), before [`offered`] applies. That revision has
+/// servers ask through the call's result instead (`InputRequiredResult`), which the
 /// gateway does not translate for servers that send requests; offering them would show
 /// tools that cannot work.
 pub fn offered_modern(caps: &ClientCapabilities) -> ClientCapabilities {
-    let mut caps = offered(caps);
+    let mut caps = caps.clone();
     caps.sampling = None;
     caps.elicitation = None;
     caps.roots = None;

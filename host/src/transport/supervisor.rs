@@ -48,18 +48,30 @@ pub struct Supervision {
     pub revisions: Revisions,
 }
 
-/// What each server's starts showed of the revisions it speaks ([`Learned`]), by name:
-/// one for a gateway, so that the instances of a `session`-scoped server learn together.
+/// The servers (by name) whose last start initialised them on a revision before
+/// 2026-07-28: their next start initialises them without asking for 2026-07-28 first.
+/// Asking (`server/discover`) costs a round trip with a server that does not know the
+/// request, and can fail outright: with a server that answers it late (after the 10 s
+/// rmcp waits, as a slow first start does) or with an error rmcp does not take for "older
+/// revision". Any start that fails asks again next time, so a server upgraded to speak
+/// only 2026-07-28 is not locked out. One for a gateway, so that the instances of a
+/// `session`-scoped server learn together.
 #[derive(Debug, Clone, Default)]
-pub struct Revisions(Arc<std::sync::Mutex<std::collections::HashMap<Arc<str>, Learned>>>);
+pub struct Revisions(Arc<std::sync::Mutex<std::collections::HashSet<Arc<str>>>>);
 
 impl Revisions {
-    fn of(&self, server: &str) -> Learned {
-        self.0.lock().expect("not poisoned").get(server).copied().unwrap_or(Learned::Nothing)
+    fn initialises(&self, server: &str) -> bool {
+        self.0.lock().expect("not poisoned").contains(server)
     }
 
-    fn set(&self, server: &Arc<str>, learned: Learned) {
-        self.0.lock().expect("not poisoned").insert(server.clone(), learned);
+    /// `server`'s start ended: initialised on `revision`, or (`None`) failed.
+    fn learn(&self, server: &Arc<str>, revision: Option<&ProtocolVersion>) {
+        let mut known = self.0.lock().expect("not poisoned");
+        if revision.is_some_and(ProtocolVersion::has_initialize) {
+            known.insert(server.clone());
+        } else {
+            known.remove(server);
+        }
     }
 }
 
@@ -278,23 +290,6 @@ struct Supervisor {
     restart: Arc<tokio::sync::Notify>,
 }
 
-/// What starting a server has shown of the revisions it speaks. Asking for 2026-07-28
-/// (`server/discover`) before initialising costs a round trip with a server that does not
-/// know it, and can fail outright: with a server that answers the question late (after
-/// the 10 s rmcp waits, as a slow first start does) or with an error rmcp does not take
-/// for "older revision". So a server is asked once, and what it showed decides the next
-/// start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Learned {
-    /// Nothing yet, or it speaks 2026-07-28: ask.
-    Nothing,
-    /// It initialised on an older revision: initialise it directly from now on.
-    Initialises,
-    /// The last start, which asked, failed: the next one initialises, and the one after
-    /// that asks again (so a server that speaks only 2026-07-28 is not locked out).
-    AskingFailed,
-}
-
 /// Why connecting to a server failed; `handshake` when it got as far as the protocol
 /// (rmcp's error, or the process exiting meanwhile), not when it could not be reached or
 /// ran out of time.
@@ -452,26 +447,24 @@ impl Supervisor {
 
     async fn start(&self, caps: &ClientCapabilities) -> Result<Connection, String> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let asked = matches!(self.lifecycle(), ClientLifecycleMode::Auto { .. });
-        let (running, process, stop) = match self.connect(id, caps).await {
+        let lifecycle = self.lifecycle();
+        let asked = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
+        let (running, process, stop) = match self.connect(id, caps, lifecycle).await {
             // A server that cannot take the question is initialised at once, afresh.
             Err(e) if asked && e.handshake => {
-                self.learn(Err(true));
                 tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
-                self.connect(id, caps).await
+                self.connect(id, caps, ClientLifecycleMode::Initialize).await
             }
             connected => connected,
         }
         .map_err(|e| {
-            self.learn(Err(e.handshake));
+            self.how.revisions.learn(&self.name, None);
             e.message
         })?;
         running.set_response_cache_config(ClientCacheConfig::disabled()).await;
         let peer = running.peer().clone();
         let info = running.peer_info();
-        if let Some(info) = &info {
-            self.learn(Ok(&info.protocol_version));
-        }
+        self.how.revisions.learn(&self.name, info.as_ref().map(|i| &i.protocol_version));
         // The first listing is part of the start: a server that initialises and then
         // never lists its tools has failed to start, and is restarted with backoff.
         let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref())).await else {
@@ -508,26 +501,17 @@ impl Supervisor {
         Ok(Connection { process, service, service_ended, stop, session })
     }
 
-    /// How the connection starts (`mcpServers.NAME.protocol`, and what earlier starts
-    /// showed: [`Learned`]).
+    /// How the connection starts (`mcpServers.NAME.protocol`, and what the last start
+    /// showed: [`Revisions`]).
     fn lifecycle(&self) -> ClientLifecycleMode {
-        match (self.config.protocol, self.learned()) {
-            (Protocol::Auto, Learned::Nothing) => ClientLifecycleMode::Auto {
+        if self.config.protocol == Protocol::Auto && !self.how.revisions.initialises(&self.name) {
+            ClientLifecycleMode::Auto {
                 preferred_versions: vec![ProtocolVersion::V_2026_07_28],
                 legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
-            },
-            _ => ClientLifecycleMode::Initialize,
+            }
+        } else {
+            ClientLifecycleMode::Initialize
         }
-    }
-
-    fn learned(&self) -> Learned {
-        self.how.revisions.of(&self.name)
-    }
-
-    /// A start ended: initialised on a revision, or failed (`true`: in the handshake).
-    fn learn(&self, outcome: Result<&ProtocolVersion, bool>) {
-        let learned = next_learned(self.learned(), self.config.protocol, outcome);
-        self.how.revisions.set(&self.name, learned);
     }
 
     /// Connects to the server (a new process for a stdio one) and initialises session `id`.
@@ -535,6 +519,7 @@ impl Supervisor {
         &self,
         id: u64,
         caps: &ClientCapabilities,
+        lifecycle: ClientLifecycleMode,
     ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
     {
         let handler =
@@ -542,10 +527,10 @@ impl Supervisor {
         let stop = CancellationToken::new();
         match &self.config.launch {
             Launch::Stdio(launch) => {
-                let (process, running) = self.start_stdio(launch, handler, &stop).await?;
+                let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop).await?;
                 Ok((running, Some(process), stop))
             }
-            Launch::Http(http) => Ok((self.start_http(http, handler, &stop).await?, None, stop)),
+            Launch::Http(http) => Ok((self.start_http(http, handler, lifecycle, &stop).await?, None, stop)),
         }
     }
 
@@ -558,6 +543,7 @@ impl Supervisor {
         &self,
         launch: &StdioLaunch,
         handler: UpstreamHandler,
+        lifecycle: ClientLifecycleMode,
         stop: &CancellationToken,
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
@@ -567,7 +553,7 @@ impl Supervisor {
         let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES);
         let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
-            r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, self.lifecycle(), stop.clone())) => r,
+            r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,
             status = process.wait() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 let message = format!("exited during start-up ({status}){}", process.final_stderr_tail().await);
@@ -598,6 +584,7 @@ impl Supervisor {
         &self,
         http: &HttpLaunch,
         handler: UpstreamHandler,
+        lifecycle: ClientLifecycleMode,
         stop: &CancellationToken,
     ) -> Result<RunningService<RoleClient, UpstreamHandler>, ConnectError> {
         let headers = http
@@ -614,7 +601,7 @@ impl Supervisor {
         let transport = self.in_order(StreamableHttpClientTransport::from_config(config), &handler);
         match tokio::time::timeout(
             self.how.init_timeout,
-            serve_client_with_lifecycle_and_ct(handler, transport, self.lifecycle(), stop.clone()),
+            serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone()),
         )
         .await
         {
@@ -706,8 +693,10 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Lis
 /// counts as a change of every list, since changes in between went unheard.
 fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
     let (server, id, peer, closed) = (session.server.clone(), session.id, session.peer.clone(), session.closed.clone());
+    // The pause before reopening: the restarts' backoff, from 1 s to 30 s.
+    let backoff = RestartPolicy { initial_delay_ms: 1000, max_delay_ms: 30_000, ..RestartPolicy::default() };
     tokio::spawn(async move {
-        let mut pause = Duration::from_secs(1);
+        let mut failed = 0;
         for round in 0u32.. {
             let filter = SubscriptionFilter::builder()
                 .tools_list_changed()
@@ -734,7 +723,7 @@ fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
                     // Only a listen that lasted resets the pause: one the server ends at
                     // once is not reopened (and every list re-read) every second.
                     if opened_at.elapsed() >= Duration::from_secs(30) {
-                        pause = Duration::from_secs(1);
+                        failed = 0;
                     }
                 }
                 Err(e) if round == 0 => {
@@ -744,10 +733,10 @@ fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
                 Err(e) => tracing::debug!(%server, "subscriptions/listen failed again: {e}"),
             }
             tokio::select! {
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(restart_delay(&backoff, failed)) => {}
                 () = closed.cancelled() => return,
             }
-            pause = (pause * 2).min(Duration::from_secs(30));
+            failed += 1;
         }
     });
 }
@@ -784,41 +773,27 @@ async fn relay_changes(
     }
 }
 
-/// What a server's start teaches ([`Learned`]): it initialised on a revision, or failed
-/// (`true`: in the handshake, which the question may have caused).
-fn next_learned(now: Learned, protocol: Protocol, outcome: Result<&ProtocolVersion, bool>) -> Learned {
-    match (outcome, now) {
-        (Ok(v), _) if v.has_initialize() => Learned::Initialises,
-        (Ok(_), _) => Learned::Nothing,
-        (Err(_), _) if protocol != Protocol::Auto => Learned::Nothing,
-        (Err(true), Learned::Nothing) => Learned::AskingFailed,
-        // Not the question's fault (the server could not be reached, or ran out of time).
-        (Err(false), Learned::Nothing) => Learned::Nothing,
-        // A start without the question failed: the server may have changed (upgraded to
-        // speak only 2026-07-28), so the next start asks again.
-        (Err(_), Learned::AskingFailed | Learned::Initialises) => Learned::Nothing,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_server_is_asked_until_it_shows_it_initialises_and_again_after_a_failed_start() {
-        use Learned::*;
-        let (auto, old, new) = (Protocol::Auto, &ProtocolVersion::V_2025_11_25, &ProtocolVersion::V_2026_07_28);
-        let next = |now, outcome| next_learned(now, auto, outcome);
-        assert_eq!(next(Nothing, Ok(old)), Initialises, "initialised: no question next time");
-        assert_eq!(next(Nothing, Ok(new)), Nothing, "speaks 2026-07-28: keep asking");
-        assert_eq!(next(Nothing, Err(true)), AskingFailed, "the question broke the start");
-        assert_eq!(next(Nothing, Err(false)), Nothing, "a timeout is not the question's fault");
-        assert_eq!(next(AskingFailed, Ok(old)), Initialises);
-        assert_eq!(next(AskingFailed, Err(true)), Nothing, "initialising failed too: ask again");
-        assert_eq!(next(Initialises, Err(false)), Nothing, "it may have been upgraded: ask again");
-        assert_eq!(next(Initialises, Ok(old)), Initialises);
-        // Pinned to initialize, nothing is learned that would make it ask.
-        assert_eq!(next_learned(Initialises, Protocol::Initialize, Err(true)), Nothing);
+        let (old, new) = (&ProtocolVersion::V_2025_11_25, &ProtocolVersion::V_2026_07_28);
+        let name: Arc<str> = "s".into();
+        let known = Revisions::default();
+        let after = |revision| {
+            known.learn(&name, revision);
+            known.initialises(&name)
+        };
+        assert!(!known.initialises(&name), "nothing known: ask");
+        assert!(!after(Some(new)), "speaks 2026-07-28: keep asking");
+        assert!(after(Some(old)), "initialised: no question next time");
+        assert!(after(Some(old)));
+        assert!(!after(None), "a failed start (it may have been upgraded): ask again");
+        assert!(after(Some(old)));
+        // One for the gateway: every instance of the server sees what one learned.
+        assert!(known.clone().initialises(&name));
     }
 
     #[test]
