@@ -252,7 +252,8 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
         .arg(root.join("tests/bench/stdio_python.py"))
         .arg(root.join("target/release/rebound"))
         .arg(root.join("tests/node/node_modules/.bin/mcp-server-everything"))
-        .arg(root.join("target/plugins")))?;
+        .arg(root.join("target/plugins"))
+        .arg(root.join("target/release/line-relay")))?;
     // The HTTP peers: supergateway (npm) and mcp-proxy (PyPI), each in its best mode
     // (stateful sessions; one stdio server).
     npm_ci(&root.join("tests/bench"))?;
