@@ -5,6 +5,7 @@ pub mod lines;
 pub mod malformed;
 pub mod process;
 pub mod supervisor;
+pub mod typed;
 pub mod upstream;
 pub mod watchdog;
 

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::transport::lines::{Line, Lines, Out, Refusals};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
+use crate::transport::typed;
 
 /// The JSON-RPC error code for "too many requests in flight" (server-defined range).
 pub const BUSY: i32 = -32000;
@@ -79,7 +80,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
 
     /// The message on the line just read; `None` after answering it (or for an empty line).
     fn decode(&mut self) -> Option<ClientJsonRpcMessage> {
-        match self.lines.message() {
+        match self.lines.message(typed::tool_call) {
             Ok(message) => message,
             Err(unreadable) => {
                 tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);

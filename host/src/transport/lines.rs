@@ -17,6 +17,7 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::malformed::{PARSE_ERROR, Unreadable};
+use super::typed::ToolCalls;
 
 /// Output: one JSON message a line, written whole under a lock.
 pub struct Out<W> {
@@ -147,11 +148,19 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
 
     /// The message on the line just read: `None` for a blank line, the reason it cannot
     /// be read otherwise. (A UTF-8 byte order mark is skipped, as RFC 8259 allows.)
-    pub fn message<T: serde::de::DeserializeOwned>(&self) -> Result<Option<T>, Unreadable> {
+    /// `typed` reads the kinds of message it knows faster (`super::typed`) and leaves the
+    /// rest (`None`) to the general reading.
+    pub fn message<T: serde::de::DeserializeOwned>(
+        &self,
+        typed: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> Result<Option<T>, Unreadable> {
         let line = self.line();
         let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
+        }
+        if let Some(message) = typed(line) {
+            return Ok(Some(message));
         }
         serde_json::from_slice(line).map(Some).map_err(|_| Unreadable::of(line))
     }
@@ -180,6 +189,7 @@ pub struct ServerLines<R, W> {
     lines: Lines<BufReader<R>>,
     out: Out<W>,
     refusals: Refusals<W>,
+    calls: ToolCalls,
     _role: PhantomData<fn() -> RoleClient>,
 }
 
@@ -190,14 +200,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             lines: Lines::new(BufReader::new(read), max_line),
             refusals: Refusals::new(out.clone()),
             out,
+            calls: ToolCalls::default(),
             _role: PhantomData,
         }
     }
 
     /// The message on the line just read; `None` for an empty line or one that is not a
     /// message (answered when it was a request, which the server waits on).
-    fn decode(&self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let unreadable = match self.lines.message() {
+    fn decode(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let unreadable = match self.lines.message(|line| self.calls.answer(line)) {
             Ok(message) => return message,
             Err(unreadable) => unreadable,
         };
@@ -228,6 +239,7 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.calls.sent(&item);
         let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
         let out = self.out.clone();
         async move { out.write(encoded?).await }
