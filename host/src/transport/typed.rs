@@ -9,7 +9,6 @@
 //! that type. Anything else, and anything these readers refuse, is left to rmcp's
 //! reading, so what is not a tool call is read exactly as before.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 
 use rmcp::model::{
@@ -22,11 +21,30 @@ use serde::de::IgnoredAny;
 /// A message's top-level keys, with the method's name; values are skipped, not decoded.
 #[derive(Deserialize)]
 struct Keys<'a> {
-    #[serde(borrow)]
-    method: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    method: Key<Option<&'a str>>,
     id: Option<RequestId>,
-    result: Option<IgnoredAny>,
-    error: Option<IgnoredAny>,
+    #[serde(default)]
+    result: Key<IgnoredAny>,
+    #[serde(default)]
+    error: Key<IgnoredAny>,
+}
+
+/// A key that is there (`Some`), whatever its value, `null` too (rmcp counts keys, and
+/// `Option` alone would read `null` as absent), or not. (A method name with escapes is not
+/// read here: the line is left to rmcp.)
+struct Key<T>(Option<T>);
+
+impl<T> Default for Key<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Key<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(|value| Self(Some(value)))
+    }
 }
 
 impl Keys<'_> {
@@ -39,8 +57,8 @@ impl Keys<'_> {
 pub fn tool_call(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     let keys = Keys::of(line)?;
     // A request is a method with an id and neither a result nor an error (as rmcp checks).
-    let request = keys.id.is_some() && keys.result.is_none() && keys.error.is_none();
-    if !request || keys.method.as_deref() != Some("tools/call") {
+    let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
+    if !request || keys.method.0.flatten() != Some("tools/call") {
         return None;
     }
     let JsonRpcRequest { jsonrpc, id, request } =
@@ -84,12 +102,12 @@ impl ToolCalls {
     /// questions, tasks and errors are left to rmcp, as is anything else the server says.
     pub fn answer(&mut self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
         let keys = Keys::of(line)?;
-        if keys.method.is_some() {
+        if keys.method.0.is_some() {
             return None; // a request or notification of the server's
         }
         // Any answer ends the call, an error too.
         let answers_a_call = self.waiting.remove(&keys.id?);
-        if !answers_a_call || keys.result.is_none() || keys.error.is_some() {
+        if !answers_a_call || keys.result.0.is_none() || keys.error.0.is_some() {
             return None;
         }
         let JsonRpcResponse { jsonrpc, id, result } =
@@ -147,6 +165,9 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
             json!({"jsonrpc": "2.0", "method": "tools/call", "params": {"name": "x"}}),
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}, "result": {}}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}, "result": null}),
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}, "error": null}),
+            json!({"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": {"name": "x"}}),
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}}),
             json!({"jsonrpc": "1.0", "id": 1, "method": "tools/call", "params": {"name": "x"}}),
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "method": "ping", "params": {"name": "x"}}),
@@ -195,6 +216,8 @@ mod tests {
         // A request of the server's with the id of a call in flight is not an answer.
         call_sent(&mut calls, 4);
         assert!(calls.answer(&line(json!({"jsonrpc": "2.0", "id": 4, "method": "ping"}))).is_none());
+        let with_method = json!({"jsonrpc": "2.0", "id": 4, "method": null, "result": {"content": []}});
+        assert!(calls.answer(&line(with_method)).is_none(), "a `method` key, even null, is not an answer's");
         assert_eq!(calls.len(), 1);
     }
 
