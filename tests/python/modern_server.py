@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from mcp.server.mcpserver import Context, MCPServer, Resolve
 from mcp.server.mcpserver.resolve import Elicit
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 
 server = MCPServer("modern")
 
@@ -30,6 +31,38 @@ def ask_name() -> Elicit[Name]:
 def greet(name: Annotated[Name, Resolve(ask_name)]) -> str:
     """Asks the client for a name, then greets it."""
     return f"hello, {name.name}"
+
+
+def asked_name(ctx: Context, purpose: str) -> str | InputRequiredResult:
+    """The name the client gave, or the question for it: a prompt and a resource ask
+    with an `InputRequiredResult` of their own, and check that their state came back."""
+    answer = (ctx.input_responses or {}).get("name")
+    if answer is None:
+        question = ElicitRequest(
+            params=ElicitRequestFormParams(
+                message="Your name?",
+                requested_schema={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+            )
+        )
+        return InputRequiredResult(input_requests={"name": question}, request_state=purpose)
+    if ctx.request_state != purpose:
+        raise ValueError(f"the state came back as {ctx.request_state!r}, not {purpose!r}")
+    content = answer.content if hasattr(answer, "content") else answer["content"]
+    return content["name"]
+
+
+@server.prompt()
+def introduce(ctx: Context) -> str | InputRequiredResult:
+    """Asks the client for a name, then introduces it."""
+    name = asked_name(ctx, "prompt")
+    return name if isinstance(name, InputRequiredResult) else f"This is {name}."
+
+
+@server.resource("card://{kind}")
+def card(kind: str, ctx: Context) -> str | InputRequiredResult:
+    """Asks the client for a name, then writes it on a card."""
+    name = asked_name(ctx, "resource")
+    return name if isinstance(name, InputRequiredResult) else f"{kind} card for {name}"
 
 
 if __name__ == "__main__":

@@ -60,11 +60,22 @@ async def exercised(client):
             async for event in changes:
                 break
     assert "extra" in {t.name for t in (await client.list_tools()).tools}
+    # A prompt and a resource ask too: their questions pass the same way.
+    await prompt_and_resource_answered(client)
     # What each connection upstream negotiated, for the operator.
     status = (await client.call_tool("rebound_status", {})).structured_content
     revisions = {s["name"]: s["protocol"] for s in status["servers"]}
     assert revisions["modern"] == "2026-07-28"
     assert revisions["faulty"] != "2026-07-28", revisions
+
+
+async def prompt_and_resource_answered(client):
+    """`prompts/get` and `resources/read` of a server that asks the client for a name
+    first (with its own `requestState`, which must come back)."""
+    prompt = await client.get_prompt("introduce", {})
+    assert [m.content.text for m in prompt.messages] == ["This is Ada."]
+    card = await client.read_resource("card://birthday")
+    assert [c.text for c in card.contents] == ["birthday card for Ada"]
 
 
 def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
@@ -92,8 +103,9 @@ def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_p
 
 
 def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(config):
-    """The server asks with an `InputRequiredResult`; the gateway asks the client with
-    `elicitation/create`, as its revision knows it, and calls the server again."""
+    """The server asks with an `InputRequiredResult` (for a tool call, a prompt and a
+    resource); the gateway asks the client with `elicitation/create`, as its revision
+    knows it, and asks the server again."""
 
     async def main():
         with anyio.fail_after(60):
@@ -102,6 +114,7 @@ def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(con
                 result = await client.call_tool("greet", {})
                 assert not result.is_error, text(result)
                 assert text(result) == "hello, Ada"
+                await prompt_and_resource_answered(client)
 
     anyio.run(main)
 
@@ -114,11 +127,11 @@ def test_a_listen_request_follows_a_bounded_number_of_resources(config):
         with anyio.fail_after(60):
             async with Client(stdio(config), mode="auto") as client:
                 await client.list_resources()
-                asked = ["faulty://faulty/readme"] * 3 + [f"file:///nowhere/{i}" for i in range(5000)]
+                asked = ["faulty://faulty/readme"] * 3 + [f"faulty://faulty/items/{i}" for i in range(5000)]
                 async with client.listen(resources_list_changed=True, resource_subscriptions=asked) as sub:
                     honored = set(sub.honored.resource_subscriptions)
                     assert "faulty://faulty/readme" in honored
-                    assert len(honored) == 256 and "file:///nowhere/4999" not in honored
+                    assert len(honored) == 256 and "faulty://faulty/items/4999" not in honored
                     assert sub.honored.resources_list_changed
 
     anyio.run(main)

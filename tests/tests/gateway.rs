@@ -221,6 +221,25 @@ async fn prompts_resources_and_completions_are_routed() {
 }
 
 #[tokio::test]
+async fn a_resource_read_the_server_never_answers_ends_in_an_error_and_is_cancelled_upstream() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &[]), "b": faulty("b", dir, &[])},
+            "rebound": {"defaults": {"recovery": {"timeout_ms": 300}}},
+        })
+    })
+    .await;
+    let read = gw.client.peer().read_resource(ReadResourceRequestParams::new("faulty://a/items/hang")).await;
+    let error = format!("{:?}", read.expect_err("a read nobody answers is not answered with contents"));
+    assert!(error.contains("server `a`") && error.contains("300"), "{error}");
+    eventually("notifications/cancelled upstream", || gw.state("a", "cancelled").len() == 1).await;
+    // The server and the gateway go on: the next read is answered.
+    let read = gw.client.peer().read_resource(ReadResourceRequestParams::new("faulty://a/items/7")).await.unwrap();
+    assert!(serde_json::to_string(&read).unwrap().contains("a says"));
+    gw.close().await;
+}
+
+#[tokio::test]
 async fn a_server_that_cannot_start_does_not_hold_the_others_back() {
     let gw = Gateway::start(|dir| {
         json!({

@@ -64,10 +64,10 @@ pub async fn attempt(
         params.input_responses = resume.answers.clone();
         params.request_state = resume.state.clone();
     }
-    let modern_client = cx.protocol_version().is_some_and(|v| !v.has_initialize());
+    let modern_client = input::client_is_asked(cx);
     // Only a server on 2026-07-28 asks questions, and then is called again with the same
     // arguments: only for it are they kept (copied) past the first request.
-    let asks = session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize());
+    let asks = input::server_asks(session);
     let deadline = tokio::time::Instant::now() + how.max_total;
     let mut round = 0;
     loop {
@@ -138,17 +138,7 @@ async fn exchange(
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<ServerResult, Failure> {
-    // Pass the client's `_meta` on (rmcp puts its own progress token in), but for the
-    // protocol's own keys: they describe the client's revision, not this connection's.
-    let mut meta = RequestMetaObject::default();
-    for (key, value) in cx.meta.iter().filter(|(k, _)| !k.starts_with(PROTOCOL_KEYS)) {
-        meta.insert(key.clone(), value.clone());
-    }
-    // A server on 2026-07-28 is told, on each request, what the client that made it can
-    // answer: exactly that client's capabilities (over stdio and HTTP alike).
-    if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
-        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default()));
-    }
+    let mut meta = request_meta(session, cx);
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());
     }
@@ -210,6 +200,22 @@ async fn exchange(
         progress.flush().await;
     }
     outcome
+}
+
+/// The `_meta` of a request made upstream for the request of `cx`: the client's own, but
+/// for the protocol's keys, which describe the client's revision, not this connection's
+/// (rmcp puts its own progress token in). A server on 2026-07-28 is told, on each
+/// request, what the client that made it can answer: exactly that client's capabilities
+/// (over stdio and HTTP alike).
+pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -> RequestMetaObject {
+    let mut meta = RequestMetaObject::default();
+    for (key, value) in cx.meta.iter().filter(|(k, _)| !k.starts_with(PROTOCOL_KEYS)) {
+        meta.insert(key.clone(), value.clone());
+    }
+    if input::server_asks(session) {
+        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default()));
+    }
+    meta
 }
 
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,

@@ -19,7 +19,7 @@ use rmcp::model::{
 };
 use rmcp::model::{ResultType, SubscriptionFilter};
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceError};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +33,7 @@ use super::call::{Attempt, Resume, attempt};
 use super::catalogue::Route;
 use super::downstreams::{Front, Reach, Subscription};
 use super::hub::{Hub, offered_modern};
+use super::input::{self, Answer, upstream_error};
 use super::session_servers::{Recovery, SessionServers};
 use super::setup::Setup;
 use super::status;
@@ -75,20 +76,16 @@ impl Gateway {
     }
 
     fn wait_for(&self, server: &str) -> Duration {
-        self.hub
-            .setup()
-            .config
-            .servers
-            .get(server)
-            .map(|s| Duration::from_millis(s.recovery.timeout_ms))
-            .unwrap_or(Duration::from_secs(30))
+        self.limits(server).timeout
     }
-}
 
-fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => ErrorData::internal_error(format!("server `{server}`: {other}"), None),
+    /// How long a request to `server` other than a tool call may take: each round its
+    /// `recovery.timeout_ms`, all rounds with the client's answers its call deadline.
+    fn limits(&self, server: &str) -> input::Limits {
+        let setup = self.hub.setup();
+        let recovery = setup.config.servers.get(server).map(|s| &s.recovery);
+        let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for("")));
+        input::Limits { timeout: Duration::from_millis(timeout), deadline: Duration::from_millis(deadline) }
     }
 }
 
@@ -266,9 +263,13 @@ impl ServerHandler for Gateway {
             .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
         let session = self.session(&route.server, self.wait_for(&route.server)).await?;
         request.name = route.name;
-        let mut result = session.peer.get_prompt(request).await.map_err(|e| upstream_error(&route.server, e))?;
-        result.result_type = Some(ResultType::COMPLETE);
-        Ok(result.into())
+        match input::settle(request, &route.server, &session, &cx, self.limits(&route.server)).await? {
+            Answer::Done(mut result) => {
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            Answer::Asked(asked) => Ok(GetPromptResponse::InputRequired(asked)),
+        }
     }
 
     async fn list_resources(
@@ -308,12 +309,16 @@ impl ServerHandler for Gateway {
         let (server, uri) = self.resource(&exposed).await?;
         let session = self.session(&server, self.wait_for(&server)).await?;
         request.uri = uri;
-        let mut result = session.peer.read_resource(request).await.map_err(|e| upstream_error(&server, e))?;
-        for content in &mut result.contents {
-            rename_content(content, &exposed);
+        match input::settle(request, &server, &session, &cx, self.limits(&server)).await? {
+            Answer::Done(mut result) => {
+                for content in &mut result.contents {
+                    rename_content(content, &exposed);
+                }
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            Answer::Asked(asked) => Ok(ReadResourceResponse::InputRequired(asked)),
         }
-        result.result_type = Some(ResultType::COMPLETE);
-        Ok(result.into())
     }
 
     async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {

@@ -260,6 +260,9 @@ impl Server {
             ),
             "resources/read" => {
                 let uri = params["uri"].as_str().unwrap_or_default();
+                if uri.ends_with("/hang") {
+                    std::future::pending::<()>().await;
+                }
                 Ok(
                     json!({"contents": [{"uri": uri, "mimeType": "text/plain", "text": format!("{} says: contents of {uri}", self.name)}]}),
                 )
