@@ -323,12 +323,16 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     // One client over stdio asks one call at a time or a few: a single thread serves it
     // with no hand-off between threads on the call's path (`cargo xtask bench`, the
     // official Python SDK over stdio: 1.55× direct on the multi-threaded runtime, 1.35×
-    // on this one). The HTTP front serves many clients on every core. Adapters yield at
-    // each epoch tick (a thread of their own), and compiling one on reload runs on the
+    // on this one). The HTTP front serves many clients on every core, unless
+    // `rebound.http.worker_threads` says 1 (docs/benchmarks.md). Adapters yield at each
+    // epoch tick (a thread of their own), and compiling one on reload runs on the
     // blocking pool, so neither holds the one thread for long.
-    let runtime = match http {
-        None => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        Some(_) => tokio::runtime::Runtime::new(),
+    let runtime = match (http, config.settings.http.worker_threads) {
+        (None, _) | (Some(_), Some(1)) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        (Some(_), Some(threads)) => {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
+        }
+        (Some(_), None) => tokio::runtime::Runtime::new(),
     }
     .context("cannot start the async runtime")?;
     let max_in_flight = config.settings.http.max_concurrent_per_client;

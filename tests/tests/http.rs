@@ -108,6 +108,41 @@ async fn rust_sdk_client_over_http_gets_recovery_progress_and_server_requests() 
 }
 
 #[tokio::test]
+async fn on_one_worker_thread_every_client_is_still_served_at_once() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 60_000, "retry": {"max_attempts": 1}});
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"worker_threads": 1}}})
+        },
+        &[],
+    )
+    .await;
+    // One client's call hangs upstream; four others call while it does.
+    let stuck = gw.client(None).await.expect("connects");
+    let mut hang = CallToolRequestParams::new("hang");
+    hang.arguments = json!({}).as_object().cloned();
+    let hung = tokio::spawn(async move { stuck.peer().call_tool(hang).await });
+    let mut others = Vec::new();
+    for i in 0..4 {
+        let client = gw.client(None).await.expect("connects");
+        others.push(tokio::spawn(async move {
+            let answer = text(&call(&client, "echo", json!({"message": format!("client {i}")})).await);
+            let _ = client.cancel().await;
+            answer
+        }));
+    }
+    for (i, other) in others.into_iter().enumerate() {
+        assert_eq!(other.await.unwrap(), format!("a: client {i}"));
+    }
+    assert!(!hung.is_finished(), "the hung call is still in flight (its timeout is a minute)");
+    hung.abort();
+    // And it was one thread, as the log says at start (by default, one per core).
+    let log = gw.log.lock().unwrap().clone();
+    assert!(log.contains("/mcp on 1 thread(s)"), "{log}");
+}
+
+#[tokio::test]
 async fn what_a_client_must_not_get_past() {
     let gw = HttpGateway::start(
         |dir| {

@@ -255,12 +255,14 @@ fn bench(root: &Path, extra: &[String]) -> Result<()> {
         .arg(root.join("target/plugins"))
         .arg(root.join("target/release/line-relay")))?;
     // The HTTP peers: supergateway (npm) and mcp-proxy (PyPI), each in its best mode
-    // (stateful sessions; one stdio server).
+    // (stateful sessions; one stdio server), and server-everything's own HTTP transport.
     npm_ci(&root.join("tests/bench"))?;
     let bench_venv = root.join("target/bench-venv");
     venv(&bench_venv, &root.join("tests/bench/requirements.txt"))?;
     let supergateway = root.join("tests/bench/node_modules/supergateway/dist/index.js");
     run(Command::new(root.join("target/release/bench-http"))
+        .arg("--everything")
+        .arg(root.join("tests/node/node_modules/.bin/mcp-server-everything"))
         .args(["--peer", "supergateway", "node"])
         .arg(&supergateway)
         .args(["--stdio", "{server}", "--outputTransport", "streamableHttp", "--stateful", "--port", "{port}"])

@@ -527,6 +527,13 @@ impl Ctx<'_> {
                 "leave them out for the defaults (4 MiB, 32)",
             ));
         }
+        if http.worker_threads.is_some_and(|n| !(1..=256).contains(&n)) {
+            return Err(self.err(
+                "rebound.http.worker_threads",
+                "must be 1 to 256",
+                "leave it out for one thread per core, or set 1 for a single thread",
+            ));
+        }
         if http.shutdown_grace_ms > 600_000 {
             return Err(self.err(
                 "rebound.http.shutdown_grace_ms",

@@ -301,6 +301,10 @@ pub struct HttpSettings {
     /// On SIGTERM, how long requests in flight get to finish before their calls are ended
     /// with an error.
     pub shutdown_grace_ms: u64,
+    /// Threads serving HTTP: one per core when unset. `1` serves every client on one
+    /// thread, with no hand-off between threads on a call's path: the lowest latency for
+    /// one client calling one call at a time, at the cost of the other cores.
+    pub worker_threads: Option<usize>,
 }
 
 impl Default for HttpSettings {
@@ -316,6 +320,7 @@ impl Default for HttpSettings {
             max_sessions: 256,
             session_idle_ms: 30 * 60 * 1000,
             shutdown_grace_ms: 5_000,
+            worker_threads: None,
         }
     }
 }

@@ -75,7 +75,8 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     };
     let app = router(front.clone(), streams.clone());
     // Printed for scripts that bind port 0.
-    tracing::info!("serving streamable HTTP at http://{local}/mcp");
+    let threads = tokio::runtime::Handle::current().metrics().num_workers();
+    tracing::info!("serving streamable HTTP at http://{local}/mcp on {threads} thread(s)");
     eprintln!("rebound: listening on http://{local}/mcp");
     // Every answer goes out at once: without TCP_NODELAY, an answer written in two parts
     // (an SSE priming event, then the message) waits for the client's delayed ACK.

@@ -1,12 +1,16 @@
-//! `cargo xtask bench`: streamable HTTP tool calls through Rebound, and through the two
+//! `cargo xtask bench`: streamable HTTP tool calls through Rebound, through the two
 //! gateways people use for the same job today, supergateway (npm) and mcp-proxy (PyPI),
-//! each in front of the same stdio server, driven by the same client in the same run: one
-//! session calling one call at a time (what one agent feels: p50 and p99 latency), and 16
-//! sessions at once (throughput; target: ≥ 2× the faster peer).
+//! each in front of the same stdio server, and directly to that server's own streamable
+//! HTTP transport, driven by the same client in the same run: one session calling one
+//! call at a time (what one agent feels: p50 and p99 latency; target: p50 ≤ 1.15× direct
+//! and below the peers), and 16 sessions at once (throughput; target: ≥ 2× the faster
+//! peer). Two upstreams: a minimal Rust server (`echo-server`), where the gateway, not the
+//! server, is the bottleneck, and `@modelcontextprotocol/server-everything`, the server
+//! people run.
 //!
-//! `bench-http --peer NAME ARGV... --peer NAME ARGV...`: xtask installs the peers and
-//! gives their command lines, with `{port}`, `{server}` (the stdio server's command line
-//! as one word) and `{server-argv}` (as separate words) to fill in.
+//! `bench-http [--everything PATH] --peer NAME ARGV... --peer NAME ARGV...`: xtask
+//! installs the peers and gives their command lines, with `{port}`, `{server}` (the stdio
+//! server's command line as one word) and `{server-argv}` (as separate words) to fill in.
 
 use std::net::TcpListener;
 use std::process::Stdio;
@@ -81,7 +85,10 @@ async fn measure(name: &str, argv: &[String], url: &str, sessions: usize) -> Opt
                     let ok = client.peer().call_tool(params.clone()).await.is_ok_and(|r| r.is_error != Some(true));
                     if counting.load(Ordering::Relaxed) {
                         if ok { &done } else { &failed }.fetch_add(1, Ordering::Relaxed);
-                        latencies.lock().unwrap().push(sent.elapsed());
+                        // A failed call's time says nothing of the path measured.
+                        if ok {
+                            latencies.lock().unwrap().push(sent.elapsed());
+                        }
                     }
                 }
                 let _ = client.cancel().await;
@@ -162,10 +169,24 @@ async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
     Some(kib)
 }
 
-/// One round: Rebound, then each peer, with `sessions` sessions calling at once.
-async fn compare(config: &std::path::Path, peers: &[(String, Vec<String>)], server: &[String], sessions: usize) {
+/// An upstream server, run over stdio behind each gateway and over its own streamable
+/// HTTP transport as the direct reference (`{port}` filled in).
+struct Upstream {
+    name: &'static str,
+    stdio: Vec<String>,
+    http: Vec<String>,
+}
+
+/// Rebound in front of `upstream` (on `threads` worker threads, or one per core),
+/// measured with `sessions` sessions calling at once.
+async fn rebound(dir: &std::path::Path, upstream: &Upstream, sessions: usize, threads: Option<usize>) -> Option<Round> {
+    let config = dir.join(format!("{}-{threads:?}.json", upstream.name));
+    let (command, args) = upstream.stdio.split_first().expect("an upstream command");
+    let http = json!({"worker_threads": threads});
+    let text = json!({"mcpServers": {"s": {"command": command, "args": args}}, "rebound": {"gateway_tools": false, "http": http}});
+    std::fs::write(&config, text.to_string()).unwrap();
     let port = free_port();
-    let rebound_argv = vec![
+    let argv = vec![
         bin("rebound").display().to_string(),
         "serve".into(),
         "--config".into(),
@@ -173,21 +194,42 @@ async fn compare(config: &std::path::Path, peers: &[(String, Vec<String>)], serv
         "--http".into(),
         format!("127.0.0.1:{port}"),
     ];
-    let Some(ours) = measure("rebound", &rebound_argv, &format!("http://127.0.0.1:{port}/mcp"), sessions).await else {
+    measure("rebound", &argv, &format!("http://127.0.0.1:{port}/mcp"), sessions).await
+}
+
+/// One round: Rebound, the upstream directly, then each peer, with `sessions` sessions
+/// calling at once, and Rebound's ratios to them.
+async fn compare(dir: &std::path::Path, upstream: &Upstream, peers: &[(String, Vec<String>)], sessions: usize) {
+    let Some(ours) = rebound(dir, upstream, sessions, None).await else {
         std::process::exit(1);
     };
+    let one_thread = rebound(dir, upstream, sessions, Some(1)).await;
     let line = |name: &str, r: &Round| {
         format!("  {name:<13} {:>8.0} calls/s   p50 {:>7.2} ms   p99 {:>7.2} ms", r.per_second, r.p50_ms, r.p99_ms)
     };
-    println!("streamable HTTP, {sessions} session(s) calling `echo` for {} s:", MEASURE.as_secs());
+    println!("streamable HTTP, {sessions} session(s) calling {}'s `echo` for {} s:", upstream.name, MEASURE.as_secs());
     println!("{}", line("rebound", &ours));
+    if let Some(r) = one_thread {
+        println!("{}   (`rebound.http.worker_threads`: 1)", line("rebound 1-thr", &r));
+    }
+    let port = free_port();
+    let (argv, url) = (fill(&upstream.http, port, &[]), format!("http://127.0.0.1:{port}/mcp"));
+    match measure("direct", &argv, &url, sessions).await {
+        Some(r) => {
+            let ratio = ours.p50_ms / r.p50_ms;
+            let verdict = if ratio <= 1.15 { "meets" } else { "MISSES" };
+            println!("{}   (rebound: {ratio:.2}× its p50; {verdict} ≤ 1.15×)", line("direct", &r));
+        }
+        None => println!("  {:<13} did not run", "direct"),
+    }
     let mut best: Option<(String, f64)> = None;
     for (name, argv) in peers {
         let port = free_port();
-        let argv = fill(argv, port, server);
+        let argv = fill(argv, port, &upstream.stdio);
         match measure(name, &argv, &format!("http://127.0.0.1:{port}/mcp"), sessions).await {
             Some(r) => {
-                println!("{}   (rebound: {:.2}× the calls/s)", line(name, &r), ours.per_second / r.per_second);
+                let (rate, p50) = (ours.per_second / r.per_second, ours.p50_ms / r.p50_ms);
+                println!("{}   (rebound: {rate:.2}× the calls/s, {p50:.2}× the p50)", line(name, &r));
                 if best.as_ref().is_none_or(|(_, b)| r.per_second > *b) {
                     best = Some((name.clone(), r.per_second));
                 }
@@ -198,7 +240,7 @@ async fn compare(config: &std::path::Path, peers: &[(String, Vec<String>)], serv
     if let Some((name, rate)) = best {
         let ratio = ours.per_second / rate;
         println!(
-            "  rebound vs the faster peer ({name}): {ratio:.2}× ({} ≥ 2×)",
+            "  rebound vs the faster peer ({name}): {ratio:.2}× the calls/s ({} ≥ 2×)",
             if ratio >= 2.0 { "meets" } else { "MISSES" }
         );
     }
@@ -206,7 +248,11 @@ async fn compare(config: &std::path::Path, peers: &[(String, Vec<String>)], serv
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let everything = match args.first().map(String::as_str) {
+        Some("--everything") if args.len() > 1 => Some(args.drain(..2).nth(1).unwrap_or_default()),
+        _ => None,
+    };
     let peers: Vec<(String, Vec<String>)> = args
         .split(|a| a == "--peer")
         .filter_map(|group| {
@@ -214,15 +260,21 @@ async fn main() {
             Some((name.clone(), argv.to_vec()))
         })
         .collect();
-    let server = vec![bin("faulty-server").display().to_string(), "--name".into(), "s".into()];
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("rebound.json");
-    let faulty = bin("faulty-server");
-    std::fs::write(&config, json!({"mcpServers": {"s": {"command": faulty, "args": ["--name", "s"]}}}).to_string())
-        .unwrap();
-
+    let echo = bin("echo-server").display().to_string();
+    let rust = Upstream {
+        name: "echo-server",
+        stdio: vec![echo.clone()],
+        http: vec![echo, "--http".into(), "127.0.0.1:{port}".into()],
+    };
     for sessions in CONCURRENCY {
-        compare(&config, &peers, &server, sessions).await;
+        compare(dir.path(), &rust, &peers, sessions).await;
+    }
+    // The server people run: its own HTTP transport listens on `PORT`.
+    if let Some(path) = everything {
+        let http = vec!["env".into(), "PORT={port}".into(), path.clone(), "streamableHttp".into()];
+        let everything = Upstream { name: "server-everything", stdio: vec![path], http };
+        compare(dir.path(), &everything, &peers, 1).await;
     }
     match idle_memory(dir.path()).await {
         Some(kib) => {

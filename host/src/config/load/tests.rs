@@ -183,6 +183,18 @@ fn http_front_defaults_to_loopback_and_validates_its_settings() {
         "rebound.http",
         "must be 1 to",
     );
+    assert_eq!(c.settings.http.worker_threads, None, "one thread per core unless set");
+    let c = ok(r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"worker_threads": 1}}}"#);
+    assert_eq!(c.settings.http.worker_threads, Some(1));
+    for threads in ["0", "257"] {
+        rejects(
+            &format!(
+                r#"{{"mcpServers": {{"a": {{"command": "a"}}}}, "rebound": {{"http": {{"worker_threads": {threads}}}}}}}"#
+            ),
+            "rebound.http.worker_threads",
+            "must be 1 to 256",
+        );
+    }
 }
 
 #[test]
