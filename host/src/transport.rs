@@ -2,6 +2,7 @@
 //! their processes.
 
 pub mod lines;
+pub mod listen;
 pub mod malformed;
 pub mod process;
 pub mod supervisor;

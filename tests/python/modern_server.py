@@ -65,5 +65,18 @@ def card(kind: str, ctx: Context) -> str | InputRequiredResult:
     return name if isinstance(name, InputRequiredResult) else f"{kind} card for {name}"
 
 
+@server.resource("note://modern")
+def note() -> str:
+    """A resource whose updates `touch` announces."""
+    return "a note"
+
+
+@server.tool()
+async def touch(ctx: Context) -> str:
+    """Announces that `note://modern` was updated, to the listen requests that follow it."""
+    await ctx.notify_resource_updated("note://modern")
+    return "touched"
+
+
 if __name__ == "__main__":
     server.run("stdio")

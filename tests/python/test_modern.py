@@ -119,6 +119,57 @@ def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(con
     anyio.run(main)
 
 
+def test_a_2026_servers_resource_updates_reach_clients_of_either_revision(config):
+    """A server on 2026-07-28 says a resource was updated only on a listen request that
+    follows it: the gateway opens one when a client subscribes (with
+    `resources/subscribe` on 2025-11-25, or its own listen request on 2026-07-28)."""
+
+    async def legacy():
+        updated = anyio.Event()
+
+        async def on_message(message):
+            if getattr(message, "method", None) == "notifications/resources/updated":
+                assert message.params.uri == "note://modern"
+                updated.set()
+
+        with anyio.fail_after(60):
+            async with Client(stdio(config), mode="legacy", message_handler=on_message) as client:
+                # The subscription is made upstream before the answer.
+                await client.subscribe_resource("note://modern")
+                assert text(await client.call_tool("touch", {})) == "touched"
+                await updated.wait()
+                # Each resource followed is a request kept open on the server: at most 256.
+                for i in range(255):
+                    await client.subscribe_resource(f"card://{i}")
+                with pytest.raises(Exception, match="at most 256 resources"):
+                    await client.subscribe_resource("card://one-too-many")
+
+    async def modern():
+        with anyio.fail_after(60):
+            async with Client(stdio(config), mode="auto") as client:
+                # The acknowledgement is written before any wait for the servers to start.
+                await client.list_resources()
+                async with client.listen(resource_subscriptions=["note://modern"]) as sub:
+                    assert list(sub.honored.resource_subscriptions) == ["note://modern"]
+                    # The acknowledgement comes first and the listen upstream is opened
+                    # after it: an update before then is not heard (there is no replay).
+                    async with anyio.create_task_group() as tg:
+
+                        async def touching():
+                            while True:
+                                assert text(await client.call_tool("touch", {})) == "touched"
+                                await anyio.sleep(0.2)
+
+                        tg.start_soon(touching)
+                        async for event in sub:
+                            assert event.uri == "note://modern", event
+                            break
+                        tg.cancel_scope.cancel()
+
+    anyio.run(legacy)
+    anyio.run(modern)
+
+
 def test_a_listen_request_follows_a_bounded_number_of_resources(config):
     """A listen request's filter is the client's to write: the gateway follows at most
     256 resources of one request, each once, and its acknowledgement says which."""

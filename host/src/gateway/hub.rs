@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use rmcp::model::{ClientCapabilities, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams};
+use rmcp::model::{ClientCapabilities, SetLevelRequestParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -225,7 +225,7 @@ impl Hub {
             };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
                 tokio::spawn(async move {
-                    let _ = session.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
+                    let _ = session.unfollow(&uri).await;
                 });
             }
         }
@@ -293,7 +293,9 @@ impl Hub {
             let _ = session.peer.set_level(SetLevelRequestParams::new(level)).await;
         }
         for uri in self.downstreams.subscriptions(handle.instance) {
-            let _ = session.peer.subscribe(SubscribeRequestParams::new(uri)).await;
+            if let Err(e) = session.follow(&uri).await {
+                tracing::info!(server = %handle.name, %uri, "a subscription could not be made again: {e}");
+            }
         }
     }
 

@@ -338,7 +338,7 @@ impl ServerHandler for Gateway {
         }
         let session = self.session(&server, self.wait_for(&server)).await?;
         request.uri = uri;
-        session.peer.unsubscribe(request).await.map_err(|e| upstream_error(&server, e))
+        session.unfollow(&request.uri).await.map_err(|e| upstream_error(&server, e))
     }
 
     async fn complete(
@@ -562,13 +562,15 @@ impl Gateway {
         self.own.initialised(cx.peer.clone(), caps);
     }
 
-    /// Whether `server`'s resources can be subscribed to now: it is up, on a revision
-    /// before 2026-07-28 (see the README), and says it takes subscriptions.
+    /// Whether `server`'s resources can be subscribed to now: it is up and, on a revision
+    /// before 2026-07-28, says it takes subscriptions (on 2026-07-28 a listen request
+    /// follows a resource, and the server's acknowledgement says whether it does).
     fn subscribable(&self, server: &str) -> bool {
         let session = self.own.server(server).and_then(|h| h.state().session);
         session.and_then(|s| s.info.clone()).is_some_and(|i| {
-            i.protocol_version.has_initialize()
-                && i.capabilities.resources.as_ref().and_then(|r| r.subscribe) == Some(true)
+            let resources = i.capabilities.resources.as_ref();
+            (!i.protocol_version.has_initialize() && resources.is_some())
+                || resources.and_then(|r| r.subscribe) == Some(true)
         })
     }
 
@@ -584,8 +586,7 @@ impl Gateway {
         let (subscription, server) = self.subscription(exposed).await?;
         let within = self.wait_for(&server);
         let session = self.session(&server, within).await?;
-        let request = SubscribeRequestParams::new(subscription.uri.clone());
-        tokio::time::timeout(within, session.peer.subscribe(request))
+        tokio::time::timeout(within, session.follow(&subscription.uri))
             .await
             .map_err(|_| {
                 ErrorData::internal_error(

@@ -7,10 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use rmcp::model::{
-    ClientCapabilities, Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerNotification, ServerPeerInfo,
-    SubscriptionFilter, Tool,
-};
+use rmcp::model::{ClientCapabilities, Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{ClientCacheConfig, ClientLifecycleMode, RunningService, serve_client_with_lifecycle_and_ct};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -21,8 +18,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::listen::Follows;
 use super::process::ServerProcess;
-use super::upstream::{InOrder, Relay, UpstreamEvent, UpstreamHandler};
+use super::upstream::{InOrder, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
 use crate::redact::Secrets;
 
@@ -119,6 +117,8 @@ pub struct Session {
     /// Cancelled the moment the connection is lost, so calls in flight end at once.
     pub closed: CancellationToken,
     pub listing: RwLock<Arc<Listing>>,
+    /// The resources followed on listen requests of their own (2026-07-28).
+    pub follows: Follows,
 }
 
 impl Session {
@@ -485,9 +485,10 @@ impl Supervisor {
             info,
             closed: CancellationToken::new(),
             listing: RwLock::new(Arc::new(listing)),
+            follows: Follows::new(self.relay.clone()),
         });
         if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
-            listen(&session, self.relay.clone());
+            super::listen::lists(&session);
         }
         let service_ended = CancellationToken::new();
         let ended = service_ended.clone();
@@ -684,93 +685,6 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Lis
         }
     }
     listing
-}
-
-/// On a 2026-07-28 connection a server says its lists changed only on a
-/// `subscriptions/listen` request: one is kept open for the session's life (opened again,
-/// after a pause that doubles up to 30 s, when the server ends it or it lags), and what
-/// arrives on it is relayed like the notifications of older revisions. Every reopening
-/// counts as a change of every list, since changes in between went unheard.
-fn listen(session: &Arc<Session>, relay: Arc<dyn Relay>) {
-    let (server, id, peer, closed) = (session.server.clone(), session.id, session.peer.clone(), session.closed.clone());
-    // The pause before reopening: the restarts' backoff, from 1 s to 30 s.
-    let backoff = RestartPolicy { initial_delay_ms: 1000, max_delay_ms: 30_000, ..RestartPolicy::default() };
-    tokio::spawn(async move {
-        let mut failed = 0;
-        for round in 0u32.. {
-            let filter = SubscriptionFilter::builder()
-                .tools_list_changed()
-                .prompts_list_changed()
-                .resources_list_changed()
-                .build();
-            let opened = tokio::select! {
-                opened = peer.listen(filter) => opened,
-                () = closed.cancelled() => return,
-            };
-            match opened {
-                Ok(mut subscription) => {
-                    if round > 0 {
-                        for event in [
-                            UpstreamEvent::ToolsChanged,
-                            UpstreamEvent::PromptsChanged,
-                            UpstreamEvent::ResourcesChanged,
-                        ] {
-                            relay.notify(&server, id, event);
-                        }
-                    }
-                    let opened_at = Instant::now();
-                    relay_changes(&mut subscription, &closed, &*relay, &server, id).await;
-                    // Only a listen that lasted resets the pause: one the server ends at
-                    // once is not reopened (and every list re-read) every second.
-                    if opened_at.elapsed() >= Duration::from_secs(30) {
-                        failed = 0;
-                    }
-                }
-                Err(e) if round == 0 => {
-                    tracing::info!(%server, "the server takes no subscriptions/listen, so its list changes go unheard: {e}");
-                    return;
-                }
-                Err(e) => tracing::debug!(%server, "subscriptions/listen failed again: {e}"),
-            }
-            tokio::select! {
-                () = tokio::time::sleep(restart_delay(&backoff, failed)) => {}
-                () = closed.cancelled() => return,
-            }
-            failed += 1;
-        }
-    });
-}
-
-/// Relays the list changes `subscription` brings until it ends or the session closes.
-async fn relay_changes(
-    subscription: &mut rmcp::service::Subscription,
-    closed: &CancellationToken,
-    relay: &dyn Relay,
-    server: &str,
-    id: u64,
-) {
-    loop {
-        let next = tokio::select! {
-            next = subscription.next() => next,
-            () = closed.cancelled() => return,
-        };
-        let event = match next {
-            Ok(Some(ServerNotification::ToolListChangedNotification(_))) => UpstreamEvent::ToolsChanged,
-            Ok(Some(ServerNotification::PromptListChangedNotification(_))) => UpstreamEvent::PromptsChanged,
-            Ok(Some(ServerNotification::ResourceListChangedNotification(_))) => UpstreamEvent::ResourcesChanged,
-            Ok(Some(_)) => continue,
-            Ok(None) | Err(_) => {
-                tracing::debug!(
-                    server,
-                    session = id,
-                    "the server's subscriptions/listen ended: {:?}",
-                    subscription.end()
-                );
-                return;
-            }
-        };
-        relay.notify(server, id, event);
-    }
 }
 
 #[cfg(test)]
