@@ -6,7 +6,8 @@
 //! and below the peers), and 16 sessions at once (throughput; target: ≥ 2× the faster
 //! peer). Two upstreams: a minimal Rust server (`echo-server`), where the gateway, not the
 //! server, is the bottleneck, and `@modelcontextprotocol/server-everything`, the server
-//! people run.
+//! people run. Each row also gives the peak resident memory of the process measured
+//! under that load (the gateway's own process; the servers behind it are not counted).
 //!
 //! `bench-http [--everything PATH] --peer NAME ARGV... --peer NAME ARGV...`: xtask
 //! installs the peers and gives their command lines, with `{port}`, `{server}` (the stdio
@@ -37,6 +38,17 @@ struct Round {
     per_second: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// The peak resident memory of the process started (the gateway itself: the servers
+    /// behind it are processes of their own), in MB.
+    peak_mb: Option<f64>,
+}
+
+/// A field of `/proc/PID/status` that is a size (`VmRSS`, `VmHWM`), in MB.
+fn status_mb(pid: u32, field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let value = status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kib: u64 = value.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib as f64 * 1024.0 / 1e6)
 }
 
 /// Starts `argv` and measures calls/s and latency against `url` once it answers, with
@@ -102,6 +114,7 @@ async fn measure(name: &str, argv: &[String], url: &str, sessions: usize) -> Opt
         let _ = task.await;
     }
     let seconds = from.elapsed().as_secs_f64();
+    let peak_mb = child.id().and_then(|pid| status_mb(pid, "VmHWM"));
     if let Some(pid) = child.id() {
         // The whole group: the peers start the stdio server as their own child.
         let _ = std::process::Command::new("kill").args(["--", &format!("-{pid}")]).status();
@@ -115,7 +128,8 @@ async fn measure(name: &str, argv: &[String], url: &str, sessions: usize) -> Opt
     latencies.sort();
     let at = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
     let ms = |d: Option<&Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0);
-    Some(Round { per_second: done.load(Ordering::Relaxed) as f64 / seconds, p50_ms: ms(at(0.5)), p99_ms: ms(at(0.99)) })
+    let per_second = done.load(Ordering::Relaxed) as f64 / seconds;
+    Some(Round { per_second, p50_ms: ms(at(0.5)), p99_ms: ms(at(0.99)), peak_mb })
 }
 
 /// `argv` with `{port}` filled in, `{server}` as one word (a command line) and
@@ -130,8 +144,8 @@ fn fill(argv: &[String], port: u16, server: &[String]) -> Vec<String> {
 }
 
 /// Resident memory of an idle `rebound serve --http` with the three first-party adapters
-/// and three upstreams, once every server is ready (target: ≤ 30 MB).
-async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
+/// and three upstreams, once every server is ready, in MB (target: ≤ 30 MB).
+async fn idle_memory(dir: &std::path::Path) -> Option<f64> {
     let faulty = bin("faulty-server");
     let plugins = rebound_tests::root().join("target/plugins");
     let servers: serde_json::Map<String, serde_json::Value> = ["lean-fallback", "hol-cursor", "thanos-classify"]
@@ -162,11 +176,9 @@ async fn idle_memory(dir: &std::path::Path) -> Option<u64> {
     }
     // Let start-up allocations settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()?)).ok()?;
-    let kib =
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
+    let mb = status_mb(child.id()?, "VmRSS");
     let _ = child.kill().await;
-    Some(kib)
+    mb
 }
 
 /// An upstream server, run over stdio behind each gateway and over its own streamable
@@ -205,7 +217,11 @@ async fn compare(dir: &std::path::Path, upstream: &Upstream, peers: &[(String, V
     };
     let one_thread = rebound(dir, upstream, sessions, Some(1)).await;
     let line = |name: &str, r: &Round| {
-        format!("  {name:<13} {:>8.0} calls/s   p50 {:>7.2} ms   p99 {:>7.2} ms", r.per_second, r.p50_ms, r.p99_ms)
+        let peak = r.peak_mb.map_or_else(|| "?".to_string(), |mb| format!("{mb:.1}"));
+        format!(
+            "  {name:<13} {:>8.0} calls/s   p50 {:>7.2} ms   p99 {:>7.2} ms   peak RSS {peak:>5} MB",
+            r.per_second, r.p50_ms, r.p99_ms
+        )
     };
     println!("streamable HTTP, {sessions} session(s) calling {}'s `echo` for {} s:", upstream.name, MEASURE.as_secs());
     println!("{}", line("rebound", &ours));
@@ -277,8 +293,7 @@ async fn main() {
         compare(dir.path(), &everything, &peers, 1).await;
     }
     match idle_memory(dir.path()).await {
-        Some(kib) => {
-            let mb = kib as f64 * 1024.0 / 1e6;
+        Some(mb) => {
             println!(
                 "idle resident memory, 3 adapters and 3 upstreams: {mb:.1} MB ({} ≤ 30 MB)",
                 if mb <= 30.0 { "meets" } else { "MISSES" }
