@@ -240,6 +240,26 @@ async fn a_resource_read_the_server_never_answers_ends_in_an_error_and_is_cancel
 }
 
 #[tokio::test]
+async fn a_resource_read_the_client_cancels_is_cancelled_upstream() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &[]), "b": faulty("b", dir, &[])},
+            // No timeout of the gateway's own ends the read: only the client's cancel.
+            "rebound": {"defaults": {"recovery": {"timeout_ms": 600_000}}},
+        })
+    })
+    .await;
+    let request = ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(
+        ReadResourceRequestParams::new("faulty://a/items/hang"),
+    ));
+    let handle = gw.client.peer().send_cancellable_request(request, PeerRequestOptions::no_options()).await.unwrap();
+    eventually("the read upstream", || gw.state("a", "reads").iter().any(|r| r.ends_with("/hang"))).await;
+    handle.cancel(Some("changed my mind".into())).await.unwrap();
+    eventually("notifications/cancelled upstream", || gw.state("a", "cancelled").len() == 1).await;
+    gw.close().await;
+}
+
+#[tokio::test]
 async fn a_server_that_cannot_start_does_not_hold_the_others_back() {
     let gw = Gateway::start(|dir| {
         json!({

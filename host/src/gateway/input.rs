@@ -93,11 +93,13 @@ impl Asking for ReadResourceRequestParams {
 }
 
 /// How long one request may take: each round with the server at most `timeout`, the
-/// whole exchange (the client's answers included) at most `deadline`.
+/// whole exchange (the wait for the server and the client's answers included) at most
+/// `deadline`, which ends at `until`.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub timeout: Duration,
     pub deadline: Duration,
+    pub until: tokio::time::Instant,
 }
 
 /// Sends `params` to `server` on `session` for the client of `cx`, and settles the
@@ -113,17 +115,23 @@ pub async fn settle<P: Asking>(
     cx: &RequestContext<RoleServer>,
     limits: Limits,
 ) -> Result<Answer<P::Done>, ErrorData> {
-    let deadline = tokio::time::Instant::now() + limits.deadline;
     let late = || {
         let ms = limits.deadline.as_millis();
         ErrorData::internal_error(format!("server `{server}`: `{}` took longer than its {ms} ms", P::METHOD), None)
     };
+    let lost = || ErrorData::internal_error(format!("server `{server}`: the connection was lost"), None);
+    // Dropping a round's request (the deadline, the client's cancellation, the connection
+    // lost) cancels it upstream.
     let mut round = 0;
     loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let left = limits.until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(late());
+        }
         let answer = tokio::select! {
             r = tokio::time::timeout(left, send(params.clone(), session, cx, limits.timeout.min(left))) => r.map_err(|_| late())?,
             () = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None)),
+            () = session.closed.cancelled() => return Err(lost()),
         };
         let answer = answer.map_err(|e| match e {
             ServiceError::Timeout { timeout } => ErrorData::internal_error(
@@ -143,9 +151,12 @@ pub async fn settle<P: Asking>(
             Answer::Asked(asked) => asked,
             done => return Ok(done),
         };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let answers =
-            tokio::time::timeout(left, answers(&asked, server, session.id, cx)).await.map_err(|_| late())??;
+        let left = limits.until.saturating_duration_since(tokio::time::Instant::now());
+        // The server's connection lost meanwhile: its questions are moot.
+        let answers = tokio::select! {
+            r = tokio::time::timeout(left, answers(&asked, server, session.id, cx)) => r.map_err(|_| late())??,
+            () = session.closed.cancelled() => return Err(lost()),
+        };
         params.resume(answers, asked.request_state);
         round += 1;
     }
@@ -160,8 +171,32 @@ async fn send<P: Asking>(
     timeout: Duration,
 ) -> Result<Answer<P::Done>, ServiceError> {
     let options = PeerRequestOptions::with_timeout(timeout).with_meta(request_meta(session, cx));
-    let handle = session.peer.send_request_with_option(params.into_request(), options).await?;
-    P::answer(handle.await_response().await?).ok_or(ServiceError::UnexpectedResponse)
+    let handle = session.peer.send_cancellable_request(params.into_request(), options).await?;
+    // rmcp cancels the request at its own timeout; the guard, when this future is dropped.
+    let mut abandoned = Abandoned { peer: session.peer.clone(), id: Some(handle.id.clone()) };
+    let answer = handle.await_response().await;
+    abandoned.id = None;
+    P::answer(answer?).ok_or(ServiceError::UnexpectedResponse)
+}
+
+/// Tells the server its request `id` is no longer wanted, when dropped before the answer.
+struct Abandoned {
+    peer: rmcp::Peer<rmcp::RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let (Some(id), Ok(runtime)) = (self.id.take(), tokio::runtime::Handle::try_current()) else { return };
+        let peer = self.peer.clone();
+        let reason = Some("the gateway no longer waits for it".to_owned());
+        // Off the dropping path, and bounded: a server that stopped reading its input
+        // would hold the write forever.
+        runtime.spawn(async move {
+            let cancel = peer.notify_cancelled(rmcp::model::CancelledNotificationParam::new(Some(id), reason));
+            let _ = tokio::time::timeout(Duration::from_secs(1), cancel).await;
+        });
+    }
 }
 
 fn broken(server: &str, method: &str, what: &str) -> ErrorData {

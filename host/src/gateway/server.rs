@@ -79,13 +79,19 @@ impl Gateway {
         self.limits(server).timeout
     }
 
-    /// How long a request to `server` other than a tool call may take: each round its
-    /// `recovery.timeout_ms`, all rounds with the client's answers its call deadline.
+    /// How long a request to `server` other than a tool call may take, from now: each
+    /// round its `recovery.timeout_ms`, all rounds with the client's answers its call
+    /// deadline.
     fn limits(&self, server: &str) -> input::Limits {
         let setup = self.hub.setup();
         let recovery = setup.config.servers.get(server).map(|s| &s.recovery);
         let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for("")));
-        input::Limits { timeout: Duration::from_millis(timeout), deadline: Duration::from_millis(deadline) }
+        let deadline = Duration::from_millis(deadline);
+        input::Limits {
+            timeout: Duration::from_millis(timeout),
+            deadline,
+            until: tokio::time::Instant::now() + deadline,
+        }
     }
 }
 
@@ -261,9 +267,11 @@ impl ServerHandler for Gateway {
             .prompt(&request.name)
             .cloned()
             .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
-        let session = self.session(&route.server, self.wait_for(&route.server)).await?;
+        // The deadline counts from here: waiting for a restart in progress is part of it.
+        let limits = self.limits(&route.server);
+        let session = self.session(&route.server, limits.timeout).await?;
         request.name = route.name;
-        match input::settle(request, &route.server, &session, &cx, self.limits(&route.server)).await? {
+        match input::settle(request, &route.server, &session, &cx, limits).await? {
             Answer::Done(mut result) => {
                 result.result_type = Some(ResultType::COMPLETE);
                 Ok(result.into())
@@ -307,9 +315,10 @@ impl ServerHandler for Gateway {
         }
         let exposed = request.uri.clone();
         let (server, uri) = self.resource(&exposed).await?;
-        let session = self.session(&server, self.wait_for(&server)).await?;
+        let limits = self.limits(&server);
+        let session = self.session(&server, limits.timeout).await?;
         request.uri = uri;
-        match input::settle(request, &server, &session, &cx, self.limits(&server)).await? {
+        match input::settle(request, &server, &session, &cx, limits).await? {
             Answer::Done(mut result) => {
                 for content in &mut result.contents {
                     rename_content(content, &exposed);
