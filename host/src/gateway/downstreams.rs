@@ -232,35 +232,30 @@ impl Downstreams {
             .min_by_key(|l| rank(*l))
     }
 
-    /// Records `client`'s (un)subscription; returns whether any live session is still
-    /// subscribed to that resource of that instance (to keep, or end, the upstream
-    /// subscription).
+    /// Records `client`'s (un)subscription; returns whether `client` is still here (a
+    /// subscription made for a client gone meanwhile is to be ended upstream).
     pub fn subscribe(&self, client: &str, subscription: Subscription, on: bool) -> bool {
         let mut list = self.list.lock().expect("not poisoned");
-        if let Some(d) = list.iter_mut().find(|d| &*d.client == client) {
-            if on {
-                d.subscriptions.insert(subscription.clone());
-            } else {
-                d.subscriptions.remove(&subscription);
-            }
+        let Some(d) = list.iter_mut().find(|d| &*d.client == client) else { return false };
+        if on {
+            d.subscriptions.insert(subscription);
+        } else {
+            d.subscriptions.remove(&subscription);
         }
-        list.iter()
-            .filter(|d| !d.reach.is_closed())
-            .any(|d| d.subscriptions.iter().any(|s| s.instance == subscription.instance && s.uri == subscription.uri))
+        true
     }
 
-    /// Every URI of server instance `instance` some live session is subscribed to
-    /// (re-applied after it restarts).
-    pub fn subscriptions(&self, instance: u64) -> Vec<String> {
+    /// Who is subscribed to which URI of server instance `instance`, among the live
+    /// sessions and listen requests (re-applied after it restarts).
+    pub fn subscriptions(&self, instance: u64) -> Vec<(Arc<str>, String)> {
         let list = self.list.lock().expect("not poisoned");
-        let mut uris: Vec<String> = list
-            .iter()
+        list.iter()
             .filter(|d| !d.reach.is_closed())
-            .flat_map(|d| d.subscriptions.iter().filter(|s| s.instance == instance).map(|s| s.uri.clone()))
-            .collect();
-        uris.sort();
-        uris.dedup();
-        uris
+            .flat_map(|d| {
+                let uris = d.subscriptions.iter().filter(|s| s.instance == instance);
+                uris.map(|s| (d.client.clone(), s.uri.clone()))
+            })
+            .collect()
     }
 
     /// A server was relaunched as instance `new` (`Some`), or removed (`None`): its
@@ -280,25 +275,20 @@ impl Downstreams {
     }
 
     /// `client`'s session (with its listen requests), or one listen request, ended: it
-    /// is forgotten, and the subscriptions no other live entry holds are returned, to be
-    /// ended upstream.
-    pub fn remove(&self, client: &str) -> Vec<(u64, String)> {
+    /// is forgotten, and the subscriptions of every entry gone are returned (instance,
+    /// URI, the entry's name), each to be given up upstream.
+    pub fn remove(&self, client: &str) -> Vec<(u64, String, Arc<str>)> {
         let mut list = self.list.lock().expect("not poisoned");
         // Closed entries go too: a session or listen request whose end was not seen.
         let (gone, kept): (Vec<_>, Vec<_>) =
             list.drain(..).partition(|d| &*d.client == client || &*d.owner == client || d.reach.is_closed());
         *list = kept;
-        let mut ended: Vec<(u64, String)> = gone
-            .into_iter()
-            .flat_map(|d| d.subscriptions)
-            .filter(|s| {
-                !list.iter().any(|d| d.subscriptions.iter().any(|o| o.instance == s.instance && o.uri == s.uri))
+        gone.into_iter()
+            .flat_map(|d| {
+                let holder = d.client;
+                d.subscriptions.into_iter().map(move |s| (s.instance, s.uri, holder.clone()))
             })
-            .map(|s| (s.instance, s.uri))
-            .collect();
-        ended.sort();
-        ended.dedup();
-        ended
+            .collect()
     }
 }
 

@@ -185,7 +185,7 @@ impl Hub {
                 let status = rx.borrow_and_update().status;
                 let (Some(hub), Some(handle)) = (weak.upgrade(), handle.upgrade()) else { break };
                 if status == Status::Ready && status != last {
-                    hub.on_ready(&handle, owner.as_ref()).await;
+                    hub.on_ready(&handle, owner.as_ref());
                 }
                 if status != last {
                     hub.rebuild_for(owner.as_ref(), status == Status::Ready && last != Status::Starting);
@@ -216,16 +216,16 @@ impl Hub {
         Duration::from_millis(self.setup().config.settings.startup_timeout_ms)
     }
 
-    /// A client session ended: it is forgotten, and the subscriptions it alone held on
-    /// the shared servers are ended.
+    /// A client session ended: it is forgotten, and its subscriptions on the shared
+    /// servers given up (each ends upstream with its last follower).
     pub fn session_ended(&self, client: &str) {
-        for (instance, uri) in self.downstreams.remove(client) {
+        for (instance, uri, holder) in self.downstreams.remove(client) {
             let Some(handle) = self.setup().servers.values().find(|h| h.instance == instance).cloned() else {
                 continue;
             };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
                 tokio::spawn(async move {
-                    let _ = session.unfollow(&uri).await;
+                    let _ = session.unfollow(&uri, &holder).await;
                 });
             }
         }
@@ -283,20 +283,37 @@ impl Hub {
     }
 
     /// A server instance became ready: re-apply the log level and subscriptions its
-    /// clients set (all sessions' for a shared server, its owner's for its own).
-    async fn on_ready(&self, handle: &ServerHandle, owner: Option<&Owner>) {
+    /// clients set (all sessions' for a shared server, its owner's for its own), on a
+    /// task of its own, each within the server's `recovery.timeout_ms`: a server slow to
+    /// answer them holds up neither the catalogue nor its other state changes.
+    fn on_ready(&self, handle: &ServerHandle, owner: Option<&Owner>) {
         let Some(session) = handle.state().session else { return };
         let only = owner.map(|o| &*o.client);
-        if let (Some(level), true) =
-            (self.downstreams.level(only), session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()))
-        {
-            let _ = session.peer.set_level(SetLevelRequestParams::new(level)).await;
-        }
-        for uri in self.downstreams.subscriptions(handle.instance) {
-            if let Err(e) = session.follow(&uri).await {
-                tracing::info!(server = %handle.name, %uri, "a subscription could not be made again: {e}");
+        let level = self
+            .downstreams
+            .level(only)
+            .filter(|_| session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()));
+        let subscriptions = self.downstreams.subscriptions(handle.instance);
+        let setup = self.setup();
+        let timeout_ms = setup.config.servers.get(&*handle.name).map_or(30_000, |s| s.recovery.timeout_ms);
+        let within = Duration::from_millis(timeout_ms);
+        let server = handle.name.clone();
+        tokio::spawn(async move {
+            if let Some(level) = level {
+                let _ = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             }
-        }
+            let (session, server) = (&session, &server);
+            let follows = subscriptions.iter().map(|(holder, uri)| async move {
+                match tokio::time::timeout(within, session.follow(uri, holder)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::info!(%server, %uri, "a subscription could not be made again: {e}"),
+                    Err(_) => {
+                        tracing::info!(%server, %uri, "a subscription could not be made again within {timeout_ms} ms")
+                    }
+                }
+            });
+            futures::future::join_all(follows).await;
+        });
     }
 
     /// Rebuilds the catalogue `owner` sees (the shared one when none); after a restart

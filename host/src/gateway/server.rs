@@ -340,14 +340,11 @@ impl ServerHandler for Gateway {
         _: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let (subscription, server) = self.subscription(&request.uri).await?;
-        let uri = subscription.uri.clone();
+        request.uri = subscription.uri.clone();
+        self.hub.downstreams.subscribe(&self.own.client, subscription, false);
         // The server keeps the subscription while another session still has it.
-        if self.hub.downstreams.subscribe(&self.own.client, subscription, false) {
-            return Ok(());
-        }
         let session = self.session(&server, self.wait_for(&server)).await?;
-        request.uri = uri;
-        session.unfollow(&request.uri).await.map_err(|e| upstream_error(&server, e))
+        session.unfollow(&request.uri, &self.own.client).await.map_err(|e| upstream_error(&server, e))
     }
 
     async fn complete(
@@ -591,11 +588,11 @@ impl Gateway {
 
     /// Subscribes `client` (a session, or a listen request) to the resource it knows as
     /// `exposed`: upstream, unless another client already holds that subscription.
-    async fn subscribe_to(&self, client: &str, exposed: &str) -> Result<(), ErrorData> {
+    async fn subscribe_to(&self, client: &Arc<str>, exposed: &str) -> Result<(), ErrorData> {
         let (subscription, server) = self.subscription(exposed).await?;
         let within = self.wait_for(&server);
         let session = self.session(&server, within).await?;
-        tokio::time::timeout(within, session.follow(&subscription.uri))
+        tokio::time::timeout(within, session.follow(&subscription.uri, client))
             .await
             .map_err(|_| {
                 ErrorData::internal_error(
@@ -604,7 +601,11 @@ impl Gateway {
                 )
             })?
             .map_err(|e| upstream_error(&server, e))?;
-        self.hub.downstreams.subscribe(client, subscription, true);
+        let uri = subscription.uri.clone();
+        // A client gone meanwhile (its session closed) no longer follows it.
+        if !self.hub.downstreams.subscribe(client, subscription, true) {
+            let _ = session.unfollow(&uri, client).await;
+        }
         Ok(())
     }
 

@@ -11,16 +11,17 @@
 // `resources/subscribe` is deprecated by 2026-07-28 but lives in every revision before it.
 #![allow(deprecated)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    ResourceUpdatedNotificationParam, ServerNotification, SubscribeRequestParams, SubscriptionFilter,
+    ErrorCode, ResourceUpdatedNotificationParam, ServerNotification, SubscribeRequestParams, SubscriptionFilter,
     UnsubscribeRequestParams,
 };
 use rmcp::service::Subscription;
 use rmcp::{ErrorData, ServiceError};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -68,165 +69,295 @@ impl Purpose {
     }
 }
 
-/// The resources a session follows on its server's listen requests (2026-07-28), each
-/// with the token that ends its listen, and where their updates go.
+/// The resources of one server session that clients follow, and who follows each: the
+/// upstream subscription is made for the first follower and ended with the last, under
+/// one lock, so that a follow and an unfollow racing cannot end a subscription someone
+/// still holds, nor leave one nobody does.
 pub struct Follows {
     relay: Arc<dyn Relay>,
-    listens: Mutex<HashMap<String, CancellationToken>>,
+    followed: Mutex<Followed>,
+}
+
+#[derive(Default)]
+struct Followed {
+    by_uri: HashMap<String, Follow>,
+    /// Tells an entry from a later one for the same resource.
+    next: u64,
+}
+
+/// One followed resource.
+struct Follow {
+    id: u64,
+    /// Who follows it: client sessions and listen requests, by name.
+    holders: HashSet<Arc<str>>,
+    /// Ends its listen request (2026-07-28), or tells its opener it is no longer wanted.
+    stop: CancellationToken,
+    opening: watch::Receiver<Opening>,
+}
+
+/// How the opening of a follow went, as the followers that came meanwhile see it.
+#[derive(Debug, Clone)]
+enum Opening {
+    Pending,
+    Open,
+    Refused(String),
 }
 
 impl Follows {
     pub fn new(relay: Arc<dyn Relay>) -> Self {
-        Self { relay, listens: Mutex::default() }
+        Self { relay, followed: Mutex::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CancellationToken>> {
-        self.listens.lock().expect("not poisoned")
+    fn lock(&self) -> std::sync::MutexGuard<'_, Followed> {
+        self.followed.lock().expect("not poisoned")
+    }
+
+    /// `holder` joins the open follow of `uri`, waits for the one being opened, or opens
+    /// it (its `stop` a child of `closed`); `Err` past [`MAX_FOLLOWED`] resources.
+    fn turn(&self, uri: &str, holder: &Arc<str>, closed: &CancellationToken) -> Result<Turn, ()> {
+        let mut followed = self.lock();
+        if let Some(follow) = followed.by_uri.get_mut(uri) {
+            if matches!(*follow.opening.borrow(), Opening::Open) {
+                follow.holders.insert(holder.clone());
+                return Ok(Turn::Done);
+            }
+            return Ok(Turn::Wait(follow.opening.clone()));
+        }
+        if followed.by_uri.len() >= MAX_FOLLOWED {
+            return Err(());
+        }
+        followed.next += 1;
+        let (id, stop) = (followed.next, closed.child_token());
+        let (opened, opening) = watch::channel(Opening::Pending);
+        let holders = HashSet::from([holder.clone()]);
+        followed.by_uri.insert(uri.to_owned(), Follow { id, holders, stop: stop.clone(), opening });
+        Ok(Turn::Open { id, stop, opened })
+    }
+
+    /// `holder` leaves the follow of `uri`. The last to leave ends it (its `stop`
+    /// cancelled): then `Some(whether it was open)`.
+    fn leave(&self, uri: &str, holder: &str) -> Option<bool> {
+        let mut followed = self.lock();
+        let follow = followed.by_uri.get_mut(uri)?;
+        follow.holders.remove(holder);
+        if !follow.holders.is_empty() {
+            return None;
+        }
+        let follow = followed.by_uri.remove(uri)?;
+        follow.stop.cancel();
+        let open = matches!(*follow.opening.borrow(), Opening::Open);
+        Some(open)
+    }
+
+    /// Removes the follow `id` of `uri` (not a later one for the same resource).
+    fn forget(&self, uri: &str, id: u64) {
+        let mut followed = self.lock();
+        if followed.by_uri.get(uri).is_some_and(|f| f.id == id) {
+            followed.by_uri.remove(uri);
+        }
     }
 }
 
 impl std::fmt::Debug for Follows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.lock().keys()).finish()
+        f.debug_set().entries(self.lock().by_uri.keys()).finish()
     }
 }
 
+/// What a follower does next.
+enum Turn {
+    Done,
+    Wait(watch::Receiver<Opening>),
+    Open { id: u64, stop: CancellationToken, opened: watch::Sender<Opening> },
+}
+
 impl Session {
-    /// Follows the updates of the server's resource `uri`: `resources/subscribe` before
-    /// 2026-07-28, a listen request of its own on that revision ([`follow`]).
-    pub async fn follow(self: &Arc<Self>, uri: &str) -> Result<(), ServiceError> {
-        if self.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
-            follow(self, uri).await
-        } else {
-            self.peer.subscribe(SubscribeRequestParams::new(uri)).await
+    /// `holder` (a client session or listen request) follows the updates of the server's
+    /// resource `uri`. The first follower subscribes upstream (`resources/subscribe`
+    /// before 2026-07-28, a listen request of its own on that revision) and the others
+    /// wait for that to be done; a server that refuses it is an error for each of them.
+    pub async fn follow(self: &Arc<Self>, uri: &str, holder: &Arc<str>) -> Result<(), ServiceError> {
+        loop {
+            let turn = self.follows.turn(uri, holder, &self.closed).map_err(|()| {
+                let message =
+                    format!("the gateway follows at most {MAX_FOLLOWED} resources of server `{}`", self.server);
+                ServiceError::McpError(ErrorData::invalid_request(message, None))
+            })?;
+            match turn {
+                Turn::Done => return Ok(()),
+                Turn::Wait(mut opening) => {
+                    // An opening given up (its request dropped) lets a waiter try itself.
+                    if let Ok(Opening::Refused(why)) =
+                        opening.wait_for(|o| !matches!(o, Opening::Pending)).await.as_deref()
+                    {
+                        return Err(ServiceError::McpError(ErrorData::invalid_params(why.clone(), None)));
+                    }
+                }
+                Turn::Open { id, stop, opened } => return self.open_follow(uri, id, stop, opened).await,
+            }
         }
     }
 
-    /// Stops following `uri`: `resources/unsubscribe`, or its listen request cancelled.
-    pub async fn unfollow(&self, uri: &str) -> Result<(), ServiceError> {
-        if self.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
-            if let Some(stop) = self.follows.lock().remove(uri) {
-                stop.cancel();
+    /// The first follower's part: the subscription made upstream, its outcome told to the
+    /// followers waiting. Until it is made, a failure (or this future dropped by a
+    /// timeout) removes the entry.
+    async fn open_follow(
+        self: &Arc<Self>,
+        uri: &str,
+        id: u64,
+        stop: CancellationToken,
+        opened: watch::Sender<Opening>,
+    ) -> Result<(), ServiceError> {
+        let mut undo = Undo { session: self, uri, id, armed: true };
+        if !self.is_modern() {
+            self.peer.subscribe(SubscribeRequestParams::new(uri)).await.inspect_err(|e| {
+                opened.send_replace(Opening::Refused(e.to_string()));
+            })?;
+            undo.armed = false;
+            opened.send_replace(Opening::Open);
+            // Unfollowed by everyone while it was being made: end it here.
+            if stop.is_cancelled() {
+                let _ = self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
             }
-            Ok(())
-        } else {
-            self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await
+            return Ok(());
         }
+        let purpose = Purpose::Resource(uri.to_owned());
+        let first = open(self, &purpose).await.inspect_err(|e| {
+            opened.send_replace(Opening::Refused(e.to_string()));
+        })?;
+        undo.armed = false;
+        opened.send_replace(Opening::Open);
+        // Unfollowed by everyone while it was being opened: dropping `first` cancels it.
+        if !stop.is_cancelled() {
+            let session = self.clone();
+            tokio::spawn(async move {
+                let relay = session.follows.relay.clone();
+                keep(Some(first), &session, &*relay, purpose, stop).await
+            });
+        }
+        Ok(())
+    }
+
+    /// `holder` stops following `uri`; the last follower's going ends the subscription
+    /// upstream (`resources/unsubscribe`, or its listen request cancelled).
+    pub async fn unfollow(&self, uri: &str, holder: &str) -> Result<(), ServiceError> {
+        // One still being made is ended by its opener, which sees its `stop` cancelled.
+        let ended_open = self.follows.leave(uri, holder);
+        if ended_open == Some(true) && !self.is_modern() {
+            self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether the server speaks 2026-07-28, where listen requests replace
+    /// `resources/subscribe`.
+    fn is_modern(&self) -> bool {
+        self.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize())
     }
 }
 
 /// Keeps a listen open on `session` for its list changes, relayed to `relay`, for as long
-/// as the session lives. A server that takes no listen requests is told once, in the log.
+/// as the session lives. A server that takes no listen requests is told once, in the
+/// log; one that fails to open it otherwise is asked again, with backoff.
 pub fn lists(session: &Arc<Session>) {
     let session = session.clone();
     tokio::spawn(async move {
         let relay = session.follows.relay.clone();
         let opened = tokio::select! {
-            opened = session.peer.listen(Purpose::Lists.filter()) => opened,
+            opened = open(&session, &Purpose::Lists) => opened,
             () = session.closed.cancelled() => return,
         };
-        match opened {
-            Ok(first) => keep(first, &session, &*relay, Purpose::Lists, session.closed.clone()).await,
-            Err(e) => tracing::info!(
-                server = %session.server,
-                "the server takes no subscriptions/listen, so its list changes go unheard: {e}"
-            ),
-        }
+        let first = match opened {
+            Ok(first) => Some(first),
+            Err(ServiceError::McpError(e)) if e.code == ErrorCode::METHOD_NOT_FOUND => {
+                tracing::info!(
+                    server = %session.server,
+                    "the server takes no subscriptions/listen, so its list changes go unheard: {}", e.message
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::info!(server = %session.server, "subscriptions/listen failed, to be tried again: {e}");
+                None
+            }
+        };
+        keep(first, &session, &*relay, Purpose::Lists, session.closed.clone()).await
     });
 }
 
-/// Follows `uri` on `session` (a server on 2026-07-28): a listen request of its own,
-/// opened now (so that a server that refuses it is an error for the client that asked),
-/// its updates relayed until [`Session::unfollow`] or the session's end. Following a
-/// resource already followed does nothing.
-async fn follow(session: &Arc<Session>, uri: &str) -> Result<(), ServiceError> {
-    // The entry is made before the listen is opened, so that a follow of the same
-    // resource meanwhile is not a second listen, and an unfollow meanwhile is not lost.
-    let stop = session.closed.child_token();
+/// Opens a listen request on `session` for `purpose`; one for a resource must be
+/// acknowledged for that resource.
+async fn open(session: &Session, purpose: &Purpose) -> Result<Subscription, ServiceError> {
+    let subscription = session.peer.listen(purpose.filter()).await?;
+    if let Purpose::Resource(uri) = purpose
+        && !subscription.acknowledged().resource_subscriptions.iter().flatten().any(|u| u == uri)
     {
-        let mut follows = session.follows.lock();
-        if follows.contains_key(uri) {
-            return Ok(());
-        }
-        if follows.len() >= MAX_FOLLOWED {
-            let message =
-                format!("the gateway follows at most {MAX_FOLLOWED} resources of server `{}`", session.server);
-            return Err(ServiceError::McpError(ErrorData::invalid_request(message, None)));
-        }
-        follows.insert(uri.to_owned(), stop.clone());
+        let message = format!("server `{}` does not follow `{uri}`", session.server);
+        return Err(ServiceError::McpError(ErrorData::invalid_params(message, None)));
     }
-    // Until the listen is open, a failure (or this future dropped by a timeout) undoes it.
-    let mut undo = Undo { session, uri, armed: true };
-    let purpose = Purpose::Resource(uri.to_owned());
-    let first = match session.peer.listen(purpose.filter()).await {
-        Ok(first) if first.acknowledged().resource_subscriptions.iter().flatten().any(|u| u == uri) => first,
-        refused => {
-            let message = format!("server `{}` does not follow `{uri}`", session.server);
-            return Err(refused.err().unwrap_or(ServiceError::McpError(ErrorData::invalid_params(message, None))));
-        }
-    };
-    undo.armed = false;
-    // Unfollowed while it was being opened: dropping `first` cancels it.
-    if stop.is_cancelled() {
-        return Ok(());
-    }
-    let session = session.clone();
-    tokio::spawn(async move {
-        let relay = session.follows.relay.clone();
-        keep(first, &session, &*relay, purpose, stop).await
-    });
-    Ok(())
+    Ok(subscription)
 }
 
-/// Removes a follow's entry when dropped while armed.
+/// Removes a follow's entry (that one, not a later one for the same resource) when
+/// dropped while armed.
 struct Undo<'a> {
     session: &'a Session,
     uri: &'a str,
+    id: u64,
     armed: bool,
 }
 
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.session.follows.lock().remove(self.uri);
+            self.session.follows.forget(self.uri, self.id);
         }
     }
 }
 
-/// Relays what `subscription` brings, and opens it again when the server ends it, until
-/// `stop` (the session's end, or the follow's). Dropping a subscription cancels it.
-async fn keep(first: Subscription, session: &Session, relay: &dyn Relay, purpose: Purpose, stop: CancellationToken) {
+/// Relays what the listen for `purpose` brings (starting with `first`, if it opened),
+/// and opens it again when the server ends it, until `stop` (the session's end, or the
+/// follow's). Dropping a subscription cancels it.
+async fn keep(
+    first: Option<Subscription>,
+    session: &Session,
+    relay: &dyn Relay,
+    purpose: Purpose,
+    stop: CancellationToken,
+) {
     let (server, id) = (&*session.server, session.id);
     // The pause before reopening: the restarts' backoff, from 1 s to 30 s.
     let backoff = RestartPolicy { initial_delay_ms: 1000, max_delay_ms: 30_000, ..RestartPolicy::default() };
-    let mut subscription = first;
+    let mut next = first;
     let mut failed = 0;
     loop {
-        let opened_at = Instant::now();
-        relay_events(&mut subscription, &stop, relay, server, id).await;
-        drop(subscription);
-        // Only a listen that lasted resets the pause: one the server ends at once is not
-        // reopened (and every list re-read) every second.
-        if opened_at.elapsed() >= Duration::from_secs(30) {
-            failed = 0;
+        if let Some(mut subscription) = next.take() {
+            let opened_at = Instant::now();
+            relay_events(&mut subscription, &stop, relay, server, id).await;
+            drop(subscription);
+            // Only a listen that lasted resets the pause: one the server ends at once is
+            // not reopened (and every list re-read) every second.
+            if opened_at.elapsed() >= Duration::from_secs(30) {
+                failed = 0;
+            }
         }
-        subscription = loop {
-            tokio::select! {
-                () = tokio::time::sleep(restart_delay(&backoff, failed)) => {}
-                () = stop.cancelled() => return,
-            }
-            failed += 1;
-            let opened = tokio::select! {
-                opened = session.peer.listen(purpose.filter()) => opened,
-                () = stop.cancelled() => return,
-            };
-            match opened {
-                Ok(subscription) => break subscription,
-                Err(e) => tracing::debug!(server, ?purpose, "subscriptions/listen failed again: {e}"),
-            }
+        tokio::select! {
+            () = tokio::time::sleep(restart_delay(&backoff, failed)) => {}
+            () = stop.cancelled() => return,
+        }
+        failed += 1;
+        let opened = tokio::select! {
+            opened = open(session, &purpose) => opened,
+            () = stop.cancelled() => return,
         };
-        for event in purpose.missed() {
-            relay.notify(server, id, event);
+        match opened {
+            Ok(subscription) => {
+                next = Some(subscription);
+                for event in purpose.missed() {
+                    relay.notify(server, id, event);
+                }
+            }
+            Err(e) => tracing::debug!(server, ?purpose, "subscriptions/listen failed again: {e}"),
         }
     }
 }
@@ -262,5 +393,102 @@ async fn relay_events(
             }
         };
         relay.notify(server, id, event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relay that hears nothing: these tests are of the bookkeeping alone.
+    struct Deaf;
+
+    impl Relay for Deaf {
+        fn notify(&self, _: &str, _: u64, _: UpstreamEvent) {}
+        fn request(
+            &self,
+            _: &str,
+            _: super::super::upstream::Asker,
+            _: super::super::upstream::UpstreamRequest,
+        ) -> futures::future::BoxFuture<'static, Result<rmcp::model::ClientResult, ErrorData>> {
+            Box::pin(async { Err(ErrorData::internal_error("deaf", None)) })
+        }
+    }
+
+    fn follows() -> (Follows, CancellationToken) {
+        (Follows::new(Arc::new(Deaf)), CancellationToken::new())
+    }
+
+    fn name(s: &str) -> Arc<str> {
+        s.into()
+    }
+
+    #[test]
+    fn the_first_follower_opens_and_the_others_wait_then_join() {
+        let (follows, closed) = follows();
+        let Ok(Turn::Open { opened, stop, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!("opens") };
+        let Ok(Turn::Wait(waiting)) = follows.turn("r://1", &name("b"), &closed) else { panic!("waits") };
+        opened.send_replace(Opening::Open);
+        assert!(matches!(*waiting.borrow(), Opening::Open));
+        assert!(matches!(follows.turn("r://1", &name("b"), &closed), Ok(Turn::Done)));
+        // Both hold it: the first to leave does not end it, the last does.
+        assert_eq!(follows.leave("r://1", "a"), None);
+        assert!(!stop.is_cancelled());
+        assert_eq!(follows.leave("r://1", "b"), Some(true));
+        assert!(stop.is_cancelled());
+        assert!(matches!(follows.turn("r://1", &name("c"), &closed), Ok(Turn::Open { .. })));
+    }
+
+    #[test]
+    fn an_opening_refused_is_an_error_for_who_waited_and_leaves_nothing() {
+        let (follows, closed) = follows();
+        let Ok(Turn::Open { opened, id, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
+        let Ok(Turn::Wait(waiting)) = follows.turn("r://1", &name("b"), &closed) else { panic!() };
+        opened.send_replace(Opening::Refused("no".into()));
+        follows.forget("r://1", id);
+        assert!(matches!(&*waiting.borrow(), Opening::Refused(why) if why == "no"));
+        assert!(follows.lock().by_uri.is_empty());
+    }
+
+    #[test]
+    fn an_opening_given_up_late_does_not_remove_a_newer_follow() {
+        let (follows, closed) = follows();
+        let Ok(Turn::Open { id: old, stop: old_stop, .. }) = follows.turn("r://1", &name("a"), &closed) else {
+            panic!()
+        };
+        // Its only follower leaves while it is being opened, and another follows anew.
+        assert_eq!(follows.leave("r://1", "a"), Some(false));
+        assert!(old_stop.is_cancelled());
+        let Ok(Turn::Open { opened, .. }) = follows.turn("r://1", &name("b"), &closed) else { panic!() };
+        opened.send_replace(Opening::Open);
+        // The first opening times out: its undo must not take the new entry.
+        follows.forget("r://1", old);
+        assert!(matches!(follows.turn("r://1", &name("c"), &closed), Ok(Turn::Done)));
+    }
+
+    #[test]
+    fn a_leave_by_who_never_followed_changes_nothing() {
+        let (follows, closed) = follows();
+        let Ok(Turn::Open { opened, stop, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
+        opened.send_replace(Opening::Open);
+        assert_eq!(follows.leave("r://1", "stranger"), None);
+        assert_eq!(follows.leave("r://2", "a"), None);
+        assert!(!stop.is_cancelled());
+    }
+
+    #[test]
+    fn at_most_max_followed_resources_and_the_session_end_stops_them_all() {
+        let (follows, closed) = follows();
+        let stops: Vec<CancellationToken> = (0..MAX_FOLLOWED)
+            .map(|i| match follows.turn(&format!("r://{i}"), &name("a"), &closed) {
+                Ok(Turn::Open { stop, .. }) => stop,
+                _ => panic!("follow {i} opens"),
+            })
+            .collect();
+        assert!(follows.turn("r://one-too-many", &name("a"), &closed).is_err());
+        // One already followed is still joined past the cap.
+        assert!(matches!(follows.turn("r://0", &name("b"), &closed), Ok(Turn::Wait(_))));
+        closed.cancel();
+        assert!(stops.iter().all(CancellationToken::is_cancelled));
     }
 }
