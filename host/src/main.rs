@@ -293,7 +293,11 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<(
     use rebound::gateway::stdio_client;
     let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
     let ended = transport.ended();
-    let running = Gateway::new(hub).serve(transport).await.context("the client did not complete the MCP handshake")?;
+    let running = Gateway::new(hub)
+        .into_service()
+        .serve(transport)
+        .await
+        .context("the client did not complete the MCP handshake")?;
     // When the client's input ends, the servers are stopped at once: rmcp would first
     // wait up to 5 s for calls in flight, past the 4 s clients allow.
     tokio::select! {

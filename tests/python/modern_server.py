@@ -2,6 +2,8 @@
 revisions): it says which revision each request came on, and asks its client for a name
 by elicitation, which on 2026-07-28 is an `InputRequiredResult`."""
 
+import sys
+import time
 from typing import Annotated
 
 from pydantic import BaseModel
@@ -79,4 +81,7 @@ async def touch(ctx: Context) -> str:
 
 
 if __name__ == "__main__":
+    # `--start-delay SECONDS`: a slow start, read nothing before it is over.
+    if "--start-delay" in sys.argv:
+        time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
     server.run("stdio")

@@ -119,7 +119,7 @@ def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(con
     anyio.run(main)
 
 
-def test_a_2026_servers_resource_updates_reach_clients_of_either_revision(config):
+def test_a_2026_servers_resource_updates_reach_clients_of_either_revision(config, tmp_path):
     """A server on 2026-07-28 says a resource was updated only on a listen request that
     follows it: the gateway opens one when a client subscribes (with
     `resources/subscribe` on 2025-11-25, or its own listen request on 2026-07-28)."""
@@ -144,11 +144,11 @@ def test_a_2026_servers_resource_updates_reach_clients_of_either_revision(config
                 with pytest.raises(Exception, match="at most 256 resources"):
                     await client.subscribe_resource("card://one-too-many")
 
-    async def modern():
+    async def modern(transport):
         with anyio.fail_after(60):
-            async with Client(stdio(config), mode="auto") as client:
-                # The acknowledgement is written before any wait for the servers to start.
-                await client.list_resources()
+            async with Client(transport, mode="auto") as client:
+                # The first request, on a cold gateway: the acknowledgement waits for the
+                # servers' first start, so it can honour their resources.
                 async with client.listen(resource_subscriptions=["note://modern"]) as sub:
                     assert list(sub.honored.resource_subscriptions) == ["note://modern"]
                     # The acknowledgement comes first and the listen upstream is opened
@@ -166,8 +166,19 @@ def test_a_2026_servers_resource_updates_reach_clients_of_either_revision(config
                             break
                         tg.cancel_scope.cancel()
 
+    async def modern_over_http(url):
+        async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+            await modern(streamable_http_client(url, http_client=http))
+
     anyio.run(legacy)
-    anyio.run(modern)
+    anyio.run(modern, stdio(config))
+    # Over HTTP the servers start with the gateway; this one is slow to start, and the
+    # client's listen comes before its first start is over.
+    slow = json.loads(config.read_text())
+    slow["mcpServers"]["modern"]["args"] += ["--start-delay", "2"]
+    config.write_text(json.dumps(slow))
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
+        anyio.run(modern_over_http, url)
 
 
 def test_a_listen_request_follows_a_bounded_number_of_resources(config):

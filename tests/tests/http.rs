@@ -633,3 +633,40 @@ async fn the_status_document_and_rebound_status_in_a_terminal() {
     let (ok, refused) = status(None);
     assert!(!ok && refused.contains("the gateway wants its token"), "{refused}");
 }
+
+/// A client on 2026-07-28 that listens the moment the gateway starts, before its server's
+/// first start is over: the acknowledgement waits for that start, and follows the
+/// resource asked for. (rmcp decides it in a synchronous hook; without the wait it would
+/// see no server and follow nothing.)
+#[tokio::test]
+async fn a_listen_request_on_a_cold_gateway_follows_the_resources_of_servers_still_starting() {
+    let gw =
+        HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--start-delay", "1500"])}}), &[]).await;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
+        "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
+    let mut response = post(&gw, &listen)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut stream = String::new();
+    let acknowledged = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            stream.push_str(&String::from_utf8_lossy(&chunk));
+            if let Some(at) = stream.find("notifications/subscriptions/acknowledged") {
+                return stream[at..].lines().next().unwrap_or_default().to_owned();
+            }
+        }
+        panic!("the listen ended unacknowledged: {stream}");
+    })
+    .await
+    .expect("acknowledged in time");
+    assert!(acknowledged.contains("faulty://a/readme"), "{acknowledged}");
+}

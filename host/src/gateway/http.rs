@@ -124,6 +124,17 @@ async fn drain(front: &Front, grace: Duration) {
     }
 }
 
+/// A `subscriptions/listen` request waits for the servers' first start before rmcp reads
+/// it: rmcp decides its acknowledgement in a synchronous hook, which must see their
+/// resources (over stdio, `GatewayService` does the same). rmcp checks that the
+/// `Mcp-Method` header is the body's method.
+async fn settle_listen(State(front): State<Front>, request: Request, next: Next) -> Response {
+    if request.headers().get("mcp-method").is_some_and(|m| m.as_bytes() == b"subscriptions/listen") {
+        front.hub.settled().await;
+    }
+    next.run(request).await
+}
+
 /// The whole HTTP surface: `/mcp` and `/metrics` behind the token, the probes open.
 /// `streams` ends the MCP service's streams.
 fn router(front: Front, streams: CancellationToken) -> Router {
@@ -147,6 +158,7 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .route("/metrics", get(metrics))
         .route("/status", get(status_document))
         .layer(middleware::from_fn(session_ended))
+        .layer(middleware::from_fn_with_state(front.clone(), settle_listen))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
         .layer(middleware::from_fn_with_state(front.clone(), authorize));
     // Browser pages on an allowed Origin may call /mcp: their preflight is answered here,

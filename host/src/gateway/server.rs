@@ -95,6 +95,49 @@ impl Gateway {
     }
 }
 
+/// A [`Gateway`] as the rmcp service of the stdio client: rmcp's dispatch, after the one
+/// wait it leaves no room for. rmcp decides a `subscriptions/listen` request's
+/// acknowledgement in a synchronous hook, before any handler runs; waiting here for the
+/// servers' first start (bounded by `startup_timeout_ms`) lets that acknowledgement, and
+/// the listens upstream, see their resources. (Over HTTP, rmcp takes only a
+/// `ServerHandler`; `http::settle_listen` waits there.)
+pub struct GatewayService(Gateway);
+
+impl Gateway {
+    pub fn into_service(self) -> GatewayService {
+        GatewayService(self)
+    }
+}
+
+impl rmcp::Service<RoleServer> for GatewayService {
+    async fn handle_request(
+        &self,
+        request: rmcp::model::ClientRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ServerResult, ErrorData> {
+        if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_)) {
+            self.0.ready(&context).await;
+        }
+        rmcp::Service::handle_request(&self.0, request, context).await
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ClientNotification,
+        context: NotificationContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        rmcp::Service::handle_notification(&self.0, notification, context).await
+    }
+
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::Service::get_info(&self.0)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        rmcp::Service::supported_protocol_versions(&self.0)
+    }
+}
+
 impl ServerHandler for Gateway {
     fn get_info(&self) -> rmcp::model::ServerConfig {
         // Everything a server behind us might offer; lists may be empty.
