@@ -245,6 +245,16 @@ impl Downstreams {
         true
     }
 
+    /// Whether `client` is subscribed to `uri` of server instance `instance`: checked after
+    /// a subscription is made upstream for it, which an unsubscribe (or its end) may
+    /// have overtaken.
+    pub fn holds(&self, client: &str, instance: u64, uri: &str) -> bool {
+        let list = self.list.lock().expect("not poisoned");
+        list.iter()
+            .filter(|d| &*d.client == client && !d.reach.is_closed())
+            .any(|d| d.subscriptions.iter().any(|s| s.instance == instance && s.uri == uri))
+    }
+
     /// Who is subscribed to which URI of server instance `instance`, among the live
     /// sessions and listen requests (re-applied after it restarts).
     pub fn subscriptions(&self, instance: u64) -> Vec<(Arc<str>, String)> {

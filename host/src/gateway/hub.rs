@@ -286,7 +286,7 @@ impl Hub {
     /// clients set (all sessions' for a shared server, its owner's for its own), on a
     /// task of its own, each within the server's `recovery.timeout_ms`: a server slow to
     /// answer them holds up neither the catalogue nor its other state changes.
-    fn on_ready(&self, handle: &ServerHandle, owner: Option<&Owner>) {
+    fn on_ready(self: &Arc<Self>, handle: &ServerHandle, owner: Option<&Owner>) {
         let Some(session) = handle.state().session else { return };
         let only = owner.map(|o| &*o.client);
         let level = self
@@ -297,14 +297,18 @@ impl Hub {
         let setup = self.setup();
         let timeout_ms = setup.config.servers.get(&*handle.name).map_or(30_000, |s| s.recovery.timeout_ms);
         let within = Duration::from_millis(timeout_ms);
-        let server = handle.name.clone();
+        let (server, instance, hub) = (handle.name.clone(), handle.instance, self.clone());
         tokio::spawn(async move {
             if let Some(level) = level {
                 let _ = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             }
-            let (session, server) = (&session, &server);
+            let (session, server, downstreams) = (&session, &server, &hub.downstreams);
             let follows = subscriptions.iter().map(|(holder, uri)| async move {
                 match tokio::time::timeout(within, session.follow(uri, holder)).await {
+                    // Its client may have gone (or unsubscribed) while it was being made.
+                    Ok(Ok(())) if !downstreams.holds(holder, instance, uri) => {
+                        let _ = session.unfollow(uri, holder).await;
+                    }
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::info!(%server, %uri, "a subscription could not be made again: {e}"),
                     Err(_) => {

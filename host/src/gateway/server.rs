@@ -115,7 +115,11 @@ impl rmcp::Service<RoleServer> for GatewayService {
         request: rmcp::model::ClientRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ServerResult, ErrorData> {
-        if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_)) {
+        // Only a request rmcp will go on to read: `ready` takes the client's capabilities
+        // from it.
+        if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_))
+            && context.meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty()
+        {
             self.0.ready(&context).await;
         }
         rmcp::Service::handle_request(&self.0, request, context).await
@@ -635,18 +639,21 @@ impl Gateway {
         let (subscription, server) = self.subscription(exposed).await?;
         let within = self.wait_for(&server);
         let session = self.session(&server, within).await?;
-        tokio::time::timeout(within, session.follow(&subscription.uri, client))
-            .await
-            .map_err(|_| {
-                ErrorData::internal_error(
-                    format!("server `{server}` did not answer within {} ms", within.as_millis()),
-                    None,
-                )
-            })?
-            .map_err(|e| upstream_error(&server, e))?;
-        let uri = subscription.uri.clone();
-        // A client gone meanwhile (its session closed) no longer follows it.
-        if !self.hub.downstreams.subscribe(client, subscription, true) {
+        let (instance, uri) = (subscription.instance, subscription.uri.clone());
+        // Recorded first, so that an unsubscribe (or the client's end) while it is being
+        // made takes the record back, which is seen below. A client gone: nothing to do.
+        if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
+            return Ok(());
+        }
+        let followed = tokio::time::timeout(within, session.follow(&uri, client)).await.unwrap_or_else(|_| {
+            let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
+            Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))
+        });
+        if let Err(e) = followed {
+            self.hub.downstreams.subscribe(client, subscription, false);
+            return Err(upstream_error(&server, e));
+        }
+        if !self.hub.downstreams.holds(client, instance, &uri) {
             let _ = session.unfollow(&uri, client).await;
         }
         Ok(())

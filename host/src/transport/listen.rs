@@ -95,12 +95,26 @@ struct Follow {
     opening: watch::Receiver<Opening>,
 }
 
-/// How the opening of a follow went, as the followers that came meanwhile see it.
+/// How a follow stands, as the followers that come meanwhile see it.
 #[derive(Debug, Clone)]
 enum Opening {
+    /// Being subscribed upstream, or unsubscribed: wait, then look again.
     Pending,
     Open,
-    Refused(String),
+    Refused(ErrorData),
+}
+
+/// What the last follower's going leaves to do.
+#[derive(Debug)]
+enum Left {
+    /// Others still follow it, or it is still being opened (its opener ends it).
+    Kept,
+    /// Ended (a listen request ends with its `stop`).
+    Ended,
+    /// Ended, and the server must be told (`resources/unsubscribe`). Until it is, the
+    /// entry stays, as `id` and pending, so that a new follower's `resources/subscribe`
+    /// comes after the unsubscribe, not before it.
+    Close { id: u64, closing: watch::Sender<Opening> },
 }
 
 impl Follows {
@@ -135,18 +149,27 @@ impl Follows {
     }
 
     /// `holder` leaves the follow of `uri`. The last to leave ends it (its `stop`
-    /// cancelled): then `Some(whether it was open)`.
-    fn leave(&self, uri: &str, holder: &str) -> Option<bool> {
+    /// cancelled); `tell_server`: ending it takes a request to the server.
+    fn leave(&self, uri: &str, holder: &str, tell_server: bool) -> Left {
         let mut followed = self.lock();
-        let follow = followed.by_uri.get_mut(uri)?;
+        let Followed { by_uri, next } = &mut *followed;
+        let Some(follow) = by_uri.get_mut(uri) else { return Left::Kept };
         follow.holders.remove(holder);
         if !follow.holders.is_empty() {
-            return None;
+            return Left::Kept;
         }
-        let follow = followed.by_uri.remove(uri)?;
         follow.stop.cancel();
-        let open = matches!(*follow.opening.borrow(), Opening::Open);
-        Some(open)
+        if !matches!(*follow.opening.borrow(), Opening::Open) {
+            return Left::Kept;
+        }
+        if !tell_server {
+            by_uri.remove(uri);
+            return Left::Ended;
+        }
+        *next += 1;
+        let (closing, opening) = watch::channel(Opening::Pending);
+        (follow.id, follow.opening) = (*next, opening);
+        Left::Close { id: *next, closing }
     }
 
     /// Removes the follow `id` of `uri` (not a later one for the same resource).
@@ -186,11 +209,12 @@ impl Session {
             match turn {
                 Turn::Done => return Ok(()),
                 Turn::Wait(mut opening) => {
-                    // An opening given up (its request dropped) lets a waiter try itself.
-                    if let Ok(Opening::Refused(why)) =
+                    // An opening given up (its request dropped), or a closing done, lets
+                    // a waiter look again, and open it itself.
+                    if let Ok(Opening::Refused(e)) =
                         opening.wait_for(|o| !matches!(o, Opening::Pending)).await.as_deref()
                     {
-                        return Err(ServiceError::McpError(ErrorData::invalid_params(why.clone(), None)));
+                        return Err(ServiceError::McpError(e.clone()));
                     }
                 }
                 Turn::Open { id, stop, opened } => return self.open_follow(uri, id, stop, opened).await,
@@ -199,8 +223,9 @@ impl Session {
     }
 
     /// The first follower's part: the subscription made upstream, its outcome told to the
-    /// followers waiting. Until it is made, a failure (or this future dropped by a
-    /// timeout) removes the entry.
+    /// followers waiting. A failure (or this future dropped by a timeout) removes the
+    /// entry, and so does the end of one everyone left while it was being made, once it
+    /// is undone upstream.
     async fn open_follow(
         self: &Arc<Self>,
         uri: &str,
@@ -208,45 +233,56 @@ impl Session {
         stop: CancellationToken,
         opened: watch::Sender<Opening>,
     ) -> Result<(), ServiceError> {
+        // Declared after `opened`, so dropped before it: the entry is gone by the time
+        // the waiters are let go.
         let mut undo = Undo { session: self, uri, id, armed: true };
+        let refused = |e: &ServiceError| {
+            opened.send_replace(Opening::Refused(match e {
+                ServiceError::McpError(e) => e.clone(),
+                other => ErrorData::internal_error(format!("server `{}`: {other}", self.server), None),
+            }));
+        };
         if !self.is_modern() {
-            self.peer.subscribe(SubscribeRequestParams::new(uri)).await.inspect_err(|e| {
-                opened.send_replace(Opening::Refused(e.to_string()));
-            })?;
-            undo.armed = false;
-            opened.send_replace(Opening::Open);
-            // Unfollowed by everyone while it was being made: end it here.
+            self.peer.subscribe(SubscribeRequestParams::new(uri)).await.inspect_err(refused)?;
             if stop.is_cancelled() {
                 let _ = self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
+                return Ok(());
             }
+            undo.armed = false;
+            opened.send_replace(Opening::Open);
             return Ok(());
         }
         let purpose = Purpose::Resource(uri.to_owned());
-        let first = open(self, &purpose).await.inspect_err(|e| {
-            opened.send_replace(Opening::Refused(e.to_string()));
-        })?;
+        let first = open(self, &purpose).await.inspect_err(refused)?;
+        // Left by everyone while it was being opened: dropping `first` cancels it.
+        if stop.is_cancelled() {
+            return Ok(());
+        }
         undo.armed = false;
         opened.send_replace(Opening::Open);
-        // Unfollowed by everyone while it was being opened: dropping `first` cancels it.
-        if !stop.is_cancelled() {
-            let session = self.clone();
-            tokio::spawn(async move {
-                let relay = session.follows.relay.clone();
-                keep(Some(first), &session, &*relay, purpose, stop).await
-            });
-        }
+        let session = self.clone();
+        tokio::spawn(async move {
+            let relay = session.follows.relay.clone();
+            keep(Some(first), &session, &*relay, purpose, stop).await
+        });
         Ok(())
     }
 
     /// `holder` stops following `uri`; the last follower's going ends the subscription
     /// upstream (`resources/unsubscribe`, or its listen request cancelled).
     pub async fn unfollow(&self, uri: &str, holder: &str) -> Result<(), ServiceError> {
-        // One still being made is ended by its opener, which sees its `stop` cancelled.
-        let ended_open = self.follows.leave(uri, holder);
-        if ended_open == Some(true) && !self.is_modern() {
-            self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await?;
+        match self.follows.leave(uri, holder, !self.is_modern()) {
+            Left::Kept | Left::Ended => Ok(()),
+            Left::Close { id, closing } => {
+                // However this ends, the entry goes, then (`closing` dropped after it) the
+                // followers waiting look again.
+                let forget = Undo { session: self, uri, id, armed: true };
+                let done = self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
+                drop(forget);
+                drop(closing);
+                done
+            }
         }
-        Ok(())
     }
 
     /// Whether the server speaks 2026-07-28, where listen requests replace
@@ -432,38 +468,55 @@ mod tests {
         assert!(matches!(*waiting.borrow(), Opening::Open));
         assert!(matches!(follows.turn("r://1", &name("b"), &closed), Ok(Turn::Done)));
         // Both hold it: the first to leave does not end it, the last does.
-        assert_eq!(follows.leave("r://1", "a"), None);
+        assert!(matches!(follows.leave("r://1", "a", false), Left::Kept));
         assert!(!stop.is_cancelled());
-        assert_eq!(follows.leave("r://1", "b"), Some(true));
+        assert!(matches!(follows.leave("r://1", "b", false), Left::Ended));
         assert!(stop.is_cancelled());
         assert!(matches!(follows.turn("r://1", &name("c"), &closed), Ok(Turn::Open { .. })));
     }
 
     #[test]
-    fn an_opening_refused_is_an_error_for_who_waited_and_leaves_nothing() {
+    fn an_opening_refused_is_the_same_error_for_who_waited_and_leaves_nothing() {
         let (follows, closed) = follows();
         let Ok(Turn::Open { opened, id, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
         let Ok(Turn::Wait(waiting)) = follows.turn("r://1", &name("b"), &closed) else { panic!() };
-        opened.send_replace(Opening::Refused("no".into()));
+        opened.send_replace(Opening::Refused(ErrorData::invalid_params("no", None)));
         follows.forget("r://1", id);
-        assert!(matches!(&*waiting.borrow(), Opening::Refused(why) if why == "no"));
+        assert!(matches!(&*waiting.borrow(), Opening::Refused(e) if e.message == "no"));
         assert!(follows.lock().by_uri.is_empty());
     }
 
     #[test]
-    fn an_opening_given_up_late_does_not_remove_a_newer_follow() {
+    fn a_follow_everyone_left_while_it_opened_is_ended_by_its_opener_before_anyone_follows_anew() {
         let (follows, closed) = follows();
-        let Ok(Turn::Open { id: old, stop: old_stop, .. }) = follows.turn("r://1", &name("a"), &closed) else {
-            panic!()
-        };
-        // Its only follower leaves while it is being opened, and another follows anew.
-        assert_eq!(follows.leave("r://1", "a"), Some(false));
-        assert!(old_stop.is_cancelled());
-        let Ok(Turn::Open { opened, .. }) = follows.turn("r://1", &name("b"), &closed) else { panic!() };
+        let Ok(Turn::Open { id, stop, opened }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
+        // Its only follower leaves while it is being opened: it stays, for its opener.
+        assert!(matches!(follows.leave("r://1", "a", true), Left::Kept));
+        assert!(stop.is_cancelled());
+        let Ok(Turn::Wait(waiting)) = follows.turn("r://1", &name("b"), &closed) else { panic!("waits") };
+        // The opener undoes it upstream, forgets it, and lets the waiter go.
+        follows.forget("r://1", id);
+        drop(opened);
+        assert!(waiting.has_changed().is_err());
+        assert!(matches!(follows.turn("r://1", &name("b"), &closed), Ok(Turn::Open { .. })));
+    }
+
+    #[test]
+    fn a_new_follower_waits_for_the_unsubscribe_of_the_last_one_and_an_old_undo_takes_nothing() {
+        let (follows, closed) = follows();
+        let Ok(Turn::Open { id: first, opened, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
         opened.send_replace(Opening::Open);
-        // The first opening times out: its undo must not take the new entry.
-        follows.forget("r://1", old);
-        assert!(matches!(follows.turn("r://1", &name("c"), &closed), Ok(Turn::Done)));
+        let Left::Close { id: closing_id, closing } = follows.leave("r://1", "a", true) else { panic!("closes") };
+        assert_ne!(closing_id, first);
+        // A subscribe now would race the unsubscribe on the wire: it waits.
+        let Ok(Turn::Wait(waiting)) = follows.turn("r://1", &name("b"), &closed) else { panic!("waits") };
+        // An undo of the first entry, late, does not take the closing one.
+        follows.forget("r://1", first);
+        assert!(matches!(follows.turn("r://1", &name("c"), &closed), Ok(Turn::Wait(_))));
+        follows.forget("r://1", closing_id);
+        drop(closing);
+        assert!(waiting.has_changed().is_err());
+        assert!(matches!(follows.turn("r://1", &name("b"), &closed), Ok(Turn::Open { .. })));
     }
 
     #[test]
@@ -471,8 +524,8 @@ mod tests {
         let (follows, closed) = follows();
         let Ok(Turn::Open { opened, stop, .. }) = follows.turn("r://1", &name("a"), &closed) else { panic!() };
         opened.send_replace(Opening::Open);
-        assert_eq!(follows.leave("r://1", "stranger"), None);
-        assert_eq!(follows.leave("r://2", "a"), None);
+        assert!(matches!(follows.leave("r://1", "stranger", true), Left::Kept));
+        assert!(matches!(follows.leave("r://2", "a", true), Left::Kept));
         assert!(!stop.is_cancelled());
     }
 
