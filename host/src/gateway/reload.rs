@@ -63,9 +63,14 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     }
     let for_plugins = config.clone();
     let runtime = current.plugins.runtime.clone();
-    let plugins = tokio::task::spawn_blocking(move || crate::plugins::prepare_reusing(&for_plugins, runtime))
-        .await
-        .map_err(|e| Refused::Loading(e.to_string()))?;
+    // Then the compiler's working memory, if an adapter was compiled, goes back (`memory`).
+    let plugins = tokio::task::spawn_blocking(move || {
+        let plugins = crate::plugins::prepare_reusing(&for_plugins, runtime);
+        crate::memory::trim();
+        plugins
+    })
+    .await
+    .map_err(|e| Refused::Loading(e.to_string()))?;
     if let Some((server, adapter, reason)) = plugins.failures.first() {
         return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason: reason.clone() });
     }

@@ -259,30 +259,40 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
         return Ok((Component::from_binary(engine, bytes)?, false));
     };
     let file = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
-    if cached_entry_is_ours(&file) {
-        // SAFETY: the file is a regular file in a folder only this user can write
-        // (checked when the runtime started), named by the SHA-256 of the component, of
-        // this gateway's version (which fixes wasmtime's) and of the engine's settings,
-        // and was written by `Component::serialize` below. wasmtime checks the header
-        // against this engine too, and an entry that fails to load is compiled afresh.
-        #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
-        let cached = unsafe { Component::deserialize_file(engine, &file) };
-        match cached {
-            Ok(c) => return Ok((c, true)),
-            Err(e) => {
-                tracing::warn!("discarding the cached plugin {}: {e}", file.display());
-                let _ = std::fs::remove_file(&file);
-            }
-        }
+    if let Some(cached) = load_cached(engine, &file) {
+        return Ok((cached, true));
     }
     let component = Component::from_binary(engine, bytes)?;
-    if let Ok(serialized) = component.serialize() {
-        let tmp = file.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, serialized).and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+    let Ok(serialized) = component.serialize() else { return Ok((component, false)) };
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, serialized).and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return Ok((component, false));
     }
-    Ok((component, false))
+    // Loaded back from the cache: its code is then mapped from the file, as on every
+    // later start, instead of held in memory of its own (1 MB resident for three adapters).
+    Ok((load_cached(engine, &file).unwrap_or(component), false))
+}
+
+/// The cache entry `file`, if it is ours and loads; one that fails to load is removed.
+fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
+    if !cached_entry_is_ours(file) {
+        return None;
+    }
+    // SAFETY: the file is a regular file in a folder only this user can write (checked
+    // when the runtime started, and `cached_entry_is_ours` right above), named by the
+    // SHA-256 of the component, of this gateway's version (which fixes wasmtime's) and of
+    // the engine's settings, and was written by `Component::serialize` in `compile`.
+    // wasmtime checks the header against this engine too, and an entry that fails to
+    // load is compiled afresh.
+    #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
+    let cached = unsafe { Component::deserialize_file(engine, file) };
+    cached
+        .inspect_err(|e| {
+            tracing::warn!("discarding the cached plugin {}: {e}", file.display());
+            let _ = std::fs::remove_file(file);
+        })
+        .ok()
 }
 
 /// Whether `file` is a regular file (not a link) of this user's that nobody else can

@@ -120,7 +120,11 @@ impl Runtime {
             .memory_reservation_for_growth(0)
             .max_wasm_stack(512 << 10)
             // One-line trap messages in the log; the plugin's stderr says the rest.
-            .wasm_backtrace_max_frames(None);
+            .wasm_backtrace_max_frames(None)
+            // Adapters are small (tens of ms to compile, once, then cached): compiling on
+            // the caller's thread leaves no idle compiler threads, nor their heaps, for
+            // the life of the gateway (2.4 MB less resident at idle after compiling three).
+            .parallel_compilation(false);
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(POOL_INSTANCES)
             .total_core_instances(POOL_INSTANCES * 8)
