@@ -88,6 +88,17 @@ fn main() -> ExitCode {
         rebound::transport::watchdog::run(std::io::stdin().lock());
         return ExitCode::SUCCESS;
     }
+    // So is the adapter compiler (see `plugins::compiler`).
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == rebound::plugins::compiler::SUBCOMMAND) {
+        return match args.next() {
+            Some(out) => rebound::plugins::compiler::run(std::path::Path::new(&out)),
+            None => ExitCode::FAILURE,
+        };
+    }
+    if let Ok(program) = std::env::current_exe() {
+        rebound::plugins::compiler::enable(program);
+    }
     let cli = Cli::parse();
     // stdout is the protocol: every log line goes to stderr, written by a thread of its
     // own, so that a client that does not drain the gateway's stderr never stops the

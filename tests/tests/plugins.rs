@@ -87,8 +87,13 @@ async fn a_plugin_gets_no_files_no_environment_and_no_clock() {
 
 fn check(plugins: &Path, adapter: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("rebound.json");
-    let json = json!({"mcpServers": {"a": {"command": "x", "adapter": adapter}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.path().join("cache")}});
+    check_in(dir.path(), plugins, adapter)
+}
+
+/// `rebound check` of a server with `adapter`, its configuration and cache in `dir`.
+fn check_in(dir: &Path, plugins: &Path, adapter: &str) -> (bool, String) {
+    let config = dir.join("rebound.json");
+    let json = json!({"mcpServers": {"a": {"command": "x", "adapter": adapter}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}});
     std::fs::write(&config, json.to_string()).unwrap();
     let out = Command::new(bin("rebound")).args(["check", "--config"]).arg(&config).output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
@@ -101,6 +106,12 @@ fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
     std::fs::copy(test_plugins().join("sockets.wasm"), dir.path().join("sockets.wasm")).unwrap();
     std::fs::write(dir.path().join("garbage.wasm"), b"#!/bin/sh\necho hi\n").unwrap();
     std::fs::write(dir.path().join("core.wasm"), b"\0asm\x01\0\0\0").unwrap();
+    // A component's header and a body that is not one: refused by the compiler process.
+    std::fs::write(dir.path().join("broken.wasm"), b"\0asm\x0d\0\x01\0\x07\xff\xff\xff\xff\x0f").unwrap();
+    // Past the size bound (sparse: nothing is written but the header).
+    let huge = std::fs::File::create(dir.path().join("huge.wasm")).unwrap();
+    std::io::Write::write_all(&mut &huge, b"\0asm\x0d\0\x01\0").unwrap();
+    huge.set_len(33 << 20).unwrap();
     for (adapter, needles) in [
         (
             "future",
@@ -109,6 +120,8 @@ fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
         ("sockets", &["sockets.wasm", "imports `wasi:sockets/"]),
         ("garbage", &["garbage.wasm", "not a WebAssembly component", "magic number"]),
         ("core", &["core.wasm", "core WebAssembly module"]),
+        ("broken", &["broken.wasm", "does not compile"]),
+        ("huge", &["huge.wasm", "larger than 32 MiB"]),
     ] {
         let (ok, out) = check(dir.path(), adapter);
         assert!(!ok, "{adapter} accepted: {out}");
@@ -134,6 +147,43 @@ async fn serve_keeps_serving_with_a_broken_plugin() {
     let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
     assert!(s["servers"][0]["adapter_error"].as_str().unwrap().contains("rebound:adapter@9.0.0"), "{s}");
     gw.close().await;
+}
+
+/// Compiling is work an adapter chooses, so it happens in a process of its own that the
+/// gateway stops at `plugin_compile_timeout_ms`: the adapter is reported, its server
+/// served with the built-in classifier, and nothing half-compiled is left in the cache.
+#[tokio::test]
+async fn an_adapter_that_compiles_too_long_is_stopped_and_reported_and_the_gateway_serves() {
+    let plugins = root().join("target/plugins");
+    let gw = Gateway::start(move |dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("lean-fallback");
+        let rebound =
+            json!({"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache"), "plugin_compile_timeout_ms": 1});
+        json!({"mcpServers": {"a": a}, "rebound": rebound})
+    })
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "fine"})).await), "a: fine");
+    let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    let error = s["servers"][0]["adapter_error"].as_str().unwrap_or_default();
+    assert!(error.contains("lean-fallback.wasm") && error.contains("plugin_compile_timeout_ms"), "{s}");
+    let cache: Vec<_> = std::fs::read_dir(gw.dir.path().join("cache")).unwrap().collect();
+    assert!(cache.is_empty(), "left in the cache: {cache:?}");
+    gw.close().await;
+}
+
+/// A first start compiles each adapter in a compiler process into the cache, and the
+/// next start takes it from there.
+#[test]
+fn a_compiled_adapter_is_cached_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = root().join("target/plugins");
+    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
+    assert!(ok && !out.contains("cached"), "{out}");
+    let entries = std::fs::read_dir(dir.path().join("cache")).unwrap().count();
+    assert_eq!(entries, 1, "{out}");
+    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
+    assert!(ok && out.contains(", cached) ok"), "{out}");
 }
 
 #[test]

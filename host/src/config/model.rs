@@ -265,6 +265,8 @@ pub struct Settings {
     pub plugin_max_calls: u32,
     /// Where compiled adapters are cached (default `~/.cache/rebound/plugins`).
     pub plugin_cache_dir: Option<PathBuf>,
+    /// How long compiling one adapter may take (in a compiler process of its own).
+    pub plugin_compile_timeout_ms: u64,
     /// Whether the gateway offers its own tools and resources (`rebound_status`, …).
     pub gateway_tools: bool,
     /// The errors log is rotated (to `NAME.1`) when it grows past this.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use wasmtime::component::Component;
 
 use super::bindings::{self, v0_1, v0_2};
+use super::compiler::{self, CompileError, MAX_COMPONENT_BYTES};
 use super::runtime::{Manifest, Pre, Reply, Request, Runtime};
 use super::state::{CappedPipe, State};
 use crate::config::ToolPattern;
@@ -65,6 +66,10 @@ pub enum LoadError {
         "{path}: imports `{import}`, which adapters may not use\nhint: adapters get no network and no host APIs beyond the contract's; remove the code that needs it"
     )]
     Forbidden { path: PathBuf, import: String },
+    #[error(
+        "{path}: larger than {max_mib} MiB, the most an adapter may be\nhint: build it in release mode; the first-party adapters are under 200 KiB"
+    )]
+    TooLarge { path: PathBuf, max_mib: u64 },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -100,7 +105,10 @@ pub struct Info {
 
 /// Loads the adapter at `path`.
 pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    let bytes = read_bounded(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(LoadError::TooLarge { path: path.to_owned(), max_mib: MAX_COMPONENT_BYTES >> 20 });
+    }
     let not = |what: &str| LoadError::NotComponent { path: path.to_owned(), what: what.to_owned() };
     match bytes.get(..8) {
         Some([0, b'a', b's', b'm', 0x0d, 0, 1, 0]) => {}
@@ -252,7 +260,8 @@ fn compatible(found: &str, supported: &str) -> bool {
     }
 }
 
-/// Compiles `bytes`, through the cache when there is one.
+/// Compiles `bytes`, through the cache when there is one: in a compiler process of its
+/// own when the program enabled that (`compiler`), else in memory.
 fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)> {
     let engine = &runtime.engine;
     let Some(dir) = runtime.cache_dir() else {
@@ -262,9 +271,21 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     if let Some(cached) = load_cached(engine, &file) {
         return Ok((cached, true));
     }
+    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    if compiler::enabled() {
+        match compiler::compile_apart(bytes, &tmp, runtime.limits.compile) {
+            Ok(()) => {
+                if let Some(compiled) = std::fs::rename(&tmp, &file).ok().and_then(|()| load_cached(engine, &file)) {
+                    return Ok((compiled, false));
+                }
+                let _ = std::fs::remove_file(&tmp);
+            }
+            Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
+            Err(e) => tracing::warn!("{e}; compiling in the gateway instead"),
+        }
+    }
     let component = Component::from_binary(engine, bytes)?;
     let Ok(serialized) = component.serialize() else { return Ok((component, false)) };
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
     if std::fs::write(&tmp, serialized).and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
         let _ = std::fs::remove_file(&tmp);
         return Ok((component, false));
@@ -282,9 +303,9 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
     // SAFETY: the file is a regular file in a folder only this user can write (checked
     // when the runtime started, and `cached_entry_is_ours` right above), named by the
     // SHA-256 of the component, of this gateway's version (which fixes wasmtime's) and of
-    // the engine's settings, and was written by `Component::serialize` in `compile`.
-    // wasmtime checks the header against this engine too, and an entry that fails to
-    // load is compiled afresh.
+    // the engine's settings, and was written by `Component::serialize` in `compile` or
+    // in a compiler process (this same binary, `compiler::run`). wasmtime checks the
+    // header against this engine too, and an entry that fails to load is compiled afresh.
     #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
     let cached = unsafe { Component::deserialize_file(engine, file) };
     cached
@@ -293,6 +314,14 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
             let _ = std::fs::remove_file(file);
         })
         .ok()
+}
+
+/// The file at `path`, read up to one byte past [`MAX_COMPONENT_BYTES`].
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Whether `file` is a regular file (not a link) of this user's that nobody else can

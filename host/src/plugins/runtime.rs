@@ -77,16 +77,18 @@ pub enum Reply {
     Observed,
 }
 
-/// Limits every plugin call runs under.
+/// Limits every plugin call runs under, and the compilation of each plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub memory: usize,
     pub timeout: Duration,
+    /// How long a compiler process may take over one component (see `compiler`).
+    pub compile: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { memory: 32 << 20, timeout: Duration::from_millis(200) }
+        Self { memory: 32 << 20, timeout: Duration::from_millis(200), compile: Duration::from_secs(60) }
     }
 }
 
@@ -108,23 +110,30 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// The engine's settings that compiled code depends on, shared with the compiler process
+/// (`compiler`), whose output this engine then loads.
+pub(super) fn compilation() -> Config {
+    let mut config = Config::new();
+    config
+        .epoch_interruption(true)
+        .memory_reservation(MAX_MEMORY as u64)
+        .memory_guard_size(64 << 10)
+        .memory_reservation_for_growth(0)
+        .max_wasm_stack(512 << 10)
+        // One-line trap messages in the log; the plugin's stderr says the rest.
+        .wasm_backtrace_max_frames(None)
+        // When a component is compiled in the gateway (no compiler process), it is on the
+        // caller's thread: no idle compiler threads, nor their heaps, for the life of the
+        // gateway (2.4 MB less resident at idle after compiling three adapters).
+        .parallel_compilation(false);
+    config
+}
+
 impl Runtime {
     /// The engine and linker; `cache` is where compiled components are kept (none: always
     /// compile).
     pub fn new(limits: Limits, cache: Option<PathBuf>) -> anyhow::Result<Arc<Self>> {
-        let mut config = Config::new();
-        config
-            .epoch_interruption(true)
-            .memory_reservation(MAX_MEMORY as u64)
-            .memory_guard_size(64 << 10)
-            .memory_reservation_for_growth(0)
-            .max_wasm_stack(512 << 10)
-            // One-line trap messages in the log; the plugin's stderr says the rest.
-            .wasm_backtrace_max_frames(None)
-            // Adapters are small (tens of ms to compile, once, then cached): compiling on
-            // the caller's thread leaves no idle compiler threads, nor their heaps, for
-            // the life of the gateway (2.4 MB less resident at idle after compiling three).
-            .parallel_compilation(false);
+        let mut config = compilation();
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(POOL_INSTANCES)
             .total_core_instances(POOL_INSTANCES * 8)
