@@ -255,6 +255,20 @@ impl Downstreams {
             .any(|d| d.subscriptions.iter().any(|s| s.instance == instance && s.uri == uri))
     }
 
+    /// Tells `client` that the resource it follows as `exposed` may have changed, when it
+    /// still follows it: it was followed upstream after the client was told it is, and
+    /// an update in between went unheard.
+    pub fn announce(&self, client: &str, exposed: &str) {
+        let to = self.live(|d| {
+            let follows = &*d.client == client && d.subscriptions.iter().any(|s| s.exposed == exposed);
+            if follows { vec![()] } else { vec![] }
+        });
+        for (reach, ()) in to {
+            let update = ResourceUpdatedNotificationParam::new(exposed.to_owned());
+            reach.send(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
+        }
+    }
+
     /// Who is subscribed to which URI of server instance `instance`, among the live
     /// sessions and listen requests (re-applied after it restarts).
     pub fn subscriptions(&self, instance: u64) -> Vec<(Arc<str>, String)> {

@@ -200,8 +200,13 @@ impl ServerHandler for Gateway {
         let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
         let subscribe = async {
             for uri in context.accepted().resource_subscriptions.iter().flatten() {
-                if let Err(e) = self.subscribe_to(&listen, uri).await {
-                    tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+                match self.subscribe_to(&listen, uri).await {
+                    // rmcp acknowledged the listen before this ran: what changed in
+                    // between was not heard, so the client is told to read it afresh.
+                    Ok(()) => self.hub.downstreams.announce(&listen, uri),
+                    Err(e) => {
+                        tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+                    }
                 }
             }
         };
