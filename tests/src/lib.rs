@@ -12,7 +12,8 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
     CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation, ListRootsResult,
-    LoggingMessageNotificationParam, ProgressNotificationParam, Root, SamplingMessage,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam, Root,
+    SamplingMessage,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
@@ -59,6 +60,8 @@ pub struct Heard {
     pub progress: Vec<ProgressNotificationParam>,
     pub logs: Vec<LoggingMessageNotificationParam>,
     pub tools_changed: usize,
+    /// The URIs of `notifications/resources/updated`, in order.
+    pub updated: Vec<String>,
 }
 
 /// A client that answers the server-to-client requests with fixed values.
@@ -111,6 +114,10 @@ impl ClientHandler for TestClient {
 
     async fn on_tool_list_changed(&self, _: NotificationContext<RoleClient>) {
         self.heard.lock().unwrap().tools_changed += 1;
+    }
+
+    async fn on_resource_updated(&self, params: ResourceUpdatedNotificationParam, _: NotificationContext<RoleClient>) {
+        self.heard.lock().unwrap().updated.push(params.uri);
     }
 }
 

@@ -259,6 +259,25 @@ async fn a_resource_read_the_client_cancels_is_cancelled_upstream() {
     gw.close().await;
 }
 
+/// A subscription lives on the server's connection, which a crash ends: the gateway makes
+/// it again once the server is back, and tells the subscriber that the resource may have
+/// changed meanwhile, since nothing said while the server was down was heard.
+#[tokio::test]
+async fn a_subscription_is_made_again_after_a_restart_and_the_resource_announced() {
+    let gw = Gateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"restart": {"initial_delay_ms": 50}}}),
+    )
+    .await;
+    let uri = "faulty://a/readme";
+    gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
+    assert_eq!(gw.state("a", "subscribes"), [uri]);
+    assert!(gw.heard.lock().unwrap().updated.is_empty());
+    gw.call("crash", json!({})).await;
+    eventually("the subscription made again", || gw.state("a", "subscribes").len() == 2).await;
+    eventually("the resource announced", || gw.heard.lock().unwrap().updated == [uri]).await;
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_server_that_cannot_start_does_not_hold_the_others_back() {
     let gw = Gateway::start(|dir| {

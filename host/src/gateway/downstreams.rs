@@ -255,16 +255,18 @@ impl Downstreams {
             .any(|d| d.subscriptions.iter().any(|s| s.instance == instance && s.uri == uri))
     }
 
-    /// Tells `client` that the resource it follows as `exposed` may have changed, when it
-    /// still follows it: it was followed upstream after the client was told it is, and
-    /// an update in between went unheard.
-    pub fn announce(&self, client: &str, exposed: &str) {
+    /// Tells `client` that the resource `uri` of server instance `instance` may have
+    /// changed, when it still follows it: it was followed upstream after the client was
+    /// told it is, or again after the server restarted, and an update in between went
+    /// unheard.
+    pub fn announce(&self, client: &str, instance: u64, uri: &str) {
         let to = self.live(|d| {
-            let follows = &*d.client == client && d.subscriptions.iter().any(|s| s.exposed == exposed);
-            if follows { vec![()] } else { vec![] }
+            let theirs =
+                d.subscriptions.iter().filter(|s| &*d.client == client && s.instance == instance && s.uri == uri);
+            theirs.map(|s| s.exposed.clone()).collect()
         });
-        for (reach, ()) in to {
-            let update = ResourceUpdatedNotificationParam::new(exposed.to_owned());
+        for (reach, exposed) in to {
+            let update = ResourceUpdatedNotificationParam::new(exposed);
             reach.send(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
         }
     }

@@ -184,11 +184,13 @@ impl Hub {
             while rx.changed().await.is_ok() {
                 let status = rx.borrow_and_update().status;
                 let (Some(hub), Some(handle)) = (weak.upgrade(), handle.upgrade()) else { break };
+                // Ready from anything but its first start: a restart.
+                let restarted = status == Status::Ready && last != Status::Starting;
                 if status == Status::Ready && status != last {
-                    hub.on_ready(&handle, owner.as_ref());
+                    hub.on_ready(&handle, owner.as_ref(), restarted);
                 }
                 if status != last {
-                    hub.rebuild_for(owner.as_ref(), status == Status::Ready && last != Status::Starting);
+                    hub.rebuild_for(owner.as_ref(), restarted);
                 }
                 last = status;
             }
@@ -285,8 +287,9 @@ impl Hub {
     /// A server instance became ready: re-apply the log level and subscriptions its
     /// clients set (all sessions' for a shared server, its owner's for its own), on a
     /// task of its own, each within the server's `recovery.timeout_ms`: a server slow to
-    /// answer them holds up neither the catalogue nor its other state changes.
-    fn on_ready(self: &Arc<Self>, handle: &ServerHandle, owner: Option<&Owner>) {
+    /// answer them holds up neither the catalogue nor its other state changes. After a
+    /// restart, each resource followed is announced as updated to its followers.
+    fn on_ready(self: &Arc<Self>, handle: &ServerHandle, owner: Option<&Owner>, restarted: bool) {
         let Some(session) = handle.state().session else { return };
         let only = owner.map(|o| &*o.client);
         let level = self
@@ -309,6 +312,9 @@ impl Hub {
                     Ok(Ok(())) if !downstreams.holds(holder, instance, uri) => {
                         let _ = session.unfollow(uri, holder).await;
                     }
+                    // What changed while the server was down, or as it restarted, was
+                    // not heard: its followers read it afresh.
+                    Ok(Ok(())) if restarted => downstreams.announce(holder, instance, uri),
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::info!(%server, %uri, "a subscription could not be made again: {e}"),
                     Err(_) => {

@@ -203,7 +203,7 @@ impl ServerHandler for Gateway {
                 match self.subscribe_to(&listen, uri).await {
                     // rmcp acknowledged the listen before this ran: what changed in
                     // between was not heard, so the client is told to read it afresh.
-                    Ok(()) => self.hub.downstreams.announce(&listen, uri),
+                    Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
                     Err(e) => {
                         tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
                     }
@@ -383,7 +383,7 @@ impl ServerHandler for Gateway {
     }
 
     async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.subscribe_to(&self.own.client, &request.uri).await
+        self.subscribe_to(&self.own.client, &request.uri).await.map(drop)
     }
 
     async fn unsubscribe(
@@ -640,7 +640,8 @@ impl Gateway {
 
     /// Subscribes `client` (a session, or a listen request) to the resource it knows as
     /// `exposed`: upstream, unless another client already holds that subscription.
-    async fn subscribe_to(&self, client: &Arc<str>, exposed: &str) -> Result<(), ErrorData> {
+    /// Returns the server instance and the URI it knows.
+    async fn subscribe_to(&self, client: &Arc<str>, exposed: &str) -> Result<(u64, String), ErrorData> {
         let (subscription, server) = self.subscription(exposed).await?;
         let within = self.wait_for(&server);
         let session = self.session(&server, within).await?;
@@ -648,7 +649,7 @@ impl Gateway {
         // Recorded first, so that an unsubscribe (or the client's end) while it is being
         // made takes the record back, which is seen below. A client gone: nothing to do.
         if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
-            return Ok(());
+            return Ok((instance, uri));
         }
         let followed = tokio::time::timeout(within, session.follow(&uri, client)).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
@@ -661,7 +662,7 @@ impl Gateway {
         if !self.hub.downstreams.holds(client, instance, &uri) {
             let _ = session.unfollow(&uri, client).await;
         }
-        Ok(())
+        Ok((instance, uri))
     }
 
     /// The server of the resource a client knows as `uri`, and the URI that server knows.

@@ -8,7 +8,7 @@
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
-//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read), `--crash-after N` (exits on the
+//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
@@ -237,7 +237,13 @@ impl Server {
                 },
                 "serverInfo": {"name": self.name, "version": "0.0.1"},
             })),
-            "ping" | "logging/setLevel" | "resources/subscribe" | "resources/unsubscribe" => Ok(json!({})),
+            "resources/subscribe" => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("subscribes"), params["uri"].as_str().unwrap_or_default());
+                }
+                Ok(json!({}))
+            }
+            "ping" | "logging/setLevel" | "resources/unsubscribe" => Ok(json!({})),
             "tools/list" if self.mute_lists => return,
             "server/discover" if self.refuse_discover => {
                 let data = json!({"supported": ["2025-11-25", "2025-06-18"], "requested": "2026-07-28"});
