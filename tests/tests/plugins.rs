@@ -85,6 +85,20 @@ async fn a_plugin_gets_no_files_no_environment_and_no_clock() {
     gw.close().await;
 }
 
+/// Every call runs in a fresh instance, and a pooled slot's memory is reset between
+/// them (only the pages the last one wrote, with a `memset`, where the kernel can say
+/// which): nothing one call leaves in its data, its zeroed statics or its heap reaches
+/// the next, however many calls reuse the slot.
+#[tokio::test]
+async fn nothing_a_call_leaves_in_memory_reaches_the_next() {
+    let gw = misbehaving("remember").await;
+    for i in 0..20 {
+        let r = gw.call("fail", json!({"message": format!("again {i}")})).await;
+        assert_eq!(text(&r), format!("again {i}\n[rebound: calls=1 found=false]"));
+    }
+    gw.close().await;
+}
+
 fn check(plugins: &Path, adapter: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     check_in(dir.path(), plugins, adapter)

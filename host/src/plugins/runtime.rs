@@ -19,6 +19,12 @@ use v0_1::rebound::adapter::types as wit;
 pub const TICK: Duration = Duration::from_millis(5);
 /// Concurrent plugin instances the pool holds.
 pub const POOL_INSTANCES: u32 = 32;
+/// How much of each pooled memory and table stays mapped between instances: the pages
+/// the last instance wrote (found with Linux's `PAGEMAP_SCAN`, 6.7 and later) are reset
+/// with a `memset`, instead of an `madvise` and a page fault per page on the next use.
+/// A fresh instance plus `classify` went from 20.9 µs to 8.2 µs at p50 (`benches/plugins.rs`);
+/// at most 32 × 256 KiB stay resident once every slot of the pool has been used.
+const KEEP_RESIDENT: usize = 256 << 10;
 /// The largest linear memory a plugin may have.
 const MAX_MEMORY: usize = 64 << 20;
 /// The most bytes a guest may hand the host in one crossing (a host call's arguments, or
@@ -144,7 +150,10 @@ impl Runtime {
             .max_component_instance_size(1 << 20)
             .max_core_instances_per_component(16)
             .max_memories_per_component(2)
-            .max_tables_per_component(8);
+            .max_tables_per_component(8)
+            .linear_memory_keep_resident(KEEP_RESIDENT)
+            .table_keep_resident(KEEP_RESIDENT)
+            .pagemap_scan(wasmtime::Enabled::Auto);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let (engine, pooling) = match Engine::new(&config) {
             Ok(engine) => (engine, true),

@@ -1,6 +1,7 @@
 //! An adapter that misbehaves on purpose, as `adapter_config.mode` says, whenever it is
-//! asked to classify: it loops, eats memory, panics, floods its output, or reaches for
-//! files and the environment it was not given. `plan` answers normally, so the tests
+//! asked to classify: it loops, eats memory, panics, floods its output, reaches for
+//! files and the environment it was not given, or looks for what an earlier call left
+//! in its memory. `plan` answers normally, so the tests
 //! can tell a contained fault from a dead gateway.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit/since_v0.1.0" });
@@ -10,6 +11,12 @@ use rebound::adapter::host;
 use rebound::adapter::types::{AdapterInfo, Classification, CompletedCall, Failure, Step};
 
 struct Misbehave;
+
+/// Calls this instance has served, in its data segment.
+static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Where the last call left its mark on the heap, in the zero-initialised segment.
+static MARK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const SECRET: &[u8] = b"left behind by an earlier call";
 
 fn mode() -> String {
     let config = host::config();
@@ -57,6 +64,21 @@ impl Guest for Misbehave {
                     .unwrap_or(u64::MAX);
                 let msg = format!("file={} env={} clock={now}", opened.is_ok(), env.len());
                 Some(Classification { message: Some(msg), ..builtin })
+            }
+            "remember" => {
+                use std::sync::atomic::Ordering::SeqCst;
+                let calls = CALLS.fetch_add(1, SeqCst) + 1;
+                // What the last call wrote to its heap, if that memory were still there.
+                let at = MARK.load(SeqCst);
+                let found = at != 0 && {
+                    // SAFETY: `at` is within this instance's linear memory (any address
+                    // below its size is), and reading bytes of it is all this does.
+                    let left = unsafe { std::slice::from_raw_parts(at as *const u8, SECRET.len()) };
+                    left == SECRET
+                };
+                let mark = Box::leak(SECRET.to_vec().into_boxed_slice());
+                MARK.store(mark.as_ptr() as usize, SeqCst);
+                Some(Classification { message: Some(format!("calls={calls} found={found}")), ..builtin })
             }
             _ => None,
         }
