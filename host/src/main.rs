@@ -91,14 +91,14 @@ fn main() -> ExitCode {
     // So is the adapter compiler (see `plugins::compiler`).
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == rebound::plugins::compiler::SUBCOMMAND) {
-        return match args.next() {
-            Some(out) => rebound::plugins::compiler::run(std::path::Path::new(&out)),
-            None => ExitCode::FAILURE,
+        return match (args.next(), args.next()) {
+            (Some(out), Some(parent)) => {
+                rebound::plugins::compiler::run(std::path::Path::new(&out), &parent.to_string_lossy())
+            }
+            _ => ExitCode::FAILURE,
         };
     }
-    if let Ok(program) = std::env::current_exe() {
-        rebound::plugins::compiler::enable(program);
-    }
+    rebound::plugins::compiler::enable("/proc/self/exe".into());
     let cli = Cli::parse();
     // stdout is the protocol: every log line goes to stderr, written by a thread of its
     // own, so that a client that does not drain the gateway's stderr never stops the

@@ -63,7 +63,6 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
     let limits = runtime::Limits {
         memory: config.settings.plugin_memory_mb.saturating_mul(1 << 20),
         timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
-        compile: Duration::from_millis(config.settings.plugin_compile_timeout_ms),
     };
     let cache = config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache);
     let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
@@ -74,6 +73,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
             return prepared;
         }
     };
+    runtime.set_compile_timeout(Duration::from_millis(config.settings.plugin_compile_timeout_ms));
     let loads = load::load_all(&runtime, &config.settings.plugins_dir, wanted.iter().map(|(_, a)| *a));
     for (name, result) in &loads {
         match result {

@@ -187,16 +187,35 @@ async fn an_adapter_that_compiles_too_long_is_stopped_and_reported_and_the_gatew
 }
 
 /// A first start compiles each adapter in a compiler process into the cache, and the
-/// next start takes it from there.
+/// next start takes it from there. Cache entries are this user's alone whatever the
+/// umask (a group-writable one would be refused, and compiled again on every start).
 #[test]
 fn a_compiled_adapter_is_cached_for_the_next_start() {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let plugins = root().join("target/plugins");
-    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
+    let config = dir.path().join("rebound.json");
+    let json = json!({"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.path().join("cache")}});
+    std::fs::write(&config, json.to_string()).unwrap();
+    let check = || {
+        let out = Command::new("sh")
+            .args(["-c", "umask 002 && exec \"$0\" check --config \"$1\""])
+            .arg(bin("rebound"))
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (ok, out) = check();
     assert!(ok && !out.contains("cached"), "{out}");
-    let entries = std::fs::read_dir(dir.path().join("cache")).unwrap().count();
-    assert_eq!(entries, 1, "{out}");
-    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
+    let entries: Vec<_> = std::fs::read_dir(dir.path().join("cache")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(entries.len(), 1, "{out}");
+    let mode = std::fs::metadata(&entries[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "{mode:o}");
+    let (ok, out) = check();
     assert!(ok && out.contains(", cached) ok"), "{out}");
 }
 

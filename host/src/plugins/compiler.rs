@@ -29,9 +29,16 @@ const COMPILER_MEMORY: u64 = 1 << 30;
 /// What a compiler process may say on stderr that is kept for the error.
 const ERROR_BYTES: u64 = 4 << 10;
 
+/// The exit code of a compiler process that could not get ready (not the adapter's fault).
+const SETUP_FAILED: i32 = 2;
+
+/// The most threads a compiler process compiles on.
+const MAX_THREADS: usize = 4;
+
 static PROGRAM: OnceLock<PathBuf> = OnceLock::new();
 
-/// Compiles adapters in processes of `program` (this binary) from now on.
+/// Compiles adapters in processes of `program` (this binary: `/proc/self/exe`, which
+/// stays this binary even when its file is replaced or removed) from now on.
 pub fn enable(program: PathBuf) {
     let _ = PROGRAM.set(program);
 }
@@ -52,19 +59,34 @@ pub enum CompileError {
     Failed(String),
 }
 
-/// Compiles `bytes` in a compiler process into the file `out`, within `timeout`.
+/// Compiles `bytes` in a compiler process into the new file `out`, within `timeout`.
 pub fn compile_apart(bytes: &[u8], out: &Path, timeout: Duration) -> Result<(), CompileError> {
     let program = PROGRAM.get().ok_or_else(|| CompileError::Unavailable(std::io::ErrorKind::NotFound.into()))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
     let mut child = Command::new(program)
         .arg(SUBCOMMAND)
         .arg(out)
+        .arg(std::process::id().to_string())
+        // Its compiler threads' stacks count towards its memory limit.
+        .env("RAYON_NUM_THREADS", threads.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(CompileError::Unavailable)?;
-    // A compiler that dies early closes its input: what it says, below, is the reason.
-    let _ = child.stdin.take().expect("stdin is piped").write_all(bytes);
+    // Both pipes on threads of their own, so that neither a compiler that stops reading
+    // nor one that says a lot holds the gateway past the deadline. A compiler that dies
+    // early closes its input: what it says is the reason.
+    let mut input = child.stdin.take().expect("stdin is piped");
+    let bytes = bytes.to_vec();
+    std::thread::spawn(move || input.write_all(&bytes));
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let said = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let _ = (&mut stderr).take(ERROR_BYTES).read_to_end(&mut kept);
+        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+        String::from_utf8_lossy(&kept).trim().to_owned()
+    });
     let Some(status) = wait_within(&mut child, timeout) else {
         let _ = child.kill();
         let _ = child.wait();
@@ -74,15 +96,15 @@ pub fn compile_apart(bytes: &[u8], out: &Path, timeout: Duration) -> Result<(), 
             timeout.as_millis()
         )));
     };
+    let said = said.join().unwrap_or_default();
     if status.success() {
         return Ok(());
     }
     let _ = std::fs::remove_file(out);
-    let mut said = String::new();
-    if let Some(stderr) = child.stderr.take() {
-        let _ = stderr.take(ERROR_BYTES).read_to_string(&mut said);
+    match status.code() {
+        Some(SETUP_FAILED) => Err(CompileError::Unavailable(std::io::Error::other(said))),
+        _ => Err(CompileError::Failed(failure(status, &said))),
     }
-    Err(CompileError::Failed(failure(status, said.trim())))
 }
 
 /// Waits for `child` until `timeout`, polling: `None` if it is still running then.
@@ -105,19 +127,26 @@ fn wait_within(child: &mut std::process::Child, timeout: Duration) -> Option<Exi
 /// What a compiler process's end says, for the error: what it said, or how it ended.
 fn failure(status: ExitStatus, said: &str) -> String {
     use std::os::unix::process::ExitStatusExt;
-    match (status.signal(), said) {
-        (Some(signal), said) => format!(
-            "the compiler process was stopped by signal {signal} (its memory is limited to {} MiB){}{said}",
-            COMPILER_MEMORY >> 20,
-            if said.is_empty() { "" } else { ": " }
-        ),
-        (None, "") => format!("the compiler process failed ({status})"),
-        (None, said) => said.to_owned(),
-    }
+    let Some(signal) = status.signal() else {
+        return if said.is_empty() { format!("the compiler process failed ({status})") } else { said.to_owned() };
+    };
+    let name = nix::sys::signal::Signal::try_from(signal).map_or_else(|_| signal.to_string(), |s| s.to_string());
+    let memory = if said.contains("memory allocation") {
+        format!(" (its memory is limited to {} MiB)", COMPILER_MEMORY >> 20)
+    } else {
+        String::new()
+    };
+    let said = if said.is_empty() { String::new() } else { format!(": {said}") };
+    format!("the compiler process was stopped by {name}{said}{memory}")
 }
 
-/// The compiler process itself: the component on stdin, its compiled code into `out`.
-pub fn run(out: &Path) -> ExitCode {
+/// The compiler process itself: the component on stdin, its compiled code into the new
+/// file `out`; `parent` is the gateway's pid.
+pub fn run(out: &Path, parent: &str) -> ExitCode {
+    if let Err(e) = prepare(parent) {
+        eprintln!("the compiler process could not prepare: {e:#}");
+        return ExitCode::from(SETUP_FAILED as u8);
+    }
     match compile_into(out) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -127,10 +156,15 @@ pub fn run(out: &Path) -> ExitCode {
     }
 }
 
-fn compile_into(out: &Path) -> anyhow::Result<()> {
-    // It ends with the gateway, even one killed while it compiles.
+/// Ends with the gateway (even one killed while it compiles, or before this ran) and
+/// limits its memory.
+fn prepare(parent: &str) -> anyhow::Result<()> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
-    limit_memory()?;
+    anyhow::ensure!(nix::unistd::getppid().as_raw().to_string() == parent, "the gateway that started it is gone");
+    limit_memory()
+}
+
+fn compile_into(out: &Path) -> anyhow::Result<()> {
     let mut bytes = Vec::new();
     std::io::stdin().lock().take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
     anyhow::ensure!(bytes.len() as u64 <= MAX_COMPONENT_BYTES, "larger than {} MiB", MAX_COMPONENT_BYTES >> 20);
@@ -140,13 +174,23 @@ fn compile_into(out: &Path) -> anyhow::Result<()> {
     config.parallel_compilation(true);
     let engine = wasmtime::Engine::new(&config)?;
     let component = wasmtime::component::Component::from_binary(&engine, &bytes)?;
-    std::fs::write(out, component.serialize()?)?;
+    create_private(out)?.write_all(&component.serialize()?)?;
     Ok(())
 }
 
-/// Limits this process's data segment (heap and private mappings) to [`COMPILER_MEMORY`].
+/// Creates the new file `path`, readable and writable by this user only (whatever the
+/// umask), failing if anything is there already.
+pub(super) fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
+}
+
+/// Limits this process's data segment (heap and private mappings) to [`COMPILER_MEMORY`],
+/// or to the hard limit it was given when that is lower.
 fn limit_memory() -> anyhow::Result<()> {
-    use nix::sys::resource::{Resource, setrlimit};
-    setrlimit(Resource::RLIMIT_DATA, COMPILER_MEMORY, COMPILER_MEMORY)?;
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_DATA)?;
+    let limit = COMPILER_MEMORY.min(hard);
+    setrlimit(Resource::RLIMIT_DATA, limit, hard)?;
     Ok(())
 }

@@ -271,14 +271,20 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     if let Some(cached) = load_cached(engine, &file) {
         return Ok((cached, true));
     }
-    let tmp = file.with_extension(format!("tmp{}", std::process::id()));
+    // A name no other gateway sharing the folder picks, created afresh (never truncating
+    // a file another may be loading), then renamed into place whole.
+    let tmp = file.with_extension(format!("tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
     if compiler::enabled() {
-        match compiler::compile_apart(bytes, &tmp, runtime.limits.compile) {
+        match compiler::compile_apart(bytes, &tmp, runtime.compile_timeout()) {
             Ok(()) => {
                 if let Some(compiled) = std::fs::rename(&tmp, &file).ok().and_then(|()| load_cached(engine, &file)) {
                     return Ok((compiled, false));
                 }
                 let _ = std::fs::remove_file(&tmp);
+                tracing::warn!(
+                    "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
+                    file.display()
+                );
             }
             Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
             Err(e) => tracing::warn!("{e}; compiling in the gateway instead"),
@@ -286,7 +292,10 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     }
     let component = Component::from_binary(engine, bytes)?;
     let Ok(serialized) = component.serialize() else { return Ok((component, false)) };
-    if std::fs::write(&tmp, serialized).and_then(|()| std::fs::rename(&tmp, &file)).is_err() {
+    let stored = compiler::create_private(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &serialized))
+        .and_then(|()| std::fs::rename(&tmp, &file));
+    if stored.is_err() {
         let _ = std::fs::remove_file(&tmp);
         return Ok((component, false));
     }
@@ -298,6 +307,12 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
 /// The cache entry `file`, if it is ours and loads; one that fails to load is removed.
 fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
     if !cached_entry_is_ours(file) {
+        if std::fs::symlink_metadata(file).is_ok() {
+            tracing::warn!(
+                "not loading the cached plugin {}: not a file of this user's that only it can write",
+                file.display()
+            );
+        }
         return None;
     }
     // SAFETY: the file is a regular file in a folder only this user can write (checked

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
@@ -83,20 +83,24 @@ pub enum Reply {
     Observed,
 }
 
-/// Limits every plugin call runs under, and the compilation of each plugin.
+/// Limits every plugin call runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub memory: usize,
     pub timeout: Duration,
-    /// How long a compiler process may take over one component (see `compiler`).
-    pub compile: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { memory: 32 << 20, timeout: Duration::from_millis(200), compile: Duration::from_secs(60) }
+        Self { memory: 32 << 20, timeout: Duration::from_millis(200) }
     }
 }
+
+/// How long a compiler process may take over one component by default (see `compiler`).
+const COMPILE_TIMEOUT_MS: u64 = 60_000;
+
+/// A temporary cache file this old was left by a gateway that did not finish with it.
+const STALE: Duration = Duration::from_secs(3600);
 
 pub struct Runtime {
     pub engine: Engine,
@@ -107,6 +111,8 @@ pub struct Runtime {
     /// One permit per instance the pool holds: a call waits for one rather than failing.
     pool: tokio::sync::Semaphore,
     cache: Option<PathBuf>,
+    /// How long compiling one component may take, in ms: set by each (re)load.
+    compile_timeout_ms: AtomicU64,
     ticker: Ticker,
 }
 
@@ -176,7 +182,11 @@ impl Runtime {
         });
         let ticker = Ticker::start(&engine);
         let pool = tokio::sync::Semaphore::new(POOL_INSTANCES as usize);
-        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, ticker }))
+        if let Some(dir) = &cache {
+            remove_stale(dir);
+        }
+        let compile_timeout_ms = AtomicU64::new(COMPILE_TIMEOUT_MS);
+        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, ticker }))
     }
 
     /// The default cache folder: `$XDG_CACHE_HOME/rebound/plugins`, else
@@ -190,6 +200,15 @@ impl Runtime {
 
     pub fn cache_dir(&self) -> Option<&Path> {
         self.cache.as_deref()
+    }
+
+    /// How long compiling one component may take (`rebound.plugin_compile_timeout_ms`).
+    pub fn compile_timeout(&self) -> Duration {
+        Duration::from_millis(self.compile_timeout_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn set_compile_timeout(&self, timeout: Duration) {
+        self.compile_timeout_ms.store(timeout.as_millis().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Keeps the epoch advancing while the guard lives.
@@ -264,6 +283,19 @@ impl Runtime {
                 None => format!("{e:#}"),
             })),
             Err(_) => Err(Fault::Failed(past())),
+        }
+    }
+}
+
+/// Removes the temporary files in the cache folder `dir` that a gateway left behind (it
+/// was killed while storing a compiled component), once they are old enough that no
+/// gateway can still be writing them.
+fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let stale = entry.metadata().ok().and_then(|m| m.modified().ok()).and_then(|t| t.elapsed().ok());
+        if entry.file_name().to_string_lossy().contains(".tmp-") && stale.is_some_and(|age| age > STALE) {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
@@ -379,7 +411,25 @@ impl Drop for TickGuard<'_> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::private_dir;
+    use super::{Limits, Runtime, compilation, private_dir};
+
+    /// The compiler process builds its engine from `compilation()` alone; the gateway
+    /// loads what it writes only if their compiled-code settings hash the same (the cache
+    /// entry's name includes that hash too).
+    #[test]
+    fn the_compiler_process_compiles_what_the_gateway_loads() {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let mut config = compilation();
+        config.parallel_compilation(true);
+        let apart = wasmtime::Engine::new(&config).unwrap();
+        let hash = |engine: &wasmtime::Engine| {
+            let mut h = DefaultHasher::new();
+            engine.precompile_compatibility_hash().hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&runtime.engine), hash(&apart));
+    }
 
     fn mode(path: &std::path::Path, mode: u32) {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
