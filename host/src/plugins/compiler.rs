@@ -141,18 +141,27 @@ fn failure(status: ExitStatus, said: &str) -> String {
 }
 
 /// The compiler process itself: the component on stdin, its compiled code into the new
-/// file `out`; `parent` is the gateway's pid.
+/// file `out`; `parent` is the gateway's pid. Only the compiling is the adapter's doing:
+/// anything else that fails (its limits, its input, the file) exits with [`SETUP_FAILED`].
 pub fn run(out: &Path, parent: &str) -> ExitCode {
-    if let Err(e) = prepare(parent) {
-        eprintln!("the compiler process could not prepare: {e:#}");
-        return ExitCode::from(SETUP_FAILED as u8);
-    }
-    match compile_into(out) {
-        Ok(()) => ExitCode::SUCCESS,
+    let setup = |e: anyhow::Error| {
+        eprintln!("{e:#}");
+        ExitCode::from(SETUP_FAILED as u8)
+    };
+    let bytes = match prepare(parent).and_then(|()| read_input()) {
+        Ok(bytes) => bytes,
+        Err(e) => return setup(e),
+    };
+    let compiled = match compile(&bytes) {
+        Ok(compiled) => compiled,
         Err(e) => {
             eprintln!("{e:#}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    match create_private(out).and_then(|mut file| file.write_all(&compiled)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display()))),
     }
 }
 
@@ -164,18 +173,22 @@ fn prepare(parent: &str) -> anyhow::Result<()> {
     limit_memory()
 }
 
-fn compile_into(out: &Path) -> anyhow::Result<()> {
+/// The component, up to one byte past [`MAX_COMPONENT_BYTES`].
+fn read_input() -> anyhow::Result<Vec<u8>> {
     let mut bytes = Vec::new();
     std::io::stdin().lock().take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The component's compiled code, serialized.
+fn compile(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
     anyhow::ensure!(bytes.len() as u64 <= MAX_COMPONENT_BYTES, "larger than {} MiB", MAX_COMPONENT_BYTES >> 20);
     // The gateway's compilation settings; the instance allocator is not among them, and
     // nothing is instantiated here. Its own threads compile in parallel: they end with it.
     let mut config = super::runtime::compilation();
     config.parallel_compilation(true);
     let engine = wasmtime::Engine::new(&config)?;
-    let component = wasmtime::component::Component::from_binary(&engine, &bytes)?;
-    create_private(out)?.write_all(&component.serialize()?)?;
-    Ok(())
+    Ok(wasmtime::component::Component::from_binary(&engine, bytes)?.serialize()?)
 }
 
 /// Creates the new file `path`, readable and writable by this user only (whatever the
