@@ -330,8 +330,9 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     // Before the async runtime: loading runs each plugin once, synchronously; the OTLP
     // exporter's client blocks on a thread of its own.
     let plugins = rebound::plugins::prepare(&config);
-    // Compiling an adapter whose code is not in the cache leaves the compiler's working
-    // memory in the heap arenas: 3 MB of the 36 resident at idle with three adapters.
+    // An adapter compiled in the gateway (when no compiler process could: see
+    // `plugins::compiler`) leaves the compiler's working memory in the heap arenas (3 MB
+    // of the 36 resident at idle, with three adapters), and loading leaves some too.
     rebound::memory::trim();
     match rebound::telemetry::init() {
         Ok(true) => tracing::info!("exporting traces over OTLP"),

@@ -104,12 +104,19 @@ fn check(plugins: &Path, adapter: &str) -> (bool, String) {
     check_in(dir.path(), plugins, adapter)
 }
 
-/// `rebound check` of a server with `adapter`, its configuration and cache in `dir`.
+/// `rebound check` of a server with `adapter`, its configuration and cache in `dir`,
+/// under a permissive umask (002, as for many desktop users): what it caches must be
+/// this user's alone all the same.
 fn check_in(dir: &Path, plugins: &Path, adapter: &str) -> (bool, String) {
     let config = dir.join("rebound.json");
     let json = json!({"mcpServers": {"a": {"command": "x", "adapter": adapter}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}});
     std::fs::write(&config, json.to_string()).unwrap();
-    let out = Command::new(bin("rebound")).args(["check", "--config"]).arg(&config).output().unwrap();
+    let out = Command::new("sh")
+        .args(["-c", "umask 002 && exec \"$0\" check --config \"$1\""])
+        .arg(bin("rebound"))
+        .arg(&config)
+        .output()
+        .unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 
@@ -194,28 +201,13 @@ fn a_compiled_adapter_is_cached_for_the_next_start() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let plugins = root().join("target/plugins");
-    let config = dir.path().join("rebound.json");
-    let json = json!({"mcpServers": {"a": {"command": "x", "adapter": "lean-fallback"}}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.path().join("cache")}});
-    std::fs::write(&config, json.to_string()).unwrap();
-    let check = || {
-        let out = Command::new("sh")
-            .args(["-c", "umask 002 && exec \"$0\" check --config \"$1\""])
-            .arg(bin("rebound"))
-            .arg(&config)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
-        )
-    };
-    let (ok, out) = check();
+    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
     assert!(ok && !out.contains("cached"), "{out}");
     let entries: Vec<_> = std::fs::read_dir(dir.path().join("cache")).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(entries.len(), 1, "{out}");
     let mode = std::fs::metadata(&entries[0]).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "{mode:o}");
-    let (ok, out) = check();
+    let (ok, out) = check_in(dir.path(), &plugins, "lean-fallback");
     assert!(ok && out.contains(", cached) ok"), "{out}");
 }
 

@@ -24,7 +24,7 @@ use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::Relay;
-use crate::transport::supervisor::{Revisions, ServerHandle, Status, Supervision, spawn_supervisor};
+use crate::transport::supervisor::{Revisions, ServerHandle, Session, Status, Supervision, spawn_supervisor};
 
 pub struct Hub {
     /// The configuration's shared servers, engine and adapters; replaced by a reload.
@@ -305,16 +305,12 @@ impl Hub {
             if let Some(level) = level {
                 let _ = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             }
-            let (session, server, downstreams) = (&session, &server, &hub.downstreams);
+            let (session, server, hub) = (&session, &server, &hub);
             let follows = subscriptions.iter().map(|(holder, uri)| async move {
-                match tokio::time::timeout(within, session.follow(uri, holder)).await {
-                    // Its client may have gone (or unsubscribed) while it was being made.
-                    Ok(Ok(())) if !downstreams.holds(holder, instance, uri) => {
-                        let _ = session.unfollow(uri, holder).await;
-                    }
+                match hub.follow_for(session, holder, instance, uri, within).await {
                     // What changed while the server was down, or as it restarted, was
                     // not heard: its followers read it afresh.
-                    Ok(Ok(())) if restarted => downstreams.announce(holder, instance, uri),
+                    Ok(Ok(())) if restarted => hub.downstreams.announce(holder, instance, uri),
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::info!(%server, %uri, "a subscription could not be made again: {e}"),
                     Err(_) => {
@@ -324,6 +320,24 @@ impl Hub {
             });
             futures::future::join_all(follows).await;
         });
+    }
+
+    /// `holder` follows `uri` of server instance `instance` on `session`, within `within`.
+    /// Its subscription is recorded downstream before this; if the holder let it go
+    /// meanwhile (an unsubscribe, its end), the follow made for it is given up again.
+    pub(super) async fn follow_for(
+        &self,
+        session: &Arc<Session>,
+        holder: &Arc<str>,
+        instance: u64,
+        uri: &str,
+        within: Duration,
+    ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
+        let followed = tokio::time::timeout(within, session.follow(uri, holder)).await;
+        if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(holder, instance, uri) {
+            let _ = session.unfollow(uri, holder).await;
+        }
+        followed
     }
 
     /// Rebuilds the catalogue `owner` sees (the shared one when none); after a restart

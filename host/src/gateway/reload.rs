@@ -63,7 +63,8 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     }
     let for_plugins = config.clone();
     let runtime = current.plugins.runtime.clone();
-    // Then the compiler's working memory, if an adapter was compiled, goes back (`memory`).
+    // Then what loading left in the heap arenas goes back (`memory`), the compiler's
+    // working memory included if an adapter was compiled in the gateway.
     let plugins = tokio::task::spawn_blocking(move || {
         let plugins = crate::plugins::prepare_reusing(&for_plugins, runtime);
         crate::memory::trim();

@@ -651,16 +651,13 @@ impl Gateway {
         if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
             return Ok((instance, uri));
         }
-        let followed = tokio::time::timeout(within, session.follow(&uri, client)).await.unwrap_or_else(|_| {
+        let followed = self.hub.follow_for(&session, client, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
             Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))
         });
         if let Err(e) = followed {
             self.hub.downstreams.subscribe(client, subscription, false);
             return Err(upstream_error(&server, e));
-        }
-        if !self.hub.downstreams.holds(client, instance, &uri) {
-            let _ = session.unfollow(&uri, client).await;
         }
         Ok((instance, uri))
     }

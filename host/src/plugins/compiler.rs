@@ -1,14 +1,15 @@
 //! Compiling an adapter in a process of its own. An adapter is a third party's code, and
 //! compiling it is work it chooses: a component can be made to keep Cranelift busy, or
 //! its memory growing, for as long as it likes. So the gateway hands the bytes to a
-//! second `rebound` process (`rebound __compile OUT`, the binary itself with a hidden
-//! word) that compiles them under a memory limit, writes the compiled code to `OUT` (a
-//! cache entry) and exits; the gateway stops it past a deadline
+//! second `rebound` process (`rebound __compile OUT PARENT`, the binary itself with a
+//! hidden word) that compiles them under a memory limit, writes the compiled code to the
+//! new file `OUT` (to become a cache entry) and exits; the gateway stops it past a deadline
 //! (`rebound.plugin_compile_timeout_ms`), reports why, and loads the entry. The
-//! compiler's working memory, threads and code pages never enter the gateway either.
+//! compiler's working memory, threads and code pages stay out of the gateway too.
 //!
-//! Only a program that enables it (`rebound serve` and `rebound check` do) compiles this
-//! way, and only with a cache to write to; otherwise a component is compiled in memory.
+//! Only a program that enables it (the `rebound` binary does) compiles this way, and only
+//! with a cache to write to. Otherwise, or when the process cannot run or get ready, or
+//! its output cannot be installed, a component is compiled in memory (`load::compile`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -76,35 +77,36 @@ pub fn compile_apart(bytes: &[u8], out: &Path, timeout: Duration) -> Result<(), 
         .map_err(CompileError::Unavailable)?;
     // Both pipes on threads of their own, so that neither a compiler that stops reading
     // nor one that says a lot holds the gateway past the deadline. A compiler that dies
-    // early closes its input: what it says is the reason.
+    // early closes its input: what it says is the reason. Both threads end with it.
     let mut input = child.stdin.take().expect("stdin is piped");
-    let bytes = bytes.to_vec();
-    std::thread::spawn(move || input.write_all(&bytes));
     let mut stderr = child.stderr.take().expect("stderr is piped");
-    let said = std::thread::spawn(move || {
-        let mut kept = Vec::new();
-        let _ = (&mut stderr).take(ERROR_BYTES).read_to_end(&mut kept);
-        let _ = std::io::copy(&mut stderr, &mut std::io::sink());
-        String::from_utf8_lossy(&kept).trim().to_owned()
-    });
-    let Some(status) = wait_within(&mut child, timeout) else {
-        let _ = child.kill();
-        let _ = child.wait();
+    std::thread::scope(|threads| {
+        threads.spawn(move || input.write_all(bytes));
+        let said = threads.spawn(move || {
+            let mut kept = Vec::new();
+            let _ = (&mut stderr).take(ERROR_BYTES).read_to_end(&mut kept);
+            let _ = std::io::copy(&mut stderr, &mut std::io::sink());
+            String::from_utf8_lossy(&kept).trim().to_owned()
+        });
+        let Some(status) = wait_within(&mut child, timeout) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(out);
+            return Err(CompileError::Failed(format!(
+                "its compiler was stopped after {} ms (`rebound.plugin_compile_timeout_ms`)",
+                timeout.as_millis()
+            )));
+        };
+        let said = said.join().unwrap_or_default();
+        if status.success() {
+            return Ok(());
+        }
         let _ = std::fs::remove_file(out);
-        return Err(CompileError::Failed(format!(
-            "its compiler was stopped after {} ms (`rebound.plugin_compile_timeout_ms`)",
-            timeout.as_millis()
-        )));
-    };
-    let said = said.join().unwrap_or_default();
-    if status.success() {
-        return Ok(());
-    }
-    let _ = std::fs::remove_file(out);
-    match status.code() {
-        Some(SETUP_FAILED) => Err(CompileError::Unavailable(std::io::Error::other(said))),
-        _ => Err(CompileError::Failed(failure(status, &said))),
-    }
+        match status.code() {
+            Some(SETUP_FAILED) => Err(CompileError::Unavailable(std::io::Error::other(said))),
+            _ => Err(CompileError::Failed(failure(status, &said))),
+        }
+    })
 }
 
 /// Waits for `child` until `timeout`, polling: `None` if it is still running then.
@@ -148,7 +150,7 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
         eprintln!("{e:#}");
         ExitCode::from(SETUP_FAILED as u8)
     };
-    let bytes = match prepare(parent).and_then(|()| read_input()) {
+    let bytes = match prepare(parent).and_then(|()| Ok(read_component(std::io::stdin().lock())?)) {
         Ok(bytes) => bytes,
         Err(e) => return setup(e),
     };
@@ -173,10 +175,12 @@ fn prepare(parent: &str) -> anyhow::Result<()> {
     limit_memory()
 }
 
-/// The component, up to one byte past [`MAX_COMPONENT_BYTES`].
-fn read_input() -> anyhow::Result<Vec<u8>> {
+/// A component from `from`, read up to one byte past [`MAX_COMPONENT_BYTES`] (so that a
+/// larger one is seen to be larger): the gateway's read of the file and this process's
+/// of its input.
+pub(super) fn read_component(from: impl Read) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    std::io::stdin().lock().take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
+    from.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

@@ -105,7 +105,9 @@ pub struct Info {
 
 /// Loads the adapter at `path`.
 pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
-    let bytes = read_bounded(path).map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    let bytes = std::fs::File::open(path)
+        .and_then(compiler::read_component)
+        .map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
     if bytes.len() as u64 > MAX_COMPONENT_BYTES {
         return Err(LoadError::TooLarge { path: path.to_owned(), max_mib: MAX_COMPONENT_BYTES >> 20 });
     }
@@ -276,32 +278,37 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     let tmp = file.with_extension(format!("tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
     if compiler::enabled() {
         match compiler::compile_apart(bytes, &tmp, runtime.compile_timeout()) {
-            Ok(()) => {
-                if let Some(compiled) = std::fs::rename(&tmp, &file).ok().and_then(|()| load_cached(engine, &file)) {
-                    return Ok((compiled, false));
-                }
-                let _ = std::fs::remove_file(&tmp);
-                tracing::warn!(
+            Ok(()) => match install(engine, &tmp, &file) {
+                Some(compiled) => return Ok((compiled, false)),
+                None => tracing::warn!(
                     "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
                     file.display()
-                );
-            }
+                ),
+            },
             Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
             Err(e) => tracing::warn!("{e}; compiling in the gateway instead"),
         }
     }
     let component = Component::from_binary(engine, bytes)?;
     let Ok(serialized) = component.serialize() else { return Ok((component, false)) };
-    let stored = compiler::create_private(&tmp)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &serialized))
-        .and_then(|()| std::fs::rename(&tmp, &file));
-    if stored.is_err() {
+    if let Err(e) = compiler::create_private(&tmp).and_then(|mut f| std::io::Write::write_all(&mut f, &serialized)) {
+        tracing::debug!("the compiled plugin {} is not cached: {e}", file.display());
         let _ = std::fs::remove_file(&tmp);
         return Ok((component, false));
     }
     // Loaded back from the cache: its code is then mapped from the file, as on every
     // later start, instead of held in memory of its own (1 MB resident for three adapters).
-    Ok((load_cached(engine, &file).unwrap_or(component), false))
+    Ok((install(engine, &tmp, &file).unwrap_or(component), false))
+}
+
+/// Puts the compiled code written to `tmp` in the cache as `file` (whole, by a rename),
+/// and loads it from there; `None`, with `tmp` gone, if either fails.
+fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Option<Component> {
+    let installed = std::fs::rename(tmp, file).ok().and_then(|()| load_cached(engine, file));
+    if installed.is_none() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    installed
 }
 
 /// The cache entry `file`, if it is ours and loads; one that fails to load is removed.
@@ -329,14 +336,6 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
             let _ = std::fs::remove_file(file);
         })
         .ok()
-}
-
-/// The file at `path`, read up to one byte past [`MAX_COMPONENT_BYTES`].
-fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?.take(MAX_COMPONENT_BYTES + 1).read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
 
 /// Whether `file` is a regular file (not a link) of this user's that nobody else can
