@@ -19,6 +19,7 @@ pub mod setup;
 pub mod snapshot;
 pub mod status;
 pub mod stdio_client;
+pub mod tasks;
 
 pub use hub::Hub;
 pub use server::Gateway;

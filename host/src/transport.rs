@@ -6,6 +6,7 @@ pub mod listen;
 pub mod malformed;
 pub mod process;
 pub mod supervisor;
+pub mod tasks;
 pub mod typed;
 pub mod upstream;
 pub mod watchdog;

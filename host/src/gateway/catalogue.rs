@@ -8,6 +8,7 @@ use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerNotification, Tool};
 
 use crate::config::ToolNames;
 use crate::transport::supervisor::Listing;
+use crate::transport::tasks::TaskSupport;
 
 /// Where an exposed name leads.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub struct Catalogue {
     pub resources: Vec<Resource>,
     pub templates: Vec<ResourceTemplate>,
     tool_routes: HashMap<String, (Route, Tool)>,
+    /// Exposed tool name → the task support its server listed (MCP 2025-11-25).
+    task_support: HashMap<String, TaskSupport>,
     prompt_routes: HashMap<String, Route>,
     /// Exposed URI → (server, the URI it knows).
     resource_routes: HashMap<String, (Arc<str>, String)>,
@@ -54,6 +57,9 @@ impl Catalogue {
                 let Some(exposed) = exposed else { continue };
                 let mut t = tool.clone();
                 t.name = exposed.clone().into();
+                if let Some(support) = listing.task_support.get(tool.name.as_ref()) {
+                    cat.task_support.insert(exposed.clone(), *support);
+                }
                 cat.tool_routes
                     .insert(exposed, (Route { server: server.clone(), name: tool.name.to_string() }, tool.clone()));
                 cat.tools.push(t);
@@ -96,6 +102,16 @@ impl Catalogue {
         self.tool_routes.get(name)
     }
 
+    /// The task support of an exposed tool, where its server listed one.
+    pub fn task_support(&self, name: &str) -> Option<TaskSupport> {
+        self.task_support.get(name).copied()
+    }
+
+    /// Whether any tool listed a task support.
+    pub fn has_task_support(&self) -> bool {
+        !self.task_support.is_empty()
+    }
+
     pub fn prompt(&self, name: &str) -> Option<&Route> {
         self.prompt_routes.get(name)
     }
@@ -136,9 +152,9 @@ impl Catalogue {
             .or_else(|| self.resource(uri_template).map(|(s, _)| s))
     }
 
-    /// Whether the exposed tool lists differ (names, schemas or annotations).
+    /// Whether the exposed tool lists differ (names, schemas, annotations or task support).
     pub fn tools_differ(&self, other: &Catalogue) -> bool {
-        self.tools != other.tools
+        self.tools != other.tools || self.task_support != other.task_support
     }
 
     pub fn prompts_differ(&self, other: &Catalogue) -> bool {

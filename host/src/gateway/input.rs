@@ -173,16 +173,27 @@ async fn send<P: Asking>(
     let options = PeerRequestOptions::with_timeout(timeout).with_meta(request_meta(session, cx));
     let handle = session.peer.send_cancellable_request(params.into_request(), options).await?;
     // rmcp cancels the request at its own timeout; the guard, when this future is dropped.
-    let mut abandoned = Abandoned { peer: session.peer.clone(), id: Some(handle.id.clone()) };
+    let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
     let answer = handle.await_response().await;
-    abandoned.id = None;
+    abandoned.answered();
     P::answer(answer?).ok_or(ServiceError::UnexpectedResponse)
 }
 
 /// Tells the server its request `id` is no longer wanted, when dropped before the answer.
-struct Abandoned {
+pub struct Abandoned {
     peer: rmcp::Peer<rmcp::RoleClient>,
     id: Option<rmcp::model::RequestId>,
+}
+
+impl Abandoned {
+    pub fn new(peer: rmcp::Peer<rmcp::RoleClient>, id: rmcp::model::RequestId) -> Self {
+        Self { peer, id: Some(id) }
+    }
+
+    /// The answer came: nothing to cancel.
+    pub fn answered(&mut self) {
+        self.id = None;
+    }
 }
 
 impl Drop for Abandoned {

@@ -49,9 +49,9 @@ use crate::transport::Session;
 /// the session's [`SessionServers`].
 #[derive(Clone)]
 pub struct Gateway {
-    hub: Arc<Hub>,
+    pub(super) hub: Arc<Hub>,
     /// The servers this session reaches; its name is the session's in the errors log.
-    own: Arc<SessionServers>,
+    pub(super) own: Arc<SessionServers>,
 }
 
 impl Gateway {
@@ -66,7 +66,7 @@ impl Gateway {
     }
 
     /// The live session of `server`, waiting for a start in progress up to `within`.
-    async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
+    pub(super) async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
         let handle =
             self.own.server(server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
         handle.ready_session(within).await.map_err(|nr| {
@@ -82,7 +82,7 @@ impl Gateway {
     /// How long a request to `server` other than a tool call may take, from now: each
     /// round its `recovery.timeout_ms`, all rounds with the client's answers its call
     /// deadline.
-    fn limits(&self, server: &str) -> input::Limits {
+    pub(super) fn limits(&self, server: &str) -> input::Limits {
         let setup = self.hub.setup();
         let recovery = setup.config.servers.get(server).map(|s| &s.recovery);
         let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for("")));
@@ -100,7 +100,8 @@ impl Gateway {
 /// acknowledgement in a synchronous hook, before any handler runs; waiting here for the
 /// servers' first start (bounded by `startup_timeout_ms`) lets that acknowledgement, and
 /// the listens upstream, see their resources. (Over HTTP, rmcp takes only a
-/// `ServerHandler`; `http::settle_listen` waits there.)
+/// `ServerHandler`; `http::settle_listen` waits there.) It also shows a client on
+/// 2025-11-25 each tool's task support, which rmcp's `Tool` cannot carry.
 pub struct GatewayService(Gateway);
 
 impl Gateway {
@@ -122,7 +123,13 @@ impl rmcp::Service<RoleServer> for GatewayService {
         {
             self.0.ready(&context).await;
         }
-        rmcp::Service::handle_request(&self.0, request, context).await
+        let tasks_revision = context.protocol_version() == Some(ProtocolVersion::V_2025_11_25);
+        match rmcp::Service::handle_request(&self.0, request, context).await? {
+            rmcp::model::ServerResult::ListToolsResult(list) if tasks_revision => {
+                Ok(super::tasks::with_task_support(list, &self.0.own.catalogue()))
+            }
+            answer => Ok(answer),
+        }
     }
 
     async fn handle_notification(
@@ -277,13 +284,17 @@ impl ServerHandler for Gateway {
         }
     }
 
-    /// A request rmcp could not read as one it models. For a method MCP defines, that means
-    /// its `params` do not fit: -32602 (rmcp would say -32601, "method not found").
+    /// A request rmcp could not read as one it models: MCP 2025-11-25's tasks (see
+    /// `tasks`), else for a method MCP defines, `params` that do not fit: -32602 (rmcp
+    /// would say -32601, "method not found").
     async fn on_custom_request(
         &self,
         request: rmcp::model::CustomRequest,
-        _: RequestContext<RoleServer>,
+        cx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        if let Some(answer) = self.task_request(&request.method, request.params, &cx).await {
+            return answer;
+        }
         let method = request.method;
         if crate::transport::malformed::CLIENT_METHODS.contains(&method.as_str()) {
             return Err(ErrorData::invalid_params(
@@ -633,7 +644,7 @@ impl Gateway {
     }
 
     /// Ready to answer `cx`: the client introduced, the servers' first start awaited.
-    async fn ready(&self, cx: &RequestContext<RoleServer>) {
+    pub(super) async fn ready(&self, cx: &RequestContext<RoleServer>) {
         self.attach(cx);
         self.own.settled().await;
     }

@@ -20,6 +20,7 @@ use super::catalogue::Catalogue;
 use super::hub::{Hub, offered, settle};
 use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
+use super::tasks::Tasks;
 use crate::config::Scope;
 use crate::plugins::{Adapter, Adapters};
 use crate::recovery::engine::{Engine, ServerPolicy};
@@ -38,6 +39,8 @@ pub struct SessionServers {
     own: OnceLock<Own>,
     /// The catalogue with this session's instances, and the shared one it was built on.
     catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
+    /// The tasks the session started (MCP 2025-11-25), and where each lives.
+    pub tasks: Tasks,
 }
 
 /// The session's own server instances, with the recovery state that is theirs alone.
@@ -75,7 +78,14 @@ impl Recovery {
 
 impl SessionServers {
     pub fn new(hub: Arc<Hub>, client: Arc<str>) -> Arc<Self> {
-        Arc::new(Self { hub, client, peer: OnceLock::new(), own: OnceLock::new(), catalogue: Mutex::default() })
+        Arc::new(Self {
+            hub,
+            client,
+            peer: OnceLock::new(),
+            own: OnceLock::new(),
+            catalogue: Mutex::default(),
+            tasks: Tasks::default(),
+        })
     }
 
     /// The session initialised (or, on 2026-07-28, made its first request): its

@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use rmcp::ErrorData;
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ErrorCode, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, CustomResult, ErrorCode, ProtocolVersion, RequestId,
+    ServerJsonRpcMessage, ServerResult,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
@@ -80,7 +83,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
 
     /// The message on the line just read; `None` after answering it (or for an empty line).
     fn decode(&mut self) -> Option<ClientJsonRpcMessage> {
-        match self.lines.message(typed::tool_call) {
+        match self.lines.message(typed::client_request) {
             Ok(message) => message,
             Err(unreadable) => {
                 tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);
@@ -114,7 +117,7 @@ where
             _ => None,
         };
         let answered = answered.and_then(|id| Some((self.admission.holder(&id)?, id)));
-        let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
+        let encoded = serde_json::to_vec(&with_tasks(item)).map_err(std::io::Error::from);
         let (out, admission) = (self.out.clone(), self.admission.clone());
         async move {
             let written = match encoded {
@@ -228,6 +231,21 @@ impl Admission {
             in_flight.remove(id);
         }
     }
+}
+
+/// The gateway's answer to `initialize` for a client on 2025-11-25 says it takes tasks
+/// (`gateway::tasks`), which rmcp's `ServerCapabilities` cannot say; anything else is
+/// sent as it is.
+fn with_tasks(mut item: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
+    if let ServerJsonRpcMessage::Response(response) = &mut item
+        && let ServerResult::InitializeResult(init) = &response.result
+        && init.protocol_version == ProtocolVersion::V_2025_11_25
+        && let Ok(mut value) = serde_json::to_value(init)
+    {
+        value["capabilities"]["tasks"] = super::tasks::capability();
+        response.result = ServerResult::CustomResult(CustomResult(value));
+    }
+    item
 }
 
 #[cfg(test)]

@@ -17,7 +17,8 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::malformed::{PARSE_ERROR, Unreadable};
-use super::typed::ToolCalls;
+use super::tasks::Dropped;
+use super::typed::Awaited;
 
 /// Output: one JSON message a line, written whole under a lock.
 pub struct Out<W> {
@@ -189,18 +190,21 @@ pub struct ServerLines<R, W> {
     lines: Lines<BufReader<R>>,
     out: Out<W>,
     refusals: Refusals<W>,
-    calls: ToolCalls,
+    awaited: Awaited,
+    /// What the server's answers say that rmcp's types drop.
+    dropped: Arc<Dropped>,
     _role: PhantomData<fn() -> RoleClient>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
-    pub fn new(read: R, write: W, max_line: usize) -> Self {
+    pub fn new(read: R, write: W, max_line: usize, dropped: Arc<Dropped>) -> Self {
         let out = Out::new(write);
         Self {
             lines: Lines::new(BufReader::new(read), max_line),
             refusals: Refusals::new(out.clone()),
             out,
-            calls: ToolCalls::default(),
+            awaited: Awaited::default(),
+            dropped,
             _role: PhantomData,
         }
     }
@@ -208,7 +212,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     /// The message on the line just read; `None` for an empty line or one that is not a
     /// message (answered when it was a request, which the server waits on).
     fn decode(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let unreadable = match self.lines.message(|line| self.calls.answer(line)) {
+        let unreadable = match self.lines.message(|line| self.awaited.answer(line, &self.dropped)) {
             Ok(message) => return message,
             Err(unreadable) => unreadable,
         };
@@ -239,7 +243,7 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.calls.sent(&item);
+        self.awaited.sent(&item);
         let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
         let out = self.out.clone();
         async move { out.write(encoded?).await }
@@ -303,7 +307,7 @@ mod tests {
         use tokio::io::AsyncBufReadExt as _;
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(ours);
-        let mut transport = ServerLines::new(read, write, 1 << 16);
+        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default());
         let (their_read, mut their_write) = tokio::io::split(theirs);
         let input = concat!(
             "Starting server...\n",

@@ -1,7 +1,7 @@
 //! Supervision of one upstream server: start it, list what it offers, watch it, and
 //! restart it with exponential backoff when it dies, marking it down after a crash loop.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::listen::Follows;
 use super::process::ServerProcess;
+use super::tasks::{Dropped, TaskSupport};
 use super::upstream::{InOrder, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
 use crate::redact::Secrets;
@@ -100,6 +101,8 @@ impl Status {
 #[derive(Debug, Default)]
 pub struct Listing {
     pub tools: Vec<Tool>,
+    /// Tool name → its `execution.taskSupport` (MCP 2025-11-25), where it said one.
+    pub task_support: HashMap<String, TaskSupport>,
     pub prompts: Vec<Prompt>,
     pub resources: Vec<Resource>,
     pub templates: Vec<ResourceTemplate>,
@@ -119,6 +122,8 @@ pub struct Session {
     pub listing: RwLock<Arc<Listing>>,
     /// The resources followed on listen requests of their own (2026-07-28).
     pub follows: Follows,
+    /// What the server's answers said that rmcp's types drop (its tasks).
+    pub dropped: Arc<Dropped>,
 }
 
 impl Session {
@@ -129,7 +134,7 @@ impl Session {
     /// Re-lists everything the server's capabilities say it has, within `within`; a
     /// server that does not answer in time keeps its previous listing.
     pub async fn refresh(&self, within: Duration) {
-        match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref())).await {
+        match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref(), &self.dropped)).await {
             Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
             Err(_) => tracing::warn!(
                 session = self.id,
@@ -449,11 +454,12 @@ impl Supervisor {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let lifecycle = self.lifecycle();
         let asked = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
-        let (running, process, stop) = match self.connect(id, caps, lifecycle).await {
+        let dropped = Arc::new(Dropped::default());
+        let (running, process, stop) = match self.connect(id, caps, lifecycle, &dropped).await {
             // A server that cannot take the question is initialised at once, afresh.
             Err(e) if asked && e.handshake => {
                 tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
-                self.connect(id, caps, ClientLifecycleMode::Initialize).await
+                self.connect(id, caps, ClientLifecycleMode::Initialize, &dropped).await
             }
             connected => connected,
         }
@@ -467,7 +473,8 @@ impl Supervisor {
         self.how.revisions.learn(&self.name, info.as_ref().map(|i| &i.protocol_version));
         // The first listing is part of the start: a server that initialises and then
         // never lists its tools has failed to start, and is restarted with backoff.
-        let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref())).await else {
+        let Ok(listing) = tokio::time::timeout(self.how.init_timeout, list_all(&peer, info.as_deref(), &dropped)).await
+        else {
             stop.cancel();
             let _ = tokio::time::timeout(Duration::from_secs(1), running.cancel()).await;
             if let Some(process) = process {
@@ -486,6 +493,7 @@ impl Supervisor {
             closed: CancellationToken::new(),
             listing: RwLock::new(Arc::new(listing)),
             follows: Follows::new(self.relay.clone()),
+            dropped,
         });
         if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
             super::listen::lists(&session);
@@ -521,6 +529,7 @@ impl Supervisor {
         id: u64,
         caps: &ClientCapabilities,
         lifecycle: ClientLifecycleMode,
+        dropped: &Arc<Dropped>,
     ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
     {
         let handler =
@@ -528,7 +537,7 @@ impl Supervisor {
         let stop = CancellationToken::new();
         match &self.config.launch {
             Launch::Stdio(launch) => {
-                let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop).await?;
+                let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop, dropped.clone()).await?;
                 Ok((running, Some(process), stop))
             }
             Launch::Http(http) => Ok((self.start_http(http, handler, lifecycle, &stop).await?, None, stop)),
@@ -546,12 +555,13 @@ impl Supervisor {
         handler: UpstreamHandler,
         lifecycle: ClientLifecycleMode,
         stop: &CancellationToken,
+        dropped: Arc<Dropped>,
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;
-        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES);
+        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES, dropped);
         let transport = self.in_order(transport, &handler);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,
@@ -658,13 +668,14 @@ async fn exited(process: &mut Option<ServerProcess>) -> String {
 
 /// Lists what `info`'s capabilities announce. A list that fails is logged and left empty:
 /// one broken list must not hide the rest of the server.
-async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>) -> Listing {
+async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, dropped: &Dropped) -> Listing {
     let caps = info.map(|i| &i.capabilities);
     let has = |f: fn(&rmcp::model::ServerCapabilities) -> bool| caps.is_some_and(f);
     let mut listing = Listing::default();
     if has(|c| c.tools.is_some()) {
+        dropped.take_listed(); // what an earlier listing left
         match peer.list_all_tools().await {
-            Ok(tools) => listing.tools = tools,
+            Ok(tools) => (listing.tools, listing.task_support) = (tools, dropped.take_listed()),
             Err(e) => tracing::warn!("tools/list failed: {e}"),
         }
     }

@@ -1,4 +1,6 @@
-//! The two messages of every tool call, read as their own types on the stdio sides.
+//! The two messages of every tool call, read as their own types on the stdio sides; and
+//! the messages of MCP 2025-11-25's tasks, which rmcp's types would change, read as
+//! they are.
 //!
 //! rmcp reads a message as any of them: it buffers the whole line, then tries each kind
 //! of request (or result) in turn, building an error for each that does not fit. A
@@ -8,12 +10,18 @@
 //! skipped), and a tool call, or the answer to one the gateway sent, is read as exactly
 //! that type. Anything else, and anything these readers refuse, is left to rmcp's
 //! reading, so what is not a tool call is read exactly as before.
+//!
+//! rmcp 3.9 models tasks as the later extension (SEP-2663), whose `tasks/get` has another
+//! shape, and drops a call's `task`. So a client's task-augmented `tools/call` and its
+//! `tasks/*` requests are read as custom requests with their params as sent, and the
+//! answers to what the gateway sends a server as a custom request are read as they are.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use rmcp::model::{
-    CallToolRequest, CallToolResult, ClientJsonRpcMessage, ClientNotification, ClientRequest, JsonRpcMessage,
-    JsonRpcRequest, JsonRpcResponse, RequestId, ServerJsonRpcMessage, ServerResult,
+    CallToolRequest, CallToolResult, ClientJsonRpcMessage, ClientNotification, ClientRequest, CustomRequest,
+    CustomResult, JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, JsonRpcVersion2_0, RequestId, ServerJsonRpcMessage,
+    ServerResult,
 };
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -53,38 +61,99 @@ impl Keys<'_> {
     }
 }
 
-/// A client's `tools/call` request, or `None` for any other line.
-pub fn tool_call(line: &[u8]) -> Option<ClientJsonRpcMessage> {
+/// A client's `tools/call` request, or a request about tasks, or `None` for any other line.
+pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     let keys = Keys::of(line)?;
     // A request is a method with an id and neither a result nor an error (as rmcp checks).
     let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
-    if !request || keys.method.0.flatten() != Some("tools/call") {
-        return None;
+    match keys.method.0.flatten() {
+        Some("tools/call") if request && task_augmented(line) => as_it_is(line),
+        Some("tools/call") if request => {
+            let JsonRpcRequest { jsonrpc, id, request } =
+                serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(line).ok()?;
+            Some(JsonRpcMessage::Request(JsonRpcRequest {
+                jsonrpc,
+                id,
+                request: ClientRequest::CallToolRequest(request),
+            }))
+        }
+        Some(method) if request && super::tasks::METHODS.contains(&method) => as_it_is(line),
+        _ => None,
     }
-    let JsonRpcRequest { jsonrpc, id, request } =
-        serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(line).ok()?;
-    Some(JsonRpcMessage::Request(JsonRpcRequest { jsonrpc, id, request: ClientRequest::CallToolRequest(request) }))
 }
 
-/// The `tools/call` requests sent to one server and not yet answered, so that their
-/// answers are read as tool results. Bounded: past it a call's answer is simply read the
-/// general way.
+/// Whether a `tools/call` asks to run as a task (`params.task`). Only a line that
+/// mentions the word is read for it: a plain call pays a scan, not a second parse.
+fn task_augmented(line: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Call {
+        params: Option<Params>,
+    }
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(default)]
+        task: Key<IgnoredAny>,
+    }
+    const WORD: &[u8] = b"\"task\"";
+    line.windows(WORD.len()).any(|w| w == WORD)
+        && serde_json::from_slice::<Call>(line).is_ok_and(|c| c.params.is_some_and(|p| p.task.0.is_some()))
+}
+
+/// A request read as a custom one: its method and params exactly as sent (`_meta`
+/// included, which rmcp's reading would take out of them).
+fn as_it_is(line: &[u8]) -> Option<ClientJsonRpcMessage> {
+    #[derive(Deserialize)]
+    struct Raw {
+        jsonrpc: JsonRpcVersion2_0,
+        id: RequestId,
+        method: String,
+        params: Option<serde_json::Value>,
+    }
+    let Raw { jsonrpc, id, method, params } = serde_json::from_slice(line).ok()?;
+    if params.as_ref().is_some_and(|p| !p.is_object()) {
+        return None; // rmcp's reading refuses it with its own error
+    }
+    let request = ClientRequest::CustomRequest(CustomRequest::new(method, params));
+    Some(JsonRpcMessage::Request(JsonRpcRequest { jsonrpc, id, request }))
+}
+
+/// What the gateway sent a server that its answer is read for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// A `tools/call`: its answer is read as a tool result.
+    ToolCall,
+    /// A custom request: its answer is passed on as it is.
+    Custom,
+    /// `tools/list` and `initialize`: rmcp reads their answers; what its types drop is
+    /// read too ([`super::tasks::Dropped`]).
+    ToolList,
+    Initialize,
+}
+
+/// The requests sent to one server and not yet answered whose answers are read here.
+/// Bounded: past it an answer is simply read the general way.
 #[derive(Default)]
-pub struct ToolCalls {
-    waiting: HashSet<RequestId>,
+pub struct Awaited {
+    waiting: HashMap<RequestId, Sent>,
 }
 
-/// Calls tracked at once per server; more are read the general way.
+/// Requests tracked at once per server; more are read the general way.
 const MAX_TRACKED: usize = 1024;
 
-impl ToolCalls {
-    /// Notes what the gateway sends: a tool call's id, or a cancellation that forgets one.
+impl Awaited {
+    /// Notes what the gateway sends: a request whose answer is read here, or a
+    /// cancellation that forgets one.
     pub fn sent(&mut self, message: &rmcp::service::TxJsonRpcMessage<rmcp::RoleClient>) {
         match message {
-            JsonRpcMessage::Request(JsonRpcRequest { id, request: ClientRequest::CallToolRequest(_), .. })
-                if self.waiting.len() < MAX_TRACKED =>
-            {
-                self.waiting.insert(id.clone());
+            JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) if self.waiting.len() < MAX_TRACKED => {
+                let kind = match request {
+                    ClientRequest::CallToolRequest(_) => Sent::ToolCall,
+                    ClientRequest::CustomRequest(_) => Sent::Custom,
+                    ClientRequest::ListToolsRequest(_) => Sent::ToolList,
+                    ClientRequest::InitializeRequest(_) => Sent::Initialize,
+                    _ => return,
+                };
+                self.waiting.insert(id.clone(), kind);
             }
             JsonRpcMessage::Notification(n) => {
                 if let ClientNotification::CancelledNotification(c) = &n.notification
@@ -97,27 +166,51 @@ impl ToolCalls {
         }
     }
 
-    /// The answer to a tool call on this line, or `None` for any other line. Only a
-    /// complete result is read here (`CallToolResult` refuses every other `resultType`);
-    /// questions, tasks and errors are left to rmcp, as is anything else the server says.
-    pub fn answer(&mut self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+    /// The answer on this line when it is read here, or `None` for rmcp to read. Only a
+    /// complete result of a tool call is read as one (`CallToolResult` refuses every other
+    /// `resultType`); questions, tasks and errors are left to rmcp, as is anything else the
+    /// server says. The answer to a custom request is its result as it is.
+    pub fn answer(&mut self, line: &[u8], dropped: &super::tasks::Dropped) -> Option<ServerJsonRpcMessage> {
         let keys = Keys::of(line)?;
         if keys.method.0.is_some() {
             return None; // a request or notification of the server's
         }
-        // Any answer ends the call, an error too.
-        let answers_a_call = self.waiting.remove(&keys.id?);
-        if !answers_a_call || keys.result.0.is_none() || keys.error.0.is_some() {
+        // Any answer ends the wait, an error too.
+        let sent = self.waiting.remove(&keys.id?)?;
+        if keys.result.0.is_none() || keys.error.0.is_some() {
             return None;
         }
-        let JsonRpcResponse { jsonrpc, id, result } =
-            serde_json::from_slice::<JsonRpcResponse<CallToolResult>>(line).ok()?;
-        Some(JsonRpcMessage::Response(JsonRpcResponse { jsonrpc, id, result: ServerResult::CallToolResult(result) }))
+        let (jsonrpc, id, result) = match sent {
+            Sent::ToolCall => {
+                let JsonRpcResponse { jsonrpc, id, result } =
+                    serde_json::from_slice::<JsonRpcResponse<CallToolResult>>(line).ok()?;
+                (jsonrpc, id, ServerResult::CallToolResult(result))
+            }
+            Sent::Custom => {
+                let JsonRpcResponse { jsonrpc, id, result } =
+                    serde_json::from_slice::<JsonRpcResponse<CustomResult>>(line).ok()?;
+                (jsonrpc, id, ServerResult::CustomResult(result))
+            }
+            Sent::ToolList => {
+                dropped.read_tools(line);
+                return None;
+            }
+            Sent::Initialize => {
+                dropped.read_initialize(line);
+                return None;
+            }
+        };
+        Some(JsonRpcMessage::Response(JsonRpcResponse { jsonrpc, id, result }))
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
         self.waiting.len()
+    }
+
+    #[cfg(test)]
+    fn answer_to(&mut self, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+        self.answer(line, &super::tasks::Dropped::default())
     }
 }
 
@@ -129,6 +222,7 @@ mod tests {
     };
     use serde_json::json;
 
+    use super::super::tasks::{Dropped, TaskSupport};
     use super::*;
 
     /// What rmcp's own reading makes of `line`, for comparison.
@@ -144,7 +238,7 @@ mod tests {
     fn a_tool_call_reads_as_rmcp_reads_it() {
         let call = line(json!({"method": "tools/call", "params": {"name": "echo", "arguments": {"m": "é\"x"},
             "_meta": {"progressToken": 7, "other": 1}}, "jsonrpc": "2.0", "id": 12}));
-        let ours = tool_call(&call).expect("a tool call");
+        let ours = client_request(&call).expect("a tool call");
         let theirs: ClientJsonRpcMessage = general(&call).unwrap();
         assert_eq!(serde_json::to_value(&ours).unwrap(), serde_json::to_value(&theirs).unwrap());
         let meta = |message: ClientJsonRpcMessage| {
@@ -173,13 +267,15 @@ mod tests {
             json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "method": "ping", "params": {"name": "x"}}),
             json!([{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "x"}}]),
         ] {
-            assert!(tool_call(&line(other.clone())).is_none(), "{other}");
+            assert!(client_request(&line(other.clone())).is_none(), "{other}");
         }
-        assert!(tool_call(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":").is_none());
-        assert!(tool_call(b"\"method\"").is_none());
+        assert!(
+            client_request(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":").is_none()
+        );
+        assert!(client_request(b"\"method\"").is_none());
     }
 
-    fn call_sent(calls: &mut ToolCalls, id: i64) {
+    fn call_sent(calls: &mut Awaited, id: i64) {
         let request = CallToolRequest::new(CallToolRequestParams::new("echo"));
         calls.sent(&JsonRpcMessage::Request(JsonRpcRequest::new(
             NumberOrString::Number(id),
@@ -189,12 +285,12 @@ mod tests {
 
     #[test]
     fn only_the_answer_to_a_tool_call_sent_is_read_as_a_tool_result() {
-        let mut calls = ToolCalls::default();
+        let mut calls = Awaited::default();
         let answer = line(json!({"result": {"content": [{"type": "text", "text": "Echo: ping"}], "isError": false,
             "structuredContent": null}, "jsonrpc": "2.0", "id": 3}));
-        assert!(calls.answer(&answer).is_none(), "no call 3 was sent");
+        assert!(calls.answer(&answer, &Dropped::default()).is_none(), "no call 3 was sent");
         call_sent(&mut calls, 3);
-        let ours = calls.answer(&answer).expect("the answer to call 3");
+        let ours = calls.answer(&answer, &Dropped::default()).expect("the answer to call 3");
         let theirs: ServerJsonRpcMessage = general(&answer).unwrap();
         assert_eq!(serde_json::to_value(&ours).unwrap(), serde_json::to_value(&theirs).unwrap());
         assert!(matches!(&theirs, JsonRpcMessage::Response(r) if matches!(r.result, ServerResult::CallToolResult(_))));
@@ -203,27 +299,27 @@ mod tests {
 
     #[test]
     fn questions_tasks_and_errors_are_left_to_rmcp_and_end_the_call() {
-        let mut calls = ToolCalls::default();
+        let mut calls = Awaited::default();
         for (id, other) in [
             (1, json!({"jsonrpc": "2.0", "id": 1, "result": {"resultType": "input_required", "inputRequests": {}}})),
             (2, json!({"jsonrpc": "2.0", "id": 2, "error": {"code": -32602, "message": "no"}})),
             (3, json!({"jsonrpc": "2.0", "id": 3, "result": {}})),
         ] {
             call_sent(&mut calls, id);
-            assert!(calls.answer(&line(other.clone())).is_none(), "{other}");
+            assert!(calls.answer_to(&line(other.clone())).is_none(), "{other}");
         }
         assert_eq!(calls.len(), 0);
         // A request of the server's with the id of a call in flight is not an answer.
         call_sent(&mut calls, 4);
-        assert!(calls.answer(&line(json!({"jsonrpc": "2.0", "id": 4, "method": "ping"}))).is_none());
+        assert!(calls.answer_to(&line(json!({"jsonrpc": "2.0", "id": 4, "method": "ping"}))).is_none());
         let with_method = json!({"jsonrpc": "2.0", "id": 4, "method": null, "result": {"content": []}});
-        assert!(calls.answer(&line(with_method)).is_none(), "a `method` key, even null, is not an answer's");
+        assert!(calls.answer_to(&line(with_method)).is_none(), "a `method` key, even null, is not an answer's");
         assert_eq!(calls.len(), 1);
     }
 
     #[test]
     fn a_cancelled_call_is_forgotten_and_the_record_is_bounded() {
-        let mut calls = ToolCalls::default();
+        let mut calls = Awaited::default();
         call_sent(&mut calls, 9);
         let cancel = CancelledNotification::new(CancelledNotificationParam::new(Some(NumberOrString::Number(9)), None));
         calls.sent(&JsonRpcMessage::Notification(JsonRpcNotification {
@@ -235,5 +331,64 @@ mod tests {
             call_sent(&mut calls, id);
         }
         assert_eq!(calls.len(), MAX_TRACKED);
+    }
+
+    fn custom(message: ClientJsonRpcMessage) -> (String, Option<serde_json::Value>) {
+        let JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::CustomRequest(c), .. }) = message else {
+            panic!("a custom request: {message:?}")
+        };
+        (c.method, c.params)
+    }
+
+    #[test]
+    fn task_requests_are_read_as_they_are_and_a_plain_call_stays_a_tool_call() {
+        let params = json!({"name": "research", "arguments": {"topic": "x"}, "task": {"ttl": 60000},
+            "_meta": {"progressToken": 1}});
+        let call = line(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}));
+        assert_eq!(custom(client_request(&call).unwrap()), ("tools/call".to_owned(), Some(params)));
+        for method in super::super::tasks::METHODS {
+            let params = json!({"taskId": "t-1", "_meta": {"k": 1}});
+            let request = line(json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params}));
+            assert_eq!(custom(client_request(&request).unwrap()), (method.to_owned(), Some(params)));
+        }
+        // `task` inside the arguments, or a notification, is not a task-augmented call.
+        let plain = line(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+            "params": {"name": "todo", "arguments": {"task": "buy milk"}}}));
+        assert!(matches!(
+            client_request(&plain),
+            Some(JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::CallToolRequest(_), .. }))
+        ));
+        let note = line(json!({"jsonrpc": "2.0", "method": "tasks/get", "params": {"taskId": "t"}}));
+        assert!(client_request(&note).is_none());
+        let odd = line(json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": [1]}));
+        assert!(client_request(&odd).is_none(), "left to rmcp, which refuses it");
+    }
+
+    #[test]
+    fn a_custom_requests_answer_is_read_as_it_is_and_listings_feed_what_rmcp_drops() {
+        let mut sent = Awaited::default();
+        let custom = CustomRequest::new("tasks/get", Some(json!({"taskId": "t"})));
+        sent.sent(&JsonRpcMessage::Request(JsonRpcRequest::new(
+            NumberOrString::Number(5),
+            ClientRequest::CustomRequest(custom),
+        )));
+        let task = json!({"taskId": "t", "status": "working", "ttl": 60000, "pollInterval": 1000,
+            "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:00Z"});
+        let answer = sent.answer_to(&line(json!({"jsonrpc": "2.0", "id": 5, "result": task}))).expect("read here");
+        let JsonRpcMessage::Response(JsonRpcResponse { result: ServerResult::CustomResult(result), .. }) = answer
+        else {
+            panic!("{answer:?}")
+        };
+        assert_eq!(result.0, task, "exactly as the server said it");
+        let list = rmcp::model::ListToolsRequest::default();
+        sent.sent(&JsonRpcMessage::Request(JsonRpcRequest::new(
+            NumberOrString::Number(6),
+            ClientRequest::ListToolsRequest(list),
+        )));
+        let dropped = Dropped::default();
+        let page = line(json!({"jsonrpc": "2.0", "id": 6, "result": {"tools": [
+            {"name": "r", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}}]}}));
+        assert!(sent.answer(&page, &dropped).is_none(), "rmcp reads the listing");
+        assert_eq!(dropped.take_listed()["r"], TaskSupport::Optional);
     }
 }

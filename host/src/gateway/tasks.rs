@@ -1,0 +1,484 @@
+//! MCP 2025-11-25's tasks through the gateway: a client's task-augmented `tools/call`
+//! goes to the tool's server as it is, and the task it creates is remembered as this
+//! client session's, with the server instance that holds it. `tasks/get`, `tasks/result`
+//! and `tasks/cancel` go to that instance; `tasks/list` answers with this session's tasks
+//! only, whatever else the server holds. Task ids are the server's own.
+//!
+//! A task whose server instance is lost (a crash, a restart) cannot be finished by the
+//! next instance, which never heard of it: from then on the gateway answers for it as
+//! `failed`, tells the client with `notifications/tasks/status`, and writes the errors
+//! log, unless the client had already seen it end.
+//!
+//! rmcp's types do not carry these messages (it models the later tasks extension), so
+//! they travel as custom requests with their params as sent; see `transport::tasks`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{
+    ClientRequest, CustomNotification, CustomRequest, CustomResult, ListToolsResult, ServerNotification, ServerResult,
+};
+use rmcp::service::{PeerRequestOptions, RequestContext};
+use rmcp::{ErrorData, Peer, RoleServer, ServiceError};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::catalogue::Catalogue;
+use super::downstreams::send;
+use super::input::{Abandoned, upstream_error};
+use super::server::Gateway;
+use crate::recovery::engine::{AttemptRecord, Record, Role};
+use crate::recovery::{Failure, classify::classify};
+use crate::transport::Session;
+use crate::transport::tasks::TaskSupport;
+
+/// The tasks one client session keeps through the gateway at once. Past it, tasks that
+/// ended or were lost make room, oldest first; when none has, a new one is refused.
+pub const MAX_TASKS: usize = 256;
+
+/// The `_meta` key that ties a message to its task.
+const RELATED: &str = "io.modelcontextprotocol/related-task";
+
+/// One client session's tasks.
+#[derive(Default)]
+pub struct Tasks {
+    started: Mutex<HashMap<String, Arc<Started>>>,
+}
+
+/// A task a client started, and where it lives.
+struct Started {
+    server: Arc<str>,
+    /// The tool, as the client named it.
+    tool: String,
+    created: SystemTime,
+    /// When the server says it created the task (`createdAt`, as it wrote it).
+    created_at: String,
+    state: Mutex<Held>,
+    /// Cancelled once the client has seen the task end, or the task is forgotten: its
+    /// loss is then nobody's news.
+    settled: CancellationToken,
+}
+
+enum Held {
+    /// On this server instance.
+    By(Arc<Session>),
+    /// Its instance was lost before the client saw it end: why, and when.
+    Lost { why: String, at: SystemTime },
+}
+
+/// What forwarding a request came to.
+enum Fault {
+    /// The server instance holding the task was lost while the request was out.
+    Lost,
+    Error(ErrorData),
+}
+
+impl From<ErrorData> for Fault {
+    fn from(e: ErrorData) -> Self {
+        Self::Error(e)
+    }
+}
+
+impl Tasks {
+    /// Makes room for one more task, or says why there is none.
+    fn room(&self) -> Result<(), ErrorData> {
+        let mut started = self.started.lock().expect("not poisoned");
+        if started.len() < MAX_TASKS {
+            return Ok(());
+        }
+        let mut done: Vec<(SystemTime, String)> = started
+            .iter()
+            .filter(|(_, t)| t.settled.is_cancelled() || t.lost().is_some())
+            .map(|(id, t)| (t.created, id.clone()))
+            .collect();
+        done.sort();
+        let Some((_, oldest)) = done.into_iter().next() else {
+            return Err(ErrorData::invalid_request(
+                format!("this session has {MAX_TASKS} tasks in progress through the gateway; wait for one to end"),
+                None,
+            ));
+        };
+        if let Some(forgotten) = started.remove(&oldest) {
+            forgotten.settled.cancel();
+        }
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
+        self.started.lock().expect("not poisoned").get(id).cloned().ok_or_else(|| {
+            ErrorData::invalid_params(format!("unknown task `{id}`: no task of this session has that id"), None)
+        })
+    }
+
+    fn forget(&self, id: &str) {
+        if let Some(task) = self.started.lock().expect("not poisoned").remove(id) {
+            task.settled.cancel();
+        }
+    }
+
+    fn all(&self) -> Vec<(String, Arc<Started>)> {
+        let started = self.started.lock().expect("not poisoned");
+        let mut all: Vec<_> = started.iter().map(|(id, t)| (id.clone(), t.clone())).collect();
+        all.sort_by_key(|(_, t)| t.created);
+        all
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in self.started.get_mut().expect("not poisoned").values() {
+            task.settled.cancel();
+        }
+    }
+}
+
+impl Started {
+    fn new(server: Arc<str>, tool: String, created_at: String, session: Arc<Session>) -> Self {
+        Self {
+            server,
+            tool,
+            created: SystemTime::now(),
+            created_at,
+            state: Mutex::new(Held::By(session)),
+            settled: CancellationToken::new(),
+        }
+    }
+
+    fn lost(&self) -> Option<(String, SystemTime)> {
+        match &*self.state.lock().expect("not poisoned") {
+            Held::By(_) => None,
+            Held::Lost { why, at } => Some((why.clone(), *at)),
+        }
+    }
+
+    fn session(&self) -> Option<Arc<Session>> {
+        match &*self.state.lock().expect("not poisoned") {
+            Held::By(session) => Some(session.clone()),
+            Held::Lost { .. } => None,
+        }
+    }
+
+    /// Notes what the server said of the task: once the client has seen it end, its loss
+    /// no longer matters.
+    fn saw(&self, status: &Value) {
+        if matches!(status.as_str(), Some("completed" | "failed" | "cancelled")) {
+            self.settled.cancel();
+        }
+    }
+
+    /// The instance is gone: from now on the gateway answers for the task. True the
+    /// first time.
+    fn lose(&self) -> bool {
+        let mut state = self.state.lock().expect("not poisoned");
+        if matches!(*state, Held::Lost { .. }) {
+            return false;
+        }
+        let why = format!(
+            "the task was lost: server `{}` stopped (a crash or a restart) before it finished, and its next instance does not know it; call the tool again",
+            self.server
+        );
+        *state = Held::Lost { why, at: SystemTime::now() };
+        true
+    }
+
+    /// The instance that holds the task, while it lives.
+    fn live_session(&self) -> Option<Arc<Session>> {
+        self.session().filter(|s| s.is_live())
+    }
+
+    /// The task as the gateway reports it once lost (a `Task` of MCP 2025-11-25).
+    fn lost_task(&self, id: &str) -> Option<Value> {
+        let (why, at) = self.lost()?;
+        Some(json!({
+            "taskId": id,
+            "status": "failed",
+            "statusMessage": why,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": rfc3339(at),
+            "ttl": null,
+        }))
+    }
+}
+
+/// `list` with each tool's `execution.taskSupport` as its server listed it, which rmcp's
+/// `Tool` cannot carry: as it is when no tool has one.
+pub fn with_task_support(list: ListToolsResult, catalogue: &Catalogue) -> ServerResult {
+    if !catalogue.has_task_support() {
+        return ServerResult::ListToolsResult(list);
+    }
+    let Ok(mut value) = serde_json::to_value(&list) else { return ServerResult::ListToolsResult(list) };
+    for tool in value["tools"].as_array_mut().into_iter().flatten() {
+        if let Some(support) = tool["name"].as_str().and_then(|name| catalogue.task_support(name)) {
+            tool["execution"] = json!({"taskSupport": support});
+        }
+    }
+    ServerResult::CustomResult(CustomResult(value))
+}
+
+/// MCP 2025-11-25's `tasks` capability, which rmcp's `ServerCapabilities` cannot carry:
+/// task-augmented `tools/call`, `tasks/list` and `tasks/cancel` (the rest is implied).
+pub fn capability() -> Value {
+    json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn object(params: Option<Value>) -> Result<Value, ErrorData> {
+    match params {
+        Some(p @ Value::Object(_)) => Ok(p),
+        None => Ok(json!({})),
+        Some(_) => Err(ErrorData::invalid_params("params must be an object", None)),
+    }
+}
+
+fn task_id(params: &Value) -> Result<String, ErrorData> {
+    params["taskId"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| ErrorData::invalid_params("`taskId` (a string) is required", None))
+}
+
+/// Sends `method` with `params` as they are to `session`, answered within `timeout` (none:
+/// until the server answers, the client cancels or the instance is lost).
+async fn forward(
+    server: &str,
+    session: &Session,
+    method: &str,
+    params: Value,
+    timeout: Option<Duration>,
+    cx: &RequestContext<RoleServer>,
+) -> Result<Value, Fault> {
+    let request = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
+    let options = timeout.map_or_else(PeerRequestOptions::no_options, PeerRequestOptions::with_timeout);
+    let handle =
+        session.peer.send_cancellable_request(request, options).await.map_err(|e| upstream_error(server, e))?;
+    // Whatever ends the wait early, the server hears the request is no longer wanted.
+    let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
+    let answer = tokio::select! {
+        answer = handle.await_response() => answer,
+        () = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None).into()),
+        () = session.closed.cancelled() => return Err(Fault::Lost),
+    };
+    abandoned.answered();
+    match answer {
+        Ok(ServerResult::CustomResult(CustomResult(value))) => Ok(value),
+        Ok(other) => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None).into()),
+        Err(ServiceError::Timeout { timeout }) => Err(ErrorData::internal_error(
+            format!("server `{server}` did not answer `{method}` within {} ms", timeout.as_millis()),
+            None,
+        )
+        .into()),
+        Err(e) => Err(upstream_error(server, e).into()),
+    }
+}
+
+impl Gateway {
+    /// A request about tasks (or a task-augmented `tools/call`), or `None` for a method
+    /// that is not one.
+    pub(super) async fn task_request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Option<Result<CustomResult, ErrorData>> {
+        let answer = match method {
+            "tools/call" => {
+                let params = object(params).ok().filter(|p| p.get("task").is_some())?;
+                self.start_task(params, cx).await
+            }
+            "tasks/get" | "tasks/cancel" => match object(params) {
+                Ok(params) => self.about_task(method, params, cx).await,
+                Err(e) => Err(e),
+            },
+            "tasks/result" => match object(params) {
+                Ok(params) => self.task_result(params, cx).await,
+                Err(e) => Err(e),
+            },
+            "tasks/list" => Ok(self.list_tasks(cx).await),
+            _ => return None,
+        };
+        Some(answer.map(CustomResult))
+    }
+
+    /// A task-augmented call: to the tool's server as it is, the task it creates noted.
+    async fn start_task(&self, mut params: Value, cx: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+        self.ready(cx).await;
+        let name = params["name"]
+            .as_str()
+            .ok_or_else(|| ErrorData::invalid_params("`name` (a string) is required", None))?
+            .to_owned();
+        let catalogue = self.own.catalogue();
+        let (route, _) =
+            catalogue.tool(&name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
+        if !catalogue.task_support(&name).is_some_and(TaskSupport::allows_tasks) {
+            return Err(ErrorData::invalid_params(
+                format!("tool `{name}` cannot run as a task: its server does not list it with task support"),
+                None,
+            ));
+        }
+        let server = route.server.clone();
+        params["name"] = Value::String(route.name.clone());
+        let limits = self.limits(&server);
+        let session = self.session(&server, limits.timeout).await?;
+        if !session.dropped.task_calls() {
+            return Err(ErrorData::invalid_params(
+                format!("server `{server}` does not take task-augmented calls (no `tasks.requests.tools.call`)"),
+                None,
+            ));
+        }
+        self.own.tasks.room()?;
+        let answer = match forward(&server, &session, "tools/call", params, Some(limits.timeout), cx).await {
+            Ok(answer) => answer,
+            Err(Fault::Lost) => {
+                return Err(ErrorData::internal_error(
+                    format!("server `{server}`: the connection was lost; the task may or may not have been created"),
+                    None,
+                ));
+            }
+            Err(Fault::Error(e)) => return Err(e),
+        };
+        if let Some(id) = answer["task"]["taskId"].as_str() {
+            let created_at =
+                answer["task"]["createdAt"].as_str().map_or_else(|| rfc3339(SystemTime::now()), str::to_owned);
+            self.note_task(id, Started::new(server, name, created_at, session), cx.peer.clone());
+        }
+        Ok(answer)
+    }
+
+    /// Remembers task `id` as this session's, and watches its instance.
+    fn note_task(&self, id: &str, task: Started, peer: Peer<RoleServer>) {
+        let task = Arc::new(task);
+        let closed = task.session().map_or_else(CancellationToken::new, |s| s.closed.clone());
+        let previous = self.own.tasks.started.lock().expect("not poisoned").insert(id.to_owned(), task.clone());
+        if let Some(previous) = previous {
+            previous.settled.cancel();
+        }
+        let (gateway, id) = (self.clone(), id.to_owned());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = closed.cancelled() => {
+                    gateway.task_lost(&id, &task, peer);
+                }
+                () = task.settled.cancelled() => {}
+            }
+        });
+    }
+
+    /// `task`'s instance is gone. The first time, the client is told and the errors log
+    /// says so; a task the client had seen end is forgotten instead. The task as the
+    /// gateway reports it from now on, unless forgotten.
+    fn task_lost(&self, id: &str, task: &Started, peer: Peer<RoleServer>) -> Option<Value> {
+        if task.lose() {
+            if task.settled.is_cancelled() {
+                self.own.tasks.forget(id);
+            } else {
+                self.report_lost(id, task, peer);
+            }
+        }
+        if task.settled.is_cancelled() { None } else { task.lost_task(id) }
+    }
+
+    fn report_lost(&self, id: &str, task: &Started, peer: Peer<RoleServer>) {
+        let Some(status) = task.lost_task(id) else { return };
+        let why = status["statusMessage"].as_str().unwrap_or_default().to_owned();
+        tracing::warn!(server = %task.server, tool = %task.tool, task = id, "{why}");
+        let failure = Failure::ConnectionLost { reason: format!("task `{id}`: {why}") };
+        let now = SystemTime::now();
+        let record = Record {
+            server: task.server.clone(),
+            tool: task.tool.clone(),
+            attempts: vec![AttemptRecord {
+                server: task.server.clone(),
+                tool: task.tool.clone(),
+                role: Role::Primary,
+                classification: Some(classify(&failure, now)),
+                failure: Some(failure),
+                waited: Duration::ZERO,
+            }],
+            safe: false,
+            stopped: Some(format!("task `{id}` was lost with its server instance")),
+            action: None,
+            denied: Vec::new(),
+        };
+        self.hub.errors.record(&record, &self.own.client, now);
+        let note = CustomNotification::new("notifications/tasks/status", Some(status));
+        send(peer, ServerNotification::CustomNotification(note));
+    }
+
+    /// `tasks/get` or `tasks/cancel`: to the task's instance, or answered for a lost task.
+    async fn about_task(
+        &self,
+        method: &str,
+        params: Value,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<Value, ErrorData> {
+        let id = task_id(&params)?;
+        let task = self.own.tasks.get(&id)?;
+        if let Some(session) = task.live_session() {
+            let timeout = self.limits(&task.server).timeout;
+            match forward(&task.server, &session, method, params, Some(timeout), cx).await {
+                Ok(answer) => {
+                    task.saw(&answer["status"]);
+                    return Ok(answer);
+                }
+                Err(Fault::Lost) => {}
+                Err(Fault::Error(e)) => {
+                    // The server no longer knows it (its time to live ran out): neither do we.
+                    if e.code == rmcp::model::ErrorCode::INVALID_PARAMS {
+                        self.own.tasks.forget(&id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        match (method, self.task_lost(&id, &task, cx.peer.clone())) {
+            ("tasks/get", Some(status)) => Ok(status),
+            ("tasks/get", None) => Err(ErrorData::invalid_params(
+                format!("unknown task `{id}`: it ended, and then its server stopped"),
+                None,
+            )),
+            _ => Err(ErrorData::invalid_params(
+                format!("task `{id}` has already ended or failed: it cannot be cancelled"),
+                None,
+            )),
+        }
+    }
+
+    /// `tasks/result`: waits on the task's instance for as long as the task runs (the
+    /// client may cancel), or answers for a lost task with an error result.
+    async fn task_result(&self, params: Value, cx: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
+        let id = task_id(&params)?;
+        let task = self.own.tasks.get(&id)?;
+        if let Some(session) = task.live_session() {
+            match forward(&task.server, &session, "tasks/result", params, None, cx).await {
+                Ok(answer) => {
+                    task.settled.cancel();
+                    return Ok(answer);
+                }
+                Err(Fault::Lost) => {}
+                Err(Fault::Error(e)) => return Err(e),
+            }
+        }
+        self.task_lost(&id, &task, cx.peer.clone());
+        let why = task.lost().map(|(why, _)| why).unwrap_or_default();
+        Ok(json!({
+            "content": [{"type": "text", "text": format!("rebound: {why}")}],
+            "isError": true,
+            "_meta": {RELATED: {"taskId": id}},
+        }))
+    }
+
+    /// `tasks/list`: this session's tasks, each as its instance reports it now (one page).
+    async fn list_tasks(&self, cx: &RequestContext<RoleServer>) -> Value {
+        let all = self.own.tasks.all();
+        let each = all.iter().map(|(id, _)| async move {
+            let params = json!({"taskId": id});
+            self.about_task("tasks/get", params, cx).await.ok().filter(|t| t.is_object())
+        });
+        let tasks: Vec<Value> = futures::future::join_all(each).await.into_iter().flatten().collect();
+        json!({"tasks": tasks})
+    }
+}

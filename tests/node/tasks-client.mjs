@@ -1,0 +1,87 @@
+// MCP 2025-11-25 tasks as the official TypeScript SDK's client drives them, against a
+// server given as a command line (the gateway, or a server directly). Prints one JSON
+// object of what it saw. Modes:
+//   list   the server's tasks capability and its tools' `execution`
+//   run    a task-augmented call of server-everything's `simulate-research-query`,
+//          ambiguous, so the server asks the client a question while the task runs;
+//          then the session's task list
+//   lose   the same call, then the server behind the gateway is killed (SIGKILL, found
+//          as the gateway's child running server-everything); the task is polled
+//          until it is reported failed
+import { readFileSync, readdirSync } from "node:fs";
+
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { CallToolResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+
+const [mode, command, ...args] = process.argv.slice(2);
+const client = new Client({ name: "tasks-client", version: "1.0.0" }, { capabilities: { elicitation: {} } });
+const asked = [];
+client.setRequestHandler(ElicitRequestSchema, async (request) => {
+  asked.push(request.params.message);
+  return { action: "accept", content: { interpretation: "technical" } };
+});
+const statuses = [];
+client.fallbackNotificationHandler = async (n) => {
+  if (n.method === "notifications/tasks/status") statuses.push(n.params);
+};
+const transport = new StdioClientTransport({ command, args, stderr: "inherit" });
+await client.connect(transport);
+
+const out = { capability: client.getServerCapabilities()?.tasks ?? null };
+const tools = (await client.listTools()).tools;
+out.execution = Object.fromEntries(tools.filter((t) => t.execution).map((t) => [t.name, t.execution]));
+
+const research = { name: "simulate-research-query", arguments: { topic: "gateways", ambiguous: mode === "run" } };
+
+/** Runs the call as a task until it is created; the rest of the stream, if `all`. */
+async function call(all) {
+  const seen = [];
+  const stream = client.experimental.tasks.callToolStream(research, CallToolResultSchema, { task: { ttl: 60000 } });
+  for await (const message of stream) {
+    seen.push(message);
+    if (message.type === "taskCreated" && !all) break;
+  }
+  return seen;
+}
+
+/** The pid of the gateway's child that runs server-everything. */
+function everything() {
+  for (const pid of readdirSync("/proc").filter((p) => /^\d+$/.test(p))) {
+    try {
+      const ppid = Number(readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ")[1]);
+      const cmdline = readFileSync(`/proc/${pid}/cmdline`, "utf8");
+      if (ppid === transport.pid && cmdline.includes("server-everything")) return Number(pid);
+    } catch {
+      // gone meanwhile
+    }
+  }
+  throw new Error("no server-everything process under the gateway");
+}
+
+if (mode === "run") {
+  const seen = await call(true);
+  out.types = seen.map((m) => m.type);
+  out.created = seen.find((m) => m.type === "taskCreated")?.task ?? null;
+  const result = seen.find((m) => m.type === "result")?.result;
+  out.text = result?.content?.map((c) => c.text).join("\n") ?? null;
+  out.error = seen.find((m) => m.type === "error")?.error?.message ?? null;
+  out.asked = asked;
+  out.listed = (await client.experimental.tasks.listTasks()).tasks.map((t) => ({ taskId: t.taskId, status: t.status }));
+} else if (mode === "lose") {
+  const seen = await call(false);
+  const id = seen.find((m) => m.type === "taskCreated").task.taskId;
+  out.created = { taskId: id };
+  process.kill(everything(), "SIGKILL");
+  const until = Date.now() + 20000;
+  let task;
+  do {
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    task = await client.experimental.tasks.getTask(id);
+  } while (task.status !== "failed" && Date.now() < until);
+  out.task = task;
+  out.result = await client.experimental.tasks.getTaskResult(id, CallToolResultSchema);
+  out.statuses = statuses;
+}
+console.log(JSON.stringify(out));
+await client.close();

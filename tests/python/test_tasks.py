@@ -1,0 +1,62 @@
+"""MCP 2025-11-25 tasks through the gateway, driven by the official TypeScript SDK's client
+(`tests/node/tasks-client.mjs`) in front of server-everything over stdio."""
+
+import json
+import subprocess
+
+from conftest import BIN, EVERYTHING, ROOT
+
+NODE = ROOT / "tests" / "node" / "node_modules" / ".bin" / "node"
+CLIENT = ROOT / "tests" / "node" / "tasks-client.mjs"
+
+
+def drive(mode, *server):
+    done = subprocess.run(
+        [str(NODE), str(CLIENT), mode, *map(str, server)], capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def gateway(tmp_path):
+    config = {
+        "mcpServers": {"everything": {"command": str(EVERYTHING)}},
+        "rebound": {"errors_log": str(tmp_path / "errors.jsonl"), "restart": {"initial_delay_ms": 100}},
+    }
+    path = tmp_path / "rebound.json"
+    path.write_text(json.dumps(config))
+    return [BIN / "rebound", "serve", "--config", path]
+
+
+def test_the_tasks_capability_and_every_tools_task_support_are_as_a_direct_connection_shows_them(tmp_path):
+    direct = drive("list", EVERYTHING)
+    through = drive("list", *gateway(tmp_path))
+    assert direct["capability"]["requests"]["tools"]["call"] == {}
+    assert direct["execution"]["simulate-research-query"] == {"taskSupport": "required"}
+    assert through == direct
+
+
+def test_a_task_augmented_call_completes_through_the_gateway_with_its_question_answered(tmp_path):
+    seen = drive("run", *gateway(tmp_path))
+    assert seen["error"] is None
+    assert seen["types"][0] == "taskCreated" and seen["types"][-1] == "result", seen["types"]
+    assert "Research Report: gateways (technical)" in seen["text"]
+    # The server asked while the task ran (through `tasks/result`), and was answered.
+    assert len(seen["asked"]) == 1 and "multiple interpretations" in seen["asked"][0]
+    assert seen["listed"] == [{"taskId": seen["created"]["taskId"], "status": "completed"}]
+
+
+def test_a_task_whose_server_is_lost_is_reported_failed_not_lost(tmp_path):
+    seen = drive("lose", *gateway(tmp_path))
+    task_id = seen["created"]["taskId"]
+    assert seen["task"]["status"] == "failed", seen["task"]
+    assert "server `everything` stopped" in seen["task"]["statusMessage"]
+    assert seen["result"]["isError"] is True
+    assert seen["result"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+    # The client was told, without asking.
+    told = [s for s in seen["statuses"] if s["status"] == "failed"]
+    assert [s["taskId"] for s in told] == [task_id]
+    entries = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    lost = [e for e in entries if task_id in e["message"]]
+    assert [e["context"]["tool_name"] for e in lost] == ["simulate-research-query"], entries
+    assert lost[0]["type"] == "mcp_transport" and lost[0]["fix_status"] == "unfixed", lost
