@@ -6,8 +6,8 @@
 //          ambiguous, so the server asks the client a question while the task runs;
 //          then the session's task list
 //   lose   the same call, then the server behind the gateway is killed (SIGKILL, found
-//          as the gateway's child running server-everything); the task is polled
-//          until it is reported failed
+//          as the gateway's child running server-everything); the client waits to
+//          be told the task failed, then polls it until it is reported failed
 import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -74,6 +74,11 @@ if (mode === "run") {
   out.created = { taskId: id };
   process.kill(everything(), "SIGKILL");
   const until = Date.now() + 20000;
+  // Told without asking?
+  while (!statuses.some((s) => s.status === "failed") && Date.now() < until) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  out.toldFirst = statuses.some((s) => s.status === "failed");
   let task;
   do {
     await new Promise((resolve) => setTimeout(resolve, 100));

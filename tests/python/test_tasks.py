@@ -53,7 +53,8 @@ def test_a_task_whose_server_is_lost_is_reported_failed_not_lost(tmp_path):
     assert "server `everything` stopped" in seen["task"]["statusMessage"]
     assert seen["result"]["isError"] is True
     assert seen["result"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
-    # The client was told, without asking.
+    # The client was told, before it asked, and once.
+    assert seen["toldFirst"] is True
     told = [s for s in seen["statuses"] if s["status"] == "failed"]
     assert [s["taskId"] for s in told] == [task_id]
     entries = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]

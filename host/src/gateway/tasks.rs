@@ -37,6 +37,9 @@ use crate::transport::tasks::TaskSupport;
 /// ended or were lost make room, oldest first; when none has, a new one is refused.
 pub const MAX_TASKS: usize = 256;
 
+/// The longest task id the gateway keeps (a server's ids are opaque strings).
+const MAX_ID_BYTES: usize = 1024;
+
 /// The `_meta` key that ties a message to its task.
 const RELATED: &str = "io.modelcontextprotocol/related-task";
 
@@ -341,8 +344,18 @@ impl Gateway {
             Err(Fault::Error(e)) => return Err(e),
         };
         if let Some(id) = answer["task"]["taskId"].as_str() {
-            let created_at =
-                answer["task"]["createdAt"].as_str().map_or_else(|| rfc3339(SystemTime::now()), str::to_owned);
+            if id.len() > MAX_ID_BYTES {
+                return Err(ErrorData::internal_error(
+                    format!(
+                        "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
+                    ),
+                    None,
+                ));
+            }
+            let created_at = answer["task"]["createdAt"]
+                .as_str()
+                .filter(|t| t.len() <= 64)
+                .map_or_else(|| rfc3339(SystemTime::now()), str::to_owned);
             self.note_task(id, Started::new(server, name, created_at, session), cx.peer.clone());
         }
         Ok(answer)
@@ -356,11 +369,14 @@ impl Gateway {
         if let Some(previous) = previous {
             previous.settled.cancel();
         }
-        let (gateway, id) = (self.clone(), id.to_owned());
+        // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
+        let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());
         tokio::spawn(async move {
             tokio::select! {
                 () = closed.cancelled() => {
-                    gateway.task_lost(&id, &task, peer);
+                    if let Some(own) = own.upgrade() {
+                        Gateway { hub, own }.task_lost(&id, &task, peer);
+                    }
                 }
                 () = task.settled.cancelled() => {}
             }
