@@ -8,6 +8,7 @@
 //   lose   the same call, then the server behind the gateway is killed (SIGKILL, found
 //          as the gateway's child running server-everything); the client waits to
 //          be told the task failed, then polls it until it is reported failed
+//   many   tasks started until the gateway refuses one (it keeps 256 per client)
 import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -87,6 +88,16 @@ if (mode === "run") {
   out.task = task;
   out.result = await client.experimental.tasks.getTaskResult(id, CallToolResultSchema);
   out.statuses = statuses;
+} else if (mode === "many") {
+  out.started = 0;
+  out.refusal = null;
+  while (out.started < 300 && out.refusal === null) {
+    const seen = await call(false);
+    const error = seen.find((m) => m.type === "error");
+    if (error) out.refusal = error.error.message;
+    else out.started += 1;
+  }
+  out.listed = (await client.experimental.tasks.listTasks()).tasks.length;
 }
 console.log(JSON.stringify(out));
 await client.close();

@@ -61,3 +61,10 @@ def test_a_task_whose_server_is_lost_is_reported_failed_not_lost(tmp_path):
     lost = [e for e in entries if task_id in e["message"]]
     assert [e["context"]["tool_name"] for e in lost] == ["simulate-research-query"], entries
     assert lost[0]["type"] == "mcp_transport" and lost[0]["fix_status"] == "unfixed", lost
+
+
+def test_a_client_keeps_at_most_256_tasks_at_once_and_is_told_when_it_has_them(tmp_path):
+    seen = drive("many", *gateway(tmp_path))
+    assert seen["started"] == 256
+    assert "256 tasks in progress" in seen["refusal"], seen["refusal"]
+    assert seen["listed"] == 256

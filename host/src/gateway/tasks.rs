@@ -55,6 +55,8 @@ struct Started {
     /// The tool, as the client named it.
     tool: String,
     created: SystemTime,
+    /// When the server will have forgotten it (`ttl` after its creation), if ever.
+    expires: Option<SystemTime>,
     /// When the server says it created the task (`createdAt`, as it wrote it).
     created_at: String,
     state: Mutex<Held>,
@@ -90,11 +92,8 @@ impl Tasks {
         if started.len() < MAX_TASKS {
             return Ok(());
         }
-        let mut done: Vec<(SystemTime, String)> = started
-            .iter()
-            .filter(|(_, t)| t.settled.is_cancelled() || t.lost().is_some())
-            .map(|(id, t)| (t.created, id.clone()))
-            .collect();
+        let mut done: Vec<(SystemTime, String)> =
+            started.iter().filter(|(_, t)| t.is_over()).map(|(id, t)| (t.created, id.clone())).collect();
         done.sort();
         let Some((_, oldest)) = done.into_iter().next() else {
             return Err(ErrorData::invalid_request(
@@ -137,15 +136,27 @@ impl Drop for Tasks {
 }
 
 impl Started {
-    fn new(server: Arc<str>, tool: String, created_at: String, session: Arc<Session>) -> Self {
+    /// Task `created` (the server's `task` object) by `session` of `server`, for `tool`.
+    fn new(server: Arc<str>, tool: String, created: &Value, session: Arc<Session>) -> Self {
+        let now = SystemTime::now();
+        // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
+        let created_at =
+            created["createdAt"].as_str().filter(|t| t.len() <= 64).map_or_else(|| rfc3339(now), str::to_owned);
         Self {
             server,
             tool,
-            created: SystemTime::now(),
+            created: now,
+            expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
             created_at,
             state: Mutex::new(Held::By(session)),
             settled: CancellationToken::new(),
         }
+    }
+
+    /// Whether it no longer needs a place: the client saw it end, or it was lost, or its
+    /// server has forgotten it.
+    fn is_over(&self) -> bool {
+        self.settled.is_cancelled() || self.lost().is_some() || self.expires.is_some_and(|t| t <= SystemTime::now())
     }
 
     fn lost(&self) -> Option<(String, SystemTime)> {
@@ -261,12 +272,16 @@ async fn forward(
     // Whatever ends the wait early, the server hears the request is no longer wanted.
     let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
     let answer = tokio::select! {
+        biased;
         answer = handle.await_response() => answer,
         () = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None).into()),
         () = session.closed.cancelled() => return Err(Fault::Lost),
     };
     abandoned.answered();
     match answer {
+        Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) if session.closed.is_cancelled() => {
+            Err(Fault::Lost)
+        }
         Ok(ServerResult::CustomResult(CustomResult(value))) => Ok(value),
         Ok(other) => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None).into()),
         Err(ServiceError::Timeout { timeout }) => Err(ErrorData::internal_error(
@@ -317,7 +332,8 @@ impl Gateway {
         let (route, _) =
             catalogue.tool(&name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
         if !catalogue.task_support(&name).is_some_and(TaskSupport::allows_tasks) {
-            return Err(ErrorData::invalid_params(
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
                 format!("tool `{name}` cannot run as a task: its server does not list it with task support"),
                 None,
             ));
@@ -327,7 +343,8 @@ impl Gateway {
         let limits = self.limits(&server);
         let session = self.session(&server, limits.timeout).await?;
         if !session.dropped.task_calls() {
-            return Err(ErrorData::invalid_params(
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
                 format!("server `{server}` does not take task-augmented calls (no `tasks.requests.tools.call`)"),
                 None,
             ));
@@ -352,22 +369,31 @@ impl Gateway {
                     None,
                 ));
             }
-            let created_at = answer["task"]["createdAt"]
-                .as_str()
-                .filter(|t| t.len() <= 64)
-                .map_or_else(|| rfc3339(SystemTime::now()), str::to_owned);
-            self.note_task(id, Started::new(server, name, created_at, session), cx.peer.clone());
+            self.note_task(id, Started::new(server, name, &answer["task"], session), cx.peer.clone())?;
         }
         Ok(answer)
     }
 
-    /// Remembers task `id` as this session's, and watches its instance.
-    fn note_task(&self, id: &str, task: Started, peer: Peer<RoleServer>) {
+    /// Remembers task `id` as this session's, and watches its instance. An id the
+    /// session already has (another server's, or an earlier instance's) is refused: its
+    /// requests could not be told apart.
+    fn note_task(&self, id: &str, task: Started, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
         let task = Arc::new(task);
         let closed = task.session().map_or_else(CancellationToken::new, |s| s.closed.clone());
-        let previous = self.own.tasks.started.lock().expect("not poisoned").insert(id.to_owned(), task.clone());
-        if let Some(previous) = previous {
-            previous.settled.cancel();
+        {
+            let mut started = self.own.tasks.started.lock().expect("not poisoned");
+            if let Some(other) = started.get(id).filter(|t| !t.is_over()) {
+                return Err(ErrorData::internal_error(
+                    format!(
+                        "server `{}` created task `{id}`, an id this session's task on server `{}` already has; the gateway cannot tell them apart, so it does not keep the new one",
+                        task.server, other.server
+                    ),
+                    None,
+                ));
+            }
+            if let Some(previous) = started.insert(id.to_owned(), task.clone()) {
+                previous.settled.cancel();
+            }
         }
         // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
         let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());
@@ -381,6 +407,7 @@ impl Gateway {
                 () = task.settled.cancelled() => {}
             }
         });
+        Ok(())
     }
 
     /// `task`'s instance is gone. The first time, the client is told and the errors log
@@ -443,7 +470,7 @@ impl Gateway {
                 Err(Fault::Lost) => {}
                 Err(Fault::Error(e)) => {
                     // The server no longer knows it (its time to live ran out): neither do we.
-                    if e.code == rmcp::model::ErrorCode::INVALID_PARAMS {
+                    if method == "tasks/get" && e.code == rmcp::model::ErrorCode::INVALID_PARAMS {
                         self.own.tasks.forget(&id);
                     }
                     return Err(e);
@@ -487,14 +514,44 @@ impl Gateway {
         }))
     }
 
-    /// `tasks/list`: this session's tasks, each as its instance reports it now (one page).
+    /// `tasks/list`: this session's tasks, each as its instance reports it now (one page),
+    /// asked a few at a time, each kept to a `Task`'s fields.
     async fn list_tasks(&self, cx: &RequestContext<RoleServer>) -> Value {
-        let all = self.own.tasks.all();
-        let each = all.iter().map(|(id, _)| async move {
-            let params = json!({"taskId": id});
-            self.about_task("tasks/get", params, cx).await.ok().filter(|t| t.is_object())
-        });
-        let tasks: Vec<Value> = futures::future::join_all(each).await.into_iter().flatten().collect();
+        use futures::StreamExt as _;
+        let ids: Vec<String> = self.own.tasks.all().into_iter().map(|(id, _)| id).collect();
+        let tasks: Vec<Value> = futures::stream::iter(ids)
+            .map(|id| async move {
+                let answer = self.about_task("tasks/get", json!({"taskId": id}), cx).await;
+                answer.ok().and_then(|t| task_fields(&t))
+            })
+            .buffered(LIST_AT_ONCE)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
         json!({"tasks": tasks})
     }
+}
+
+/// How many `tasks/get` one `tasks/list` has out at once.
+const LIST_AT_ONCE: usize = 8;
+
+/// A `Task`'s fields of `answer` (a `tasks/get` answer), its status message at most
+/// 4 KiB; `None` if it is not a task.
+fn task_fields(answer: &Value) -> Option<Value> {
+    const FIELDS: [&str; 7] =
+        ["taskId", "status", "statusMessage", "createdAt", "lastUpdatedAt", "ttl", "pollInterval"];
+    let answer = answer.as_object()?;
+    answer.get("taskId")?.as_str()?;
+    let mut task: serde_json::Map<String, Value> =
+        FIELDS.iter().filter_map(|k| Some(((*k).to_owned(), answer.get(*k)?.clone()))).collect();
+    if let Some(Value::String(message)) = task.get_mut("statusMessage")
+        && message.len() > 4096
+    {
+        let mut end = 4096;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    Some(Value::Object(task))
 }

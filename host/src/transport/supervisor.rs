@@ -673,9 +673,8 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, droppe
     let has = |f: fn(&rmcp::model::ServerCapabilities) -> bool| caps.is_some_and(f);
     let mut listing = Listing::default();
     if has(|c| c.tools.is_some()) {
-        dropped.take_listed(); // what an earlier listing left
-        match peer.list_all_tools().await {
-            Ok(tools) => (listing.tools, listing.task_support) = (tools, dropped.take_listed()),
+        match dropped.listing(peer.list_all_tools()).await {
+            Ok(tools) => (listing.tools, listing.task_support) = tools,
             Err(e) => tracing::warn!("tools/list failed: {e}"),
         }
     }

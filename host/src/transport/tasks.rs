@@ -38,6 +38,8 @@ pub struct Dropped {
     task_calls: AtomicBool,
     /// Tool name → its task support, from the `tools/list` pages read since last taken.
     listed: Mutex<HashMap<String, TaskSupport>>,
+    /// Held by the listing that reads `listed`: two at once would take each other's pages.
+    listing: tokio::sync::Mutex<()>,
 }
 
 /// At most this many tools' task support is kept per listing (a server's tool list is
@@ -50,8 +52,20 @@ impl Dropped {
         self.task_calls.load(Ordering::Relaxed)
     }
 
-    /// The task support of the tools listed since the last call.
-    pub fn take_listed(&self) -> HashMap<String, TaskSupport> {
+    /// The tools of the listing `list` makes (all its pages), and their task support: none
+    /// when the server does not take task-augmented calls.
+    pub async fn listing<T, E>(
+        &self,
+        list: impl Future<Output = Result<T, E>>,
+    ) -> Result<(T, HashMap<String, TaskSupport>), E> {
+        let _turn = self.listing.lock().await;
+        self.take_listed(); // what a listing given up on left
+        let tools = list.await?;
+        let listed = self.take_listed();
+        Ok((tools, if self.task_calls() { listed } else { HashMap::new() }))
+    }
+
+    pub(super) fn take_listed(&self) -> HashMap<String, TaskSupport> {
         std::mem::take(&mut *self.listed.lock().expect("not poisoned"))
     }
 
@@ -136,5 +150,26 @@ mod tests {
         // A later start without the capability says so.
         dropped.read_initialize(&line(json!({"jsonrpc": "2.0", "id": 0, "result": {"capabilities": {"tools": {}}}})));
         assert!(!dropped.task_calls());
+    }
+
+    #[tokio::test]
+    async fn a_listing_shows_task_support_only_from_a_server_that_takes_task_calls() {
+        let dropped = Dropped::default();
+        let page = line(json!({"jsonrpc": "2.0", "id": 1, "result": {"tools": [
+            {"name": "r", "inputSchema": {}, "execution": {"taskSupport": "required"}}]}}));
+        let list = async {
+            dropped.read_tools(&page);
+            Ok::<_, ()>("tools")
+        };
+        let (tools, support) = dropped.listing(list).await.unwrap();
+        assert_eq!((tools, support.len()), ("tools", 0), "no `tasks.requests.tools.call`: nothing to show");
+        dropped.read_initialize(&line(json!({"jsonrpc": "2.0", "id": 0, "result": {
+            "capabilities": {"tasks": {"requests": {"tools": {"call": {}}}}}}})));
+        let list = async {
+            dropped.read_tools(&page);
+            Ok::<_, ()>("tools")
+        };
+        let (_, support) = dropped.listing(list).await.unwrap();
+        assert_eq!(support["r"], TaskSupport::Required);
     }
 }

@@ -36,6 +36,16 @@ struct Keys<'a> {
     result: Key<IgnoredAny>,
     #[serde(default)]
     error: Key<IgnoredAny>,
+    /// `params`'s keys, for a `tools/call`'s `task`.
+    #[serde(default)]
+    params: Key<ParamKeys>,
+}
+
+#[derive(Deserialize)]
+struct ParamKeys {
+    /// Present and not `null`: the call is to run as a task (MCP 2025-11-25).
+    #[serde(default)]
+    task: Option<IgnoredAny>,
 }
 
 /// A key that is there (`Some`), whatever its value, `null` too (rmcp counts keys, and
@@ -67,7 +77,7 @@ pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     // A request is a method with an id and neither a result nor an error (as rmcp checks).
     let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
     match keys.method.0.flatten() {
-        Some("tools/call") if request && task_augmented(line) => as_it_is(line),
+        Some("tools/call") if request && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) => as_it_is(line),
         Some("tools/call") if request => {
             let JsonRpcRequest { jsonrpc, id, request } =
                 serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(line).ok()?;
@@ -80,23 +90,6 @@ pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
         Some(method) if request && super::tasks::METHODS.contains(&method) => as_it_is(line),
         _ => None,
     }
-}
-
-/// Whether a `tools/call` asks to run as a task (`params.task`). Only a line that
-/// mentions the word is read for it: a plain call pays a scan, not a second parse.
-fn task_augmented(line: &[u8]) -> bool {
-    #[derive(Deserialize)]
-    struct Call {
-        params: Option<Params>,
-    }
-    #[derive(Deserialize)]
-    struct Params {
-        #[serde(default)]
-        task: Key<IgnoredAny>,
-    }
-    const WORD: &[u8] = b"\"task\"";
-    line.windows(WORD.len()).any(|w| w == WORD)
-        && serde_json::from_slice::<Call>(line).is_ok_and(|c| c.params.is_some_and(|p| p.task.0.is_some()))
 }
 
 /// A request read as a custom one: its method and params exactly as sent (`_meta`
@@ -145,7 +138,12 @@ impl Awaited {
     /// cancellation that forgets one.
     pub fn sent(&mut self, message: &rmcp::service::TxJsonRpcMessage<rmcp::RoleClient>) {
         match message {
-            JsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) if self.waiting.len() < MAX_TRACKED => {
+            // A custom request's answer read the general way could take another shape,
+            // so those are always tracked (the gateway sends them only for a client's
+            // request about a task, which its limits bound).
+            JsonRpcMessage::Request(JsonRpcRequest { id, request, .. })
+                if self.waiting.len() < MAX_TRACKED || matches!(request, ClientRequest::CustomRequest(_)) =>
+            {
                 let kind = match request {
                     ClientRequest::CallToolRequest(_) => Sent::ToolCall,
                     ClientRequest::CustomRequest(_) => Sent::Custom,
@@ -351,13 +349,17 @@ mod tests {
             let request = line(json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": params}));
             assert_eq!(custom(client_request(&request).unwrap()), (method.to_owned(), Some(params)));
         }
-        // `task` inside the arguments, or a notification, is not a task-augmented call.
-        let plain = line(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-            "params": {"name": "todo", "arguments": {"task": "buy milk"}}}));
-        assert!(matches!(
-            client_request(&plain),
-            Some(JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::CallToolRequest(_), .. }))
-        ));
+        // An escaped key is the same key.
+        let escaped = br#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"r","\u0074ask":{}}}"#;
+        assert_eq!(custom(client_request(escaped).unwrap()).0, "tools/call");
+        // `task` inside the arguments, or `null`, or a notification, is not a task-augmented call.
+        for params in [json!({"name": "todo", "arguments": {"task": "buy milk"}}), json!({"name": "x", "task": null})] {
+            let plain = line(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}));
+            assert!(matches!(
+                client_request(&plain),
+                Some(JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::CallToolRequest(_), .. }))
+            ));
+        }
         let note = line(json!({"jsonrpc": "2.0", "method": "tasks/get", "params": {"taskId": "t"}}));
         assert!(client_request(&note).is_none());
         let odd = line(json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": [1]}));
