@@ -1,10 +1,12 @@
 // MCP 2025-11-25 tasks as the official TypeScript SDK's client drives them, against a
-// server given as a command line (the gateway, or a server directly). Prints one JSON
+// server given as a command line (the gateway, or a server directly) or as the URL of a
+// gateway over streamable HTTP. Prints one JSON
 // object of what it saw. Modes:
 //   list   the server's tasks capability and its tools' `execution`
 //   run    a task-augmented call of server-everything's `simulate-research-query`,
 //          ambiguous, so the server asks the client a question while the task runs;
 //          then the session's task list
+//   quiet  the same, not ambiguous
 //   lose   the same call, then the server behind the gateway is killed (SIGKILL, found
 //          as the gateway's child running server-everything); the client waits to
 //          be told the task failed, then polls it until it is reported failed
@@ -13,6 +15,7 @@ import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { CallToolResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, command, ...args] = process.argv.slice(2);
@@ -26,7 +29,12 @@ const statuses = [];
 client.fallbackNotificationHandler = async (n) => {
   if (n.method === "notifications/tasks/status") statuses.push(n.params);
 };
-const transport = new StdioClientTransport({ command, args, stderr: "inherit" });
+// A URL is a gateway over streamable HTTP (its token in REBOUND_AUTH_TOKEN).
+const transport = command.startsWith("http")
+  ? new StreamableHTTPClientTransport(new URL(command), {
+      requestInit: { headers: { Authorization: `Bearer ${process.env.REBOUND_AUTH_TOKEN}` } },
+    })
+  : new StdioClientTransport({ command, args, stderr: "inherit" });
 await client.connect(transport);
 
 const out = { capability: client.getServerCapabilities()?.tasks ?? null };
@@ -60,7 +68,7 @@ function everything() {
   throw new Error("no server-everything process under the gateway");
 }
 
-if (mode === "run") {
+if (mode === "run" || mode === "quiet") {
   const seen = await call(true);
   out.types = seen.map((m) => m.type);
   out.created = seen.find((m) => m.type === "taskCreated")?.task ?? null;

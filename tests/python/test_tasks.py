@@ -1,26 +1,35 @@
 """MCP 2025-11-25 tasks through the gateway, driven by the official TypeScript SDK's client
 (`tests/node/tasks-client.mjs`) in front of server-everything over stdio."""
 
+import concurrent.futures
 import json
+import os
 import subprocess
 
-from conftest import BIN, EVERYTHING, ROOT
+from conftest import BIN, EVERYTHING, ROOT, serve_http
 
 NODE = ROOT / "tests" / "node" / "node_modules" / ".bin" / "node"
 CLIENT = ROOT / "tests" / "node" / "tasks-client.mjs"
 
 
+TOKEN = "tasks-test-token-0123456789"
+
+
 def drive(mode, *server):
     done = subprocess.run(
-        [str(NODE), str(CLIENT), mode, *map(str, server)], capture_output=True, text=True, timeout=90
+        [str(NODE), str(CLIENT), mode, *map(str, server)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "REBOUND_AUTH_TOKEN": TOKEN},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
-def gateway(tmp_path):
+def gateway(tmp_path, **everything):
     config = {
-        "mcpServers": {"everything": {"command": str(EVERYTHING)}},
+        "mcpServers": {"everything": {"command": str(EVERYTHING), **everything}},
         "rebound": {"errors_log": str(tmp_path / "errors.jsonl"), "restart": {"initial_delay_ms": 100}},
     }
     path = tmp_path / "rebound.json"
@@ -68,3 +77,33 @@ def test_a_client_keeps_at_most_256_tasks_at_once_and_is_told_when_it_has_them(t
     assert seen["started"] == 256
     assert "256 tasks in progress" in seen["refusal"], seen["refusal"]
     assert seen["listed"] == 256
+
+
+def test_over_http_tasks_are_offered_and_each_client_sees_only_its_own(tmp_path):
+    """Two clients of one gateway, one shared server-everything: the server's own task
+    list holds both tasks; each client's holds its own."""
+    config = gateway(tmp_path)[-1]
+    with serve_http(config, tmp_path / "gateway.log", TOKEN) as (url, _):
+        through, direct = drive("list", url), drive("list", EVERYTHING)
+        assert through["capability"] == direct["capability"]
+        # A shared server is offered no client capabilities over HTTP, so it shows fewer
+        # tools; those it shows have their task support.
+        assert through["execution"]["simulate-research-query"] == {"taskSupport": "required"}
+        assert through["execution"].items() <= direct["execution"].items()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda _: drive("quiet", url), range(2)))
+    ids = [seen["created"]["taskId"] for seen in both]
+    assert ids[0] != ids[1]
+    for seen, own in zip(both, ids):
+        assert seen["error"] is None and seen["types"][-1] == "result", seen["types"]
+        assert "Research Report: gateways" in seen["text"]
+        assert seen["listed"] == [{"taskId": own, "status": "completed"}]
+
+
+def test_over_http_a_session_scoped_servers_task_asks_its_own_client(tmp_path):
+    config = gateway(tmp_path, scope="session")[-1]
+    with serve_http(config, tmp_path / "gateway.log", TOKEN) as (url, _):
+        seen = drive("run", url)
+    assert seen["error"] is None
+    assert len(seen["asked"]) == 1
+    assert "Research Report: gateways (technical)" in seen["text"]

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 mod limits;
+mod tasks;
 
 use limits::{ClientLimits, limit};
 

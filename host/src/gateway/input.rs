@@ -257,7 +257,7 @@ pub async fn answers(
             }
         };
         let request = to_client(request, &cx.peer, server)?;
-        let asker = Asker { session, during: None, cancel: cx.ct.clone() };
+        let asker = Asker { session, during: None, cancel: cx.ct.clone(), task: None };
         let answer = ask(cx.peer.clone(), request, Some(cx.id.clone()), asker).await?;
         let answer = serde_json::to_value(answer)
             .map_err(|e| ErrorData::internal_error(format!("the client's answer cannot be passed on: {e}"), None))?;

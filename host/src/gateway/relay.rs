@@ -57,7 +57,12 @@ impl HubRelay {
             }
             UpstreamEvent::ResourceUpdated(update) => hub.downstreams.resource_updated(self.instance, update),
             UpstreamEvent::Custom(n) => {
-                match owner.map(|o| o.peer.clone()).or_else(|| hub.downstreams.only_stdio_client()) {
+                // A task's status goes to the client that started it.
+                let task = (n.method == "notifications/tasks/status")
+                    .then(|| n.params.as_ref().and_then(|p| p["taskId"].as_str()))
+                    .flatten()
+                    .and_then(|id| hub.routing.task_owner(session, id));
+                match task.or_else(|| owner.map(|o| o.peer.clone())).or_else(|| hub.downstreams.only_stdio_client()) {
                     Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
                     None => tracing::debug!(
                         server,

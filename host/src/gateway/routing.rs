@@ -15,6 +15,9 @@
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
+//! A request that says it belongs to a task (MCP 2025-11-25's related task) goes to the
+//! client that started that task on that instance, before any of these rules.
+//!
 //! The client chosen must also have advertised the capability (`to_client`); `ask` then
 //! asks it, and closes the client's dialog if the server gives up.
 
@@ -83,6 +86,8 @@ pub struct Routing {
     /// send returns here), briefly: (arrived, upstream session, notification). Locked
     /// after `progress`, never before.
     early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
+    /// (upstream session, task id) → the client that started the task.
+    tasks: Mutex<HashMap<(u64, String), Peer<RoleServer>>>,
 }
 
 impl Routing {
@@ -101,9 +106,25 @@ impl Routing {
         CallGuard { routing: self.clone(), instance, id }
     }
 
+    /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped.
+    pub fn own_task(self: &Arc<Self>, session: u64, id: &str, peer: Peer<RoleServer>) -> TaskOwner {
+        let key = (session, id.to_owned());
+        self.tasks.lock().expect("not poisoned").insert(key.clone(), peer);
+        TaskOwner { routing: self.clone(), key }
+    }
+
+    /// The client that started task `id` on upstream `session`, while it is there.
+    pub fn task_owner(&self, session: u64, id: &str) -> Option<Peer<RoleServer>> {
+        let peer = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned())).cloned()?;
+        (!peer.is_transport_closed()).then_some(peer)
+    }
+
     /// Who should answer `asker`'s request to `instance` (see the module's rule).
     /// `otherwise` is the client asked when no call is in flight.
     pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<Peer<RoleServer>>) -> Caller {
+        if let Some(peer) = asker.task.as_deref().and_then(|task| self.task_owner(asker.session, task)) {
+            return Caller::Client { peer, during: None };
+        }
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         let mut candidates: Vec<&InFlight> = calls.iter().collect();
@@ -217,6 +238,18 @@ impl ProgressForwarder {
     /// given a second, not the call.
     pub async fn flush(self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.0).await;
+    }
+}
+
+/// Keeps a task registered as its client's until dropped.
+pub struct TaskOwner {
+    routing: Arc<Routing>,
+    key: (u64, String),
+}
+
+impl Drop for TaskOwner {
+    fn drop(&mut self) {
+        self.routing.tasks.lock().expect("not poisoned").remove(&self.key);
     }
 }
 

@@ -292,6 +292,9 @@ impl ServerHandler for Gateway {
         request: rmcp::model::CustomRequest,
         cx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        if let Some(method) = request.method.strip_prefix(super::tasks::AS_SENT) {
+            return self.as_sent(method, request.params, cx).await;
+        }
         if let Some(answer) = self.task_request(&request.method, request.params, &cx).await {
             return answer;
         }

@@ -27,11 +27,20 @@ use tokio_util::sync::CancellationToken;
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::input::{Abandoned, upstream_error};
+use super::routing::TaskOwner;
 use super::server::Gateway;
 use crate::recovery::engine::{AttemptRecord, Record, Role};
 use crate::recovery::{Failure, classify::classify};
 use crate::transport::Session;
 use crate::transport::tasks::TaskSupport;
+use crate::transport::upstream::RELATED_TASK;
+
+/// The methods of tasks (MCP 2025-11-25).
+pub use crate::transport::tasks::METHODS;
+
+/// The prefix of a method renamed on the HTTP front so that rmcp passes the request on
+/// as it was sent (`http::tasks`).
+pub const AS_SENT: &str = "rebound/as-sent/";
 
 /// The tasks one client session keeps through the gateway at once. Past it, tasks that
 /// ended or were lost make room, oldest first; when none has, a new one is refused.
@@ -39,9 +48,6 @@ pub const MAX_TASKS: usize = 256;
 
 /// The longest task id the gateway keeps (a server's ids are opaque strings).
 const MAX_ID_BYTES: usize = 1024;
-
-/// The `_meta` key that ties a message to its task.
-const RELATED: &str = "io.modelcontextprotocol/related-task";
 
 /// One client session's tasks.
 #[derive(Default)]
@@ -60,6 +66,8 @@ struct Started {
     /// When the server says it created the task (`createdAt`, as it wrote it).
     created_at: String,
     state: Mutex<Held>,
+    /// The task's entry in `Routing` (its status and questions go to this client).
+    _owner: TaskOwner,
     /// Cancelled once the client has seen the task end, or the task is forgotten: its
     /// loss is then nobody's news.
     settled: CancellationToken,
@@ -137,7 +145,7 @@ impl Drop for Tasks {
 
 impl Started {
     /// Task `created` (the server's `task` object) by `session` of `server`, for `tool`.
-    fn new(server: Arc<str>, tool: String, created: &Value, session: Arc<Session>) -> Self {
+    fn new(server: Arc<str>, tool: String, created: &Value, session: Arc<Session>, owner: TaskOwner) -> Self {
         let now = SystemTime::now();
         // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
         let created_at =
@@ -149,6 +157,7 @@ impl Started {
             expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
             created_at,
             state: Mutex::new(Held::By(session)),
+            _owner: owner,
             settled: CancellationToken::new(),
         }
     }
@@ -294,6 +303,38 @@ async fn forward(
 }
 
 impl Gateway {
+    /// A request the HTTP front passed on as it was sent (see [`AS_SENT`]): a tool list
+    /// with each tool's task support, or a request about tasks.
+    pub(super) async fn as_sent(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if method == "tools/list" {
+            let params = params.map(serde_json::from_value).transpose().map_err(|e| {
+                ErrorData::invalid_params(
+                    format!("Invalid params: the `params` of `tools/list` are not what it takes: {e}"),
+                    None,
+                )
+            })?;
+            let list = rmcp::ServerHandler::list_tools(self, params, cx).await?;
+            return Ok(match with_task_support(list, &self.own.catalogue()) {
+                ServerResult::CustomResult(r) => r,
+                other => CustomResult(
+                    serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None))?,
+                ),
+            });
+        }
+        self.task_request(method, params, &cx).await.unwrap_or_else(|| {
+            Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("Method not found: `{method}` is not a method this gateway serves"),
+                None,
+            ))
+        })
+    }
+
     /// A request about tasks (or a task-augmented `tools/call`), or `None` for a method
     /// that is not one.
     pub(super) async fn task_request(
@@ -369,7 +410,8 @@ impl Gateway {
                     None,
                 ));
             }
-            self.note_task(id, Started::new(server, name, &answer["task"], session), cx.peer.clone())?;
+            let owner = self.hub.routing.own_task(session.id, id, cx.peer.clone());
+            self.note_task(id, Started::new(server, name, &answer["task"], session, owner), cx.peer.clone())?;
         }
         Ok(answer)
     }
@@ -510,7 +552,7 @@ impl Gateway {
         Ok(json!({
             "content": [{"type": "text", "text": format!("rebound: {why}")}],
             "isError": true,
-            "_meta": {RELATED: {"taskId": id}},
+            "_meta": {RELATED_TASK: {"taskId": id}},
         }))
     }
 

@@ -51,6 +51,8 @@ pub struct Asker {
     pub during: Option<RequestId>,
     /// Cancelled when the server gives up on its request.
     pub cancel: CancellationToken,
+    /// The task it belongs to (MCP 2025-11-25: `_meta`'s related task), if it says so.
+    pub task: Option<String>,
 }
 
 /// Where upstream traffic goes: implemented by the gateway.
@@ -124,10 +126,14 @@ impl UpstreamHandler {
             Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
             _ => None,
         };
-        let asker = Asker { session: self.session, during, cancel: cx.ct.clone() };
+        let task = cx.meta.0.get(RELATED_TASK).and_then(|t| t["taskId"].as_str()).map(str::to_owned);
+        let asker = Asker { session: self.session, during, cancel: cx.ct.clone(), task };
         self.relay.request(&self.server, asker, request).await
     }
 }
+
+/// The `_meta` key that ties a message to its task (MCP 2025-11-25).
+pub const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
 
 fn unexpected(what: &str) -> ErrorData {
     ErrorData::internal_error(format!("the client answered {what} with an unexpected result"), None)

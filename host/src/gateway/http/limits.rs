@@ -164,7 +164,7 @@ pub(super) async fn limit(
     if request.method() != Method::POST {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, front.settings.max_body_bytes).await {
         Ok(body) => body,
         Err(e) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => {
@@ -179,6 +179,7 @@ pub(super) async fn limit(
         front.hub.metrics.rejected("malformed");
         return unreadable(&body);
     };
+    let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
     let is_json = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
         v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
@@ -222,7 +223,10 @@ pub(super) async fn limit(
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    let response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+    let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+    if initialize {
+        response = super::tasks::announce(response);
+    }
     let (parts, body) = response.into_parts();
     let body = body.map_frame(move |frame| {
         let _held = &permit;
