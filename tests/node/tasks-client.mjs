@@ -76,6 +76,7 @@ if (mode === "run" || mode === "quiet") {
   out.text = result?.content?.map((c) => c.text).join("\n") ?? null;
   out.error = seen.find((m) => m.type === "error")?.error?.message ?? null;
   out.asked = asked;
+  out.statuses = statuses;
   out.listed = (await client.experimental.tasks.listTasks()).tasks.map((t) => ({ taskId: t.taskId, status: t.status }));
 } else if (mode === "lose") {
   const seen = await call(false);

@@ -98,6 +98,8 @@ def test_over_http_tasks_are_offered_and_each_client_sees_only_its_own(tmp_path)
         assert seen["error"] is None and seen["types"][-1] == "result", seen["types"]
         assert "Research Report: gateways" in seen["text"]
         assert seen["listed"] == [{"taskId": own, "status": "completed"}]
+        # The server's status notifications reached the client whose task they are about.
+        assert seen["statuses"] and {s["taskId"] for s in seen["statuses"]} == {own}, seen["statuses"]
 
 
 def test_over_http_a_session_scoped_servers_task_asks_its_own_client(tmp_path):
