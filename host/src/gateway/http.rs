@@ -145,7 +145,9 @@ fn router(front: Front, streams: CancellationToken) -> Router {
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .disable_allowed_origins()
-        .with_max_request_body_bytes(settings.max_body_bytes)
+        // `limit` holds a body to `max_body_bytes`; the room above it is for a method
+        // `http::tasks` renamed.
+        .with_max_request_body_bytes(settings.max_body_bytes.saturating_add(64))
         .with_cancellation_token(streams);
     let factory_hub = front.hub.clone();
     let sessions = Arc::new(super::sessions::CappedSessions::new(

@@ -16,7 +16,9 @@
 //!    the gateway's only client (stdio); else to none.
 //!
 //! A request that says it belongs to a task (MCP 2025-11-25's related task) goes to the
-//! client that started that task on that instance, before any of these rules.
+//! client that started that task on that instance, or to none, before any of these
+//! rules. While a client's request about a task is out to a server, it counts as that
+//! client's call in flight there.
 //!
 //! The client chosen must also have advertised the capability (`to_client`); `ask` then
 //! asks it, and closes the client's dialog if the server gives up.
@@ -86,8 +88,10 @@ pub struct Routing {
     /// send returns here), briefly: (arrived, upstream session, notification). Locked
     /// after `progress`, never before.
     early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
-    /// (upstream session, task id) → the client that started the task.
-    tasks: Mutex<HashMap<(u64, String), Peer<RoleServer>>>,
+    /// (upstream session, task id) → the client that started the task, under the number
+    /// of its `TaskOwner` (a later owner of the same key is not removed by an earlier one).
+    tasks: Mutex<HashMap<TaskKey, (u64, Peer<RoleServer>)>>,
+    next_task: AtomicU64,
 }
 
 impl Routing {
@@ -109,21 +113,25 @@ impl Routing {
     /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped.
     pub fn own_task(self: &Arc<Self>, session: u64, id: &str, peer: Peer<RoleServer>) -> TaskOwner {
         let key = (session, id.to_owned());
-        self.tasks.lock().expect("not poisoned").insert(key.clone(), peer);
-        TaskOwner { routing: self.clone(), key }
+        let number = self.next_task.fetch_add(1, Ordering::Relaxed);
+        self.tasks.lock().expect("not poisoned").insert(key.clone(), (number, peer));
+        TaskOwner { routing: self.clone(), key, number }
     }
 
     /// The client that started task `id` on upstream `session`, while it is there.
     pub fn task_owner(&self, session: u64, id: &str) -> Option<Peer<RoleServer>> {
-        let peer = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned())).cloned()?;
+        let (_, peer) = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned())).cloned()?;
         (!peer.is_transport_closed()).then_some(peer)
     }
 
     /// Who should answer `asker`'s request to `instance` (see the module's rule).
     /// `otherwise` is the client asked when no call is in flight.
     pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<Peer<RoleServer>>) -> Caller {
-        if let Some(peer) = asker.task.as_deref().and_then(|task| self.task_owner(asker.session, task)) {
-            return Caller::Client { peer, during: None };
+        if let Some(task) = &asker.task {
+            return match self.task_owner(asker.session, task) {
+                Some(peer) => Caller::Client { peer, during: None },
+                None => Caller::Nobody("the task this request belongs to is no task a client of the gateway has now"),
+            };
         }
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
@@ -241,15 +249,22 @@ impl ProgressForwarder {
     }
 }
 
+/// A task on a server: (upstream session, task id).
+type TaskKey = (u64, String);
+
 /// Keeps a task registered as its client's until dropped.
 pub struct TaskOwner {
     routing: Arc<Routing>,
-    key: (u64, String),
+    key: TaskKey,
+    number: u64,
 }
 
 impl Drop for TaskOwner {
     fn drop(&mut self) {
-        self.routing.tasks.lock().expect("not poisoned").remove(&self.key);
+        let mut tasks = self.routing.tasks.lock().expect("not poisoned");
+        if tasks.get(&self.key).is_some_and(|(number, _)| *number == self.number) {
+            tasks.remove(&self.key);
+        }
     }
 }
 

@@ -58,6 +58,8 @@ pub struct Tasks {
 /// A task a client started, and where it lives.
 struct Started {
     server: Arc<str>,
+    /// The server instance (`ServerHandle::instance`) that holds it.
+    instance: u64,
     /// The tool, as the client named it.
     tool: String,
     created: SystemTime,
@@ -71,6 +73,15 @@ struct Started {
     /// Cancelled once the client has seen the task end, or the task is forgotten: its
     /// loss is then nobody's news.
     settled: CancellationToken,
+}
+
+/// Where a new task came from.
+struct Origin {
+    server: Arc<str>,
+    instance: u64,
+    session: Arc<Session>,
+    /// The tool, as the client named it.
+    tool: String,
 }
 
 enum Held {
@@ -96,23 +107,7 @@ impl From<ErrorData> for Fault {
 impl Tasks {
     /// Makes room for one more task, or says why there is none.
     fn room(&self) -> Result<(), ErrorData> {
-        let mut started = self.started.lock().expect("not poisoned");
-        if started.len() < MAX_TASKS {
-            return Ok(());
-        }
-        let mut done: Vec<(SystemTime, String)> =
-            started.iter().filter(|(_, t)| t.is_over()).map(|(id, t)| (t.created, id.clone())).collect();
-        done.sort();
-        let Some((_, oldest)) = done.into_iter().next() else {
-            return Err(ErrorData::invalid_request(
-                format!("this session has {MAX_TASKS} tasks in progress through the gateway; wait for one to end"),
-                None,
-            ));
-        };
-        if let Some(forgotten) = started.remove(&oldest) {
-            forgotten.settled.cancel();
-        }
-        Ok(())
+        make_room(&mut self.started.lock().expect("not poisoned"))
     }
 
     fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
@@ -135,6 +130,24 @@ impl Tasks {
     }
 }
 
+/// Room in `started` for one more task: the oldest that is over makes it, if needed.
+fn make_room(started: &mut HashMap<String, Arc<Started>>) -> Result<(), ErrorData> {
+    if started.len() < MAX_TASKS {
+        return Ok(());
+    }
+    let oldest = started.iter().filter(|(_, t)| t.is_over()).min_by_key(|(_, t)| t.created).map(|(id, _)| id.clone());
+    let Some(oldest) = oldest else {
+        return Err(ErrorData::invalid_request(
+            format!("this session has {MAX_TASKS} tasks in progress through the gateway; wait for one to end"),
+            None,
+        ));
+    };
+    if let Some(forgotten) = started.remove(&oldest) {
+        forgotten.settled.cancel();
+    }
+    Ok(())
+}
+
 impl Drop for Tasks {
     fn drop(&mut self) {
         for task in self.started.get_mut().expect("not poisoned").values() {
@@ -144,14 +157,16 @@ impl Drop for Tasks {
 }
 
 impl Started {
-    /// Task `created` (the server's `task` object) by `session` of `server`, for `tool`.
-    fn new(server: Arc<str>, tool: String, created: &Value, session: Arc<Session>, owner: TaskOwner) -> Self {
+    /// Task `created` (the server's `task` object), from `origin`.
+    fn new(origin: Origin, created: &Value, owner: TaskOwner) -> Self {
+        let Origin { server, instance, session, tool } = origin;
         let now = SystemTime::now();
         // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
         let created_at =
             created["createdAt"].as_str().filter(|t| t.len() <= 64).map_or_else(|| rfc3339(now), str::to_owned);
         Self {
             server,
+            instance,
             tool,
             created: now,
             expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
@@ -264,20 +279,31 @@ fn task_id(params: &Value) -> Result<String, ErrorData> {
         .ok_or_else(|| ErrorData::invalid_params("`taskId` (a string) is required", None))
 }
 
-/// Sends `method` with `params` as they are to `session`, answered within `timeout` (none:
-/// until the server answers, the client cancels or the instance is lost).
+/// Where a task lives: its server, the server's instance and that instance's session.
+struct Holder<'a> {
+    server: &'a str,
+    instance: u64,
+    session: &'a Session,
+}
+
+/// Sends `method` with `params` as they are to `to`, answered within `timeout` (none:
+/// until the server answers, the client cancels or the instance is lost). While it is out
+/// it counts as the client's call in flight there (see `routing`).
 async fn forward(
-    server: &str,
-    session: &Session,
+    gateway: &Gateway,
+    to: Holder<'_>,
     method: &str,
     params: Value,
     timeout: Option<Duration>,
     cx: &RequestContext<RoleServer>,
 ) -> Result<Value, Fault> {
+    let Holder { server, instance, session } = to;
+    let call = gateway.hub.routing.track_call(instance, &gateway.own.client, &cx.peer, cx.id.clone());
     let request = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
     let options = timeout.map_or_else(PeerRequestOptions::no_options, PeerRequestOptions::with_timeout);
     let handle =
         session.peer.send_cancellable_request(request, options).await.map_err(|e| upstream_error(server, e))?;
+    call.sent(session.id, handle.id.clone());
     // Whatever ends the wait early, the server hears the request is no longer wanted.
     let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
     let answer = tokio::select! {
@@ -300,6 +326,17 @@ async fn forward(
         .into()),
         Err(e) => Err(upstream_error(server, e).into()),
     }
+}
+
+/// Asks `session`'s server to cancel task `id`, which the gateway will not keep: nobody
+/// could reach it. Off the caller's path, bounded.
+fn cancel_upstream(session: &Session, id: &str) {
+    let request = CustomRequest::new("tasks/cancel", Some(json!({"taskId": id})));
+    let peer = session.peer.clone();
+    tokio::spawn(async move {
+        let sent = peer.send_request(ClientRequest::CustomRequest(request));
+        let _ = tokio::time::timeout(Duration::from_secs(5), sent).await;
+    });
 }
 
 impl Gateway {
@@ -391,7 +428,9 @@ impl Gateway {
             ));
         }
         self.own.tasks.room()?;
-        let answer = match forward(&server, &session, "tools/call", params, Some(limits.timeout), cx).await {
+        let instance = self.own.server(&server).map_or(0, |h| h.instance);
+        let to = Holder { server: &server, instance, session: &session };
+        let answer = match forward(self, to, "tools/call", params, Some(limits.timeout), cx).await {
             Ok(answer) => answer,
             Err(Fault::Lost) => {
                 return Err(ErrorData::internal_error(
@@ -403,6 +442,7 @@ impl Gateway {
         };
         if let Some(id) = answer["task"]["taskId"].as_str() {
             if id.len() > MAX_ID_BYTES {
+                cancel_upstream(&session, id);
                 return Err(ErrorData::internal_error(
                     format!(
                         "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
@@ -410,33 +450,43 @@ impl Gateway {
                     None,
                 ));
             }
-            let owner = self.hub.routing.own_task(session.id, id, cx.peer.clone());
-            self.note_task(id, Started::new(server, name, &answer["task"], session, owner), cx.peer.clone())?;
+            let origin = Origin { server, instance, session: session.clone(), tool: name };
+            if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
+                cancel_upstream(&session, id);
+                return Err(refused);
+            }
         }
         Ok(answer)
     }
 
-    /// Remembers task `id` as this session's, and watches its instance. An id the
-    /// session already has (another server's, or an earlier instance's) is refused: its
-    /// requests could not be told apart.
-    fn note_task(&self, id: &str, task: Started, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
-        let task = Arc::new(task);
-        let closed = task.session().map_or_else(CancellationToken::new, |s| s.closed.clone());
-        {
+    /// Remembers task `id` (`created`, from `origin`) as this session's, and watches its
+    /// instance. Refused when there is no room, or the session already has a task of that
+    /// id (another server's, or an earlier instance's): their requests could not be told
+    /// apart.
+    fn note_task(&self, id: &str, created: &Value, origin: Origin, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
+        let closed = origin.session.closed.clone();
+        let task = {
             let mut started = self.own.tasks.started.lock().expect("not poisoned");
             if let Some(other) = started.get(id).filter(|t| !t.is_over()) {
                 return Err(ErrorData::internal_error(
                     format!(
                         "server `{}` created task `{id}`, an id this session's task on server `{}` already has; the gateway cannot tell them apart, so it does not keep the new one",
-                        task.server, other.server
+                        origin.server, other.server
                     ),
                     None,
                 ));
             }
+            // Other calls may have filled it while this one was out.
+            if !started.contains_key(id) {
+                make_room(&mut started)?;
+            }
+            let owner = self.hub.routing.own_task(origin.session.id, id, peer.clone());
+            let task = Arc::new(Started::new(origin, created, owner));
             if let Some(previous) = started.insert(id.to_owned(), task.clone()) {
                 previous.settled.cancel();
             }
-        }
+            task
+        };
         // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
         let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());
         tokio::spawn(async move {
@@ -504,7 +554,8 @@ impl Gateway {
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
             let timeout = self.limits(&task.server).timeout;
-            match forward(&task.server, &session, method, params, Some(timeout), cx).await {
+            let to = Holder { server: &task.server, instance: task.instance, session: &session };
+            match forward(self, to, method, params, Some(timeout), cx).await {
                 Ok(answer) => {
                     task.saw(&answer["status"]);
                     return Ok(answer);
@@ -538,7 +589,8 @@ impl Gateway {
         let id = task_id(&params)?;
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
-            match forward(&task.server, &session, "tasks/result", params, None, cx).await {
+            let to = Holder { server: &task.server, instance: task.instance, session: &session };
+            match forward(self, to, "tasks/result", params, None, cx).await {
                 Ok(answer) => {
                     task.settled.cancel();
                     return Ok(answer);

@@ -117,18 +117,82 @@ impl Drop for ClientPermit {
     }
 }
 
-/// What decides whether a POST counts: a JSON-RPC request has a method and an id.
+/// What decides whether a POST counts: a JSON-RPC request has a method and an id. Read
+/// in the same pass: what `http::tasks` needs of a single request.
 #[derive(serde::Deserialize)]
 #[serde(untagged)]
-enum Probe {
-    One { method: Option<IgnoredAny>, id: Option<serde_json::Value> },
+pub(super) enum Probe {
+    One {
+        method: Option<serde_json::Value>,
+        id: Option<serde_json::Value>,
+        #[serde(default)]
+        params: ParamsProbe,
+    },
     Batch(Vec<Probe>),
+}
+
+/// Of a request's `params`: whether it has a `task` (not `null`), and its
+/// `protocolVersion`. Whatever `params` is, it reads (what is not an object, as nothing).
+#[derive(Default)]
+pub(super) struct ParamsProbe {
+    pub task: bool,
+    pub protocol_version: Option<String>,
+}
+
+impl<'de> serde::Deserialize<'de> for ParamsProbe {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = ParamsProbe;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ParamsProbe, A::Error> {
+                let mut probe = ParamsProbe::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match &*key {
+                        "task" => probe.task = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                        "protocolVersion" => {
+                            probe.protocol_version = map.next_value::<serde_json::Value>()?.as_str().map(str::to_owned);
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(probe)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ParamsProbe, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(ParamsProbe::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+            fn visit_unit<E>(self) -> Result<ParamsProbe, E> {
+                Ok(ParamsProbe::default())
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 impl Probe {
     fn is_request(&self) -> bool {
         match self {
-            Probe::One { method, id } => method.is_some() && id.is_some(),
+            Probe::One { method, id, .. } => method.is_some() && id.is_some(),
             Probe::Batch(items) => items.iter().any(Probe::is_request),
         }
     }
@@ -136,7 +200,15 @@ impl Probe {
     /// The id of a single request, as JSON text (`1` and `"1"` differ, as in JSON-RPC).
     fn id(&self) -> Option<serde_json::Value> {
         match self {
-            Probe::One { method: Some(_), id } => id.clone(),
+            Probe::One { method: Some(_), id, .. } => id.clone(),
+            _ => None,
+        }
+    }
+
+    /// A single request's method and params, as far as they were read.
+    pub(super) fn request(&self) -> Option<(&str, &ParamsProbe)> {
+        match self {
+            Probe::One { method: Some(method), id: Some(_), params } => Some((method.as_str()?, params)),
             _ => None,
         }
     }
@@ -144,8 +216,13 @@ impl Probe {
 
 /// Whether `body` carries a request, and the id of a single one; `None` for what rmcp
 /// cannot read as a message (not JSON, or not objects).
+#[cfg(test)]
 fn carries_request(body: &[u8]) -> Option<(bool, Option<serde_json::Value>)> {
-    serde_json::from_slice::<Probe>(body).ok().map(|p| (p.is_request(), p.id()))
+    probe(body).map(|p| (p.is_request(), p.id()))
+}
+
+fn probe(body: &[u8]) -> Option<Probe> {
+    serde_json::from_slice::<Probe>(body).ok()
 }
 
 /// The protocol's error for a body that is not a client message, as JSON (rmcp would
@@ -175,11 +252,12 @@ pub(super) async fn limit(
         }
         Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
     };
-    let Some((counts, id)) = carries_request(&body) else {
+    let Some(probe) = probe(&body) else {
         front.hub.metrics.rejected("malformed");
         return unreadable(&body);
     };
-    let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body);
+    let (counts, id) = (probe.is_request(), probe.id());
+    let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
     let is_json = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
         v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
@@ -258,6 +336,11 @@ mod tests {
             br#"[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":"x","method":"ping"}]"#
         ));
         assert!(counts(b"not json"));
+        // Whatever `params` is, the request is read (and left to rmcp to judge).
+        for params in ["[1,2]", "\"x\"", "null", "7", "{\"task\":null}"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#);
+            assert_eq!(carries_request(body.as_bytes()).map(|(counts, _)| counts), Some(true), "{body}");
+        }
         assert!(!counts(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#));
         assert!(!counts(br#"{"jsonrpc":"2.0","id":7,"result":{"action":"accept"}}"#));
         // The id of a single request, to refuse a second one in flight; `1` is not `"1"`.

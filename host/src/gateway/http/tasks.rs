@@ -10,38 +10,31 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use http_body_util::BodyExt as _;
-use memchr::memmem;
 use serde_json::Value;
 
+use super::limits::Probe;
 use crate::gateway::tasks::{AS_SENT, METHODS, capability};
 
 const REVISION: &str = "2025-11-25";
 
 /// `body` with its method renamed, when it is one of the requests above; and whether it
-/// is an `initialize` on 2025-11-25, whose answer is to be [`announce`]d. A plain call
-/// pays a scan of its body for two words.
-pub(super) fn as_sent(headers: &mut HeaderMap, body: Bytes) -> (Bytes, bool) {
-    let mentions = |word: &[u8]| memmem::find(&body, word).is_some();
-    if mentions(b"\"initialize\"") {
-        let initialize = serde_json::from_slice::<Value>(&body)
-            .is_ok_and(|m| m["method"] == "initialize" && m["params"]["protocolVersion"] == REVISION);
-        return (body, initialize);
+/// is an `initialize` on 2025-11-25, whose answer is to be [`announce`]d. `probe` is what
+/// `limit` read of the body: only a renamed body is read again.
+pub(super) fn as_sent(headers: &mut HeaderMap, body: Bytes, probe: &Probe) -> (Bytes, bool) {
+    let Some((method, params)) = probe.request() else { return (body, false) };
+    if method == "initialize" {
+        return (body, params.protocol_version.as_deref() == Some(REVISION));
     }
-    // A client on a later revision names the method in a header, which rmcp checks.
     let on_revision = headers.get("mcp-protocol-version").is_some_and(|v| v.as_bytes() == REVISION.as_bytes());
-    if !on_revision || headers.contains_key("mcp-method") || !(mentions(b"\"task") || mentions(b"tools/list")) {
+    let renamed = match method {
+        "tools/list" => true,
+        "tools/call" => params.task,
+        other => METHODS.contains(&other),
+    };
+    if !on_revision || !renamed {
         return (body, false);
     }
     let Ok(mut message) = serde_json::from_slice::<Value>(&body) else { return (body, false) };
-    let Some(method) = message["method"].as_str().map(str::to_owned) else { return (body, false) };
-    let renamed = match method.as_str() {
-        "tools/list" => true,
-        "tools/call" => !message["params"]["task"].is_null(),
-        other => METHODS.contains(&other),
-    };
-    if !renamed || message.get("id").is_none() {
-        return (body, false);
-    }
     message["method"] = Value::String(format!("{AS_SENT}{method}"));
     let Ok(renamed) = serde_json::to_vec(&message) else { return (body, false) };
     headers.remove(header::CONTENT_LENGTH);
@@ -102,7 +95,9 @@ mod tests {
     }
 
     fn sent(headers: &mut HeaderMap, message: Value) -> (Value, bool) {
-        let (body, initialize) = as_sent(headers, serde_json::to_vec(&message).unwrap().into());
+        let body = serde_json::to_vec(&message).unwrap();
+        let probe = serde_json::from_slice::<Probe>(&body).unwrap();
+        let (body, initialize) = as_sent(headers, body.into(), &probe);
         (serde_json::from_slice(&body).unwrap(), initialize)
     }
 
@@ -127,15 +122,15 @@ mod tests {
             assert_eq!(body["method"].as_str().unwrap_or_default(), expected, "{message}");
         }
         assert!(headers.get(header::CONTENT_LENGTH).is_none(), "the body's length changed");
-        // Another revision, or a method header rmcp checks: as sent.
-        for mut headers in [HeaderMap::new(), {
-            let mut h = on_revision();
-            h.insert("mcp-method", HeaderValue::from_static("tools/list"));
-            h
-        }] {
-            let (body, _) = sent(&mut headers, json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
-            assert_eq!(body["method"], "tools/list");
-        }
+        // An escaped key is the key; a call whose arguments say `initialize` is a call.
+        let escaped = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"r","\u0074ask":{},"arguments":{"step":"initialize"}}}"#;
+        let probe = serde_json::from_slice::<Probe>(escaped).unwrap();
+        let (body, initialize) = as_sent(&mut on_revision(), escaped.to_vec().into(), &probe);
+        assert!(!initialize);
+        assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["method"], format!("{AS_SENT}tools/call"));
+        // Another revision: as sent.
+        let (body, _) = sent(&mut HeaderMap::new(), json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+        assert_eq!(body["method"], "tools/list");
     }
 
     #[tokio::test]
