@@ -12,8 +12,7 @@
 //! rmcp's types do not carry these messages (it models the later tasks extension), so
 //! they travel as custom requests with their params as sent; see `transport::tasks`.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rmcp::model::{
@@ -22,12 +21,10 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer, ServiceError};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::input::{Abandoned, upstream_error};
-use super::routing::TaskOwner;
 use super::server::Gateway;
 use crate::recovery::engine::{AttemptRecord, Record, Role};
 use crate::recovery::{Failure, classify::classify};
@@ -37,59 +34,18 @@ use crate::transport::upstream::RELATED_TASK;
 
 /// The methods of tasks (MCP 2025-11-25).
 pub use crate::transport::tasks::METHODS;
+pub use kept::{MAX_TASKS, Tasks};
+
+mod kept;
+
+use kept::{Origin, Started};
 
 /// The prefix of a method renamed on the HTTP front so that rmcp passes the request on
 /// as it was sent (`http::tasks`).
 pub const AS_SENT: &str = "rebound/as-sent/";
 
-/// The tasks one client session keeps through the gateway at once. Past it, tasks that
-/// ended or were lost make room, oldest first; when none has, a new one is refused.
-pub const MAX_TASKS: usize = 256;
-
 /// The longest task id the gateway keeps (a server's ids are opaque strings).
 const MAX_ID_BYTES: usize = 1024;
-
-/// One client session's tasks.
-#[derive(Default)]
-pub struct Tasks {
-    started: Mutex<HashMap<String, Arc<Started>>>,
-}
-
-/// A task a client started, and where it lives.
-struct Started {
-    server: Arc<str>,
-    /// The server instance (`ServerHandle::instance`) that holds it.
-    instance: u64,
-    /// The tool, as the client named it.
-    tool: String,
-    created: SystemTime,
-    /// When the server will have forgotten it (`ttl` after its creation), if ever.
-    expires: Option<SystemTime>,
-    /// When the server says it created the task (`createdAt`, as it wrote it).
-    created_at: String,
-    state: Mutex<Held>,
-    /// The task's entry in `Routing` (its status and questions go to this client).
-    _owner: TaskOwner,
-    /// Cancelled once the client has seen the task end, or the task is forgotten: its
-    /// loss is then nobody's news.
-    settled: CancellationToken,
-}
-
-/// Where a new task came from.
-struct Origin {
-    server: Arc<str>,
-    instance: u64,
-    session: Arc<Session>,
-    /// The tool, as the client named it.
-    tool: String,
-}
-
-enum Held {
-    /// On this server instance.
-    By(Arc<Session>),
-    /// Its instance was lost before the client saw it end: why, and when.
-    Lost { why: String, at: SystemTime },
-}
 
 /// What forwarding a request came to.
 enum Fault {
@@ -101,141 +57,6 @@ enum Fault {
 impl From<ErrorData> for Fault {
     fn from(e: ErrorData) -> Self {
         Self::Error(e)
-    }
-}
-
-impl Tasks {
-    /// Makes room for one more task, or says why there is none.
-    fn room(&self) -> Result<(), ErrorData> {
-        make_room(&mut self.started.lock().expect("not poisoned"))
-    }
-
-    fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
-        self.started.lock().expect("not poisoned").get(id).cloned().ok_or_else(|| {
-            ErrorData::invalid_params(format!("unknown task `{id}`: no task of this session has that id"), None)
-        })
-    }
-
-    fn forget(&self, id: &str) {
-        if let Some(task) = self.started.lock().expect("not poisoned").remove(id) {
-            task.settled.cancel();
-        }
-    }
-
-    fn all(&self) -> Vec<(String, Arc<Started>)> {
-        let started = self.started.lock().expect("not poisoned");
-        let mut all: Vec<_> = started.iter().map(|(id, t)| (id.clone(), t.clone())).collect();
-        all.sort_by_key(|(_, t)| t.created);
-        all
-    }
-}
-
-/// Room in `started` for one more task: the oldest that is over makes it, if needed.
-fn make_room(started: &mut HashMap<String, Arc<Started>>) -> Result<(), ErrorData> {
-    if started.len() < MAX_TASKS {
-        return Ok(());
-    }
-    let oldest = started.iter().filter(|(_, t)| t.is_over()).min_by_key(|(_, t)| t.created).map(|(id, _)| id.clone());
-    let Some(oldest) = oldest else {
-        return Err(ErrorData::invalid_request(
-            format!("this session has {MAX_TASKS} tasks in progress through the gateway; wait for one to end"),
-            None,
-        ));
-    };
-    if let Some(forgotten) = started.remove(&oldest) {
-        forgotten.settled.cancel();
-    }
-    Ok(())
-}
-
-impl Drop for Tasks {
-    fn drop(&mut self) {
-        for task in self.started.get_mut().expect("not poisoned").values() {
-            task.settled.cancel();
-        }
-    }
-}
-
-impl Started {
-    /// Task `created` (the server's `task` object), from `origin`.
-    fn new(origin: Origin, created: &Value, owner: TaskOwner) -> Self {
-        let Origin { server, instance, session, tool } = origin;
-        let now = SystemTime::now();
-        // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
-        let created_at =
-            created["createdAt"].as_str().filter(|t| t.len() <= 64).map_or_else(|| rfc3339(now), str::to_owned);
-        Self {
-            server,
-            instance,
-            tool,
-            created: now,
-            expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
-            created_at,
-            state: Mutex::new(Held::By(session)),
-            _owner: owner,
-            settled: CancellationToken::new(),
-        }
-    }
-
-    /// Whether it no longer needs a place: the client saw it end, or it was lost, or its
-    /// server has forgotten it.
-    fn is_over(&self) -> bool {
-        self.settled.is_cancelled() || self.lost().is_some() || self.expires.is_some_and(|t| t <= SystemTime::now())
-    }
-
-    fn lost(&self) -> Option<(String, SystemTime)> {
-        match &*self.state.lock().expect("not poisoned") {
-            Held::By(_) => None,
-            Held::Lost { why, at } => Some((why.clone(), *at)),
-        }
-    }
-
-    fn session(&self) -> Option<Arc<Session>> {
-        match &*self.state.lock().expect("not poisoned") {
-            Held::By(session) => Some(session.clone()),
-            Held::Lost { .. } => None,
-        }
-    }
-
-    /// Notes what the server said of the task: once the client has seen it end, its loss
-    /// no longer matters.
-    fn saw(&self, status: &Value) {
-        if matches!(status.as_str(), Some("completed" | "failed" | "cancelled")) {
-            self.settled.cancel();
-        }
-    }
-
-    /// The instance is gone: from now on the gateway answers for the task. True the
-    /// first time.
-    fn lose(&self) -> bool {
-        let mut state = self.state.lock().expect("not poisoned");
-        if matches!(*state, Held::Lost { .. }) {
-            return false;
-        }
-        let why = format!(
-            "the task was lost: server `{}` stopped (a crash or a restart) before it finished, and its next instance does not know it; call the tool again",
-            self.server
-        );
-        *state = Held::Lost { why, at: SystemTime::now() };
-        true
-    }
-
-    /// The instance that holds the task, while it lives.
-    fn live_session(&self) -> Option<Arc<Session>> {
-        self.session().filter(|s| s.is_live())
-    }
-
-    /// The task as the gateway reports it once lost (a `Task` of MCP 2025-11-25).
-    fn lost_task(&self, id: &str) -> Option<Value> {
-        let (why, at) = self.lost()?;
-        Some(json!({
-            "taskId": id,
-            "status": "failed",
-            "statusMessage": why,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": rfc3339(at),
-            "ttl": null,
-        }))
     }
 }
 
@@ -258,10 +79,6 @@ pub fn with_task_support(list: ListToolsResult, catalogue: &Catalogue) -> Server
 /// task-augmented `tools/call`, `tasks/list` and `tasks/cancel` (the rest is implied).
 pub fn capability() -> Value {
     json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
 }
 
 fn object(params: Option<Value>) -> Result<Value, ErrorData> {
@@ -459,34 +276,12 @@ impl Gateway {
         Ok(answer)
     }
 
-    /// Remembers task `id` (`created`, from `origin`) as this session's, and watches its
-    /// instance. Refused when there is no room, or the session already has a task of that
-    /// id (another server's, or an earlier instance's): their requests could not be told
-    /// apart.
+    /// Remembers task `id` (`created`, from `origin`) as this session's (see
+    /// [`Tasks::keep`]), and watches its instance.
     fn note_task(&self, id: &str, created: &Value, origin: Origin, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
         let closed = origin.session.closed.clone();
-        let task = {
-            let mut started = self.own.tasks.started.lock().expect("not poisoned");
-            if let Some(other) = started.get(id).filter(|t| !t.is_over()) {
-                return Err(ErrorData::internal_error(
-                    format!(
-                        "server `{}` created task `{id}`, an id this session's task on server `{}` already has; the gateway cannot tell them apart, so it does not keep the new one",
-                        origin.server, other.server
-                    ),
-                    None,
-                ));
-            }
-            // Other calls may have filled it while this one was out.
-            if !started.contains_key(id) {
-                make_room(&mut started)?;
-            }
-            let owner = self.hub.routing.own_task(origin.session.id, id, peer.clone());
-            let task = Arc::new(Started::new(origin, created, owner));
-            if let Some(previous) = started.insert(id.to_owned(), task.clone()) {
-                previous.settled.cancel();
-            }
-            task
-        };
+        let routing = &self.hub.routing;
+        let task = self.own.tasks.keep(id, created, origin, |o| routing.own_task(o.session.id, id, peer.clone()))?;
         // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
         let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());
         tokio::spawn(async move {
