@@ -10,13 +10,15 @@
 //   lose   the same call, then the server behind the gateway is killed (SIGKILL, found
 //          as the gateway's child running server-everything); the client waits to
 //          be told the task failed, then polls it until it is reported failed
+//   heard  a task the client hears end only from the server's status notification (it
+//          never asks), and whose server is then killed
 //   many   tasks started until the gateway refuses one (it keeps 256 per client)
 import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CallToolResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, command, ...args] = process.argv.slice(2);
 const client = new Client({ name: "tasks-client", version: "1.0.0" }, { capabilities: { elicitation: {} } });
@@ -96,6 +98,23 @@ if (mode === "run" || mode === "quiet") {
   } while (task.status !== "failed" && Date.now() < until);
   out.task = task;
   out.result = await client.experimental.tasks.getTaskResult(id, CallToolResultSchema);
+  out.statuses = statuses;
+} else if (mode === "heard") {
+  const params = { ...research, task: { ttl: 60000 } };
+  const id = (await client.request({ method: "tools/call", params }, CreateTaskResultSchema)).task.taskId;
+  out.created = { taskId: id };
+  const until = Date.now() + 20000;
+  while (!statuses.some((s) => s.taskId === id && s.status === "completed") && Date.now() < until) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  out.heard = statuses.filter((s) => s.taskId === id).map((s) => s.status);
+  process.kill(everything(), "SIGKILL");
+  await new Promise((resolve) => setTimeout(resolve, 1000));
+  try {
+    out.task = await client.experimental.tasks.getTask(id);
+  } catch (error) {
+    out.error = error.message;
+  }
   out.statuses = statuses;
 } else if (mode === "many") {
   out.started = 0;

@@ -59,9 +59,8 @@ impl HubRelay {
             UpstreamEvent::Custom(n) => {
                 // A task's status goes to the client that started it.
                 let task = (n.method == "notifications/tasks/status")
-                    .then(|| n.params.as_ref().and_then(|p| p["taskId"].as_str()))
-                    .flatten()
-                    .and_then(|id| hub.routing.task_owner(session, id));
+                    .then(|| hub.routing.task_status(session, n.params.as_ref()?))
+                    .flatten();
                 match task.or_else(|| owner.map(|o| o.peer.clone())).or_else(|| hub.downstreams.only_stdio_client()) {
                     Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
                     None => tracing::debug!(

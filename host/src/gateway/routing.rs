@@ -40,6 +40,7 @@ use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::transport::{Asker, UpstreamRequest};
 
@@ -90,7 +91,7 @@ pub struct Routing {
     early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
     /// (upstream session, task id) → the client that started the task, under the number
     /// of its `TaskOwner` (a later owner of the same key is not removed by an earlier one).
-    tasks: Mutex<HashMap<TaskKey, (u64, Peer<RoleServer>)>>,
+    tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
     next_task: AtomicU64,
 }
 
@@ -110,18 +111,37 @@ impl Routing {
         CallGuard { routing: self.clone(), instance, id }
     }
 
-    /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped.
-    pub fn own_task(self: &Arc<Self>, session: u64, id: &str, peer: Peer<RoleServer>) -> TaskOwner {
+    /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped; `ended` is
+    /// cancelled when the server says the task ended.
+    pub fn own_task(
+        self: &Arc<Self>,
+        session: u64,
+        id: &str,
+        peer: Peer<RoleServer>,
+        ended: CancellationToken,
+    ) -> TaskOwner {
         let key = (session, id.to_owned());
         let number = self.next_task.fetch_add(1, Ordering::Relaxed);
-        self.tasks.lock().expect("not poisoned").insert(key.clone(), (number, peer));
+        self.tasks.lock().expect("not poisoned").insert(key.clone(), TaskEntry { number, peer, ended });
         TaskOwner { routing: self.clone(), key, number }
     }
 
     /// The client that started task `id` on upstream `session`, while it is there.
     pub fn task_owner(&self, session: u64, id: &str) -> Option<Peer<RoleServer>> {
-        let (_, peer) = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned())).cloned()?;
+        let peer = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))?.peer.clone();
         (!peer.is_transport_closed()).then_some(peer)
+    }
+
+    /// A task's status from upstream `session` (a `notifications/tasks/status`'s params):
+    /// noted if it says the task ended, and the client it goes to.
+    pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<Peer<RoleServer>> {
+        let id = status["taskId"].as_str()?;
+        if matches!(status["status"].as_str(), Some("completed" | "failed" | "cancelled"))
+            && let Some(entry) = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))
+        {
+            entry.ended.cancel();
+        }
+        self.task_owner(session, id)
     }
 
     /// Who should answer `asker`'s request to `instance` (see the module's rule).
@@ -252,6 +272,13 @@ impl ProgressForwarder {
 /// A task on a server: (upstream session, task id).
 type TaskKey = (u64, String);
 
+/// A task's client, under the number of its `TaskOwner`.
+struct TaskEntry {
+    number: u64,
+    peer: Peer<RoleServer>,
+    ended: CancellationToken,
+}
+
 /// Keeps a task registered as its client's until dropped.
 pub struct TaskOwner {
     routing: Arc<Routing>,
@@ -262,7 +289,7 @@ pub struct TaskOwner {
 impl Drop for TaskOwner {
     fn drop(&mut self) {
         let mut tasks = self.routing.tasks.lock().expect("not poisoned");
-        if tasks.get(&self.key).is_some_and(|(number, _)| *number == self.number) {
+        if tasks.get(&self.key).is_some_and(|entry| entry.number == self.number) {
             tasks.remove(&self.key);
         }
     }

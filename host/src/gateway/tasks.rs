@@ -39,6 +39,7 @@ pub use kept::{MAX_TASKS, Tasks};
 mod kept;
 
 use kept::{Origin, Started};
+use tokio_util::sync::CancellationToken;
 
 /// The prefix of a method renamed on the HTTP front so that rmcp passes the request on
 /// as it was sent (`http::tasks`).
@@ -281,7 +282,9 @@ impl Gateway {
     fn note_task(&self, id: &str, created: &Value, origin: Origin, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
         let closed = origin.session.closed.clone();
         let routing = &self.hub.routing;
-        let task = self.own.tasks.keep(id, created, origin, |o| routing.own_task(o.session.id, id, peer.clone()))?;
+        let own =
+            |o: &Origin, ended: &CancellationToken| routing.own_task(o.session.id, id, peer.clone(), ended.clone());
+        let task = self.own.tasks.keep(id, created, origin, own)?;
         // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
         let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());
         tokio::spawn(async move {

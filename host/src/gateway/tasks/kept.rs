@@ -37,7 +37,8 @@ pub(super) struct Started {
     state: Mutex<Held>,
     /// The task's entry in `Routing` (its status and questions go to this client).
     _owner: TaskOwner,
-    /// Cancelled once the client has seen the task end, or the task is forgotten: its
+    /// Cancelled once the client has seen the task end (in an answer or a status
+    /// notification of the server's), or the task is forgotten: its
     /// loss is then nobody's news.
     pub settled: CancellationToken,
 }
@@ -65,7 +66,8 @@ impl Tasks {
     }
 
     /// Keeps task `id` (`created`, the server's `task` object, from `origin`), owned in
-    /// `Routing` by what `owner` makes. Refused when there is no room, or the session
+    /// `Routing` by what `owner` makes of it and the token that says the client saw it end
+    /// (the server's status notifications end it there too). Refused when there is no room, or the session
     /// already has a task of that id (another server's, or an earlier instance's): their
     /// requests could not be told apart.
     pub(super) fn keep(
@@ -73,7 +75,7 @@ impl Tasks {
         id: &str,
         created: &Value,
         origin: Origin,
-        owner: impl FnOnce(&Origin) -> TaskOwner,
+        owner: impl FnOnce(&Origin, &CancellationToken) -> TaskOwner,
     ) -> Result<Arc<Started>, ErrorData> {
         let mut started = self.started.lock().expect("not poisoned");
         if let Some(other) = started.get(id).filter(|t| !t.is_over()) {
@@ -89,8 +91,9 @@ impl Tasks {
         if !started.contains_key(id) {
             make_room(&mut started)?;
         }
-        let owner = owner(&origin);
-        let task = Arc::new(Started::new(origin, created, owner));
+        let settled = CancellationToken::new();
+        let owner = owner(&origin, &settled);
+        let task = Arc::new(Started::new(origin, created, owner, settled));
         if let Some(previous) = started.insert(id.to_owned(), task.clone()) {
             previous.settled.cancel();
         }
@@ -145,7 +148,7 @@ impl Drop for Tasks {
 
 impl Started {
     /// Task `created` (the server's `task` object), from `origin`.
-    fn new(origin: Origin, created: &Value, owner: TaskOwner) -> Self {
+    fn new(origin: Origin, created: &Value, owner: TaskOwner, settled: CancellationToken) -> Self {
         let Origin { server, instance, session, tool } = origin;
         let now = SystemTime::now();
         // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
@@ -160,7 +163,7 @@ impl Started {
             created_at,
             state: Mutex::new(Held::By(session)),
             _owner: owner,
-            settled: CancellationToken::new(),
+            settled,
         }
     }
 
