@@ -278,6 +278,25 @@ async fn a_subscription_is_made_again_after_a_restart_and_the_resource_announced
     gw.close().await;
 }
 
+/// A subscription the gateway gave up on (the server answered later than the call's
+/// timeout) may have been made by the server all the same; nobody would ever end it, so
+/// the gateway undoes it there.
+#[tokio::test]
+async fn a_subscription_given_up_on_is_undone_upstream() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["recovery"] = json!({"timeout_ms": 300});
+        json!({"mcpServers": {"a": a}})
+    })
+    .await;
+    let uri = "faulty://a/slow";
+    let refused = gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(gw.state("a", "subscribes"), [uri]);
+    eventually("the subscription undone upstream", || gw.state("a", "unsubscribes") == [uri]).await;
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_server_that_cannot_start_does_not_hold_the_others_back() {
     let gw = Gateway::start(|dir| {

@@ -233,25 +233,15 @@ impl Session {
         stop: CancellationToken,
         opened: watch::Sender<Opening>,
     ) -> Result<(), ServiceError> {
+        if !self.is_modern() {
+            return self.subscribe(uri, id, stop, opened).await;
+        }
         // Declared after `opened`, so dropped before it: the entry is gone by the time
         // the waiters are let go.
         let mut undo = Undo { session: self, uri, id, armed: true };
         let refused = |e: &ServiceError| {
-            opened.send_replace(Opening::Refused(match e {
-                ServiceError::McpError(e) => e.clone(),
-                other => ErrorData::internal_error(format!("server `{}`: {other}", self.server), None),
-            }));
+            opened.send_replace(self.refusal(e));
         };
-        if !self.is_modern() {
-            self.peer.subscribe(SubscribeRequestParams::new(uri)).await.inspect_err(refused)?;
-            if stop.is_cancelled() {
-                let _ = self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
-                return Ok(());
-            }
-            undo.armed = false;
-            opened.send_replace(Opening::Open);
-            return Ok(());
-        }
         let purpose = Purpose::Resource(uri.to_owned());
         let first = open(self, &purpose).await.inspect_err(refused)?;
         // Left by everyone while it was being opened: dropping `first` cancels it.
@@ -283,6 +273,43 @@ impl Session {
                 done
             }
         }
+    }
+
+    /// The first follower's part before 2026-07-28: `resources/subscribe`. Given up on
+    /// while it is out (this future dropped by a timeout), it is undone upstream, since
+    /// the server may make it still (see [`Subscribing`]).
+    async fn subscribe(
+        self: &Arc<Self>,
+        uri: &str,
+        id: u64,
+        stop: CancellationToken,
+        opened: watch::Sender<Opening>,
+    ) -> Result<(), ServiceError> {
+        let mut out = Subscribing { session: self.clone(), uri: uri.to_owned(), id, opened: Some(opened) };
+        let answer = self.peer.subscribe(SubscribeRequestParams::new(uri)).await;
+        let opened = out.opened.take().expect("taken once, here");
+        // Declared after `opened`, so dropped before it: the entry is gone by the time
+        // the waiters are let go.
+        let mut undo = Undo { session: self, uri, id, armed: true };
+        if let Err(e) = answer {
+            opened.send_replace(self.refusal(&e));
+            return Err(e);
+        }
+        if stop.is_cancelled() {
+            let _ = self.peer.unsubscribe(UnsubscribeRequestParams::new(uri)).await;
+            return Ok(());
+        }
+        undo.armed = false;
+        opened.send_replace(Opening::Open);
+        Ok(())
+    }
+
+    /// What the followers waiting are told of a subscription the server refused.
+    fn refusal(&self, e: &ServiceError) -> Opening {
+        Opening::Refused(match e {
+            ServiceError::McpError(e) => e.clone(),
+            other => ErrorData::internal_error(format!("server `{}`: {other}", self.server), None),
+        })
     }
 
     /// Whether the server speaks 2026-07-28, where listen requests replace
@@ -333,6 +360,38 @@ async fn open(session: &Session, purpose: &Purpose) -> Result<Subscription, Serv
     }
     Ok(subscription)
 }
+
+/// A `resources/subscribe` out to the server, for follow `id` of `uri`. Dropped while it
+/// still holds `opened` (given up on before the answer), the server may make the
+/// subscription still, and nobody would end it: it is undone upstream, off the dropping
+/// path and bounded, and only then is the entry removed and the followers waiting let
+/// go, so that the server sees a next follower's subscribe after that unsubscribe.
+struct Subscribing {
+    session: Arc<Session>,
+    uri: String,
+    id: u64,
+    opened: Option<watch::Sender<Opening>>,
+}
+
+impl Drop for Subscribing {
+    fn drop(&mut self) {
+        let Some(opened) = self.opened.take() else { return };
+        let (session, uri, id) = (self.session.clone(), std::mem::take(&mut self.uri), self.id);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            session.follows.forget(&uri, id);
+            return;
+        };
+        runtime.spawn(async move {
+            let undone = session.peer.unsubscribe(UnsubscribeRequestParams::new(&uri));
+            let _ = tokio::time::timeout(UNDO_WITHIN, undone).await;
+            session.follows.forget(&uri, id);
+            drop(opened);
+        });
+    }
+}
+
+/// How long the gateway waits for a server to undo a subscription nobody wanted.
+const UNDO_WITHIN: Duration = Duration::from_secs(5);
 
 /// Removes a follow's entry (that one, not a later one for the same resource) when
 /// dropped while armed.

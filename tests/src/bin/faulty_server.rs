@@ -8,7 +8,7 @@
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
-//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to), `--crash-after N` (exits on the
+//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
@@ -238,12 +238,23 @@ impl Server {
                 "serverInfo": {"name": self.name, "version": "0.0.1"},
             })),
             "resources/subscribe" => {
+                let uri = params["uri"].as_str().unwrap_or_default();
                 if let Some(dir) = &self.state {
-                    append(&dir.join("subscribes"), params["uri"].as_str().unwrap_or_default());
+                    append(&dir.join("subscribes"), uri);
+                }
+                // Made at once, answered late.
+                if uri.ends_with("/slow") {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
                 }
                 Ok(json!({}))
             }
-            "ping" | "logging/setLevel" | "resources/unsubscribe" => Ok(json!({})),
+            "resources/unsubscribe" => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("unsubscribes"), params["uri"].as_str().unwrap_or_default());
+                }
+                Ok(json!({}))
+            }
+            "ping" | "logging/setLevel" => Ok(json!({})),
             "tools/list" if self.mute_lists => return,
             "server/discover" if self.refuse_discover => {
                 let data = json!({"supported": ["2025-11-25", "2025-06-18"], "requested": "2026-07-28"});
