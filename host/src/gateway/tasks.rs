@@ -21,7 +21,9 @@ use rmcp::model::{
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer, ServiceError};
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
+use self::kept::{Origin, Started};
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::input::{Abandoned, upstream_error};
@@ -37,9 +39,6 @@ pub use crate::transport::tasks::METHODS;
 pub use kept::{MAX_TASKS, Tasks};
 
 mod kept;
-
-use kept::{Origin, Started};
-use tokio_util::sync::CancellationToken;
 
 /// The prefix of a method renamed on the HTTP front so that rmcp passes the request on
 /// as it was sent (`http::tasks`).
@@ -200,7 +199,7 @@ impl Gateway {
     ) -> Option<Result<CustomResult, ErrorData>> {
         let answer = match method {
             "tools/call" => {
-                let params = object(params).ok().filter(|p| p.get("task").is_some())?;
+                let params = object(params).ok().filter(|p| !p["task"].is_null())?;
                 self.start_task(params, cx).await
             }
             "tasks/get" | "tasks/cancel" => match object(params) {
