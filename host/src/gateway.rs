@@ -4,6 +4,7 @@
 pub mod call;
 pub mod catalogue;
 pub mod downstreams;
+pub mod forward;
 pub mod http;
 pub mod hub;
 pub mod input;

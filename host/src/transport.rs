@@ -11,5 +11,5 @@ pub mod typed;
 pub mod upstream;
 pub mod watchdog;
 
-pub use supervisor::{ServerHandle, Session, Status, spawn_supervisor};
+pub use supervisor::{Kicker, ServerHandle, Session, Status, spawn_supervisor};
 pub use upstream::{Asker, Relay, UpstreamEvent, UpstreamRequest};

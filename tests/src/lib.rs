@@ -64,10 +64,12 @@ pub struct Heard {
     pub updated: Vec<String>,
 }
 
-/// A client that answers the server-to-client requests with fixed values.
+/// A client that answers the server-to-client requests with fixed values; its roots
+/// end in its `name`, if it has one, so that each client's answers can be told apart.
 #[derive(Clone, Default)]
 pub struct TestClient {
     pub heard: Arc<Mutex<Heard>>,
+    pub name: String,
 }
 
 impl ClientHandler for TestClient {
@@ -93,7 +95,8 @@ impl ClientHandler for TestClient {
     }
 
     async fn list_roots(&self, _: RequestContext<RoleClient>) -> Result<ListRootsResult, ErrorData> {
-        Ok(ListRootsResult::new(vec![Root::new("file:///work")]))
+        let root = if self.name.is_empty() { "file:///work".to_owned() } else { format!("file:///work/{}", self.name) };
+        Ok(ListRootsResult::new(vec![Root::new(root)]))
     }
 
     async fn create_elicitation(
@@ -277,6 +280,15 @@ impl HttpGateway {
 
 /// An rmcp client of the streamable HTTP server at `url`.
 pub async fn http_client(url: &str, token: Option<&str>) -> Result<RunningService<RoleClient, TestClient>, String> {
+    http_client_as(TestClient::default(), url, token).await
+}
+
+/// `client` connected to the streamable HTTP server at `url`.
+pub async fn http_client_as(
+    client: TestClient,
+    url: &str,
+    token: Option<&str>,
+) -> Result<RunningService<RoleClient, TestClient>, String> {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
@@ -284,7 +296,7 @@ pub async fn http_client(url: &str, token: Option<&str>) -> Result<RunningServic
         config = config.auth_header(token);
     }
     let transport = StreamableHttpClientTransport::from_config(config);
-    tokio::time::timeout(Duration::from_secs(30), TestClient::default().serve(transport))
+    tokio::time::timeout(Duration::from_secs(30), client.serve(transport))
         .await
         .map_err(|_| "no answer to initialize within 30 s".to_owned())?
         .map_err(|e| e.to_string())

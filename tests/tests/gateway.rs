@@ -485,6 +485,30 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
     gw.close().await;
 }
 
+#[tokio::test]
+async fn a_server_that_stops_reading_fails_a_prompt_and_is_restarted() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &["--deaf-after-calls", "1"]);
+        a["recovery"] = json!({"timeout_ms": 500});
+        json!({"mcpServers": {"a": a}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    })
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "heard"})).await), "a: heard");
+    // It goes deaf on the first prompt: large prompt requests fill its input pipe, until
+    // the cancellation of one given up on cannot be written. Each ends in an error within
+    // its time, and the server is restarted.
+    let big = "x".repeat(256 << 10);
+    let mut get = GetPromptRequestParams::new("greet");
+    get.arguments = json!({"who": big}).as_object().cloned();
+    for _ in 0..3 {
+        let got = tokio::time::timeout(Duration::from_secs(10), gw.client.peer().get_prompt(get.clone())).await;
+        let error = format!("{:?}", got.expect("answered within its time").expect_err("a deaf server answers nothing"));
+        assert!(error.contains("server `a`"), "{error}");
+    }
+    eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
+    gw.close().await;
+}
+
 /// `rebound serve` spoken to in raw JSON lines, for what no SDK client would send.
 struct RawStdio {
     child: tokio::process::Child,

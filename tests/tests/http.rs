@@ -670,3 +670,46 @@ async fn a_listen_request_on_a_cold_gateway_follows_the_resources_of_servers_sti
     .expect("acknowledged in time");
     assert!(acknowledged.contains("faulty://a/readme"), "{acknowledged}");
 }
+
+/// Two clients of one shared stdio server, which cannot say which request it is serving:
+/// a question it asks while answering one client's `prompts/get` goes to that client,
+/// and, while another client's call is in flight too, to neither.
+#[tokio::test]
+async fn a_question_asked_while_serving_a_prompt_goes_to_the_client_that_asked_for_it() {
+    use rebound_tests::{TestClient, http_client_as};
+    use rmcp::model::GetPromptRequestParams;
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"auth_token": TOKEN}}}),
+        &[],
+    )
+    .await;
+    let named = |name: &str| TestClient { name: name.to_owned(), ..TestClient::default() };
+    let ada = http_client_as(named("ada"), &gw.url(), Some(TOKEN)).await.unwrap();
+    let bob = http_client_as(named("bob"), &gw.url(), Some(TOKEN)).await.unwrap();
+    let greet = || {
+        let mut get = GetPromptRequestParams::new("greet");
+        get.arguments = json!({"who": "you", "ask": "roots"}).as_object().cloned();
+        get
+    };
+    let prompt = |result: rmcp::model::GetPromptResult| serde_json::to_string(&result.messages).unwrap();
+
+    // Only Ada's request is out: the question is hers.
+    let got = prompt(ada.peer().get_prompt(greet()).await.unwrap());
+    assert!(got.contains("file:///work/ada"), "{got}");
+
+    // Bob's call is out as well: which one the server means cannot be known, and Bob is
+    // never shown what Ada's prompt asks.
+    let bob_peer = bob.peer().clone();
+    let hanging = tokio::spawn(async move {
+        let mut params = CallToolRequestParams::new("hang");
+        params.arguments = json!({}).as_object().cloned();
+        let _ = bob_peer.call_tool(params).await;
+    });
+    let calls = gw.dir.path().join("a").join("calls");
+    eventually("bob's call in flight", || std::fs::read_to_string(&calls).is_ok_and(|c| c.contains("hang"))).await;
+    let got = prompt(ada.peer().get_prompt(greet()).await.unwrap());
+    assert!(!got.contains("file:///work/"), "{got}");
+    hanging.abort();
+    let _ = ada.cancel().await;
+    let _ = bob.cancel().await;
+}

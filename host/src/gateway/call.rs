@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
-    InputResponses, JsonObject, RequestMetaObject, ServerResult,
+    InputResponses, JsonObject, RequestId, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{RoleServer, ServiceError};
@@ -75,7 +75,7 @@ pub async fn attempt(
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
         // (A server that does not ask is called once: its request takes the params.)
         let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
-        let asked = match exchange(routing, server, session, sent, this, cx, call).await? {
+        let asked = match exchange(routing, session, sent, this, cx, call).await? {
             ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
                 return Err(Failure::ToolError { result: Box::new(result) });
             }
@@ -131,7 +131,6 @@ pub async fn attempt(
 /// Sends `params` as a `tools/call` on `session` and waits for its answer, within `how`.
 async fn exchange(
     routing: &Routing,
-    server: &Arc<ServerHandle>,
     session: &Session,
     params: CallToolRequestParams,
     how: Attempt<'_>,
@@ -155,7 +154,10 @@ async fn exchange(
     let handle = tokio::select! {
         r = tokio::time::timeout(how.timeout, session.peer.send_cancellable_request(request, options)) => match r {
             Ok(sent) => sent.map_err(from_service_error)?,
-            Err(_) => return Err(wedged(server, session, how.timeout)),
+            Err(_) => {
+                session.kicker().kick(&unread(how.timeout));
+                return Err(Failure::SendFailed { reason: unread(how.timeout) });
+            }
         },
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
@@ -174,24 +176,17 @@ async fn exchange(
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => answered.map_err(from_service_error),
             Err(_) => {
-                let (server, session_id) = (server.clone(), session.id);
+                let kicker = session.kicker();
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
-                        kick(&server, session_id, CANCEL_WRITE);
+                        kicker.kick(&unread(CANCEL_WRITE));
                     }
                 });
                 Err(Failure::Timeout { after: how.max_total })
             }
         },
         () = cx.ct.cancelled() => {
-            let reason = Some("cancelled by the client".to_owned());
-            let (server, session_id, peer) = (server.clone(), session.id, session.peer.clone());
-            tokio::spawn(async move {
-                let cancel = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
-                if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
-                    kick(&server, session_id, CANCEL_WRITE);
-                }
-            });
+            cancel_upstream(session, id, "cancelled by the client");
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
@@ -225,17 +220,24 @@ const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);
 
-/// A request that could not even be handed to the writer within the attempt's timeout:
-/// the server has not read its input for that long. It was never sent (so a retry is
-/// safe), and the server is restarted.
-fn wedged(handle: &ServerHandle, session: &Session, waited: Duration) -> Failure {
-    kick(handle, session.id, waited);
-    Failure::SendFailed { reason: format!("the server did not read its input for {} ms", waited.as_millis()) }
+/// Tells `session`'s server its request `id` is no longer wanted, off the caller's path.
+/// The write may wait behind a server that stopped reading its input: a server process
+/// that has not taken it within [`CANCEL_WRITE`] is restarted (`Session::kicker`).
+pub(super) fn cancel_upstream(session: &Session, id: RequestId, reason: &str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let (peer, kicker, reason) = (session.peer.clone(), session.kicker(), Some(reason.to_owned()));
+    runtime.spawn(async move {
+        let cancel = peer.notify_cancelled(CancelledNotificationParam::new(Some(id), reason));
+        if tokio::time::timeout(CANCEL_WRITE, cancel).await.is_err() {
+            kicker.kick(&unread(CANCEL_WRITE));
+        }
+    });
 }
 
-/// Restarts the server if `session` is still its current one: it stopped reading its input.
-fn kick(handle: &ServerHandle, session: u64, waited: Duration) {
-    handle.kick(session, &format!("the server did not read its input for {} ms", waited.as_millis()));
+/// Why a server that did not take what it was sent within `waited` is restarted. A
+/// request not handed over in time was never sent, so a retry is safe.
+pub(super) fn unread(waited: Duration) -> String {
+    format!("the server did not read its input for {} ms", waited.as_millis())
 }
 
 fn from_service_error(e: ServiceError) -> Failure {

@@ -11,11 +11,13 @@ use rmcp::model::{
     ClientRequest, GetPromptRequest, GetPromptRequestParams, GetPromptResult, InputRequest, InputRequiredResult,
     InputResponses, ReadResourceRequest, ReadResourceRequestParams, ReadResourceResult, ServerResult,
 };
-use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData, RoleServer, ServiceError};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
 
 use super::call::request_meta;
+use super::forward::{Fault, Instance, Out};
 use super::routing::{ask, to_client};
+use super::server::Gateway;
 use crate::transport::Session;
 use crate::transport::upstream::{Asker, UpstreamRequest};
 
@@ -102,111 +104,62 @@ pub struct Limits {
     pub until: tokio::time::Instant,
 }
 
-/// Sends `params` to `server` on `session` for the client of `cx`, and settles the
-/// server's questions as `super::call::attempt` does for a tool: a client on 2026-07-28
-/// gets them as they are (and sends its answers back itself); an older client is asked
-/// them as requests it knows, and the server is asked again, at most [`MAX_ROUNDS`]
-/// times, all within `limits`. A server on an older revision that answers with
-/// questions gives a broken answer.
+/// Sends `params` to `to` for the client of `cx`, and settles the server's questions as
+/// `super::call::attempt` does for a tool: a client on 2026-07-28 gets them as they are
+/// (and sends its answers back itself); an older client is asked them as requests it
+/// knows, and the server is asked again, at most [`MAX_ROUNDS`] times, all within
+/// `limits`. A server on an older revision that answers with questions gives a broken
+/// answer. Each round is forwarded as `super::forward` says: given up on, it is cancelled
+/// upstream.
 pub async fn settle<P: Asking>(
+    gateway: &Gateway,
     mut params: P,
-    server: &str,
-    session: &Session,
+    to: &Instance,
     cx: &RequestContext<RoleServer>,
     limits: Limits,
 ) -> Result<Answer<P::Done>, ErrorData> {
+    let (session, server) = (&to.session, &*to.session.server);
     let late = || {
         let ms = limits.deadline.as_millis();
         ErrorData::internal_error(format!("server `{server}`: `{}` took longer than its {ms} ms", P::METHOD), None)
     };
-    let lost = || ErrorData::internal_error(format!("server `{server}`: the connection was lost"), None);
-    // Dropping a round's request (the deadline, the client's cancellation, the connection
-    // lost) cancels it upstream.
     let mut round = 0;
     loop {
         let left = limits.until.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             return Err(late());
         }
-        let answer = tokio::select! {
-            r = tokio::time::timeout(left, send(params.clone(), session, cx, limits.timeout.min(left))) => r.map_err(|_| late())?,
-            () = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None)),
-            () = session.closed.cancelled() => return Err(lost()),
+        let timeout = limits.timeout.min(left);
+        let out = Out {
+            method: P::METHOD,
+            request: params.clone().into_request(),
+            meta: Some(request_meta(session, cx)),
+            hand_over: timeout,
+            answer_within: Some(timeout),
         };
-        let answer = answer.map_err(|e| match e {
-            ServiceError::Timeout { timeout } => ErrorData::internal_error(
-                format!("server `{server}` did not answer `{}` within {} ms", P::METHOD, timeout.as_millis()),
-                None,
-            ),
-            other => upstream_error(server, other),
-        })?;
-        let asked = match answer {
-            Answer::Asked(_) if !server_asks(session) => {
+        // The round ends at the deadline, however its time was spent.
+        let answer = tokio::time::timeout(left, gateway.forward(to, out, cx)).await.map_err(|_| late())?;
+        let answer = answer.map_err(|f| f.into_error(server))?;
+        let asked = match P::answer(answer) {
+            None => return Err(broken(server, P::METHOD, "something else")),
+            Some(Answer::Asked(_)) if !server_asks(session) => {
                 return Err(broken(server, P::METHOD, "questions, which only a server on 2026-07-28 may ask"));
             }
-            Answer::Asked(asked) if client_is_asked(cx) => return Ok(Answer::Asked(asked)),
-            Answer::Asked(_) if round == MAX_ROUNDS => {
+            Some(Answer::Asked(asked)) if client_is_asked(cx) => return Ok(Answer::Asked(asked)),
+            Some(Answer::Asked(_)) if round == MAX_ROUNDS => {
                 return Err(broken(server, P::METHOD, &format!("questions still after {MAX_ROUNDS} rounds")));
             }
-            Answer::Asked(asked) => asked,
-            done => return Ok(done),
+            Some(Answer::Asked(asked)) => asked,
+            Some(done) => return Ok(done),
         };
         let left = limits.until.saturating_duration_since(tokio::time::Instant::now());
         // The server's connection lost meanwhile: its questions are moot.
         let answers = tokio::select! {
             r = tokio::time::timeout(left, answers(&asked, server, session.id, cx)) => r.map_err(|_| late())??,
-            () = session.closed.cancelled() => return Err(lost()),
+            () = session.closed.cancelled() => return Err(Fault::Lost.into_error(server)),
         };
         params.resume(answers, asked.request_state);
         round += 1;
-    }
-}
-
-/// One round: `params` sent upstream with the client's `_meta` (and, to a server on
-/// 2026-07-28, the client's capabilities), answered within `timeout`.
-async fn send<P: Asking>(
-    params: P,
-    session: &Session,
-    cx: &RequestContext<RoleServer>,
-    timeout: Duration,
-) -> Result<Answer<P::Done>, ServiceError> {
-    let options = PeerRequestOptions::with_timeout(timeout).with_meta(request_meta(session, cx));
-    let handle = session.peer.send_cancellable_request(params.into_request(), options).await?;
-    // rmcp cancels the request at its own timeout; the guard, when this future is dropped.
-    let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
-    let answer = handle.await_response().await;
-    abandoned.answered();
-    P::answer(answer?).ok_or(ServiceError::UnexpectedResponse)
-}
-
-/// Tells the server its request `id` is no longer wanted, when dropped before the answer.
-pub struct Abandoned {
-    peer: rmcp::Peer<rmcp::RoleClient>,
-    id: Option<rmcp::model::RequestId>,
-}
-
-impl Abandoned {
-    pub fn new(peer: rmcp::Peer<rmcp::RoleClient>, id: rmcp::model::RequestId) -> Self {
-        Self { peer, id: Some(id) }
-    }
-
-    /// The answer came: nothing to cancel.
-    pub fn answered(&mut self) {
-        self.id = None;
-    }
-}
-
-impl Drop for Abandoned {
-    fn drop(&mut self) {
-        let (Some(id), Ok(runtime)) = (self.id.take(), tokio::runtime::Handle::try_current()) else { return };
-        let peer = self.peer.clone();
-        let reason = Some("the gateway no longer waits for it".to_owned());
-        // Off the dropping path, and bounded: a server that stopped reading its input
-        // would hold the write forever.
-        runtime.spawn(async move {
-            let cancel = peer.notify_cancelled(rmcp::model::CancelledNotificationParam::new(Some(id), reason));
-            let _ = tokio::time::timeout(Duration::from_secs(1), cancel).await;
-        });
     }
 }
 
@@ -214,14 +167,6 @@ fn broken(server: &str, method: &str, what: &str) -> ErrorData {
     ErrorData::internal_error(format!("server `{server}` answered `{method}` with {what}"), None)
 }
 
-/// An error from a server's session, as the client is told it: the server's own error
-/// as it is, anything else (a timeout, a lost connection) naming the server.
-pub fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
-    match e {
-        ServiceError::McpError(e) => e,
-        other => ErrorData::internal_error(format!("server `{server}`: {other}"), None),
-    }
-}
 /// The client's answers to every question of `asked`, put to the client of `cx` one by
 /// one, for server `server`'s upstream session `session`.
 pub async fn answers(

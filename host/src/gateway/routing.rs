@@ -15,10 +15,11 @@
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
-//! A request that says it belongs to a task (MCP 2025-11-25's related task) goes to the
-//! client that started that task on that instance, or to none, before any of these
-//! rules. While a client's request about a task is out to a server, it counts as that
-//! client's call in flight there.
+//! A call here is any request a client sent on to the server while it is out: a tool
+//! call (`super::call`), and every other request forwarded (`super::forward`), a task's
+//! included. A request that says it belongs to a task (MCP 2025-11-25's related task)
+//! goes to the client that started that task on that instance, or to none, before any
+//! of these rules.
 //!
 //! The client chosen must also have advertised the capability (`to_client`); `ask` then
 //! asks it, and closes the client's dialog if the server gives up.
@@ -48,7 +49,8 @@ use crate::transport::{Asker, UpstreamRequest};
 const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
 const EARLY_PROGRESS_MAX: usize = 256;
 
-/// A client's tool call in flight on a server instance.
+/// A client's call in flight on a server instance: a tool call, or another request it
+/// sent on (`super::forward`).
 struct InFlight {
     id: u64,
     /// The downstream session that made it.

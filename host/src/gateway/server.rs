@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientNotification, CompleteRequestParams,
-    CompleteResult, CustomNotification, GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams, PromptsCapability,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ResourcesCapability, ServerCapabilities,
-    SetLevelRequestParams, SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientNotification, ClientRequest,
+    CompleteRequest, CompleteRequestParams, CompleteResult, CustomNotification, GetPromptRequestParams,
+    GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, PromptsCapability, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ResourcesCapability, ServerCapabilities, ServerResult, SetLevelRequestParams,
+    SubscribeRequestParams, ToolsCapability, UnsubscribeRequestParams,
 };
 use rmcp::model::{ResultType, SubscriptionFilter};
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
@@ -29,11 +30,13 @@ use rmcp::model::{
     ToolAnnotations,
 };
 
+use super::call::request_meta;
 use super::call::{Attempt, Resume, attempt};
 use super::catalogue::Route;
 use super::downstreams::{Front, Reach, Subscription};
+use super::forward::{Instance, Out, upstream_error};
 use super::hub::{Hub, offered_modern};
-use super::input::{self, Answer, upstream_error};
+use super::input::{self, Answer};
 use super::session_servers::{Recovery, SessionServers};
 use super::setup::Setup;
 use super::status;
@@ -67,12 +70,19 @@ impl Gateway {
 
     /// The live session of `server`, waiting for a start in progress up to `within`.
     pub(super) async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
+        Ok(self.upstream(server, within).await?.session)
+    }
+
+    /// The instance of `server` this session's requests go to, with its live session,
+    /// waiting up to `within` for one.
+    pub(super) async fn upstream(&self, server: &str, within: Duration) -> Result<Instance, ErrorData> {
         let handle =
             self.own.server(server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
-        handle.ready_session(within).await.map_err(|nr| {
+        let session = handle.ready_session(within).await.map_err(|nr| {
             let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
             ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
-        })
+        })?;
+        Ok(Instance { instance: handle.instance, session })
     }
 
     fn wait_for(&self, server: &str) -> Duration {
@@ -335,9 +345,9 @@ impl ServerHandler for Gateway {
             .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
         // The deadline counts from here: waiting for a restart in progress is part of it.
         let limits = self.limits(&route.server);
-        let session = self.session(&route.server, limits.timeout).await?;
+        let to = self.upstream(&route.server, limits.timeout).await?;
         request.name = route.name;
-        match input::settle(request, &route.server, &session, &cx, limits).await? {
+        match input::settle(self, request, &to, &cx, limits).await? {
             Answer::Done(mut result) => {
                 result.result_type = Some(ResultType::COMPLETE);
                 Ok(result.into())
@@ -382,9 +392,9 @@ impl ServerHandler for Gateway {
         let exposed = request.uri.clone();
         let (server, uri) = self.resource(&exposed).await?;
         let limits = self.limits(&server);
-        let session = self.session(&server, limits.timeout).await?;
+        let to = self.upstream(&server, limits.timeout).await?;
         request.uri = uri;
-        match input::settle(request, &server, &session, &cx, limits).await? {
+        match input::settle(self, request, &to, &cx, limits).await? {
             Answer::Done(mut result) => {
                 for content in &mut result.contents {
                     rename_content(content, &exposed);
@@ -436,10 +446,25 @@ impl ServerHandler for Gateway {
                 return Err(ErrorData::invalid_params("unsupported completion reference", None));
             }
         };
-        let session = self.session(&server, self.wait_for(&server)).await?;
-        let mut result = session.peer.complete(request).await.map_err(|e| upstream_error(&server, e))?;
-        result.result_type = Some(ResultType::COMPLETE);
-        Ok(result)
+        let limits = self.limits(&server);
+        let to = self.upstream(&server, limits.timeout).await?;
+        let out = Out {
+            method: "completion/complete",
+            request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
+            meta: Some(request_meta(&to.session, &cx)),
+            hand_over: limits.timeout,
+            answer_within: Some(limits.timeout),
+        };
+        match self.forward(&to, out, &cx).await.map_err(|f| f.into_error(&server))? {
+            ServerResult::CompleteResult(mut result) => {
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result)
+            }
+            _ => Err(ErrorData::internal_error(
+                format!("server `{server}` answered `completion/complete` with something else"),
+                None,
+            )),
+        }
     }
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
@@ -450,21 +475,27 @@ impl ServerHandler for Gateway {
         let own = self.own.own_instances();
         let setup = self.hub.setup();
         let levels = own.iter().map(|h| (h, request.level)).chain(setup.servers.values().map(|h| (h, shared)));
-        for (handle, level) in levels {
-            let Some(session) = handle.state().session.filter(|s| s.is_live()) else {
-                continue;
-            };
-            if session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some())
-                && let Err(e) = session.peer.set_level(SetLevelRequestParams::new(level)).await
-            {
-                tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
-            }
-        }
+        // All at once, each within its server's `recovery.timeout_ms`: a server that does
+        // not answer holds up neither the others nor the client.
+        let set = levels.filter_map(|(handle, level)| {
+            let session = handle.state().session.filter(|s| s.is_live())?;
+            session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
+            let within = self.limits(&handle.name).timeout;
+            Some(async move {
+                match tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
+                    Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),
+                }
+            })
+        });
+        futures::future::join_all(set).await;
         Ok(())
     }
 
     async fn on_cancelled(&self, _: CancelledNotificationParam, _: NotificationContext<RoleServer>) {
-        // rmcp cancels the request's token; `attempt` passes the cancellation upstream.
+        // rmcp cancels the request's token; `attempt` and `forward` pass the cancellation
+        // upstream.
     }
 
     async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {

@@ -18,15 +18,15 @@ use std::time::{Duration, SystemTime};
 use rmcp::model::{
     ClientRequest, CustomNotification, CustomRequest, CustomResult, ListToolsResult, ServerNotification, ServerResult,
 };
-use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData, Peer, RoleServer, ServiceError};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use self::kept::{Origin, Started};
 use super::catalogue::Catalogue;
 use super::downstreams::send;
-use super::input::{Abandoned, upstream_error};
+use super::forward::{Fault, Instance, Out};
 use super::server::Gateway;
 use crate::recovery::engine::{AttemptRecord, Record, Role};
 use crate::recovery::{Failure, classify::classify};
@@ -46,19 +46,6 @@ pub const AS_SENT: &str = "rebound/as-sent/";
 
 /// The longest task id the gateway keeps (a server's ids are opaque strings).
 const MAX_ID_BYTES: usize = 1024;
-
-/// What forwarding a request came to.
-enum Fault {
-    /// The server instance holding the task was lost while the request was out.
-    Lost,
-    Error(ErrorData),
-}
-
-impl From<ErrorData> for Fault {
-    fn from(e: ErrorData) -> Self {
-        Self::Error(e)
-    }
-}
 
 /// `list` with each tool's `execution.taskSupport` as its server listed it, which rmcp's
 /// `Tool` cannot carry: as it is when no tool has one.
@@ -96,52 +83,28 @@ fn task_id(params: &Value) -> Result<String, ErrorData> {
         .ok_or_else(|| ErrorData::invalid_params("`taskId` (a string) is required", None))
 }
 
-/// Where a task lives: its server, the server's instance and that instance's session.
-struct Holder<'a> {
-    server: &'a str,
-    instance: u64,
-    session: &'a Session,
-}
-
-/// Sends `method` with `params` as they are to `to`, answered within `timeout` (none:
-/// until the server answers, the client cancels or the instance is lost). While it is out
-/// it counts as the client's call in flight there (see `routing`).
+/// Sends `method` with `params` as they are to `to` (`super::forward`: while it is out it
+/// counts as the client's request in flight there), answered within the server's
+/// `recovery.timeout_ms`, or, when `runs`, as long as the task runs.
 async fn forward(
     gateway: &Gateway,
-    to: Holder<'_>,
+    to: &Instance,
     method: &str,
     params: Value,
-    timeout: Option<Duration>,
+    runs: bool,
     cx: &RequestContext<RoleServer>,
 ) -> Result<Value, Fault> {
-    let Holder { server, instance, session } = to;
-    let call = gateway.hub.routing.track_call(instance, &gateway.own.client, &cx.peer, cx.id.clone());
-    let request = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
-    let options = timeout.map_or_else(PeerRequestOptions::no_options, PeerRequestOptions::with_timeout);
-    let handle =
-        session.peer.send_cancellable_request(request, options).await.map_err(|e| upstream_error(server, e))?;
-    call.sent(session.id, handle.id.clone());
-    // Whatever ends the wait early, the server hears the request is no longer wanted.
-    let mut abandoned = Abandoned::new(session.peer.clone(), handle.id.clone());
-    let answer = tokio::select! {
-        biased;
-        answer = handle.await_response() => answer,
-        () = cx.ct.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None).into()),
-        () = session.closed.cancelled() => return Err(Fault::Lost),
+    let timeout = gateway.limits(&to.session.server).timeout;
+    let out = Out {
+        method,
+        request: ClientRequest::CustomRequest(CustomRequest::new(method, Some(params))),
+        meta: None,
+        hand_over: timeout,
+        answer_within: (!runs).then_some(timeout),
     };
-    abandoned.answered();
-    match answer {
-        Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) if session.closed.is_cancelled() => {
-            Err(Fault::Lost)
-        }
-        Ok(ServerResult::CustomResult(CustomResult(value))) => Ok(value),
-        Ok(other) => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None).into()),
-        Err(ServiceError::Timeout { timeout }) => Err(ErrorData::internal_error(
-            format!("server `{server}` did not answer `{method}` within {} ms", timeout.as_millis()),
-            None,
-        )
-        .into()),
-        Err(e) => Err(upstream_error(server, e).into()),
+    match gateway.forward(to, out, cx).await? {
+        ServerResult::CustomResult(CustomResult(value)) => Ok(value),
+        other => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None).into()),
     }
 }
 
@@ -235,9 +198,8 @@ impl Gateway {
         }
         let server = route.server.clone();
         params["name"] = Value::String(route.name.clone());
-        let limits = self.limits(&server);
-        let session = self.session(&server, limits.timeout).await?;
-        if !session.dropped.task_calls() {
+        let to = self.upstream(&server, self.limits(&server).timeout).await?;
+        if !to.session.dropped.task_calls() {
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode::METHOD_NOT_FOUND,
                 format!("server `{server}` does not take task-augmented calls (no `tasks.requests.tools.call`)"),
@@ -245,9 +207,7 @@ impl Gateway {
             ));
         }
         self.own.tasks.room()?;
-        let instance = self.own.server(&server).map_or(0, |h| h.instance);
-        let to = Holder { server: &server, instance, session: &session };
-        let answer = match forward(self, to, "tools/call", params, Some(limits.timeout), cx).await {
+        let answer = match forward(self, &to, "tools/call", params, false, cx).await {
             Ok(answer) => answer,
             Err(Fault::Lost) => {
                 return Err(ErrorData::internal_error(
@@ -259,7 +219,7 @@ impl Gateway {
         };
         if let Some(id) = answer["task"]["taskId"].as_str() {
             if id.len() > MAX_ID_BYTES {
-                cancel_upstream(&session, id);
+                cancel_upstream(&to.session, id);
                 return Err(ErrorData::internal_error(
                     format!(
                         "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
@@ -267,9 +227,9 @@ impl Gateway {
                     None,
                 ));
             }
-            let origin = Origin { server, instance, session: session.clone(), tool: name };
+            let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name };
             if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
-                cancel_upstream(&session, id);
+                cancel_upstream(&to.session, id);
                 return Err(refused);
             }
         }
@@ -350,9 +310,8 @@ impl Gateway {
         let id = task_id(&params)?;
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
-            let timeout = self.limits(&task.server).timeout;
-            let to = Holder { server: &task.server, instance: task.instance, session: &session };
-            match forward(self, to, method, params, Some(timeout), cx).await {
+            let to = Instance { instance: task.instance, session };
+            match forward(self, &to, method, params, false, cx).await {
                 Ok(answer) => {
                     task.saw(&answer["status"]);
                     return Ok(answer);
@@ -386,8 +345,8 @@ impl Gateway {
         let id = task_id(&params)?;
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
-            let to = Holder { server: &task.server, instance: task.instance, session: &session };
-            match forward(self, to, "tasks/result", params, None, cx).await {
+            let to = Instance { instance: task.instance, session };
+            match forward(self, &to, "tasks/result", params, true, cx).await {
                 Ok(answer) => {
                     task.settled.cancel();
                     return Ok(answer);

@@ -124,11 +124,22 @@ pub struct Session {
     pub follows: Follows,
     /// What the server's answers said that rmcp's types drop (its tasks).
     pub dropped: Arc<Dropped>,
+    /// Wakes the supervisor to restart the server (see [`Session::kicker`]); only for a
+    /// server process.
+    restart: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Session {
     pub fn is_live(&self) -> bool {
         !self.closed.is_cancelled()
+    }
+
+    /// What restarts the server while this session is its live one: the session stopped
+    /// reading what it is sent. Counts towards the crash loop, like any restart on request.
+    /// A server over HTTP has no input to stop reading (each message is a request of its
+    /// own, which may just be slow): its kicker does nothing.
+    pub fn kicker(&self) -> Kicker {
+        Kicker { server: self.server.clone(), closed: self.closed.clone(), restart: self.restart.clone() }
     }
 
     /// Re-lists everything the server's capabilities say it has, within `within`; a
@@ -147,6 +158,26 @@ impl Session {
     /// What the server offers, as last listed.
     pub fn listing(&self) -> Arc<Listing> {
         self.listing.read().expect("not poisoned").clone()
+    }
+}
+
+/// Restarts a server without waiting, if the session it came from is still live (a live
+/// session is always its server's current one: a restart closes it first).
+#[derive(Debug, Clone)]
+pub struct Kicker {
+    server: Arc<str>,
+    closed: CancellationToken,
+    restart: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Kicker {
+    pub fn kick(&self, why: &str) {
+        if let Some(restart) = &self.restart
+            && !self.closed.is_cancelled()
+        {
+            tracing::warn!(server = %self.server, "{why}; restarting it");
+            restart.notify_waiters();
+        }
     }
 }
 
@@ -228,16 +259,6 @@ impl ServerHandle {
         });
         let _ = tokio::time::timeout(within, fresh).await;
         self.ready_session(Duration::ZERO).await
-    }
-
-    /// Restarts the server without waiting, if `session` is still its current one: that
-    /// session is wedged (it stopped reading what it is sent). Counts towards the crash
-    /// loop, like any restart on request.
-    pub fn kick(&self, session: u64, why: &str) {
-        if self.state().session.is_some_and(|s| s.id == session && s.is_live()) {
-            tracing::warn!(server = %self.name, "{why}; restarting it");
-            self.restart.notify_waiters();
-        }
     }
 
     /// Stops the server and waits for its process to be gone.
@@ -494,6 +515,7 @@ impl Supervisor {
             listing: RwLock::new(Arc::new(listing)),
             follows: Follows::new(self.relay.clone()),
             dropped,
+            restart: process.is_some().then(|| self.restart.clone()),
         });
         if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
             super::listen::lists(&session);

@@ -92,8 +92,8 @@ async fn main() {
             "--refuse-discover" => refuse_discover = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
-            // Stops reading its input (but keeps running) after this many tool calls; once
-            // per state folder, so that its replacement hears again.
+            // Stops reading its input (but keeps running) after this many tool calls and
+            // prompts; once per state folder, so that its replacement hears again.
             "--deaf-after-calls" => deaf_after_calls = Some(value().parse::<u64>().expect("a number")),
             // Sends a log message this often, whatever the client does.
             "--log-every-ms" => log_every = Some(Duration::from_millis(value().parse().expect("milliseconds"))),
@@ -154,7 +154,7 @@ async fn main() {
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
-        calls_read += u64::from(msg["method"] == "tools/call");
+        calls_read += u64::from(matches!(msg["method"].as_str(), Some("tools/call" | "prompts/get")));
         let was_deaf = server.state.as_ref().map(|d| d.join("was-deaf"));
         if deaf_after_calls.is_some_and(|n| calls_read > n) && !was_deaf.as_ref().is_some_and(|f| f.exists()) {
             if let Some(f) = &was_deaf {
@@ -266,9 +266,17 @@ impl Server {
             "prompts/list" => Ok(
                 json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),
             ),
-            "prompts/get" => Ok(
-                json!({"messages": [{"role": "user", "content": {"type": "text", "text": format!("hello {} from {}", params["arguments"]["who"].as_str().unwrap_or("?"), self.name)}}]}),
-            ),
+            // With `"ask": "roots"`, the server asks its client for its roots first.
+            "prompts/get" => {
+                let asked = match params["arguments"]["ask"].as_str() {
+                    Some("roots") => format!(" (roots: {})", self.request_client("roots/list", json!({})).await),
+                    _ => String::new(),
+                };
+                let who = params["arguments"]["who"].as_str().unwrap_or("?");
+                Ok(
+                    json!({"messages": [{"role": "user", "content": {"type": "text", "text": format!("hello {who} from {}{asked}", self.name)}}]}),
+                )
+            }
             "resources/list" => Ok(
                 json!({"resources": [{"uri": format!("faulty://{}/readme", self.name), "name": "readme", "mimeType": "text/plain"}]}),
             ),

@@ -1,0 +1,179 @@
+//! A client's request other than a tool call, forwarded to one server instance:
+//! `prompts/get`, `resources/read`, `completion/complete` and a task's requests. (A tool
+//! call has its own path, `super::call`, which recovery drives.)
+//!
+//! While it is out it counts as the client's request in flight on that instance, so that
+//! what the server asks its client meanwhile reaches that client and no other
+//! (`super::routing`). It is bounded: the server has a time to answer it (a task's result
+//! excepted: that waits for the client's cancellation), and handing it over is bounded
+//! too, though rmcp takes a request for writing at once. Given up on for any reason (its
+//! time, the client's cancellation, the caller dropping it), it is cancelled upstream,
+//! and a server process that does not take the cancellation within a second has stopped
+//! reading its input: it is restarted (`call::cancel_upstream`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{ClientRequest, RequestId, RequestMetaObject, ServerResult};
+use rmcp::service::{PeerRequestOptions, RequestContext};
+use rmcp::{ErrorData, RoleServer, ServiceError};
+
+use super::call::{cancel_upstream, unread};
+use super::server::Gateway;
+use crate::transport::Session;
+
+/// A server instance's live session, as a request is forwarded to it.
+#[derive(Clone)]
+pub struct Instance {
+    /// The server instance (`ServerHandle::instance`): whose calls in flight it counts in.
+    pub instance: u64,
+    pub session: Arc<Session>,
+}
+
+/// One request to forward.
+pub struct Out<'a> {
+    /// Its method, for messages.
+    pub method: &'a str,
+    pub request: ClientRequest,
+    /// The `_meta` it carries besides what the request holds itself.
+    pub meta: Option<RequestMetaObject>,
+    /// How long the server may take to take the request off its input.
+    pub hand_over: Duration,
+    /// How long it may take to answer; `None`: as long as it works on it (a task's result).
+    pub answer_within: Option<Duration>,
+}
+
+/// What a forwarded request came to, besides an answer.
+#[derive(Debug)]
+pub enum Fault {
+    /// The server instance's connection was lost while the request was out.
+    Lost,
+    Error(ErrorData),
+}
+
+impl From<ErrorData> for Fault {
+    fn from(e: ErrorData) -> Self {
+        Self::Error(e)
+    }
+}
+
+impl Fault {
+    /// As the client is told it, naming `server`.
+    pub fn into_error(self, server: &str) -> ErrorData {
+        match self {
+            Self::Lost => ErrorData::internal_error(format!("server `{server}`: the connection was lost"), None),
+            Self::Error(e) => e,
+        }
+    }
+}
+
+impl Gateway {
+    /// Sends `out` to `to` for the client of `cx` and waits for the answer (see the module).
+    pub(super) async fn forward(
+        &self,
+        to: &Instance,
+        out: Out<'_>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, Fault> {
+        let Instance { instance, session } = to;
+        let server = &session.server;
+        let call = self.hub.routing.track_call(*instance, &self.own.client, &cx.peer, cx.id.clone());
+        let options = match out.meta {
+            Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
+            None => PeerRequestOptions::no_options(),
+        };
+        // A server that stops reading its input stops rmcp's writer, and then handing a
+        // request over can wait forever.
+        let sent = tokio::select! {
+            r = tokio::time::timeout(out.hand_over, session.peer.send_cancellable_request(out.request, options)) => match r {
+                Ok(sent) => sent.map_err(|e| upstream_error(server, e))?,
+                Err(_) => {
+                    session.kicker().kick(&unread(out.hand_over));
+                    let message = format!("server `{server}`: {}; it is restarted", unread(out.hand_over));
+                    return Err(ErrorData::internal_error(message, None).into());
+                }
+            },
+            () = cx.ct.cancelled() => return Err(cancelled().into()),
+            () = session.closed.cancelled() => return Err(Fault::Lost),
+        };
+        call.sent(session.id, sent.id.clone());
+        let mut abandoned =
+            Abandoned { session, id: Some(sent.id.clone()), reason: "the gateway no longer waits for it" };
+        let response = sent.await_response();
+        let answer = tokio::select! {
+            biased;
+            answer = within(out.answer_within, response) => answer,
+            () = cx.ct.cancelled() => {
+                abandoned.reason = "cancelled by the client";
+                return Err(cancelled().into());
+            }
+            () = session.closed.cancelled() => return Err(Fault::Lost),
+        };
+        match answer {
+            Some(answer) => abandoned.answered(answer, out.method),
+            None => {
+                let ms = out.answer_within.unwrap_or_default().as_millis();
+                let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);
+                Err(ErrorData::internal_error(message, None).into())
+            }
+        }
+    }
+}
+
+/// `response` within `limit` (`None` when it took longer), or as long as it takes.
+async fn within<F: Future>(limit: Option<Duration>, response: F) -> Option<F::Output> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, response).await.ok(),
+        None => Some(response.await),
+    }
+}
+
+fn cancelled() -> ErrorData {
+    ErrorData::internal_error("cancelled by the client", None)
+}
+
+/// Tells the server its request `id` is no longer wanted, when dropped before the answer.
+struct Abandoned<'a> {
+    session: &'a Session,
+    id: Option<RequestId>,
+    /// Why, as the server is told.
+    reason: &'static str,
+}
+
+impl Abandoned<'_> {
+    /// The answer came: nothing to cancel. An error the connection's end caused is the
+    /// connection lost.
+    fn answered(&mut self, answer: Result<ServerResult, ServiceError>, method: &str) -> Result<ServerResult, Fault> {
+        self.id = None;
+        let session = self.session;
+        match answer {
+            Ok(result) => Ok(result),
+            Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) if session.closed.is_cancelled() => {
+                Err(Fault::Lost)
+            }
+            Err(ServiceError::UnexpectedResponse) => Err(ErrorData::internal_error(
+                format!("server `{}` answered `{method}` with something else", session.server),
+                None,
+            )
+            .into()),
+            Err(e) => Err(upstream_error(&session.server, e).into()),
+        }
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            cancel_upstream(self.session, id, self.reason);
+        }
+    }
+}
+
+/// An error from a server's session, as the client is told it: the server's own error
+/// as it is, anything else (a lost connection, a broken answer) naming the server.
+pub fn upstream_error(server: &str, e: ServiceError) -> ErrorData {
+    match e {
+        ServiceError::McpError(e) => e,
+        other => ErrorData::internal_error(format!("server `{server}`: {other}"), None),
+    }
+}
