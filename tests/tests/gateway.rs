@@ -519,10 +519,16 @@ struct RawStdio {
 
 impl RawStdio {
     async fn start(rebound: Value) -> Self {
+        Self::open(&[], "2025-06-18", rebound).await
+    }
+
+    /// A gateway in front of one faulty server started with `args`, its client on
+    /// protocol `revision`.
+    async fn open(args: &[&str], revision: &str, rebound: Value) -> Self {
         use tokio::io::AsyncBufReadExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rebound.json");
-        let config = json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}, "rebound": rebound});
+        let config = json!({"mcpServers": {"a": faulty("a", dir.path(), args)}, "rebound": rebound});
         std::fs::write(&path, config.to_string()).unwrap();
         let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
             .args(["serve", "--config"])
@@ -535,7 +541,7 @@ impl RawStdio {
         let stdin = child.stdin.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let mut raw = Self { child, stdin, lines, _dir: dir };
-        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
+        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
         assert_eq!(raw.answers(1).await[0]["id"], 0);
         raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
         raw
@@ -557,15 +563,49 @@ impl RawStdio {
     async fn answers(&mut self, n: usize) -> Vec<Value> {
         let mut answers = Vec::new();
         while answers.len() < n {
-            let line =
-                tokio::time::timeout(Duration::from_secs(30), self.lines.next_line()).await.unwrap().unwrap().unwrap();
-            let message: Value = serde_json::from_str(&line).unwrap();
+            let message = self.next().await;
             if message.get("id").is_some() {
                 answers.push(message);
             }
         }
         answers
     }
+
+    /// The next message, whatever it is.
+    async fn next(&mut self) -> Value {
+        let line =
+            tokio::time::timeout(Duration::from_secs(30), self.lines.next_line()).await.unwrap().unwrap().unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+/// MCP 2025-11-25: a task's progress comes under the token of the call that started it
+/// for as long as the task runs, after the call has been answered with the task.
+#[tokio::test]
+async fn a_tasks_progress_reaches_its_client_under_its_own_token_while_it_runs() {
+    let mut raw = RawStdio::open(&["--tasks"], "2025-11-25", json!({})).await;
+    let call = json!({"name": "slow", "arguments": {"ms": 800, "steps": 3}, "task": {"ttl": 60000}, "_meta": {"progressToken": "mine"}});
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})).await;
+    let (mut created, mut progress) = (None, Vec::new());
+    loop {
+        let message = raw.next().await;
+        match message["method"].as_str() {
+            None if message["id"] == 1 => created = Some(message["result"]["task"]["taskId"].clone()),
+            Some("notifications/progress") => {
+                assert!(created.is_some(), "the task's progress came after its creation");
+                assert_eq!(message["params"]["progressToken"], "mine", "{message}");
+                progress.push(message["params"]["progress"].as_f64().unwrap());
+            }
+            Some("notifications/tasks/status") if message["params"]["status"] == "completed" => break,
+            _ => {}
+        }
+    }
+    assert_eq!(progress, [1.0, 2.0, 3.0]);
+    let task = created.expect("the call was answered with its task");
+    raw.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/result", "params": {"taskId": task}})).await;
+    let result = raw.answers(1).await.remove(0);
+    assert_eq!(result["id"], 2);
+    assert!(result["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("slept 800 ms")), "{result}");
 }
 
 #[tokio::test]

@@ -215,7 +215,7 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -
 
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,
 /// log level): the gateway's connection to the server sets its own.
-const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
+pub(super) const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
 
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);

@@ -19,6 +19,7 @@ use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServiceError};
 
 use super::call::{cancel_upstream, unread};
+use super::routing::ProgressGuard;
 use super::server::Gateway;
 use crate::transport::Session;
 
@@ -35,7 +36,8 @@ pub struct Out<'a> {
     /// Its method, for messages.
     pub method: &'a str,
     pub request: ClientRequest,
-    /// The `_meta` it carries besides what the request holds itself.
+    /// The client's `_meta` it carries (the request's own, if any, kept besides): its
+    /// progress token is the one the server's progress reaches the client under.
     pub meta: Option<RequestMetaObject>,
     /// How long the server may take to take the request off its input.
     pub hand_over: Duration,
@@ -68,16 +70,34 @@ impl Fault {
 }
 
 impl Gateway {
-    /// Sends `out` to `to` for the client of `cx` and waits for the answer (see the module).
+    /// Sends `out` to `to` for the client of `cx` and waits for the answer (see the
+    /// module). The server's progress on it reaches the client under the client's token
+    /// (rmcp sends a token of its own), before the answer.
     pub(super) async fn forward(
         &self,
         to: &Instance,
         out: Out<'_>,
         cx: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, Fault> {
+        let (answer, progress) = self.forward_keeping_progress(to, out, cx).await?;
+        if let Some(progress) = progress {
+            progress.end().await;
+        }
+        Ok(answer)
+    }
+
+    /// [`Gateway::forward`], the client's progress route kept past the answer: a task's
+    /// progress comes for as long as the task runs.
+    pub(super) async fn forward_keeping_progress(
+        &self,
+        to: &Instance,
+        out: Out<'_>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(ServerResult, Option<ProgressGuard>), Fault> {
         let Instance { instance, session } = to;
         let server = &session.server;
         let call = self.hub.routing.track_call(*instance, &self.own.client, &cx.peer, cx.id.clone());
+        let client_token = out.meta.as_ref().and_then(RequestMetaObject::get_progress_token);
         let options = match out.meta {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
@@ -97,6 +117,9 @@ impl Gateway {
             () = session.closed.cancelled() => return Err(Fault::Lost),
         };
         call.sent(session.id, sent.id.clone());
+        let progress = client_token.map(|client| {
+            self.hub.routing.progress_route(session.id, sent.progress_token.clone(), cx.peer.clone(), client)
+        });
         let mut abandoned =
             Abandoned { session, id: Some(sent.id.clone()), reason: "the gateway no longer waits for it" };
         let response = sent.await_response();
@@ -110,7 +133,7 @@ impl Gateway {
             () = session.closed.cancelled() => return Err(Fault::Lost),
         };
         match answer {
-            Some(answer) => abandoned.answered(answer, out.method),
+            Some(answer) => Ok((abandoned.answered(answer, out.method)?, progress)),
             None => {
                 let ms = out.answer_within.unwrap_or_default().as_millis();
                 let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);

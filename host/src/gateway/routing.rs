@@ -207,6 +207,18 @@ impl Routing {
         routes.insert((session, upstream), route);
     }
 
+    /// [`Routing::map_progress`], ended when the guard is dropped or ended.
+    pub fn progress_route(
+        self: &Arc<Self>,
+        session: u64,
+        upstream: ProgressToken,
+        peer: Peer<RoleServer>,
+        token: ProgressToken,
+    ) -> ProgressGuard {
+        self.map_progress(session, upstream.clone(), peer, token);
+        ProgressGuard { routing: self.clone(), session, upstream }
+    }
+
     /// Ends the mapping; the forwarder, if progress came, is to be flushed before the
     /// answer is sent.
     pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) -> Option<ProgressForwarder> {
@@ -256,6 +268,30 @@ impl ProgressRoute {
             (tx, task)
         });
         let _ = tx.send(p);
+    }
+}
+
+/// Keeps one request's progress going to its client until dropped, or ended.
+pub struct ProgressGuard {
+    routing: Arc<Routing>,
+    session: u64,
+    upstream: ProgressToken,
+}
+
+impl ProgressGuard {
+    /// Ends the route once the progress relayed so far has reached the client's session,
+    /// so that an answer sent next comes after it.
+    pub async fn end(self) {
+        if let Some(progress) = self.routing.unmap_progress(self.session, &self.upstream) {
+            progress.flush().await;
+        }
+    }
+}
+
+impl Drop for ProgressGuard {
+    fn drop(&mut self) {
+        // Progress already queued still goes out.
+        self.routing.unmap_progress(self.session, &self.upstream);
     }
 }
 

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rmcp::model::{
-    ClientRequest, CustomNotification, CustomRequest, CustomResult, ListToolsResult, ServerNotification, ServerResult,
+    ClientRequest, CustomNotification, CustomRequest, CustomResult, ListToolsResult, RequestMetaObject,
+    ServerNotification, ServerResult,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, Peer, RoleServer};
@@ -24,6 +25,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use self::kept::{Origin, Started};
+use super::call::PROTOCOL_KEYS;
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::forward::{Fault, Instance, Out};
@@ -94,17 +96,44 @@ async fn forward(
     runs: bool,
     cx: &RequestContext<RoleServer>,
 ) -> Result<Value, Fault> {
+    Ok(as_value(gateway.forward(to, as_sent(gateway, to, method, params, runs, cx), cx).await?)?)
+}
+
+/// `method` with `params`, to be sent as they are, with the client's `_meta`: wherever
+/// it came (left in the params over stdio, taken out of them by rmcp over HTTP), but for
+/// the keys that describe the client's revision, not this connection's (see
+/// `call::request_meta`); the related task is the task's.
+fn as_sent<'a>(
+    gateway: &Gateway,
+    to: &Instance,
+    method: &'a str,
+    mut params: Value,
+    runs: bool,
+    cx: &RequestContext<RoleServer>,
+) -> Out<'a> {
     let timeout = gateway.limits(&to.session.server).timeout;
-    let out = Out {
+    let sent = params.as_object_mut().and_then(|p| p.remove("_meta"));
+    let sent = sent.as_ref().and_then(Value::as_object).into_iter().flatten();
+    let mut meta = RequestMetaObject::default();
+    for (key, value) in cx.meta.iter().chain(sent) {
+        if !key.starts_with(PROTOCOL_KEYS) || key == RELATED_TASK {
+            meta.insert(key.clone(), value.clone());
+        }
+    }
+    Out {
         method,
         request: ClientRequest::CustomRequest(CustomRequest::new(method, Some(params))),
-        meta: None,
+        meta: Some(meta),
         hand_over: timeout,
         answer_within: (!runs).then_some(timeout),
-    };
-    match gateway.forward(to, out, cx).await? {
+    }
+}
+
+/// An answer to a request sent as it was, as it came.
+fn as_value(answer: ServerResult) -> Result<Value, ErrorData> {
+    match answer {
         ServerResult::CustomResult(CustomResult(value)) => Ok(value),
-        other => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None).into()),
+        other => serde_json::to_value(other).map_err(|e| ErrorData::internal_error(e.to_string(), None)),
     }
 }
 
@@ -207,8 +236,10 @@ impl Gateway {
             ));
         }
         self.own.tasks.room()?;
-        let answer = match forward(self, &to, "tools/call", params, false, cx).await {
-            Ok(answer) => answer,
+        // The task's progress comes as long as it runs: its route is kept with the task.
+        let out = as_sent(self, &to, "tools/call", params, false, cx);
+        let (answer, progress) = match self.forward_keeping_progress(&to, out, cx).await {
+            Ok((answer, progress)) => (as_value(answer)?, progress),
             Err(Fault::Lost) => {
                 return Err(ErrorData::internal_error(
                     format!("server `{server}`: the connection was lost; the task may or may not have been created"),
@@ -227,7 +258,7 @@ impl Gateway {
                     None,
                 ));
             }
-            let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name };
+            let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
             if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
                 cancel_upstream(&to.session, id);
                 return Err(refused);

@@ -9,7 +9,7 @@ use rmcp::ErrorData;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::routing::TaskOwner;
+use crate::gateway::routing::{ProgressGuard, TaskOwner};
 use crate::transport::Session;
 
 /// The tasks one client session keeps through the gateway at once. Past it, tasks that
@@ -37,6 +37,8 @@ pub(super) struct Started {
     state: Mutex<Held>,
     /// The task's entry in `Routing` (its status and questions go to this client).
     _owner: TaskOwner,
+    /// Where its progress goes (under the client's token), while it is kept.
+    _progress: Option<ProgressGuard>,
     /// Cancelled once the client has seen the task end (in an answer or a status
     /// notification of the server's), or the task is forgotten: its
     /// loss is then nobody's news.
@@ -50,6 +52,8 @@ pub(super) struct Origin {
     pub session: Arc<Session>,
     /// The tool, as the client named it.
     pub tool: String,
+    /// The route of the call's progress, if the client asked for progress.
+    pub progress: Option<ProgressGuard>,
 }
 
 enum Held {
@@ -149,7 +153,7 @@ impl Drop for Tasks {
 impl Started {
     /// Task `created` (the server's `task` object), from `origin`.
     fn new(origin: Origin, created: &Value, owner: TaskOwner, settled: CancellationToken) -> Self {
-        let Origin { server, instance, session, tool } = origin;
+        let Origin { server, instance, session, tool, progress } = origin;
         let now = SystemTime::now();
         // The server's `createdAt` as it wrote it, when it is a plausible timestamp.
         let created_at =
@@ -163,6 +167,7 @@ impl Started {
             created_at,
             state: Mutex::new(Held::By(session)),
             _owner: owner,
+            _progress: progress,
             settled,
         }
     }

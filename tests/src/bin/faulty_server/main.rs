@@ -12,7 +12,8 @@
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
-//! every time: a crash loop).
+//! every time: a crash loop), `--tasks` (runs `slow` as an MCP 2025-11-25 task when the
+//! call asks, see `tasks`).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::{Mutex, oneshot};
+
+mod tasks;
 
 struct Server {
     name: String,
@@ -45,6 +48,8 @@ struct Server {
     next_id: AtomicU64,
     /// Answers to our own requests to the client (sampling, roots, elicitation).
     pending: Mutex<std::collections::HashMap<u64, oneshot::Sender<Value>>>,
+    /// With `--tasks`, the tasks it runs.
+    tasks: Option<tasks::Tasks>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -60,6 +65,7 @@ async fn main() {
     let mut stubborn = false;
     let mut deaf_after_calls = None;
     let mut log_every = None;
+    let mut with_tasks = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| panic!("{arg} needs a value"));
@@ -92,6 +98,7 @@ async fn main() {
             "--refuse-discover" => refuse_discover = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
+            "--tasks" => with_tasks = true,
             // Stops reading its input (but keeps running) after this many tool calls and
             // prompts; once per state folder, so that its replacement hears again.
             "--deaf-after-calls" => deaf_after_calls = Some(value().parse::<u64>().expect("a number")),
@@ -137,6 +144,7 @@ async fn main() {
         out: Mutex::new(std::io::stdout()),
         next_id: AtomicU64::new(1),
         pending: Mutex::default(),
+        tasks: with_tasks.then(tasks::Tasks::default),
     });
     if let Some(every) = log_every {
         let server = server.clone();
@@ -226,17 +234,23 @@ impl Server {
         };
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
         let result = match method {
-            "initialize" => Ok(json!({
-                "protocolVersion": params["protocolVersion"].as_str().unwrap_or("2025-06-18"),
-                "capabilities": {
-                    "tools": {"listChanged": true},
-                    "prompts": {"listChanged": true},
-                    "resources": {"subscribe": true, "listChanged": true},
-                    "logging": {},
-                    "completions": {},
-                },
-                "serverInfo": {"name": self.name, "version": "0.0.1"},
-            })),
+            "initialize" => {
+                let mut answer = json!({
+                    "protocolVersion": params["protocolVersion"].as_str().unwrap_or("2025-06-18"),
+                    "capabilities": {
+                        "tools": {"listChanged": true},
+                        "prompts": {"listChanged": true},
+                        "resources": {"subscribe": true, "listChanged": true},
+                        "logging": {},
+                        "completions": {},
+                    },
+                    "serverInfo": {"name": self.name, "version": "0.0.1"},
+                });
+                if self.tasks.is_some() {
+                    answer["capabilities"]["tasks"] = tasks::capability();
+                }
+                Ok(answer)
+            }
             "resources/subscribe" => {
                 let uri = params["uri"].as_str().unwrap_or_default();
                 if let Some(dir) = &self.state {
@@ -299,11 +313,19 @@ impl Server {
                 json!({"completion": {"values": [format!("{}-{}", self.name, params["argument"]["value"].as_str().unwrap_or(""))], "hasMore": false}}),
             ),
             "tools/call" => {
-                self.call(
-                    &params,
-                    msg.get("params").and_then(|p| p.get("_meta")).and_then(|m| m.get("progressToken")).cloned(),
-                )
-                .await
+                let progress = params.get("_meta").and_then(|m| m.get("progressToken")).cloned();
+                if let Some(tasks) = &self.tasks
+                    && params.get("task").is_some_and(|t| !t.is_null())
+                {
+                    return self.run_task(tasks, id, &params, progress).await;
+                }
+                self.call(&params, progress).await
+            }
+            "tasks/get" if self.tasks.is_some() => {
+                self.tasks.as_ref().unwrap().task(params["taskId"].as_str().unwrap_or_default()).await
+            }
+            "tasks/result" if self.tasks.is_some() => {
+                self.tasks.as_ref().unwrap().result(params["taskId"].as_str().unwrap_or_default()).await
             }
             "notifications/cancelled" => {
                 if let Some(dir) = &self.state {
@@ -324,6 +346,21 @@ impl Server {
         }
     }
 
+    /// A task-augmented call: answered at once with the task, then run, its result kept
+    /// and its end told.
+    async fn run_task(&self, tasks: &tasks::Tasks, id: Option<Value>, params: &Value, progress: Option<Value>) {
+        let (task, done) = tasks.start().await;
+        let created = json!({"task": tasks::task(&task, "working")});
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "result": created})).await;
+        let result = self
+            .call(params, progress)
+            .await
+            .unwrap_or_else(|(_, message)| json!({"content": [{"type": "text", "text": message}], "isError": true}));
+        let _ = done.send(Some(result));
+        let status = tasks::task(&task, "completed");
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": status})).await;
+    }
+
     fn tools(&self) -> Vec<Value> {
         let ro = json!({"readOnlyHint": true});
         if self.emulate.is_some() {
@@ -342,12 +379,18 @@ impl Server {
             tool("crash", "Exits the server process without answering", json!({}), json!({})),
             tool("close_stdout", "Closes stdout but keeps running, a server gone deaf", json!({}), json!({})),
             tool("hang", "Never answers", json!({}), ro.clone()),
-            tool(
-                "slow",
-                "Answers after `ms`, sending `steps` progress notifications",
-                json!({"ms": {"type": "integer"}, "steps": {"type": "integer"}}),
-                ro.clone(),
-            ),
+            {
+                let mut slow = tool(
+                    "slow",
+                    "Answers after `ms`, sending `steps` progress notifications",
+                    json!({"ms": {"type": "integer"}, "steps": {"type": "integer"}}),
+                    ro.clone(),
+                );
+                if self.tasks.is_some() {
+                    slow["execution"] = json!({"taskSupport": "optional"});
+                }
+                slow
+            },
             tool("garbage", "Writes non-JSON lines to stdout, then answers", json!({}), ro.clone()),
             tool("huge", "Answers with a text of `bytes` bytes", json!({"bytes": {"type": "integer"}}), ro.clone()),
             tool("fail", "Answers with an isError result", json!({"message": {"type": "string"}}), json!({})),
