@@ -298,6 +298,27 @@ async fn a_subscription_given_up_on_is_undone_upstream() {
 }
 
 #[tokio::test]
+async fn an_unsubscribe_the_server_never_answers_ends_within_its_time() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["recovery"] = json!({"timeout_ms": 300});
+        json!({"mcpServers": {"a": a}})
+    })
+    .await;
+    let (peer, uri) = (gw.client.peer(), "faulty://a/items/sticky");
+    peer.subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
+    let unsubscribe = peer.unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri));
+    let ended = tokio::time::timeout(Duration::from_secs(10), unsubscribe).await;
+    // The client no longer follows it, whatever the server does.
+    ended.expect("answered within its time").expect("the client's subscription ended");
+    assert_eq!(gw.state("a", "unsubscribes"), [uri]);
+    // Following it again subscribes afresh.
+    peer.subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
+    assert_eq!(gw.state("a", "subscribes"), [uri, uri]);
+    gw.close().await;
+}
+
+#[tokio::test]
 async fn a_server_that_cannot_start_does_not_hold_the_others_back() {
     let gw = Gateway::start(|dir| {
         json!({

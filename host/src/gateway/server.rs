@@ -419,8 +419,18 @@ impl ServerHandler for Gateway {
         request.uri = subscription.uri.clone();
         self.hub.downstreams.subscribe(&self.own.client, subscription, false);
         // The server keeps the subscription while another session still has it.
-        let session = self.session(&server, self.wait_for(&server)).await?;
-        session.unfollow(&request.uri, &self.own.client).await.map_err(|e| upstream_error(&server, e))
+        let within = self.wait_for(&server);
+        let session = self.session(&server, within).await?;
+        match tokio::time::timeout(within, session.unfollow(&request.uri, &self.own.client)).await {
+            Ok(done) => done.map_err(|e| upstream_error(&server, e)),
+            // The gateway holds it no longer (a new follower subscribes afresh, after this
+            // request on the wire), and this client hears nothing more of it.
+            Err(_) => {
+                let ms = within.as_millis();
+                tracing::warn!(%server, uri = %request.uri, "resources/unsubscribe: no answer within {ms} ms");
+                Ok(())
+            }
+        }
     }
 
     async fn complete(

@@ -8,7 +8,7 @@
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
-//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from), `--crash-after N` (exits on the
+//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
@@ -263,8 +263,13 @@ impl Server {
                 Ok(json!({}))
             }
             "resources/unsubscribe" => {
+                let uri = params["uri"].as_str().unwrap_or_default();
                 if let Some(dir) = &self.state {
-                    append(&dir.join("unsubscribes"), params["uri"].as_str().unwrap_or_default());
+                    append(&dir.join("unsubscribes"), uri);
+                }
+                // Ended, never answered.
+                if uri.ends_with("/sticky") {
+                    std::future::pending::<()>().await;
                 }
                 Ok(json!({}))
             }
