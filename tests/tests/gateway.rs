@@ -607,8 +607,9 @@ async fn a_tasks_progress_reaches_its_client_under_its_own_token_while_it_runs()
     let mut raw = RawStdio::open(&["--tasks"], "2025-11-25", json!({})).await;
     let call = json!({"name": "slow", "arguments": {"ms": 800, "steps": 3}, "task": {"ttl": 60000}, "_meta": {"progressToken": "mine"}});
     raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})).await;
-    let (mut created, mut progress) = (None, Vec::new());
-    loop {
+    let (mut created, mut progress, mut completed) = (None, Vec::new(), false);
+    // (The status notification and the progress travel apart: either may come first.)
+    while !(completed && progress.len() == 3) {
         let message = raw.next().await;
         match message["method"].as_str() {
             None if message["id"] == 1 => created = Some(message["result"]["task"]["taskId"].clone()),
@@ -617,7 +618,7 @@ async fn a_tasks_progress_reaches_its_client_under_its_own_token_while_it_runs()
                 assert_eq!(message["params"]["progressToken"], "mine", "{message}");
                 progress.push(message["params"]["progress"].as_f64().unwrap());
             }
-            Some("notifications/tasks/status") if message["params"]["status"] == "completed" => break,
+            Some("notifications/tasks/status") => completed |= message["params"]["status"] == "completed",
             _ => {}
         }
     }

@@ -4,7 +4,8 @@
 //!
 //! While it is out it counts as the client's request in flight on that instance, so that
 //! what the server asks its client meanwhile reaches that client and no other
-//! (`super::routing`). It is bounded: the server has a time to answer it (a task's result
+//! (`super::routing`), and its progress reaches the client under the client's own token,
+//! before the answer. It is bounded: the server has a time to answer it (a task's result
 //! excepted: that waits for the client's cancellation), and handing it over is bounded
 //! too, though rmcp takes a request for writing at once. Given up on for any reason (its
 //! time, the client's cancellation, the caller dropping it), it is cancelled upstream,
@@ -133,7 +134,16 @@ impl Gateway {
             () = session.closed.cancelled() => return Err(Fault::Lost),
         };
         match answer {
-            Some(answer) => Ok((abandoned.answered(answer, out.method)?, progress)),
+            Some(answer) => match abandoned.answered(answer, out.method) {
+                Ok(answer) => Ok((answer, progress)),
+                Err(fault) => {
+                    // An error is an answer too: the progress before it goes first.
+                    if let Some(progress) = progress {
+                        progress.end().await;
+                    }
+                    Err(fault)
+                }
+            },
             None => {
                 let ms = out.answer_within.unwrap_or_default().as_millis();
                 let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);

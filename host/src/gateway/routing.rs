@@ -216,7 +216,7 @@ impl Routing {
         token: ProgressToken,
     ) -> ProgressGuard {
         self.map_progress(session, upstream.clone(), peer, token);
-        ProgressGuard { routing: self.clone(), session, upstream }
+        ProgressGuard { routing: self.clone(), session, upstream, ended: false }
     }
 
     /// Ends the mapping; the forwarder, if progress came, is to be flushed before the
@@ -250,14 +250,19 @@ impl Routing {
 struct ProgressRoute {
     peer: Peer<RoleServer>,
     token: ProgressToken,
-    forwarder: Option<(mpsc::UnboundedSender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
+    forwarder: Option<(mpsc::Sender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
 }
 
+/// The most progress notifications queued for one client's request (a task's included)
+/// while its client reads them slower than the server sends them. Past it the newest are
+/// dropped: each says how far along the work is, and a later one says it again.
+const PROGRESS_QUEUED: usize = 256;
+
 impl ProgressRoute {
-    /// Queues `p` for the client, in order.
+    /// Queues `p` for the client, in order, unless [`PROGRESS_QUEUED`] are waiting.
     fn forward(&mut self, p: ProgressNotificationParam) {
         let (tx, _) = self.forwarder.get_or_insert_with(|| {
-            let (tx, mut rx) = mpsc::unbounded_channel::<ProgressNotificationParam>();
+            let (tx, mut rx) = mpsc::channel::<ProgressNotificationParam>(PROGRESS_QUEUED);
             let (peer, token) = (self.peer.clone(), self.token.clone());
             let task = tokio::spawn(async move {
                 while let Some(mut p) = rx.recv().await {
@@ -267,7 +272,7 @@ impl ProgressRoute {
             });
             (tx, task)
         });
-        let _ = tx.send(p);
+        let _ = tx.try_send(p);
     }
 }
 
@@ -276,12 +281,14 @@ pub struct ProgressGuard {
     routing: Arc<Routing>,
     session: u64,
     upstream: ProgressToken,
+    ended: bool,
 }
 
 impl ProgressGuard {
     /// Ends the route once the progress relayed so far has reached the client's session,
     /// so that an answer sent next comes after it.
-    pub async fn end(self) {
+    pub async fn end(mut self) {
+        self.ended = true;
         if let Some(progress) = self.routing.unmap_progress(self.session, &self.upstream) {
             progress.flush().await;
         }
@@ -291,7 +298,9 @@ impl ProgressGuard {
 impl Drop for ProgressGuard {
     fn drop(&mut self) {
         // Progress already queued still goes out.
-        self.routing.unmap_progress(self.session, &self.upstream);
+        if !self.ended {
+            self.routing.unmap_progress(self.session, &self.upstream);
+        }
     }
 }
 

@@ -248,21 +248,26 @@ impl Gateway {
             }
             Err(Fault::Error(e)) => return Err(e),
         };
-        if let Some(id) = answer["task"]["taskId"].as_str() {
-            if id.len() > MAX_ID_BYTES {
-                cancel_upstream(&to.session, id);
-                return Err(ErrorData::internal_error(
-                    format!(
-                        "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
-                    ),
-                    None,
-                ));
+        let Some(id) = answer["task"]["taskId"].as_str() else {
+            // Answered at once, with no task: its progress came before this.
+            if let Some(progress) = progress {
+                progress.end().await;
             }
-            let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
-            if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
-                cancel_upstream(&to.session, id);
-                return Err(refused);
-            }
+            return Ok(answer);
+        };
+        if id.len() > MAX_ID_BYTES {
+            cancel_upstream(&to.session, id);
+            return Err(ErrorData::internal_error(
+                format!(
+                    "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
+                ),
+                None,
+            ));
+        }
+        let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
+        if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
+            cancel_upstream(&to.session, id);
+            return Err(refused);
         }
         Ok(answer)
     }
@@ -286,6 +291,7 @@ impl Gateway {
                 }
                 () = task.settled.cancelled() => {}
             }
+            task.stop_progress();
         });
         Ok(())
     }

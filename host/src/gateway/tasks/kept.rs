@@ -37,8 +37,8 @@ pub(super) struct Started {
     state: Mutex<Held>,
     /// The task's entry in `Routing` (its status and questions go to this client).
     _owner: TaskOwner,
-    /// Where its progress goes (under the client's token), while it is kept.
-    _progress: Option<ProgressGuard>,
+    /// Where its progress goes (under the client's token), until it ends.
+    progress: Mutex<Option<ProgressGuard>>,
     /// Cancelled once the client has seen the task end (in an answer or a status
     /// notification of the server's), or the task is forgotten: its
     /// loss is then nobody's news.
@@ -167,9 +167,14 @@ impl Started {
             created_at,
             state: Mutex::new(Held::By(session)),
             _owner: owner,
-            _progress: progress,
+            progress: Mutex::new(progress),
             settled,
         }
+    }
+
+    /// Its progress no longer goes to the client: it ended, or its instance is gone.
+    pub(super) fn stop_progress(&self) {
+        drop(self.progress.lock().expect("not poisoned").take());
     }
 
     /// Whether it no longer needs a place: the client saw it end, or it was lost, or its

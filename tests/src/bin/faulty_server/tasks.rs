@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 
-/// What the server says it takes, in its answer to `initialize`.
+/// What the server says it takes, in its answer to `initialize`: task-augmented calls
+/// (it answers `tasks/get` and `tasks/result`; it does not list or cancel tasks).
 pub fn capability() -> Value {
-    json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
+    json!({"requests": {"tools": {"call": {}}}})
 }
 
 /// The tasks this server process runs, each with its result once it has one.
