@@ -13,6 +13,8 @@
 //   heard  a task the client hears end only from the server's status notification (it
 //          never asks), and whose server is then killed
 //   many   tasks started until the gateway refuses one (it keeps 256 per client)
+//   progress  a task-augmented call of faulty-server's `slow` (with `--tasks`), which
+//          reports its progress as the task runs, after the call was answered
 import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -116,6 +118,17 @@ if (mode === "run" || mode === "quiet") {
     out.error = error.message;
   }
   out.statuses = statuses;
+} else if (mode === "progress") {
+  const progress = [];
+  const slow = { name: "slow", arguments: { ms: 800, steps: 3 } };
+  const onprogress = (p) => progress.push(p.progress);
+  const seen = [];
+  const stream = client.experimental.tasks.callToolStream(slow, CallToolResultSchema, { task: { ttl: 60000 }, onprogress });
+  for await (const message of stream) seen.push(message);
+  out.types = seen.map((m) => m.type);
+  out.text = seen.find((m) => m.type === "result")?.result?.content?.map((c) => c.text).join("\n") ?? null;
+  out.progress = progress;
+  out.error = seen.find((m) => m.type === "error")?.error?.message ?? null;
 } else if (mode === "many") {
   out.started = 0;
   out.refusal = null;

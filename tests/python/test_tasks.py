@@ -119,3 +119,22 @@ def test_a_task_the_client_heard_end_is_not_reported_failed_when_its_server_is_l
     assert "task" not in seen, seen["task"]
     assert "it ended, and then its server stopped" in seen["error"]
     assert "failed" not in [s["status"] for s in seen["statuses"]]
+
+
+def test_a_tasks_progress_reaches_its_client_after_the_call_is_answered(tmp_path):
+    """faulty-server runs `slow` as a task and reports its progress while it runs, after
+    the call was answered with the task: over stdio and over HTTP, the TypeScript SDK's
+    client hears all of it under its own token."""
+    config = {
+        "mcpServers": {"a": {"command": str(BIN / "faulty-server"), "args": ["--name", "a", "--tasks"]}},
+        "rebound": {"errors_log": str(tmp_path / "errors.jsonl")},
+    }
+    path = tmp_path / "rebound.json"
+    path.write_text(json.dumps(config))
+    over_stdio = drive("progress", BIN / "rebound", "serve", "--config", path)
+    with serve_http(path, tmp_path / "gateway.log", TOKEN) as (url, _):
+        over_http = drive("progress", url)
+    for seen in (over_stdio, over_http):
+        assert seen["types"][0] == "taskCreated" and seen["types"][-1] == "result", seen
+        assert seen["text"] == "a: slept 800 ms"
+        assert seen["progress"] == [1, 2, 3], seen

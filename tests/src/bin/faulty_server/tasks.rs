@@ -47,10 +47,10 @@ impl Tasks {
     }
 }
 
-/// A task object of MCP 2025-11-25. (Its creation time is a fixed one: nothing here
-/// reads it.)
+/// A task object of MCP 2025-11-25. (Its times are a fixed one: nothing here reads them.)
 pub fn task(id: &str, status: &str) -> Value {
-    json!({"taskId": id, "status": status, "createdAt": "2026-01-01T00:00:00Z", "ttl": 600_000, "pollInterval": 50})
+    const AT: &str = "2026-01-01T00:00:00Z";
+    json!({"taskId": id, "status": status, "createdAt": AT, "lastUpdatedAt": AT, "ttl": 600_000, "pollInterval": 50})
 }
 
 fn unknown(id: &str) -> (i64, String) {
