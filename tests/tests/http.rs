@@ -713,3 +713,29 @@ async fn a_question_asked_while_serving_a_prompt_goes_to_the_client_that_asked_f
     let _ = ada.cancel().await;
     let _ = bob.cancel().await;
 }
+
+/// One client of a shared server cannot take all the resources the gateway follows on it:
+/// past its half, it is refused; another client still follows what it asks for.
+#[tokio::test]
+async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others() {
+    use rmcp::model::SubscribeRequestParams;
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"auth_token": TOKEN}}}),
+        &[],
+    )
+    .await;
+    let (ada, bob) = (gw.client(Some(TOKEN)).await.unwrap(), gw.client(Some(TOKEN)).await.unwrap());
+    let item = |i: &str| SubscribeRequestParams::new(format!("faulty://a/items/{i}"));
+    for i in 0..128 {
+        ada.peer().subscribe(item(&i.to_string())).await.unwrap_or_else(|e| panic!("subscription {i}: {e}"));
+    }
+    let refused = format!("{:?}", ada.peer().subscribe(item("more")).await.expect_err("past the client's half"));
+    assert!(refused.contains("at most 128 resources of server `a`"), "{refused}");
+    bob.peer().subscribe(item("bob")).await.unwrap();
+    bob.peer().subscribe(item("0")).await.unwrap();
+    // Letting one go makes room again.
+    ada.peer().unsubscribe(rmcp::model::UnsubscribeRequestParams::new("faulty://a/items/1")).await.unwrap();
+    ada.peer().subscribe(item("more")).await.unwrap();
+    let _ = ada.cancel().await;
+    let _ = bob.cancel().await;
+}

@@ -24,6 +24,8 @@ use rmcp::service::SubscriptionSink;
 use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
+use crate::transport::listen::{Follower, MAX_FOLLOWED, MAX_FOLLOWED_PER_CLIENT};
+
 /// How clients reach this gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Front {
@@ -273,15 +275,26 @@ impl Downstreams {
 
     /// Who is subscribed to which URI of server instance `instance`, among the live
     /// sessions and listen requests (re-applied after it restarts).
-    pub fn subscriptions(&self, instance: u64) -> Vec<(Arc<str>, String)> {
+    pub fn subscriptions(&self, instance: u64) -> Vec<(Follower, String)> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
             .filter(|d| !d.reach.is_closed())
             .flat_map(|d| {
                 let uris = d.subscriptions.iter().filter(|s| s.instance == instance);
-                uris.map(|s| (d.client.clone(), s.uri.clone()))
+                let who = self.follower(&d.client, &d.owner);
+                uris.map(move |s| (who.clone(), s.uri.clone()))
             })
             .collect()
+    }
+
+    /// `holder` of client session `client`, as it follows a server's resources: with
+    /// the client's share of them (all of them for the only client, over stdio).
+    pub fn follower(&self, holder: &Arc<str>, client: &Arc<str>) -> Follower {
+        let share = match self.front {
+            Front::Stdio => MAX_FOLLOWED,
+            Front::Http => MAX_FOLLOWED_PER_CLIENT,
+        };
+        Follower { holder: holder.clone(), client: client.clone(), share }
     }
 
     /// A server was relaunched as instance `new` (`Some`), or removed (`None`): its

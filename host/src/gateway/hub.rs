@@ -24,6 +24,7 @@ use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::Relay;
+use crate::transport::listen::Follower;
 use crate::transport::supervisor::{Revisions, ServerHandle, Session, Status, Supervision, spawn_supervisor};
 
 pub struct Hub {
@@ -306,11 +307,11 @@ impl Hub {
                 let _ = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             }
             let (session, server, hub) = (&session, &server, &hub);
-            let follows = subscriptions.iter().map(|(holder, uri)| async move {
-                match hub.follow_for(session, holder, instance, uri, within).await {
+            let follows = subscriptions.iter().map(|(who, uri)| async move {
+                match hub.follow_for(session, who, instance, uri, within).await {
                     // What changed while the server was down, or as it restarted, was
                     // not heard: its followers read it afresh.
-                    Ok(Ok(())) if restarted => hub.downstreams.announce(holder, instance, uri),
+                    Ok(Ok(())) if restarted => hub.downstreams.announce(&who.holder, instance, uri),
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::info!(%server, %uri, "a subscription could not be made again: {e}"),
                     Err(_) => {
@@ -322,20 +323,20 @@ impl Hub {
         });
     }
 
-    /// `holder` follows `uri` of server instance `instance` on `session`, within `within`.
+    /// `who` follows `uri` of server instance `instance` on `session`, within `within`.
     /// Its subscription is recorded downstream before this; if the holder let it go
     /// meanwhile (an unsubscribe, its end), the follow made for it is given up again.
     pub(super) async fn follow_for(
         &self,
         session: &Arc<Session>,
-        holder: &Arc<str>,
+        who: &Follower,
         instance: u64,
         uri: &str,
         within: Duration,
     ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
-        let followed = tokio::time::timeout(within, session.follow(uri, holder)).await;
-        if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(holder, instance, uri) {
-            let _ = session.unfollow(uri, holder).await;
+        let followed = tokio::time::timeout(within, session.follow(uri, who)).await;
+        if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(&who.holder, instance, uri) {
+            let _ = session.unfollow(uri, &who.holder).await;
         }
         followed
     }

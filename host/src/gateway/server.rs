@@ -706,7 +706,8 @@ impl Gateway {
         if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
             return Ok((instance, uri));
         }
-        let followed = self.hub.follow_for(&session, client, instance, &uri, within).await.unwrap_or_else(|_| {
+        let who = self.hub.downstreams.follower(client, &self.own.client);
+        let followed = self.hub.follow_for(&session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
             Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))
         });

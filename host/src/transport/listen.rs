@@ -11,7 +11,7 @@
 // `resources/subscribe` is deprecated by 2026-07-28 but lives in every revision before it.
 #![allow(deprecated)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,30 @@ use crate::config::RestartPolicy;
 /// The most resources of one server session the gateway follows at once: each is a
 /// request kept open on the server.
 pub const MAX_FOLLOWED: usize = 256;
+
+/// The most of them one client may have followed where several clients share the
+/// gateway: half, so that no one client of a shared server can take all its room from
+/// the others.
+pub const MAX_FOLLOWED_PER_CLIENT: usize = MAX_FOLLOWED / 2;
+
+/// Who follows a resource: a client session, or one of its listen requests, with the
+/// client session it belongs to (its own name for a session).
+#[derive(Debug, Clone)]
+pub struct Follower {
+    pub holder: Arc<str>,
+    pub client: Arc<str>,
+    /// The most resources of one server session its client may follow:
+    /// [`MAX_FOLLOWED_PER_CLIENT`] when clients share the gateway, [`MAX_FOLLOWED`] for
+    /// its only client.
+    pub share: usize,
+}
+
+/// Why a follow was refused: no room left.
+#[derive(Debug, Clone, Copy)]
+enum Full {
+    Session,
+    Client,
+}
 
 /// What a listen request is for.
 #[derive(Debug, Clone)]
@@ -88,8 +112,9 @@ struct Followed {
 /// One followed resource.
 struct Follow {
     id: u64,
-    /// Who follows it: client sessions and listen requests, by name.
-    holders: HashSet<Arc<str>>,
+    /// Who follows it: client sessions and listen requests, by name, each with its
+    /// client session.
+    holders: HashMap<Arc<str>, Arc<str>>,
     /// Ends its listen request (2026-07-28), or tells its opener it is no longer wanted.
     stop: CancellationToken,
     opening: watch::Receiver<Opening>,
@@ -126,24 +151,33 @@ impl Follows {
         self.followed.lock().expect("not poisoned")
     }
 
-    /// `holder` joins the open follow of `uri`, waits for the one being opened, or opens
-    /// it (its `stop` a child of `closed`); `Err` past [`MAX_FOLLOWED`] resources.
-    fn turn(&self, uri: &str, holder: &Arc<str>, closed: &CancellationToken) -> Result<Turn, ()> {
+    /// `who` joins the open follow of `uri`, waits for the one being opened, or opens it
+    /// (its `stop` a child of `closed`); `Err` past [`MAX_FOLLOWED`] resources, or past
+    /// its client's share.
+    fn turn(&self, uri: &str, who: &Follower, closed: &CancellationToken) -> Result<Turn, Full> {
         let mut followed = self.lock();
+        let its = |f: &Follow| f.holders.values().any(|client| *client == who.client);
+        let room = followed.by_uri.values().filter(|f| its(f)).count() < who.share;
         if let Some(follow) = followed.by_uri.get_mut(uri) {
             if matches!(*follow.opening.borrow(), Opening::Open) {
-                follow.holders.insert(holder.clone());
+                if !room && !its(follow) {
+                    return Err(Full::Client);
+                }
+                follow.holders.insert(who.holder.clone(), who.client.clone());
                 return Ok(Turn::Done);
             }
             return Ok(Turn::Wait(follow.opening.clone()));
         }
         if followed.by_uri.len() >= MAX_FOLLOWED {
-            return Err(());
+            return Err(Full::Session);
+        }
+        if !room {
+            return Err(Full::Client);
         }
         followed.next += 1;
         let (id, stop) = (followed.next, closed.child_token());
         let (opened, opening) = watch::channel(Opening::Pending);
-        let holders = HashSet::from([holder.clone()]);
+        let holders = HashMap::from([(who.holder.clone(), who.client.clone())]);
         followed.by_uri.insert(uri.to_owned(), Follow { id, holders, stop: stop.clone(), opening });
         Ok(Turn::Open { id, stop, opened })
     }
@@ -199,11 +233,18 @@ impl Session {
     /// resource `uri`. The first follower subscribes upstream (`resources/subscribe`
     /// before 2026-07-28, a listen request of its own on that revision) and the others
     /// wait for that to be done; a server that refuses it is an error for each of them.
-    pub async fn follow(self: &Arc<Self>, uri: &str, holder: &Arc<str>) -> Result<(), ServiceError> {
+    pub async fn follow(self: &Arc<Self>, uri: &str, who: &Follower) -> Result<(), ServiceError> {
         loop {
-            let turn = self.follows.turn(uri, holder, &self.closed).map_err(|()| {
-                let message =
-                    format!("the gateway follows at most {MAX_FOLLOWED} resources of server `{}`", self.server);
+            let turn = self.follows.turn(uri, who, &self.closed).map_err(|full| {
+                let message = match full {
+                    Full::Session => {
+                        format!("the gateway follows at most {MAX_FOLLOWED} resources of server `{}`", self.server)
+                    }
+                    Full::Client => format!(
+                        "a client may follow at most {} resources of server `{}` through the gateway",
+                        who.share, self.server
+                    ),
+                };
                 ServiceError::McpError(ErrorData::invalid_request(message, None))
             })?;
             match turn {
@@ -514,8 +555,8 @@ mod tests {
         (Follows::new(Arc::new(Deaf)), CancellationToken::new())
     }
 
-    fn name(s: &str) -> Arc<str> {
-        s.into()
+    fn name(s: &str) -> Follower {
+        Follower { holder: s.into(), client: s.into(), share: MAX_FOLLOWED_PER_CLIENT }
     }
 
     #[test]
@@ -592,15 +633,44 @@ mod tests {
     fn at_most_max_followed_resources_and_the_session_end_stops_them_all() {
         let (follows, closed) = follows();
         let stops: Vec<CancellationToken> = (0..MAX_FOLLOWED)
-            .map(|i| match follows.turn(&format!("r://{i}"), &name("a"), &closed) {
+            .map(|i| match follows.turn(&format!("r://{i}"), &name(&format!("client {}", i % 4)), &closed) {
                 Ok(Turn::Open { stop, .. }) => stop,
                 _ => panic!("follow {i} opens"),
             })
             .collect();
-        assert!(follows.turn("r://one-too-many", &name("a"), &closed).is_err());
+        assert!(matches!(follows.turn("r://one-too-many", &name("a"), &closed), Err(Full::Session)));
         // One already followed is still joined past the cap.
         assert!(matches!(follows.turn("r://0", &name("b"), &closed), Ok(Turn::Wait(_))));
         closed.cancel();
         assert!(stops.iter().all(CancellationToken::is_cancelled));
+    }
+
+    #[test]
+    fn one_client_follows_at_most_half_of_what_a_session_may() {
+        let (follows, closed) = follows();
+        let listen = |client: &str, n: u32| Follower {
+            holder: format!("{client} listen {n}").into(),
+            client: client.into(),
+            share: MAX_FOLLOWED_PER_CLIENT,
+        };
+        for i in 0..MAX_FOLLOWED_PER_CLIENT {
+            let Ok(Turn::Open { opened, .. }) = follows.turn(&format!("r://{i}"), &listen("a", 1), &closed) else {
+                panic!("follow {i} opens")
+            };
+            opened.send_replace(Opening::Open);
+        }
+        let Ok(Turn::Open { opened, .. }) = follows.turn("r://b", &name("b"), &closed) else { panic!() };
+        opened.send_replace(Opening::Open);
+        // Past its share, the client may follow nothing new, nor join what others follow.
+        assert!(matches!(follows.turn("r://more", &listen("a", 2), &closed), Err(Full::Client)));
+        assert!(matches!(follows.turn("r://b", &listen("a", 2), &closed), Err(Full::Client)));
+        // What it follows already, another of its listen requests may join; other clients
+        // have their own share.
+        assert!(matches!(follows.turn("r://0", &listen("a", 2), &closed), Ok(Turn::Done)));
+        assert!(matches!(follows.turn("r://0", &name("b"), &closed), Ok(Turn::Done)));
+        assert!(matches!(follows.turn("r://more", &name("b"), &closed), Ok(Turn::Open { .. })));
+        // Leaving one makes room again.
+        assert!(matches!(follows.leave("r://1", "a listen 1", false), Left::Ended));
+        assert!(matches!(follows.turn("r://b", &listen("a", 2), &closed), Ok(Turn::Done)));
     }
 }
