@@ -715,12 +715,17 @@ async fn a_question_asked_while_serving_a_prompt_goes_to_the_client_that_asked_f
 }
 
 /// One client of a shared server cannot take all the resources the gateway follows on it:
-/// past its half, it is refused; another client still follows what it asks for.
+/// past its half, it is refused; another client still follows what it asks for. A server
+/// of the client's own (`scope: session`) is all its own.
 #[tokio::test]
 async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others() {
     use rmcp::model::SubscribeRequestParams;
     let gw = HttpGateway::start(
-        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"auth_token": TOKEN}}}),
+        |dir| {
+            let mut own = faulty("own", dir, &[]);
+            own["scope"] = json!("session");
+            json!({"mcpServers": {"a": faulty("a", dir, &[]), "own": own}, "rebound": {"http": {"auth_token": TOKEN}}})
+        },
         &[],
     )
     .await;
@@ -731,6 +736,10 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
     }
     let refused = format!("{:?}", ada.peer().subscribe(item("more")).await.expect_err("past the client's half"));
     assert!(refused.contains("at most 128 resources of server `a`"), "{refused}");
+    for i in 0..200 {
+        let own = SubscribeRequestParams::new(format!("faulty://own/items/{i}"));
+        ada.peer().subscribe(own).await.unwrap_or_else(|e| panic!("subscription {i} to its own server: {e}"));
+    }
     bob.peer().subscribe(item("bob")).await.unwrap();
     bob.peer().subscribe(item("0")).await.unwrap();
     // Letting one go makes room again.

@@ -24,7 +24,7 @@ use rmcp::service::SubscriptionSink;
 use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
-use crate::transport::listen::{Follower, MAX_FOLLOWED, MAX_FOLLOWED_PER_CLIENT};
+use crate::transport::listen::{Follower, MAX_FOLLOWED};
 
 /// How clients reach this gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,20 +281,12 @@ impl Downstreams {
             .filter(|d| !d.reach.is_closed())
             .flat_map(|d| {
                 let uris = d.subscriptions.iter().filter(|s| s.instance == instance);
-                let who = self.follower(&d.client, &d.owner);
+                // Made again as they were: each was within its client's share when made,
+                // and a restart takes none of them away.
+                let who = Follower { holder: d.client.clone(), client: d.owner.clone(), share: MAX_FOLLOWED };
                 uris.map(move |s| (who.clone(), s.uri.clone()))
             })
             .collect()
-    }
-
-    /// `holder` of client session `client`, as it follows a server's resources: with
-    /// the client's share of them (all of them for the only client, over stdio).
-    pub fn follower(&self, holder: &Arc<str>, client: &Arc<str>) -> Follower {
-        let share = match self.front {
-            Front::Stdio => MAX_FOLLOWED,
-            Front::Http => MAX_FOLLOWED_PER_CLIENT,
-        };
-        Follower { holder: holder.clone(), client: client.clone(), share }
     }
 
     /// A server was relaunched as instance `new` (`Some`), or removed (`None`): its

@@ -40,6 +40,7 @@ use super::input::{self, Answer};
 use super::session_servers::{Recovery, SessionServers};
 use super::setup::Setup;
 use super::status;
+use crate::config::Scope;
 use crate::recovery::Failure;
 use crate::recovery::engine::Record;
 use crate::recovery::engine::{Ending, Upstream};
@@ -47,6 +48,7 @@ use crate::recovery::report;
 use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::Session;
+use crate::transport::listen::{Follower, MAX_FOLLOWED, MAX_FOLLOWED_PER_CLIENT};
 
 /// One downstream session's handler. Cheap to clone; the state lives in the [`Hub`] and
 /// the session's [`SessionServers`].
@@ -188,15 +190,22 @@ impl ServerHandler for Gateway {
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         // Every list change, and updates of the resources asked for whose server takes
-        // subscriptions (at most `MAX_LISTENED`, each once): the acknowledgement says which.
+        // subscriptions (at most `MAX_LISTENED`, each once, and no more of one server than
+        // a client's share of it): the acknowledgement says which.
         let catalogue = self.own.catalogue();
         let mut uris: Vec<String> = Vec::new();
+        let mut per_server: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for uri in requested.resource_subscriptions.iter().flatten() {
             if uris.len() == MAX_LISTENED {
                 break;
             }
-            let server = catalogue.resource(uri).map(|(server, _)| server);
-            if !uris.contains(uri) && server.is_some_and(|s| self.subscribable(&s)) {
+            let Some((server, _)) = catalogue.resource(uri) else { continue };
+            if uris.contains(uri) || !self.subscribable(&server) {
+                continue;
+            }
+            let taken = per_server.entry(server.to_string()).or_default();
+            if *taken < self.share(&server) {
+                *taken += 1;
                 uris.push(uri.clone());
             }
         }
@@ -215,9 +224,12 @@ impl ServerHandler for Gateway {
         // However the request ends (rmcp may drop this future when it is cancelled), its
         // entry goes, and the upstream subscriptions only it held end.
         let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
+        // A client on 2026-07-28 has no session over HTTP: its listen requests count
+        // together by its address, as its requests in flight do (`http::limits`).
+        let counted = http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into());
         let subscribe = async {
             for uri in context.accepted().resource_subscriptions.iter().flatten() {
-                match self.subscribe_to(&listen, uri).await {
+                match self.subscribe_to(&listen, &counted, uri).await {
                     // rmcp acknowledged the listen before this ran: what changed in
                     // between was not heard, so the client is told to read it afresh.
                     Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
@@ -407,7 +419,7 @@ impl ServerHandler for Gateway {
     }
 
     async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.subscribe_to(&self.own.client, &request.uri).await.map(drop)
+        self.subscribe_to(&self.own.client, &self.own.client, &request.uri).await.map(drop)
     }
 
     async fn unsubscribe(
@@ -637,6 +649,12 @@ impl Drop for Ended {
     }
 }
 
+/// The address of the client whose request `cx` is, when it came over HTTP.
+fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+    let parts = cx.extensions.get::<axum::http::request::Parts>()?;
+    parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0.ip())
+}
+
 /// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
 /// HTTP request's `traceparent` header, else its `_meta.traceparent`.
 fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
@@ -678,6 +696,15 @@ impl Gateway {
     /// Whether `server`'s resources can be subscribed to now: it is up and, on a revision
     /// before 2026-07-28, says it takes subscriptions (on 2026-07-28 a listen request
     /// follows a resource, and the server's acknowledgement says whether it does).
+    /// How many resources of `server` one client may follow through the gateway (see
+    /// `transport::listen`): all the gateway follows there, for the only client (stdio)
+    /// or a server of its own (`scope: session`); else its share.
+    fn share(&self, server: &str) -> usize {
+        let setup = self.hub.setup();
+        let shared = setup.config.servers.get(server).is_none_or(|s| s.scope == Scope::Shared);
+        if self.hub.downstreams.front() == Front::Http && shared { MAX_FOLLOWED_PER_CLIENT } else { MAX_FOLLOWED }
+    }
+
     fn subscribable(&self, server: &str) -> bool {
         let session = self.own.server(server).and_then(|h| h.state().session);
         session.and_then(|s| s.info.clone()).is_some_and(|i| {
@@ -694,9 +721,15 @@ impl Gateway {
     }
 
     /// Subscribes `client` (a session, or a listen request) to the resource it knows as
-    /// `exposed`: upstream, unless another client already holds that subscription.
-    /// Returns the server instance and the URI it knows.
-    async fn subscribe_to(&self, client: &Arc<str>, exposed: &str) -> Result<(u64, String), ErrorData> {
+    /// `exposed`: upstream, unless another client already holds that subscription. It
+    /// counts against the share of `counted` (the session, or a 2026-07-28 client's
+    /// address). Returns the server instance and the URI it knows.
+    async fn subscribe_to(
+        &self,
+        client: &Arc<str>,
+        counted: &Arc<str>,
+        exposed: &str,
+    ) -> Result<(u64, String), ErrorData> {
         let (subscription, server) = self.subscription(exposed).await?;
         let within = self.wait_for(&server);
         let session = self.session(&server, within).await?;
@@ -706,7 +739,7 @@ impl Gateway {
         if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
             return Ok((instance, uri));
         }
-        let who = self.hub.downstreams.follower(client, &self.own.client);
+        let who = Follower { holder: client.clone(), client: counted.clone(), share: self.share(&server) };
         let followed = self.hub.follow_for(&session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
             Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))

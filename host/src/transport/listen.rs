@@ -241,7 +241,7 @@ impl Session {
                         format!("the gateway follows at most {MAX_FOLLOWED} resources of server `{}`", self.server)
                     }
                     Full::Client => format!(
-                        "a client may follow at most {} resources of server `{}` through the gateway",
+                        "a client may follow at most {} resources of server `{}` through the gateway (those it follows with other clients too); let one go first",
                         who.share, self.server
                     ),
                 };
@@ -672,5 +672,17 @@ mod tests {
         // Leaving one makes room again.
         assert!(matches!(follows.leave("r://1", "a listen 1", false), Left::Ended));
         assert!(matches!(follows.turn("r://b", &listen("a", 2), &closed), Ok(Turn::Done)));
+    }
+
+    #[test]
+    fn follows_still_being_opened_count_towards_the_share() {
+        let (follows, closed) = follows();
+        let _opening: Vec<_> = (0..MAX_FOLLOWED_PER_CLIENT)
+            .map(|i| match follows.turn(&format!("r://{i}"), &name("a"), &closed) {
+                Ok(Turn::Open { opened, .. }) => opened,
+                _ => panic!("follow {i} opens"),
+            })
+            .collect();
+        assert!(matches!(follows.turn("r://more", &name("a"), &closed), Err(Full::Client)));
     }
 }
