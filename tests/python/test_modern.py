@@ -223,3 +223,27 @@ def test_over_http_a_2026_clients_listen_requests_count_together_against_its_sha
     with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
         anyio.run(main, url)
     assert "a client may follow at most 128 resources of server `faulty`" in (tmp_path / "rebound.log").read_text()
+
+
+def test_a_listen_request_that_ends_lets_go_of_its_resources_on_a_servers_own_instance(tmp_path):
+    """A listen request's follows end with it on a `scope: session` server too (they were
+    left open on the session's own instance)."""
+    state = tmp_path / "state"
+    faulty = {"command": str(BIN / "faulty-server"), "args": ["--name", "faulty", "--state", str(state)]}
+    path = tmp_path / "rebound.json"
+    path.write_text(json.dumps({"mcpServers": {"faulty": {**faulty, "scope": "session"}}}))
+    uri = "faulty://faulty/items/1"
+
+    def lines(name):
+        return (state / name).read_text().splitlines() if (state / name).exists() else []
+
+    async def main():
+        with anyio.fail_after(30):
+            async with Client(stdio(path), mode="auto") as client:
+                async with client.listen(resource_subscriptions=[uri]):
+                    while lines("subscribes") != [uri]:
+                        await anyio.sleep(0.05)
+                while lines("unsubscribes") != [uri]:
+                    await anyio.sleep(0.05)
+
+    anyio.run(main)

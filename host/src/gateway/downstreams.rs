@@ -82,6 +82,9 @@ struct Downstream {
     client: Arc<str>,
     /// The client session it belongs to (its own name for a session).
     owner: Arc<str>,
+    /// Whose share of a server's followed resources its subscriptions count against
+    /// (`transport::listen::Follower`): its session's, or a 2026-07-28 client's address.
+    counted: Arc<str>,
     reach: Reach,
     level: Option<LoggingLevel>,
     subscriptions: HashSet<Subscription>,
@@ -127,19 +130,20 @@ impl Downstreams {
 
     /// `client` finished initialising: it hears notifications from now on.
     pub fn add(&self, client: Arc<str>, peer: Peer<RoleServer>) {
-        self.add_entry(client.clone(), client, Reach::Session(peer));
+        self.add_entry(client.clone(), client.clone(), client, Reach::Session(peer));
     }
 
     /// `owner` (a 2026-07-28 client) opened the listen request `listen`, reached by `reach`.
-    pub fn add_listen(&self, listen: Arc<str>, owner: Arc<str>, reach: Reach) {
-        self.add_entry(listen, owner, reach);
+    /// Its subscriptions count against `counted`'s share.
+    pub fn add_listen(&self, listen: Arc<str>, owner: Arc<str>, counted: Arc<str>, reach: Reach) {
+        self.add_entry(listen, owner, counted, reach);
     }
 
-    fn add_entry(&self, client: Arc<str>, owner: Arc<str>, reach: Reach) {
+    fn add_entry(&self, client: Arc<str>, owner: Arc<str>, counted: Arc<str>, reach: Reach) {
         // Closed entries stay until `remove`, which ends the subscriptions they held.
         let mut list = self.list.lock().expect("not poisoned");
         list.retain(|d| d.client != client);
-        list.push(Downstream { client, owner, reach, level: None, subscriptions: HashSet::new() });
+        list.push(Downstream { client, owner, counted, reach, level: None, subscriptions: HashSet::new() });
     }
 
     /// Sends `notification` to the client session `owner` however it is reached.
@@ -283,7 +287,7 @@ impl Downstreams {
                 let uris = d.subscriptions.iter().filter(|s| s.instance == instance);
                 // Made again as they were: each was within its client's share when made,
                 // and a restart takes none of them away.
-                let who = Follower { holder: d.client.clone(), client: d.owner.clone(), share: MAX_FOLLOWED };
+                let who = Follower { holder: d.client.clone(), client: d.counted.clone(), share: MAX_FOLLOWED };
                 uris.map(move |s| (who.clone(), s.uri.clone()))
             })
             .collect()

@@ -204,6 +204,15 @@ impl Hub {
         list.iter().filter_map(Weak::upgrade).filter(|h| &*h.name == name && !h.is_stopped()).collect()
     }
 
+    /// Server instance `instance`, shared or a session's own, while it runs.
+    fn instance(&self, instance: u64) -> Option<Arc<ServerHandle>> {
+        let shared = self.setup().servers.values().find(|h| h.instance == instance).cloned();
+        shared.or_else(|| {
+            let own = self.instances.lock().expect("not poisoned");
+            own.iter().filter_map(Weak::upgrade).find(|h| h.instance == instance)
+        })
+    }
+
     /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
     pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
         let mut list = self.instances.lock().expect("not poisoned");
@@ -219,13 +228,12 @@ impl Hub {
         Duration::from_millis(self.setup().config.settings.startup_timeout_ms)
     }
 
-    /// A client session ended: it is forgotten, and its subscriptions on the shared
-    /// servers given up (each ends upstream with its last follower).
+    /// A client session (or a listen request) ended: it is forgotten, and its
+    /// subscriptions given up (each ends upstream with its last follower), on the shared
+    /// servers and on a session's own instances alike.
     pub fn session_ended(&self, client: &str) {
         for (instance, uri, holder) in self.downstreams.remove(client) {
-            let Some(handle) = self.setup().servers.values().find(|h| h.instance == instance).cloned() else {
-                continue;
-            };
+            let Some(handle) = self.instance(instance) else { continue };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
                 tokio::spawn(async move {
                     let _ = session.unfollow(&uri, &holder).await;

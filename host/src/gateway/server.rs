@@ -219,14 +219,15 @@ impl ServerHandler for Gateway {
         self.attach(cx);
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let listen: Arc<str> = format!("{} listen {}", self.own.client, NEXT.fetch_add(1, Ordering::Relaxed)).into();
+        // A client on 2026-07-28 has no session over HTTP: its listen requests count
+        // together by its address, as its requests in flight do (`http::limits`).
+        let counted: Arc<str> =
+            http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into());
         let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
-        self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), reach);
+        self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), counted.clone(), reach);
         // However the request ends (rmcp may drop this future when it is cancelled), its
         // entry goes, and the upstream subscriptions only it held end.
         let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
-        // A client on 2026-07-28 has no session over HTTP: its listen requests count
-        // together by its address, as its requests in flight do (`http::limits`).
-        let counted = http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into());
         let subscribe = async {
             for uri in context.accepted().resource_subscriptions.iter().flatten() {
                 match self.subscribe_to(&listen, &counted, uri).await {
@@ -693,9 +694,6 @@ impl Gateway {
         self.own.initialised(cx.peer.clone(), caps);
     }
 
-    /// Whether `server`'s resources can be subscribed to now: it is up and, on a revision
-    /// before 2026-07-28, says it takes subscriptions (on 2026-07-28 a listen request
-    /// follows a resource, and the server's acknowledgement says whether it does).
     /// How many resources of `server` one client may follow through the gateway (see
     /// `transport::listen`): all the gateway follows there, for the only client (stdio)
     /// or a server of its own (`scope: session`); else its share.
@@ -705,6 +703,9 @@ impl Gateway {
         if self.hub.downstreams.front() == Front::Http && shared { MAX_FOLLOWED_PER_CLIENT } else { MAX_FOLLOWED }
     }
 
+    /// Whether `server`'s resources can be subscribed to now: it is up and, on a revision
+    /// before 2026-07-28, says it takes subscriptions (on 2026-07-28 a listen request
+    /// follows a resource, and the server's acknowledgement says whether it does).
     fn subscribable(&self, server: &str) -> bool {
         let session = self.own.server(server).and_then(|h| h.state().session);
         session.and_then(|s| s.info.clone()).is_some_and(|i| {
