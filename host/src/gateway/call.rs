@@ -8,8 +8,8 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
     InputResponses, JsonObject, RequestId, RequestMetaObject, ServerResult,
 };
-use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{RoleServer, ServiceError};
+use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
+use rmcp::{RoleClient, RoleServer, ServiceError};
 
 use super::hub::offered;
 use super::input;
@@ -152,12 +152,9 @@ async fn exchange(
     // that could not be handed over was never sent, so it may be retried; the server is
     // restarted.
     let handle = tokio::select! {
-        r = tokio::time::timeout(how.timeout, session.peer.send_cancellable_request(request, options)) => match r {
-            Ok(sent) => sent.map_err(from_service_error)?,
-            Err(_) => {
-                session.kicker().kick(&unread(how.timeout));
-                return Err(Failure::SendFailed { reason: unread(how.timeout) });
-            }
+        r = hand_over(session, request, options, how.timeout) => match r {
+            Some(sent) => sent.map_err(from_service_error)?,
+            None => return Err(Failure::SendFailed { reason: unread(how.timeout) }),
         },
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
@@ -232,6 +229,22 @@ pub(super) fn cancel_upstream(session: &Session, id: RequestId, reason: &str) {
             kicker.kick(&unread(CANCEL_WRITE));
         }
     });
+}
+
+/// Hands `request` to `session`'s writer, waiting at most `within`: `None` when the server
+/// has not read its input for that long. The request was then never sent (a retry is
+/// safe), and a server process is restarted (`Session::kicker`).
+pub(super) async fn hand_over(
+    session: &Session,
+    request: ClientRequest,
+    options: PeerRequestOptions,
+    within: Duration,
+) -> Option<Result<RequestHandle<RoleClient>, ServiceError>> {
+    let sent = tokio::time::timeout(within, session.peer.send_cancellable_request(request, options)).await;
+    if sent.is_err() {
+        session.kicker().kick(&unread(within));
+    }
+    sent.ok()
 }
 
 /// Why a server that did not take what it was sent within `waited` is restarted. A

@@ -19,7 +19,7 @@ use rmcp::model::{ClientRequest, RequestId, RequestMetaObject, ServerResult};
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServiceError};
 
-use super::call::{cancel_upstream, unread};
+use super::call::{cancel_upstream, hand_over, unread};
 use super::routing::ProgressGuard;
 use super::server::Gateway;
 use crate::transport::Session;
@@ -106,10 +106,9 @@ impl Gateway {
         // A server that stops reading its input stops rmcp's writer, and then handing a
         // request over can wait forever.
         let sent = tokio::select! {
-            r = tokio::time::timeout(out.hand_over, session.peer.send_cancellable_request(out.request, options)) => match r {
-                Ok(sent) => sent.map_err(|e| upstream_error(server, e))?,
-                Err(_) => {
-                    session.kicker().kick(&unread(out.hand_over));
+            r = hand_over(session, out.request, options, out.hand_over) => match r {
+                Some(sent) => sent.map_err(|e| upstream_error(server, e))?,
+                None => {
                     let message = format!("server `{server}`: {}; it is restarted", unread(out.hand_over));
                     return Err(ErrorData::internal_error(message, None).into());
                 }

@@ -194,7 +194,8 @@ impl ServerHandler for Gateway {
         // a client's share of it): the acknowledgement says which.
         let catalogue = self.own.catalogue();
         let mut uris: Vec<String> = Vec::new();
-        let mut per_server: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        // Per server: how many taken, of how many this client may have.
+        let mut per_server: std::collections::HashMap<String, (usize, usize)> = std::collections::HashMap::new();
         for uri in requested.resource_subscriptions.iter().flatten() {
             if uris.len() == MAX_LISTENED {
                 break;
@@ -203,8 +204,8 @@ impl ServerHandler for Gateway {
             if uris.contains(uri) || !self.subscribable(&server) {
                 continue;
             }
-            let taken = per_server.entry(server.to_string()).or_default();
-            if *taken < self.share(&server) {
+            let (taken, share) = per_server.entry(server.to_string()).or_insert_with(|| (0, self.share(&server)));
+            if taken < share {
                 *taken += 1;
                 uris.push(uri.clone());
             }

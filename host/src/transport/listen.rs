@@ -38,15 +38,16 @@ pub const MAX_FOLLOWED: usize = 256;
 /// the others.
 pub const MAX_FOLLOWED_PER_CLIENT: usize = MAX_FOLLOWED / 2;
 
-/// Who follows a resource: a client session, or one of its listen requests, with the
-/// client session it belongs to (its own name for a session).
+/// Who follows a resource: a client session, or one of its listen requests (`holder`),
+/// and the client it counts against: its session, or a 2026-07-28 client's address over
+/// HTTP.
 #[derive(Debug, Clone)]
 pub struct Follower {
     pub holder: Arc<str>,
     pub client: Arc<str>,
-    /// The most resources of one server session its client may follow:
-    /// [`MAX_FOLLOWED_PER_CLIENT`] when clients share the gateway, [`MAX_FOLLOWED`] for
-    /// its only client.
+    /// The most resources of one server session that client may follow:
+    /// [`MAX_FOLLOWED_PER_CLIENT`] of a shared server over HTTP; [`MAX_FOLLOWED`] for the
+    /// only client (stdio), a server of its own, or a follow made again after a restart.
     pub share: usize,
 }
 
@@ -112,8 +113,8 @@ struct Followed {
 /// One followed resource.
 struct Follow {
     id: u64,
-    /// Who follows it: client sessions and listen requests, by name, each with its
-    /// client session.
+    /// Who follows it: client sessions and listen requests, by name, each with the client
+    /// it counts against (`Follower::client`).
     holders: HashMap<Arc<str>, Arc<str>>,
     /// Ends its listen request (2026-07-28), or tells its opener it is no longer wanted.
     stop: CancellationToken,
