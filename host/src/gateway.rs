@@ -5,6 +5,7 @@ pub mod call;
 pub mod catalogue;
 pub mod downstreams;
 pub mod forward;
+pub mod held;
 pub mod http;
 pub mod hub;
 pub mod input;

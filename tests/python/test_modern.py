@@ -10,7 +10,7 @@ import pytest
 from mcp import Client, StdioServerParameters, types
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from conftest import BIN, serve_http
+from conftest import BIN, EVERYTHING, serve_http
 
 MODERN = str(__import__("pathlib").Path(__file__).with_name("modern_server.py"))
 TOKEN = "test-token-modern-0123456789"
@@ -100,6 +100,91 @@ def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_p
 
     with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
         anyio.run(main, url)
+
+
+async def sampled(context, params):
+    asked = params.messages[0].content.text
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text=f"a poem, as asked by {asked!r}"), model="test"
+    )
+
+
+async def rooted(context):
+    return types.ListRootsResult(roots=[types.Root(uri="file:///work/ada")])
+
+
+def asked_client(transport):
+    """A 2026-07-28 client that can answer every question a server may ask."""
+    return Client(
+        transport, mode="auto", elicitation_callback=name_please, sampling_callback=sampled, list_roots_callback=rooted
+    )
+
+
+async def older_server_asks(client, at_once):
+    """faulty-server speaks only revisions before 2026-07-28, and asks its client with
+    requests of its own while it serves a call: through the gateway they reach a client on
+    2026-07-28 as questions in the call's answer, and its answers go back to the server.
+    With `at_once`, several calls ask at the same time (over HTTP, where a 2026-07-28
+    client has no session, a stdio server's request during calls of several requests
+    cannot be told apart: it goes to none)."""
+    elicited = await client.call_tool("elicit", {})
+    assert not elicited.is_error, text(elicited)
+    assert '"name":"Ada"' in text(elicited).replace(" ", ""), text(elicited)
+    poem = await client.call_tool("sample", {"prompt": "a poem please"})
+    assert "a poem, as asked by 'a poem please'" in text(poem), text(poem)
+    # A prompt's request asks too.
+    greeting = await client.get_prompt("greet", {"who": "Ada", "ask": "roots"})
+    assert "file:///work/ada" in greeting.messages[0].content.text, greeting
+    if not at_once:
+        return
+    calls = {}
+
+    async def one(n):
+        calls[n] = await client.call_tool("sample", {"prompt": f"poem {n}"})
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(one, n)
+    for n, result in calls.items():
+        assert f"as asked by 'poem {n}'" in text(result), text(result)
+
+
+def test_a_2026_client_answers_an_older_servers_requests_through_the_gateway(config, tmp_path):
+    async def over_stdio():
+        with anyio.fail_after(60):
+            async with asked_client(stdio(config)) as client:
+                assert client.protocol_version == "2026-07-28"
+                await older_server_asks(client, at_once=True)
+
+    async def over_http(url):
+        with anyio.fail_after(60):
+            async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                async with asked_client(streamable_http_client(url, http_client=http)) as client:
+                    assert client.protocol_version == "2026-07-28"
+                    await older_server_asks(client, at_once=False)
+
+    anyio.run(over_stdio)
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
+        anyio.run(over_http, url)
+
+
+def test_server_everything_samples_and_elicits_from_a_2026_client_through_the_gateway(tmp_path):
+    """A server people run (server-everything, on 2025-11-25) offers its sampling and
+    elicitation tools to a 2026-07-28 client that can answer them, and they work."""
+    path = tmp_path / "rebound.json"
+    path.write_text(json.dumps({"mcpServers": {"everything": {"command": str(EVERYTHING)}}}))
+
+    async def main():
+        with anyio.fail_after(60):
+            async with asked_client(stdio(path)) as client:
+                tools = {t.name for t in (await client.list_tools()).tools}
+                assert {"trigger-sampling-request", "trigger-elicitation-request"} <= tools, tools
+                poem = await client.call_tool("trigger-sampling-request", {"prompt": "a haiku"})
+                assert not poem.is_error and "a poem, as asked by" in text(poem), text(poem)
+                form = await client.call_tool("trigger-elicitation-request", {})
+                assert not form.is_error and "Ada" in text(form), text(form)
+
+    anyio.run(main)
 
 
 def test_an_older_client_answers_a_2026_servers_question_through_the_gateway(config):

@@ -97,7 +97,7 @@ impl Gateway {
     ) -> Result<(ServerResult, Option<ProgressGuard>), Fault> {
         let Instance { instance, session } = to;
         let server = &session.server;
-        let call = self.hub.routing.track_call(*instance, &self.own.client, &cx.peer, cx.id.clone());
+        let call = self.hub.routing.track_call(*instance, &self.own.client, cx);
         let client_token = out.meta.as_ref().and_then(RequestMetaObject::get_progress_token);
         let options = match out.meta {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),

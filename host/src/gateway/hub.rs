@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
 use super::downstreams::{Downstreams, Front};
+use super::held::Held;
 use super::metrics::Metrics;
 use super::relay::{HubRelay, Owner};
 use super::routing::Routing;
@@ -34,6 +35,8 @@ pub struct Hub {
     pub metrics: Metrics,
     pub downstreams: Downstreams,
     pub routing: Arc<Routing>,
+    /// Calls of 2026-07-28 clients held open while they answer their server's questions.
+    pub held: Held,
     catalogue: RwLock<Arc<Catalogue>>,
     /// What the shared servers are told the client can do: over stdio the client's own
     /// capabilities (they start once it has said), over HTTP nothing (see [`Hub::start`]).
@@ -82,6 +85,7 @@ impl Hub {
                 metrics: Metrics::default(),
                 downstreams: Downstreams::new(front),
                 routing: Arc::default(),
+                held: Held::default(),
                 catalogue: RwLock::default(),
                 offer,
                 instances: Mutex::default(),
@@ -437,15 +441,14 @@ pub fn offered(caps: &ClientCapabilities) -> ClientCapabilities {
     caps
 }
 
-/// A 2026-07-28 client's capabilities without those a server uses by sending the client
-/// a request (sampling, elicitation, roots), before [`offered`] applies. That revision has
-/// servers ask through the call's result instead (`InputRequiredResult`), which the
-/// gateway does not translate for servers that send requests; offering them would show
-/// tools that cannot work.
+/// A 2026-07-28 client's capabilities as offered to servers on older revisions, before
+/// [`offered`] applies: without roots. That client takes no requests from servers; what
+/// a server asks while serving one of its calls (sampling, elicitation, roots) reaches it
+/// as questions in the call's answer (`super::held`), but servers ask for roots mostly on
+/// their own (at start, on a change), outside any call, where the client cannot be asked,
+/// and a server that was told the client has roots may take the refusal for none.
 pub fn offered_modern(caps: &ClientCapabilities) -> ClientCapabilities {
     let mut caps = caps.clone();
-    caps.sampling = None;
-    caps.elicitation = None;
     caps.roots = None;
     caps
 }

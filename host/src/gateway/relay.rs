@@ -106,6 +106,7 @@ impl HubRelay {
         Box::pin(async move {
             let (peer, originating) = match caller {
                 Caller::Client { peer, during } => (peer, during),
+                Caller::Held(bridge) => return bridge.ask(&server, request, asker.cancel).await,
                 Caller::Nobody(why) => {
                     tracing::info!(server, "a request of the server was not passed to any client: {why}");
                     return Err(ErrorData::internal_error(format!("Rebound asked no client: {why}"), None));

@@ -22,7 +22,10 @@
 //! of these rules.
 //!
 //! The client chosen must also have advertised the capability (`to_client`); `ask` then
-//! asks it, and closes the client's dialog if the server gives up.
+//! asks it, and closes the client's dialog if the server gives up. A client on 2026-07-28
+//! takes no requests: when the call found is one of its, the request goes to that call's
+//! `Bridge` instead, and comes back to it as a question in the call's answer
+//! (`super::held`).
 
 // Sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every revision
 // the gateway speaks; they are relayed faithfully.
@@ -34,15 +37,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{
-    CancelledNotificationParam, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
+    CancelledNotificationParam, ClientCapabilities, ClientResult, CreateMessageRequest, ElicitRequest, GetExtensions,
     ProgressNotificationParam, ProgressToken, RequestId, ServerRequest,
 };
-use rmcp::service::{OriginatingRequestId, PeerRequestOptions};
+use rmcp::service::{OriginatingRequestId, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::held::Bridge;
 use crate::transport::{Asker, UpstreamRequest};
 
 /// How long, and how much, progress without a call is kept for a call about to be mapped.
@@ -60,6 +64,9 @@ struct InFlight {
     request: RequestId,
     /// The upstream session and our request id there, once the attempt is sent.
     upstream: Option<(u64, RequestId)>,
+    /// For a call of a 2026-07-28 client, which takes no requests: where its server's
+    /// questions go instead (`super::held`).
+    bridge: Option<Bridge>,
 }
 
 /// Who should answer a server's request.
@@ -67,12 +74,17 @@ pub enum Caller {
     /// This client, about its request `during` (if known: over HTTP the request then
     /// travels on that call's response stream).
     Client { peer: Peer<RoleServer>, during: Option<RequestId> },
+    /// This call of a 2026-07-28 client, which is asked in the call's answer.
+    Held(Bridge),
     /// Nobody may: why, for the server.
     Nobody(&'static str),
 }
 
 /// `call`'s client, unless its session is gone.
 fn client_of(call: &InFlight) -> Caller {
+    if let Some(bridge) = &call.bridge {
+        return Caller::Held(bridge.clone());
+    }
     if call.peer.is_transport_closed() {
         return Caller::Nobody("the client whose call this request belongs to is gone");
     }
@@ -98,17 +110,18 @@ pub struct Routing {
 }
 
 impl Routing {
-    /// Registers a call of `client` in flight on `instance`; dropped when the guard is.
-    /// `request` is the client's request id.
-    pub fn track_call(
-        self: &Arc<Self>,
-        instance: u64,
-        client: &Arc<str>,
-        peer: &Peer<RoleServer>,
-        request: RequestId,
-    ) -> CallGuard {
+    /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
+    /// dropped when the guard is.
+    pub fn track_call(self: &Arc<Self>, instance: u64, client: &Arc<str>, cx: &RequestContext<RoleServer>) -> CallGuard {
         let id = self.next_call.fetch_add(1, Ordering::Relaxed);
-        let call = InFlight { id, client: client.clone(), peer: peer.clone(), request, upstream: None };
+        let call = InFlight {
+            id,
+            client: client.clone(),
+            peer: cx.peer.clone(),
+            request: cx.id.clone(),
+            upstream: None,
+            bridge: cx.extensions.get::<Bridge>().cloned(),
+        };
         self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
         CallGuard { routing: self.clone(), instance, id }
     }
@@ -379,12 +392,17 @@ pub fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str
         return Err(ErrorData::new(
             rmcp::model::ErrorCode::METHOD_NOT_FOUND,
             format!(
-                "the client behind the gateway speaks MCP 2026-07-28, which takes no requests from servers (server `{server}` sent one)"
+                "the client behind the gateway speaks MCP 2026-07-28, which takes no requests from servers outside a call it made (server `{server}` sent one)"
             ),
             None,
         ));
     };
-    let caps = info.capabilities.clone();
+    as_request(request, &info.capabilities, server)
+}
+
+/// `request` as a client with `caps` may be asked it: a client that did not advertise
+/// the capability is not.
+pub fn as_request(request: UpstreamRequest, caps: &ClientCapabilities, server: &str) -> Result<ServerRequest, ErrorData> {
     let (request, supported, what) = match request {
         UpstreamRequest::Sampling(p) => {
             (ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)), caps.sampling.is_some(), "sampling")

@@ -35,6 +35,7 @@ use super::call::{Attempt, Resume, attempt};
 use super::catalogue::Route;
 use super::downstreams::{Front, Reach, Subscription};
 use super::forward::{Instance, Out, upstream_error};
+use super::held::{self, Asked, Call, Response, What};
 use super::hub::{Hub, offered_modern};
 use super::input::{self, Answer};
 use super::session_servers::{Recovery, SessionServers};
@@ -222,8 +223,7 @@ impl ServerHandler for Gateway {
         let listen: Arc<str> = format!("{} listen {}", self.own.client, NEXT.fetch_add(1, Ordering::Relaxed)).into();
         // A client on 2026-07-28 has no session over HTTP: its listen requests count
         // together by its address, as its requests in flight do (`http::limits`).
-        let counted: Arc<str> =
-            http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into());
+        let counted = self.counted(cx);
         let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
         self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), counted.clone(), reach);
         // However the request ends (rmcp may drop this future when it is cancelled), its
@@ -282,30 +282,11 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        use futures::FutureExt as _;
-        let name = request.name.clone();
-        // The engine catches a panic inside a call; this catches one anywhere else on the
-        // call's path (reporting, logging, metrics), so that no call goes unanswered.
-        let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
-        let answer = tokio::select! {
-            answer = answer => answer,
-            () = self.hub.stopping().cancelled() => {
-                let text = format!(
-                    "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
-                );
-                return Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into());
-            }
-        };
-        match answer {
-            Ok(answer) => answer,
-            Err(_) => {
-                tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
-                let text = format!(
-                    "rebound: Rebound failed while answering this call of `{name}` (a bug, in its log); check whether the call took effect, then call it again"
-                );
-                Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into())
-            }
+        if !input::client_is_asked(&cx) {
+            return self.answer_call(request, cx).await;
         }
+        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_call(request, cx).await }))
+            .await
     }
 
     /// A request rmcp could not read as one it models: MCP 2025-11-25's tasks (see
@@ -347,27 +328,14 @@ impl ServerHandler for Gateway {
 
     async fn get_prompt(
         &self,
-        mut request: GetPromptRequestParams,
+        request: GetPromptRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        self.ready(&cx).await;
-        let route = self
-            .own
-            .catalogue()
-            .prompt(&request.name)
-            .cloned()
-            .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
-        // The deadline counts from here: waiting for a restart in progress is part of it.
-        let limits = self.limits(&route.server);
-        let to = self.upstream(&route.server, limits.timeout).await?;
-        request.name = route.name;
-        match input::settle(self, request, &to, &cx, limits).await? {
-            Answer::Done(mut result) => {
-                result.result_type = Some(ResultType::COMPLETE);
-                Ok(result.into())
-            }
-            Answer::Asked(asked) => Ok(GetPromptResponse::InputRequired(asked)),
+        if !input::client_is_asked(&cx) {
+            return self.answer_prompt(request, cx).await;
         }
+        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_prompt(request, cx).await }))
+            .await
     }
 
     async fn list_resources(
@@ -394,30 +362,14 @@ impl ServerHandler for Gateway {
 
     async fn read_resource(
         &self,
-        mut request: ReadResourceRequestParams,
+        request: ReadResourceRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        self.attach(&cx);
-        if self.hub.setup().config.settings.gateway_tools
-            && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
-        {
-            return Ok(ReadResourceResult::new(vec![contents]).into());
+        if !input::client_is_asked(&cx) {
+            return self.answer_read(request, cx).await;
         }
-        let exposed = request.uri.clone();
-        let (server, uri) = self.resource(&exposed).await?;
-        let limits = self.limits(&server);
-        let to = self.upstream(&server, limits.timeout).await?;
-        request.uri = uri;
-        match input::settle(self, request, &to, &cx, limits).await? {
-            Answer::Done(mut result) => {
-                for content in &mut result.contents {
-                    rename_content(content, &exposed);
-                }
-                result.result_type = Some(ResultType::COMPLETE);
-                Ok(result.into())
-            }
-            Answer::Asked(asked) => Ok(ReadResourceResponse::InputRequired(asked)),
-        }
+        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_read(request, cx).await }))
+            .await
     }
 
     async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
@@ -537,6 +489,140 @@ impl ServerHandler for Gateway {
 }
 
 impl Gateway {
+    /// A tool call, the catalogue's or one of the gateway's own, answered whatever
+    /// happens on its way.
+    async fn answer_call(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        use futures::FutureExt as _;
+        let name = request.name.clone();
+        // The engine catches a panic inside a call; this catches one anywhere else on the
+        // call's path (reporting, logging, metrics), so that no call goes unanswered.
+        let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
+        let answer = tokio::select! {
+            answer = answer => answer,
+            () = self.hub.stopping().cancelled() => {
+                let text = format!(
+                    "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
+                );
+                return Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into());
+            }
+        };
+        match answer {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
+                let text = format!(
+                    "rebound: Rebound failed while answering this call of `{name}` (a bug, in its log); check whether the call took effect, then call it again"
+                );
+                Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into())
+            }
+        }
+    }
+
+    /// A prompt of the server that offers it.
+    async fn answer_prompt(
+        &self,
+        mut request: GetPromptRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        self.ready(&cx).await;
+        let route = self
+            .own
+            .catalogue()
+            .prompt(&request.name)
+            .cloned()
+            .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
+        // The deadline counts from here: waiting for a restart in progress is part of it.
+        let limits = self.limits(&route.server);
+        let to = self.upstream(&route.server, limits.timeout).await?;
+        request.name = route.name;
+        match input::settle(self, request, &to, &cx, limits).await? {
+            Answer::Done(mut result) => {
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            Answer::Asked(asked) => Ok(GetPromptResponse::InputRequired(asked)),
+        }
+    }
+
+    /// A resource of the server that offers it, or one of the gateway's own.
+    async fn answer_read(
+        &self,
+        mut request: ReadResourceRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.attach(&cx);
+        if self.hub.setup().config.settings.gateway_tools
+            && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
+        {
+            return Ok(ReadResourceResult::new(vec![contents]).into());
+        }
+        let exposed = request.uri.clone();
+        let (server, uri) = self.resource(&exposed).await?;
+        let limits = self.limits(&server);
+        let to = self.upstream(&server, limits.timeout).await?;
+        request.uri = uri;
+        match input::settle(self, request, &to, &cx, limits).await? {
+            Answer::Done(mut result) => {
+                for content in &mut result.contents {
+                    rename_content(content, &exposed);
+                }
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            Answer::Asked(asked) => Ok(ReadResourceResponse::InputRequired(asked)),
+        }
+    }
+
+    /// Answers `request` of a 2026-07-28 client, whose server, on an older revision, may
+    /// ask it questions while serving it (`held`): `answer` answers it.
+    async fn answer_asking<P: Asked, R: Response>(
+        &self,
+        mut request: P,
+        cx: RequestContext<RoleServer>,
+        answer: impl FnOnce(Gateway, P, RequestContext<RoleServer>) -> BoxFuture<'static, Result<R, ErrorData>>,
+    ) -> Result<R, ErrorData> {
+        let what = request.what();
+        let (state, answers) = request.resumed();
+        let call = match held::take_ours(state, answers) {
+            Some((state, answers)) => self.hub.held.take(&state, &what, answers)?,
+            None => {
+                self.ready(&cx).await;
+                let deadline = self.deadline_of(&what);
+                let gateway = self.clone();
+                Call::new(what, self.counted(&cx), deadline, &cx, move |cx| {
+                    let answer = answer(gateway, request, cx);
+                    Box::pin(async move { answer.await.map(Into::into) })
+                })
+            }
+        };
+        let answer = self.hub.held.answer(call, &cx).await;
+        answer.and_then(held::read)
+    }
+
+    /// How long the request `what` may take in all: its server's deadline for it.
+    fn deadline_of(&self, what: &What) -> Duration {
+        let catalogue = self.own.catalogue();
+        let (server, name) = match what.method {
+            "tools/call" => catalogue.tool(&what.name).map(|(route, _)| (route.server.clone(), route.name.as_str())),
+            "prompts/get" => catalogue.prompt(&what.name).map(|route| (route.server.clone(), "")),
+            _ => catalogue.resource(&what.name).map(|(server, _)| (server, "")),
+        }
+        .unzip();
+        let setup = self.hub.setup();
+        let recovery = server.and_then(|server| setup.config.servers.get(&*server).map(|s| &s.recovery));
+        Duration::from_millis(recovery.map_or(30_000, |r| r.deadline_for(name.unwrap_or_default())))
+    }
+
+    /// Whom a request of `cx` counts against where a client's share is bounded: its
+    /// session, or for a 2026-07-28 client over HTTP (which has none) its address.
+    fn counted(&self, cx: &RequestContext<RoleServer>) -> Arc<str> {
+        http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into())
+    }
+
     /// A tool call, routed and run through the recovery engine.
     async fn call_tool_inner(
         &self,
@@ -814,7 +900,7 @@ impl Upstreams<'_> {
                 reason: Some(format!("no server `{server}`")),
             });
         };
-        let call = self.hub.routing.track_call(handle.instance, &self.own.client, &self.cx.peer, self.cx.id.clone());
+        let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
         let started = tokio::time::Instant::now();
         // Waiting for a restart in progress counts against the call's deadline.
         let session = handle

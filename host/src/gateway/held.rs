@@ -1,0 +1,592 @@
+//! A server on a revision before 2026-07-28 asks its client for input (sampling,
+//! elicitation, roots) with a request of its own, while the call it serves waits. A
+//! client on 2026-07-28 takes no requests from servers: there a server asks by answering
+//! the call with questions (`InputRequiredResult`), and the client calls again with its
+//! answers and the server's `requestState`. The gateway plays that server's part for an
+//! older one: the server's request becomes a question in the answer to the client's call,
+//! the call stays open upstream (held here), and the client's next call, carrying its
+//! answer and the gateway's `requestState`, answers the server's request and takes the
+//! call up where it was. (`super::input` is the same bridge the other way round.)
+//!
+//! Only the call's own client is asked (`routing` finds the call as for any client, and
+//! its [`Bridge`] stands in for the client's session), only what its capabilities allow.
+//! Bounds: at most [`MAX_QUESTIONS`] questions waiting in one call, [`MAX_HELD_PER_CLIENT`]
+//! calls held for one client and [`MAX_HELD`] in all; a held call waits for its client no
+//! longer than its deadline, and its answer is kept [`KEPT_AFTER`] more. The
+//! `requestState` is 128 random bits: only the client it was given to can name the call.
+
+// Sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every revision
+// the gateway speaks; they are relayed faithfully.
+#![allow(deprecated)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientResult, CreateMessageResult, ElicitResult, GetPromptRequestParams, GetPromptResponse,
+    InputRequest, InputRequiredResult, InputRequests, InputResponses, ListRootsResult, ReadResourceRequestParams, ReadResourceResponse,
+    ServerRequest, ServerResult,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::routing::as_request;
+use crate::transport::UpstreamRequest;
+
+/// The start of every `requestState` the gateway makes itself (a server's own passes on
+/// as it is).
+const STATE_PREFIX: &str = "rebound-held:";
+
+/// At most this many of a server's questions wait for one call's client at once.
+pub const MAX_QUESTIONS: usize = 16;
+
+/// At most this many calls wait for one client's answers (a session over stdio, an
+/// address over HTTP), and for all clients together.
+pub const MAX_HELD_PER_CLIENT: usize = 32;
+pub const MAX_HELD: usize = 1024;
+
+/// How long a held call's answer is kept, past its deadline, for its client to come back.
+pub const KEPT_AFTER: Duration = Duration::from_secs(60);
+
+/// Which request a held call answers, so that only the same request picks it up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct What {
+    pub method: &'static str,
+    /// The tool's or prompt's name, or the resource's URI, as the client sent it.
+    pub name: String,
+}
+
+/// A server's request while it serves a call of a 2026-07-28 client.
+struct Question {
+    server: String,
+    request: UpstreamRequest,
+    reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
+}
+
+/// Where a server's requests during one call of a 2026-07-28 client go: in the call's
+/// request context, where `Routing::track_call` finds it.
+#[derive(Clone)]
+pub struct Bridge(mpsc::Sender<Question>);
+
+impl Bridge {
+    /// Puts `server`'s `request` to the call's client as a question, and waits for its
+    /// answer, or until the server gives up on it (`cancel`).
+    pub async fn ask(
+        &self,
+        server: &str,
+        request: UpstreamRequest,
+        cancel: CancellationToken,
+    ) -> Result<ClientResult, ErrorData> {
+        let (reply, answer) = oneshot::channel();
+        let question = Question { server: server.to_owned(), request, reply };
+        if self.0.try_send(question).is_err() {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "Rebound asked no client: the call this request belongs to has ended, or has {MAX_QUESTIONS} questions waiting already"
+                ),
+                None,
+            ));
+        }
+        tokio::select! {
+            answer = answer => answer.unwrap_or_else(|_| Err(ErrorData::internal_error(
+                "the client's call ended before it answered (its deadline passed, or the client did not call again)",
+                None,
+            ))),
+            () = cancel.cancelled() => Err(ErrorData::internal_error("the server cancelled its request", None)),
+        }
+    }
+}
+
+/// What a client may be asked, and so how its answer reads.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Sampling,
+    Elicitation,
+    Roots,
+}
+
+impl Kind {
+    fn read(self, answer: serde_json::Value) -> Result<ClientResult, ErrorData> {
+        let (read, what) = match self {
+            Self::Sampling => (serde_json::from_value::<CreateMessageResult>(answer).map(Into::into), "sampling"),
+            Self::Elicitation => (serde_json::from_value::<ElicitResult>(answer).map(Into::into), "elicitation"),
+            Self::Roots => (serde_json::from_value::<ListRootsResult>(answer).map(Into::into), "roots"),
+        };
+        read.map_err(|e| {
+            ErrorData::invalid_params(format!("the client's answer to the {what} request does not read as one: {e}"), None)
+        })
+    }
+}
+
+/// A question put to the client, and where its answer goes.
+struct Pending {
+    kind: Kind,
+    question: InputRequest,
+    reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
+}
+
+/// The call's answer: still a future of this request's, or running on a task of its own
+/// once the call is held between two requests.
+enum Outcome {
+    Here(BoxFuture<'static, Result<ServerResult, ErrorData>>),
+    There(tokio::task::JoinHandle<Result<ServerResult, ErrorData>>),
+}
+
+impl Outcome {
+    /// The answer (cancel-safe: the call goes on where it was).
+    async fn wait(&mut self) -> Result<ServerResult, ErrorData> {
+        match self {
+            Self::Here(call) => call.await,
+            Self::There(task) => (&mut *task).await.unwrap_or_else(|e| {
+                Err(ErrorData::internal_error(format!("the call ended without an answer: {e}"), None))
+            }),
+        }
+    }
+
+    /// Runs on when no request is waiting for it.
+    fn detach(&mut self) {
+        if let Self::Here(call) = self {
+            let call = std::mem::replace(call, Box::pin(std::future::pending()));
+            *self = Self::There(tokio::spawn(call));
+        }
+    }
+}
+
+/// One call of a 2026-07-28 client whose server may ask it questions.
+pub struct Call {
+    what: What,
+    /// Whom it counts against ([`MAX_HELD_PER_CLIENT`]).
+    client: Arc<str>,
+    outcome: Outcome,
+    questions: mpsc::Receiver<Question>,
+    pending: BTreeMap<String, Pending>,
+    asked: u64,
+    /// The call's own cancellation: the client's request ends with each round.
+    ct: CancellationToken,
+    /// How long it may wait for its client: its deadline and [`KEPT_AFTER`].
+    keep: Duration,
+}
+
+impl Drop for Call {
+    /// A call nobody will come back for is cancelled (upstream too), and the server's
+    /// questions are answered with an error.
+    fn drop(&mut self) {
+        self.ct.cancel();
+    }
+}
+
+impl Call {
+    /// The call `make` makes of `cx`'s request, with a [`Bridge`] in its context and a
+    /// cancellation of its own.
+    pub fn new(
+        what: What,
+        client: Arc<str>,
+        deadline: Duration,
+        cx: &RequestContext<RoleServer>,
+        make: impl FnOnce(RequestContext<RoleServer>) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
+    ) -> Self {
+        Self::of(what, client, deadline, |bridge, ct| {
+            let mut inner = cx.clone();
+            inner.ct = ct;
+            inner.extensions.insert(bridge);
+            make(inner)
+        })
+    }
+
+    /// The call `make` makes, given where its server's questions go and its cancellation.
+    fn of(
+        what: What,
+        client: Arc<str>,
+        deadline: Duration,
+        make: impl FnOnce(Bridge, CancellationToken) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
+    ) -> Self {
+        let (tx, questions) = mpsc::channel(MAX_QUESTIONS);
+        let ct = CancellationToken::new();
+        let outcome = Outcome::Here(make(Bridge(tx), ct.clone()));
+        let keep = deadline.saturating_add(KEPT_AFTER);
+        Self { what, client, outcome, questions, pending: BTreeMap::new(), asked: 0, ct, keep }
+    }
+
+    /// Takes a server's question for the client whose capabilities are `caps`, or answers
+    /// it with the reason it cannot be asked.
+    fn take(&mut self, question: Question, caps: &ClientCapabilities) {
+        let Question { server, request, reply } = question;
+        let asked = as_request(request, caps, &server).and_then(|request| as_question(request, &server));
+        let (kind, question) = match asked {
+            Ok(asked) if self.pending.len() < MAX_QUESTIONS => asked,
+            Ok(_) => {
+                let message = format!("the client has {MAX_QUESTIONS} of this call's questions to answer already");
+                let _ = reply.send(Err(ErrorData::internal_error(message, None)));
+                return;
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        self.asked += 1;
+        self.pending.insert(format!("rebound-{}", self.asked), Pending { kind, question, reply });
+    }
+
+    /// Passes the client's `answers` to the questions they answer; those it did not
+    /// answer are asked again.
+    fn answered(&mut self, mut answers: InputResponses) {
+        let keys: Vec<String> = self.pending.keys().filter(|k| answers.contains_key(*k)).cloned().collect();
+        for key in keys {
+            let (Some(pending), Some(answer)) = (self.pending.remove(&key), answers.remove(&key)) else { continue };
+            let _ = pending.reply.send(pending.kind.read(answer));
+        }
+    }
+}
+
+/// `request` as a question in a call's answer, and what its answer reads as.
+fn as_question(request: ServerRequest, server: &str) -> Result<(Kind, InputRequest), ErrorData> {
+    match request {
+        ServerRequest::CreateMessageRequest(r) => Ok((Kind::Sampling, InputRequest::CreateMessage(r))),
+        ServerRequest::ElicitRequest(r) => Ok((Kind::Elicitation, InputRequest::Elicitation(r))),
+        ServerRequest::ListRootsRequest(r) => Ok((Kind::Roots, InputRequest::ListRoots(r))),
+        other => {
+            let method = serde_json::to_value(&other).ok().and_then(|v| v["method"].as_str().map(str::to_owned));
+            Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!(
+                    "the client behind the gateway speaks MCP 2026-07-28, which can be asked only for sampling, elicitation and roots (server `{server}` sent `{}`)",
+                    method.unwrap_or_default()
+                ),
+                None,
+            ))
+        }
+    }
+}
+
+/// The calls held between a 2026-07-28 client's requests, by their `requestState`.
+#[derive(Default)]
+pub struct Held {
+    calls: Mutex<HashMap<String, (Instant, Call)>>,
+}
+
+impl Held {
+    /// Whether `state` is one the gateway made (a server's own passes on as it is).
+    pub fn is_ours(state: Option<&str>) -> bool {
+        state.is_some_and(|s| s.starts_with(STATE_PREFIX))
+    }
+
+    /// Answers `call` for the client of `cx`: its answer, or the questions its server
+    /// asked meanwhile (the call then held until the client calls again).
+    pub async fn answer(&self, call: Call, cx: &RequestContext<RoleServer>) -> Result<ServerResult, ErrorData> {
+        self.answer_for(call, &cx.client_capabilities().unwrap_or_default(), &cx.ct).await
+    }
+
+    /// [`Held::answer`] for a client with `caps`, whose request ends with `cancelled`.
+    async fn answer_for(
+        &self,
+        mut call: Call,
+        caps: &ClientCapabilities,
+        cancelled: &CancellationToken,
+    ) -> Result<ServerResult, ErrorData> {
+        loop {
+            while let Ok(question) = call.questions.try_recv() {
+                call.take(question, caps);
+            }
+            // Questions the server gave up on are not asked.
+            call.pending.retain(|_, p| !p.reply.is_closed());
+            if !call.pending.is_empty() {
+                return self.hold(call);
+            }
+            tokio::select! {
+                answer = call.outcome.wait() => return answer,
+                Some(question) = call.questions.recv() => call.take(question, caps),
+                // Dropped, the call is cancelled upstream.
+                () = cancelled.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None)),
+            }
+        }
+    }
+
+    /// Takes out the call `state` names, for the same request (`what`), with the client's
+    /// `answers` passed to its server; [`Held::answer`] goes on with it.
+    pub fn take(&self, state: &str, what: &What, answers: Option<InputResponses>) -> Result<Call, ErrorData> {
+        let mut calls = self.calls.lock().expect("not poisoned");
+        let mut call = match calls.remove(state) {
+            Some((until, _)) if until <= Instant::now() => None,
+            found => found,
+        };
+        let mut call = match call.take() {
+            Some((_, call)) if call.what == *what => call,
+            Some(other) => {
+                let message = format!(
+                    "`requestState` names a call of `{}` `{}`, not this one: send it with the request it came with",
+                    other.1.what.method, other.1.what.name
+                );
+                calls.insert(state.to_owned(), other);
+                return Err(ErrorData::invalid_params(message, None));
+            }
+            None => {
+                return Err(ErrorData::invalid_params(
+                    "`requestState` names no call the gateway still holds: it ended (its deadline passed, or its answer waited for the client longer than 60 s) or was answered already; call again without it",
+                    None,
+                ));
+            }
+        };
+        drop(calls);
+        call.answered(answers.unwrap_or_default());
+        Ok(call)
+    }
+
+    /// Keeps `call` until its client calls again, and says what to answer meanwhile.
+    fn hold(&self, mut call: Call) -> Result<ServerResult, ErrorData> {
+        let questions: InputRequests = call.pending.iter().map(|(k, p)| (k.clone(), p.question.clone())).collect();
+        let state = format!("{STATE_PREFIX}{:032x}", rand::random::<u128>());
+        let now = Instant::now();
+        let mut calls = self.calls.lock().expect("not poisoned");
+        // Calls their clients did not come back for in time end here.
+        calls.retain(|_, (until, _)| *until > now);
+        let of_client = calls.values().filter(|(_, c)| c.client == call.client).count();
+        if of_client >= MAX_HELD_PER_CLIENT || calls.len() >= MAX_HELD {
+            let waiting = if of_client >= MAX_HELD_PER_CLIENT { of_client } else { calls.len() };
+            let message = format!(
+                "the server asked for input, and {waiting} calls wait for answers already (at most {MAX_HELD_PER_CLIENT} of one client, {MAX_HELD} in all): answer those first"
+            );
+            // Dropped, the call is cancelled upstream.
+            return Err(ErrorData::internal_error(message, None));
+        }
+        call.outcome.detach();
+        calls.insert(state.clone(), (now + call.keep, call));
+        Ok(ServerResult::InputRequiredResult(InputRequiredResult::new(Some(questions), Some(state))))
+    }
+
+}
+
+/// The state and answers of a request that takes up a call the gateway holds (the
+/// `requestState` is one it made), taken out of the request.
+pub fn take_ours(
+    state: &mut Option<String>,
+    answers: &mut Option<InputResponses>,
+) -> Option<(String, Option<InputResponses>)> {
+    if !Held::is_ours(state.as_deref()) {
+        return None;
+    }
+    Some((state.take()?, answers.take()))
+}
+
+/// An answer of a request that may be answered with questions, read back from a held
+/// call's result.
+pub trait Response: Into<ServerResult> + Send + 'static {
+    fn read(result: ServerResult) -> Option<Self>;
+}
+
+impl Response for CallToolResponse {
+    fn read(result: ServerResult) -> Option<Self> {
+        match result {
+            ServerResult::CallToolResult(r) => Some(r.into()),
+            ServerResult::InputRequiredResult(r) => Some(r.into()),
+            ServerResult::CreateTaskResult(r) => Some(r.into()),
+            _ => None,
+        }
+    }
+}
+
+impl Response for GetPromptResponse {
+    fn read(result: ServerResult) -> Option<Self> {
+        match result {
+            ServerResult::GetPromptResult(r) => Some(r.into()),
+            ServerResult::InputRequiredResult(r) => Some(r.into()),
+            _ => None,
+        }
+    }
+}
+
+impl Response for ReadResourceResponse {
+    fn read(result: ServerResult) -> Option<Self> {
+        match result {
+            ServerResult::ReadResourceResult(r) => Some(r.into()),
+            ServerResult::InputRequiredResult(r) => Some(r.into()),
+            _ => None,
+        }
+    }
+}
+
+/// `result` as the answer of request `R`.
+pub fn read<R: Response>(result: ServerResult) -> Result<R, ErrorData> {
+    R::read(result).ok_or_else(|| ErrorData::internal_error("a held call was answered with another request's result", None))
+}
+
+/// A request a server may answer with questions, as it names its call.
+pub trait Asked: Send + 'static {
+    fn what(&self) -> What;
+    /// Its `requestState` and `inputResponses`.
+    fn resumed(&mut self) -> (&mut Option<String>, &mut Option<InputResponses>);
+}
+
+impl Asked for CallToolRequestParams {
+    fn what(&self) -> What {
+        What { method: "tools/call", name: self.name.to_string() }
+    }
+    fn resumed(&mut self) -> (&mut Option<String>, &mut Option<InputResponses>) {
+        (&mut self.request_state, &mut self.input_responses)
+    }
+}
+
+impl Asked for GetPromptRequestParams {
+    fn what(&self) -> What {
+        What { method: "prompts/get", name: self.name.clone() }
+    }
+    fn resumed(&mut self) -> (&mut Option<String>, &mut Option<InputResponses>) {
+        (&mut self.request_state, &mut self.input_responses)
+    }
+}
+
+impl Asked for ReadResourceRequestParams {
+    fn what(&self) -> What {
+        What { method: "resources/read", name: self.uri.clone() }
+    }
+    fn resumed(&mut self) -> (&mut Option<String>, &mut Option<InputResponses>) {
+        (&mut self.request_state, &mut self.input_responses)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use rmcp::model::{CallToolResult, ContentBlock};
+    use serde_json::json;
+
+    use super::*;
+
+    fn what() -> What {
+        What { method: "tools/call", name: "look".into() }
+    }
+
+    fn caps(caps: serde_json::Value) -> ClientCapabilities {
+        serde_json::from_value(caps).unwrap()
+    }
+
+    /// A call whose server asks its client for its roots, and answers with what it heard;
+    /// `cancelled` is set if the call is cancelled meanwhile.
+    fn asking_roots(client: &str, cancelled: Arc<AtomicBool>) -> Call {
+        Call::of(what(), client.into(), Duration::from_secs(10), move |bridge, ct| {
+            Box::pin(async move {
+                let heard = tokio::select! {
+                    biased;
+                    () = ct.cancelled() => {
+                        cancelled.store(true, Ordering::SeqCst);
+                        return Err(ErrorData::internal_error("cancelled", None));
+                    }
+                    heard = bridge.ask("files", UpstreamRequest::Roots, CancellationToken::new()) => heard,
+                };
+                let text = match heard {
+                    Ok(answer) => serde_json::to_string(&answer).unwrap(),
+                    Err(e) => format!("error: {}", e.message),
+                };
+                Ok(ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::text(text)])))
+            })
+        })
+    }
+
+    fn text(result: &ServerResult) -> String {
+        let ServerResult::CallToolResult(result) = result else { panic!("not a tool result: {result:?}") };
+        result.content.iter().filter_map(|c| c.as_text()).map(|t| t.text.clone()).collect()
+    }
+
+    /// The questions and state of an answer that asks.
+    fn asked(result: ServerResult) -> (InputRequests, String) {
+        let ServerResult::InputRequiredResult(asked) = result else { panic!("no questions: {result:?}") };
+        (asked.input_requests.unwrap(), asked.request_state.unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_servers_request_comes_back_as_a_question_and_its_answer_goes_on_to_the_server() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let first = held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap();
+        let (questions, state) = asked(first);
+        assert!(Held::is_ours(Some(&state)), "{state}");
+        let (key, question) = questions.into_iter().next().unwrap();
+        assert!(matches!(question, InputRequest::ListRoots(_)));
+
+        let answers = InputResponses::from([(key, json!({"roots": [{"uri": "file:///work"}]}))]);
+        let call = held.take(&state, &what(), Some(answers)).unwrap();
+        let done = held.answer_for(call, &roots, &request).await.unwrap();
+        assert!(text(&done).contains("file:///work"), "{}", text(&done));
+        // Answered, the call is no longer held.
+        assert!(held.take(&state, &what(), None).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_without_the_capability_is_not_asked() {
+        let held = Held::default();
+        let done = held.answer_for(asking_roots("a", Arc::default()), &caps(json!({})), &CancellationToken::new()).await;
+        assert!(text(&done.unwrap()).contains("does not support roots"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_does_not_read_goes_to_the_server_as_an_error() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let (questions, state) = asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        let key = questions.into_keys().next().unwrap();
+        let call = held.take(&state, &what(), Some(InputResponses::from([(key, json!({"roots": 5}))]))).unwrap();
+        let done = held.answer_for(call, &roots, &request).await.unwrap();
+        assert!(text(&done).contains("does not read as one"), "{}", text(&done));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_question_is_asked_again_and_another_request_cannot_take_the_call() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let (questions, state) = asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        let other = What { method: "prompts/get", name: "look".into() };
+        let refused = held.take(&state, &other, None).err().unwrap();
+        assert!(refused.message.contains("not this one"), "{}", refused.message);
+        let call = held.take(&state, &what(), Some(InputResponses::new())).unwrap();
+        let (again, state_again) = asked(held.answer_for(call, &roots, &request).await.unwrap());
+        assert_eq!(again.into_keys().collect::<Vec<_>>(), questions.into_keys().collect::<Vec<_>>());
+        assert_ne!(state, state_again, "a new state for each round");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_its_client_does_not_come_back_for_ends_and_is_cancelled() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (_, state) = asked(held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.unwrap());
+        tokio::time::sleep(Duration::from_secs(10) + KEPT_AFTER).await;
+        let late = held.take(&state, &what(), None).err().unwrap();
+        assert!(late.message.contains("no call the gateway still holds"), "{}", late.message);
+        // Dropped, it was cancelled: upstream, the attempt sees that and cancels too.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(cancelled.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_client_may_hold_only_so_many_calls() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        for _ in 0..MAX_HELD_PER_CLIENT {
+            asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        }
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let refused = held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.err().unwrap();
+        assert!(refused.message.contains("answer those first"), "{}", refused.message);
+        // Another client is not held back.
+        asked(held.answer_for(asking_roots("b", Arc::default()), &roots, &request).await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_answered_without_questions_is_not_held() {
+        let held = Held::default();
+        let call = Call::of(what(), "a".into(), Duration::from_secs(1), |_, _| {
+            Box::pin(async { Ok(ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::text("done")]))) })
+        });
+        let done = held.answer_for(call, &caps(json!({})), &CancellationToken::new()).await.unwrap();
+        assert_eq!(text(&done), "done");
+        assert!(held.calls.lock().unwrap().is_empty());
+    }
+}
