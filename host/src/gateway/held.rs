@@ -11,9 +11,11 @@
 //! Only the call's own client is asked (`routing` finds the call as for any client, and
 //! its [`Bridge`] stands in for the client's session), only what its capabilities allow.
 //! Bounds: at most [`MAX_QUESTIONS`] questions waiting in one call, [`MAX_HELD_PER_CLIENT`]
-//! calls held for one client and [`MAX_HELD`] in all; a held call waits for its client no
-//! longer than its deadline, and its answer is kept [`KEPT_AFTER`] more. The
-//! `requestState` is 128 random bits: only the client it was given to can name the call.
+//! calls held for one client and [`MAX_HELD`] in all; a held call ends at its deadline as
+//! every call does, and is kept for its client [`KEPT_AFTER`] more, then ended (`sweep`).
+//! The `requestState` is 128 random bits after a prefix of this process's, and only the
+//! client it was given to (its session, or over HTTP its address) can take the call up
+//! with it.
 
 // Sampling and roots are deprecated by 2026-07-28 (SEP-2577) but live in every revision
 // the gateway speaks; they are relayed faithfully.
@@ -23,11 +25,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientResult, CreateMessageResult, ElicitResult, GetPromptRequestParams, GetPromptResponse,
-    InputRequest, InputRequiredResult, InputRequests, InputResponses, ListRootsResult, ReadResourceRequestParams, ReadResourceResponse,
-    ServerRequest, ServerResult,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientResult, CreateMessageResult, ElicitResult,
+    GetPromptRequestParams, GetPromptResponse, InputRequest, InputRequests, InputRequiredResult, InputResponses,
+    ListRootsResult, ReadResourceRequestParams, ReadResourceResponse, ServerRequest, ServerResult,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
@@ -118,7 +121,10 @@ impl Kind {
             Self::Roots => (serde_json::from_value::<ListRootsResult>(answer).map(Into::into), "roots"),
         };
         read.map_err(|e| {
-            ErrorData::invalid_params(format!("the client's answer to the {what} request does not read as one: {e}"), None)
+            ErrorData::invalid_params(
+                format!("the client's answer to the {what} request does not read as one: {e}"),
+                None,
+            )
         })
     }
 }
@@ -130,29 +136,37 @@ struct Pending {
     reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
 }
 
-/// The call's answer: still a future of this request's, or running on a task of its own
-/// once the call is held between two requests.
+/// The call's answer: a future of the client's request, or running on a task of its own
+/// once the call is held between two requests, until it is in.
 enum Outcome {
-    Here(BoxFuture<'static, Result<ServerResult, ErrorData>>),
-    There(tokio::task::JoinHandle<Result<ServerResult, ErrorData>>),
+    Running(BoxFuture<'static, Result<ServerResult, ErrorData>>),
+    Detached(tokio::task::JoinHandle<Result<ServerResult, ErrorData>>),
+    Done,
 }
 
 impl Outcome {
-    /// The answer (cancel-safe: the call goes on where it was).
+    /// The answer (cancel-safe: the call goes on where it was). Asked again once in, it
+    /// is an error.
     async fn wait(&mut self) -> Result<ServerResult, ErrorData> {
-        match self {
-            Self::Here(call) => call.await,
-            Self::There(task) => (&mut *task).await.unwrap_or_else(|e| {
+        let answer = match self {
+            Self::Running(call) => call.await,
+            Self::Detached(task) => (&mut *task).await.unwrap_or_else(|e| {
                 Err(ErrorData::internal_error(format!("the call ended without an answer: {e}"), None))
             }),
-        }
+            Self::Done => Err(ErrorData::internal_error("the call's answer was given already", None)),
+        };
+        *self = Self::Done;
+        answer
     }
 
-    /// Runs on when no request is waiting for it.
+    /// Runs on when no request is waiting for it: the call, if still running, goes on (or,
+    /// cancelled, winds down: cancels upstream, ends its progress) on a task of its own.
     fn detach(&mut self) {
-        if let Self::Here(call) = self {
+        if let Self::Running(call) = self
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
             let call = std::mem::replace(call, Box::pin(std::future::pending()));
-            *self = Self::There(tokio::spawn(call));
+            *self = Self::Detached(runtime.spawn(call));
         }
     }
 }
@@ -168,15 +182,17 @@ pub struct Call {
     asked: u64,
     /// The call's own cancellation: the client's request ends with each round.
     ct: CancellationToken,
-    /// How long it may wait for its client: its deadline and [`KEPT_AFTER`].
-    keep: Duration,
+    /// Until when it is kept for its client: its deadline (which ends it upstream, as it
+    /// ends every call) and [`KEPT_AFTER`], from its start.
+    until: Instant,
 }
 
 impl Drop for Call {
-    /// A call nobody will come back for is cancelled (upstream too), and the server's
-    /// questions are answered with an error.
+    /// A call nobody will come back for is cancelled, and winds down as any call does
+    /// (cancelled upstream); the server's questions are answered with an error.
     fn drop(&mut self) {
         self.ct.cancel();
+        self.outcome.detach();
     }
 }
 
@@ -207,14 +223,14 @@ impl Call {
     ) -> Self {
         let (tx, questions) = mpsc::channel(MAX_QUESTIONS);
         let ct = CancellationToken::new();
-        let outcome = Outcome::Here(make(Bridge(tx), ct.clone()));
-        let keep = deadline.saturating_add(KEPT_AFTER);
-        Self { what, client, outcome, questions, pending: BTreeMap::new(), asked: 0, ct, keep }
+        let outcome = Outcome::Running(make(Bridge(tx), ct.clone()));
+        let until = Instant::now() + deadline.saturating_add(KEPT_AFTER);
+        Self { what, client, outcome, questions, pending: BTreeMap::new(), asked: 0, ct, until }
     }
 
-    /// Takes a server's question for the client whose capabilities are `caps`, or answers
-    /// it with the reason it cannot be asked.
-    fn take(&mut self, question: Question, caps: &ClientCapabilities) {
+    /// Queues a server's question for the client whose capabilities are `caps`, or
+    /// answers it with the reason it cannot be asked.
+    fn queue(&mut self, question: Question, caps: &ClientCapabilities) {
         let Question { server, request, reply } = question;
         let asked = as_request(request, caps, &server).and_then(|request| as_question(request, &server));
         let (kind, question) = match asked {
@@ -267,13 +283,22 @@ fn as_question(request: ServerRequest, server: &str) -> Result<(Kind, InputReque
 /// The calls held between a 2026-07-28 client's requests, by their `requestState`.
 #[derive(Default)]
 pub struct Held {
-    calls: Mutex<HashMap<String, (Instant, Call)>>,
+    calls: Arc<Mutex<HashMap<String, Call>>>,
+    /// Whether the task that ends calls kept past their time runs.
+    sweeping: std::sync::OnceLock<()>,
+}
+
+/// The start of every `requestState` this gateway makes: one of another gateway in front
+/// of a server (a Rebound behind this one) is that server's, and passes on as it is.
+fn prefix() -> &'static str {
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PREFIX.get_or_init(|| format!("{STATE_PREFIX}{:08x}:", rand::random::<u32>()))
 }
 
 impl Held {
-    /// Whether `state` is one the gateway made (a server's own passes on as it is).
+    /// Whether `state` is one this gateway made (a server's own passes on as it is).
     pub fn is_ours(state: Option<&str>) -> bool {
-        state.is_some_and(|s| s.starts_with(STATE_PREFIX))
+        state.is_some_and(|s| s.starts_with(prefix()))
     }
 
     /// Answers `call` for the client of `cx`: its answer, or the questions its server
@@ -291,74 +316,122 @@ impl Held {
     ) -> Result<ServerResult, ErrorData> {
         loop {
             while let Ok(question) = call.questions.try_recv() {
-                call.take(question, caps);
+                call.queue(question, caps);
             }
             // Questions the server gave up on are not asked.
             call.pending.retain(|_, p| !p.reply.is_closed());
             if !call.pending.is_empty() {
-                return self.hold(call);
+                // A call answered meanwhile needs no answers any more.
+                if let Some(answer) = call.outcome.wait().now_or_never() {
+                    return answer;
+                }
+                return self.hold(call, cancelled);
             }
             tokio::select! {
                 answer = call.outcome.wait() => return answer,
-                Some(question) = call.questions.recv() => call.take(question, caps),
+                Some(question) = call.questions.recv() => call.queue(question, caps),
                 // Dropped, the call is cancelled upstream.
                 () = cancelled.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None)),
             }
         }
     }
 
-    /// Takes out the call `state` names, for the same request (`what`), with the client's
-    /// `answers` passed to its server; [`Held::answer`] goes on with it.
-    pub fn take(&self, state: &str, what: &What, answers: Option<InputResponses>) -> Result<Call, ErrorData> {
+    /// Takes out the call `state` names, for the same request (`what`) of the same
+    /// `client`, with the client's `answers` passed to its server; [`Held::answer`] goes
+    /// on with it.
+    pub fn resume(
+        &self,
+        state: &str,
+        what: &What,
+        client: &str,
+        answers: Option<InputResponses>,
+    ) -> Result<Call, ErrorData> {
         let mut calls = self.calls.lock().expect("not poisoned");
         let mut call = match calls.remove(state) {
-            Some((until, _)) if until <= Instant::now() => None,
-            found => found,
-        };
-        let mut call = match call.take() {
-            Some((_, call)) if call.what == *what => call,
-            Some(other) => {
+            Some(call) if *call.client != *client || call.until <= Instant::now() => {
+                // Another client's is not named to this one.
+                if *call.client != *client {
+                    calls.insert(state.to_owned(), call);
+                }
+                None
+            }
+            Some(call) if call.what != *what => {
                 let message = format!(
                     "`requestState` names a call of `{}` `{}`, not this one: send it with the request it came with",
-                    other.1.what.method, other.1.what.name
+                    call.what.method, call.what.name
                 );
-                calls.insert(state.to_owned(), other);
+                calls.insert(state.to_owned(), call);
                 return Err(ErrorData::invalid_params(message, None));
             }
-            None => {
-                return Err(ErrorData::invalid_params(
-                    "`requestState` names no call the gateway still holds: it ended (its deadline passed, or its answer waited for the client longer than 60 s) or was answered already; call again without it",
-                    None,
-                ));
-            }
-        };
+            found => found,
+        }
+        .ok_or_else(|| {
+            let message = format!(
+                "`requestState` names no call the gateway still holds for this client: it ended (its deadline passed and {} s more), was answered already, or the gateway restarted; call again without it",
+                KEPT_AFTER.as_secs()
+            );
+            ErrorData::invalid_params(message, None)
+        })?;
         drop(calls);
         call.answered(answers.unwrap_or_default());
         Ok(call)
     }
 
     /// Keeps `call` until its client calls again, and says what to answer meanwhile.
-    fn hold(&self, mut call: Call) -> Result<ServerResult, ErrorData> {
+    fn hold(&self, mut call: Call, cancelled: &CancellationToken) -> Result<ServerResult, ErrorData> {
         let questions: InputRequests = call.pending.iter().map(|(k, p)| (k.clone(), p.question.clone())).collect();
-        let state = format!("{STATE_PREFIX}{:032x}", rand::random::<u128>());
-        let now = Instant::now();
+        let state = format!("{}{:032x}", prefix(), rand::random::<u128>());
         let mut calls = self.calls.lock().expect("not poisoned");
-        // Calls their clients did not come back for in time end here.
-        calls.retain(|_, (until, _)| *until > now);
-        let of_client = calls.values().filter(|(_, c)| c.client == call.client).count();
-        if of_client >= MAX_HELD_PER_CLIENT || calls.len() >= MAX_HELD {
-            let waiting = if of_client >= MAX_HELD_PER_CLIENT { of_client } else { calls.len() };
-            let message = format!(
-                "the server asked for input, and {waiting} calls wait for answers already (at most {MAX_HELD_PER_CLIENT} of one client, {MAX_HELD} in all): answer those first"
-            );
+        let of_client = calls.values().filter(|c| c.client == call.client).count();
+        let refused = if of_client >= MAX_HELD_PER_CLIENT {
+            Some(format!(
+                "the server asked for input, and {of_client} of this client's calls wait for its answers already (at most {MAX_HELD_PER_CLIENT}): answer those first"
+            ))
+        } else if calls.len() >= MAX_HELD {
+            Some(format!(
+                "the server asked for input, and the gateway holds {MAX_HELD} calls for their clients' answers already: call again shortly"
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = refused {
             // Dropped, the call is cancelled upstream.
             return Err(ErrorData::internal_error(message, None));
         }
+        // A request cancelled as it is answered: rmcp drops its answer, and nobody would
+        // come back for the call.
+        if cancelled.is_cancelled() {
+            return Err(ErrorData::internal_error("cancelled by the client", None));
+        }
         call.outcome.detach();
-        calls.insert(state.clone(), (now + call.keep, call));
+        calls.insert(state.clone(), call);
+        drop(calls);
+        self.sweeping.get_or_init(|| drop(tokio::spawn(sweep(Arc::downgrade(&self.calls)))));
         Ok(ServerResult::InputRequiredResult(InputRequiredResult::new(Some(questions), Some(state))))
     }
+}
 
+/// How often calls kept past their time are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Ends the calls of `calls` kept past their time (each cancelled, upstream too, and its
+/// server's questions answered with an error), for as long as the gateway holds any.
+async fn sweep(calls: std::sync::Weak<Mutex<HashMap<String, Call>>>) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(calls) = calls.upgrade() else { return };
+        let now = Instant::now();
+        let ended: Vec<Call> = {
+            let mut calls = calls.lock().expect("not poisoned");
+            let expired: Vec<String> = calls.iter().filter(|(_, c)| c.until <= now).map(|(k, _)| k.clone()).collect();
+            expired.iter().filter_map(|k| calls.remove(k)).collect()
+        };
+        if !ended.is_empty() {
+            tracing::info!(calls = ended.len(), "calls whose 2026-07-28 client did not come back for them ended");
+        }
+    }
 }
 
 /// The state and answers of a request that takes up a call the gateway holds (the
@@ -412,17 +485,18 @@ impl Response for ReadResourceResponse {
 
 /// `result` as the answer of request `R`.
 pub fn read<R: Response>(result: ServerResult) -> Result<R, ErrorData> {
-    R::read(result).ok_or_else(|| ErrorData::internal_error("a held call was answered with another request's result", None))
+    R::read(result)
+        .ok_or_else(|| ErrorData::internal_error("a held call was answered with another request's result", None))
 }
 
 /// A request a server may answer with questions, as it names its call.
-pub trait Asked: Send + 'static {
+pub trait Resumable: Send + 'static {
     fn what(&self) -> What;
     /// Its `requestState` and `inputResponses`.
     fn resumed(&mut self) -> (&mut Option<String>, &mut Option<InputResponses>);
 }
 
-impl Asked for CallToolRequestParams {
+impl Resumable for CallToolRequestParams {
     fn what(&self) -> What {
         What { method: "tools/call", name: self.name.to_string() }
     }
@@ -431,7 +505,7 @@ impl Asked for CallToolRequestParams {
     }
 }
 
-impl Asked for GetPromptRequestParams {
+impl Resumable for GetPromptRequestParams {
     fn what(&self) -> What {
         What { method: "prompts/get", name: self.name.clone() }
     }
@@ -440,7 +514,7 @@ impl Asked for GetPromptRequestParams {
     }
 }
 
-impl Asked for ReadResourceRequestParams {
+impl Resumable for ReadResourceRequestParams {
     fn what(&self) -> What {
         What { method: "resources/read", name: self.uri.clone() }
     }
@@ -510,17 +584,18 @@ mod tests {
         assert!(matches!(question, InputRequest::ListRoots(_)));
 
         let answers = InputResponses::from([(key, json!({"roots": [{"uri": "file:///work"}]}))]);
-        let call = held.take(&state, &what(), Some(answers)).unwrap();
+        let call = held.resume(&state, &what(), "a", Some(answers)).unwrap();
         let done = held.answer_for(call, &roots, &request).await.unwrap();
         assert!(text(&done).contains("file:///work"), "{}", text(&done));
         // Answered, the call is no longer held.
-        assert!(held.take(&state, &what(), None).is_err());
+        assert!(held.resume(&state, &what(), "a", None).is_err());
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_client_without_the_capability_is_not_asked() {
         let held = Held::default();
-        let done = held.answer_for(asking_roots("a", Arc::default()), &caps(json!({})), &CancellationToken::new()).await;
+        let done =
+            held.answer_for(asking_roots("a", Arc::default()), &caps(json!({})), &CancellationToken::new()).await;
         assert!(text(&done.unwrap()).contains("does not support roots"));
     }
 
@@ -528,9 +603,10 @@ mod tests {
     async fn an_answer_that_does_not_read_goes_to_the_server_as_an_error() {
         let held = Held::default();
         let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
-        let (questions, state) = asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        let (questions, state) =
+            asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
         let key = questions.into_keys().next().unwrap();
-        let call = held.take(&state, &what(), Some(InputResponses::from([(key, json!({"roots": 5}))]))).unwrap();
+        let call = held.resume(&state, &what(), "a", Some(InputResponses::from([(key, json!({"roots": 5}))]))).unwrap();
         let done = held.answer_for(call, &roots, &request).await.unwrap();
         assert!(text(&done).contains("does not read as one"), "{}", text(&done));
     }
@@ -539,11 +615,12 @@ mod tests {
     async fn an_unanswered_question_is_asked_again_and_another_request_cannot_take_the_call() {
         let held = Held::default();
         let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
-        let (questions, state) = asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        let (questions, state) =
+            asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
         let other = What { method: "prompts/get", name: "look".into() };
-        let refused = held.take(&state, &other, None).err().unwrap();
+        let refused = held.resume(&state, &other, "a", None).err().unwrap();
         assert!(refused.message.contains("not this one"), "{}", refused.message);
-        let call = held.take(&state, &what(), Some(InputResponses::new())).unwrap();
+        let call = held.resume(&state, &what(), "a", Some(InputResponses::new())).unwrap();
         let (again, state_again) = asked(held.answer_for(call, &roots, &request).await.unwrap());
         assert_eq!(again.into_keys().collect::<Vec<_>>(), questions.into_keys().collect::<Vec<_>>());
         assert_ne!(state, state_again, "a new state for each round");
@@ -555,14 +632,70 @@ mod tests {
         let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
         let cancelled = Arc::new(AtomicBool::new(false));
         let (_, state) = asked(held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.unwrap());
-        tokio::time::sleep(Duration::from_secs(10) + KEPT_AFTER).await;
-        let late = held.take(&state, &what(), None).err().unwrap();
+        tokio::time::sleep(Duration::from_secs(9) + KEPT_AFTER).await;
+        assert!(!cancelled.load(Ordering::SeqCst), "kept until its deadline and 60 s more");
+        // Past that, it is ended even though nothing else happens: cancelled, so that the
+        // attempt cancels upstream too.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(cancelled.load(Ordering::SeqCst));
+        let late = held.resume(&state, &what(), "a", None).err().unwrap();
         assert!(late.message.contains("no call the gateway still holds"), "{}", late.message);
-        // Dropped, it was cancelled: upstream, the attempt sees that and cancels too.
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_client_a_call_was_held_for_takes_it_up() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let (questions, state) =
+            asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
+        let key = questions.into_keys().next().unwrap();
+        let answers = || Some(InputResponses::from([(key.clone(), json!({"roots": []}))]));
+        let refused = held.resume(&state, &what(), "b", answers()).err().unwrap();
+        assert!(refused.message.contains("no call the gateway still holds"), "{}", refused.message);
+        let call = held.resume(&state, &what(), "a", answers()).unwrap();
+        assert!(text(&held.answer_for(call, &roots, &request).await.unwrap()).contains("roots"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_its_client_cancels_before_any_question_winds_down_as_cancelled() {
+        let held = Held::default();
+        let wound_down = Arc::new(AtomicBool::new(false));
+        let seen = wound_down.clone();
+        let call = Call::of(what(), "a".into(), Duration::from_secs(10), move |_, ct| {
+            Box::pin(async move {
+                // As an attempt does: on its cancellation it tells the server, then ends.
+                ct.cancelled().await;
+                tokio::task::yield_now().await;
+                seen.store(true, Ordering::SeqCst);
+                Err(ErrorData::internal_error("cancelled", None))
+            })
+        });
+        let (none, request) = (caps(json!({})), CancellationToken::new());
+        let answering = held.answer_for(call, &none, &request);
+        request.cancel();
+        assert!(answering.await.is_err());
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
-        assert!(cancelled.load(Ordering::SeqCst));
+        assert!(wound_down.load(Ordering::SeqCst), "the call was dropped halfway, not wound down");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_answered_as_its_server_asks_is_answered_not_held() {
+        let held = Held::default();
+        let call = Call::of(what(), "a".into(), Duration::from_secs(10), |bridge, _| {
+            Box::pin(async move {
+                let (reply, _answer) = oneshot::channel();
+                let question = Question { server: "files".into(), request: UpstreamRequest::Roots, reply };
+                bridge.0.try_send(question).ok().unwrap();
+                // Answered a moment after it asked, before the client was told.
+                tokio::task::yield_now().await;
+                Ok(ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::text("done")])))
+            })
+        });
+        let done = held.answer_for(call, &caps(json!({"roots": {}})), &CancellationToken::new()).await.unwrap();
+        assert_eq!(text(&done), "done");
+        assert!(held.calls.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -583,7 +716,9 @@ mod tests {
     async fn a_call_answered_without_questions_is_not_held() {
         let held = Held::default();
         let call = Call::of(what(), "a".into(), Duration::from_secs(1), |_, _| {
-            Box::pin(async { Ok(ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::text("done")]))) })
+            Box::pin(async {
+                Ok(ServerResult::CallToolResult(CallToolResult::success(vec![ContentBlock::text("done")])))
+            })
         });
         let done = held.answer_for(call, &caps(json!({})), &CancellationToken::new()).await.unwrap();
         assert_eq!(text(&done), "done");

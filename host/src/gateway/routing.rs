@@ -112,7 +112,12 @@ pub struct Routing {
 impl Routing {
     /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
     /// dropped when the guard is.
-    pub fn track_call(self: &Arc<Self>, instance: u64, client: &Arc<str>, cx: &RequestContext<RoleServer>) -> CallGuard {
+    pub fn track_call(
+        self: &Arc<Self>,
+        instance: u64,
+        client: &Arc<str>,
+        cx: &RequestContext<RoleServer>,
+    ) -> CallGuard {
         let id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let call = InFlight {
             id,
@@ -402,7 +407,11 @@ pub fn to_client(request: UpstreamRequest, peer: &Peer<RoleServer>, server: &str
 
 /// `request` as a client with `caps` may be asked it: a client that did not advertise
 /// the capability is not.
-pub fn as_request(request: UpstreamRequest, caps: &ClientCapabilities, server: &str) -> Result<ServerRequest, ErrorData> {
+pub fn as_request(
+    request: UpstreamRequest,
+    caps: &ClientCapabilities,
+    server: &str,
+) -> Result<ServerRequest, ErrorData> {
     let (request, supported, what) = match request {
         UpstreamRequest::Sampling(p) => {
             (ServerRequest::CreateMessageRequest(CreateMessageRequest::new(p)), caps.sampling.is_some(), "sampling")

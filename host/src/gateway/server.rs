@@ -35,7 +35,7 @@ use super::call::{Attempt, Resume, attempt};
 use super::catalogue::Route;
 use super::downstreams::{Front, Reach, Subscription};
 use super::forward::{Instance, Out, upstream_error};
-use super::held::{self, Asked, Call, Response, What};
+use super::held::{self, Call, Response, Resumable, What};
 use super::hub::{Hub, offered_modern};
 use super::input::{self, Answer};
 use super::session_servers::{Recovery, SessionServers};
@@ -285,8 +285,10 @@ impl ServerHandler for Gateway {
         if !input::client_is_asked(&cx) {
             return self.answer_call(request, cx).await;
         }
-        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_call(request, cx).await }))
-            .await
+        self.answer_asking(request, cx, |gateway, request, cx| {
+            Box::pin(async move { gateway.answer_call(request, cx).await })
+        })
+        .await
     }
 
     /// A request rmcp could not read as one it models: MCP 2025-11-25's tasks (see
@@ -334,8 +336,10 @@ impl ServerHandler for Gateway {
         if !input::client_is_asked(&cx) {
             return self.answer_prompt(request, cx).await;
         }
-        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_prompt(request, cx).await }))
-            .await
+        self.answer_asking(request, cx, |gateway, request, cx| {
+            Box::pin(async move { gateway.answer_prompt(request, cx).await })
+        })
+        .await
     }
 
     async fn list_resources(
@@ -368,8 +372,10 @@ impl ServerHandler for Gateway {
         if !input::client_is_asked(&cx) {
             return self.answer_read(request, cx).await;
         }
-        self.answer_asking(request, cx, |gateway, request, cx| Box::pin(async move { gateway.answer_read(request, cx).await }))
-            .await
+        self.answer_asking(request, cx, |gateway, request, cx| {
+            Box::pin(async move { gateway.answer_read(request, cx).await })
+        })
+        .await
     }
 
     async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
@@ -579,7 +585,7 @@ impl Gateway {
 
     /// Answers `request` of a 2026-07-28 client, whose server, on an older revision, may
     /// ask it questions while serving it (`held`): `answer` answers it.
-    async fn answer_asking<P: Asked, R: Response>(
+    async fn answer_asking<P: Resumable, R: Response>(
         &self,
         mut request: P,
         cx: RequestContext<RoleServer>,
@@ -588,7 +594,7 @@ impl Gateway {
         let what = request.what();
         let (state, answers) = request.resumed();
         let call = match held::take_ours(state, answers) {
-            Some((state, answers)) => self.hub.held.take(&state, &what, answers)?,
+            Some((state, answers)) => self.hub.held.resume(&state, &what, &self.counted(&cx), answers)?,
             None => {
                 self.ready(&cx).await;
                 let deadline = self.deadline_of(&what);
