@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod status;
 pub mod stdio_client;
 pub mod tasks;
+pub mod tool_call;
 
 pub use hub::Hub;
 pub use server::Gateway;

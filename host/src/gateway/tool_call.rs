@@ -1,0 +1,284 @@
+//! A client's tool call: one of the gateway's own, or routed to its server and run
+//! through the recovery engine (`Upstreams` is the engine's way upstream: one attempt on
+//! the session's instance of a server), then reported, logged, counted; whatever happens
+//! on its way, it is answered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject, ResultType, ToolAnnotations};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+
+use super::call::{Attempt, Resume, attempt};
+use super::catalogue::Route;
+use super::hub::Hub;
+use super::server::Gateway;
+use super::session_servers::{Recovery, SessionServers};
+use super::setup::Setup;
+use super::status;
+use crate::recovery::Failure;
+use crate::recovery::engine::{Ending, Record, Upstream};
+use crate::recovery::report;
+use crate::redact::Secrets;
+use crate::telemetry::{CallTrace, TracedAdvisor};
+
+impl Gateway {
+    /// A tool call, the catalogue's or one of the gateway's own, answered whatever
+    /// happens on its way.
+    pub(super) async fn answer_call(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        use futures::FutureExt as _;
+        let name = request.name.clone();
+        // The engine catches a panic inside a call; this catches one anywhere else on the
+        // call's path (reporting, logging, metrics), so that no call goes unanswered.
+        let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
+        let answer = tokio::select! {
+            answer = answer => answer,
+            () = self.hub.stopping().cancelled() => {
+                let text = format!(
+                    "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
+                );
+                return Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into());
+            }
+        };
+        match answer {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
+                let text = format!(
+                    "rebound: Rebound failed while answering this call of `{name}` (a bug, in its log); check whether the call took effect, then call it again"
+                );
+                Ok(CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]).into())
+            }
+        }
+    }
+
+    /// A tool call, routed and run through the recovery engine.
+    async fn call_tool_inner(
+        &self,
+        mut request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.attach(&cx);
+        if self.hub.setup().config.settings.gateway_tools
+            && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
+        {
+            return Ok(result.into());
+        }
+        self.own.settled().await;
+        let catalogue = self.own.catalogue();
+        let Some((route, tool)) = catalogue.tool(&request.name) else {
+            // The one failure that is a protocol error: there is nothing to route to.
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool `{}`; call tools/list for the tools this gateway offers", request.name),
+                None,
+            ));
+        };
+        let recovery = self.own.recovery();
+        let trace = start_trace(&cx, &route.name, &recovery.setup.secrets);
+        let traced;
+        let advisor = match (&trace, recovery.advisor()) {
+            (Some(trace), Some(inner)) => {
+                traced = TracedAdvisor { inner, trace: trace.clone() };
+                Some(&traced as &dyn crate::recovery::plan::Advisor)
+            }
+            (_, advisor) => advisor,
+        };
+        // A 2026-07-28 client calling again with its answers to the server's questions (or
+        // the server's state alone): they go to that server's tool, never to an alternative.
+        let resume = (request.input_responses.is_some() || request.request_state.is_some())
+            .then(|| Resume { answers: request.input_responses.take(), state: request.request_state.take() });
+        let upstreams = Upstreams {
+            hub: &self.hub,
+            own: &self.own,
+            setup: &recovery.setup,
+            cx: &cx,
+            trace: trace.as_deref(),
+            called: route,
+            resume: resume.as_ref(),
+        };
+        let started = std::time::Instant::now();
+        let (ending, record) = recovery
+            .engine()
+            .run(
+                &upstreams,
+                advisor,
+                route.server.clone(),
+                route.name.clone(),
+                tool.annotations.as_ref(),
+                request.arguments,
+            )
+            .await;
+        if let Some(trace) = &trace {
+            trace.finish(&record, &ending);
+        }
+        self.account(&recovery, &record, &ending, started.elapsed());
+        let mut result = match ending {
+            Ending::Answered(CallToolResponse::Complete(result)) => {
+                report::recovered(result, &record, &recovery.setup.secrets)
+            }
+            Ending::Answered(other) => return Ok(other),
+            Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
+        };
+        result.result_type = Some(ResultType::COMPLETE);
+        Ok(result.into())
+    }
+
+    /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
+    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration) {
+        if record.failures().next().is_some() {
+            self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
+            if let Some((failure, class)) = record.last_failure() {
+                let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
+                log_at(
+                    level,
+                    &record.server,
+                    &record.tool,
+                    class.category.as_str(),
+                    &failure.message(),
+                    record.attempts.len(),
+                );
+            }
+        }
+        if !record.denied.is_empty()
+            && let Some(adapter) = recovery.setup.plugins.adapters.get(&record.server)
+        {
+            adapter.report_denied(&record.denied);
+        }
+        self.hub.metrics.observe(record, ending, took);
+    }
+}
+
+/// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
+/// HTTP request's `traceparent` header, else its `_meta.traceparent`.
+fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
+    if !crate::telemetry::enabled() {
+        return None;
+    }
+    let header = |name: &str| {
+        cx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get(name))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let meta = |name: &str| cx.meta.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+    // Both from the same place: the header's pair, else `_meta`'s.
+    let (traceparent, tracestate) = match header("traceparent") {
+        Some(tp) => (Some(tp), header("tracestate")),
+        None => (meta("traceparent"), meta("tracestate")),
+    };
+    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref(), secrets.clone())
+}
+
+/// The engine's way upstream for one client request.
+struct Upstreams<'a> {
+    hub: &'a Arc<Hub>,
+    own: &'a Arc<SessionServers>,
+    /// The setup the call started with: its attempts go to its servers.
+    setup: &'a Setup,
+    cx: &'a RequestContext<RoleServer>,
+    trace: Option<&'a CallTrace>,
+    /// The tool the client called: only its answers may be questions for the client, and
+    /// only it gets the client's answers (`resume`). A question from an alternative would
+    /// come back, answered, to the tool called, which did not ask it.
+    called: &'a Route,
+    resume: Option<&'a Resume>,
+}
+
+impl Upstreams<'_> {
+    /// One attempt of `tool` on `server`'s instance for this session.
+    async fn attempt(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+        max_total: Duration,
+        traceparent: Option<&str>,
+    ) -> Result<CallToolResponse, Failure> {
+        let Some(handle) = self.own.server_in(self.setup, server) else {
+            return Err(Failure::Unavailable {
+                status: crate::transport::Status::Stopped,
+                reason: Some(format!("no server `{server}`")),
+            });
+        };
+        let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
+        let started = tokio::time::Instant::now();
+        // Waiting for a restart in progress counts against the call's deadline.
+        let session = handle
+            .ready_session(timeout)
+            .await
+            .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
+        let spent = started.elapsed();
+        let how = Attempt {
+            traceparent,
+            timeout,
+            max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
+            // From the call's configuration: a reload may have changed it, not the process.
+            progress_extends_timeout: self
+                .setup
+                .config
+                .servers
+                .get(server)
+                .is_none_or(|s| s.recovery.progress_extends_timeout),
+            called: *self.called.server == *server && self.called.name == tool,
+            resume: self.resume.filter(|_| *self.called.server == *server && self.called.name == tool),
+        };
+        attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
+    }
+}
+
+impl Upstream for Upstreams<'_> {
+    fn call(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<JsonObject>,
+        timeout: Duration,
+        max_total: Duration,
+    ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
+        let server = server.to_owned();
+        let tool = tool.to_owned();
+        Box::pin(async move {
+            // Every way out of an attempt ends its span, so that the spans match the
+            // engine's record of attempts one to one.
+            let span = self.trace.and_then(|t| t.attempt(&server, &tool));
+            let traceparent = span.as_ref().map(|s| s.traceparent());
+            let outcome = self.attempt(&server, &tool, arguments, timeout, max_total, traceparent).await;
+            if let (Some(trace), Some(span)) = (self.trace, span) {
+                trace.attempt_ended(span, outcome.as_ref().err());
+            }
+            outcome
+        })
+    }
+
+    fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
+        let server = server.to_owned();
+        Box::pin(async move {
+            let Some(handle) = self.own.server_in(self.setup, &server) else { return };
+            if let Err(nr) = handle.restart(within).await {
+                tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
+            }
+        })
+    }
+
+    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
+        let session = self.own.server_in(self.setup, server)?.state().session?;
+        let listing = session.listing();
+        listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
+    }
+}
+
+fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, message: &str, attempts: usize) {
+    match level {
+        tracing::Level::ERROR => tracing::error!(server, tool, category, attempts, "call failed: {message}"),
+        tracing::Level::WARN => tracing::warn!(server, tool, category, attempts, "call failed: {message}"),
+        _ => tracing::info!(server, tool, category, attempts, "call recovered after: {message}"),
+    }
+}
