@@ -127,9 +127,17 @@ async def older_server_asks(client, at_once):
     With `at_once`, several calls ask at the same time (over HTTP, where a 2026-07-28
     client has no session, a stdio server's request during calls of several requests
     cannot be told apart: it goes to none)."""
-    elicited = await client.call_tool("elicit", {})
+    heard = []
+
+    async def progress(done, total, message):
+        heard.append(message)
+
+    elicited = await client.call_tool("elicit", {"progress": True}, progress_callback=progress)
     assert not elicited.is_error, text(elicited)
     assert '"name":"Ada"' in text(elicited).replace(" ", ""), text(elicited)
+    # The call's progress reaches the request waiting for it: the first before the
+    # question, the one that came back with the answer after it.
+    assert heard == ["asking", "answered"], heard
     poem = await client.call_tool("sample", {"prompt": "a poem please"})
     assert "a poem, as asked by 'a poem please'" in text(poem), text(poem)
     # A prompt's request asks too.

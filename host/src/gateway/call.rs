@@ -13,7 +13,7 @@ use rmcp::{RoleClient, RoleServer, ServiceError};
 
 use super::hub::offered;
 use super::input;
-use super::routing::{CallGuard, Routing};
+use super::routing::{CallGuard, ProgressTo, Routing};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
 use crate::transport::Session;
@@ -160,8 +160,8 @@ async fn exchange(
     };
     let (id, token) = (handle.id.clone(), handle.progress_token.clone());
     call.sent(session.id, id.clone());
-    let mapped = cx.meta.get_progress_token().is_some_and(|client| {
-        routing.map_progress(session.id, token.clone(), cx.peer.clone(), client);
+    let mapped = ProgressTo::of(cx, cx.meta.get_progress_token()).is_some_and(|to| {
+        routing.map_progress(session.id, token.clone(), to);
         true
     });
     // rmcp sends `notifications/cancelled` when its timeout fires, and that write can

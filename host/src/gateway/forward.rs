@@ -20,7 +20,7 @@ use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServiceError};
 
 use super::call::{cancel_upstream, hand_over, unread};
-use super::routing::ProgressGuard;
+use super::routing::{ProgressGuard, ProgressTo};
 use super::server::Gateway;
 use crate::transport::Session;
 
@@ -117,9 +117,8 @@ impl Gateway {
             () = session.closed.cancelled() => return Err(Fault::Lost),
         };
         call.sent(session.id, sent.id.clone());
-        let progress = client_token.map(|client| {
-            self.hub.routing.progress_route(session.id, sent.progress_token.clone(), cx.peer.clone(), client)
-        });
+        let progress = ProgressTo::of(cx, client_token)
+            .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), to));
         let mut abandoned =
             Abandoned { session, id: Some(sent.id.clone()), reason: "the gateway no longer waits for it" };
         let response = sent.await_response();

@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::routing::as_request;
+use super::routing::{Waiting, as_request};
 use crate::transport::UpstreamRequest;
 
 /// The start of every `requestState` the gateway makes itself (a server's own passes on
@@ -182,6 +182,8 @@ pub struct Call {
     asked: u64,
     /// The call's own cancellation: the client's request ends with each round.
     ct: CancellationToken,
+    /// The client's request waiting for the call's answer now, where its progress goes.
+    waiting: Waiting,
     /// Until when it is kept for its client: its deadline (which ends it upstream, as it
     /// ends every call) and [`KEPT_AFTER`], from its start.
     until: Instant,
@@ -206,12 +208,16 @@ impl Call {
         cx: &RequestContext<RoleServer>,
         make: impl FnOnce(RequestContext<RoleServer>) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
     ) -> Self {
-        Self::of(what, client, deadline, |bridge, ct| {
+        let waiting = Waiting::default();
+        let mut call = Self::of(what, client, deadline, |bridge, ct| {
             let mut inner = cx.clone();
             inner.ct = ct;
             inner.extensions.insert(bridge);
+            inner.extensions.insert(waiting.clone());
             make(inner)
-        })
+        });
+        call.waiting = waiting;
+        call
     }
 
     /// The call `make` makes, given where its server's questions go and its cancellation.
@@ -225,7 +231,8 @@ impl Call {
         let ct = CancellationToken::new();
         let outcome = Outcome::Running(make(Bridge(tx), ct.clone()));
         let until = Instant::now() + deadline.saturating_add(KEPT_AFTER);
-        Self { what, client, outcome, questions, pending: BTreeMap::new(), asked: 0, ct, until }
+        let (pending, waiting) = (BTreeMap::new(), Waiting::default());
+        Self { what, client, outcome, questions, pending, asked: 0, ct, waiting, until }
     }
 
     /// Queues a server's question for the client whose capabilities are `caps`, or
@@ -304,6 +311,8 @@ impl Held {
     /// Answers `call` for the client of `cx`: its answer, or the questions its server
     /// asked meanwhile (the call then held until the client calls again).
     pub async fn answer(&self, call: Call, cx: &RequestContext<RoleServer>) -> Result<ServerResult, ErrorData> {
+        // The call's progress goes to this request, under its own token.
+        call.waiting.set(cx.meta.get_progress_token().map(|token| (cx.peer.clone(), token)));
         self.answer_for(call, &cx.client_capabilities().unwrap_or_default(), &cx.ct).await
     }
 
@@ -404,6 +413,8 @@ impl Held {
             return Err(ErrorData::internal_error("cancelled by the client", None));
         }
         call.outcome.detach();
+        // Until its client comes back, nobody hears its progress.
+        call.waiting.set(None);
         calls.insert(state.clone(), call);
         drop(calls);
         self.sweeping.get_or_init(|| drop(tokio::spawn(sweep(Arc::downgrade(&self.calls)))));

@@ -209,10 +209,10 @@ impl Routing {
         self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len)
     }
 
-    /// Sends progress of `session`'s `upstream` token to `peer` as the client's `token`,
-    /// in the order it arrives, until [`Routing::unmap_progress`].
-    pub fn map_progress(&self, session: u64, upstream: ProgressToken, peer: Peer<RoleServer>, token: ProgressToken) {
-        let mut route = ProgressRoute { peer, token, forwarder: None };
+    /// Sends progress of `session`'s `upstream` token where `to` says, in the order it
+    /// arrives, until [`Routing::unmap_progress`].
+    pub fn map_progress(&self, session: u64, upstream: ProgressToken, to: ProgressTo) {
+        let mut route = ProgressRoute { to, forwarder: None };
         let mut routes = self.progress.lock().expect("not poisoned");
         let mut early = self.early_progress.lock().expect("not poisoned");
         early.retain(|(_, s, p)| {
@@ -226,14 +226,8 @@ impl Routing {
     }
 
     /// [`Routing::map_progress`], ended when the guard is dropped or ended.
-    pub fn progress_route(
-        self: &Arc<Self>,
-        session: u64,
-        upstream: ProgressToken,
-        peer: Peer<RoleServer>,
-        token: ProgressToken,
-    ) -> ProgressGuard {
-        self.map_progress(session, upstream.clone(), peer, token);
+    pub fn progress_route(self: &Arc<Self>, session: u64, upstream: ProgressToken, to: ProgressTo) -> ProgressGuard {
+        self.map_progress(session, upstream.clone(), to);
         ProgressGuard { routing: self.clone(), session, upstream, ended: false }
     }
 
@@ -263,11 +257,50 @@ impl Routing {
     }
 }
 
+/// Where one request's progress goes: to the client's request under its own token, or,
+/// for a call held between a 2026-07-28 client's requests (`super::held`), to whichever
+/// of them waits for its answer now (nowhere while none does).
+#[derive(Clone)]
+pub enum ProgressTo {
+    Request(Peer<RoleServer>, ProgressToken),
+    Waiting(Waiting),
+}
+
+impl ProgressTo {
+    /// Where progress of the request of `cx`, whose client's token is `token`, goes.
+    pub fn of(cx: &RequestContext<RoleServer>, token: Option<ProgressToken>) -> Option<Self> {
+        match cx.extensions.get::<Waiting>() {
+            Some(waiting) => Some(Self::Waiting(waiting.clone())),
+            None => token.map(|token| Self::Request(cx.peer.clone(), token)),
+        }
+    }
+
+    fn now(&self) -> Option<Listener> {
+        match self {
+            Self::Request(peer, token) => Some((peer.clone(), token.clone())),
+            Self::Waiting(waiting) => waiting.0.lock().expect("not poisoned").clone(),
+        }
+    }
+}
+
+/// A client's request, and its progress token.
+type Listener = (Peer<RoleServer>, ProgressToken);
+
+/// The request of a held call that waits for its answer now, with its progress token.
+#[derive(Clone, Default)]
+pub struct Waiting(Arc<Mutex<Option<Listener>>>);
+
+impl Waiting {
+    /// Progress goes to `peer` under `token` from now, or nowhere.
+    pub fn set(&self, to: Option<Listener>) {
+        *self.0.lock().expect("not poisoned") = to;
+    }
+}
+
 /// Where one call's progress goes. The forwarding task starts with the first progress:
 /// most calls have none, and a task per call would cost every call.
 struct ProgressRoute {
-    peer: Peer<RoleServer>,
-    token: ProgressToken,
+    to: ProgressTo,
     forwarder: Option<(mpsc::Sender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
 }
 
@@ -281,10 +314,11 @@ impl ProgressRoute {
     fn forward(&mut self, p: ProgressNotificationParam) {
         let (tx, _) = self.forwarder.get_or_insert_with(|| {
             let (tx, mut rx) = mpsc::channel::<ProgressNotificationParam>(PROGRESS_QUEUED);
-            let (peer, token) = (self.peer.clone(), self.token.clone());
+            let to = self.to.clone();
             let task = tokio::spawn(async move {
                 while let Some(mut p) = rx.recv().await {
-                    p.progress_token = token.clone();
+                    let Some((peer, token)) = to.now() else { continue };
+                    p.progress_token = token;
                     let _ = peer.notify_progress(p).await;
                 }
             });

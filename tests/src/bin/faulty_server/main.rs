@@ -412,7 +412,12 @@ impl Server {
                 json!({}),
             ),
             tool("roots", "Asks the client for its roots", json!({}), json!({})),
-            tool("elicit", "Asks the client to elicit a value", json!({}), json!({})),
+            tool(
+                "elicit",
+                "Asks the client to elicit a value (with `progress`, reporting progress before and after)",
+                json!({"progress": {"type": "boolean"}}),
+                json!({}),
+            ),
             tool(
                 "log",
                 "Sends a log message notification",
@@ -481,7 +486,9 @@ impl Server {
             return answer;
         }
         match name {
-            "flaky" | "flaky_write" if nth % 5 == 0 => Err((-32001, "AbortError: The operation was aborted".to_owned())),
+            "flaky" | "flaky_write" if nth % 5 == 0 => {
+                Err((-32001, "AbortError: The operation was aborted".to_owned()))
+            }
             "flaky" | "flaky_write" => Ok(text(format!("{}: {name} #{nth}", self.name))),
             // A server that stops answering: the outage a breaker is for.
             "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => std::future::pending().await,
@@ -495,7 +502,9 @@ impl Server {
                     }
                     _ => {
                         *last = Some(std::time::Instant::now());
-                        Ok(json!({"content": [{"type": "text", "text": "429 Too Many Requests: retry after 1 seconds"}], "isError": true}))
+                        Ok(
+                            json!({"content": [{"type": "text", "text": "429 Too Many Requests: retry after 1 seconds"}], "isError": true}),
+                        )
                     }
                 }
             }
@@ -533,8 +542,13 @@ impl Server {
                 Ok(text(format!("{}: survived garbage", self.name)))
             }
             "huge" => Ok(text("x".repeat(usize::try_from(args["bytes"].as_u64().unwrap_or(1 << 20)).unwrap_or(0)))),
-            "fail" => Ok(json!({"content": [{"type": "text", "text": args["message"].as_str().unwrap_or("tool failed")}], "isError": true})),
-            "rpc_error" => Err((args["code"].as_i64().unwrap_or(-32603), args["message"].as_str().unwrap_or("internal error").to_owned())),
+            "fail" => Ok(
+                json!({"content": [{"type": "text", "text": args["message"].as_str().unwrap_or("tool failed")}], "isError": true}),
+            ),
+            "rpc_error" => Err((
+                args["code"].as_i64().unwrap_or(-32603),
+                args["message"].as_str().unwrap_or("internal error").to_owned(),
+            )),
             "sample" => {
                 let answer = self
                     .request_client("sampling/createMessage", json!({"messages": [{"role": "user", "content": {"type": "text", "text": args["prompt"].as_str().unwrap_or("hi")}}], "maxTokens": 16}))
@@ -542,10 +556,22 @@ impl Server {
                 Ok(text(format!("sampled: {answer}")))
             }
             "roots" => Ok(text(format!("roots: {}", self.request_client("roots/list", json!({})).await))),
-            "elicit" => Ok(text(format!(
-                "elicited: {}",
-                self.request_client("elicitation/create", json!({"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}})).await
-            ))),
+            // With `"progress": true`, it reports progress before it asks and after.
+            "elicit" => {
+                let report = |step: u64, message: &str| {
+                    let token = progress.as_ref().filter(|_| args["progress"] == json!(true));
+                    let note = token.map(|token| json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": token, "progress": step, "total": 2, "message": message}}));
+                    async move {
+                        if let Some(note) = note {
+                            self.send(&note).await;
+                        }
+                    }
+                };
+                report(1, "asking").await;
+                let answer = self.request_client("elicitation/create", json!({"message": "Your name?", "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}})).await;
+                report(2, "answered").await;
+                Ok(text(format!("elicited: {answer}")))
+            }
             "log" => {
                 self.send(&json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": args["level"].as_str().unwrap_or("info"), "logger": "faulty", "data": args["message"]}})).await;
                 Ok(text("logged"))
