@@ -49,9 +49,12 @@ use tokio_util::sync::CancellationToken;
 use super::held::Bridge;
 use crate::transport::{Asker, UpstreamRequest};
 
-/// How long, and how much, progress without a call is kept for a call about to be mapped.
+/// How long, and how much, progress without a call is kept for a call about to be mapped:
+/// in all, and of one upstream session, so that a server reporting progress nobody asked
+/// for (a task's, when its client gave no token) cannot push out another's.
 const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
-const EARLY_PROGRESS_MAX: usize = 256;
+const EARLY_PROGRESS_MAX: usize = 1024;
+const EARLY_PROGRESS_PER_SESSION: usize = 16;
 
 /// A client's call in flight on a server instance: a tool call, or another request it
 /// sent on (`super::forward`).
@@ -252,6 +255,12 @@ impl Routing {
             || early.len() >= EARLY_PROGRESS_MAX
         {
             early.pop_front();
+        }
+        // This session's oldest makes room for its newest; other sessions' stay.
+        if early.iter().filter(|(_, s, _)| *s == session).count() >= EARLY_PROGRESS_PER_SESSION
+            && let Some(oldest) = early.iter().position(|(_, s, _)| *s == session)
+        {
+            early.remove(oldest);
         }
         early.push_back((now, session, p));
     }
@@ -499,5 +508,31 @@ pub async fn ask(
             other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
         }),
         Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(token: &str, n: u32) -> ProgressNotificationParam {
+        ProgressNotificationParam::new(ProgressToken(rmcp::model::NumberOrString::String(token.into())), f64::from(n))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_flooding_progress_nobody_asked_for_does_not_push_out_anothers() {
+        let routing = Routing::default();
+        routing.progress(2, progress("theirs", 1));
+        for n in 0..10_000 {
+            routing.progress(1, progress("noise", n));
+        }
+        let early = routing.early_progress.lock().unwrap();
+        assert_eq!(early.iter().filter(|(_, s, _)| *s == 1).count(), EARLY_PROGRESS_PER_SESSION);
+        // The flood's newest are the ones kept.
+        assert_eq!(early.back().unwrap().2.progress, 9_999.0);
+        assert!(
+            early.iter().any(|(_, s, p)| *s == 2 && p.progress == 1.0),
+            "the other session's progress was pushed out"
+        );
     }
 }
