@@ -347,7 +347,28 @@ struct Connection {
     session: Arc<Session>,
 }
 
+/// How a connection's service ended.
+enum Served {
+    /// The server went away (exited, closed its output, the HTTP session ended), after
+    /// being up this long.
+    Lost { up_for: Duration },
+    /// A restart was asked for (`Kicker`, an adapter's plan).
+    Restart,
+    /// The gateway is stopping.
+    Shutdown,
+}
+
+/// The recent failures that tell a crash loop, and the backoff so far.
+#[derive(Default)]
+struct Failures {
+    crashes: VecDeque<Instant>,
+    attempt: u32,
+}
+
 impl Supervisor {
+    /// Starts the server once it is told what its client can do, and keeps it running:
+    /// restarted with backoff when it goes away, marked down in a crash loop, stopped at
+    /// shutdown.
     async fn run(mut self) {
         let caps = tokio::select! {
             caps = self.offer.wait_for(Option::is_some) => caps.ok().and_then(|c| c.clone()),
@@ -357,95 +378,32 @@ impl Supervisor {
             self.tx.send_modify(|s| s.status = Status::Stopped);
             return;
         };
-        let mut crashes: VecDeque<Instant> = VecDeque::new();
-        let mut attempt = 0u32;
+        let mut failures = Failures::default();
         let mut first = true;
         loop {
             let started = tokio::select! {
                 r = self.start(&caps) => r,
                 () = self.shutdown.cancelled() => break,
             };
-            match started {
-                Ok(mut conn) => {
-                    let restarted = !first;
-                    self.tx.send_modify(|s| {
-                        s.status = Status::Ready;
-                        s.session = Some(conn.session.clone());
-                        s.last_error = None;
-                        if restarted {
-                            s.restarts += 1;
+            let asked = match started {
+                Ok(conn) => match self.serve(conn, !first).await {
+                    Served::Shutdown => break,
+                    Served::Restart => true,
+                    Served::Lost { up_for } => {
+                        // A server that stayed up for a whole window has not been looping.
+                        if up_for >= Duration::from_millis(self.how.policy.crash_window_ms) {
+                            failures = Failures::default();
                         }
-                    });
-                    if restarted {
-                        tracing::info!(server = %self.name, "restarted and re-initialised");
-                    } else {
-                        tracing::info!(server = %self.name, "ready");
+                        false
                     }
-                    let up_since = Instant::now();
-                    let lost = tokio::select! {
-                        lost = exited(&mut conn.process) => lost,
-                        () = conn.service_ended.cancelled() => match conn.process {
-                            None => "the HTTP session ended".to_owned(),
-                            // Usually the process is exiting; its status says more.
-                            Some(_) => tokio::time::timeout(Duration::from_millis(200), exited(&mut conn.process))
-                                .await
-                                .unwrap_or_else(|_| "the server closed its output".to_owned()),
-                        },
-                        () = self.shutdown.cancelled() => {
-                            conn.stop().await;
-                            break;
-                        }
-                        () = self.restart.notified() => {
-                            // Asked for (by an adapter's plan): at once, but it counts
-                            // towards the crash loop, so that restarts on every call end
-                            // with the server marked down like any other loop.
-                            tracing::info!(server = %self.name, "restarting on request");
-                            self.tx.send_modify(|s| s.status = Status::Restarting);
-                            conn.stop().await;
-                            first = false;
-                            if note_crash(&mut crashes, &self.how.policy) {
-                                self.mark_down(&mut attempt, &mut crashes).await;
-                                if self.shutdown.is_cancelled() {
-                                    break;
-                                }
-                            }
-                            continue;
-                        }
-                    };
-                    conn.session.closed.cancel();
-                    let lost = self.how.secrets.redact(&lost).into_owned();
-                    tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
-                    self.tx.send_modify(|s| {
-                        s.status = Status::Restarting;
-                        s.last_error = Some(lost);
-                    });
-                    conn.stop().await;
-                    // A server that stayed up for a whole window has not been looping.
-                    if up_since.elapsed() >= Duration::from_millis(self.how.policy.crash_window_ms) {
-                        crashes.clear();
-                        attempt = 0;
-                    }
-                }
+                },
                 Err(error) => {
-                    let error = self.how.secrets.redact(&error).into_owned();
-                    tracing::warn!(server = %self.name, "failed to start: {error}");
-                    self.tx.send_modify(|s| {
-                        s.status = if first { Status::Starting } else { Status::Restarting };
-                        s.last_error = Some(error);
-                    });
+                    self.failed_to_start(&error, first);
+                    false
                 }
-            }
+            };
             first = false;
-            if note_crash(&mut crashes, &self.how.policy) {
-                self.mark_down(&mut attempt, &mut crashes).await;
-            } else {
-                let delay = restart_delay(&self.how.policy, attempt);
-                attempt = attempt.saturating_add(1);
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = self.shutdown.cancelled() => {}
-                }
-            }
+            self.pause(&mut failures, asked).await;
             if self.shutdown.is_cancelled() {
                 break;
             }
@@ -458,13 +416,86 @@ impl Supervisor {
         });
     }
 
+    /// Publishes `conn` as the server's session and serves until it ends; a `restarted`
+    /// one counts as a restart.
+    async fn serve(&self, mut conn: Connection, restarted: bool) -> Served {
+        self.tx.send_modify(|s| {
+            s.status = Status::Ready;
+            s.session = Some(conn.session.clone());
+            s.last_error = None;
+            if restarted {
+                s.restarts += 1;
+            }
+        });
+        if restarted {
+            tracing::info!(server = %self.name, "restarted and re-initialised");
+        } else {
+            tracing::info!(server = %self.name, "ready");
+        }
+        let up_since = Instant::now();
+        let lost = tokio::select! {
+            lost = exited(&mut conn.process) => lost,
+            () = conn.service_ended.cancelled() => match conn.process {
+                None => "the HTTP session ended".to_owned(),
+                // Usually the process is exiting; its status says more.
+                Some(_) => tokio::time::timeout(Duration::from_millis(200), exited(&mut conn.process))
+                    .await
+                    .unwrap_or_else(|_| "the server closed its output".to_owned()),
+            },
+            () = self.shutdown.cancelled() => {
+                conn.stop().await;
+                return Served::Shutdown;
+            }
+            () = self.restart.notified() => {
+                tracing::info!(server = %self.name, "restarting on request");
+                self.tx.send_modify(|s| s.status = Status::Restarting);
+                conn.stop().await;
+                return Served::Restart;
+            }
+        };
+        conn.session.closed.cancel();
+        let lost = self.how.secrets.redact(&lost).into_owned();
+        tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
+        self.tx.send_modify(|s| {
+            s.status = Status::Restarting;
+            s.last_error = Some(lost);
+        });
+        conn.stop().await;
+        Served::Lost { up_for: up_since.elapsed() }
+    }
+
+    fn failed_to_start(&self, error: &str, first: bool) {
+        let error = self.how.secrets.redact(error).into_owned();
+        tracing::warn!(server = %self.name, "failed to start: {error}");
+        self.tx.send_modify(|s| {
+            s.status = if first { Status::Starting } else { Status::Restarting };
+            s.last_error = Some(error);
+        });
+    }
+
+    /// Waits before the next start: every ending counts towards the crash loop (a restart
+    /// that was `asked` for too, so that restarts on every call end with the server marked
+    /// down like any other loop), which marks the server down; otherwise the backoff, but
+    /// for a restart asked for, which is at once.
+    async fn pause(&self, failures: &mut Failures, asked: bool) {
+        if note_crash(&mut failures.crashes, &self.how.policy) {
+            self.mark_down(failures).await;
+        } else if !asked {
+            let delay = restart_delay(&self.how.policy, failures.attempt);
+            failures.attempt = failures.attempt.saturating_add(1);
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.shutdown.cancelled() => {}
+            }
+        }
+    }
+
     /// A crash loop: the server is marked down and tried again after `down_retry_ms`
     /// (or shutdown).
-    async fn mark_down(&self, attempt: &mut u32, crashes: &mut VecDeque<Instant>) {
-        tracing::error!(server = %self.name, crashes = crashes.len(), "crash loop: marked down, next try in {} ms", self.how.policy.down_retry_ms);
+    async fn mark_down(&self, failures: &mut Failures) {
+        tracing::error!(server = %self.name, crashes = failures.crashes.len(), "crash loop: marked down, next try in {} ms", self.how.policy.down_retry_ms);
         self.tx.send_modify(|s| s.status = Status::Down);
-        crashes.clear();
-        *attempt = 0;
+        *failures = Failures::default();
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(self.how.policy.down_retry_ms)) => {}
             () = self.shutdown.cancelled() => {}
