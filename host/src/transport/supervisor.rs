@@ -124,10 +124,15 @@ pub struct Session {
     pub follows: Follows,
     /// What the server's answers said that rmcp's types drop (its tasks).
     pub dropped: Arc<Dropped>,
-    /// Wakes the supervisor to restart the server (see [`Session::kicker`]); only for a
+    /// Asks the supervisor to restart the server (see [`Session::kicker`]); only for a
     /// server process.
-    restart: Option<Arc<tokio::sync::Notify>>,
+    restart: Option<Restart>,
 }
+
+/// Asks a server's supervisor to restart it, naming the session to end: a request for a
+/// session that is not the current one any more is moot, and one made while the
+/// supervisor is busy is seen as soon as it serves that session.
+pub type Restart = Arc<watch::Sender<u64>>;
 
 impl Session {
     pub fn is_live(&self) -> bool {
@@ -139,7 +144,8 @@ impl Session {
     /// A server over HTTP has no input to stop reading (each message is a request of its
     /// own, which may just be slow): its kicker does nothing.
     pub fn kicker(&self) -> Kicker {
-        Kicker { server: self.server.clone(), closed: self.closed.clone(), restart: self.restart.clone() }
+        let (server, closed, restart) = (self.server.clone(), self.closed.clone(), self.restart.clone());
+        Kicker { server, session: self.id, closed, restart }
     }
 
     /// Re-lists everything the server's capabilities say it has, within `within`; a
@@ -167,7 +173,8 @@ impl Session {
 pub struct Kicker {
     server: Arc<str>,
     closed: CancellationToken,
-    restart: Option<Arc<tokio::sync::Notify>>,
+    session: u64,
+    restart: Option<Restart>,
 }
 
 impl Kicker {
@@ -176,7 +183,7 @@ impl Kicker {
             && !self.closed.is_cancelled()
         {
             tracing::warn!(server = %self.server, "{why}; restarting it");
-            restart.notify_waiters();
+            restart.send_replace(self.session);
         }
     }
 }
@@ -202,7 +209,7 @@ pub struct ServerHandle {
     pub config: ServerConfig,
     state: watch::Receiver<ServerState>,
     shutdown: CancellationToken,
-    restart: Arc<tokio::sync::Notify>,
+    restart: Restart,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -250,7 +257,9 @@ impl ServerHandle {
     /// own restart.
     pub async fn restart(&self, within: Duration) -> Result<Arc<Session>, NotReady> {
         let before = self.state().session.map(|s| s.id);
-        self.restart.notify_waiters();
+        if let Some(session) = before {
+            self.restart.send_replace(session);
+        }
         let mut rx = self.state.clone();
         let fresh = rx.wait_for(|s| {
             matches!(s.status, Status::Down | Status::Stopped)
@@ -282,7 +291,8 @@ pub fn spawn_supervisor(
     let (tx, rx) =
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
     let shutdown = CancellationToken::new();
-    let restart = Arc::new(tokio::sync::Notify::new());
+    // No session is numbered 0.
+    let restart = Arc::new(watch::Sender::new(0));
     let name: Arc<str> = config.name.as_str().into();
     let instance = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
     let sup = Supervisor {
@@ -313,7 +323,7 @@ struct Supervisor {
     how: Supervision,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
-    restart: Arc<tokio::sync::Notify>,
+    restart: Restart,
 }
 
 /// Why connecting to a server failed; `handshake` when it got as far as the protocol
@@ -433,6 +443,7 @@ impl Supervisor {
             tracing::info!(server = %self.name, "ready");
         }
         let up_since = Instant::now();
+        let mut asked = self.restart.subscribe();
         let lost = tokio::select! {
             lost = exited(&mut conn.process) => lost,
             () = conn.service_ended.cancelled() => match conn.process {
@@ -446,7 +457,7 @@ impl Supervisor {
                 conn.stop().await;
                 return Served::Shutdown;
             }
-            () = self.restart.notified() => {
+            () = async { drop(asked.wait_for(|session| *session == conn.session.id).await) } => {
                 tracing::info!(server = %self.name, "restarting on request");
                 self.tx.send_modify(|s| s.status = Status::Restarting);
                 conn.stop().await;
