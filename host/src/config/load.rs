@@ -76,20 +76,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 /// `${VAR:-default}` in commands, arguments, environment values, URLs and headers through
 /// `env` (as Claude Code does).
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-    let root: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
-        path: path.to_path_buf(),
-        line: e.line(),
-        column: e.column(),
-        message: strip_position(&e.to_string()),
-    })?;
-    let Value::Object(mut root) = root else {
-        return Err(ConfigError::invalid(
-            path,
-            "(top level)",
-            "the file is not a JSON object",
-            r#"start from {"mcpServers": {"NAME": {"command": "...", "args": []}}}"#,
-        ));
-    };
+    let mut root = object(text, path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let ctx = Ctx { path, env };
 
@@ -97,88 +84,127 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
         Some(v) => ctx.typed("rebound", v)?,
         None => RawSettings::default(),
     };
-    let defaults = Value::Object(raw.defaults.recovery);
+    let defaults = Value::Object(raw.defaults.recovery.clone());
     // Checked alone so that a mistake in the defaults is reported where it is written.
     let _: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
 
-    let servers = match root.remove("mcpServers") {
-        Some(Value::Object(servers)) => servers,
-        Some(_) => {
-            return Err(ConfigError::invalid(
-                path,
-                "mcpServers",
-                "must be an object mapping server names to their settings",
-                r#"write "mcpServers": {"NAME": {"command": "...", "args": []}}"#,
-            ));
-        }
-        None => {
-            return Err(ConfigError::invalid(
-                path,
-                "mcpServers",
-                "missing: the file names no servers",
-                r#"add "mcpServers": {"NAME": {"command": "...", "args": []}}, the same shape as Claude Desktop's config"#,
-            ));
-        }
-    };
-
-    let plugins_dir = resolve(&base, raw.plugins_dir.unwrap_or_else(|| "target/plugins".into()));
+    let plugins_dir = resolve(&base, raw.plugins_dir.clone().unwrap_or_else(|| "target/plugins".into()));
     let mut warnings = Vec::new();
-    let mut resolved = IndexMap::new();
-    for (name, entry) in servers {
-        let key = format!("mcpServers.{name}");
-        validate_server_name(&ctx, &key, &name)?;
-        let Value::Object(entry) = entry else {
-            return Err(ConfigError::invalid(
-                path,
-                key,
-                "must be an object",
-                r#"write {"command": "...", "args": []} or {"url": "https://..."}"#,
-            ));
-        };
-        for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
-            warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
-        }
-        if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
-            warnings.push(format!("{}: `{key}` is disabled", path.display()));
-            continue;
-        }
-        let server = ctx.server(&key, &name, entry, &defaults, &base, &plugins_dir)?;
-        resolved.insert(name, server);
-    }
+    let servers = ctx.servers(root.remove("mcpServers"), &defaults, &base, &plugins_dir, &mut warnings)?;
+    ctx.check_references(&servers)?;
+    Ok(Config { source: path.to_path_buf(), servers, settings: ctx.settings(raw, &base, plugins_dir)?, warnings })
+}
 
-    for (name, server) in &resolved {
-        for (i, pattern) in server.adapter_allow.tools.iter().enumerate() {
-            let literal = pattern.to_string();
-            let server_part = literal.split_once('/').map_or("", |(s, _)| s);
-            if !server_part.contains('*') && !resolved.contains_key(server_part) {
-                let known: Vec<&str> = resolved.keys().map(String::as_str).collect();
-                return Err(ctx.err(
-                    format!("mcpServers.{name}.adapter_allow.tools[{i}]"),
-                    format!("\"{literal}\" names no configured server"),
-                    format!("start the pattern with one of: {} (or `*`)", known.join(", ")),
+/// The file's JSON, which must be an object.
+fn object(text: &str, path: &Path) -> Result<serde_json::Map<String, Value>, ConfigError> {
+    let root: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        line: e.line(),
+        column: e.column(),
+        message: strip_position(&e.to_string()),
+    })?;
+    let Value::Object(root) = root else {
+        return Err(ConfigError::invalid(
+            path,
+            "(top level)",
+            "the file is not a JSON object",
+            r#"start from {"mcpServers": {"NAME": {"command": "...", "args": []}}}"#,
+        ));
+    };
+    Ok(root)
+}
+
+impl Ctx<'_> {
+    /// Every server of `mcpServers` (`servers`) that is not disabled, in file order, with
+    /// the warnings for keys Rebound does not know and for disabled servers.
+    fn servers(
+        &self,
+        servers: Option<Value>,
+        defaults: &Value,
+        base: &Path,
+        plugins_dir: &Path,
+        warnings: &mut Vec<String>,
+    ) -> Result<IndexMap<String, ServerConfig>, ConfigError> {
+        let path = self.path;
+        let servers = match servers {
+            Some(Value::Object(servers)) => servers,
+            Some(_) => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "mcpServers",
+                    "must be an object mapping server names to their settings",
+                    r#"write "mcpServers": {"NAME": {"command": "...", "args": []}}"#,
                 ));
             }
+            None => {
+                return Err(ConfigError::invalid(
+                    path,
+                    "mcpServers",
+                    "missing: the file names no servers",
+                    r#"add "mcpServers": {"NAME": {"command": "...", "args": []}}, the same shape as Claude Desktop's config"#,
+                ));
+            }
+        };
+        let mut resolved = IndexMap::new();
+        for (name, entry) in servers {
+            let key = format!("mcpServers.{name}");
+            validate_server_name(self, &key, &name)?;
+            let Value::Object(entry) = entry else {
+                return Err(ConfigError::invalid(
+                    path,
+                    key,
+                    "must be an object",
+                    r#"write {"command": "...", "args": []} or {"url": "https://..."}"#,
+                ));
+            };
+            for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
+                warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
+            }
+            if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
+                warnings.push(format!("{}: `{key}` is disabled", path.display()));
+                continue;
+            }
+            let server = self.server(&key, &name, entry, defaults, base, plugins_dir)?;
+            resolved.insert(name, server);
         }
-        for (tool, alternatives) in &server.recovery.fallbacks {
-            for (i, alt) in alternatives.iter().enumerate() {
-                if let Some(other) = alt.server.as_deref().filter(|o| !resolved.contains_key(*o)) {
-                    let known: Vec<&str> = resolved.keys().map(String::as_str).collect();
-                    return Err(ctx.err(
-                        format!("mcpServers.{name}.recovery.fallbacks.{tool}[{i}].server"),
-                        format!("no server named \"{other}\""),
-                        format!("name one of the configured servers: {}", known.join(", ")),
+        Ok(resolved)
+    }
+
+    /// Every server an adapter's allowed tools or a fallback names is one of `servers`.
+    fn check_references(&self, servers: &IndexMap<String, ServerConfig>) -> Result<(), ConfigError> {
+        let known = || servers.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+        for (name, server) in servers {
+            for (i, pattern) in server.adapter_allow.tools.iter().enumerate() {
+                let literal = pattern.to_string();
+                let server_part = literal.split_once('/').map_or("", |(s, _)| s);
+                if !server_part.contains('*') && !servers.contains_key(server_part) {
+                    return Err(self.err(
+                        format!("mcpServers.{name}.adapter_allow.tools[{i}]"),
+                        format!("\"{literal}\" names no configured server"),
+                        format!("start the pattern with one of: {} (or `*`)", known()),
                     ));
                 }
             }
+            for (tool, alternatives) in &server.recovery.fallbacks {
+                for (i, alt) in alternatives.iter().enumerate() {
+                    if let Some(other) = alt.server.as_deref().filter(|o| !servers.contains_key(*o)) {
+                        return Err(self.err(
+                            format!("mcpServers.{name}.recovery.fallbacks.{tool}[{i}].server"),
+                            format!("no server named \"{other}\""),
+                            format!("name one of the configured servers: {}", known()),
+                        ));
+                    }
+                }
+            }
         }
+        Ok(())
     }
 
-    Ok(Config {
-        source: path.to_path_buf(),
-        servers: resolved,
-        settings: Settings {
+    /// The `rebound` key's settings, defaults filled in and bounds applied.
+    fn settings(&self, raw: RawSettings, base: &Path, plugins_dir: PathBuf) -> Result<Settings, ConfigError> {
+        Ok(Settings {
             plugins_dir,
-            errors_log: resolve(&base, raw.errors_log.unwrap_or_else(|| "rebound-errors.jsonl".into())),
+            errors_log: resolve(base, raw.errors_log.unwrap_or_else(|| "rebound-errors.jsonl".into())),
             tool_names: raw.tool_names,
             startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
             init_timeout_ms: raw.init_timeout_ms.unwrap_or(60_000),
@@ -186,14 +212,13 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
             plugin_timeout_ms: raw.plugin_timeout_ms.unwrap_or(200).max(1),
             plugin_memory_mb: raw.plugin_memory_mb.unwrap_or(32).clamp(1, 64),
             plugin_max_calls: raw.plugin_max_calls.unwrap_or(8).min(64),
-            plugin_cache_dir: raw.plugin_cache_dir.map(|d| resolve(&base, d)),
+            plugin_cache_dir: raw.plugin_cache_dir.map(|d| resolve(base, d)),
             plugin_compile_timeout_ms: raw.plugin_compile_timeout_ms.unwrap_or(60_000).max(1),
             errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
-            http: ctx.http_settings(raw.http)?,
-        },
-        warnings,
-    })
+            http: self.http_settings(raw.http)?,
+        })
+    }
 }
 
 struct Ctx<'a> {
@@ -230,6 +255,32 @@ impl Ctx<'_> {
         base: &Path,
         plugins_dir: &Path,
     ) -> Result<ServerConfig, ConfigError> {
+        let launch = self.launch(key, &mut entry, base)?;
+        let adapter = self.adapter(key, entry.remove("adapter"), plugins_dir)?;
+        let recovery = self.recovery(key, entry.remove("recovery"), defaults)?;
+        let server = ServerConfig {
+            name: name.to_owned(),
+            launch,
+            adapter,
+            recovery,
+            adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
+            adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
+            scope: self.scope(&format!("{key}.scope"), entry.remove("scope"))?,
+            protocol: self.protocol(&format!("{key}.protocol"), entry.remove("protocol"))?,
+        };
+        if server.scope == Scope::Shared && server.mentions_session() {
+            return Err(self.err(
+                key,
+                format!("uses {SESSION_VAR}, which only a server with one instance per client session has"),
+                r#"add "scope": "session", or remove ${REBOUND_SESSION}"#,
+            ));
+        }
+        Ok(server)
+    }
+
+    /// How the server is reached: `command` (stdio) or `url` (streamable HTTP), one of
+    /// them, agreeing with `type` if given.
+    fn launch(&self, key: &str, entry: &mut Map<String, Value>, base: &Path) -> Result<Launch, ConfigError> {
         let kind = match entry.remove("type") {
             None => None,
             Some(Value::String(s)) => Some(s),
@@ -237,7 +288,7 @@ impl Ctx<'_> {
                 return Err(self.err(format!("{key}.type"), "must be a string", r#"use "stdio" or "http""#));
             }
         };
-        let launch = match (entry.contains_key("command"), entry.contains_key("url")) {
+        Ok(match (entry.contains_key("command"), entry.contains_key("url")) {
             (true, true) => {
                 return Err(self.err(
                     key,
@@ -260,7 +311,7 @@ impl Ctx<'_> {
                         r#"use "type": "stdio" or remove `type`"#,
                     ));
                 }
-                Launch::Stdio(self.stdio(key, &mut entry, base)?)
+                Launch::Stdio(self.stdio(key, entry, base)?)
             }
             (false, true) => {
                 match kind.as_deref() {
@@ -280,11 +331,14 @@ impl Ctx<'_> {
                         ));
                     }
                 }
-                Launch::Http(self.http(key, &mut entry)?)
+                Launch::Http(self.http(key, entry)?)
             }
-        };
+        })
+    }
 
-        let adapter = match entry.remove("adapter") {
+    /// `adapter`: the name of a plugin in `plugins_dir`, or none.
+    fn adapter(&self, key: &str, value: Option<Value>, plugins_dir: &Path) -> Result<Option<String>, ConfigError> {
+        Ok(match value {
             None | Some(Value::Null) => None,
             Some(Value::String(a)) => {
                 self.check_adapter(&format!("{key}.adapter"), &a, plugins_dir)?;
@@ -297,10 +351,13 @@ impl Ctx<'_> {
                     r#"name a plugin, e.g. "adapter": "lean-fallback""#,
                 ));
             }
-        };
+        })
+    }
 
+    /// `recovery`: the server's own keys over `rebound.defaults.recovery`, checked.
+    fn recovery(&self, key: &str, own: Option<Value>, defaults: &Value) -> Result<RecoveryConfig, ConfigError> {
         let mut recovery = defaults.clone();
-        if let Some(own) = entry.remove("recovery") {
+        if let Some(own) = own {
             if !own.is_object() {
                 return Err(self.err(
                     format!("{key}.recovery"),
@@ -312,25 +369,7 @@ impl Ctx<'_> {
         }
         let recovery: RecoveryConfig = self.typed(&format!("{key}.recovery"), recovery)?;
         self.check_recovery(&format!("{key}.recovery"), &recovery)?;
-
-        let server = ServerConfig {
-            name: name.to_owned(),
-            launch,
-            adapter,
-            recovery,
-            adapter_config: entry.remove("adapter_config").unwrap_or(Value::Null),
-            adapter_allow: self.grant(&format!("{key}.adapter_allow"), name, entry.remove("adapter_allow"))?,
-            scope: self.scope(&format!("{key}.scope"), entry.remove("scope"))?,
-            protocol: self.protocol(&format!("{key}.protocol"), entry.remove("protocol"))?,
-        };
-        if server.scope == Scope::Shared && server.mentions_session() {
-            return Err(self.err(
-                key,
-                format!("uses {SESSION_VAR}, which only a server with one instance per client session has"),
-                r#"add "scope": "session", or remove ${REBOUND_SESSION}"#,
-            ));
-        }
-        Ok(server)
+        Ok(recovery)
     }
 
     /// `scope`: `"shared"` (the default) or `"session"`.
