@@ -103,84 +103,21 @@ pub struct Info {
     pub tools: Vec<String>,
 }
 
-/// Loads the adapter at `path`.
+/// Loads the adapter at `path`: read (bounded), compiled (or taken from the cache),
+/// checked against what it may import and the contracts this host speaks, and asked who
+/// it is.
 pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
-    let bytes = std::fs::File::open(path)
-        .and_then(compiler::read_component)
-        .map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
-    if bytes.len() as u64 > MAX_COMPONENT_BYTES {
-        return Err(LoadError::TooLarge { path: path.to_owned(), max_mib: MAX_COMPONENT_BYTES >> 20 });
-    }
-    let not = |what: &str| LoadError::NotComponent { path: path.to_owned(), what: what.to_owned() };
-    match bytes.get(..8) {
-        Some([0, b'a', b's', b'm', 0x0d, 0, 1, 0]) => {}
-        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => return Err(not("it is a core WebAssembly module")),
-        Some([0, b'a', b's', b'm', ..]) => return Err(not("an unknown WebAssembly encoding")),
-        _ if bytes.is_empty() => return Err(not("the file is empty")),
-        _ => return Err(not("the file does not start with the WebAssembly magic number")),
-    }
+    let bytes = read(path)?;
     let invalid = |message: String| LoadError::Invalid { path: path.to_owned(), message };
     let (component, from_cache) = compile(runtime, &bytes).map_err(|e| invalid(format!("does not compile: {e:#}")))?;
-
-    let ty = component.component_type();
-    let engine = &runtime.engine;
-    for (name, _) in ty.imports(engine) {
-        let interface = name.split('@').next().unwrap_or(name);
-        if !ALLOWED_IMPORTS.contains(&interface) {
-            return Err(LoadError::Forbidden { path: path.to_owned(), import: name.to_owned() });
-        }
-    }
-    let exported: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
-    let contract = exported.iter().find_map(|n| n.strip_prefix("rebound:adapter/adapter@"));
-    let unsupported = |found: String| LoadError::Contract {
-        path: path.to_owned(),
-        found,
-        supported: bindings::SUPPORTED.join(" and @"),
-        newest: bindings::SUPPORTED[0].to_owned(),
-    };
-    let version = match contract {
-        Some(v) => bindings::SUPPORTED
-            .iter()
-            .find(|s| compatible(v, s))
-            .copied()
-            .ok_or_else(|| unsupported(format!("rebound:adapter@{v}")))?,
-        None if exported.is_empty() => return Err(unsupported("no contract (it exports nothing)".into())),
-        None => return Err(unsupported(format!("no contract it knows (it exports {})", exported.join(", ")))),
-    };
+    let version = contract(runtime, &component, path)?;
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| invalid(format!("cannot be linked: {e:#}")))?;
     let mismatch = |e: wasmtime::Error| invalid(format!("does not match the contract: {e:#}"));
     let pre = match version {
         "0.2.0" => Pre::V0_2(v0_2::PluginPre::new(pre).map_err(mismatch)?),
         _ => Pre::V0_1(v0_1::PluginPre::new(pre).map_err(mismatch)?),
     };
-
-    // Ask it who it is, under the same limits as every call: a plugin that cannot
-    // answer that is broken.
-    let output = CappedPipe::new(4 << 10);
-    let state = || {
-        State::new(
-            "loading".into(),
-            "-".into(),
-            "null".into(),
-            Default::default(),
-            Default::default(),
-            output.clone(),
-            runtime.limits.memory,
-        )
-    };
-    let asked = block_on(async {
-        let info = runtime.invoke(&pre, state(), Request::Info).await;
-        let declared = runtime.invoke(&pre, state(), Request::Declare).await;
-        (info, declared)
-    });
-    let (info, manifest) = match asked {
-        Ok((Ok(Reply::Info(info)), Ok(Reply::Declared(manifest)))) => (info, manifest),
-        Ok((Err(e), _) | (_, Err(e))) => {
-            return Err(invalid(format!("failed when asked who it is: {e}; its output: {}", output.text())));
-        }
-        Ok(_) => return Err(invalid("answered who it is with something else".into())),
-        Err(e) => return Err(invalid(format!("could not be asked who it is: {e}"))),
-    };
+    let (info, manifest) = introduce(runtime, &pre).map_err(invalid)?;
     let needs = Needs::from_manifest(&manifest).map_err(|e| invalid(format!("declares {e}")))?;
     Ok(Loaded {
         path: path.to_owned(),
@@ -200,6 +137,85 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
         bytes: bytes.len(),
         from_cache,
     })
+}
+
+/// The bytes of the component at `path`, at most [`MAX_COMPONENT_BYTES`], which must be a
+/// WebAssembly component.
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let bytes = std::fs::File::open(path)
+        .and_then(compiler::read_component)
+        .map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
+    if bytes.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(LoadError::TooLarge { path: path.to_owned(), max_mib: MAX_COMPONENT_BYTES >> 20 });
+    }
+    let not = |what: &str| LoadError::NotComponent { path: path.to_owned(), what: what.to_owned() };
+    match bytes.get(..8) {
+        Some([0, b'a', b's', b'm', 0x0d, 0, 1, 0]) => Ok(bytes),
+        Some([0, b'a', b's', b'm', 1, 0, 0, 0]) => Err(not("it is a core WebAssembly module")),
+        Some([0, b'a', b's', b'm', ..]) => Err(not("an unknown WebAssembly encoding")),
+        _ if bytes.is_empty() => Err(not("the file is empty")),
+        _ => Err(not("the file does not start with the WebAssembly magic number")),
+    }
+}
+
+/// The contract version `component` speaks, of those this host does, once it imports
+/// nothing but what adapters may.
+fn contract(runtime: &Runtime, component: &Component, path: &Path) -> Result<&'static str, LoadError> {
+    let ty = component.component_type();
+    let engine = &runtime.engine;
+    for (name, _) in ty.imports(engine) {
+        let interface = name.split('@').next().unwrap_or(name);
+        if !ALLOWED_IMPORTS.contains(&interface) {
+            return Err(LoadError::Forbidden { path: path.to_owned(), import: name.to_owned() });
+        }
+    }
+    let exported: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+    let contract = exported.iter().find_map(|n| n.strip_prefix("rebound:adapter/adapter@"));
+    let unsupported = |found: String| LoadError::Contract {
+        path: path.to_owned(),
+        found,
+        supported: bindings::SUPPORTED.join(" and @"),
+        newest: bindings::SUPPORTED[0].to_owned(),
+    };
+    match contract {
+        Some(v) => bindings::SUPPORTED
+            .iter()
+            .find(|s| compatible(v, s))
+            .copied()
+            .ok_or_else(|| unsupported(format!("rebound:adapter@{v}"))),
+        None if exported.is_empty() => Err(unsupported("no contract (it exports nothing)".into())),
+        None => Err(unsupported(format!("no contract it knows (it exports {})", exported.join(", ")))),
+    }
+}
+
+/// Asks the adapter who it is and what it needs, under the same limits as every call: a
+/// plugin that cannot answer that is broken (why, for its error).
+fn introduce(runtime: &Runtime, pre: &Pre) -> Result<(v0_1::rebound::adapter::types::AdapterInfo, Manifest), String> {
+    let output = CappedPipe::new(4 << 10);
+    let state = || {
+        State::new(
+            "loading".into(),
+            "-".into(),
+            "null".into(),
+            Default::default(),
+            Default::default(),
+            output.clone(),
+            runtime.limits.memory,
+        )
+    };
+    let asked = block_on(async {
+        let info = runtime.invoke(pre, state(), Request::Info).await;
+        let declared = runtime.invoke(pre, state(), Request::Declare).await;
+        (info, declared)
+    });
+    match asked {
+        Ok((Ok(Reply::Info(info)), Ok(Reply::Declared(manifest)))) => Ok((info, manifest)),
+        Ok((Err(e), _) | (_, Err(e))) => {
+            Err(format!("failed when asked who it is: {e}; its output: {}", output.text()))
+        }
+        Ok(_) => Err("answered who it is with something else".into()),
+        Err(e) => Err(format!("could not be asked who it is: {e}")),
+    }
 }
 
 /// What an adapter declared it needs, checked.
