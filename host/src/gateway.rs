@@ -4,6 +4,7 @@
 pub mod call;
 pub mod catalogue;
 pub mod downstreams;
+pub mod early;
 pub mod forward;
 pub mod held;
 pub mod http;

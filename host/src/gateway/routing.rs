@@ -31,7 +31,7 @@
 // the gateway speaks; they are relayed faithfully.
 #![allow(deprecated)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,18 +43,11 @@ use rmcp::model::{
 use rmcp::service::{OriginatingRequestId, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::early::Early;
 use super::held::Bridge;
 use crate::transport::{Asker, UpstreamRequest};
-
-/// How long, and how much, progress without a call is kept for a call about to be mapped:
-/// in all, and of one upstream session, so that a server reporting progress nobody asked
-/// for (a task's, when its client gave no token) cannot push out another's.
-const EARLY_PROGRESS_KEPT: Duration = Duration::from_secs(2);
-const EARLY_PROGRESS_MAX: usize = 1024;
-const EARLY_PROGRESS_PER_SESSION: usize = 16;
 
 /// A client's call in flight on a server instance: a tool call, or another request it
 /// sent on (`super::forward`).
@@ -103,9 +96,8 @@ pub struct Routing {
     /// (upstream session, upstream token) → downstream.
     progress: Mutex<HashMap<(u64, ProgressToken), ProgressRoute>>,
     /// Progress that came before its call was mapped (a server may report before the
-    /// send returns here), briefly: (arrived, upstream session, notification). Locked
-    /// after `progress`, never before.
-    early_progress: Mutex<VecDeque<(Instant, u64, ProgressNotificationParam)>>,
+    /// send returns here), briefly (`super::early`). Locked after `progress`, never before.
+    early_progress: Mutex<Early>,
     /// (upstream session, task id) → the client that started the task, under the number
     /// of its `TaskOwner` (a later owner of the same key is not removed by an earlier one).
     tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
@@ -217,14 +209,9 @@ impl Routing {
     pub fn map_progress(&self, session: u64, upstream: ProgressToken, to: ProgressTo) {
         let mut route = ProgressRoute { to, forwarder: None };
         let mut routes = self.progress.lock().expect("not poisoned");
-        let mut early = self.early_progress.lock().expect("not poisoned");
-        early.retain(|(_, s, p)| {
-            let ours = *s == session && p.progress_token == upstream;
-            if ours {
-                route.forward(p.clone());
-            }
-            !ours
-        });
+        for p in self.early_progress.lock().expect("not poisoned").take(session, &upstream) {
+            route.forward(p);
+        }
         routes.insert((session, upstream), route);
     }
 
@@ -249,20 +236,7 @@ impl Routing {
             route.forward(p);
             return;
         }
-        let mut early = self.early_progress.lock().expect("not poisoned");
-        let now = Instant::now();
-        while early.front().is_some_and(|(t, _, _)| now.duration_since(*t) > EARLY_PROGRESS_KEPT)
-            || early.len() >= EARLY_PROGRESS_MAX
-        {
-            early.pop_front();
-        }
-        // This session's oldest makes room for its newest; other sessions' stay.
-        if early.iter().filter(|(_, s, _)| *s == session).count() >= EARLY_PROGRESS_PER_SESSION
-            && let Some(oldest) = early.iter().position(|(_, s, _)| *s == session)
-        {
-            early.remove(oldest);
-        }
-        early.push_back((now, session, p));
+        self.early_progress.lock().expect("not poisoned").keep(session, p);
     }
 }
 
@@ -508,31 +482,5 @@ pub async fn ask(
             other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
         }),
         Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn progress(token: &str, n: u32) -> ProgressNotificationParam {
-        ProgressNotificationParam::new(ProgressToken(rmcp::model::NumberOrString::String(token.into())), f64::from(n))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_server_flooding_progress_nobody_asked_for_does_not_push_out_anothers() {
-        let routing = Routing::default();
-        routing.progress(2, progress("theirs", 1));
-        for n in 0..10_000 {
-            routing.progress(1, progress("noise", n));
-        }
-        let early = routing.early_progress.lock().unwrap();
-        assert_eq!(early.iter().filter(|(_, s, _)| *s == 1).count(), EARLY_PROGRESS_PER_SESSION);
-        // The flood's newest are the ones kept.
-        assert_eq!(early.back().unwrap().2.progress, 9_999.0);
-        assert!(
-            early.iter().any(|(_, s, p)| *s == 2 && p.progress == 1.0),
-            "the other session's progress was pushed out"
-        );
     }
 }
