@@ -56,6 +56,10 @@ pub const MAX_HELD: usize = 1024;
 /// How long a held call's answer is kept, past its deadline, for its client to come back.
 pub const KEPT_AFTER: Duration = Duration::from_secs(60);
 
+/// How long the progress a request was given may take to reach its client before the
+/// questions are its answer.
+const PROGRESS_DELIVERED: Duration = Duration::from_secs(1);
+
 /// Which request a held call answers, so that only the same request picks it up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct What {
@@ -194,6 +198,7 @@ impl Drop for Call {
     /// (cancelled upstream); the server's questions are answered with an error.
     fn drop(&mut self) {
         self.ct.cancel();
+        self.waiting.set(None);
         self.outcome.detach();
     }
 }
@@ -334,6 +339,10 @@ impl Held {
                 if let Some(answer) = call.outcome.wait().now_or_never() {
                     return answer;
                 }
+                // Until its client comes back, nobody hears its progress; what this
+                // request was given reaches it before the questions.
+                call.waiting.set(None);
+                call.waiting.delivered(PROGRESS_DELIVERED).await;
                 return self.hold(call, cancelled);
             }
             tokio::select! {
@@ -413,8 +422,6 @@ impl Held {
             return Err(ErrorData::internal_error("cancelled by the client", None));
         }
         call.outcome.detach();
-        // Until its client comes back, nobody hears its progress.
-        call.waiting.set(None);
         calls.insert(state.clone(), call);
         drop(calls);
         self.sweeping.get_or_init(|| drop(tokio::spawn(sweep(Arc::downgrade(&self.calls)))));

@@ -42,7 +42,7 @@ use rmcp::model::{
 };
 use rmcp::service::{OriginatingRequestId, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::early::Early;
@@ -258,10 +258,16 @@ impl ProgressTo {
         }
     }
 
-    fn now(&self) -> Option<Listener> {
+    /// Who hears progress that comes now, and the held call's `Waiting` it counts against
+    /// until handed over.
+    fn now(&self) -> Option<(Listener, Option<Waiting>)> {
         match self {
-            Self::Request(peer, token) => Some((peer.clone(), token.clone())),
-            Self::Waiting(waiting) => waiting.0.lock().expect("not poisoned").clone(),
+            Self::Request(peer, token) => Some(((peer.clone(), token.clone()), None)),
+            Self::Waiting(waiting) => {
+                let listener = waiting.0.listener.lock().expect("not poisoned").clone()?;
+                waiting.0.queued.send_modify(|n| *n += 1);
+                Some((listener, Some(waiting.clone())))
+            }
         }
     }
 }
@@ -269,22 +275,45 @@ impl ProgressTo {
 /// A client's request, and its progress token.
 type Listener = (Peer<RoleServer>, ProgressToken);
 
-/// The request of a held call that waits for its answer now, with its progress token.
+/// The request of a held call that waits for its answer now, with its progress token,
+/// and how much progress it was given that is not yet handed to it.
 #[derive(Clone, Default)]
-pub struct Waiting(Arc<Mutex<Option<Listener>>>);
+pub struct Waiting(Arc<WaitingFor>);
+
+#[derive(Default)]
+struct WaitingFor {
+    listener: Mutex<Option<Listener>>,
+    queued: watch::Sender<usize>,
+}
 
 impl Waiting {
-    /// Progress goes to `peer` under `token` from now, or nowhere.
+    /// Progress that comes from now on goes to `peer` under `token`, or nowhere.
     pub fn set(&self, to: Option<Listener>) {
-        *self.0.lock().expect("not poisoned") = to;
+        *self.0.listener.lock().expect("not poisoned") = to;
+    }
+
+    /// Waits until the progress given to the request that waited so far has been handed
+    /// to its client, so that the answer to that request, sent next, comes after it. A
+    /// client that does not read is given `within`, not the call.
+    pub async fn delivered(&self, within: Duration) {
+        let mut queued = self.0.queued.subscribe();
+        let _ = tokio::time::timeout(within, queued.wait_for(|n| *n == 0)).await;
+    }
+
+    /// One notification given to it was handed over, or dropped.
+    fn done(&self) {
+        self.0.queued.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
+
+/// A notification on its way, to whom, and the held call's `Waiting` it counts against.
+type Queued = (ProgressNotificationParam, Listener, Option<Waiting>);
 
 /// Where one call's progress goes. The forwarding task starts with the first progress:
 /// most calls have none, and a task per call would cost every call.
 struct ProgressRoute {
     to: ProgressTo,
-    forwarder: Option<(mpsc::Sender<ProgressNotificationParam>, tokio::task::JoinHandle<()>)>,
+    forwarder: Option<(mpsc::Sender<Queued>, tokio::task::JoinHandle<()>)>,
 }
 
 /// The most progress notifications queued for one client's request (a task's included)
@@ -294,20 +323,28 @@ const PROGRESS_QUEUED: usize = 256;
 
 impl ProgressRoute {
     /// Queues `p` for the client, in order, unless [`PROGRESS_QUEUED`] are waiting.
+    /// Queues `p` for whoever hears it now (in the order it came: for a held call, the
+    /// request waiting now, not when it is sent), unless [`PROGRESS_QUEUED`] are waiting.
     fn forward(&mut self, p: ProgressNotificationParam) {
+        let Some((listener, waiting)) = self.to.now() else { return };
         let (tx, _) = self.forwarder.get_or_insert_with(|| {
-            let (tx, mut rx) = mpsc::channel::<ProgressNotificationParam>(PROGRESS_QUEUED);
-            let to = self.to.clone();
+            let (tx, mut rx) = mpsc::channel::<Queued>(PROGRESS_QUEUED);
             let task = tokio::spawn(async move {
-                while let Some(mut p) = rx.recv().await {
-                    let Some((peer, token)) = to.now() else { continue };
+                while let Some((mut p, (peer, token), waiting)) = rx.recv().await {
                     p.progress_token = token;
                     let _ = peer.notify_progress(p).await;
+                    if let Some(waiting) = waiting {
+                        waiting.done();
+                    }
                 }
             });
             (tx, task)
         });
-        let _ = tx.try_send(p);
+        if let Err(refused) = tx.try_send((p, listener, waiting))
+            && let (_, _, Some(waiting)) = refused.into_inner()
+        {
+            waiting.done();
+        }
     }
 }
 

@@ -134,6 +134,18 @@ pub struct Session {
 /// supervisor is busy is seen as soon as it serves that session.
 pub type Restart = Arc<watch::Sender<u64>>;
 
+/// Asks for `session` to be restarted. Sessions are numbered in the order they start: a
+/// request for an older one, late, does not take the place of one for a newer.
+fn ask_restart(restart: &Restart, session: u64) {
+    restart.send_if_modified(|asked| {
+        let newer = session > *asked;
+        if newer {
+            *asked = session;
+        }
+        newer
+    });
+}
+
 impl Session {
     pub fn is_live(&self) -> bool {
         !self.closed.is_cancelled()
@@ -183,7 +195,7 @@ impl Kicker {
             && !self.closed.is_cancelled()
         {
             tracing::warn!(server = %self.server, "{why}; restarting it");
-            restart.send_replace(self.session);
+            ask_restart(restart, self.session);
         }
     }
 }
@@ -258,7 +270,7 @@ impl ServerHandle {
     pub async fn restart(&self, within: Duration) -> Result<Arc<Session>, NotReady> {
         let before = self.state().session.map(|s| s.id);
         if let Some(session) = before {
-            self.restart.send_replace(session);
+            ask_restart(&self.restart, session);
         }
         let mut rx = self.state.clone();
         let fresh = rx.wait_for(|s| {
