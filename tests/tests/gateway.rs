@@ -546,6 +546,16 @@ impl RawStdio {
     /// A gateway in front of one faulty server started with `args`, its client on
     /// protocol `revision`.
     async fn open(args: &[&str], revision: &str, rebound: Value) -> Self {
+        let mut raw = Self::spawn(args, rebound);
+        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
+        assert_eq!(raw.answers(1).await[0]["id"], 0);
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        raw
+    }
+
+    /// A gateway in front of one faulty server started with `args`, its client not yet
+    /// introduced (as a client on 2026-07-28 never is).
+    fn spawn(args: &[&str], rebound: Value) -> Self {
         use tokio::io::AsyncBufReadExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rebound.json");
@@ -561,11 +571,7 @@ impl RawStdio {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut raw = Self { child, stdin, lines, _dir: dir };
-        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
-        assert_eq!(raw.answers(1).await[0]["id"], 0);
-        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
-        raw
+        Self { child, stdin, lines, _dir: dir }
     }
 
     async fn send(&mut self, message: Value) {
@@ -744,4 +750,60 @@ async fn a_server_that_refuses_to_speak_2026_is_initialised_within_the_same_star
     gw.call("crash", json!({})).await;
     eventually("a restart", || gw.state("old", "starts").len() == 3).await;
     assert_eq!(text(&gw.call("echo", json!({"message": "again"})).await), "old: again");
+}
+
+/// The `_meta` every request of a client on 2026-07-28 carries: here, one that can answer
+/// elicitation.
+fn modern_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+    })
+}
+
+/// A tool call of a client on 2026-07-28, with what it sends back.
+fn modern_call(id: u64, tool: &str, back: Value) -> Value {
+    let mut params = json!({"name": tool, "arguments": {}, "_meta": modern_meta()});
+    params.as_object_mut().unwrap().extend(back.as_object().cloned().unwrap_or_default());
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+}
+
+/// An older server's elicitation reaches a client on 2026-07-28 as a question in its
+/// call's answer, the call held open upstream; a `requestState` the gateway never gave,
+/// or one sent with another tool's call, is refused with a clear error and takes nothing;
+/// the right one, with the answer, finishes the call.
+#[tokio::test]
+async fn a_2026_client_answers_an_older_servers_question_on_its_next_call_and_nothing_else_takes_it_up() {
+    let mut raw = RawStdio::spawn(&[], json!({}));
+    raw.send(modern_call(1, "elicit", json!({}))).await;
+    let asked = raw.answers(1).await.remove(0);
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let (key, question) = result["inputRequests"].as_object().unwrap().iter().next().unwrap();
+    assert_eq!(question["method"], "elicitation/create", "{question}");
+    assert_eq!(question["params"]["message"], "Your name?");
+    let state = result["requestState"].as_str().unwrap().to_owned();
+
+    // Made up, after the gateway's prefix: the state names nothing.
+    let (prefix, _) = state.rsplit_once(':').unwrap();
+    let made_up = format!("{prefix}:{}", "0".repeat(32));
+    raw.send(modern_call(2, "elicit", json!({"requestState": made_up}))).await;
+    let refused = raw.answers(1).await.remove(0);
+    assert_eq!(refused["error"]["code"], -32602, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("names no call"), "{refused}");
+    // Another tool's call with the right state: refused, and the call stays held.
+    raw.send(modern_call(3, "roots", json!({"requestState": state}))).await;
+    let refused = raw.answers(1).await.remove(0);
+    assert!(refused["error"]["message"].as_str().unwrap().contains("not this one"), "{refused}");
+
+    let answer = json!({key.as_str(): {"action": "accept", "content": {"name": "Ada"}}});
+    raw.send(modern_call(4, "elicit", json!({"requestState": state, "inputResponses": answer}))).await;
+    let done = raw.answers(1).await.remove(0);
+    assert_eq!(done["id"], 4);
+    let text = done["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("elicited: ") && text.contains("Ada"), "{done}");
+    // Answered, the state is spent.
+    raw.send(modern_call(5, "elicit", json!({"requestState": state}))).await;
+    assert!(raw.answers(1).await[0]["error"]["message"].as_str().unwrap().contains("names no call"));
 }
