@@ -232,6 +232,10 @@ fn unreadable(body: &[u8]) -> Response {
     (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response()
 }
 
+/// Every POST: its body read within `max_body_bytes`, a body that is no client message
+/// answered with the protocol's error, a request counted against its client's
+/// `max_concurrent_per_client` (and refused while the gateway drains) until its response
+/// has been sent.
 pub(super) async fn limit(
     State(front): State<Front>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -242,15 +246,9 @@ pub(super) async fn limit(
         return next.run(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, front.settings.max_body_bytes).await {
+    let body = match read_body(body, front.settings.max_body_bytes).await {
         Ok(body) => body,
-        Err(e) if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) => {
-            return refuse(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is larger than rebound.http.max_body_bytes",
-            );
-        }
-        Err(_) => return refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
+        Err(refused) => return refused,
     };
     let Some(probe) = probe(&body) else {
         front.hub.metrics.rejected("malformed");
@@ -267,6 +265,42 @@ pub(super) async fn limit(
     if !counts {
         return answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     }
+    let permit = match admit(&front, &request, peer, id) {
+        Ok(permit) => permit,
+        Err(refused) => return *refused,
+    };
+    let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+    if initialize {
+        response = super::tasks::announce(response);
+    }
+    let (parts, body) = response.into_parts();
+    let body = body.map_frame(move |frame| {
+        let _held = &permit;
+        frame
+    });
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// A request's body, at most `max` bytes.
+async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, max).await.map_err(|e| {
+        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+            refuse(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than rebound.http.max_body_bytes")
+        } else {
+            refuse(StatusCode::BAD_REQUEST, "the request body could not be read")
+        }
+    })
+}
+
+/// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session or,
+/// without one, the address `peer`: refused past `max_concurrent_per_client`, for an id
+/// already in flight in its session, and while the gateway drains.
+fn admit(
+    front: &Front,
+    request: &Request,
+    peer: SocketAddr,
+    id: Option<serde_json::Value>,
+) -> Result<ClientPermit, Box<Response>> {
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
     let client = match session {
         Some(session) => format!("session {session}"),
@@ -283,14 +317,14 @@ pub(super) async fn limit(
                 "too many requests in flight from this client; wait for one to finish (rebound.http.max_concurrent_per_client)",
             );
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return response;
+            return Err(Box::new(response));
         }
         Err(Refusal::DuplicateId) => {
             front.hub.metrics.rejected("duplicate_id");
             let id = id.unwrap_or(serde_json::Value::Null);
             let error = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600,
                 "message": format!("a request with id {id} is already in flight in this session; give each request its own id")}});
-            return ([(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response();
+            return Err(Box::new(([(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response()));
         }
     };
     // After the permit is counted, so that a drain that has begun either sees it or
@@ -299,18 +333,9 @@ pub(super) async fn limit(
         drop(permit);
         let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+        return Err(Box::new(response));
     }
-    let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
-    if initialize {
-        response = super::tasks::announce(response);
-    }
-    let (parts, body) = response.into_parts();
-    let body = body.map_frame(move |frame| {
-        let _held = &permit;
-        frame
-    });
-    Response::from_parts(parts, Body::new(body))
+    Ok(permit)
 }
 
 /// `response`, or the protocol's error in its place when rmcp could not read the JSON body.
