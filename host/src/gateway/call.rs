@@ -171,7 +171,12 @@ async fn exchange(
     let mut response = Box::pin(handle.await_response());
     let outcome = tokio::select! {
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
-            Ok(answered) => answered.map_err(from_service_error),
+            Ok(answered) => {
+                if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
+                    call.answered();
+                }
+                answered.map_err(from_service_error)
+            }
             Err(_) => {
                 let kicker = session.kicker();
                 tokio::spawn(async move {

@@ -131,6 +131,9 @@ impl Gateway {
             }
             () = session.closed.cancelled() => return Err(Fault::Lost),
         };
+        if matches!(answer, Some(Ok(_) | Err(rmcp::ServiceError::McpError(_)))) {
+            call.answered();
+        }
         match answer {
             Some(answer) => match abandoned.answered(answer, out.method) {
                 Ok(answer) => Ok((answer, progress)),

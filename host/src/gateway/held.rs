@@ -343,6 +343,9 @@ impl Held {
                 // request was given reaches it before the questions.
                 call.waiting.set(None);
                 call.waiting.delivered(PROGRESS_DELIVERED).await;
+                if let Some(answer) = call.outcome.wait().now_or_never() {
+                    return answer;
+                }
                 return self.hold(call, cancelled);
             }
             tokio::select! {

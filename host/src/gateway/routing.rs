@@ -8,10 +8,11 @@
 //!    (only a call whose sending is not yet recorded here may still be the one);
 //! 2. otherwise (a stdio server cannot say), to the client whose calls are in flight on
 //!    that instance, when they are all one client's (the newest of its calls);
-//! 3. with calls of several clients in flight (sessions that just closed included), to
-//!    none of them: which one the server means cannot be known, and guessing would show
-//!    one client another's request. The server is told so (give it `"scope": "session"`
-//!    to have one instance per client);
+//! 3. with calls of several clients in flight (sessions that just closed included, and
+//!    calls of another client that ended unanswered in the last 5 s, cancelled or timed
+//!    out, which the server may still be serving), to none of them: which one the server means
+//!    cannot be known, and guessing would show one client another's request. The server is
+//!    told so (give it `"scope": "session"` to have one instance per client);
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
@@ -32,7 +33,7 @@
 #![allow(deprecated)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ use rmcp::model::{
 use rmcp::service::{OriginatingRequestId, PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::early::Early;
@@ -102,7 +104,21 @@ pub struct Routing {
     /// of its `TaskOwner` (a later owner of the same key is not removed by an earlier one).
     tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
     next_task: AtomicU64,
+    /// Per server instance, the clients whose calls ended there unanswered in the last
+    /// [`ENDED_COUNTS`], and when (see rule 3).
+    ended: Mutex<HashMap<u64, Vec<Ended>>>,
 }
+
+/// A client whose call ended, and when.
+type Ended = (Arc<str>, Instant);
+
+/// How long a client's call still counts towards rule 3 once it ended unanswered: a call
+/// cancelled or timed out may still be served, and the server's request for it still on
+/// its way.
+const ENDED_COUNTS: Duration = Duration::from_secs(5);
+
+/// The most clients remembered per instance, and instances, before the stale are swept.
+const ENDED_KEPT: usize = 64;
 
 impl Routing {
     /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
@@ -123,7 +139,7 @@ impl Routing {
             bridge: cx.extensions.get::<Bridge>().cloned(),
         };
         self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
-        CallGuard { routing: self.clone(), instance, id }
+        CallGuard { routing: self.clone(), instance, id, answered: AtomicBool::new(false) }
     }
 
     /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped; `ended` is
@@ -196,7 +212,42 @@ impl Routing {
                 "calls of several clients are in flight on this shared server, and which one this request belongs to cannot be known (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
-        client_of(newest)
+        if asker.during.is_none() && self.another_ended(instance, &newest.client) {
+            return Caller::Nobody(
+                "a call of another client ended unanswered on this shared server a moment ago, and this request may still be that call's (give the server \"scope\": \"session\" in Rebound's configuration)",
+            );
+        }
+        // A 2026-07-28 client is asked only in a call that can carry questions (not, say,
+        // its `completion/complete`): its newest such call.
+        client_of(candidates.iter().rev().find(|c| c.bridge.is_some()).unwrap_or(newest))
+    }
+
+    /// A call of `client` on `instance` ended unanswered now.
+    fn call_ended(&self, instance: u64, client: Arc<str>) {
+        let now = Instant::now();
+        let fresh = |(_, at): &Ended| now.duration_since(*at) < ENDED_COUNTS;
+        let mut ended = self.ended.lock().expect("not poisoned");
+        if ended.len() > ENDED_KEPT {
+            ended.retain(|_, clients| {
+                clients.retain(fresh);
+                !clients.is_empty()
+            });
+        }
+        let clients = ended.entry(instance).or_default();
+        clients.retain(|(c, at)| fresh(&(c.clone(), *at)) && *c != client);
+        if clients.len() >= ENDED_KEPT {
+            clients.remove(0);
+        }
+        clients.push((client, now));
+    }
+
+    /// Whether a call of a client other than `client` ended unanswered on `instance` a
+    /// moment ago.
+    fn another_ended(&self, instance: u64, client: &str) -> bool {
+        let ended = self.ended.lock().expect("not poisoned");
+        ended
+            .get(&instance)
+            .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < ENDED_COUNTS))
     }
 
     /// Calls in flight on `instance`.
@@ -264,8 +315,12 @@ impl ProgressTo {
         match self {
             Self::Request(peer, token) => Some(((peer.clone(), token.clone()), None)),
             Self::Waiting(waiting) => {
-                let listener = waiting.0.listener.lock().expect("not poisoned").clone()?;
+                // Counted under the lock, so that whoever sets the next listener and then
+                // waits for what is on its way sees this one.
+                let current = waiting.0.listener.lock().expect("not poisoned");
+                let listener = current.clone()?;
                 waiting.0.queued.send_modify(|n| *n += 1);
+                drop(current);
                 Some((listener, Some(waiting.clone())))
             }
         }
@@ -419,9 +474,17 @@ pub struct CallGuard {
     routing: Arc<Routing>,
     instance: u64,
     id: u64,
+    /// Whether the server answered it: a call that ended unanswered (cancelled, timed
+    /// out, lost) may still be served, and counts for a moment after (rule 3).
+    answered: AtomicBool,
 }
 
 impl CallGuard {
+    /// The server answered the call (with a result or an error).
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
+    }
+
     /// The attempt went out as request `request` on upstream session `session`.
     pub fn sent(&self, session: u64, request: RequestId) {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
@@ -433,12 +496,19 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
+        let mut client = None;
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(calls) = in_flight.get_mut(&self.instance) {
-            calls.retain(|c| c.id != self.id);
+            if let Some(at) = calls.iter().position(|c| c.id == self.id) {
+                client = Some(calls.remove(at).client);
+            }
             if calls.is_empty() {
                 in_flight.remove(&self.instance);
             }
+        }
+        drop(in_flight);
+        if let Some(client) = client.filter(|_| !self.answered.load(Ordering::Relaxed)) {
+            self.routing.call_ended(self.instance, client);
         }
     }
 }
@@ -519,5 +589,32 @@ pub async fn ask(
             other => ErrorData::internal_error(format!("the client did not answer: {other}"), None),
         }),
         Err(e) => Err(ErrorData::internal_error(format!("forwarding the request failed: {e}"), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_of_another_client_that_just_ended_still_counts_for_a_moment() {
+        let routing = Routing::default();
+        routing.call_ended(1, "x".into());
+        assert!(routing.another_ended(1, "y"), "x's call may still be served");
+        assert!(!routing.another_ended(1, "x"), "a client's own ended call is no other client's");
+        assert!(!routing.another_ended(2, "y"), "on another instance");
+        tokio::time::sleep(ENDED_COUNTS).await;
+        assert!(!routing.another_ended(1, "y"));
+        // Remembered within bounds: the stale are swept once many instances are known.
+        for n in 0..1000 {
+            routing.call_ended(n, format!("c{n}").into());
+        }
+        tokio::time::sleep(ENDED_COUNTS).await;
+        routing.call_ended(5000, "z".into());
+        assert_eq!(routing.ended.lock().unwrap().len(), 1);
+        for n in 0..1000 {
+            routing.call_ended(7, format!("c{n}").into());
+        }
+        assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
 }
