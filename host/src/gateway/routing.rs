@@ -234,7 +234,7 @@ impl Routing {
             });
         }
         let clients = ended.entry(instance).or_default();
-        clients.retain(|(c, at)| fresh(&(c.clone(), *at)) && *c != client);
+        clients.retain(|ended| fresh(ended) && ended.0 != client);
         if clients.len() >= ENDED_KEPT {
             clients.remove(0);
         }

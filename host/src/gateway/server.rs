@@ -85,15 +85,17 @@ impl Gateway {
     /// round its `recovery.timeout_ms`, all rounds with the client's answers its call
     /// deadline.
     pub(super) fn limits(&self, server: &str) -> input::Limits {
+        let (timeout, deadline) = self.times(server, "");
+        input::Limits { timeout, deadline, until: tokio::time::Instant::now() + deadline }
+    }
+
+    /// `server`'s `recovery.timeout_ms` and its deadline for a call of `tool` (`""` for
+    /// a request other than a tool call); 30 s each for a server not configured.
+    fn times(&self, server: &str, tool: &str) -> (Duration, Duration) {
         let setup = self.hub.setup();
         let recovery = setup.config.servers.get(server).map(|s| &s.recovery);
-        let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for("")));
-        let deadline = Duration::from_millis(deadline);
-        input::Limits {
-            timeout: Duration::from_millis(timeout),
-            deadline,
-            until: tokio::time::Instant::now() + deadline,
-        }
+        let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for(tool)));
+        (Duration::from_millis(timeout), Duration::from_millis(deadline))
     }
 }
 
@@ -574,9 +576,7 @@ impl Gateway {
             _ => catalogue.resource(&what.name).map(|(server, _)| (server, "")),
         }
         .unzip();
-        let setup = self.hub.setup();
-        let recovery = server.and_then(|server| setup.config.servers.get(&*server).map(|s| &s.recovery));
-        Duration::from_millis(recovery.map_or(30_000, |r| r.deadline_for(name.unwrap_or_default())))
+        self.times(server.as_deref().unwrap_or_default(), name.unwrap_or_default()).1
     }
 
     /// Whom a request of `cx` counts against where a client's share is bounded: its
