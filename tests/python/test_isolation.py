@@ -149,6 +149,51 @@ def test_a_shared_server_never_shows_one_client_another_clients_request(tmp_path
             assert f"sampled by {who}" in answer or "several clients" in answer, answer
 
 
+def test_a_shared_servers_late_request_reaches_no_client_after_a_call_was_given_up(tmp_path):
+    """A stdio server may go on serving a call after the gateway gave up on it (here its
+    time ran out) and only then ask for sampling. Another client's call is in flight at
+    that moment, and the server cannot say which call it serves: the request is refused,
+    never shown to the client now in flight."""
+    state = tmp_path / "state"
+    faulty = [str(BIN / "faulty-server"), "--name", "shared", "--state", str(state)]
+    recovery = {"tools": {"sample_late": {"timeout_ms": 300}}}
+    config = write_config(tmp_path, {"shared": {"command": faulty[0], "args": faulty[1:], "recovery": recovery}})
+    asked = {"alice": 0, "bob": 0}
+
+    def counting(who):
+        async def sampling(context, params):
+            asked[who] += 1
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=f"sampled by {who}"), model=who
+            )
+
+        return {"sampling_callback": sampling}
+
+    async def both(url):
+        results = {}
+
+        async def alice(session):
+            results["alice"] = await session.call_tool("sample_late", {"ms": 1200})
+
+        async def bob(session):
+            await anyio.sleep(0.6)  # alice's call has ended unanswered by now
+            results["bob"] = await session.call_tool("slow", {"ms": 2000})
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: http_session(url, alice, **counting("alice")))
+                tg.start_soon(lambda: http_session(url, bob, **counting("bob")))
+        return results
+
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
+        results = anyio.run(both, url)
+    assert results["alice"].is_error, text(results["alice"])
+    assert not results["bob"].is_error, text(results["bob"])
+    assert asked == {"alice": 0, "bob": 0}, f"a client was asked what another's call asked: {asked}"
+    late = (state / "late").read_text()
+    assert "ended unanswered" in late, late
+
+
 def test_session_scope_keeps_each_clients_memory_apart_and_ends_with_the_session(tmp_path):
     """server-memory, one instance (and one file) per client session: two clients'
     entities never mix, and a session's process stops when its session ends."""

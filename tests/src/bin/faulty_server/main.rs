@@ -8,7 +8,7 @@
 //! Options: `--name NAME` (server name, also the prefix of its answers), `--tools FILE`,
 //! `--state DIR` (appends one line per start to `DIR/starts`, so tests can count
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
-//! `DIR/calls` with the name of every tool called, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
+//! `DIR/calls` with the name of every tool called, `DIR/late` with what `sample_late` was answered, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
@@ -413,6 +413,12 @@ impl Server {
             ),
             tool("roots", "Asks the client for its roots", json!({}), json!({})),
             tool(
+                "sample_late",
+                "Waits `ms` whatever becomes of its call (cancelled or not), then asks the client to sample; writes the answer to `DIR/late`",
+                json!({"ms": {"type": "integer"}}),
+                json!({}),
+            ),
+            tool(
                 "elicit",
                 "Asks the client to elicit a value (with `progress`, reporting progress before and after)",
                 json!({"progress": {"type": "boolean"}}),
@@ -556,6 +562,17 @@ impl Server {
                 Ok(text(format!("sampled: {answer}")))
             }
             "roots" => Ok(text(format!("roots: {}", self.request_client("roots/list", json!({})).await))),
+            // A server still serving a call its client gave up on, as many do.
+            "sample_late" => {
+                tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(1000))).await;
+                let answer = self
+                    .request_client("sampling/createMessage", json!({"messages": [{"role": "user", "content": {"type": "text", "text": "late"}}], "maxTokens": 16}))
+                    .await;
+                if let Some(dir) = &self.state {
+                    append(&dir.join("late"), &answer.to_string());
+                }
+                Ok(text(format!("sampled late: {answer}")))
+            }
             // With `"progress": true`, it reports progress before it asks and after.
             "elicit" => {
                 let report = |step: u64, message: &str| {
