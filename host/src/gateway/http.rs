@@ -320,6 +320,20 @@ async fn metrics(State(front): State<Front>) -> Response {
 }
 
 /// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
+/// How a client without an MCP session (one on 2026-07-28) is known over HTTP: by its
+/// address, an IPv6 one by its /64, the block one host or subscriber is given, so that a
+/// host cannot take many clients' shares by using many of its addresses. An IPv4 address
+/// mapped into IPv6 is the IPv4 one.
+pub(crate) fn address_client(ip: std::net::IpAddr) -> String {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) => format!("address {v4}"),
+        std::net::IpAddr::V6(v6) => {
+            let [a, b, c, d, ..] = v6.segments();
+            format!("address {}/64", std::net::Ipv6Addr::new(a, b, c, d, 0, 0, 0, 0))
+        }
+    }
+}
+
 fn split_authority(authority: &str) -> (&str, Option<&str>) {
     if let Some(rest) = authority.strip_prefix('[') {
         return match rest.split_once(']') {
@@ -373,6 +387,17 @@ fn origin_allowed(allowed: &[String], origin: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_without_a_session_is_its_address_an_ipv6_one_its_64() {
+        let of = |ip: &str| address_client(ip.parse().unwrap());
+        assert_eq!(of("192.0.2.7"), "address 192.0.2.7");
+        assert_eq!(of("::ffff:192.0.2.7"), "address 192.0.2.7", "mapped IPv4 is the IPv4 client");
+        assert_eq!(of("2001:db8:1:2:aaaa::1"), "address 2001:db8:1:2::/64");
+        assert_eq!(of("2001:db8:1:2:bbbb:cccc:dddd:eeee"), of("2001:db8:1:2::9"), "one /64, one client");
+        assert_ne!(of("2001:db8:1:3::1"), of("2001:db8:1:2::1"));
+        assert_eq!(of("::1"), "address ::/64");
+    }
 
     fn list(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()

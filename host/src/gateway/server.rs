@@ -582,7 +582,7 @@ impl Gateway {
     /// Whom a request of `cx` counts against where a client's share is bounded: its
     /// session, or for a 2026-07-28 client over HTTP (which has none) its address.
     fn counted(&self, cx: &RequestContext<RoleServer>) -> Arc<str> {
-        http_address(cx).map_or_else(|| self.own.client.clone(), |ip| format!("address {ip}").into())
+        http_address(cx).map_or_else(|| self.own.client.clone(), |ip| super::http::address_client(ip).into())
     }
 }
 

@@ -304,7 +304,7 @@ fn admit(
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
     let client = match session {
         Some(session) => format!("session {session}"),
-        None => format!("address {}", peer.ip()),
+        None => super::address_client(peer.ip()),
     };
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
     let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
