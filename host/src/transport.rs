@@ -1,6 +1,7 @@
 //! Upstream MCP servers: launching them, speaking to them as a client, and supervising
 //! their processes.
 
+pub mod http_client;
 pub mod lines;
 pub mod listen;
 pub mod malformed;

@@ -2,9 +2,12 @@
 (`tests/node/tasks-client.mjs`) in front of server-everything over stdio."""
 
 import concurrent.futures
+import contextlib
 import json
 import os
+import socket
 import subprocess
+import time
 
 from conftest import BIN, EVERYTHING, ROOT, serve_http
 
@@ -51,6 +54,46 @@ def test_a_task_augmented_call_completes_through_the_gateway_with_its_question_a
     assert seen["types"][0] == "taskCreated" and seen["types"][-1] == "result", seen["types"]
     assert "Research Report: gateways (technical)" in seen["text"]
     # The server asked while the task ran (through `tasks/result`), and was answered.
+    assert len(seen["asked"]) == 1 and "multiple interpretations" in seen["asked"][0]
+    assert seen["listed"] == [{"taskId": seen["created"]["taskId"], "status": "completed"}]
+
+
+@contextlib.contextmanager
+def everything_over_http():
+    """server-everything on its own streamable HTTP transport; yields its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)}, stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def test_a_url_servers_tasks_pass_as_a_stdio_servers_do(tmp_path):
+    """server-everything reached over its own streamable HTTP (`url`): the tasks
+    capability and each tool's task support are as a direct connection shows them, and a
+    task-augmented call completes, its question answered, its task listed."""
+    with everything_over_http() as url:
+        config = {"mcpServers": {"everything": {"url": url}}, "rebound": {"errors_log": str(tmp_path / "errors.jsonl")}}
+        path = tmp_path / "rebound.json"
+        path.write_text(json.dumps(config))
+        through = drive("list", BIN / "rebound", "serve", "--config", path)
+        seen = drive("run", BIN / "rebound", "serve", "--config", path)
+    assert through == drive("list", EVERYTHING)
+    assert through["execution"]["simulate-research-query"] == {"taskSupport": "required"}
+    assert seen["error"] is None, seen
+    assert seen["types"][0] == "taskCreated" and seen["types"][-1] == "result", seen["types"]
+    assert "Research Report: gateways (technical)" in seen["text"]
     assert len(seen["asked"]) == 1 and "multiple interpretations" in seen["asked"][0]
     assert seen["listed"] == [{"taskId": seen["created"]["taskId"], "status": "completed"}]
 

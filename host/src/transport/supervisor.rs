@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::http_client::{ReadAnswers, Tap, Tapped};
 use super::listen::Follows;
 use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
@@ -27,7 +28,7 @@ use crate::redact::Secrets;
 
 /// Lines longer than this from a server are dropped (and the request they answer times
 /// out). rmcp's default is 16 MiB; tools that return whole files deserve more.
-const MAX_MESSAGE_BYTES: usize = 64 << 20;
+pub(super) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
@@ -616,7 +617,9 @@ impl Supervisor {
                 let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop, dropped.clone()).await?;
                 Ok((running, Some(process), stop))
             }
-            Launch::Http(http) => Ok((self.start_http(http, handler, lifecycle, &stop).await?, None, stop)),
+            Launch::Http(http) => {
+                Ok((self.start_http(http, handler, lifecycle, &stop, dropped.clone()).await?, None, stop))
+            }
         }
     }
 
@@ -666,13 +669,15 @@ impl Supervisor {
 
     /// Connects to a streamable HTTP server and initialises a session. rmcp's transport
     /// re-initialises by itself when the server forgets the session (HTTP 404), replaying
-    /// the requests that met the expired session once: the server never saw them.
+    /// the requests that met the expired session once: the server never saw them. What
+    /// its types drop of the answers is read too ([`super::http_client`]).
     async fn start_http(
         &self,
         http: &HttpLaunch,
         handler: UpstreamHandler,
         lifecycle: ClientLifecycleMode,
         stop: &CancellationToken,
+        dropped: Arc<Dropped>,
     ) -> Result<RunningService<RoleClient, UpstreamHandler>, ConnectError> {
         let headers = http
             .headers
@@ -685,7 +690,9 @@ impl Supervisor {
             .custom_headers(headers)
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
-        let transport = self.in_order(StreamableHttpClientTransport::from_config(config), &handler);
+        let tap = Tap::new(dropped);
+        let transport = StreamableHttpClientTransport::with_client(Tapped::new(tap.clone()), config);
+        let transport = self.in_order(ReadAnswers { inner: transport, tap }, &handler);
         match tokio::time::timeout(
             self.how.init_timeout,
             serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone()),

@@ -1,9 +1,8 @@
 //! What MCP 2025-11-25's tasks add to a server's answers, which rmcp 3.9's types drop: a
 //! tool's `execution.taskSupport`, and the server's `tasks` capability (task-augmented
 //! `tools/call`). rmcp models only the later tasks extension (SEP-2663), so these are read
-//! from the server's own lines, next to rmcp's reading: for a stdio server, whose lines
-//! the gateway frames itself. (A `url` server's answers are read by rmcp's HTTP transport
-//! alone; its tools show no task support through the gateway.)
+//! from the server's own messages, next to rmcp's reading: a stdio server's lines, which
+//! the gateway frames itself, and a `url` server's HTTP answers ([`super::http_client`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -201,6 +201,16 @@ impl Awaited {
         Some(JsonRpcMessage::Response(JsonRpcResponse { jsonrpc, id, result }))
     }
 
+    /// Whether no answer is awaited.
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Forgets request `id`: it will not be answered (its sending failed).
+    pub fn forget(&mut self, id: &RequestId) {
+        self.waiting.remove(id);
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.waiting.len()

@@ -1,0 +1,548 @@
+//! The client side of a `url` server: rmcp's streamable HTTP transport over reqwest, with
+//! the server's answers also read as they came, where rmcp's types drop what they say, as
+//! [`super::lines`] reads a stdio server's lines: the tasks capability in `initialize`'s
+//! answer, each tool's task support in `tools/list`'s (MCP 2025-11-25, see
+//! [`super::tasks`]), and the answer to a custom request (a task-augmented call,
+//! `tasks/*`) as it is, not as rmcp's types would change it.
+//!
+//! Those requests are posted here ([`Tapped`]), so that their answer is read from the
+//! JSON body or the SSE events that carry it before rmcp reads it; every other message
+//! goes through rmcp's own reqwest client. [`ReadAnswers`] then puts what was read here in
+//! place of rmcp's reading of the same answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use rmcp::RoleClient;
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::common::http_header::{EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE};
+use rmcp::transport::streamable_http_client::{
+    HttpStatusError, SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+};
+use sse_stream::{Sse, SseStream};
+
+use super::supervisor::MAX_MESSAGE_BYTES;
+use super::tasks::Dropped;
+use super::typed::Awaited;
+
+/// The most answers read here and not yet taken by [`ReadAnswers`]: each is taken as soon
+/// as rmcp has read the same message, so more means rmcp refused some; they are forgotten.
+const MAX_READ: usize = 1024;
+
+/// The most of an error's body read, for its JSON-RPC error.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// What one upstream session's answers said, shared by its HTTP client and its transport.
+pub struct Tap {
+    awaited: Mutex<Awaited>,
+    dropped: Arc<Dropped>,
+    /// Answers read here, by id, until rmcp's reading of them passes [`ReadAnswers`].
+    read: Mutex<HashMap<RequestId, ServerJsonRpcMessage>>,
+}
+
+impl Tap {
+    pub fn new(dropped: Arc<Dropped>) -> Arc<Self> {
+        Arc::new(Self { awaited: Mutex::default(), dropped, read: Mutex::default() })
+    }
+
+    /// Notes a message being sent: whether its answer is read here. A tool call's is not
+    /// (rmcp reads it whole; nothing is dropped), nor is any other request's.
+    fn sent(&self, message: &ClientJsonRpcMessage) -> bool {
+        let reads = matches!(message, JsonRpcMessage::Request(r) if matches!(r.request,
+            ClientRequest::InitializeRequest(_) | ClientRequest::ListToolsRequest(_) | ClientRequest::CustomRequest(_)));
+        if reads || matches!(message, JsonRpcMessage::Notification(_)) {
+            self.awaited.lock().expect("not poisoned").sent(message);
+        }
+        reads
+    }
+
+    /// One message from the server as it came (a JSON body, an SSE event's data).
+    fn saw(&self, raw: &[u8]) {
+        let answer = {
+            let mut awaited = self.awaited.lock().expect("not poisoned");
+            if awaited.is_empty() {
+                return;
+            }
+            awaited.answer(raw, &self.dropped)
+        };
+        if let Some(JsonRpcMessage::Response(response)) = answer {
+            let mut read = self.read.lock().expect("not poisoned");
+            if read.len() >= MAX_READ {
+                read.clear();
+            }
+            read.insert(response.id.clone(), JsonRpcMessage::Response(response));
+        }
+    }
+
+    /// A request whose answer was to be read here will have none (its post failed).
+    fn forget(&self, message: &ClientJsonRpcMessage) {
+        if let JsonRpcMessage::Request(request) = message {
+            self.awaited.lock().expect("not poisoned").forget(&request.id);
+        }
+    }
+
+    /// `message` as rmcp read it, or what was read here of the same answer.
+    fn replace(&self, message: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
+        let JsonRpcMessage::Response(response) = &message else { return message };
+        let mut read = self.read.lock().expect("not poisoned");
+        if read.is_empty() {
+            return message;
+        }
+        read.remove(&response.id).unwrap_or(message)
+    }
+
+    /// Every event's data seen on its way to rmcp.
+    fn events(
+        self: &Arc<Self>,
+        events: impl Stream<Item = Result<Sse, SseError>> + Send + 'static,
+    ) -> futures::stream::BoxStream<'static, Result<Sse, SseError>> {
+        let tap = self.clone();
+        events.inspect_ok(move |event| tap.saw(event.data.as_deref().unwrap_or_default().as_bytes())).boxed()
+    }
+}
+
+/// rmcp's transport puts answers read here in place of its own reading of them.
+pub struct ReadAnswers<T> {
+    pub inner: T,
+    pub tap: Arc<Tap>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for ReadAnswers<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        Some(self.tap.replace(self.inner.receive().await?))
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+type Error = StreamableHttpError<reqwest::Error>;
+
+/// rmcp's reqwest client, posting the requests whose answers are read here itself.
+#[derive(Clone)]
+pub struct Tapped {
+    client: reqwest::Client,
+    tap: Arc<Tap>,
+}
+
+impl Tapped {
+    pub fn new(tap: Arc<Tap>) -> Self {
+        // As rmcp's own: no idle connections kept (a half-read body left in one stalls
+        // the next request on delayed ACKs), and only redirects that keep the request
+        // and stay on the server's origin followed (any other would lose the message, or
+        // hand its session and headers to another host).
+        let redirects = reqwest::redirect::Policy::custom(|attempt| {
+            let keeps_request =
+                matches!(attempt.status(), StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT);
+            let same_origin = attempt.previous().first().is_some_and(|first| first.origin() == attempt.url().origin());
+            match () {
+                () if !keeps_request || !same_origin => attempt.stop(),
+                () if attempt.previous().len() > 10 => attempt.error("more than 10 redirects"),
+                () => attempt.follow(),
+            }
+        });
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .redirect(redirects)
+            .build()
+            .expect("a client without TLS settings builds");
+        Self { client, tap }
+    }
+
+    /// Posts a request whose answer is read here.
+    async fn post_read(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session: Option<Arc<str>>,
+        auth: Option<String>,
+        headers: HashMap<HeaderName, HeaderValue>,
+        max_event: usize,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let mut request =
+            self.client.post(uri.as_ref()).header(ACCEPT, format!("{EVENT_STREAM_MIME_TYPE}, {JSON_MIME_TYPE}"));
+        if let Some(token) = auth {
+            request = request.bearer_auth(token);
+        }
+        // Reserved names (`Accept`, the session's) are refused by the configuration.
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let had_session = session.is_some();
+        if let Some(session) = session {
+            request = request.header(HEADER_SESSION_ID, session.as_ref());
+        }
+        let response = request.json(&message).send().await?;
+        let status = response.status();
+        match status {
+            StatusCode::ACCEPTED | StatusCode::NO_CONTENT => return Ok(StreamableHttpPostResponse::Accepted),
+            StatusCode::NOT_FOUND if had_session => return Err(StreamableHttpError::SessionExpired),
+            status if !status.is_success() => return refused(response).await,
+            _ => {}
+        }
+        let session = response.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let kind = response.headers().get(CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        match kind.as_deref() {
+            Some(kind) if kind.starts_with(EVENT_STREAM_MIME_TYPE) => {
+                let events = SseStream::from_bytes_stream(bounded_events(response.bytes_stream(), max_event));
+                Ok(StreamableHttpPostResponse::Sse(self.tap.events(events), session))
+            }
+            Some(kind) if kind.starts_with(JSON_MIME_TYPE) => {
+                let body = read_at_most(response, max_event).await?;
+                self.tap.saw(&body);
+                let answer = serde_json::from_slice(&body).map_err(|e| {
+                    StreamableHttpError::UnexpectedServerResponse(
+                        format!("the answer is not a JSON-RPC message: {e}").into(),
+                    )
+                })?;
+                Ok(StreamableHttpPostResponse::Json(answer, session))
+            }
+            _ => Err(StreamableHttpError::UnexpectedContentType(kind)),
+        }
+    }
+}
+
+/// A request refused with an HTTP error status: the JSON-RPC error in its body when it
+/// carries one (the server's own word), else the status (429 and 5xx with `Retry-After`,
+/// for recovery to wait as told).
+async fn refused(response: reqwest::Response) -> Result<StreamableHttpPostResponse, Error> {
+    let status = response.status();
+    let retry_after = response.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = read_at_most(response, MAX_ERROR_BODY).await.unwrap_or_default();
+    if let Ok(error @ JsonRpcMessage::Error(_)) = serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+        return Ok(StreamableHttpPostResponse::Json(error, None));
+    }
+    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+        return Err(HttpStatusError::new(status.as_u16(), retry_after).into());
+    }
+    let preview = String::from_utf8_lossy(&body[..body.len().min(256)]).into_owned();
+    Err(StreamableHttpError::UnexpectedServerResponse(format!("HTTP {status}: {preview}").into()))
+}
+
+/// A response's whole body, refused past `max` bytes.
+async fn read_at_most(response: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
+    let mut body = Vec::new();
+    let mut chunks = response.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk?;
+        if body.len() + chunk.len() > max {
+            return Err(StreamableHttpError::ResponseBodyTooLarge { max_size: max });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// An SSE body whose events are each at most `max` bytes: past it, the stream ends with
+/// an error before the parser has buffered more (it keeps a whole event in memory).
+fn bounded_events<E: std::error::Error + Send + Sync + 'static>(
+    body: impl Stream<Item = Result<Bytes, E>> + Send + 'static,
+    max: usize,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let mut event = EventBytes::default();
+    body.map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        if event.take(&chunk) > max {
+            return Err(std::io::Error::other(format!("an SSE event is longer than {max} bytes")));
+        }
+        Ok(chunk)
+    })
+}
+
+/// Counts the bytes of the SSE event being read. An event ends at an empty line; a line
+/// ends at `\n`, `\r\n` or `\r`.
+#[derive(Default)]
+struct EventBytes {
+    /// Bytes of the event so far.
+    len: usize,
+    /// Whether the line being read is empty so far.
+    line_empty: bool,
+    /// The last byte was `\r` (a `\n` right after it ends no further line).
+    after_cr: bool,
+}
+
+impl EventBytes {
+    /// Takes `chunk`; the most bytes any event in it reached (line ends not counted).
+    fn take(&mut self, chunk: &[u8]) -> usize {
+        let mut most = self.len;
+        for &byte in chunk {
+            let after_cr = std::mem::replace(&mut self.after_cr, byte == b'\r');
+            match byte {
+                b'\n' if after_cr => {}                           // the `\n` of a `\r\n`
+                b'\r' | b'\n' if self.line_empty => self.len = 0, // an empty line: the event ended
+                b'\r' | b'\n' => self.line_empty = true,
+                _ => {
+                    self.line_empty = false;
+                    self.len += 1;
+                    most = most.max(self.len);
+                }
+            }
+        }
+        most
+    }
+}
+
+impl StreamableHttpClient for Tapped {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        self.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            MAX_MESSAGE_BYTES,
+        )
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        if self.tap.sent(&message) {
+            let kept = message.clone();
+            let posted =
+                self.post_read(uri, message, session_id, auth_header, custom_headers, max_sse_event_size).await;
+            if posted.is_err() {
+                self.tap.forget(&kept);
+            }
+            return posted;
+        }
+        self.client
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), Error> {
+        self.client.delete_session(uri, session_id, auth_header, custom_headers).await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Sse, SseError>>, Error> {
+        self.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            auth_header,
+            custom_headers,
+            MAX_MESSAGE_BYTES,
+        )
+        .await
+    }
+
+    /// A stream resumed after its POST's ended early may carry the answer read here.
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<futures::stream::BoxStream<'static, Result<Sse, SseError>>, Error> {
+        let events = self
+            .client
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await?;
+        Ok(self.tap.events(events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode as Status;
+    use axum::response::IntoResponse;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn message<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn initialize(id: u64) -> ClientJsonRpcMessage {
+        message(json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+            "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+    }
+
+    /// As the gateway sends it: a custom request (rmcp's own `tasks/*` have other shapes).
+    fn task_result(id: u64) -> ClientJsonRpcMessage {
+        let request = ClientRequest::CustomRequest(rmcp::model::CustomRequest::new(
+            "tasks/result",
+            Some(json!({"taskId": "t1"})),
+        ));
+        JsonRpcMessage::request(request, RequestId::Number(id.try_into().unwrap()))
+    }
+
+    /// A task's result, with a field rmcp's reading (a `CallToolResult`) drops.
+    const TASK: &str =
+        r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"done"}],"vendor":{"kept":true}}}"#;
+
+    /// `message` as it reads after `tap`: the server's own answer, `vendor` and all.
+    fn as_sent(tap: &Tap, message: ServerJsonRpcMessage) {
+        let rmcps = serde_json::to_value(&message).unwrap();
+        assert!(rmcps["result"]["vendor"].is_null(), "rmcp's reading drops it: {rmcps}");
+        let replaced = serde_json::to_value(tap.replace(message)).unwrap();
+        assert_eq!(replaced, serde_json::from_str::<Value>(TASK).unwrap(), "the answer as the server sent it");
+    }
+
+    #[test]
+    fn what_rmcp_drops_is_read_and_a_custom_answer_replaces_rmcps_reading_of_it() {
+        let tap = Tap::new(Arc::default());
+        assert!(tap.sent(&initialize(0)));
+        tap.saw(br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{"tasks":{"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}}"#);
+        assert!(tap.dropped.task_calls());
+        let call: ClientJsonRpcMessage =
+            message(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo"}}));
+        assert!(!tap.sent(&call), "rmcp reads a tool call's answer whole");
+        assert!(tap.sent(&task_result(7)));
+        tap.saw(TASK.as_bytes());
+        let other: ServerJsonRpcMessage = message(json!({"jsonrpc": "2.0", "id": 8, "result": {}}));
+        assert_eq!(serde_json::to_value(tap.replace(other.clone())).unwrap(), serde_json::to_value(&other).unwrap());
+        as_sent(&tap, serde_json::from_str(TASK).unwrap());
+        assert!(tap.read.lock().unwrap().is_empty() && tap.awaited.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_event_is_counted_from_its_first_byte_to_the_empty_line_that_ends_it() {
+        let mut event = EventBytes::default();
+        assert_eq!(event.take(b"data: abc\n"), 9);
+        assert_eq!(event.take(b"data: de"), 17, "one event across chunks");
+        assert_eq!(event.take(b"\n\ndata: x\r\n\r\ndata: y\r\rdata"), 17, "ended by \\n\\n, \\r\\n\\r\\n, \\r\\r");
+        assert_eq!(event.len, 4);
+        assert_eq!(event.take(b"\r"), 4);
+        assert_eq!(event.take(b"\n\r\n"), 4, "a \\r\\n split across chunks ends one line");
+        assert_eq!(event.len, 0);
+    }
+
+    #[tokio::test]
+    async fn an_event_past_the_bound_ends_the_stream_with_an_error() {
+        let chunks = ["data: 1234", "5678\n\n", "data: ", "12345678", "9\n\n"];
+        let body = futures::stream::iter(chunks.map(|c| Ok::<_, std::io::Error>(Bytes::from(c))));
+        let read: Vec<_> = bounded_events(body, 14).collect().await;
+        assert!(read[..4].iter().all(Result::is_ok), "14 bytes pass");
+        assert!(read[4].as_ref().unwrap_err().to_string().contains("longer than 14"));
+    }
+
+    /// A server answering every POST with `answer`.
+    async fn server(answer: fn() -> axum::response::Response) -> Arc<str> {
+        let app = axum::Router::new().route("/mcp", axum::routing::post(move || async move { answer() }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        uri.into()
+    }
+
+    async fn post(uri: Arc<str>, session: Option<&str>) -> (Result<StreamableHttpPostResponse, Error>, Arc<Tap>) {
+        let tap = Tap::new(Arc::default());
+        let client = Tapped::new(tap.clone());
+        let posted = client.post_message(uri, task_result(7), session.map(Into::into), None, HashMap::new()).await;
+        (posted, tap)
+    }
+
+    #[tokio::test]
+    async fn a_json_answer_is_read_as_it_came_and_its_session_kept() {
+        let uri = server(|| {
+            ([(CONTENT_TYPE, "application/json"), (HEADER_SESSION_ID.parse().unwrap(), "s-1")], TASK).into_response()
+        })
+        .await;
+        let (posted, tap) = post(uri, None).await;
+        let Ok(StreamableHttpPostResponse::Json(answer, session)) = posted else { panic!("{posted:?}") };
+        assert_eq!(session.as_deref(), Some("s-1"));
+        as_sent(&tap, answer);
+    }
+
+    #[tokio::test]
+    async fn an_sse_answer_is_read_from_its_event() {
+        let uri =
+            server(|| ([(CONTENT_TYPE, "text/event-stream")], format!("id: 1\ndata: {TASK}\n\n")).into_response())
+                .await;
+        let (posted, tap) = post(uri, None).await;
+        let Ok(StreamableHttpPostResponse::Sse(events, _)) = posted else { panic!("{posted:?}") };
+        let events: Vec<_> = events.collect().await;
+        assert_eq!(events.len(), 1);
+        as_sent(&tap, serde_json::from_str(events[0].as_ref().unwrap().data.as_ref().unwrap()).unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_says_what_the_server_said_and_a_failed_post_awaits_nothing() {
+        let uri = server(|| (Status::SERVICE_UNAVAILABLE, [(RETRY_AFTER, "3")], "down").into_response()).await;
+        let (posted, tap) = post(uri.clone(), None).await;
+        match posted {
+            Err(StreamableHttpError::HttpStatus(e)) => {
+                assert_eq!((e.status, e.retry_after.as_deref()), (503, Some("3")))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(tap.awaited.lock().unwrap().is_empty(), "nothing left waiting for an answer");
+        let uri = server(|| Status::NOT_FOUND.into_response()).await;
+        assert!(matches!(post(uri, Some("gone")).await.0, Err(StreamableHttpError::SessionExpired)));
+        let uri = server(|| {
+            let error = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no such task"}}"#;
+            (Status::BAD_REQUEST, [(CONTENT_TYPE, "application/json")], error).into_response()
+        })
+        .await;
+        let Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _)) = post(uri, None).await.0 else {
+            panic!("the server's own error")
+        };
+        assert_eq!(e.error.message, "no such task");
+        let uri = server(|| (Status::FORBIDDEN, "<html>no</html>").into_response()).await;
+        let Err(StreamableHttpError::UnexpectedServerResponse(said)) = post(uri, None).await.0 else { panic!() };
+        assert!(said.contains("403") && said.contains("<html>no</html>"), "{said}");
+    }
+}
