@@ -84,4 +84,8 @@ if __name__ == "__main__":
     # `--start-delay SECONDS`: a slow start, read nothing before it is over.
     if "--start-delay" in sys.argv:
         time.sleep(float(sys.argv[sys.argv.index("--start-delay") + 1]))
-    server.run("stdio")
+    # `--http PORT`: on its own streamable HTTP, answering each request with JSON.
+    if "--http" in sys.argv:
+        server.run("streamable-http", port=int(sys.argv[sys.argv.index("--http") + 1]), json_response=True)
+    else:
+        server.run("stdio")

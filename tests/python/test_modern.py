@@ -2,8 +2,12 @@
 side negotiates its own revision (a client on 2026-07-28 or on 2025-11-25, a server
 that speaks 2026-07-28 and one that does not), over stdio and streamable HTTP."""
 
+import contextlib
 import json
+import socket
+import subprocess
 import sys
+import time
 
 import anyio
 import pytest
@@ -86,6 +90,35 @@ def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
                 await exercised(client)
 
     anyio.run(main)
+
+
+def test_a_2026_server_on_its_own_http_answering_with_json_is_reached_as_a_url(tmp_path):
+    """The same server on its own streamable HTTP (`url`), each answer a JSON body, not
+    SSE: everything above holds through it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, MODERN, "--http", str(port)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.1)
+        faulty = [str(BIN / "faulty-server"), "--name", "faulty", "--state", str(tmp_path / "state")]
+        servers = {"modern": {"url": f"http://127.0.0.1:{port}/mcp"}, "faulty": {"command": faulty[0], "args": faulty[1:]}}
+        path = tmp_path / "rebound.json"
+        path.write_text(json.dumps({"mcpServers": servers}))
+
+        async def main():
+            with anyio.fail_after(60):
+                async with Client(stdio(path), mode="auto", elicitation_callback=name_please) as client:
+                    await exercised(client)
+
+        anyio.run(main)
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
 
 
 def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_path):
