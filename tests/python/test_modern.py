@@ -92,6 +92,12 @@ def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
     anyio.run(main)
 
 
+def listening(port):
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
 def test_a_2026_server_on_its_own_http_answering_with_json_is_reached_as_a_url(tmp_path):
     """The same server on its own streamable HTTP (`url`), each answer a JSON body, not
     SSE: everything above holds through it."""
@@ -101,9 +107,8 @@ def test_a_2026_server_on_its_own_http_answering_with_json_is_reached_as_a_url(t
     server = subprocess.Popen([sys.executable, MODERN, "--http", str(port)], stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+        while not listening(port):
+            assert time.monotonic() < deadline, "the server never listened"
             time.sleep(0.1)
         faulty = [str(BIN / "faulty-server"), "--name", "faulty", "--state", str(tmp_path / "state")]
         servers = {"modern": {"url": f"http://127.0.0.1:{port}/mcp"}, "faulty": {"command": faulty[0], "args": faulty[1:]}}

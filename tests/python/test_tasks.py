@@ -58,6 +58,12 @@ def test_a_task_augmented_call_completes_through_the_gateway_with_its_question_a
     assert seen["listed"] == [{"taskId": seen["created"]["taskId"], "status": "completed"}]
 
 
+def listening(port):
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
 @contextlib.contextmanager
 def everything_over_http():
     """server-everything on its own streamable HTTP transport; yields its URL."""
@@ -69,9 +75,8 @@ def everything_over_http():
     )
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
+        while not listening(port):
+            assert time.monotonic() < deadline, "the server never listened"
             time.sleep(0.1)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:

@@ -319,7 +319,6 @@ async fn metrics(State(front): State<Front>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response()
 }
 
-/// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
 /// How a client without an MCP session (one on 2026-07-28) is known over HTTP: by its
 /// address, an IPv6 one by its /64, the block one host or subscriber is given, so that a
 /// host cannot take many clients' shares by using many of its addresses. An IPv4 address
@@ -334,6 +333,7 @@ pub(crate) fn address_client(ip: std::net::IpAddr) -> String {
     }
 }
 
+/// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
 fn split_authority(authority: &str) -> (&str, Option<&str>) {
     if let Some(rest) = authority.strip_prefix('[') {
         return match rest.split_once(']') {

@@ -16,13 +16,14 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
 use rmcp::RoleClient;
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcError, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::common::http_header::{EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE};
 use rmcp::transport::streamable_http_client::{
-    HttpStatusError, SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient, StreamableHttpError,
+    StreamableHttpPostResponse,
 };
 use sse_stream::{Sse, SseStream};
 
@@ -41,7 +42,8 @@ const MAX_ERROR_BODY: usize = 64 << 10;
 pub struct Tap {
     awaited: Mutex<Awaited>,
     dropped: Arc<Dropped>,
-    /// Answers read here, by id, until rmcp's reading of them passes [`ReadAnswers`].
+    /// Answers read here from SSE events, by id, until rmcp's reading of them passes
+    /// [`ReadAnswers`].
     read: Mutex<HashMap<RequestId, ServerJsonRpcMessage>>,
 }
 
@@ -51,58 +53,96 @@ impl Tap {
     }
 
     /// Notes a message being sent: whether its answer is read here. A tool call's is not
-    /// (rmcp reads it whole; nothing is dropped), nor is any other request's.
+    /// (rmcp reads it whole; nothing is dropped), nor is any other request's; past
+    /// [`MAX_READ`] awaited, none is (rmcp's reading then stands).
     fn sent(&self, message: &ClientJsonRpcMessage) -> bool {
         let reads = matches!(message, JsonRpcMessage::Request(r) if matches!(r.request,
             ClientRequest::InitializeRequest(_) | ClientRequest::ListToolsRequest(_) | ClientRequest::CustomRequest(_)));
+        let mut awaited = self.awaited.lock().expect("not poisoned");
+        let reads = reads && awaited.len() < MAX_READ;
         if reads || matches!(message, JsonRpcMessage::Notification(_)) {
-            self.awaited.lock().expect("not poisoned").sent(message);
+            awaited.sent(message);
         }
         reads
     }
 
-    /// One message from the server as it came (a JSON body, an SSE event's data).
+    /// The answer in one message from the server as it came (a JSON body, an SSE event's
+    /// data), when it answers a request read here and rmcp's types would change it.
+    fn answer(&self, raw: &[u8]) -> Option<ServerJsonRpcMessage> {
+        let mut awaited = self.awaited.lock().expect("not poisoned");
+        if awaited.is_empty() {
+            return None;
+        }
+        awaited.answer(raw, &self.dropped)
+    }
+
+    /// An SSE event's data: an answer read here waits for rmcp's reading of it.
     fn saw(&self, raw: &[u8]) {
-        let answer = {
-            let mut awaited = self.awaited.lock().expect("not poisoned");
-            if awaited.is_empty() {
-                return;
-            }
-            awaited.answer(raw, &self.dropped)
-        };
-        if let Some(JsonRpcMessage::Response(response)) = answer {
+        if let Some(JsonRpcMessage::Response(response)) = self.answer(raw) {
             let mut read = self.read.lock().expect("not poisoned");
             if read.len() >= MAX_READ {
-                read.clear();
+                read.clear(); // answers rmcp never passed on
             }
             read.insert(response.id.clone(), JsonRpcMessage::Response(response));
         }
     }
 
-    /// A request whose answer was to be read here will have none (its post failed).
-    fn forget(&self, message: &ClientJsonRpcMessage) {
-        if let JsonRpcMessage::Request(request) = message {
-            self.awaited.lock().expect("not poisoned").forget(&request.id);
-        }
+    /// Request `id` will have no answer read here: it failed, was given up, or was answered.
+    fn forget(&self, id: &RequestId) {
+        self.awaited.lock().expect("not poisoned").forget(id);
     }
 
-    /// `message` as rmcp read it, or what was read here of the same answer.
+    /// `message` as rmcp read it, or what was read here of the same answer. Any answer
+    /// passing ends the wait for it, one rmcp made up itself (a lost stream) too.
     fn replace(&self, message: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
-        let JsonRpcMessage::Response(response) = &message else { return message };
+        let id = match &message {
+            JsonRpcMessage::Response(response) => &response.id,
+            JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }) => id,
+            _ => return message,
+        };
+        self.forget(id);
         let mut read = self.read.lock().expect("not poisoned");
-        if read.is_empty() {
-            return message;
+        match read.remove(id) {
+            Some(ours) if matches!(message, JsonRpcMessage::Response(_)) => ours,
+            _ => message,
         }
-        read.remove(&response.id).unwrap_or(message)
     }
 
-    /// Every event's data seen on its way to rmcp.
+    /// Every message event's data seen on its way to rmcp (which reads only those: an
+    /// event of another type is no answer).
     fn events(
         self: &Arc<Self>,
         events: impl Stream<Item = Result<Sse, SseError>> + Send + 'static,
     ) -> futures::stream::BoxStream<'static, Result<Sse, SseError>> {
         let tap = self.clone();
-        events.inspect_ok(move |event| tap.saw(event.data.as_deref().unwrap_or_default().as_bytes())).boxed()
+        events
+            .inspect_ok(move |event| {
+                if event.event.as_deref().is_none_or(|kind| kind.is_empty() || kind == "message") {
+                    tap.saw(event.data.as_deref().unwrap_or_default().as_bytes());
+                }
+            })
+            .boxed()
+    }
+}
+
+/// Forgets a request's wait when dropped: its post failed, or rmcp gave it up midway.
+struct Waiting<'a> {
+    tap: &'a Tap,
+    id: Option<RequestId>,
+}
+
+impl Waiting<'_> {
+    /// The answer will come where the tap reads it (an SSE stream): it waits on.
+    fn keep(mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = &self.id {
+            self.tap.forget(id);
+        }
     }
 }
 
@@ -195,48 +235,100 @@ impl Tapped {
             status if !status.is_success() => return refused(response).await,
             _ => {}
         }
-        let session = response.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let kind = response.headers().get(CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-        match kind.as_deref() {
-            Some(kind) if kind.starts_with(EVENT_STREAM_MIME_TYPE) => {
+        let session = session_of(&response);
+        match Kind::of(&response) {
+            Kind::Events => {
                 let events = SseStream::from_bytes_stream(bounded_events(response.bytes_stream(), max_event));
                 Ok(StreamableHttpPostResponse::Sse(self.tap.events(events), session))
             }
-            Some(kind) if kind.starts_with(JSON_MIME_TYPE) => {
+            Kind::Json => {
                 let body = read_at_most(response, max_event).await?;
-                self.tap.saw(&body);
-                let answer = serde_json::from_slice(&body).map_err(|e| {
-                    StreamableHttpError::UnexpectedServerResponse(
-                        format!("the answer is not a JSON-RPC message: {e}").into(),
-                    )
-                })?;
+                // Read once: as it came when it is read here, else as rmcp reads it.
+                let answer = match self.tap.answer(&body) {
+                    Some(answer) => answer,
+                    None => serde_json::from_slice(&body).map_err(|e| {
+                        let said = String::from_utf8_lossy(&body[..body.len().min(256)]).into_owned();
+                        StreamableHttpError::UnexpectedServerResponse(
+                            format!("the answer is not a JSON-RPC message ({e}): {said}").into(),
+                        )
+                    })?,
+                };
                 Ok(StreamableHttpPostResponse::Json(answer, session))
             }
-            _ => Err(StreamableHttpError::UnexpectedContentType(kind)),
+            Kind::Other(kind) => Err(StreamableHttpError::UnexpectedContentType(kind)),
         }
     }
 }
 
-/// A request refused with an HTTP error status: the JSON-RPC error in its body when it
-/// carries one (the server's own word), else the status (429 and 5xx with `Retry-After`,
-/// for recovery to wait as told).
+/// What a response's body is, by its `Content-Type`.
+enum Kind {
+    Events,
+    Json,
+    Other(Option<String>),
+}
+
+impl Kind {
+    fn of(response: &reqwest::Response) -> Self {
+        let kind = response.headers().get(CONTENT_TYPE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        match kind.as_deref() {
+            Some(kind) if kind.starts_with(EVENT_STREAM_MIME_TYPE) => Self::Events,
+            Some(kind) if kind.starts_with(JSON_MIME_TYPE) => Self::Json,
+            _ => Self::Other(kind),
+        }
+    }
+}
+
+fn session_of(response: &reqwest::Response) -> Option<String> {
+    response.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// A request refused with an HTTP error status, in rmcp's order: an authentication
+/// challenge as one; 429, and a 5xx that is not JSON, as the status alone (with its
+/// `Retry-After`, for recovery to wait as told), the body unread; otherwise the JSON-RPC
+/// error a JSON body carries (the server's own word), else the status with the body's start.
 async fn refused(response: reqwest::Response) -> Result<StreamableHttpPostResponse, Error> {
     let status = response.status();
+    let challenge =
+        response.headers().get(WWW_AUTHENTICATE).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    match (status, challenge) {
+        (StatusCode::UNAUTHORIZED, Some(challenge)) => {
+            return Err(StreamableHttpError::AuthRequired(AuthRequiredError::new(challenge)));
+        }
+        (StatusCode::FORBIDDEN, Some(challenge)) => {
+            return Err(StreamableHttpError::InsufficientScope(InsufficientScopeError::new(challenge, None)));
+        }
+        _ => {}
+    }
+    let is_json = matches!(Kind::of(&response), Kind::Json);
     let retry_after = response.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let as_status = || HttpStatusError::new(status.as_u16(), retry_after.clone()).into();
+    if status == StatusCode::TOO_MANY_REQUESTS || (status.is_server_error() && !is_json) {
+        return Err(as_status());
+    }
+    let session = session_of(&response);
     let body = read_at_most(response, MAX_ERROR_BODY).await.unwrap_or_default();
-    if let Ok(error @ JsonRpcMessage::Error(_)) = serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
-        return Ok(StreamableHttpPostResponse::Json(error, None));
+    // A 401 or 403 keeps its status, never passing as an ordinary error.
+    let auth = matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN);
+    if is_json
+        && !auth
+        && let Ok(error @ JsonRpcMessage::Error(_)) = serde_json::from_slice::<ServerJsonRpcMessage>(&body)
+    {
+        return Ok(StreamableHttpPostResponse::Json(error, session));
     }
-    if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-        return Err(HttpStatusError::new(status.as_u16(), retry_after).into());
+    if status.is_server_error() {
+        return Err(as_status());
     }
-    let preview = String::from_utf8_lossy(&body[..body.len().min(256)]).into_owned();
-    Err(StreamableHttpError::UnexpectedServerResponse(format!("HTTP {status}: {preview}").into()))
+    let said = String::from_utf8_lossy(&body[..body.len().min(256)]).into_owned();
+    Err(StreamableHttpError::UnexpectedServerResponse(format!("HTTP {status}: {said}").into()))
 }
 
 /// A response's whole body, refused past `max` bytes.
 async fn read_at_most(response: reqwest::Response, max: usize) -> Result<Vec<u8>, Error> {
-    let mut body = Vec::new();
+    let declared = response.content_length().and_then(|n| usize::try_from(n).ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(StreamableHttpError::ResponseBodyTooLarge { max_size: max });
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0));
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
@@ -328,12 +420,16 @@ impl StreamableHttpClient for Tapped {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, Error> {
-        if self.tap.sent(&message) {
-            let kept = message.clone();
+        if let JsonRpcMessage::Request(request) = &message
+            && self.tap.sent(&message)
+        {
+            // However the post ends, the answer is no longer awaited here unless it is
+            // to come on the SSE stream (a JSON answer is read already).
+            let waiting = Waiting { tap: &self.tap, id: Some(request.id.clone()) };
             let posted =
                 self.post_read(uri, message, session_id, auth_header, custom_headers, max_sse_event_size).await;
-            if posted.is_err() {
-                self.tap.forget(&kept);
+            if matches!(posted, Ok(StreamableHttpPostResponse::Sse(..))) {
+                waiting.keep();
             }
             return posted;
         }
@@ -504,7 +600,8 @@ mod tests {
         let (posted, tap) = post(uri, None).await;
         let Ok(StreamableHttpPostResponse::Json(answer, session)) = posted else { panic!("{posted:?}") };
         assert_eq!(session.as_deref(), Some("s-1"));
-        as_sent(&tap, answer);
+        let answer = serde_json::to_value(tap.replace(answer)).unwrap();
+        assert_eq!(answer, serde_json::from_str::<Value>(TASK).unwrap(), "read once, as it came");
     }
 
     #[tokio::test]
@@ -519,30 +616,76 @@ mod tests {
         as_sent(&tap, serde_json::from_str(events[0].as_ref().unwrap().data.as_ref().unwrap()).unwrap());
     }
 
-    #[tokio::test]
-    async fn a_refusal_says_what_the_server_said_and_a_failed_post_awaits_nothing() {
-        let uri = server(|| (Status::SERVICE_UNAVAILABLE, [(RETRY_AFTER, "3")], "down").into_response()).await;
-        let (posted, tap) = post(uri.clone(), None).await;
-        match posted {
-            Err(StreamableHttpError::HttpStatus(e)) => {
-                assert_eq!((e.status, e.retry_after.as_deref()), (503, Some("3")))
-            }
-            other => panic!("{other:?}"),
-        }
+    /// What a post answered with `answer` comes to; nothing is left waiting after it.
+    async fn refused_with(answer: fn() -> axum::response::Response) -> Result<StreamableHttpPostResponse, Error> {
+        let (posted, tap) = post(server(answer).await, None).await;
         assert!(tap.awaited.lock().unwrap().is_empty(), "nothing left waiting for an answer");
+        posted
+    }
+
+    const ERROR: &str = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no such task"}}"#;
+
+    #[tokio::test]
+    async fn a_refusal_says_what_the_server_said_in_rmcps_order_and_leaves_nothing_waiting() {
+        let status = |posted| match posted {
+            Err(StreamableHttpError::HttpStatus(e)) => (e.status, e.retry_after),
+            other => panic!("{other:?}"),
+        };
+        let down = refused_with(|| (Status::SERVICE_UNAVAILABLE, [(RETRY_AFTER, "3")], "down").into_response());
+        assert_eq!(status(down.await), (503, Some("3".into())));
+        // A 429 is the status and its wait, whatever its body says.
+        let busy = || {
+            (Status::TOO_MANY_REQUESTS, [(RETRY_AFTER, "9"), (CONTENT_TYPE, "application/json")], ERROR).into_response()
+        };
+        assert_eq!(status(refused_with(busy).await), (429, Some("9".into())));
+        // The server's own error, from a 4xx or a 5xx with a JSON body.
+        for answer in [
+            (|| (Status::BAD_REQUEST, [(CONTENT_TYPE, "application/json")], ERROR).into_response()) as fn() -> _,
+            || (Status::INTERNAL_SERVER_ERROR, [(CONTENT_TYPE, "application/json")], ERROR).into_response(),
+        ] {
+            let Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _)) = refused_with(answer).await else {
+                panic!("the server's own error")
+            };
+            assert_eq!(e.error.message, "no such task");
+        }
+        // An authentication failure stays one, its JSON body notwithstanding.
+        let challenged = || (Status::UNAUTHORIZED, [("www-authenticate", "Bearer realm=\"x\"")], "no").into_response();
+        assert!(matches!(refused_with(challenged).await, Err(StreamableHttpError::AuthRequired(_))));
+        let forbidden = || (Status::FORBIDDEN, [(CONTENT_TYPE, "application/json")], ERROR).into_response();
+        let Err(StreamableHttpError::UnexpectedServerResponse(said)) = refused_with(forbidden).await else { panic!() };
+        assert!(said.contains("403") && said.contains("no such task"), "{said}");
+        let page = || (Status::FORBIDDEN, "<html>no</html>").into_response();
+        let Err(StreamableHttpError::UnexpectedServerResponse(said)) = refused_with(page).await else { panic!() };
+        assert!(said.contains("403") && said.contains("<html>no</html>"), "{said}");
         let uri = server(|| Status::NOT_FOUND.into_response()).await;
         assert!(matches!(post(uri, Some("gone")).await.0, Err(StreamableHttpError::SessionExpired)));
-        let uri = server(|| {
-            let error = r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"no such task"}}"#;
-            (Status::BAD_REQUEST, [(CONTENT_TYPE, "application/json")], error).into_response()
-        })
-        .await;
-        let Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(e), _)) = post(uri, None).await.0 else {
-            panic!("the server's own error")
-        };
-        assert_eq!(e.error.message, "no such task");
-        let uri = server(|| (Status::FORBIDDEN, "<html>no</html>").into_response()).await;
-        let Err(StreamableHttpError::UnexpectedServerResponse(said)) = post(uri, None).await.0 else { panic!() };
-        assert!(said.contains("403") && said.contains("<html>no</html>"), "{said}");
+    }
+
+    #[tokio::test]
+    async fn a_post_given_up_midway_leaves_nothing_waiting() {
+        let app = axum::Router::new().route("/mcp", axum::routing::post(std::future::pending::<String>));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Arc<str> = format!("http://{}/mcp", listener.local_addr().unwrap()).into();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let tap = Tap::new(Arc::default());
+        let client = Tapped::new(tap.clone());
+        let post = client.post_message(uri, task_result(7), None, None, HashMap::new());
+        assert!(tokio::time::timeout(std::time::Duration::from_millis(200), post).await.is_err());
+        assert!(tap.awaited.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_event_of_another_type_is_no_answer_and_an_error_passing_ends_the_wait() {
+        let tap = Tap::new(Arc::default());
+        assert!(tap.sent(&task_result(7)));
+        let event =
+            |kind: Option<&str>| Sse { event: kind.map(Into::into), data: Some(TASK.into()), id: None, retry: None };
+        let events = tap.events(futures::stream::iter([Ok(event(Some("decoy")))]));
+        futures::executor::block_on(events.collect::<Vec<_>>());
+        assert!(tap.read.lock().unwrap().is_empty(), "rmcp reads message events only");
+        assert_eq!(tap.awaited.lock().unwrap().len(), 1, "still waiting");
+        let error: ServerJsonRpcMessage = serde_json::from_str(ERROR).unwrap();
+        assert!(matches!(tap.replace(error), JsonRpcMessage::Error(_)));
+        assert!(tap.awaited.lock().unwrap().is_empty(), "rmcp's answer (here an error) ends the wait");
     }
 }

@@ -211,8 +211,8 @@ impl Awaited {
         self.waiting.remove(id);
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    /// How many answers are awaited.
+    pub fn len(&self) -> usize {
         self.waiting.len()
     }
 
