@@ -7,8 +7,8 @@
 //!
 //! Those requests are posted here ([`Tapped`]), so that their answer is read from the
 //! JSON body or the SSE events that carry it before rmcp reads it; every other message
-//! goes through rmcp's own reqwest client. [`ReadAnswers`] then puts what was read here in
-//! place of rmcp's reading of the same answer.
+//! goes through rmcp's own reqwest client. The transport ([`super::upstream::InOrder`])
+//! then puts what was read here in place of rmcp's reading of the same answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,9 +17,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
-use rmcp::RoleClient;
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcError, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
-use rmcp::transport::Transport;
 use rmcp::transport::common::http_header::{EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE};
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient, StreamableHttpError,
@@ -31,7 +29,7 @@ use super::supervisor::MAX_MESSAGE_BYTES;
 use super::tasks::Dropped;
 use super::typed::Awaited;
 
-/// The most answers read here and not yet taken by [`ReadAnswers`]: each is taken as soon
+/// The most answers read here and not yet taken by the transport: each is taken as soon
 /// as rmcp has read the same message, so more means rmcp refused some; they are forgotten.
 const MAX_READ: usize = 1024;
 
@@ -43,7 +41,7 @@ pub struct Tap {
     awaited: Mutex<Awaited>,
     dropped: Arc<Dropped>,
     /// Answers read here from SSE events, by id, until rmcp's reading of them passes
-    /// [`ReadAnswers`].
+    /// the transport.
     read: Mutex<HashMap<RequestId, ServerJsonRpcMessage>>,
 }
 
@@ -94,7 +92,7 @@ impl Tap {
 
     /// `message` as rmcp read it, or what was read here of the same answer. Any answer
     /// passing ends the wait for it, one rmcp made up itself (a lost stream) too.
-    fn replace(&self, message: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
+    pub(super) fn replace(&self, message: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
         let id = match &message {
             JsonRpcMessage::Response(response) => &response.id,
             JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }) => id,
@@ -143,31 +141,6 @@ impl Drop for Waiting<'_> {
         if let Some(id) = &self.id {
             self.tap.forget(id);
         }
-    }
-}
-
-/// rmcp's transport puts answers read here in place of its own reading of them.
-pub struct ReadAnswers<T> {
-    pub inner: T,
-    pub tap: Arc<Tap>,
-}
-
-impl<T: Transport<RoleClient>> Transport<RoleClient> for ReadAnswers<T> {
-    type Error = T::Error;
-
-    fn send(
-        &mut self,
-        item: ClientJsonRpcMessage,
-    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.inner.send(item)
-    }
-
-    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
-        Some(self.tap.replace(self.inner.receive().await?))
-    }
-
-    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
-        self.inner.close()
     }
 }
 

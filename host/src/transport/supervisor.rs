@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::http_client::{ReadAnswers, Tap, Tapped};
+use super::http_client::{Tap, Tapped};
 use super::listen::Follows;
 use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
@@ -623,8 +623,8 @@ impl Supervisor {
         }
     }
 
-    fn in_order<T>(&self, inner: T, handler: &UpstreamHandler) -> InOrder<T> {
-        InOrder { inner, server: self.name.clone(), session: handler.session, relay: self.relay.clone() }
+    fn in_order<T>(&self, inner: T, handler: &UpstreamHandler, tap: Option<Arc<Tap>>) -> InOrder<T> {
+        InOrder { inner, server: self.name.clone(), session: handler.session, relay: self.relay.clone(), tap }
     }
 
     /// Spawns the server's process and initialises it over its stdin and stdout.
@@ -641,7 +641,7 @@ impl Supervisor {
             ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;
         let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES, dropped);
-        let transport = self.in_order(transport, &handler);
+        let transport = self.in_order(transport, &handler, None);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,
             status = process.wait() => {
@@ -692,7 +692,7 @@ impl Supervisor {
             .max_sse_event_size(MAX_MESSAGE_BYTES);
         let tap = Tap::new(dropped);
         let transport = StreamableHttpClientTransport::with_client(Tapped::new(tap.clone()), config);
-        let transport = self.in_order(ReadAnswers { inner: transport, tap }, &handler);
+        let transport = self.in_order(transport, &handler, Some(tap));
         match tokio::time::timeout(
             self.how.init_timeout,
             serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone()),

@@ -17,6 +17,8 @@ use rmcp::model::{
 use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext};
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
+
+use super::http_client::Tap;
 use tokio_util::sync::CancellationToken;
 
 /// A notification from an upstream server, for the gateway to pass on.
@@ -72,12 +74,14 @@ pub trait Relay: Send + Sync + 'static {
 /// notification's handler on a task of its own, so handlers can run out of order and a
 /// call's answer can overtake the progress sent before it; a client that drops progress
 /// after the answer (as the SDKs do) would lose the last steps. Reading happens in wire
-/// order, so relaying here keeps that order.
+/// order, so relaying here keeps that order. For a `url` server it also puts the answers
+/// read as they came ([`Tap`]) in place of rmcp's reading of them.
 pub struct InOrder<T> {
     pub inner: T,
     pub server: Arc<str>,
     pub session: u64,
     pub relay: Arc<dyn Relay>,
+    pub tap: Option<Arc<Tap>>,
 }
 
 impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
@@ -97,7 +101,10 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
     }
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
-        let message = self.inner.receive().await?;
+        let mut message = self.inner.receive().await?;
+        if let Some(tap) = &self.tap {
+            message = tap.replace(message);
+        }
         if let ServerJsonRpcMessage::Notification(n) = &message
             && let ServerNotification::ProgressNotification(p) = &n.notification
         {
