@@ -17,7 +17,10 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER, WWW_AUTHENTICATE};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcError, JsonRpcMessage, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, JsonRpcError, JsonRpcMessage, RequestId,
+    ServerJsonRpcMessage,
+};
 use rmcp::transport::common::http_header::{EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE};
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, HttpStatusError, InsufficientScopeError, SseError, StreamableHttpClient, StreamableHttpError,
@@ -56,9 +59,9 @@ impl Tap {
     fn sent(&self, message: &ClientJsonRpcMessage) -> bool {
         let reads = matches!(message, JsonRpcMessage::Request(r) if matches!(r.request,
             ClientRequest::InitializeRequest(_) | ClientRequest::ListToolsRequest(_) | ClientRequest::CustomRequest(_)));
-        let mut awaited = self.awaited.lock().expect("not poisoned");
+        let mut awaited = lock(&self.awaited);
         let reads = reads && awaited.len() < MAX_READ;
-        if reads || matches!(message, JsonRpcMessage::Notification(_)) {
+        if reads {
             awaited.sent(message);
         }
         reads
@@ -67,7 +70,7 @@ impl Tap {
     /// The answer in one message from the server as it came (a JSON body, an SSE event's
     /// data), when it answers a request read here and rmcp's types would change it.
     fn answer(&self, raw: &[u8]) -> Option<ServerJsonRpcMessage> {
-        let mut awaited = self.awaited.lock().expect("not poisoned");
+        let mut awaited = lock(&self.awaited);
         if awaited.is_empty() {
             return None;
         }
@@ -77,7 +80,7 @@ impl Tap {
     /// An SSE event's data: an answer read here waits for rmcp's reading of it.
     fn saw(&self, raw: &[u8]) {
         if let Some(JsonRpcMessage::Response(response)) = self.answer(raw) {
-            let mut read = self.read.lock().expect("not poisoned");
+            let mut read = lock(&self.read);
             if read.len() >= MAX_READ {
                 read.clear(); // answers rmcp never passed on
             }
@@ -87,7 +90,20 @@ impl Tap {
 
     /// Request `id` will have no answer read here: it failed, was given up, or was answered.
     fn forget(&self, id: &RequestId) {
-        self.awaited.lock().expect("not poisoned").forget(id);
+        lock(&self.awaited).forget(id);
+    }
+
+    /// A message rmcp is about to send, whether it posts it or not: a request cancelled
+    /// is no longer awaited (on 2026-07-28, rmcp ends its stream without posting the
+    /// cancellation, and makes up no answer).
+    pub(super) fn sending(&self, message: &ClientJsonRpcMessage) {
+        if let JsonRpcMessage::Notification(n) = message
+            && let ClientNotification::CancelledNotification(c) = &n.notification
+            && let Some(id) = &c.params.request_id
+        {
+            self.forget(id);
+            lock(&self.read).remove(id);
+        }
     }
 
     /// `message` as rmcp read it, or what was read here of the same answer. Any answer
@@ -99,7 +115,7 @@ impl Tap {
             _ => return message,
         };
         self.forget(id);
-        let mut read = self.read.lock().expect("not poisoned");
+        let mut read = lock(&self.read);
         match read.remove(id) {
             Some(ours) if matches!(message, JsonRpcMessage::Response(_)) => ours,
             _ => message,
@@ -121,6 +137,12 @@ impl Tap {
             })
             .boxed()
     }
+}
+
+/// A lock whose holder cannot leave it half-changed (each is one map operation), so one
+/// that panicked does not poison it for the rest, nor make a drop guard panic in turn.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Forgets a request's wait when dropped: its post failed, or rmcp gave it up midway.
@@ -397,11 +419,12 @@ impl StreamableHttpClient for Tapped {
             && self.tap.sent(&message)
         {
             // However the post ends, the answer is no longer awaited here unless it is
-            // to come on the SSE stream (a JSON answer is read already).
+            // to come on an SSE stream (a JSON answer is read already).
             let waiting = Waiting { tap: &self.tap, id: Some(request.id.clone()) };
             let posted =
                 self.post_read(uri, message, session_id, auth_header, custom_headers, max_sse_event_size).await;
-            if matches!(posted, Ok(StreamableHttpPostResponse::Sse(..))) {
+            // rmcp awaits the answer on a stream after both (after a 202, the GET stream).
+            if matches!(posted, Ok(StreamableHttpPostResponse::Sse(..) | StreamableHttpPostResponse::Accepted)) {
                 waiting.keep();
             }
             return posted;
@@ -621,9 +644,12 @@ mod tests {
             };
             assert_eq!(e.error.message, "no such task");
         }
-        // An authentication failure stays one, its JSON body notwithstanding.
+        // An authentication failure stays one: a challenge as such, a 403's JSON-RPC
+        // error body as the status.
         let challenged = || (Status::UNAUTHORIZED, [("www-authenticate", "Bearer realm=\"x\"")], "no").into_response();
         assert!(matches!(refused_with(challenged).await, Err(StreamableHttpError::AuthRequired(_))));
+        let scoped = || (Status::FORBIDDEN, [("www-authenticate", "Bearer scope=\"x\"")], "no").into_response();
+        assert!(matches!(refused_with(scoped).await, Err(StreamableHttpError::InsufficientScope(_))));
         let forbidden = || (Status::FORBIDDEN, [(CONTENT_TYPE, "application/json")], ERROR).into_response();
         let Err(StreamableHttpError::UnexpectedServerResponse(said)) = refused_with(forbidden).await else { panic!() };
         assert!(said.contains("403") && said.contains("no such task"), "{said}");
@@ -660,5 +686,23 @@ mod tests {
         let error: ServerJsonRpcMessage = serde_json::from_str(ERROR).unwrap();
         assert!(matches!(tap.replace(error), JsonRpcMessage::Error(_)));
         assert!(tap.awaited.lock().unwrap().is_empty(), "rmcp's answer (here an error) ends the wait");
+    }
+
+    #[tokio::test]
+    async fn a_request_accepted_for_later_waits_until_cancelled() {
+        let (posted, tap) = post(server(|| Status::ACCEPTED.into_response()).await, None).await;
+        assert!(matches!(posted, Ok(StreamableHttpPostResponse::Accepted)));
+        assert_eq!(lock(&tap.awaited).len(), 1, "its answer is to come on the GET stream");
+        // Cancelled: whether rmcp posts the cancellation or not (on 2026-07-28 it does
+        // not), nothing is kept for it, awaited or read and not yet passed on.
+        let cancel: ClientJsonRpcMessage = message(json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": 7}}));
+        tap.sending(&cancel);
+        assert!(lock(&tap.awaited).is_empty());
+        assert!(tap.sent(&task_result(7)));
+        tap.saw(TASK.as_bytes());
+        assert_eq!(lock(&tap.read).len(), 1);
+        tap.sending(&cancel);
+        assert!(lock(&tap.awaited).is_empty() && lock(&tap.read).is_empty());
     }
 }

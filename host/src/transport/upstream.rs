@@ -97,6 +97,9 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
         &mut self,
         item: ClientJsonRpcMessage,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        if let Some(tap) = &self.tap {
+            tap.sending(&item);
+        }
         self.inner.send(item)
     }
 
