@@ -73,7 +73,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 }
 
 /// Validates configuration text as if read from `path`, expanding `${VAR}` and
-/// `${VAR:-default}` in commands, arguments, environment values, URLs and headers through
+/// `${VAR:-default}` in commands, arguments, environment values, working folders, URLs and headers through
 /// `env` (as Claude Code does).
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let mut root = object(text, path)?;
@@ -474,9 +474,15 @@ impl Ctx<'_> {
         let env = self.string_map(&format!("{key}.env"), entry.remove("env"))?;
         let cwd = match entry.remove("cwd") {
             None | Some(Value::Null) => None,
-            v => Some(resolve(base, PathBuf::from(self.string(&format!("{key}.cwd"), v)?))),
+            v => {
+                let k = format!("{key}.cwd");
+                let path = self.string(&k, v)?;
+                Some(resolve(base, PathBuf::from(self.expand(&k, &path)?)))
+            }
         };
+        // A session's folder is known when its instance starts (and checked then).
         if let Some(cwd) = &cwd
+            && !cwd.to_string_lossy().contains(SESSION_VAR)
             && !cwd.is_dir()
         {
             return Err(self.err(

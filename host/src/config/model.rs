@@ -485,6 +485,12 @@ impl RecoveryConfig {
                 .saturating_add(self.retry.max_delay_ms)
         })
     }
+
+    /// The longest a call of any of the server's tools may take: its own default, or a
+    /// tool's with a longer timeout of its own.
+    pub fn longest_deadline(&self) -> u64 {
+        self.tools.keys().map(|tool| self.deadline_for(tool)).fold(self.deadline_for(""), u64::max)
+    }
 }
 
 #[cfg(test)]

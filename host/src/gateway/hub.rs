@@ -144,7 +144,7 @@ impl Hub {
                 .config
                 .servers
                 .get(&*handle.name)
-                .map_or(Duration::from_secs(60), |s| Duration::from_millis(s.recovery.deadline_for("")));
+                .map_or(Duration::from_secs(60), |s| Duration::from_millis(s.recovery.longest_deadline()));
             tokio::spawn(async move {
                 let deadline = Instant::now() + within;
                 while hub.routing.in_flight_on(handle.instance) > 0 && Instant::now() < deadline {

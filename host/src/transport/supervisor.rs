@@ -637,6 +637,13 @@ impl Supervisor {
         dropped: Arc<Dropped>,
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
+            if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
+                return ConnectError::other(format!(
+                    "cannot run `{}`: its `cwd` {} is not a folder",
+                    launch.command,
+                    cwd.display()
+                ));
+            }
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;

@@ -157,7 +157,7 @@ impl Awaited {
                 if let ClientNotification::CancelledNotification(c) = &n.notification
                     && let Some(id) = &c.params.request_id
                 {
-                    self.waiting.remove(id);
+                    self.take(id);
                 }
             }
             _ => {}
@@ -174,7 +174,7 @@ impl Awaited {
             return None; // a request or notification of the server's
         }
         // Any answer ends the wait, an error too.
-        let sent = self.waiting.remove(&keys.id?)?;
+        let sent = self.take(&keys.id?)?;
         if keys.result.0.is_none() || keys.error.0.is_some() {
             return None;
         }
@@ -208,7 +208,16 @@ impl Awaited {
 
     /// Forgets request `id`: it will not be answered (its sending failed).
     pub fn forget(&mut self, id: &RequestId) {
-        self.waiting.remove(id);
+        self.take(id);
+    }
+
+    /// What request `id` was, no longer awaited. An id echoed as a string of its number
+    /// (`"7"` for `7`) is the same request, as rmcp reads it.
+    fn take(&mut self, id: &RequestId) -> Option<Sent> {
+        self.waiting.remove(id).or_else(|| match id {
+            RequestId::String(s) => s.parse().ok().and_then(|n| self.waiting.remove(&RequestId::Number(n))),
+            RequestId::Number(_) => None,
+        })
     }
 
     /// How many answers are awaited.
@@ -303,6 +312,13 @@ mod tests {
         assert_eq!(serde_json::to_value(&ours).unwrap(), serde_json::to_value(&theirs).unwrap());
         assert!(matches!(&theirs, JsonRpcMessage::Response(r) if matches!(r.result, ServerResult::CallToolResult(_))));
         assert_eq!(calls.len(), 0, "an answered call is forgotten");
+        // Its id echoed as a string of its number is the same call, as rmcp reads it.
+        call_sent(&mut calls, 4);
+        let echoed = line(json!({"jsonrpc": "2.0", "id": "4", "result": {"content": []}}));
+        assert!(calls.answer(&echoed, &Dropped::default()).is_some());
+        call_sent(&mut calls, 5);
+        calls.forget(&NumberOrString::String("5".into()));
+        assert_eq!(calls.len(), 0);
     }
 
     #[test]

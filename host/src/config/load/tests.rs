@@ -63,6 +63,11 @@ fn defaults_merge_under_server_recovery() {
     assert_eq!(r.retry.initial_delay_ms, 7);
     assert_eq!(r.timeout_for("slow"), 9);
     assert_eq!(r.timeout_for("fast"), 1234);
+    assert_eq!(r.longest_deadline(), r.deadline_for("fast"), "no tool's own timeout is longer");
+    let mut longer = r.clone();
+    longer.tools.get_mut("slow").unwrap().timeout_ms = Some(100_000);
+    assert_eq!(longer.longest_deadline(), longer.deadline_for("slow"));
+    assert!(longer.longest_deadline() > longer.deadline_for(""));
     assert_eq!(c.settings.tool_names, ToolNames::Always);
 }
 
@@ -280,6 +285,16 @@ fn session_scope_and_its_variable() {
         "mcpServers.m",
         "only a server with one instance per client session",
     );
+    // A working folder takes variables too; a session's is checked when it starts.
+    let c = ok(r#"{"mcpServers": {
+        "a": {"command": "x", "cwd": "${TMPDIR:-/tmp}"},
+        "b": {"command": "x", "scope": "session", "cwd": "/tmp/${REBOUND_SESSION}"}
+    }}"#);
+    let Launch::Stdio(a) = &c.servers["a"].launch else { panic!() };
+    assert_eq!(a.cwd.as_deref(), Some(Path::new("/tmp")));
+    let Launch::Stdio(b) = &c.servers["b"].for_session("s1").launch else { panic!() };
+    assert_eq!(b.cwd.as_deref(), Some(Path::new("/tmp/s1")));
+    rejects(r#"{"mcpServers": {"m": {"command": "x", "cwd": "${NO_SUCH_VAR}"}}}"#, "mcpServers.m.cwd", "NO_SUCH_VAR");
     rejects(r#"{"mcpServers": {"m": {"command": "x", "scope": "user"}}}"#, "mcpServers.m.scope", "not a scope");
     rejects(
         r#"{"mcpServers": {"m": {"command": "x"}}, "rebound": {"http": {"session_idle_ms": 5}}}"#,
