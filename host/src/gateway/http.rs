@@ -264,8 +264,9 @@ async fn session_ended(request: Request, next: Next) -> Response {
     response
 }
 
-/// Ready once every shared server is up or has been given up on: marked down after a
-/// crash loop, or still not up when the start-up wait (`startup_timeout_ms`) ended. Then
+/// Ready once every shared server is up or has been given up on for now: its first start
+/// failed, it was marked down after a crash loop, or it was still not up when the
+/// start-up wait (`startup_timeout_ms`) ended. Then
 /// the gateway serves what it has, and says which servers it is without. A server that
 /// restarts later does not make the gateway unready. Server names are given only to
 /// whoever holds the token (probes need none): to others, counts.

@@ -21,7 +21,7 @@ use super::hub::{Hub, offered, settle};
 use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use super::tasks::Tasks;
-use crate::config::Scope;
+use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters};
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
@@ -134,7 +134,9 @@ impl SessionServers {
                 let relay = |instance| -> Arc<dyn Relay> {
                     Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
                 };
-                let config = setup.config.servers[*name].for_session(&self.client);
+                let template = &setup.config.servers[*name];
+                let config = template.for_session(&self.client);
+                make_session_folder(template, &config);
                 let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
                 self.hub.keep_instance(&handle);
                 self.hub.watch(&handle, Some(owner.clone()));
@@ -252,5 +254,40 @@ impl Drop for SessionServers {
                 futures::future::join_all(servers.iter().map(|h| h.shutdown())).await;
             });
         }
+    }
+}
+
+/// A `cwd` that names the session (`${REBOUND_SESSION}`) is the session's own folder,
+/// made when its instance starts: a server keeping its state there expects it to exist.
+/// It is kept when the session ends (it holds that state).
+fn make_session_folder(template: &ServerConfig, config: &ServerConfig) {
+    if let (Launch::Stdio(template), Launch::Stdio(launch)) = (&template.launch, &config.launch)
+        && let (Some(named), Some(cwd)) = (&template.cwd, &launch.cwd)
+        && named.to_string_lossy().contains(SESSION_VAR)
+        && let Err(e) = std::fs::create_dir_all(cwd)
+    {
+        tracing::warn!(server = %config.name, cwd = %cwd.display(), "cannot make the session's folder: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cwd_naming_the_session_is_made_when_its_instance_starts() {
+        let root = tempfile::tempdir().unwrap();
+        let text = serde_json::json!({"mcpServers": {
+            "own": {"command": "x", "scope": "session", "cwd": format!("{}/${{REBOUND_SESSION}}", root.path().display())},
+            "fixed": {"command": "x", "scope": "session", "cwd": root.path()},
+        }})
+        .to_string();
+        let config = crate::config::parse(&text, &root.path().join("rebound.json"), &|_| None).unwrap();
+        for name in ["own", "fixed"] {
+            let template = &config.servers[name];
+            make_session_folder(template, &template.for_session("sess_1_2"));
+        }
+        assert!(root.path().join("sess_1_2").is_dir());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1, "no other folder made");
     }
 }

@@ -639,7 +639,7 @@ impl Supervisor {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
             if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
                 return ConnectError::other(format!(
-                    "cannot run `{}`: its `cwd` {} is not a folder",
+                    "cannot run `{}` in its `cwd` {}, which is not a folder it can enter: {e}",
                     launch.command,
                     cwd.display()
                 ));
