@@ -176,7 +176,8 @@ pub struct Tapped {
 }
 
 impl Tapped {
-    pub fn new(tap: Arc<Tap>) -> Self {
+    /// Fails only when the HTTP client cannot be built at all (its TLS set-up).
+    pub fn new(tap: Arc<Tap>) -> Result<Self, reqwest::Error> {
         // As rmcp's own: no idle connections kept (a half-read body left in one stalls
         // the next request on delayed ACKs), and only redirects that keep the request
         // and stay on the server's origin followed (any other would lose the message, or
@@ -185,18 +186,16 @@ impl Tapped {
             let keeps_request =
                 matches!(attempt.status(), StatusCode::TEMPORARY_REDIRECT | StatusCode::PERMANENT_REDIRECT);
             let same_origin = attempt.previous().first().is_some_and(|first| first.origin() == attempt.url().origin());
-            match () {
-                () if !keeps_request || !same_origin => attempt.stop(),
-                () if attempt.previous().len() > 10 => attempt.error("more than 10 redirects"),
-                () => attempt.follow(),
+            if !keeps_request || !same_origin {
+                attempt.stop()
+            } else if attempt.previous().len() > 10 {
+                attempt.error("more than 10 redirects")
+            } else {
+                attempt.follow()
             }
         });
-        let client = reqwest::Client::builder()
-            .pool_max_idle_per_host(0)
-            .redirect(redirects)
-            .build()
-            .expect("a client without TLS settings builds");
-        Self { client, tap }
+        let client = reqwest::Client::builder().pool_max_idle_per_host(0).redirect(redirects).build()?;
+        Ok(Self { client, tap })
     }
 
     /// Posts a request whose answer is read here.
@@ -582,7 +581,7 @@ mod tests {
 
     async fn post(uri: Arc<str>, session: Option<&str>) -> (Result<StreamableHttpPostResponse, Error>, Arc<Tap>) {
         let tap = Tap::new(Arc::default());
-        let client = Tapped::new(tap.clone());
+        let client = Tapped::new(tap.clone()).unwrap();
         let posted = client.post_message(uri, task_result(7), session.map(Into::into), None, HashMap::new()).await;
         (posted, tap)
     }
@@ -667,7 +666,7 @@ mod tests {
         let uri: Arc<str> = format!("http://{}/mcp", listener.local_addr().unwrap()).into();
         tokio::spawn(async move { axum::serve(listener, app).await });
         let tap = Tap::new(Arc::default());
-        let client = Tapped::new(tap.clone());
+        let client = Tapped::new(tap.clone()).unwrap();
         let post = client.post_message(uri, task_result(7), None, None, HashMap::new());
         assert!(tokio::time::timeout(std::time::Duration::from_millis(200), post).await.is_err());
         assert!(tap.awaited.lock().unwrap().is_empty());

@@ -698,7 +698,9 @@ impl Supervisor {
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
         let tap = Tap::new(dropped);
-        let transport = StreamableHttpClientTransport::with_client(Tapped::new(tap.clone()), config);
+        let client = Tapped::new(tap.clone())
+            .map_err(|e| ConnectError::other(format!("cannot make an HTTP client for {}: {e}", http.url)))?;
+        let transport = StreamableHttpClientTransport::with_client(client, config);
         let transport = self.in_order(transport, &handler, Some(tap));
         match tokio::time::timeout(
             self.how.init_timeout,
