@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import time
 
@@ -57,3 +58,35 @@ def serve_http(config, log, token):
         proc.terminate()
         proc.wait(timeout=15)
         print(log.read_text())
+
+
+def listening(port):
+    """Whether something accepts connections on loopback `port`."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def server_on_a_port(argv, env=None):
+    """Runs a server on its own streamable HTTP on a free loopback port (`{port}` in
+    `argv` and in `env`'s values is that port) until it listens; yields its /mcp URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def fill(value):
+        return str(value).replace("{port}", str(port))
+
+    env = {**os.environ, **{name: fill(value) for name, value in (env or {}).items()}}
+    proc = subprocess.Popen([fill(a) for a in argv], env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not listening(port):
+            assert proc.poll() is None, f"the server exited ({proc.returncode}) before it listened"
+            assert time.monotonic() < deadline, "the server never listened"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)

@@ -2,19 +2,15 @@
 side negotiates its own revision (a client on 2026-07-28 or on 2025-11-25, a server
 that speaks 2026-07-28 and one that does not), over stdio and streamable HTTP."""
 
-import contextlib
 import json
-import socket
-import subprocess
 import sys
-import time
 
 import anyio
 import pytest
 from mcp import Client, StdioServerParameters, types
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
-from conftest import BIN, EVERYTHING, serve_http
+from conftest import BIN, EVERYTHING, serve_http, server_on_a_port
 
 MODERN = str(__import__("pathlib").Path(__file__).with_name("modern_server.py"))
 TOKEN = "test-token-modern-0123456789"
@@ -92,26 +88,12 @@ def test_a_2026_client_over_stdio_negotiates_it_through_the_gateway(config):
     anyio.run(main)
 
 
-def listening(port):
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
-
-
 def test_a_2026_server_on_its_own_http_answering_with_json_is_reached_as_a_url(tmp_path):
     """The same server on its own streamable HTTP (`url`), each answer a JSON body, not
     SSE: everything above holds through it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, MODERN, "--http", str(port)], stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not listening(port):
-            assert time.monotonic() < deadline, "the server never listened"
-            time.sleep(0.1)
+    with server_on_a_port([sys.executable, MODERN, "--http", "{port}"]) as url:
         faulty = [str(BIN / "faulty-server"), "--name", "faulty", "--state", str(tmp_path / "state")]
-        servers = {"modern": {"url": f"http://127.0.0.1:{port}/mcp"}, "faulty": {"command": faulty[0], "args": faulty[1:]}}
+        servers = {"modern": {"url": url}, "faulty": {"command": faulty[0], "args": faulty[1:]}}
         path = tmp_path / "rebound.json"
         path.write_text(json.dumps({"mcpServers": servers}))
 
@@ -121,9 +103,6 @@ def test_a_2026_server_on_its_own_http_answering_with_json_is_reached_as_a_url(t
                     await exercised(client)
 
         anyio.run(main)
-    finally:
-        server.terminate()
-        server.wait(timeout=15)
 
 
 def test_a_2026_client_over_http_negotiates_it_through_the_gateway(config, tmp_path):

@@ -2,14 +2,11 @@
 (`tests/node/tasks-client.mjs`) in front of server-everything over stdio."""
 
 import concurrent.futures
-import contextlib
 import json
 import os
-import socket
 import subprocess
-import time
 
-from conftest import BIN, EVERYTHING, ROOT, serve_http
+from conftest import BIN, EVERYTHING, ROOT, serve_http, server_on_a_port
 
 NODE = ROOT / "tests" / "node" / "node_modules" / ".bin" / "node"
 CLIENT = ROOT / "tests" / "node" / "tasks-client.mjs"
@@ -58,37 +55,11 @@ def test_a_task_augmented_call_completes_through_the_gateway_with_its_question_a
     assert seen["listed"] == [{"taskId": seen["created"]["taskId"], "status": "completed"}]
 
 
-def listening(port):
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
-
-
-@contextlib.contextmanager
-def everything_over_http():
-    """server-everything on its own streamable HTTP transport; yields its URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [str(EVERYTHING), "streamableHttp"], env={**os.environ, "PORT": str(port)}, stdout=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not listening(port):
-            assert time.monotonic() < deadline, "the server never listened"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-
-
 def test_a_url_servers_tasks_pass_as_a_stdio_servers_do(tmp_path):
     """server-everything reached over its own streamable HTTP (`url`): the tasks
     capability and each tool's task support are as a direct connection shows them, and a
     task-augmented call completes, its question answered, its task listed."""
-    with everything_over_http() as url:
+    with server_on_a_port([EVERYTHING, "streamableHttp"], env={"PORT": "{port}"}) as url:
         config = {"mcpServers": {"everything": {"url": url}}, "rebound": {"errors_log": str(tmp_path / "errors.jsonl")}}
         path = tmp_path / "rebound.json"
         path.write_text(json.dumps(config))

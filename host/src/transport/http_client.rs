@@ -32,8 +32,9 @@ use super::supervisor::MAX_MESSAGE_BYTES;
 use super::tasks::Dropped;
 use super::typed::Awaited;
 
-/// The most answers read here and not yet taken by the transport: each is taken as soon
-/// as rmcp has read the same message, so more means rmcp refused some; they are forgotten.
+/// The most answers awaited here (past it, rmcp's reading of a new one stands), and the
+/// most read here and not yet taken by the transport (each is taken as soon as rmcp has
+/// read the same message, so more means rmcp refused some; they are forgotten).
 const MAX_READ: usize = 1024;
 
 /// The most of an error's body read, for its JSON-RPC error.
