@@ -13,4 +13,4 @@ pub mod upstream;
 pub mod watchdog;
 
 pub use supervisor::{Kicker, ServerHandle, Session, Status, spawn_supervisor};
-pub use upstream::{Asker, Relay, UpstreamEvent, UpstreamRequest};
+pub use upstream::{Asker, Offered, Relay, UpstreamEvent, UpstreamRequest};

@@ -15,20 +15,57 @@
 //   many   tasks started until the gateway refuses one (it keeps 256 per client)
 //   progress  a task-augmented call of faulty-server's `slow` (with `--tasks`), which
 //          reports its progress as the task runs, after the call was answered
+//   asked  tasks the other way: the client says it runs sampling and elicitation as
+//          tasks (and keeps them in the SDK's task store); server-everything's
+//          `trigger-sampling-request-async` and `trigger-elicitation-request-async` (those
+//          it offers) ask it so, then poll the client's task until it completes and fetch
+//          its result
 import { readFileSync, readdirSync } from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
-import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+import { InMemoryTaskStore } from "@modelcontextprotocol/sdk/experimental/tasks";
+import {
+  CallToolResultSchema,
+  CreateMessageRequestSchema,
+  CreateTaskResultSchema,
+  ElicitRequestSchema,
+} from "@modelcontextprotocol/sdk/types.js";
 
 const [mode, command, ...args] = process.argv.slice(2);
-const client = new Client({ name: "tasks-client", version: "1.0.0" }, { capabilities: { elicitation: {} } });
+// In `asked` mode the client runs sampling and elicitation as tasks of its own.
+const runsTasks = mode === "asked";
+const capabilities = runsTasks
+  ? {
+      sampling: {},
+      elicitation: {},
+      tasks: { list: {}, cancel: {}, requests: { sampling: { createMessage: {} }, elicitation: { create: {} } } },
+    }
+  : { elicitation: {} };
+const client = new Client(
+  { name: "tasks-client", version: "1.0.0" },
+  { capabilities, ...(runsTasks ? { taskStore: new InMemoryTaskStore() } : {}) },
+);
 const asked = [];
-client.setRequestHandler(ElicitRequestSchema, async (request) => {
-  asked.push(request.params.message);
-  return { action: "accept", content: { interpretation: "technical" } };
+/** `result` at once, or, for a request that asks for a task, a task that has it 300 ms later. */
+async function answer(request, extra, result) {
+  if (!request.params.task) return result;
+  const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl });
+  setTimeout(() => extra.taskStore.storeTaskResult(task.taskId, "completed", result), 300);
+  asked.push({ method: request.method, task: task.taskId });
+  return { task };
+}
+client.setRequestHandler(ElicitRequestSchema, async (request, extra) => {
+  if (!runsTasks) asked.push(request.params.message);
+  const content = runsTasks ? { name: "Ada" } : { interpretation: "technical" };
+  return answer(request, extra, { action: "accept", content });
 });
+if (runsTasks) {
+  client.setRequestHandler(CreateMessageRequestSchema, async (request, extra) =>
+    answer(request, extra, { role: "assistant", content: { type: "text", text: "sampled" }, model: "test-model" }),
+  );
+}
 const statuses = [];
 client.fallbackNotificationHandler = async (n) => {
   if (n.method === "notifications/tasks/status") statuses.push(n.params);
@@ -129,6 +166,16 @@ if (mode === "run" || mode === "quiet") {
   out.text = seen.find((m) => m.type === "result")?.result?.content?.map((c) => c.text).join("\n") ?? null;
   out.progress = progress;
   out.error = seen.find((m) => m.type === "error")?.error?.message ?? null;
+} else if (mode === "asked") {
+  out.tools = tools.map((t) => t.name).sort();
+  out.texts = {};
+  for (const name of ["trigger-sampling-request-async", "trigger-elicitation-request-async"]) {
+    if (!out.tools.includes(name)) continue;
+    const args = name.includes("sampling") ? { prompt: "hello" } : {};
+    const result = await client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout: 60000 });
+    out.texts[name] = result.content.map((c) => c.text).join("\n");
+  }
+  out.asked = asked;
 } else if (mode === "many") {
   out.started = 0;
   out.refusal = null;
@@ -142,3 +189,5 @@ if (mode === "run" || mode === "quiet") {
 }
 console.log(JSON.stringify(out));
 await client.close();
+// The task store's timers (each task's time to live) would keep the process alive.
+if (runsTasks) process.exit(0);

@@ -1,5 +1,6 @@
 """MCP 2025-11-25 tasks through the gateway, driven by the official TypeScript SDK's client
-(`tests/node/tasks-client.mjs`) in front of server-everything over stdio."""
+(`tests/node/tasks-client.mjs`) in front of server-everything over stdio: tasks a client
+runs on its servers, and tasks a server asks the client to run."""
 
 import concurrent.futures
 import json
@@ -157,3 +158,47 @@ def test_a_tasks_progress_reaches_its_client_after_the_call_is_answered(tmp_path
         assert seen["types"][0] == "taskCreated" and seen["types"][-1] == "result", seen
         assert seen["text"] == "a: slept 800 ms"
         assert seen["progress"] == [1, 2, 3], seen
+
+
+ASYNC_TOOLS = ["trigger-elicitation-request-async", "trigger-sampling-request-async"]
+
+
+def assert_asked_tasks_completed(seen):
+    """Each of server-everything's async tools asked the client to run its request as a
+    task, polled the client's task through the gateway and fetched its result."""
+    assert [a["method"] for a in seen["asked"]] == ["sampling/createMessage", "elicitation/create"]
+    sampling, elicitation = seen["texts"]["trigger-sampling-request-async"], seen["texts"]["trigger-elicitation-request-async"]
+    assert sampling.startswith("[COMPLETED] Async sampling completed!"), sampling
+    assert f"Task created: {seen['asked'][0]['task']}" in sampling and '"text": "sampled"' in sampling
+    assert elicitation.startswith("[COMPLETED] User provided the requested information!"), elicitation
+    assert f"Task created: {seen['asked'][1]['task']}" in elicitation and "- Name: Ada" in elicitation
+
+
+def test_a_client_that_runs_requests_as_tasks_is_offered_the_tools_that_need_it_and_runs_them(tmp_path):
+    """A client whose `tasks` capability says it runs sampling and elicitation as tasks:
+    server-everything offers it two more tools directly, and through the gateway too (the
+    capability reaches the server), and each completes through the gateway: the server's
+    request with its `task`, the client's task, the server's `tasks/get` and
+    `tasks/result` about it."""
+    direct = drive("asked", EVERYTHING)
+    through = drive("asked", *gateway(tmp_path))
+    assert set(ASYNC_TOOLS) <= set(direct["tools"])
+    assert through["tools"] == sorted(direct["tools"] + ["rebound_reset_breaker", "rebound_status"])
+    assert_asked_tasks_completed(direct)
+    assert_asked_tasks_completed(through)
+
+
+def test_over_http_a_session_scoped_server_is_offered_its_clients_tasks_and_a_shared_one_not(tmp_path):
+    """Over HTTP a `session`-scoped server is told what its own client runs as tasks, and
+    its async tools complete; a shared server is told nothing of any client's, so it does
+    not offer them (one client's capability is not every client's)."""
+    config = gateway(tmp_path, scope="session")[-1]
+    with serve_http(config, tmp_path / "gateway.log", TOKEN) as (url, _):
+        own = drive("asked", url)
+    assert_asked_tasks_completed(own)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    with serve_http(gateway(shared)[-1], tmp_path / "shared.log", TOKEN) as (url, _):
+        seen = drive("asked", url)
+    assert "echo" in seen["tools"] and not set(ASYNC_TOOLS) & set(seen["tools"])
+    assert seen["asked"] == []

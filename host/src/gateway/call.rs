@@ -210,7 +210,7 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -
         meta.insert(key.clone(), value.clone());
     }
     if input::server_asks(session) {
-        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default()));
+        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default(), None).caps);
     }
     meta
 }

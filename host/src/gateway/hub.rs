@@ -24,7 +24,8 @@ use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
-use crate::transport::Relay;
+use crate::transport::tasks::ClientTasks;
+use crate::transport::{Offered, Relay};
 use crate::transport::listen::Follower;
 use crate::transport::supervisor::{Revisions, ServerHandle, Session, Status, Supervision, spawn_supervisor};
 
@@ -40,7 +41,7 @@ pub struct Hub {
     catalogue: RwLock<Arc<Catalogue>>,
     /// What the shared servers are told the client can do: over stdio the client's own
     /// capabilities (they start once it has said), over HTTP nothing (see [`Hub::start`]).
-    offer: watch::Sender<Option<ClientCapabilities>>,
+    offer: watch::Sender<Option<Offered>>,
     /// Every per-session server instance still running, to stop on shutdown.
     instances: Mutex<Vec<Weak<ServerHandle>>>,
     life: Life,
@@ -101,7 +102,7 @@ impl Hub {
             hub.watch(handle, None);
         }
         if front == Front::Http {
-            hub.offer(&ClientCapabilities::default());
+            hub.offer(&ClientCapabilities::default(), None);
         }
         hub
     }
@@ -165,15 +166,16 @@ impl Hub {
         supervision(&setup.config, &setup.secrets, &self.life.revisions)
     }
 
-    /// The stdio client initialised with `caps`: the shared servers start, offered them.
-    /// (Over HTTP the offer was made at start; this changes nothing.)
-    pub fn offer(&self, caps: &ClientCapabilities) {
+    /// The stdio client initialised with `caps` (and runs `tasks` as tasks): the shared
+    /// servers start, offered them. (Over HTTP the offer was made at start; this changes
+    /// nothing.)
+    pub fn offer(&self, caps: &ClientCapabilities, tasks: Option<ClientTasks>) {
         self.offer.send_if_modified(|offer| {
             if offer.is_some() {
                 return false;
             }
             let _ = self.life.started.set(Instant::now());
-            *offer = Some(offered(caps));
+            *offer = Some(offered(caps, tasks));
             true
         });
     }
@@ -412,7 +414,7 @@ impl Hub {
 /// Starts a shared server's supervisor, its traffic relayed to `hub`.
 fn spawner<'a>(
     hub: &'a Weak<Hub>,
-    offer: &'a watch::Sender<Option<ClientCapabilities>>,
+    offer: &'a watch::Sender<Option<Offered>>,
     how: &'a Supervision,
 ) -> impl Fn(&ServerConfig) -> Arc<ServerHandle> + 'a {
     move |s| {
@@ -431,14 +433,15 @@ fn supervision(config: &Config, secrets: &Secrets, revisions: &Revisions) -> Sup
     }
 }
 
-/// What a server is told of a client's capabilities: all of them but tasks, which the
-/// gateway does not relay.
-pub fn offered(caps: &ClientCapabilities) -> ClientCapabilities {
+/// What a server is told of a client's capabilities: all of them but the 2026-07-28 tasks
+/// extension, which the gateway does not relay; and the requests the client runs as tasks
+/// (MCP 2025-11-25), which reach stdio servers (see `transport::tasks`).
+pub fn offered(caps: &ClientCapabilities, tasks: Option<ClientTasks>) -> Offered {
     let mut caps = caps.clone();
     if let Some(ext) = caps.extensions.as_mut() {
         ext.remove(rmcp::model::TASKS_EXTENSION_ID);
     }
-    caps
+    Offered { caps, tasks }
 }
 
 /// A 2026-07-28 client's capabilities as offered to servers on older revisions, before

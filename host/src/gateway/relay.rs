@@ -10,12 +10,15 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rmcp::model::{ClientResult, Notification, ServerNotification};
+use rmcp::model::{ClientResult, CustomRequest, CustomResult, Notification, ServerNotification, ServerRequest};
 use rmcp::{ErrorData, Peer, RoleServer};
+use serde_json::{Value, json};
 
+use super::asked_tasks::ABOUT_ONE;
 use super::downstreams::send;
 use super::hub::Hub;
 use super::routing::{Caller, ask, to_client};
+use crate::transport::tasks::CLIENT_TASK_REQUESTS;
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
 /// Forwards one server instance's traffic to the hub without keeping it alive.
@@ -89,7 +92,8 @@ impl HubRelay {
         }
     }
 
-    /// What a server asked a client: passed to the one client `routing` names, or refused.
+    /// What a server asked a client: passed to the one client `routing` names (about a
+    /// task a client runs for it, that client: `super::asked_tasks`), or refused.
     fn on_request(
         &self,
         hub: &Hub,
@@ -97,12 +101,21 @@ impl HubRelay {
         asker: Asker,
         request: UpstreamRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let otherwise = match &self.owner {
-            Some(owner) => Some(owner.peer.clone()),
-            None => hub.downstreams.only_stdio_client(),
+        let kind = Kind::of(&request);
+        let caller = match &kind {
+            Kind::AboutTask(id) => match hub.routing.asked.runner(asker.session, id) {
+                Some((peer, during)) => Caller::Client { peer, during },
+                None => Caller::Nobody("the task it names is no task a client of the gateway runs for this server"),
+            },
+            _ => {
+                let otherwise = match &self.owner {
+                    Some(owner) => Some(owner.peer.clone()),
+                    None => hub.downstreams.only_stdio_client(),
+                };
+                hub.routing.caller(self.instance, &asker, otherwise)
+            }
         };
-        let caller = hub.routing.caller(self.instance, &asker, otherwise);
-        let server = server.to_owned();
+        let (server, routing) = (server.to_owned(), hub.routing.clone());
         Box::pin(async move {
             let (peer, originating) = match caller {
                 Caller::Client { peer, during } => (peer, during),
@@ -112,10 +125,64 @@ impl HubRelay {
                     return Err(ErrorData::internal_error(format!("Rebound asked no client: {why}"), None));
                 }
             };
+            let session = asker.session;
             let request = to_client(request, &peer, &server)?;
-            ask(peer, request, originating, asker).await
+            let answer = ask(peer.clone(), request, originating.clone(), asker).await?;
+            let ClientResult::CustomResult(CustomResult(value)) = answer else { return Ok(answer) };
+            let value = match kind {
+                Kind::ToRun => {
+                    if let Err(why) = routing.asked.created(session, &value, &peer, originating) {
+                        tracing::warn!(server, "a task the client created for the server is not kept: {why}");
+                        cancel_on_client(peer, &value);
+                        return Err(ErrorData::internal_error(format!("Rebound: the client's task was refused: {why}"), None));
+                    }
+                    value
+                }
+                Kind::List => routing.asked.only_theirs(session, &peer, value),
+                Kind::AboutTask(_) | Kind::Other => value,
+            };
+            Ok(ClientResult::CustomResult(CustomResult(value)))
         })
     }
+}
+
+/// What a server's request is, for the tasks clients run for servers.
+enum Kind {
+    /// A request the client may run as a task (it asks for one).
+    ToRun,
+    /// `tasks/get`, `tasks/result` or `tasks/cancel` about this task.
+    AboutTask(String),
+    /// `tasks/list`.
+    List,
+    Other,
+}
+
+impl Kind {
+    fn of(request: &UpstreamRequest) -> Self {
+        let UpstreamRequest::Custom(custom) = request else { return Self::Other };
+        let method = custom.method.as_str();
+        if CLIENT_TASK_REQUESTS.iter().any(|(m, ..)| *m == method) {
+            return Self::ToRun;
+        }
+        if method == "tasks/list" {
+            return Self::List;
+        }
+        match custom.params.as_ref().and_then(|p| p["taskId"].as_str()) {
+            Some(id) if ABOUT_ONE.contains(&method) => Self::AboutTask(id.to_owned()),
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Asks `peer` to cancel the task it created in `answer`, which the gateway does not keep.
+/// Off the caller's path, bounded.
+fn cancel_on_client(peer: Peer<RoleServer>, answer: &Value) {
+    let Some(id) = answer["task"]["taskId"].as_str() else { return };
+    let request = CustomRequest::new("tasks/cancel", Some(json!({"taskId": id})));
+    tokio::spawn(async move {
+        let sent = peer.send_request(ServerRequest::CustomRequest(request));
+        let _ = tokio::time::timeout(Duration::from_secs(5), sent).await;
+    });
 }
 
 impl Relay for HubRelay {

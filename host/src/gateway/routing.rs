@@ -20,7 +20,8 @@
 //! call (`super::call`), and every other request forwarded (`super::forward`), a task's
 //! included. A request that says it belongs to a task (MCP 2025-11-25's related task)
 //! goes to the client that started that task on that instance, or to none, before any
-//! of these rules.
+//! of these rules; so does a request about a task a client runs for the server
+//! (`super::asked_tasks`).
 //!
 //! The client chosen must also have advertised the capability (`to_client`); `ask` then
 //! asks it, and closes the client's dialog if the server gives up. A client on 2026-07-28
@@ -47,6 +48,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::asked_tasks::AskedTasks;
 use super::early::Early;
 use super::held::Bridge;
 use crate::transport::{Asker, UpstreamRequest};
@@ -107,6 +109,8 @@ pub struct Routing {
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
+    /// The tasks clients run for servers, and which client runs each.
+    pub asked: AskedTasks,
 }
 
 /// A client whose call ended, and when.
@@ -543,6 +547,13 @@ pub fn as_request(
         UpstreamRequest::Roots => (ServerRequest::ListRootsRequest(Default::default()), caps.roots.is_some(), "roots"),
         UpstreamRequest::Elicitation(p) => {
             (ServerRequest::ElicitRequest(ElicitRequest::new(p)), caps.elicitation.is_some(), "elicitation")
+        }
+        // Asked to run as a task (`transport::typed`): as its method says.
+        UpstreamRequest::Custom(c) if c.method == "sampling/createMessage" => {
+            (ServerRequest::CustomRequest(c), caps.sampling.is_some(), "sampling")
+        }
+        UpstreamRequest::Custom(c) if c.method == "elicitation/create" => {
+            (ServerRequest::CustomRequest(c), caps.elicitation.is_some(), "elicitation")
         }
         UpstreamRequest::Custom(c) => (ServerRequest::CustomRequest(c), true, "custom requests"),
     };

@@ -39,6 +39,7 @@ use crate::config::Scope;
 use crate::recovery::Failure;
 use crate::transport::Session;
 use crate::transport::listen::{Follower, MAX_FOLLOWED, MAX_FOLLOWED_PER_CLIENT};
+use crate::transport::tasks::ClientTasks;
 
 /// One downstream session's handler. Cheap to clone; the state lives in the [`Hub`] and
 /// the session's [`SessionServers`].
@@ -245,13 +246,14 @@ impl ServerHandler for Gateway {
         cx: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
         cx.peer.set_peer_info(request.clone());
+        let tasks = client_tasks(&cx);
         if self.hub.downstreams.front() == Front::Stdio {
-            self.hub.offer(&request.capabilities);
+            self.hub.offer(&request.capabilities, tasks.clone());
         }
         // Here, not at `notifications/initialized`: rmcp handles that notification on a
         // task of its own, which the client's first requests can overtake.
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
-        self.own.initialised(cx.peer, request.capabilities.clone());
+        self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
         self.negotiate_initialize(&request)
     }
 
@@ -604,6 +606,14 @@ impl Drop for Ended {
     }
 }
 
+/// The requests the client runs as tasks, as its front read them from its `initialize`
+/// (rmcp's types drop them): over stdio in the request's extensions, over HTTP in those of
+/// the HTTP request it came in.
+fn client_tasks(cx: &RequestContext<RoleServer>) -> Option<ClientTasks> {
+    let parts = cx.extensions.get::<axum::http::request::Parts>();
+    cx.extensions.get::<ClientTasks>().or_else(|| parts?.extensions.get::<ClientTasks>()).cloned()
+}
+
 /// The address of the client whose request `cx` is, when it came over HTTP.
 fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
     let parts = cx.extensions.get::<axum::http::request::Parts>()?;
@@ -622,8 +632,8 @@ impl Gateway {
             return;
         }
         let caps = offered_modern(&cx.client_capabilities().unwrap_or_default());
-        self.hub.offer(&caps);
-        self.own.initialised(cx.peer.clone(), caps);
+        self.hub.offer(&caps, None);
+        self.own.initialised(cx.peer.clone(), caps, None);
     }
 
     /// How many resources of `server` one client may follow through the gateway (see

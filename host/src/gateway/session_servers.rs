@@ -25,7 +25,8 @@ use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters};
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
-use crate::transport::Relay;
+use crate::transport::tasks::ClientTasks;
+use crate::transport::{Offered, Relay};
 use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
 
 /// The servers one client session reaches.
@@ -35,7 +36,7 @@ pub struct SessionServers {
     pub client: Arc<str>,
     /// The session's peer, and what its own instances are offered of its capabilities,
     /// once it initialised.
-    peer: OnceLock<(Peer<RoleServer>, ClientCapabilities)>,
+    peer: OnceLock<(Peer<RoleServer>, Offered)>,
     own: OnceLock<Own>,
     /// The catalogue with this session's instances, and the shared one it was built on.
     catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
@@ -89,9 +90,9 @@ impl SessionServers {
     }
 
     /// The session initialised (or, on 2026-07-28, made its first request): its
-    /// instances may start from now on, offered `caps`.
-    pub fn initialised(&self, peer: Peer<RoleServer>, caps: ClientCapabilities) {
-        let _ = self.peer.set((peer, offered(&caps)));
+    /// instances may start from now on, offered `caps` (and `tasks`).
+    pub fn initialised(&self, peer: Peer<RoleServer>, caps: ClientCapabilities, tasks: Option<ClientTasks>) {
+        let _ = self.peer.set((peer, offered(&caps, tasks)));
     }
 
     /// Whether the session has introduced itself (see [`Self::initialised`]).
@@ -122,7 +123,7 @@ impl SessionServers {
         setup: &Setup,
         scoped: &[&str],
         peer: &Peer<RoleServer>,
-        caps: &ClientCapabilities,
+        caps: &Offered,
     ) -> Own {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();

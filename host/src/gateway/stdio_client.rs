@@ -24,8 +24,8 @@ use std::time::Duration;
 use rmcp::ErrorData;
 use rmcp::RoleServer;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, CustomResult, ErrorCode, ProtocolVersion, RequestId,
-    ServerJsonRpcMessage, ServerResult,
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, CustomResult, ErrorCode, GetExtensions, JsonRpcMessage,
+    ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::transport::lines::{Line, Lines, Out, Refusals};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
+use crate::transport::tasks::ClientTasks;
 use crate::transport::typed;
 
 /// The JSON-RPC error code for "too many requests in flight" (server-defined range).
@@ -82,8 +83,17 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     }
 
     /// The message on the line just read; `None` after answering it (or for an empty line).
+    /// An `initialize` carries the requests the client runs as tasks in its extensions.
     fn decode(&mut self) -> Option<ClientJsonRpcMessage> {
         match self.lines.message(typed::client_request) {
+            Ok(Some(JsonRpcMessage::Request(mut request)))
+                if matches!(request.request, ClientRequest::InitializeRequest(_)) =>
+            {
+                if let Some(tasks) = ClientTasks::read_initialize(self.lines.line()) {
+                    request.request.extensions_mut().insert(tasks);
+                }
+                Some(JsonRpcMessage::Request(request))
+            }
             Ok(message) => message,
             Err(unreadable) => {
                 tracing::debug!(code = unreadable.code, "unreadable message from the client: {}", unreadable.message);

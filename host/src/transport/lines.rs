@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::RoleClient;
+use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::malformed::{PARSE_ERROR, Unreadable};
-use super::tasks::Dropped;
+use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
 
 /// Output: one JSON message a line, written whole under a lock.
@@ -193,11 +194,14 @@ pub struct ServerLines<R, W> {
     awaited: Awaited,
     /// What the server's answers say that rmcp's types drop.
     dropped: Arc<Dropped>,
+    /// Put in `initialize`'s capabilities, which rmcp's type cannot carry.
+    tasks: Option<ClientTasks>,
     _role: PhantomData<fn() -> RoleClient>,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
-    pub fn new(read: R, write: W, max_line: usize, dropped: Arc<Dropped>) -> Self {
+    /// A server told, when initialised, that the client runs `tasks` as tasks.
+    pub fn new(read: R, write: W, max_line: usize, dropped: Arc<Dropped>, tasks: Option<ClientTasks>) -> Self {
         let out = Out::new(write);
         Self {
             lines: Lines::new(BufReader::new(read), max_line),
@@ -205,8 +209,21 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             out,
             awaited: Awaited::default(),
             dropped,
+            tasks,
             _role: PhantomData,
         }
+    }
+
+    /// `item` as written: an `initialize` with the client's `tasks` capability.
+    fn encode(&self, item: &TxJsonRpcMessage<RoleClient>) -> serde_json::Result<Vec<u8>> {
+        if let (Some(tasks), JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::InitializeRequest(_), .. })) =
+            (&self.tasks, item)
+        {
+            let mut value = serde_json::to_value(item)?;
+            value["params"]["capabilities"]["tasks"] = tasks.value().clone();
+            return serde_json::to_vec(&value);
+        }
+        serde_json::to_vec(item)
     }
 
     /// The message on the line just read; `None` for an empty line or one that is not a
@@ -244,7 +261,7 @@ where
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.awaited.sent(&item);
-        let encoded = serde_json::to_vec(&item).map_err(std::io::Error::from);
+        let encoded = self.encode(&item).map_err(std::io::Error::from);
         let out = self.out.clone();
         async move { out.write(encoded?).await }
     }
@@ -307,7 +324,7 @@ mod tests {
         use tokio::io::AsyncBufReadExt as _;
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(ours);
-        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default());
+        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default(), None);
         let (their_read, mut their_write) = tokio::io::split(theirs);
         let input = concat!(
             "Starting server...\n",
@@ -328,5 +345,27 @@ mod tests {
         // Nothing for the banner or the log line.
         transport.close().await.unwrap();
         assert!(back.next_line().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_server_is_told_in_initialize_what_the_client_runs_as_tasks() {
+        use rmcp::model::{ClientRequest, InitializeRequest, JsonRpcRequest, NumberOrString};
+        use tokio::io::AsyncBufReadExt as _;
+        let tasks = ClientTasks::of(&serde_json::json!({"requests": {"sampling": {"createMessage": {}}}})).unwrap();
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default(), Some(tasks.clone()));
+        let init = ClientRequest::InitializeRequest(InitializeRequest::new(Default::default()));
+        let list = ClientRequest::ListToolsRequest(Default::default());
+        for (n, request) in [(1, init), (2, list)] {
+            let message = JsonRpcMessage::Request(JsonRpcRequest::new(NumberOrString::Number(n), request));
+            transport.send(message).await.unwrap();
+        }
+        let mut sent = tokio::io::BufReader::new(theirs).lines();
+        let init: serde_json::Value = serde_json::from_str(&sent.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(&init["params"]["capabilities"]["tasks"], tasks.value());
+        assert!(init["params"]["clientInfo"].is_object(), "the rest as rmcp wrote it: {init}");
+        let list: serde_json::Value = serde_json::from_str(&sent.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(list["method"], "tools/list");
     }
 }

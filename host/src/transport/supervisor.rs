@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use rmcp::model::{ClientCapabilities, Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
+use rmcp::model::{Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{ClientCacheConfig, ClientLifecycleMode, RunningService, serve_client_with_lifecycle_and_ct};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -22,7 +22,7 @@ use super::http_client::{Tap, Tapped};
 use super::listen::Follows;
 use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
-use super::upstream::{InOrder, Relay, UpstreamHandler};
+use super::upstream::{InOrder, Offered, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
 use crate::redact::Secrets;
 
@@ -35,7 +35,7 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 /// What the server is told its client can do (sampling, elicitation, roots), once that is
 /// known: a server waits for it before it starts.
-pub type Offer = watch::Receiver<Option<ClientCapabilities>>;
+pub type Offer = watch::Receiver<Option<Offered>>;
 
 /// How every supervisor of a gateway runs its server.
 #[derive(Debug, Clone)]
@@ -526,7 +526,7 @@ impl Supervisor {
         }
     }
 
-    async fn start(&self, caps: &ClientCapabilities) -> Result<Connection, String> {
+    async fn start(&self, caps: &Offered) -> Result<Connection, String> {
         let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let lifecycle = self.lifecycle();
         let asked = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
@@ -604,13 +604,13 @@ impl Supervisor {
     async fn connect(
         &self,
         id: u64,
-        caps: &ClientCapabilities,
+        caps: &Offered,
         lifecycle: ClientLifecycleMode,
         dropped: &Arc<Dropped>,
     ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
     {
         let handler =
-            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), caps: caps.clone() };
+            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), offered: caps.clone() };
         let stop = CancellationToken::new();
         match &self.config.launch {
             Launch::Stdio(launch) => {
@@ -647,7 +647,8 @@ impl Supervisor {
             let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
             ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;
-        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES, dropped);
+        let tasks = handler.offered.tasks.clone();
+        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES, dropped, tasks);
         let transport = self.in_order(transport, &handler, None);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,

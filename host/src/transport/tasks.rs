@@ -3,6 +3,12 @@
 //! `tools/call`). rmcp models only the later tasks extension (SEP-2663), so these are read
 //! from the server's own messages, next to rmcp's reading: a stdio server's lines, which
 //! the gateway frames itself, and a `url` server's HTTP answers ([`super::http_client`]).
+//!
+//! Tasks also run the other way: a client may say (its own `tasks` capability) that it runs
+//! a server's sampling and elicitation requests as tasks, which the server then polls with
+//! `tasks/*` requests of its own. rmcp drops that capability and a request's `task` too:
+//! [`ClientTasks`] carries the first to a stdio server's `initialize`, and
+//! [`super::typed::server_request`] reads the second as it was sent.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -13,6 +19,63 @@ use serde_json::Value;
 
 /// The methods of MCP 2025-11-25's tasks, which a client sends about a task it started.
 pub const METHODS: [&str; 4] = ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"];
+
+/// The server-to-client requests a client may be asked to run as tasks.
+pub const CLIENT_TASK_REQUESTS: [(&str, &str, &str); 2] =
+    [("sampling/createMessage", "sampling", "createMessage"), ("elicitation/create", "elicitation", "create")];
+
+/// A client's MCP 2025-11-25 `tasks` capability as the gateway relays it to servers: which
+/// of [`CLIENT_TASK_REQUESTS`] it runs as tasks, and whether it lists and cancels them;
+/// nothing else it said (the capability is rebuilt, not copied, so a client cannot make
+/// the gateway send a server what it does not understand).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientTasks(Value);
+
+impl ClientTasks {
+    /// What of `tasks` (the capability as the client sent it) is relayed; `None` when it
+    /// runs none of the requests as tasks.
+    pub fn of(tasks: &Value) -> Option<Self> {
+        let mut requests = serde_json::Map::new();
+        for (_, kind, method) in CLIENT_TASK_REQUESTS {
+            if tasks["requests"][kind][method].is_object() {
+                requests.insert(kind.to_owned(), serde_json::json!({ method: {} }));
+            }
+        }
+        if requests.is_empty() {
+            return None;
+        }
+        let mut relayed = serde_json::json!({ "requests": requests });
+        for key in ["list", "cancel"] {
+            if tasks[key].is_object() {
+                relayed[key] = serde_json::json!({});
+            }
+        }
+        Some(Self(relayed))
+    }
+
+    /// The capability to put in `initialize`'s `capabilities.tasks`.
+    pub fn value(&self) -> &Value {
+        &self.0
+    }
+
+    /// Reads the capability from a client's `initialize` (a line rmcp reads too).
+    pub fn read_initialize(line: &[u8]) -> Option<Self> {
+        #[derive(Deserialize)]
+        struct Request {
+            params: Params,
+        }
+        #[derive(Deserialize)]
+        struct Params {
+            capabilities: Capabilities,
+        }
+        #[derive(Deserialize)]
+        struct Capabilities {
+            tasks: Option<Value>,
+        }
+        let request = serde_json::from_slice::<Request>(line).ok()?;
+        Self::of(request.params.capabilities.tasks.as_ref()?)
+    }
+}
 
 /// A tool's `execution.taskSupport`: whether it may, or must, be called as a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,6 +212,28 @@ mod tests {
         // A later start without the capability says so.
         dropped.read_initialize(&line(json!({"jsonrpc": "2.0", "id": 0, "result": {"capabilities": {"tools": {}}}})));
         assert!(!dropped.task_calls());
+    }
+
+    #[test]
+    fn a_clients_tasks_capability_is_relayed_as_what_the_gateway_understands_of_it() {
+        let all = json!({"list": {}, "cancel": {}, "requests": {
+            "sampling": {"createMessage": {}}, "elicitation": {"create": {"x": 1}}, "tools": {"call": {}}}, "other": {}});
+        let relayed = ClientTasks::of(&all).unwrap();
+        assert_eq!(
+            relayed.value(),
+            &json!({"list": {}, "cancel": {}, "requests": {"sampling": {"createMessage": {}}, "elicitation": {"create": {}}}})
+        );
+        let sampling = json!({"requests": {"sampling": {"createMessage": {}}}, "list": true});
+        assert_eq!(ClientTasks::of(&sampling).unwrap().value(), &json!({"requests": {"sampling": {"createMessage": {}}}}));
+        // Nothing it runs as a task: nothing to relay.
+        for none in [json!({"list": {}, "cancel": {}}), json!({"requests": {"sampling": {"createMessage": true}}}), json!(7)] {
+            assert_eq!(ClientTasks::of(&none), None, "{none}");
+        }
+        let init = line(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+            "capabilities": {"sampling": {}, "tasks": all}, "clientInfo": {"name": "c", "version": "1"}}}));
+        assert_eq!(ClientTasks::read_initialize(&init), Some(relayed));
+        let plain = line(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"capabilities": {}}}));
+        assert_eq!(ClientTasks::read_initialize(&plain), None);
     }
 
     #[tokio::test]

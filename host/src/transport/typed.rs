@@ -14,7 +14,8 @@
 //! rmcp 3.9 models tasks as the later extension (SEP-2663), whose `tasks/get` has another
 //! shape, and drops a call's `task`. So a client's task-augmented `tools/call` and its
 //! `tasks/*` requests are read as custom requests with their params as sent, and the
-//! answers to what the gateway sends a server as a custom request are read as they are.
+//! answers to what the gateway sends a server as a custom request are read as they are;
+//! so is a server's request that asks the client to run it as a task ([`Awaited::answer`]).
 
 use std::collections::HashMap;
 
@@ -23,8 +24,11 @@ use rmcp::model::{
     CustomResult, JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, JsonRpcVersion2_0, RequestId, ServerJsonRpcMessage,
     ServerResult,
 };
+use rmcp::model::ServerRequest;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+
+use super::tasks::CLIENT_TASK_REQUESTS;
 
 /// A message's top-level keys, with the method's name; values are skipped, not decoded.
 #[derive(Deserialize)]
@@ -95,6 +99,13 @@ pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
 /// A request read as a custom one: its method and params exactly as sent (`_meta`
 /// included, which rmcp's reading would take out of them).
 fn as_it_is(line: &[u8]) -> Option<ClientJsonRpcMessage> {
+    let JsonRpcRequest { jsonrpc, id, request } = custom(line)?;
+    Some(JsonRpcMessage::Request(JsonRpcRequest { jsonrpc, id, request: ClientRequest::CustomRequest(request) }))
+}
+
+/// The request on `line` as a custom one, whoever sent it; `None` for params that are not
+/// an object, which rmcp's reading refuses with its own error.
+fn custom(line: &[u8]) -> Option<JsonRpcRequest<CustomRequest>> {
     #[derive(Deserialize)]
     struct Raw {
         jsonrpc: JsonRpcVersion2_0,
@@ -104,10 +115,24 @@ fn as_it_is(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     }
     let Raw { jsonrpc, id, method, params } = serde_json::from_slice(line).ok()?;
     if params.as_ref().is_some_and(|p| !p.is_object()) {
-        return None; // rmcp's reading refuses it with its own error
+        return None;
     }
-    let request = ClientRequest::CustomRequest(CustomRequest::new(method, params));
-    Some(JsonRpcMessage::Request(JsonRpcRequest { jsonrpc, id, request }))
+    Some(JsonRpcRequest { jsonrpc, id, request: CustomRequest::new(method, params) })
+}
+
+/// A server's request that asks the client to run it as a task (MCP 2025-11-25: a
+/// `sampling/createMessage` or `elicitation/create` with a `task`), read as a custom
+/// request with its params as sent, since rmcp's types would drop the `task`; `None` for
+/// any other message of the server's.
+fn task_augmented(keys: &Keys<'_>, line: &[u8]) -> Option<ServerJsonRpcMessage> {
+    let method = keys.method.0.flatten()?;
+    let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
+    let task = keys.params.0.as_ref().is_some_and(|p| p.task.is_some());
+    if !request || !task || !CLIENT_TASK_REQUESTS.iter().any(|(m, ..)| *m == method) {
+        return None;
+    }
+    let JsonRpcRequest { jsonrpc, id, request } = custom(line)?;
+    Some(JsonRpcMessage::Request(JsonRpcRequest { jsonrpc, id, request: ServerRequest::CustomRequest(request) }))
 }
 
 /// What the gateway sent a server that its answer is read for.
@@ -167,11 +192,12 @@ impl Awaited {
     /// The answer on this line when it is read here, or `None` for rmcp to read. Only a
     /// complete result of a tool call is read as one (`CallToolResult` refuses every other
     /// `resultType`); questions, tasks and errors are left to rmcp, as is anything else the
-    /// server says. The answer to a custom request is its result as it is.
+    /// server says but a request to be run as a task (`task_augmented`). The answer to a
+    /// custom request is its result as it is.
     pub fn answer(&mut self, line: &[u8], dropped: &super::tasks::Dropped) -> Option<ServerJsonRpcMessage> {
         let keys = Keys::of(line)?;
         if keys.method.0.is_some() {
-            return None; // a request or notification of the server's
+            return task_augmented(&keys, line); // a request or notification of the server's
         }
         // Any answer ends the wait, an error too.
         let sent = self.take(&keys.id?)?;
@@ -418,5 +444,30 @@ mod tests {
             {"name": "r", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}}]}}));
         assert!(sent.answer(&page, &dropped).is_none(), "rmcp reads the listing");
         assert_eq!(dropped.take_listed()["r"], TaskSupport::Optional);
+    }
+
+    #[test]
+    fn a_servers_request_to_be_run_as_a_task_is_read_as_it_was_sent_and_no_other() {
+        let mut awaited = Awaited::default();
+        let asked = json!({"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
+            "task": {"ttl": 300000}, "messages": [], "maxTokens": 10, "_meta": {"k": 1}}});
+        let read = awaited.answer_to(&line(asked.clone())).expect("read here");
+        let JsonRpcMessage::Request(JsonRpcRequest { request: ServerRequest::CustomRequest(custom), .. }) = read else {
+            panic!("{read:?}")
+        };
+        assert_eq!(custom.method, "sampling/createMessage");
+        assert_eq!(custom.params, Some(asked["params"].clone()), "the task and `_meta` kept");
+        let elicit = json!({"jsonrpc": "2.0", "id": "e", "method": "elicitation/create", "params": {"task": {}, "message": "m"}});
+        assert!(awaited.answer_to(&line(elicit)).is_some());
+        // Without a task, another method, a notification, odd params: rmcp reads them.
+        for other in [
+            json!({"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {"messages": [], "maxTokens": 1}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {"task": null}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "roots/list", "params": {"task": {}}}),
+            json!({"jsonrpc": "2.0", "method": "elicitation/create", "params": {"task": {}}}),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "elicitation/create", "params": [1]}),
+        ] {
+            assert!(awaited.answer_to(&line(other.clone())).is_none(), "{other}");
+        }
     }
 }

@@ -17,9 +17,10 @@ use rmcp::model::{
 use rmcp::service::{InboundStreamOrigin, NotificationContext, RequestContext};
 use rmcp::transport::Transport;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
+use tokio_util::sync::CancellationToken;
 
 use super::http_client::Tap;
-use tokio_util::sync::CancellationToken;
+use super::tasks::ClientTasks;
 
 /// A notification from an upstream server, for the gateway to pass on.
 #[derive(Debug)]
@@ -121,13 +122,22 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
     }
 }
 
+/// What a server is told the client behind the gateway can do: rmcp's capabilities, and
+/// the requests it runs as tasks (MCP 2025-11-25), which they cannot carry; only a stdio
+/// server's transport can tell it those (`lines::ServerLines`).
+#[derive(Debug, Clone, Default)]
+pub struct Offered {
+    pub caps: ClientCapabilities,
+    pub tasks: Option<ClientTasks>,
+}
+
 /// The rmcp client handler of one upstream session.
 pub struct UpstreamHandler {
     pub server: Arc<str>,
     pub session: u64,
     pub relay: Arc<dyn Relay>,
     /// What the server is told the client can do: the client's own capabilities.
-    pub caps: ClientCapabilities,
+    pub offered: Offered,
 }
 
 impl UpstreamHandler {
@@ -153,7 +163,7 @@ impl ClientHandler for UpstreamHandler {
     fn get_info(&self) -> rmcp::model::ClientConfig {
         // What the client behind the gateway can do (see `Hub::offer`), so that the server
         // offers through the gateway what it would offer the client directly.
-        rmcp::model::ClientConfig::new(self.caps.clone(), Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
+        rmcp::model::ClientConfig::new(self.offered.caps.clone(), Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
             .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 

@@ -17,6 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{Front, refuse};
 use crate::transport::malformed::Unreadable;
+use crate::transport::tasks::ClientTasks;
 
 /// Requests in flight per client. A client is its MCP session once it has one, and its
 /// address before (the `initialize` request). Only JSON-RPC requests count, not the
@@ -131,12 +132,14 @@ pub(super) enum Probe {
     Batch(Vec<Probe>),
 }
 
-/// Of a request's `params`: whether it has a `task` (not `null`), and its
-/// `protocolVersion`. Whatever `params` is, it reads (what is not an object, as nothing).
+/// Of a request's `params`: whether it has a `task` (not `null`), its `protocolVersion`,
+/// and the requests its `capabilities` say it runs as tasks (an `initialize`'s, which
+/// rmcp's types drop). Whatever `params` is, it reads (what is not an object, as nothing).
 #[derive(Default)]
 pub(super) struct ParamsProbe {
     pub task: bool,
     pub protocol_version: Option<String>,
+    pub client_tasks: Option<ClientTasks>,
 }
 
 impl<'de> serde::Deserialize<'de> for ParamsProbe {
@@ -154,6 +157,9 @@ impl<'de> serde::Deserialize<'de> for ParamsProbe {
                         "task" => probe.task = map.next_value::<Option<IgnoredAny>>()?.is_some(),
                         "protocolVersion" => {
                             probe.protocol_version = map.next_value::<serde_json::Value>()?.as_str().map(str::to_owned);
+                        }
+                        "capabilities" => {
+                            probe.client_tasks = ClientTasks::of(&map.next_value::<serde_json::Value>()?["tasks"]);
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -255,6 +261,11 @@ pub(super) async fn limit(
         return unreadable(&body);
     };
     let (counts, id) = (probe.is_request(), probe.id());
+    if let Some(("initialize", params)) = probe.request()
+        && let Some(tasks) = &params.client_tasks
+    {
+        parts.extensions.insert(tasks.clone()); // for the gateway's `initialize` (`server::client_tasks`)
+    }
     let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
     let is_json = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
@@ -352,6 +363,20 @@ fn answer_unreadable(response: Response, json_body: Option<&[u8]>, front: &Front
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_initializes_tasks_capability_is_read_and_odd_capabilities_are_no_harm() {
+        let tasks = |capabilities: &str| {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"capabilities":{capabilities}}}}}"#);
+            let probe = probe(body.as_bytes()).expect("read");
+            probe.request().expect("a request").1.client_tasks.clone()
+        };
+        let runs = tasks(r#"{"sampling":{},"tasks":{"requests":{"elicitation":{"create":{}}}}}"#).expect("read");
+        assert_eq!(runs.value(), &serde_json::json!({"requests": {"elicitation": {"create": {}}}}));
+        for odd in ["null", "7", "[1]", r#"{"tasks":"all"}"#, r#"{"tasks":{"requests":[]}}"#] {
+            assert_eq!(tasks(odd), None, "{odd}");
+        }
+    }
 
     #[test]
     fn only_json_rpc_requests_count_against_the_limit() {
