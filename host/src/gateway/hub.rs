@@ -24,10 +24,10 @@ use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
-use crate::transport::tasks::ClientTasks;
-use crate::transport::{Offered, Relay};
 use crate::transport::listen::Follower;
 use crate::transport::supervisor::{Revisions, ServerHandle, Session, Status, Supervision, spawn_supervisor};
+use crate::transport::tasks::ClientTasks;
+use crate::transport::{Offered, Relay};
 
 pub struct Hub {
     /// The configuration's shared servers, engine and adapters; replaced by a reload.

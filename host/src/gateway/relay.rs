@@ -134,7 +134,10 @@ impl HubRelay {
                     if let Err(why) = routing.asked.created(session, &value, &peer, originating) {
                         tracing::warn!(server, "a task the client created for the server is not kept: {why}");
                         cancel_on_client(peer, &value);
-                        return Err(ErrorData::internal_error(format!("Rebound: the client's task was refused: {why}"), None));
+                        return Err(ErrorData::internal_error(
+                            format!("Rebound: the client's task was refused: {why}"),
+                            None,
+                        ));
                     }
                     value
                 }

@@ -25,9 +25,9 @@ use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters};
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
+use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
-use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
 
 /// The servers one client session reaches.
 pub struct SessionServers {
@@ -118,13 +118,7 @@ impl SessionServers {
 
     /// Starts this session's instances of `scoped`, as `setup` configures them. (A
     /// reload later changes the instances of sessions that start after it.)
-    fn start(
-        self: &Arc<Self>,
-        setup: &Setup,
-        scoped: &[&str],
-        peer: &Peer<RoleServer>,
-        caps: &Offered,
-    ) -> Own {
+    fn start(self: &Arc<Self>, setup: &Setup, scoped: &[&str], peer: &Peer<RoleServer>, caps: &Offered) -> Own {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };

@@ -216,8 +216,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
 
     /// `item` as written: an `initialize` with the client's `tasks` capability.
     fn encode(&self, item: &TxJsonRpcMessage<RoleClient>) -> serde_json::Result<Vec<u8>> {
-        if let (Some(tasks), JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::InitializeRequest(_), .. })) =
-            (&self.tasks, item)
+        if let (
+            Some(tasks),
+            JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::InitializeRequest(_), .. }),
+        ) = (&self.tasks, item)
         {
             let mut value = serde_json::to_value(item)?;
             value["params"]["capabilities"]["tasks"] = tasks.value().clone();

@@ -609,8 +609,12 @@ impl Supervisor {
         dropped: &Arc<Dropped>,
     ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
     {
-        let handler =
-            UpstreamHandler { server: self.name.clone(), session: id, relay: self.relay.clone(), offered: caps.clone() };
+        let handler = UpstreamHandler {
+            server: self.name.clone(),
+            session: id,
+            relay: self.relay.clone(),
+            offered: caps.clone(),
+        };
         let stop = CancellationToken::new();
         match &self.config.launch {
             Launch::Stdio(launch) => {

@@ -224,12 +224,18 @@ mod tests {
             &json!({"list": {}, "cancel": {}, "requests": {"sampling": {"createMessage": {}}, "elicitation": {"create": {}}}})
         );
         let sampling = json!({"requests": {"sampling": {"createMessage": {}}}, "list": true});
-        assert_eq!(ClientTasks::of(&sampling).unwrap().value(), &json!({"requests": {"sampling": {"createMessage": {}}}}));
+        assert_eq!(
+            ClientTasks::of(&sampling).unwrap().value(),
+            &json!({"requests": {"sampling": {"createMessage": {}}}})
+        );
         // Nothing it runs as a task: nothing to relay.
-        for none in [json!({"list": {}, "cancel": {}}), json!({"requests": {"sampling": {"createMessage": true}}}), json!(7)] {
+        for none in
+            [json!({"list": {}, "cancel": {}}), json!({"requests": {"sampling": {"createMessage": true}}}), json!(7)]
+        {
             assert_eq!(ClientTasks::of(&none), None, "{none}");
         }
-        let init = line(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+        let init =
+            line(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
             "capabilities": {"sampling": {}, "tasks": all}, "clientInfo": {"name": "c", "version": "1"}}}));
         assert_eq!(ClientTasks::read_initialize(&init), Some(relayed));
         let plain = line(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"capabilities": {}}}));

@@ -19,12 +19,12 @@
 
 use std::collections::HashMap;
 
+use rmcp::model::ServerRequest;
 use rmcp::model::{
     CallToolRequest, CallToolResult, ClientJsonRpcMessage, ClientNotification, ClientRequest, CustomRequest,
     CustomResult, JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, JsonRpcVersion2_0, RequestId, ServerJsonRpcMessage,
     ServerResult,
 };
-use rmcp::model::ServerRequest;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 

@@ -163,8 +163,11 @@ impl ClientHandler for UpstreamHandler {
     fn get_info(&self) -> rmcp::model::ClientConfig {
         // What the client behind the gateway can do (see `Hub::offer`), so that the server
         // offers through the gateway what it would offer the client directly.
-        rmcp::model::ClientConfig::new(self.offered.caps.clone(), Implementation::new("rebound", env!("CARGO_PKG_VERSION")))
-            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+        rmcp::model::ClientConfig::new(
+            self.offered.caps.clone(),
+            Implementation::new("rebound", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
     }
 
     async fn create_message(

@@ -367,7 +367,9 @@ mod tests {
     #[test]
     fn an_initializes_tasks_capability_is_read_and_odd_capabilities_are_no_harm() {
         let tasks = |capabilities: &str| {
-            let body = format!(r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"capabilities":{capabilities}}}}}"#);
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"capabilities":{capabilities}}}}}"#
+            );
             let probe = probe(body.as_bytes()).expect("read");
             probe.request().expect("a request").1.client_tasks.clone()
         };
