@@ -139,7 +139,7 @@ pub(super) enum Probe {
 pub(super) struct ParamsProbe {
     pub task: bool,
     pub protocol_version: Option<String>,
-    pub client_tasks: Option<ClientTasks>,
+    pub client_tasks: Option<Box<ClientTasks>>,
 }
 
 impl<'de> serde::Deserialize<'de> for ParamsProbe {
@@ -159,7 +159,8 @@ impl<'de> serde::Deserialize<'de> for ParamsProbe {
                             probe.protocol_version = map.next_value::<serde_json::Value>()?.as_str().map(str::to_owned);
                         }
                         "capabilities" => {
-                            probe.client_tasks = ClientTasks::of(&map.next_value::<serde_json::Value>()?["tasks"]);
+                            probe.client_tasks =
+                                ClientTasks::of(&map.next_value::<serde_json::Value>()?["tasks"]).map(Box::new);
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -264,7 +265,7 @@ pub(super) async fn limit(
     if let Some(("initialize", params)) = probe.request()
         && let Some(tasks) = &params.client_tasks
     {
-        parts.extensions.insert(tasks.clone()); // for the gateway's `initialize` (`server::client_tasks`)
+        parts.extensions.insert(ClientTasks::clone(tasks)); // for the gateway's `initialize` (`server::client_tasks`)
     }
     let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
