@@ -190,12 +190,17 @@ def test_a_client_that_runs_requests_as_tasks_is_offered_the_tools_that_need_it_
 
 def test_over_http_a_session_scoped_server_is_offered_its_clients_tasks_and_a_shared_one_not(tmp_path):
     """Over HTTP a `session`-scoped server is told what its own client runs as tasks, and
-    its async tools complete; a shared server is told nothing of any client's, so it does
-    not offer them (one client's capability is not every client's)."""
+    its async tools complete, for two clients at once; a shared server is told nothing of
+    any client's, so it does not offer them (one client's capability is not every
+    client's)."""
     config = gateway(tmp_path, scope="session")[-1]
     with serve_http(config, tmp_path / "gateway.log", TOKEN) as (url, _):
-        own = drive("asked", url)
-    assert_asked_tasks_completed(own)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda _: drive("asked", url), range(2)))
+    for own in both:
+        assert_asked_tasks_completed(own)
+    # Each client was asked, and polled, about its own tasks only.
+    assert {a["task"] for a in both[0]["asked"]}.isdisjoint({a["task"] for a in both[1]["asked"]})
     shared = tmp_path / "shared"
     shared.mkdir()
     with serve_http(gateway(shared)[-1], tmp_path / "shared.log", TOKEN) as (url, _):

@@ -6,31 +6,38 @@
 //! Those requests go to the client that runs the task, whichever client's call is in
 //! flight, and to none when no client of the gateway runs it for that server connection:
 //! a task id is the client's, so one client's id could name another's task on a shared
-//! server. A second task with an id already kept for that connection is refused (the
-//! client is asked to cancel it), so no id ever names two clients' tasks. A server's
-//! `tasks/list` goes to the client the usual rule names (`super::routing`), and its answer
-//! keeps only the tasks that client runs for that connection.
+//! server. A second task with an id already kept for that connection is refused (a
+//! client other than the first is asked to cancel it), so no id ever names two clients'
+//! tasks. A server's `tasks/list` goes to the client the usual rule names
+//! (`super::routing`), and its answer keeps only the tasks that client runs for that
+//! connection. A client's `notifications/tasks/status` about a task goes to the server
+//! connection it runs the task for, and to no other server.
 //!
-//! Kept until the task's time to live ends (at most a day) or its client goes; at most
-//! [`PER_CONNECTION`] per server connection and [`KEPT`] in all.
+//! Kept until the task's time to live ends (at most a day), a minute after the client
+//! said it ended (a terminal status in an answer, or its result fetched), or until its
+//! client or its server connection goes; at most [`PER_CONNECTION`] per server
+//! connection (so in all, at most that many per connection the configuration and
+//! `max_sessions` allow).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use rmcp::model::RequestId;
-use rmcp::{Peer, RoleServer};
 use serde_json::Value;
 use tokio::time::Instant;
+
+use super::routing::ClientPeer;
 
 /// The most tasks kept for one server connection.
 pub const PER_CONNECTION: usize = 256;
 
-/// The most tasks kept for all servers.
-const KEPT: usize = 4096;
-
 /// The longest a task is kept, whatever its time to live.
 const LONGEST: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long a task is kept once its client said it ended, for the server to fetch its
+/// result or ask once more.
+const AFTER_END: Duration = Duration::from_secs(60);
 
 /// The longest task id kept.
 const MAX_ID_BYTES: usize = 1024;
@@ -38,98 +45,129 @@ const MAX_ID_BYTES: usize = 1024;
 /// The server requests about one task, which go to the client that runs it.
 pub const ABOUT_ONE: [&str; 3] = ["tasks/get", "tasks/result", "tasks/cancel"];
 
-/// The client running a task: its session, and the call the server asked during.
+/// The statuses a task ends with.
+const ENDED: [&str; 3] = ["completed", "failed", "cancelled"];
+
+/// The client running a task, and the call its server asked during.
 struct Runner {
-    peer: Peer<RoleServer>,
+    by: ClientPeer,
     during: Option<RequestId>,
     until: Instant,
 }
 
 impl Runner {
     fn is_live(&self, now: Instant) -> bool {
-        now < self.until && !self.peer.is_transport_closed()
+        now < self.until && !self.by.peer.is_transport_closed()
     }
 }
 
-/// The tasks clients run for servers: (upstream session, task id) → its client.
+/// Why a task a client created cannot be kept.
+#[derive(Debug)]
+pub struct Refused {
+    pub why: String,
+    /// Whether the client is to be asked to cancel it (not when the id is one of its own
+    /// tasks already kept: that one would be cancelled).
+    pub cancel: bool,
+}
+
+/// The tasks clients run for servers: per upstream session (a server connection), each
+/// task id with its client.
 #[derive(Default)]
 pub struct AskedTasks {
-    tasks: Mutex<HashMap<(u64, String), Runner>>,
+    connections: Mutex<HashMap<u64, HashMap<String, Runner>>>,
 }
 
 impl AskedTasks {
-    /// `peer` answered a request of upstream `session`'s server (asked during its call
-    /// `during`) with `answer`: the task it created, if it did, is kept as its. An error
-    /// says why a task could not be kept; the task is then to be cancelled.
+    /// `by` answered a request of upstream `session`'s server (asked during its call
+    /// `during`) with `answer`: the task it created, if it did, is kept as its.
     pub fn created(
         &self,
         session: u64,
         answer: &Value,
-        peer: &Peer<RoleServer>,
+        by: &ClientPeer,
         during: Option<RequestId>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         let Some(task) = answer.get("task").filter(|t| t.is_object()) else { return Ok(()) };
-        let Some(id) = task["taskId"].as_str() else { return Err("its task has no `taskId`".to_owned()) };
+        let refused = |why: String| Err(Refused { why, cancel: true });
+        let Some(id) = task["taskId"].as_str() else { return refused("its task has no `taskId`".to_owned()) };
         if id.len() > MAX_ID_BYTES {
-            return Err(format!("its task's id is longer than {MAX_ID_BYTES} bytes"));
+            return refused(format!("its task's id is longer than {MAX_ID_BYTES} bytes"));
         }
         let now = Instant::now();
         let ttl = task["ttl"].as_u64().map_or(LONGEST, |ms| Duration::from_millis(ms).min(LONGEST));
-        let mut tasks = self.tasks.lock().expect("not poisoned");
-        let key = (session, id.to_owned());
-        if tasks.get(&key).is_some_and(|runner| runner.is_live(now)) {
-            return Err(format!("a task with id `{id}` already runs for this server"));
+        let mut connections = self.connections.lock().expect("not poisoned");
+        let tasks = connections.entry(session).or_default();
+        if let Some(kept) = tasks.get(id).filter(|runner| runner.is_live(now)) {
+            let why = format!("a task with id `{id}` already runs for this server");
+            return Err(Refused { why, cancel: kept.by.client != by.client });
         }
-        if tasks.len() >= KEPT || tasks.keys().filter(|(s, _)| *s == session).count() >= PER_CONNECTION {
+        if tasks.len() >= PER_CONNECTION {
             tasks.retain(|_, runner| runner.is_live(now));
         }
-        if tasks.len() >= KEPT {
-            return Err(format!("the gateway keeps at most {KEPT} tasks that clients run for servers"));
+        if tasks.len() >= PER_CONNECTION {
+            return refused(format!(
+                "the gateway keeps at most {PER_CONNECTION} tasks that clients run for one server"
+            ));
         }
-        if tasks.keys().filter(|(s, _)| *s == session).count() >= PER_CONNECTION {
-            return Err(format!("the gateway keeps at most {PER_CONNECTION} tasks that clients run for one server"));
-        }
-        tasks.insert(key, Runner { peer: peer.clone(), during, until: now + ttl });
+        tasks.insert(id.to_owned(), Runner { by: by.clone(), during, until: now + ttl });
         Ok(())
     }
 
     /// The client that runs task `id` for upstream `session`, and the call its server
     /// asked during.
-    pub fn runner(&self, session: u64, id: &str) -> Option<(Peer<RoleServer>, Option<RequestId>)> {
-        let tasks = self.tasks.lock().expect("not poisoned");
-        let runner = tasks.get(&(session, id.to_owned())).filter(|r| r.is_live(Instant::now()))?;
-        Some((runner.peer.clone(), runner.during.clone()))
+    pub fn runner(&self, session: u64, id: &str) -> Option<(ClientPeer, Option<RequestId>)> {
+        let connections = self.connections.lock().expect("not poisoned");
+        let runner = connections.get(&session)?.get(id).filter(|r| r.is_live(Instant::now()))?;
+        Some((runner.by.clone(), runner.during.clone()))
     }
 
-    /// A client's answer to upstream `session`'s `tasks/list`, with only the tasks that
-    /// client runs for it.
-    pub fn only_theirs(&self, session: u64, peer: &Peer<RoleServer>, mut answer: Value) -> Value {
-        let tasks = self.tasks.lock().expect("not poisoned");
-        let now = Instant::now();
+    /// The client's answer about task `id` (to `tasks/result` when `result`) came back to
+    /// upstream `session`: once the task has ended, it is kept only a moment longer.
+    pub fn answered(&self, session: u64, id: &str, result: bool, answer: &Value) {
+        let ended = result || answer["status"].as_str().is_some_and(|s| ENDED.contains(&s));
+        if !ended {
+            return;
+        }
+        let mut connections = self.connections.lock().expect("not poisoned");
+        if let Some(runner) = connections.get_mut(&session).and_then(|tasks| tasks.get_mut(id)) {
+            runner.until = runner.until.min(Instant::now() + AFTER_END);
+        }
+    }
+
+    /// A client's answer to upstream `session`'s `tasks/list`, with only the tasks
+    /// `client` runs for it.
+    pub fn only_theirs(&self, session: u64, client: &str, mut answer: Value) -> Value {
+        let connections = self.connections.lock().expect("not poisoned");
+        let (tasks, now) = (connections.get(&session), Instant::now());
         let theirs = |task: &Value| {
-            let id = task["taskId"].as_str().unwrap_or_default();
-            tasks.get(&(session, id.to_owned())).is_some_and(|r| r.is_live(now) && same(&r.peer, peer))
+            let runner = task["taskId"].as_str().and_then(|id| tasks?.get(id));
+            runner.is_some_and(|r| r.is_live(now) && *r.by.client == *client)
         };
         if let Some(list) = answer.get_mut("tasks").and_then(Value::as_array_mut) {
             list.retain(theirs);
         }
         answer
     }
-}
 
-/// Whether two handles are the same client session: rmcp's `Peer` has no identity of its
-/// own, but each session's peer info is one shared cell.
-fn same(a: &Peer<RoleServer>, b: &Peer<RoleServer>) -> bool {
-    match (a.peer_info(), b.peer_info()) {
-        (Some(a), Some(b)) => std::sync::Arc::ptr_eq(&a, &b),
-        _ => false,
+    /// The server connection `client` runs task `id` for, if any.
+    pub fn connection_of(&self, client: &str, id: &str) -> Option<u64> {
+        let connections = self.connections.lock().expect("not poisoned");
+        let now = Instant::now();
+        connections.iter().find_map(|(session, tasks)| {
+            tasks.get(id).filter(|r| r.is_live(now) && *r.by.client == *client).map(|_| *session)
+        })
+    }
+
+    /// Upstream `session` ended: the tasks run for it are no one's any more.
+    pub fn forget_connection(&self, session: u64) {
+        self.connections.lock().expect("not poisoned").remove(&session);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use rmcp::service::RunningService;
-    use rmcp::{RoleClient, ServiceExt as _};
+    use rmcp::{RoleClient, RoleServer, ServiceExt as _};
     use serde_json::json;
 
     use super::*;
@@ -137,47 +175,56 @@ mod tests {
     struct Nothing;
     impl rmcp::ServerHandler for Nothing {}
 
-    /// A client session of a gateway-side server over an in-memory pipe: its peer, and
-    /// both ends to keep it open.
-    async fn session() -> (Peer<RoleServer>, RunningService<RoleServer, Nothing>, RunningService<RoleClient, ()>) {
+    /// Client session `name` of a gateway-side server over an in-memory pipe, and both
+    /// ends, to keep it open.
+    async fn session(name: &str) -> (ClientPeer, RunningService<RoleServer, Nothing>, RunningService<RoleClient, ()>) {
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let server = tokio::spawn(async move { Nothing.serve(ours).await.unwrap() });
         let client = ().serve(theirs).await.unwrap();
         let server = server.await.unwrap();
-        (server.peer().clone(), server, client)
+        (ClientPeer { client: name.into(), peer: server.peer().clone() }, server, client)
     }
 
     fn created(id: &str, ttl: u64) -> Value {
         json!({"task": {"taskId": id, "status": "working", "ttl": ttl}})
     }
 
+    fn runs(asked: &AskedTasks, session: u64, id: &str) -> Option<String> {
+        asked.runner(session, id).map(|(by, _)| by.client.to_string())
+    }
+
     #[tokio::test]
     async fn a_task_is_its_clients_and_its_id_cannot_name_another_clients_task() {
-        let ((alice, _a, _ac), (bob, _b, _bc)) = (session().await, session().await);
+        let ((alice, _a, _ac), (bob, _b, _bc)) = (session("alice").await, session("bob").await);
         let asked = AskedTasks::default();
         asked.created(1, &created("t", 60_000), &alice, Some(RequestId::Number(7))).unwrap();
-        let (runner, during) = asked.runner(1, "t").expect("kept");
-        assert!(same(&runner, &alice) && !same(&runner, &bob));
-        assert_eq!(during, Some(RequestId::Number(7)));
-        assert!(asked.runner(2, "t").is_none(), "another server connection's task of that id is unknown");
+        assert_eq!(asked.runner(1, "t").unwrap().1, Some(RequestId::Number(7)));
+        assert_eq!(runs(&asked, 1, "t").as_deref(), Some("alice"));
+        assert_eq!(runs(&asked, 2, "t"), None, "another server connection's task of that id is unknown");
         let refused = asked.created(1, &created("t", 60_000), &bob, None).unwrap_err();
-        assert!(refused.contains("already runs"), "{refused}");
-        assert!(same(&asked.runner(1, "t").unwrap().0, &alice), "still alice's");
+        assert!(refused.why.contains("already runs") && refused.cancel, "{refused:?}");
+        assert_eq!(runs(&asked, 1, "t").as_deref(), Some("alice"), "still alice's");
+        // Alice's own id again: refused, but her kept task is not to be cancelled.
+        assert!(!asked.created(1, &created("t", 60_000), &alice, None).unwrap_err().cancel);
         asked.created(2, &created("t", 60_000), &bob, None).unwrap();
+        assert_eq!(asked.connection_of("bob", "t"), Some(2));
+        assert_eq!(asked.connection_of("alice", "t"), Some(1));
+        assert_eq!(asked.connection_of("alice", "other"), None);
         // An answer that is no task keeps nothing; a task without an id, or a huge one, is refused.
         asked.created(1, &json!({"role": "assistant", "model": "m"}), &bob, None).unwrap();
         assert!(asked.created(1, &json!({"task": {"status": "working"}}), &bob, None).is_err());
         assert!(asked.created(1, &created(&"x".repeat(MAX_ID_BYTES + 1), 1), &bob, None).is_err());
         // A server's task list keeps only what the answering client runs for it.
         asked.created(1, &created("b", 60_000), &bob, None).unwrap();
-        let list = json!({"tasks": [{"taskId": "t"}, {"taskId": "b"}, {"taskId": "unknown"}], "nextCursor": "c"});
-        assert_eq!(asked.only_theirs(1, &alice, list.clone()), json!({"tasks": [{"taskId": "t"}], "nextCursor": "c"}));
-        assert_eq!(asked.only_theirs(1, &bob, list)["tasks"], json!([{"taskId": "b"}]));
+        let list = json!({"tasks": [{"taskId": "t"}, {"taskId": "b"}, {"taskId": "unknown"}, {}], "nextCursor": "c"});
+        assert_eq!(asked.only_theirs(1, "alice", list.clone()), json!({"tasks": [{"taskId": "t"}], "nextCursor": "c"}));
+        assert_eq!(asked.only_theirs(1, "bob", list.clone())["tasks"], json!([{"taskId": "b"}]));
+        assert_eq!(asked.only_theirs(9, "bob", list)["tasks"], json!([]));
     }
 
     #[tokio::test]
     async fn a_task_is_kept_for_its_time_to_live_and_within_bounds() {
-        let (alice, _a, _ac) = session().await;
+        let (alice, _a, _ac) = session("alice").await;
         tokio::time::pause();
         let asked = AskedTasks::default();
         asked.created(1, &created("short", 1_000), &alice, None).unwrap();
@@ -185,24 +232,44 @@ mod tests {
             asked.created(1, &created(&format!("t{n}"), 60_000), &alice, None).unwrap();
         }
         let refused = asked.created(1, &created("one-more", 60_000), &alice, None).unwrap_err();
-        assert!(refused.contains("at most 256"), "{refused}");
+        assert!(refused.why.contains("at most 256"), "{refused:?}");
         asked.created(2, &created("one-more", 60_000), &alice, None).expect("another connection has room");
         tokio::time::advance(Duration::from_millis(1_001)).await;
-        assert!(asked.runner(1, "short").is_none(), "its time to live ended");
+        assert_eq!(runs(&asked, 1, "short"), None, "its time to live ended");
         asked.created(1, &created("one-more", 60_000), &alice, None).expect("the ended task's room");
         // No time to live: kept a day at most.
         asked.created(3, &json!({"task": {"taskId": "forever"}}), &alice, None).unwrap();
         tokio::time::advance(LONGEST).await;
-        assert!(asked.runner(3, "forever").is_none());
+        assert_eq!(runs(&asked, 3, "forever"), None);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ended_is_kept_a_moment_and_a_gone_connection_forgets_its_tasks() {
+        let (alice, _a, _ac) = session("alice").await;
+        tokio::time::pause();
+        let asked = AskedTasks::default();
+        for id in ["done", "fetched", "working"] {
+            asked.created(1, &created(id, 3_600_000), &alice, None).unwrap();
+        }
+        asked.answered(1, "done", false, &json!({"taskId": "done", "status": "completed"}));
+        asked.answered(1, "fetched", true, &json!({"action": "accept"}));
+        asked.answered(1, "working", false, &json!({"taskId": "working", "status": "working"}));
+        tokio::time::advance(AFTER_END - Duration::from_millis(1)).await;
+        assert!(runs(&asked, 1, "done").is_some() && runs(&asked, 1, "fetched").is_some(), "a moment more");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!((runs(&asked, 1, "done"), runs(&asked, 1, "fetched")), (None, None));
+        assert!(runs(&asked, 1, "working").is_some());
+        asked.forget_connection(1);
+        assert_eq!(runs(&asked, 1, "working"), None);
     }
 
     #[tokio::test]
     async fn a_task_of_a_client_that_went_away_is_no_ones() {
-        let (alice, server, client) = session().await;
+        let (alice, server, client) = session("alice").await;
         let asked = AskedTasks::default();
         asked.created(1, &created("t", 60_000), &alice, None).unwrap();
         client.cancel().await.unwrap();
         let _ = server.waiting().await;
-        assert!(asked.runner(1, "t").is_none());
+        assert_eq!(runs(&asked, 1, "t"), None);
     }
 }

@@ -24,6 +24,7 @@ use rmcp::service::SubscriptionSink;
 use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
+use super::routing::ClientPeer;
 use crate::transport::listen::{Follower, MAX_FOLLOWED};
 
 /// How clients reach this gateway.
@@ -160,10 +161,14 @@ impl Downstreams {
     }
 
     /// The only client, over stdio, if it has a session (a 2026-07-28 client has none).
-    pub fn only_stdio_client(&self) -> Option<Peer<RoleServer>> {
-        let sessions: Vec<Reach> = self.reaches().into_iter().filter(|r| r.session().is_some()).collect();
-        match (self.front, sessions.as_slice()) {
-            (Front::Stdio, [Reach::Session(only)]) => Some(only.clone()),
+    pub fn only_stdio_client(&self) -> Option<ClientPeer> {
+        if self.front != Front::Stdio {
+            return None;
+        }
+        let list = self.list.lock().expect("not poisoned");
+        let mut sessions = list.iter().filter(|d| !d.reach.is_closed()).filter_map(|d| Some((d, d.reach.session()?)));
+        match (sessions.next(), sessions.next()) {
+            (Some((only, peer)), None) => Some(ClientPeer { client: only.client.clone(), peer: peer.clone() }),
             _ => None,
         }
     }

@@ -25,7 +25,9 @@ use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::listen::Follower;
-use crate::transport::supervisor::{Revisions, ServerHandle, Session, Status, Supervision, spawn_supervisor};
+use crate::transport::supervisor::{
+    Revisions, ServerHandle, ServerState, Session, Status, Supervision, spawn_supervisor,
+};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
 
@@ -180,16 +182,29 @@ impl Hub {
         });
     }
 
-    /// Follows `handle`'s state: re-applies what clients set when it is ready, and
-    /// rebuilds the catalogue (the shared one, or its owner's).
+    /// Follows `handle`'s state: re-applies what clients set when it is ready, rebuilds
+    /// the catalogue (the shared one, or its owner's), and forgets the tasks clients ran
+    /// for a connection that ended.
     pub fn watch(self: &Arc<Self>, handle: &Arc<ServerHandle>, owner: Option<Owner>) {
         let mut rx = handle.subscribe();
         let weak = Arc::downgrade(self);
         let handle = Arc::downgrade(handle);
+        let connection = |state: &ServerState| state.session.as_ref().map(|s| s.id);
         tokio::spawn(async move {
-            let mut last = rx.borrow().status;
+            let (mut last, mut connected) = (rx.borrow().status, connection(&rx.borrow()));
+            let forget = |id: Option<u64>| {
+                if let (Some(id), Some(hub)) = (id, weak.upgrade()) {
+                    hub.routing.run_by_clients.forget_connection(id);
+                }
+            };
             while rx.changed().await.is_ok() {
-                let status = rx.borrow_and_update().status;
+                let (status, now) = {
+                    let state = rx.borrow_and_update();
+                    (state.status, connection(&state))
+                };
+                if now != connected {
+                    forget(std::mem::replace(&mut connected, now));
+                }
                 let (Some(hub), Some(handle)) = (weak.upgrade(), handle.upgrade()) else { break };
                 // Ready from anything but its first start: a restart.
                 let restarted = status == Status::Ready && last != Status::Starting;
@@ -201,6 +216,7 @@ impl Hub {
                 }
                 last = status;
             }
+            forget(connected);
         });
     }
 

@@ -14,11 +14,11 @@ use rmcp::model::{ClientResult, CustomRequest, CustomResult, Notification, Serve
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Value, json};
 
-use super::asked_tasks::ABOUT_ONE;
+use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
 use super::downstreams::send;
 use super::hub::Hub;
-use super::routing::{Caller, ask, to_client};
-use crate::transport::tasks::CLIENT_TASK_REQUESTS;
+use super::routing::{Caller, ClientPeer, ask, to_client};
+use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
 /// Forwards one server instance's traffic to the hub without keeping it alive.
@@ -64,7 +64,9 @@ impl HubRelay {
                 let task = (n.method == "notifications/tasks/status")
                     .then(|| hub.routing.task_status(session, n.params.as_ref()?))
                     .flatten();
-                match task.or_else(|| owner.map(|o| o.peer.clone())).or_else(|| hub.downstreams.only_stdio_client()) {
+                let otherwise =
+                    || owner.map(|o| o.peer.clone()).or_else(|| Some(hub.downstreams.only_stdio_client()?.peer));
+                match task.or_else(otherwise) {
                     Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
                     None => tracing::debug!(
                         server,
@@ -103,13 +105,14 @@ impl HubRelay {
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
         let kind = Kind::of(&request);
         let caller = match &kind {
-            Kind::AboutTask(id) => match hub.routing.asked.runner(asker.session, id) {
-                Some((peer, during)) => Caller::Client { peer, during },
+            Kind::AboutTask { id: Some(id), .. } => match hub.routing.run_by_clients.runner(asker.session, id) {
+                Some((to, during)) => Caller::Client { to, during },
                 None => Caller::Nobody("the task it names is no task a client of the gateway runs for this server"),
             },
+            Kind::AboutTask { id: None, .. } => Caller::Nobody("it names no task (`taskId`, a string, is required)"),
             _ => {
                 let otherwise = match &self.owner {
-                    Some(owner) => Some(owner.peer.clone()),
+                    Some(owner) => Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }),
                     None => hub.downstreams.only_stdio_client(),
                 };
                 hub.routing.caller(self.instance, &asker, otherwise)
@@ -117,33 +120,24 @@ impl HubRelay {
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());
         Box::pin(async move {
-            let (peer, originating) = match caller {
-                Caller::Client { peer, during } => (peer, during),
-                Caller::Held(bridge) => return bridge.ask(&server, request, asker.cancel).await,
+            let (to, originating) = match caller {
+                Caller::Client { to, during } => (to, during),
+                // That client takes no tasks: it is asked the question itself.
+                Caller::Held(bridge) => return bridge.ask(&server, untasked(request)?, asker.cancel).await,
                 Caller::Nobody(why) => {
                     tracing::info!(server, "a request of the server was not passed to any client: {why}");
                     return Err(ErrorData::internal_error(format!("Rebound asked no client: {why}"), None));
                 }
             };
             let session = asker.session;
-            let request = to_client(request, &peer, &server)?;
-            let answer = ask(peer.clone(), request, originating.clone(), asker).await?;
+            let request = to_client(request, &to.peer, &server)?;
+            let answer = ask(to.peer.clone(), request, originating.clone(), asker).await?;
             let ClientResult::CustomResult(CustomResult(value)) = answer else { return Ok(answer) };
-            let value = match kind {
-                Kind::ToRun => {
-                    if let Err(why) = routing.asked.created(session, &value, &peer, originating) {
-                        tracing::warn!(server, "a task the client created for the server is not kept: {why}");
-                        cancel_on_client(peer, &value);
-                        return Err(ErrorData::internal_error(
-                            format!("Rebound: the client's task was refused: {why}"),
-                            None,
-                        ));
-                    }
-                    value
-                }
-                Kind::List => routing.asked.only_theirs(session, &peer, value),
-                Kind::AboutTask(_) | Kind::Other => value,
-            };
+            let value =
+                note_answer(&routing.run_by_clients, kind, session, &to, originating, value).map_err(|refused| {
+                    tracing::warn!(server, "a task the client created for the server is not kept: {}", refused.why);
+                    ErrorData::internal_error(format!("Rebound: the client's task was refused: {}", refused.why), None)
+                })?;
             Ok(ClientResult::CustomResult(CustomResult(value)))
         })
     }
@@ -151,10 +145,14 @@ impl HubRelay {
 
 /// What a server's request is, for the tasks clients run for servers.
 enum Kind {
-    /// A request the client may run as a task (it asks for one).
-    ToRun,
-    /// `tasks/get`, `tasks/result` or `tasks/cancel` about this task.
-    AboutTask(String),
+    /// A request the client is asked to run as a task (`transport::typed`).
+    AsksForTask,
+    /// `tasks/get`, `tasks/result` (`result`) or `tasks/cancel` about task `id` (none
+    /// named: none).
+    AboutTask {
+        id: Option<String>,
+        result: bool,
+    },
     /// `tasks/list`.
     List,
     Other,
@@ -164,17 +162,66 @@ impl Kind {
     fn of(request: &UpstreamRequest) -> Self {
         let UpstreamRequest::Custom(custom) = request else { return Self::Other };
         let method = custom.method.as_str();
-        if CLIENT_TASK_REQUESTS.iter().any(|(m, ..)| *m == method) {
-            return Self::ToRun;
+        if ClientTaskRequest::of(method).is_some() {
+            return Self::AsksForTask;
         }
         if method == "tasks/list" {
             return Self::List;
         }
-        match custom.params.as_ref().and_then(|p| p["taskId"].as_str()) {
-            Some(id) if ABOUT_ONE.contains(&method) => Self::AboutTask(id.to_owned()),
-            _ => Self::Other,
+        if ABOUT_ONE.contains(&method) {
+            let id = custom.params.as_ref().and_then(|p| p["taskId"].as_str()).map(str::to_owned);
+            return Self::AboutTask { id, result: method == "tasks/result" };
         }
+        Self::Other
     }
+}
+
+/// What the client's `answer` (as it came) to a request of `kind` says about the tasks it
+/// runs for upstream `session`, noted; the answer as the server gets it. A task that
+/// cannot be kept is refused, and the client asked to cancel it.
+fn note_answer(
+    asked: &AskedTasks,
+    kind: Kind,
+    session: u64,
+    to: &ClientPeer,
+    originating: Option<rmcp::model::RequestId>,
+    answer: Value,
+) -> Result<Value, Refused> {
+    match kind {
+        Kind::AsksForTask => {
+            if let Err(refused) = asked.created(session, &answer, to, originating) {
+                if refused.cancel {
+                    cancel_on_client(to.peer.clone(), &answer);
+                }
+                return Err(refused);
+            }
+            Ok(answer)
+        }
+        Kind::AboutTask { id: Some(id), result } => {
+            asked.answered(session, &id, result, &answer);
+            Ok(answer)
+        }
+        Kind::List => Ok(asked.only_theirs(session, &to.client, answer)),
+        Kind::AboutTask { id: None, .. } | Kind::Other => Ok(answer),
+    }
+}
+
+/// A request the client was to run as a task, as a plain request: for a client that takes
+/// no tasks (a 2026-07-28 client's call, asked in its answer).
+fn untasked(request: UpstreamRequest) -> Result<UpstreamRequest, ErrorData> {
+    let UpstreamRequest::Custom(custom) = request else { return Ok(request) };
+    let Some(kind) = ClientTaskRequest::of(&custom.method) else { return Ok(UpstreamRequest::Custom(custom)) };
+    let mut params = custom.params.unwrap_or_default();
+    if let Some(params) = params.as_object_mut() {
+        params.remove("task");
+    }
+    let unreadable = |e: serde_json::Error| ErrorData::invalid_params(format!("`{}`: {e}", custom.method), None);
+    Ok(match kind {
+        ClientTaskRequest::Sampling => UpstreamRequest::Sampling(serde_json::from_value(params).map_err(unreadable)?),
+        ClientTaskRequest::Elicitation => {
+            UpstreamRequest::Elicitation(serde_json::from_value(params).map_err(unreadable)?)
+        }
+    })
 }
 
 /// Asks `peer` to cancel the task it created in `answer`, which the gateway does not keep.
@@ -205,5 +252,48 @@ impl Relay for HubRelay {
             Some(hub) => self.on_request(&hub, server, asker, request),
             None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn custom(method: &str, params: Value) -> UpstreamRequest {
+        UpstreamRequest::Custom(CustomRequest::new(method, Some(params)))
+    }
+
+    #[test]
+    fn what_a_server_asks_about_client_tasks_is_told_apart() {
+        let kind = |method: &str, params: Value| Kind::of(&custom(method, params));
+        assert!(matches!(kind("sampling/createMessage", json!({"task": {}})), Kind::AsksForTask));
+        assert!(matches!(kind("elicitation/create", json!({"task": {}})), Kind::AsksForTask));
+        assert!(matches!(kind("tasks/list", json!({})), Kind::List));
+        assert!(matches!(
+            kind("tasks/result", json!({"taskId": "t"})),
+            Kind::AboutTask { id: Some(id), result: true } if id == "t"
+        ));
+        assert!(matches!(kind("tasks/get", json!({"taskId": 7})), Kind::AboutTask { id: None, result: false }));
+        assert!(matches!(kind("tasks/cancel", json!({})), Kind::AboutTask { id: None, .. }));
+        assert!(matches!(kind("other/thing", json!({"taskId": "t"})), Kind::Other));
+        assert!(matches!(Kind::of(&UpstreamRequest::Roots), Kind::Other));
+    }
+
+    #[test]
+    fn a_request_to_be_run_as_a_task_is_asked_plainly_of_a_client_that_runs_none() {
+        let sampling = json!({"task": {"ttl": 1}, "messages": [], "maxTokens": 5});
+        let UpstreamRequest::Sampling(params) = untasked(custom("sampling/createMessage", sampling)).unwrap() else {
+            panic!("sampling")
+        };
+        assert_eq!(params.max_tokens, 5);
+        let elicitation = json!({"task": {}, "message": "m", "requestedSchema": {"type": "object", "properties": {}}});
+        assert!(matches!(
+            untasked(custom("elicitation/create", elicitation)).unwrap(),
+            UpstreamRequest::Elicitation(_)
+        ));
+        let refused = untasked(custom("sampling/createMessage", json!({"task": {}}))).unwrap_err();
+        assert!(refused.message.contains("sampling/createMessage"), "{refused:?}");
+        assert!(matches!(untasked(custom("tasks/get", json!({}))).unwrap(), UpstreamRequest::Custom(_)));
+        assert!(matches!(untasked(UpstreamRequest::Roots).unwrap(), UpstreamRequest::Roots));
     }
 }

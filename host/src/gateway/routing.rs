@@ -51,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 use super::asked_tasks::AskedTasks;
 use super::early::Early;
 use super::held::Bridge;
+use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::{Asker, UpstreamRequest};
 
 /// A client's call in flight on a server instance: a tool call, or another request it
@@ -69,11 +70,19 @@ struct InFlight {
     bridge: Option<Bridge>,
 }
 
+/// A client session as a server's request reaches it: its name (one per session, as in
+/// the errors log) and its peer.
+#[derive(Clone)]
+pub struct ClientPeer {
+    pub client: Arc<str>,
+    pub peer: Peer<RoleServer>,
+}
+
 /// Who should answer a server's request.
 pub enum Caller {
     /// This client, about its request `during` (if known: over HTTP the request then
     /// travels on that call's response stream).
-    Client { peer: Peer<RoleServer>, during: Option<RequestId> },
+    Client { to: ClientPeer, during: Option<RequestId> },
     /// This call of a 2026-07-28 client, which is asked in the call's answer.
     Held(Bridge),
     /// Nobody may: why, for the server.
@@ -88,7 +97,8 @@ fn client_of(call: &InFlight) -> Caller {
     if call.peer.is_transport_closed() {
         return Caller::Nobody("the client whose call this request belongs to is gone");
     }
-    Caller::Client { peer: call.peer.clone(), during: Some(call.request.clone()) }
+    let to = ClientPeer { client: call.client.clone(), peer: call.peer.clone() };
+    Caller::Client { to, during: Some(call.request.clone()) }
 }
 
 /// Calls in flight and progress routes, for every server instance.
@@ -110,7 +120,7 @@ pub struct Routing {
     /// [`ENDED_COUNTS`], and when (see rule 3).
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The tasks clients run for servers, and which client runs each.
-    pub asked: AskedTasks,
+    pub run_by_clients: AskedTasks,
 }
 
 /// A client whose call ended, and when.
@@ -146,25 +156,25 @@ impl Routing {
         CallGuard { routing: self.clone(), instance, id, answered: AtomicBool::new(false) }
     }
 
-    /// Task `id` on upstream `session` is `peer`'s, until the guard is dropped; `ended` is
+    /// Task `id` on upstream `session` is `owner`'s, until the guard is dropped; `ended` is
     /// cancelled when the server says the task ended.
     pub fn own_task(
         self: &Arc<Self>,
         session: u64,
         id: &str,
-        peer: Peer<RoleServer>,
+        owner: ClientPeer,
         ended: CancellationToken,
     ) -> TaskOwner {
         let key = (session, id.to_owned());
         let number = self.next_task.fetch_add(1, Ordering::Relaxed);
-        self.tasks.lock().expect("not poisoned").insert(key.clone(), TaskEntry { number, peer, ended });
+        self.tasks.lock().expect("not poisoned").insert(key.clone(), TaskEntry { number, owner, ended });
         TaskOwner { routing: self.clone(), key, number }
     }
 
     /// The client that started task `id` on upstream `session`, while it is there.
-    pub fn task_owner(&self, session: u64, id: &str) -> Option<Peer<RoleServer>> {
-        let peer = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))?.peer.clone();
-        (!peer.is_transport_closed()).then_some(peer)
+    pub fn task_owner(&self, session: u64, id: &str) -> Option<ClientPeer> {
+        let owner = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))?.owner.clone();
+        (!owner.peer.is_transport_closed()).then_some(owner)
     }
 
     /// A task's status from upstream `session` (a `notifications/tasks/status`'s params):
@@ -176,15 +186,15 @@ impl Routing {
         {
             entry.ended.cancel();
         }
-        self.task_owner(session, id)
+        self.task_owner(session, id).map(|owner| owner.peer)
     }
 
     /// Who should answer `asker`'s request to `instance` (see the module's rule).
     /// `otherwise` is the client asked when no call is in flight.
-    pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<Peer<RoleServer>>) -> Caller {
+    pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<ClientPeer>) -> Caller {
         if let Some(task) = &asker.task {
             return match self.task_owner(asker.session, task) {
-                Some(peer) => Caller::Client { peer, during: None },
+                Some(to) => Caller::Client { to, during: None },
                 None => Caller::Nobody("the task this request belongs to is no task a client of the gateway has now"),
             };
         }
@@ -207,7 +217,7 @@ impl Routing {
         // Closed sessions count: their calls may be the ones the server means.
         let Some(newest) = candidates.last() else {
             return match otherwise {
-                Some(peer) => Caller::Client { peer, during: None },
+                Some(to) => Caller::Client { to, during: None },
                 None => Caller::Nobody("no client of the gateway has a call in flight on this server"),
             };
         };
@@ -453,7 +463,7 @@ type TaskKey = (u64, String);
 /// A task's client, under the number of its `TaskOwner`.
 struct TaskEntry {
     number: u64,
-    peer: Peer<RoleServer>,
+    owner: ClientPeer,
     ended: CancellationToken,
 }
 
@@ -549,13 +559,13 @@ pub fn as_request(
             (ServerRequest::ElicitRequest(ElicitRequest::new(p)), caps.elicitation.is_some(), "elicitation")
         }
         // Asked to run as a task (`transport::typed`): as its method says.
-        UpstreamRequest::Custom(c) if c.method == "sampling/createMessage" => {
-            (ServerRequest::CustomRequest(c), caps.sampling.is_some(), "sampling")
-        }
-        UpstreamRequest::Custom(c) if c.method == "elicitation/create" => {
-            (ServerRequest::CustomRequest(c), caps.elicitation.is_some(), "elicitation")
-        }
-        UpstreamRequest::Custom(c) => (ServerRequest::CustomRequest(c), true, "custom requests"),
+        UpstreamRequest::Custom(c) => match ClientTaskRequest::of(&c.method) {
+            Some(ClientTaskRequest::Sampling) => (ServerRequest::CustomRequest(c), caps.sampling.is_some(), "sampling"),
+            Some(ClientTaskRequest::Elicitation) => {
+                (ServerRequest::CustomRequest(c), caps.elicitation.is_some(), "elicitation")
+            }
+            None => (ServerRequest::CustomRequest(c), true, "custom requests"),
+        },
     };
     if !supported {
         return Err(ErrorData::new(

@@ -480,7 +480,16 @@ impl ServerHandler for Gateway {
     }
 
     async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
+        // The status of a task the client runs for a server goes to that server connection
+        // only (`super::asked_tasks`); that of no such task, nowhere.
+        let only = (notification.method == "notifications/tasks/status").then(|| {
+            let id = notification.params.as_ref()?["taskId"].as_str()?;
+            self.hub.routing.run_by_clients.connection_of(&self.own.client, id)
+        });
         for session in self.concerned_sessions() {
+            if only.is_some_and(|only| only != Some(session.id)) {
+                continue;
+            }
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
         }

@@ -29,6 +29,7 @@ use super::call::PROTOCOL_KEYS;
 use super::catalogue::Catalogue;
 use super::downstreams::send;
 use super::forward::{Fault, Instance, Out};
+use super::routing::ClientPeer;
 use super::server::Gateway;
 use crate::recovery::engine::{AttemptRecord, Record, Role};
 use crate::recovery::{Failure, classify::classify};
@@ -277,8 +278,8 @@ impl Gateway {
     fn note_task(&self, id: &str, created: &Value, origin: Origin, peer: Peer<RoleServer>) -> Result<(), ErrorData> {
         let closed = origin.session.closed.clone();
         let routing = &self.hub.routing;
-        let own =
-            |o: &Origin, ended: &CancellationToken| routing.own_task(o.session.id, id, peer.clone(), ended.clone());
+        let owner = ClientPeer { client: self.own.client.clone(), peer: peer.clone() };
+        let own = |o: &Origin, ended: &CancellationToken| routing.own_task(o.session.id, id, owner, ended.clone());
         let task = self.own.tasks.keep(id, created, origin, own)?;
         // The session, not kept alive by its tasks: its going forgets them (`Tasks::drop`).
         let (hub, own, id) = (self.hub.clone(), Arc::downgrade(&self.own), id.to_owned());

@@ -8,7 +8,7 @@
 //! a server's sampling and elicitation requests as tasks, which the server then polls with
 //! `tasks/*` requests of its own. rmcp drops that capability and a request's `task` too:
 //! [`ClientTasks`] carries the first to a stdio server's `initialize`, and
-//! [`super::typed::server_request`] reads the second as it was sent.
+//! [`super::typed::Awaited::answer`] reads the second as it was sent.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,12 +20,39 @@ use serde_json::Value;
 /// The methods of MCP 2025-11-25's tasks, which a client sends about a task it started.
 pub const METHODS: [&str; 4] = ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"];
 
-/// The server-to-client requests a client may be asked to run as tasks.
-pub const CLIENT_TASK_REQUESTS: [(&str, &str, &str); 2] =
-    [("sampling/createMessage", "sampling", "createMessage"), ("elicitation/create", "elicitation", "create")];
+/// A server-to-client request a client may be asked to run as a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientTaskRequest {
+    Sampling,
+    Elicitation,
+}
+
+impl ClientTaskRequest {
+    const ALL: [Self; 2] = [Self::Sampling, Self::Elicitation];
+
+    /// The request with `method`, if it is one.
+    pub fn of(method: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.method() == method)
+    }
+
+    pub fn method(self) -> &'static str {
+        match self {
+            Self::Sampling => "sampling/createMessage",
+            Self::Elicitation => "elicitation/create",
+        }
+    }
+
+    /// Where a client's `tasks` capability names it: `requests.KIND.METHOD`.
+    fn in_capability(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Sampling => ("sampling", "createMessage"),
+            Self::Elicitation => ("elicitation", "create"),
+        }
+    }
+}
 
 /// A client's MCP 2025-11-25 `tasks` capability as the gateway relays it to servers: which
-/// of [`CLIENT_TASK_REQUESTS`] it runs as tasks, and whether it lists and cancels them;
+/// [`ClientTaskRequest`]s it runs as tasks, and whether it lists and cancels them;
 /// nothing else it said (the capability is rebuilt, not copied, so a client cannot make
 /// the gateway send a server what it does not understand).
 #[derive(Debug, Clone, PartialEq)]
@@ -36,7 +63,7 @@ impl ClientTasks {
     /// runs none of the requests as tasks.
     pub fn of(tasks: &Value) -> Option<Self> {
         let mut requests = serde_json::Map::new();
-        for (_, kind, method) in CLIENT_TASK_REQUESTS {
+        for (kind, method) in ClientTaskRequest::ALL.map(ClientTaskRequest::in_capability) {
             if tasks["requests"][kind][method].is_object() {
                 requests.insert(kind.to_owned(), serde_json::json!({ method: {} }));
             }

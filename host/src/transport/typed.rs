@@ -28,7 +28,7 @@ use rmcp::model::{
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::tasks::CLIENT_TASK_REQUESTS;
+use super::tasks::ClientTaskRequest;
 
 /// A message's top-level keys, with the method's name; values are skipped, not decoded.
 #[derive(Deserialize)]
@@ -128,7 +128,7 @@ fn task_augmented(keys: &Keys<'_>, line: &[u8]) -> Option<ServerJsonRpcMessage> 
     let method = keys.method.0.flatten()?;
     let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
     let task = keys.params.0.as_ref().is_some_and(|p| p.task.is_some());
-    if !request || !task || !CLIENT_TASK_REQUESTS.iter().any(|(m, ..)| *m == method) {
+    if !request || !task || ClientTaskRequest::of(method).is_none() {
         return None;
     }
     let JsonRpcRequest { jsonrpc, id, request } = custom(line)?;

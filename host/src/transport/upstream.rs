@@ -146,10 +146,21 @@ impl UpstreamHandler {
             Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
             _ => None,
         };
-        let task = cx.meta.0.get(RELATED_TASK).and_then(|t| t["taskId"].as_str()).map(str::to_owned);
+        let task = related_task(&cx.meta, &request);
         let asker = Asker { session: self.session, during, cancel: cx.ct.clone(), task };
         self.relay.request(&self.server, asker, request).await
     }
+}
+
+/// The task `request` says it belongs to, in its `_meta` (`meta`, where rmcp put it when it
+/// read the request; a request read as it was sent, `typed`, keeps it in its params).
+fn related_task(meta: &rmcp::model::RequestMetaObject, request: &UpstreamRequest) -> Option<String> {
+    let sent = match request {
+        UpstreamRequest::Custom(c) => c.params.as_ref().and_then(|p| p.get("_meta")),
+        _ => None,
+    };
+    let related = meta.0.get(RELATED_TASK).or_else(|| sent?.get(RELATED_TASK))?;
+    related["taskId"].as_str().map(str::to_owned)
 }
 
 /// The `_meta` key that ties a message to its task (MCP 2025-11-25).
@@ -242,5 +253,26 @@ impl ClientHandler for UpstreamHandler {
 
     async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleClient>) {
         self.relay.notify(&self.server, self.session, UpstreamEvent::Custom(notification));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_requests_task_is_read_where_rmcp_put_its_meta_or_in_its_params_as_sent() {
+        let related = |task: &str| json!({RELATED_TASK: {"taskId": task}});
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.0.insert(RELATED_TASK.to_owned(), related("read")[RELATED_TASK].clone());
+        assert_eq!(related_task(&meta, &UpstreamRequest::Roots).as_deref(), Some("read"));
+        let sent = CustomRequest::new("sampling/createMessage", Some(json!({"task": {}, "_meta": related("sent")})));
+        let sent = UpstreamRequest::Custom(sent);
+        assert_eq!(related_task(&rmcp::model::RequestMetaObject::default(), &sent).as_deref(), Some("sent"));
+        assert_eq!(related_task(&meta, &sent).as_deref(), Some("read"), "rmcp's reading first");
+        let none = UpstreamRequest::Custom(CustomRequest::new("x", Some(json!({"_meta": {}}))));
+        assert_eq!(related_task(&rmcp::model::RequestMetaObject::default(), &none), None);
     }
 }
