@@ -15,7 +15,7 @@
 //!
 //! Kept until the task's time to live ends (at most a day), a minute after the client
 //! said it ended (a terminal status in an answer, or its result fetched), or until its
-//! client or its server connection goes; at most [`PER_CONNECTION`] per server
+//! client goes or its server restarts or stops; at most [`PER_CONNECTION`] per server
 //! connection (so in all, at most that many per connection the configuration and
 //! `max_sessions` allow).
 
@@ -149,13 +149,14 @@ impl AskedTasks {
         answer
     }
 
-    /// The server connection `client` runs task `id` for, if any.
-    pub fn connection_of(&self, client: &str, id: &str) -> Option<u64> {
+    /// Whether `client` runs task `id` for upstream `session`.
+    pub fn runs_for(&self, session: u64, id: &str, client: &str) -> bool {
+        if id.len() > MAX_ID_BYTES {
+            return false; // never kept, and not hashed
+        }
         let connections = self.connections.lock().expect("not poisoned");
-        let now = Instant::now();
-        connections.iter().find_map(|(session, tasks)| {
-            tasks.get(id).filter(|r| r.is_live(now) && *r.by.client == *client).map(|_| *session)
-        })
+        let runner = connections.get(&session).and_then(|tasks| tasks.get(id));
+        runner.is_some_and(|r| r.is_live(Instant::now()) && *r.by.client == *client)
     }
 
     /// Upstream `session` ended: the tasks run for it are no one's any more.
@@ -165,19 +166,21 @@ impl AskedTasks {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use rmcp::service::RunningService;
     use rmcp::{RoleClient, RoleServer, ServiceExt as _};
     use serde_json::json;
 
     use super::*;
 
-    struct Nothing;
+    pub(in crate::gateway) struct Nothing;
     impl rmcp::ServerHandler for Nothing {}
 
     /// Client session `name` of a gateway-side server over an in-memory pipe, and both
     /// ends, to keep it open.
-    async fn session(name: &str) -> (ClientPeer, RunningService<RoleServer, Nothing>, RunningService<RoleClient, ()>) {
+    pub(in crate::gateway) async fn session(
+        name: &str,
+    ) -> (ClientPeer, RunningService<RoleServer, Nothing>, RunningService<RoleClient, ()>) {
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let server = tokio::spawn(async move { Nothing.serve(ours).await.unwrap() });
         let client = ().serve(theirs).await.unwrap();
@@ -207,9 +210,9 @@ mod tests {
         // Alice's own id again: refused, but her kept task is not to be cancelled.
         assert!(!asked.created(1, &created("t", 60_000), &alice, None).unwrap_err().cancel);
         asked.created(2, &created("t", 60_000), &bob, None).unwrap();
-        assert_eq!(asked.connection_of("bob", "t"), Some(2));
-        assert_eq!(asked.connection_of("alice", "t"), Some(1));
-        assert_eq!(asked.connection_of("alice", "other"), None);
+        assert!(asked.runs_for(2, "t", "bob") && !asked.runs_for(1, "t", "bob"));
+        assert!(asked.runs_for(1, "t", "alice") && !asked.runs_for(2, "t", "alice"));
+        assert!(!asked.runs_for(1, "other", "alice"));
         // An answer that is no task keeps nothing; a task without an id, or a huge one, is refused.
         asked.created(1, &json!({"role": "assistant", "model": "m"}), &bob, None).unwrap();
         assert!(asked.created(1, &json!({"task": {"status": "working"}}), &bob, None).is_err());

@@ -15,7 +15,7 @@ use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Value, json};
 
 use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
-use super::downstreams::send;
+use super::downstreams::{Front, send};
 use super::hub::Hub;
 use super::routing::{Caller, ClientPeer, ask, to_client};
 use crate::transport::tasks::ClientTaskRequest;
@@ -103,10 +103,20 @@ impl HubRelay {
         asker: Asker,
         request: UpstreamRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let kind = Kind::of(&request);
+        let mut kind = Kind::of(&request);
+        // A shared server over HTTP was told of no client's tasks (`Hub::offer`): what it
+        // asks to be run as one is asked plainly, so no client fills the tasks kept for it.
+        let plain = matches!(kind, Kind::AsksForTask) && self.owner.is_none() && hub.downstreams.front() == Front::Http;
+        if plain {
+            kind = Kind::Other;
+        }
         let caller = match &kind {
             Kind::AboutTask { id: Some(id), .. } => match hub.routing.run_by_clients.runner(asker.session, id) {
-                Some((to, during)) => Caller::Client { to, during },
+                // Over HTTP on the stream of the call it was asked during, while that lasts.
+                Some((to, during)) => {
+                    let during = during.filter(|d| hub.routing.is_in_flight(self.instance, &to.client, d));
+                    Caller::Client { to, during }
+                }
                 None => Caller::Nobody("the task it names is no task a client of the gateway runs for this server"),
             },
             Kind::AboutTask { id: None, .. } => Caller::Nobody("it names no task (`taskId`, a string, is required)"),
@@ -120,6 +130,7 @@ impl HubRelay {
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());
         Box::pin(async move {
+            let request = if plain { untasked(request)? } else { request };
             let (to, originating) = match caller {
                 Caller::Client { to, during } => (to, during),
                 // That client takes no tasks: it is asked the question itself.
@@ -132,13 +143,10 @@ impl HubRelay {
             let session = asker.session;
             let request = to_client(request, &to.peer, &server)?;
             let answer = ask(to.peer.clone(), request, originating.clone(), asker).await?;
-            let ClientResult::CustomResult(CustomResult(value)) = answer else { return Ok(answer) };
-            let value =
-                note_answer(&routing.run_by_clients, kind, session, &to, originating, value).map_err(|refused| {
-                    tracing::warn!(server, "a task the client created for the server is not kept: {}", refused.why);
-                    ErrorData::internal_error(format!("Rebound: the client's task was refused: {}", refused.why), None)
-                })?;
-            Ok(ClientResult::CustomResult(CustomResult(value)))
+            note_answer(&routing.run_by_clients, kind, session, &to, originating, answer).map_err(|refused| {
+                tracing::warn!(server, "a task the client created for the server is not kept: {}", refused.why);
+                ErrorData::internal_error(format!("Rebound: the client's task was refused: {}", refused.why), None)
+            })
         })
     }
 }
@@ -176,34 +184,42 @@ impl Kind {
     }
 }
 
-/// What the client's `answer` (as it came) to a request of `kind` says about the tasks it
-/// runs for upstream `session`, noted; the answer as the server gets it. A task that
-/// cannot be kept is refused, and the client asked to cancel it.
+/// What the client's `answer` to a request of `kind` says about the tasks it runs for
+/// upstream `session`, noted; the answer as the server gets it. A task that cannot be
+/// kept is refused, and the client asked to cancel it. (A task, a task's status and a
+/// task list come as they were sent, custom results; a task's result as rmcp read it.)
 fn note_answer(
     asked: &AskedTasks,
     kind: Kind,
     session: u64,
     to: &ClientPeer,
     originating: Option<rmcp::model::RequestId>,
-    answer: Value,
-) -> Result<Value, Refused> {
-    match kind {
+    answer: ClientResult,
+) -> Result<ClientResult, Refused> {
+    let ClientResult::CustomResult(CustomResult(value)) = answer else {
+        if let Kind::AboutTask { id: Some(id), result: true } = kind {
+            asked.answered(session, &id, true, &Value::Null);
+        }
+        return Ok(answer);
+    };
+    let value = match kind {
         Kind::AsksForTask => {
-            if let Err(refused) = asked.created(session, &answer, to, originating) {
+            if let Err(refused) = asked.created(session, &value, to, originating) {
                 if refused.cancel {
-                    cancel_on_client(to.peer.clone(), &answer);
+                    cancel_on_client(to.peer.clone(), &value);
                 }
                 return Err(refused);
             }
-            Ok(answer)
+            value
         }
         Kind::AboutTask { id: Some(id), result } => {
-            asked.answered(session, &id, result, &answer);
-            Ok(answer)
+            asked.answered(session, &id, result, &value);
+            value
         }
-        Kind::List => Ok(asked.only_theirs(session, &to.client, answer)),
-        Kind::AboutTask { id: None, .. } | Kind::Other => Ok(answer),
-    }
+        Kind::List => asked.only_theirs(session, &to.client, value),
+        Kind::AboutTask { id: None, .. } | Kind::Other => value,
+    };
+    Ok(ClientResult::CustomResult(CustomResult(value)))
 }
 
 /// A request the client was to run as a task, as a plain request: for a client that takes
@@ -295,5 +311,42 @@ mod tests {
         assert!(refused.message.contains("sampling/createMessage"), "{refused:?}");
         assert!(matches!(untasked(custom("tasks/get", json!({}))).unwrap(), UpstreamRequest::Custom(_)));
         assert!(matches!(untasked(UpstreamRequest::Roots).unwrap(), UpstreamRequest::Roots));
+    }
+
+    #[tokio::test]
+    async fn a_clients_answers_keep_its_tasks_whatever_shape_rmcp_read_them_in() {
+        let ((alice, _a, _ac), (bob, _b, _bc)) = (
+            super::super::asked_tasks::tests::session("alice").await,
+            super::super::asked_tasks::tests::session("bob").await,
+        );
+        tokio::time::pause();
+        let asked = AskedTasks::default();
+        let task =
+            |id: &str| ClientResult::CustomResult(CustomResult(json!({"task": {"taskId": id, "ttl": 3_600_000}})));
+        note_answer(&asked, Kind::AsksForTask, 1, &alice, None, task("t")).unwrap();
+        note_answer(&asked, Kind::AsksForTask, 1, &bob, None, task("b")).unwrap();
+        assert!(note_answer(&asked, Kind::AsksForTask, 1, &bob, None, task("t")).is_err(), "alice's id");
+        // A task's result, read by rmcp as a sampling result: the task ended all the same.
+        let result: ClientResult = serde_json::from_value(
+            json!({"role": "assistant", "content": {"type": "text", "text": "x"}, "model": "m"}),
+        )
+        .unwrap();
+        assert!(matches!(result, ClientResult::CreateMessageResult(_)));
+        let about = Kind::AboutTask { id: Some("t".into()), result: true };
+        assert!(matches!(
+            note_answer(&asked, about, 1, &alice, None, result).unwrap(),
+            ClientResult::CreateMessageResult(_)
+        ));
+        // A server's task list, answered by bob: only bob's.
+        let list = ClientResult::CustomResult(CustomResult(json!({"tasks": [{"taskId": "t"}, {"taskId": "b"}]})));
+        let ClientResult::CustomResult(CustomResult(listed)) =
+            note_answer(&asked, Kind::List, 1, &bob, None, list).unwrap()
+        else {
+            panic!("a custom result")
+        };
+        assert_eq!(listed["tasks"], json!([{"taskId": "b"}]));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert!(asked.runner(1, "t").is_none(), "its result was fetched a minute ago");
+        assert!(asked.runner(1, "b").is_some());
     }
 }

@@ -264,6 +264,13 @@ impl Routing {
             .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < ENDED_COUNTS))
     }
 
+    /// Whether `client`'s request `request` is still in flight on `instance`.
+    pub fn is_in_flight(&self, instance: u64, client: &str, request: &RequestId) -> bool {
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
+        calls.iter().any(|c| *c.client == *client && c.request == *request)
+    }
+
     /// Calls in flight on `instance`.
     pub fn in_flight_on(&self, instance: u64) -> usize {
         self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len)

@@ -482,14 +482,16 @@ impl ServerHandler for Gateway {
     async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
         // The status of a task the client runs for a server goes to that server connection
         // only (`super::asked_tasks`); that of no such task, nowhere.
-        let only = (notification.method == "notifications/tasks/status").then(|| {
-            let id = notification.params.as_ref()?["taskId"].as_str()?;
-            self.hub.routing.run_by_clients.connection_of(&self.own.client, id)
-        });
-        for session in self.concerned_sessions() {
-            if only.is_some_and(|only| only != Some(session.id)) {
-                continue;
-            }
+        let status = notification.method == "notifications/tasks/status";
+        let task = notification.params.as_ref().and_then(|p| p["taskId"].as_str());
+        let runs = &self.hub.routing.run_by_clients;
+        let sessions = self.concerned_sessions().into_iter();
+        let sessions: Vec<_> =
+            sessions.filter(|s| !status || task.is_some_and(|id| runs.runs_for(s.id, id, &self.own.client))).collect();
+        if status && sessions.is_empty() {
+            tracing::debug!(session = %self.own.client, "a task status of no task the client runs for a server; not passed on");
+        }
+        for session in sessions {
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
         }
