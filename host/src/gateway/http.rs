@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 mod limits;
+mod listens;
 mod tasks;
 
 use limits::{ClientLimits, limit};
@@ -127,12 +128,21 @@ async fn drain(front: &Front, grace: Duration) {
 
 /// A `subscriptions/listen` request waits for the servers' first start before rmcp reads
 /// it: rmcp decides its acknowledgement in a synchronous hook, which must see their
-/// resources (over stdio, `GatewayService` does the same). rmcp checks that the
-/// `Mcp-Method` header is the body's method.
-async fn settle_listen(State(front): State<Front>, request: Request, next: Next) -> Response {
-    if request.headers().get("mcp-method").is_some_and(|m| m.as_bytes() == b"subscriptions/listen") {
-        front.hub.settled().await;
+/// resources (over stdio, `GatewayService` does the same); and its resources past the
+/// client's room are taken out of it (`listens`). rmcp checks that the `Mcp-Method`
+/// header is the body's method.
+async fn settle_listen(
+    State(front): State<Front>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.headers().get("mcp-method").is_none_or(|m| m.as_bytes() != b"subscriptions/listen") {
+        return next.run(request).await;
     }
+    front.hub.settled().await;
+    // Its acknowledgement names only what the client has room to follow (`listens`).
+    let request = listens::trim(&front.hub, &address_client(peer.ip()), request).await;
     next.run(request).await
 }
 

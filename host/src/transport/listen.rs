@@ -183,6 +183,35 @@ impl Follows {
         Ok(Turn::Open { id, stop, opened })
     }
 
+    /// Which of `uris` (in order) `client` could follow now with `share`: `turn`'s answer
+    /// for each, as if each one admitted before it had been taken, a repeated one not.
+    /// (Another listen request that comes meanwhile may still take the room first.)
+    pub fn room_for(&self, client: &str, share: usize, uris: &[&str]) -> Vec<bool> {
+        let followed = self.lock();
+        let its = |f: &Follow| f.holders.values().any(|c| **c == *client);
+        let mut held = followed.by_uri.values().filter(|f| its(f)).count();
+        let mut total = followed.by_uri.len();
+        let mut seen = std::collections::HashSet::new();
+        let mut admit = |uri: &str| {
+            if !seen.insert(uri.to_owned()) {
+                return false;
+            }
+            match followed.by_uri.get(uri) {
+                Some(follow) if its(follow) => true,
+                Some(_) if held < share => {
+                    held += 1;
+                    true
+                }
+                None if held < share && total < MAX_FOLLOWED => {
+                    (held, total) = (held + 1, total + 1);
+                    true
+                }
+                _ => false,
+            }
+        };
+        uris.iter().map(|uri| admit(uri)).collect()
+    }
+
     /// `holder` leaves the follow of `uri`. The last to leave ends it (its `stop`
     /// cancelled); `tell_server`: ending it takes a request to the server.
     fn leave(&self, uri: &str, holder: &str, tell_server: bool) -> Left {
@@ -673,6 +702,24 @@ mod tests {
         // Leaving one makes room again.
         assert!(matches!(follows.leave("r://1", "a listen 1", false), Left::Ended));
         assert!(matches!(follows.turn("r://b", &listen("a", 2), &closed), Ok(Turn::Done)));
+    }
+
+    #[test]
+    fn the_room_a_client_has_is_what_following_would_find() {
+        let (follows, closed) = follows();
+        let (a, b) = (Follower { holder: "a listen 1".into(), client: "a".into(), share: 3 }, name("b"));
+        for (uri, who) in [("r://a1", &a), ("r://a2", &a), ("r://b1", &b)] {
+            let Ok(Turn::Open { opened, .. }) = follows.turn(uri, who, &closed) else { panic!("{uri} opens") };
+            opened.send_replace(Opening::Open);
+        }
+        // `a` holds two of three: what it holds, then one more (new or another's), then none.
+        let room = follows.room_for("a", 3, &["r://a1", "r://b1", "r://new", "r://a2", "r://a1"]);
+        assert_eq!(room, [true, true, false, true, false]);
+        assert_eq!(follows.room_for("a", 3, &["r://new", "r://b1"]), [true, false]);
+        assert_eq!(follows.room_for("c", 3, &["r://a1", "r://x", "r://y", "r://z"]), [true, true, true, false]);
+        // As `turn` finds it.
+        assert!(matches!(follows.turn("r://new", &a, &closed), Ok(Turn::Open { .. })));
+        assert!(matches!(follows.turn("r://b1", &a, &closed), Err(Full::Client)));
     }
 
     #[test]
