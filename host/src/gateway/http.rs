@@ -137,12 +137,14 @@ async fn settle_listen(
     request: Request,
     next: Next,
 ) -> Response {
-    if request.headers().get("mcp-method").is_none_or(|m| m.as_bytes() != b"subscriptions/listen") {
+    let listen = request.headers().get("mcp-method").is_some_and(|m| m.as_bytes() == b"subscriptions/listen");
+    if !listen || request.method() != Method::POST {
         return next.run(request).await;
     }
     front.hub.settled().await;
     // Its acknowledgement names only what the client has room to follow (`listens`).
-    let request = listens::trim(&front.hub, &address_client(peer.ip()), request).await;
+    let max = front.settings.max_body_bytes;
+    let request = listens::trim(&front.hub, &address_client(peer.ip()), max, request).await;
     next.run(request).await
 }
 

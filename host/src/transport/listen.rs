@@ -185,20 +185,28 @@ impl Follows {
 
     /// Which of `uris` (in order) `client` could follow now with `share`: `turn`'s answer
     /// for each, as if each one admitted before it had been taken, a repeated one not.
-    /// (Another listen request that comes meanwhile may still take the room first.)
-    pub fn room_for(&self, client: &str, share: usize, uris: &[&str]) -> Vec<bool> {
-        let followed = self.lock();
-        let its = |f: &Follow| f.holders.values().any(|c| **c == *client);
-        let mut held = followed.by_uri.values().filter(|f| its(f)).count();
-        let mut total = followed.by_uri.len();
-        let mut seen = std::collections::HashSet::new();
-        let mut admit = |uri: &str| {
-            if !seen.insert(uri.to_owned()) {
+    /// (A listen request of the client's still following what it was acknowledged, or
+    /// one that comes meanwhile, may still take the room first.) The lock is held only
+    /// to copy what is followed, at most [`MAX_FOLLOWED`] entries, whatever `uris` holds.
+    pub fn room_for<'a>(&self, client: &str, share: usize, uris: &[&'a str]) -> Vec<bool> {
+        let (theirs, mut total) = {
+            let followed = self.lock();
+            let theirs: HashMap<String, bool> = followed
+                .by_uri
+                .iter()
+                .map(|(uri, f)| (uri.clone(), f.holders.values().any(|c| **c == *client)))
+                .collect();
+            (theirs, followed.by_uri.len())
+        };
+        let mut held = theirs.values().filter(|its| **its).count();
+        let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        let mut admit = |uri: &'a str| {
+            if !seen.insert(uri) {
                 return false;
             }
-            match followed.by_uri.get(uri) {
-                Some(follow) if its(follow) => true,
-                Some(_) if held < share => {
+            match theirs.get(uri) {
+                Some(true) => true,
+                Some(false) if held < share => {
                     held += 1;
                     true
                 }

@@ -5,9 +5,10 @@
 //! (by its address: `super::address_client`): each shared server's resources past the
 //! room the client has there now (its share, less what its listen requests follow; and
 //! the room the server's connection has) are taken out of the request, and the
-//! acknowledgement names only what will be followed. (Two of its listen requests at the
-//! same moment may still find the same room; the later one's resource then goes
-//! unfollowed, in the log.)
+//! acknowledgement names only what the client had room for when the request was read.
+//! (Another of its listen requests still following what it was acknowledged, or one at
+//! the same moment, may still take that room first; what finds none goes unfollowed, in
+//! the log.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,11 +21,11 @@ use serde_json::Value;
 use crate::gateway::hub::Hub;
 use crate::transport::listen::MAX_FOLLOWED_PER_CLIENT;
 
-/// `request` (a `subscriptions/listen`, its body read within its bound by `limits`)
-/// without the resources `client` has no room to follow.
-pub(super) async fn trim(hub: &Hub, client: &str, request: Request) -> Request {
+/// `request` (a POST of a `subscriptions/listen`, its body read within `max` bytes by
+/// `limits` already) without the resources `client` has no room to follow.
+pub(super) async fn trim(hub: &Hub, client: &str, max: usize, request: Request) -> Request {
     let (mut parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+    let Ok(bytes) = axum::body::to_bytes(body, max).await else {
         return Request::from_parts(parts, Body::empty()); // never: the body is in memory
     };
     match trimmed(&bytes, |uris| room(hub, client, uris)) {
@@ -40,6 +41,9 @@ pub(super) async fn trim(hub: &Hub, client: &str, request: Request) -> Request {
 /// `None` when it keeps them all, or the body is no listen request with resources.
 fn trimmed(body: &Bytes, room: impl FnOnce(&[Value]) -> Vec<bool>) -> Option<Vec<u8>> {
     let mut message: Value = serde_json::from_slice(body).ok()?;
+    if message["method"] != "subscriptions/listen" {
+        return None;
+    }
     let uris = message.get_mut("params")?.get_mut("notifications")?.get_mut("resourceSubscriptions")?;
     let uris = uris.as_array_mut()?;
     let kept = room(uris);
