@@ -191,7 +191,10 @@ impl Hub {
         let handle = Arc::downgrade(handle);
         let connection = |state: &ServerState| state.session.as_ref().map(|s| s.id);
         tokio::spawn(async move {
-            let (mut last, mut connected) = (rx.borrow().status, connection(&rx.borrow()));
+            let (mut last, mut connected) = {
+                let state = rx.borrow(); // one read lock: a second, taken while a writer waits, could deadlock
+                (state.status, connection(&state))
+            };
             let forget = |id: Option<u64>| {
                 if let (Some(id), Some(hub)) = (id, weak.upgrade()) {
                     hub.routing.run_by_clients.forget_connection(id);

@@ -42,12 +42,10 @@ impl ClientTaskRequest {
         }
     }
 
-    /// Where a client's `tasks` capability names it: `requests.KIND.METHOD`.
+    /// Where a client's `tasks` capability names it: `requests.KIND.METHOD`, its method's
+    /// two halves.
     fn in_capability(self) -> (&'static str, &'static str) {
-        match self {
-            Self::Sampling => ("sampling", "createMessage"),
-            Self::Elicitation => ("elicitation", "create"),
-        }
+        self.method().split_once('/').expect("a method is `kind/name`")
     }
 }
 

@@ -73,13 +73,17 @@ impl Keys<'_> {
     fn of(line: &[u8]) -> Option<Keys<'_>> {
         serde_json::from_slice(line).ok()
     }
+
+    /// A request is a method with an id and neither a result nor an error (as rmcp checks).
+    fn is_request(&self) -> bool {
+        self.id.is_some() && self.result.0.is_none() && self.error.0.is_none()
+    }
 }
 
 /// A client's `tools/call` request, or a request about tasks, or `None` for any other line.
 pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     let keys = Keys::of(line)?;
-    // A request is a method with an id and neither a result nor an error (as rmcp checks).
-    let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
+    let request = keys.is_request();
     match keys.method.0.flatten() {
         Some("tools/call") if request && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) => as_it_is(line),
         Some("tools/call") if request => {
@@ -126,9 +130,8 @@ fn custom(line: &[u8]) -> Option<JsonRpcRequest<CustomRequest>> {
 /// any other message of the server's.
 fn task_augmented(keys: &Keys<'_>, line: &[u8]) -> Option<ServerJsonRpcMessage> {
     let method = keys.method.0.flatten()?;
-    let request = keys.id.is_some() && keys.result.0.is_none() && keys.error.0.is_none();
     let task = keys.params.0.as_ref().is_some_and(|p| p.task.is_some());
-    if !request || !task || ClientTaskRequest::of(method).is_none() {
+    if !keys.is_request() || !task || ClientTaskRequest::of(method).is_none() {
         return None;
     }
     let JsonRpcRequest { jsonrpc, id, request } = custom(line)?;
