@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -318,6 +319,51 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<(
     Ok(())
 }
 
+/// The async runtime: for `http`, on every core unless `worker_threads` says otherwise.
+fn runtime(http: bool, worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
+    // One client over stdio asks one call at a time or a few: a single thread serves it
+    // with no hand-off between threads on the call's path (`cargo xtask bench`, the
+    // official Python SDK over stdio: 1.55× direct on the multi-threaded runtime, 1.35×
+    // on this one). The HTTP front serves many clients on every core, unless
+    // `rebound.http.worker_threads` says 1 (docs/benchmarks.md). Adapters yield at each
+    // epoch tick (a thread of their own), and compiling one on reload runs on the
+    // blocking pool, so neither holds the one thread for long.
+    match (http, worker_threads) {
+        (false, _) | (true, Some(1)) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        (true, Some(threads)) => {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
+        }
+        (true, None) => tokio::runtime::Runtime::new(),
+    }
+    .context("cannot start the async runtime")
+}
+
+/// Serves clients over `http` or stdio until the clients go or a signal comes: over HTTP,
+/// SIGTERM and SIGINT stop new calls and answer those in flight first.
+async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: usize) -> Result<()> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let serving = async {
+        match http {
+            Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
+            None => serve_stdio(hub.clone(), max_in_flight).await,
+        }
+    };
+    let signals = async {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        shutdown.cancel();
+    };
+    tokio::pin!(serving);
+    tokio::select! {
+        r = &mut serving => r,
+        () = signals => if http.is_some() { serving.await } else { Ok(()) },
+    }
+}
+
 /// `log` is the log's writer: finished (so flushed) before the process exits.
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<()> {
     rebound::memory::return_large_blocks();
@@ -339,47 +385,13 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
         Ok(false) => {}
         Err(e) => tracing::warn!("{e}; no traces will be exported"),
     }
-    // One client over stdio asks one call at a time or a few: a single thread serves it
-    // with no hand-off between threads on the call's path (`cargo xtask bench`, the
-    // official Python SDK over stdio: 1.55× direct on the multi-threaded runtime, 1.35×
-    // on this one). The HTTP front serves many clients on every core, unless
-    // `rebound.http.worker_threads` says 1 (docs/benchmarks.md). Adapters yield at each
-    // epoch tick (a thread of their own), and compiling one on reload runs on the
-    // blocking pool, so neither holds the one thread for long.
-    let runtime = match (http, config.settings.http.worker_threads) {
-        (None, _) | (Some(_), Some(1)) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        (Some(_), Some(threads)) => {
-            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
-        }
-        (Some(_), None) => tokio::runtime::Runtime::new(),
-    }
-    .context("cannot start the async runtime")?;
+    let runtime = runtime(http.is_some(), config.settings.http.worker_threads)?;
     let max_in_flight = config.settings.http.max_concurrent_per_client;
+    let front = if http.is_some() { Front::Http } else { Front::Stdio };
     let outcome = runtime.block_on(async {
-        let front = if http.is_some() { Front::Http } else { Front::Stdio };
         let hub = Hub::start(config, plugins, front);
         rebound::gateway::reload::watch(&hub, path.clone(), hangups()?);
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let serving = async {
-            match http {
-                Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
-                None => serve_stdio(hub.clone(), max_in_flight).await,
-            }
-        };
-        let signals = async {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-            }
-            shutdown.cancel();
-        };
-        tokio::pin!(serving);
-        let outcome = tokio::select! {
-            r = &mut serving => r,
-            () = signals => if http.is_some() { serving.await } else { Ok(()) },
-        };
+        let outcome = run(&hub, http, max_in_flight).await;
         hub.shutdown().await;
         tracing::info!("all servers stopped");
         outcome

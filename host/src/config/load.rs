@@ -530,34 +530,7 @@ impl Ctx<'_> {
     }
 
     fn http_settings(&self, mut http: HttpSettings) -> Result<HttpSettings, ConfigError> {
-        // The environment's token is taken as it is; the file's may be `${VAR}`.
-        let (key, token) = match (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
-            Some(token) => ("REBOUND_AUTH_TOKEN", Some(token)),
-            None => match &http.auth_token {
-                // An expansion error would quote the token: say only where it is.
-                Some(t) => (
-                    "rebound.http.auth_token",
-                    Some(self.expand("rebound.http.auth_token", t).map_err(|_| {
-                        self.err(
-                            "rebound.http.auth_token",
-                            "has an unfinished `${`",
-                            "write `${VAR}` to read the token from VAR",
-                        )
-                    })?),
-                ),
-                None => ("rebound.http.auth_token", None),
-            },
-        };
-        if let Some(token) = &token
-            && (token.len() < 16 || axum::http::HeaderValue::try_from(format!("Bearer {token}")).is_err())
-        {
-            return Err(self.err(
-                key,
-                "is too short or has characters a header cannot carry",
-                "use at least 16 printable characters, e.g. from `openssl rand -hex 32`",
-            ));
-        }
-        http.auth_token = token;
+        http.auth_token = self.auth_token(http.auth_token.as_deref())?;
         for (i, origin) in http.allowed_origins.iter().enumerate() {
             if origin != "null" && !origin.contains("://") {
                 return Err(self.err(
@@ -567,42 +540,71 @@ impl Ctx<'_> {
                 ));
             }
         }
-        if !(1..=1 << 30).contains(&http.max_body_bytes) || !(1..=100_000).contains(&http.max_concurrent_per_client) {
-            return Err(self.err(
-                "rebound.http",
-                "`max_body_bytes` must be 1 to 2^30 and `max_concurrent_per_client` 1 to 100000",
-                "leave them out for the defaults (4 MiB, 32)",
-            ));
-        }
-        if http.worker_threads.is_some_and(|n| !(1..=256).contains(&n)) {
-            return Err(self.err(
-                "rebound.http.worker_threads",
-                "must be 1 to 256",
-                "leave it out for one thread per core, or set 1 for a single thread",
-            ));
-        }
-        if http.shutdown_grace_ms > 600_000 {
-            return Err(self.err(
-                "rebound.http.shutdown_grace_ms",
-                "must be at most 600000 (ten minutes)",
-                "leave it out for the default (5000)",
-            ));
-        }
-        if !(1_000..=7 * 24 * 3_600_000).contains(&http.session_idle_ms) {
-            return Err(self.err(
-                "rebound.http.session_idle_ms",
-                "must be 1000 (a second) to 604800000 (a week)",
-                "leave it out for the default (1800000, half an hour)",
-            ));
-        }
-        if !(1..=100_000).contains(&http.max_sessions) {
-            return Err(self.err(
-                "rebound.http.max_sessions",
-                "must be 1 to 100000",
-                "leave it out for the default (256)",
-            ));
-        }
+        let n = |v: usize| Some(v as u64);
+        self.within(
+            "max_body_bytes",
+            n(http.max_body_bytes),
+            1..=1 << 30,
+            "1 to 1073741824 (1 GiB)",
+            "4194304, 4 MiB",
+        )?;
+        self.within("max_concurrent_per_client", n(http.max_concurrent_per_client), 1..=100_000, "1 to 100000", "32")?;
+        self.within("max_sessions", n(http.max_sessions), 1..=100_000, "1 to 100000", "256")?;
+        let (idle, week) = (Some(http.session_idle_ms), 7 * 24 * 3_600_000);
+        self.within(
+            "session_idle_ms",
+            idle,
+            1_000..=week,
+            "1000 (a second) to 604800000 (a week)",
+            "1800000, half an hour",
+        )?;
+        let grace = Some(http.shutdown_grace_ms);
+        self.within("shutdown_grace_ms", grace, 0..=600_000, "at most 600000 (ten minutes)", "5000")?;
+        let threads = http.worker_threads.and_then(n);
+        self.within("worker_threads", threads, 1..=256, "1 to 256", "one thread per core; 1 for a single thread")?;
         Ok(http)
+    }
+
+    /// Whether `rebound.http.KEY`'s `value`, when set, is within `range`: the message says
+    /// the range as `says`, the hint the default.
+    fn within(
+        &self,
+        key: &str,
+        value: Option<u64>,
+        range: std::ops::RangeInclusive<u64>,
+        says: &str,
+        default: &str,
+    ) -> Result<(), ConfigError> {
+        if value.is_some_and(|v| !range.contains(&v)) {
+            let hint = format!("leave it out for the default ({default})");
+            return Err(self.err(format!("rebound.http.{key}"), format!("must be {says}"), hint));
+        }
+        Ok(())
+    }
+
+    /// The gateway's bearer token: `REBOUND_AUTH_TOKEN` as it is, or the file's, which may
+    /// be `${VAR}`; at least 16 characters a header can carry.
+    fn auth_token(&self, in_file: Option<&str>) -> Result<Option<String>, ConfigError> {
+        let (key, token) = match (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
+            Some(token) => ("REBOUND_AUTH_TOKEN", token),
+            None => {
+                let Some(t) = in_file else { return Ok(None) };
+                // An expansion error would quote the token: say only where it is.
+                let key = "rebound.http.auth_token";
+                let token = self.expand(key, t).map_err(|_| {
+                    self.err(key, "has an unfinished `${`", "write `${VAR}` to read the token from VAR")
+                })?;
+                (key, token)
+            }
+        };
+        if token.len() < 16 || axum::http::HeaderValue::try_from(format!("Bearer {token}")).is_err() {
+            return Err(self.err(
+                key,
+                "is too short or has characters a header cannot carry",
+                "use at least 16 printable characters, e.g. from `openssl rand -hex 32`",
+            ));
+        }
+        Ok(Some(token))
     }
 
     fn string(&self, key: &str, value: Option<Value>) -> Result<String, ConfigError> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
-    InputResponses, JsonObject, RequestId, RequestMetaObject, ServerResult,
+    InputRequiredResult, InputResponses, JsonObject, RequestId, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
 use rmcp::{RoleClient, RoleServer, ServiceError};
@@ -75,57 +75,79 @@ pub async fn attempt(
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
         // (A server that does not ask is called once: its request takes the params.)
         let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
-        let asked = match exchange(routing, session, sent, this, cx, call).await? {
-            ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
-                return Err(Failure::ToolError { result: Box::new(result) });
-            }
-            ServerResult::CallToolResult(result) => return Ok(result.into()),
-            // Questions belong to 2026-07-28: from a server on an older revision they are
-            // a broken answer, like any other that is not a tool result.
-            ServerResult::InputRequiredResult(_) if !asks => {
-                return Err(Failure::Protocol {
-                    reason: "tools/call was answered with questions (InputRequiredResult) by a server on a revision before 2026-07-28".into(),
-                });
-            }
-            ServerResult::InputRequiredResult(asked) if modern_client && how.called => {
-                return Ok(CallToolResponse::InputRequired(asked));
-            }
-            ServerResult::InputRequiredResult(_) if modern_client => {
-                let reason =
-                    "a tool other than the one called asked for input; only the called tool's questions are passed on";
-                return Err(Failure::Unanswered { reason: reason.to_owned() });
-            }
-            ServerResult::InputRequiredResult(asked) => asked,
-            other => {
-                return Err(Failure::Protocol {
-                    reason: format!("tools/call was answered with {}", variant_name(&other)),
-                });
-            }
+        let answer = exchange(routing, session, sent, this, cx, call).await?;
+        let asked = match read_round(answer, asks, modern_client, how.called)? {
+            Round::Done(response) => return Ok(response),
+            Round::Asked(asked) => asked,
         };
         if round == input::MAX_ROUNDS {
             let reason = format!("the server still asked for input after {} rounds", input::MAX_ROUNDS);
             return Err(Failure::Protocol { reason });
         }
-        // The client's answers and the server's next round both come out of what is left.
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let answers = match tokio::time::timeout(left, input::answers(&asked, &server.name, session.id, cx)).await {
-            Ok(Ok(answers)) => answers,
-            _ if cx.ct.is_cancelled() => return Err(Failure::Cancelled),
-            Ok(Err(e)) => return Err(Failure::Unanswered { reason: e.message.into_owned() }),
-            Err(_) => {
-                let reason = format!("the call's deadline ({} ms) passed first", how.max_total.as_millis());
-                return Err(Failure::Unanswered { reason });
-            }
-        };
-        // The time the client took to answer is not the server's: nothing is left for it.
-        if deadline <= tokio::time::Instant::now() {
-            let reason = format!("the answers took the rest of the call's deadline ({} ms)", how.max_total.as_millis());
-            return Err(Failure::Unanswered { reason });
-        }
+        let answers = client_answers(&asked, &server.name, session, cx, deadline, how.max_total).await?;
         params.input_responses = Some(answers);
         params.request_state = asked.request_state;
         round += 1;
     }
+}
+
+/// What one round of a call came to: its answer, or the server's questions for the client.
+enum Round {
+    Done(CallToolResponse),
+    Asked(InputRequiredResult),
+}
+
+/// Reads the server's answer to one round. Questions belong to 2026-07-28: from a server
+/// on an older revision (`asks` false) they are a broken answer, like any other that is
+/// not a tool result; a 2026-07-28 client gets the called tool's questions as they are.
+fn read_round(answer: ServerResult, asks: bool, modern_client: bool, called: bool) -> Result<Round, Failure> {
+    match answer {
+        ServerResult::CallToolResult(result) if result.is_error == Some(true) => {
+            Err(Failure::ToolError { result: Box::new(result) })
+        }
+        ServerResult::CallToolResult(result) => Ok(Round::Done(result.into())),
+        ServerResult::InputRequiredResult(_) if !asks => Err(Failure::Protocol {
+            reason: "tools/call was answered with questions (InputRequiredResult) by a server on a revision before 2026-07-28".into(),
+        }),
+        ServerResult::InputRequiredResult(asked) if modern_client && called => {
+            Ok(Round::Done(CallToolResponse::InputRequired(asked)))
+        }
+        ServerResult::InputRequiredResult(_) if modern_client => {
+            let reason = "a tool other than the one called asked for input; only the called tool's questions are passed on";
+            Err(Failure::Unanswered { reason: reason.to_owned() })
+        }
+        ServerResult::InputRequiredResult(asked) => Ok(Round::Asked(asked)),
+        other => Err(Failure::Protocol { reason: format!("tools/call was answered with {}", variant_name(&other)) }),
+    }
+}
+
+/// Asks an older client the server's questions (`super::input`) and returns its answers.
+/// The client's answers and the server's next round both come out of what is left of the
+/// call's `deadline`; the time the client took is not the server's, so an answer that
+/// leaves nothing is as good as none.
+async fn client_answers(
+    asked: &InputRequiredResult,
+    server: &str,
+    session: &Session,
+    cx: &RequestContext<RoleServer>,
+    deadline: tokio::time::Instant,
+    max_total: Duration,
+) -> Result<InputResponses, Failure> {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let answers = match tokio::time::timeout(left, input::answers(asked, server, session.id, cx)).await {
+        Ok(Ok(answers)) => answers,
+        _ if cx.ct.is_cancelled() => return Err(Failure::Cancelled),
+        Ok(Err(e)) => return Err(Failure::Unanswered { reason: e.message.into_owned() }),
+        Err(_) => {
+            let reason = format!("the call's deadline ({} ms) passed first", max_total.as_millis());
+            return Err(Failure::Unanswered { reason });
+        }
+    };
+    if deadline <= tokio::time::Instant::now() {
+        let reason = format!("the answers took the rest of the call's deadline ({} ms)", max_total.as_millis());
+        return Err(Failure::Unanswered { reason });
+    }
+    Ok(answers)
 }
 
 /// Sends `params` as a `tools/call` on `session` and waits for its answer, within `how`.
@@ -137,15 +159,7 @@ async fn exchange(
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<ServerResult, Failure> {
-    let mut meta = request_meta(session, cx);
-    if let Some(tp) = how.traceparent {
-        meta.insert("traceparent".to_owned(), tp.into());
-    }
-    let mut options = PeerRequestOptions::with_timeout(how.timeout).with_meta(meta);
-    options = options.with_max_total_timeout(how.max_total);
-    if how.progress_extends_timeout {
-        options = options.reset_timeout_on_progress();
-    }
+    let options = request_options(session, how, cx);
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     // A server that stops reading its input stops rmcp's writer, and then sending can wait
     // forever: handing the request over is bounded by the attempt's timeout. A request
@@ -158,18 +172,45 @@ async fn exchange(
         },
         () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
     };
-    let (id, token) = (handle.id.clone(), handle.progress_token.clone());
-    call.sent(session.id, id.clone());
+    let token = handle.progress_token.clone();
+    call.sent(session.id, handle.id.clone());
     let mapped = ProgressTo::of(cx, cx.meta.get_progress_token()).is_some_and(|to| {
         routing.map_progress(session.id, token.clone(), to);
         true
     });
+    let outcome = answer(session, handle, how, cx, call).await;
+    if mapped && let Some(progress) = routing.unmap_progress(session.id, &token) {
+        progress.flush().await;
+    }
+    outcome
+}
+
+/// The options of a request made upstream within `how`: its timeouts and its `_meta`.
+fn request_options(session: &Session, how: Attempt<'_>, cx: &RequestContext<RoleServer>) -> PeerRequestOptions {
+    let mut meta = request_meta(session, cx);
+    if let Some(tp) = how.traceparent {
+        meta.insert("traceparent".to_owned(), tp.into());
+    }
+    let options = PeerRequestOptions::with_timeout(how.timeout).with_meta(meta).with_max_total_timeout(how.max_total);
+    if how.progress_extends_timeout { options.reset_timeout_on_progress() } else { options }
+}
+
+/// Waits for the answer to the request `handle` within `how.max_total`, passing the
+/// client's cancellation on.
+async fn answer(
+    session: &Session,
+    handle: RequestHandle<RoleClient>,
+    how: Attempt<'_>,
+    cx: &RequestContext<RoleServer>,
+    call: &CallGuard,
+) -> Result<ServerResult, Failure> {
     // rmcp sends `notifications/cancelled` when its timeout fires, and that write can
     // wait forever behind a server that stopped reading. The call ends at its deadline
     // regardless; the cancel is left a moment more, off the call's path, and a server
     // that has not taken it by then is restarted.
+    let id = handle.id.clone();
     let mut response = Box::pin(handle.await_response());
-    let outcome = tokio::select! {
+    tokio::select! {
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => {
                 if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
@@ -192,11 +233,7 @@ async fn exchange(
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
-    };
-    if mapped && let Some(progress) = routing.unmap_progress(session.id, &token) {
-        progress.flush().await;
     }
-    outcome
 }
 
 /// The `_meta` of a request made upstream for the request of `cx`: the client's own, but

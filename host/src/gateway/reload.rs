@@ -84,44 +84,9 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     // Events name paths under the folder watched: compare absolute paths.
     let path = std::path::absolute(&path).unwrap_or(path);
     let (tx, mut changed) = mpsc::channel::<()>(1);
-    let mut plugins_dir = hub.setup().config.settings.plugins_dir.clone();
-    let file = path.clone();
-    let folder = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-    // Read by the watcher's thread; a reload may change it.
-    let plugins_now =
-        Arc::new(std::sync::RwLock::new(std::path::absolute(&plugins_dir).unwrap_or(plugins_dir.clone())));
-    let plugins_seen = plugins_now.clone();
-    let mut watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        let Ok(event) = event else { return };
-        // Only the plugins folder is watched for `.wasm` files.
-        let plugins = plugins_seen.read().expect("not poisoned");
-        let relevant = !matches!(event.kind, EventKind::Access(_))
-            && event
-                .paths
-                .iter()
-                .any(|p| p == &file || is_wasm(p) || is_atomic_swap(p, &folder) || is_atomic_swap(p, &plugins));
-        if relevant {
-            let _ = tx.try_send(());
-        }
-    }) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!("cannot watch the configuration ({e}); reload with SIGHUP");
-            None
-        }
-    };
-    if let Some(w) = watcher.as_mut() {
-        // The folders, not the files: editors replace a file rather than write it.
-        let folder = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-        for dir in [&folder, &plugins_dir] {
-            if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
-                tracing::debug!("not watching {}: {e}", dir.display());
-            }
-        }
-    }
+    let mut watched = Watched::start(&path, hub.setup().config.settings.plugins_dir.clone(), tx);
     let hub = Arc::downgrade(hub);
     tokio::spawn(async move {
-        let mut watcher = watcher;
         loop {
             tokio::select! {
                 Some(()) = changed.recv() => {
@@ -134,21 +99,75 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
             }
             let Some(hub) = hub.upgrade() else { break };
             if reload(&hub, &path).await.is_ok() {
-                // A new `plugins_dir` is watched from now on.
-                let now = hub.setup().config.settings.plugins_dir.clone();
-                if now != plugins_dir
-                    && let Some(w) = watcher.as_mut()
-                {
-                    let _ = w.unwatch(&plugins_dir);
-                    if let Err(e) = w.watch(&now, RecursiveMode::NonRecursive) {
-                        tracing::debug!("not watching {}: {e}", now.display());
-                    }
-                    *plugins_now.write().expect("not poisoned") = std::path::absolute(&now).unwrap_or(now.clone());
-                    plugins_dir = now;
-                }
+                watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
             }
         }
     });
+}
+
+/// The folders watched: the configuration file's and `plugins_dir`. (The folders, not the
+/// files: editors replace a file rather than write it.)
+struct Watched {
+    /// None when the platform's watcher could not start: SIGHUP still reloads.
+    watcher: Option<notify::RecommendedWatcher>,
+    plugins_dir: PathBuf,
+    /// `plugins_dir` made absolute, read by the watcher's thread; a reload may change it.
+    plugins_now: Arc<std::sync::RwLock<PathBuf>>,
+}
+
+impl Watched {
+    /// Watches `file`'s folder and `plugins_dir`, and sends on `tx` at each change that
+    /// may matter: to `file`, to a `.wasm` file, or an atomic swap of either folder.
+    fn start(file: &Path, plugins_dir: PathBuf, tx: mpsc::Sender<()>) -> Self {
+        let folder = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+        let plugins_now = Arc::new(std::sync::RwLock::new(absolute(&plugins_dir)));
+        let (plugins_seen, file, watched_folder) = (plugins_now.clone(), file.to_path_buf(), folder.clone());
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            let plugins = plugins_seen.read().expect("not poisoned");
+            let relevant = !matches!(event.kind, EventKind::Access(_))
+                && event.paths.iter().any(|p| {
+                    p == &file || is_wasm(p) || is_atomic_swap(p, &watched_folder) || is_atomic_swap(p, &plugins)
+                });
+            if relevant {
+                let _ = tx.try_send(());
+            }
+        });
+        let mut watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!("cannot watch the configuration ({e}); reload with SIGHUP");
+                None
+            }
+        };
+        if let Some(w) = watcher.as_mut() {
+            for dir in [&folder, &plugins_dir] {
+                if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
+                    tracing::debug!("not watching {}: {e}", dir.display());
+                }
+            }
+        }
+        Watched { watcher, plugins_dir, plugins_now }
+    }
+
+    /// After a reload: a new `plugins_dir` is watched from now on, instead of the old.
+    fn follow_plugins_dir(&mut self, now: PathBuf) {
+        if now == self.plugins_dir {
+            return;
+        }
+        if let Some(w) = self.watcher.as_mut() {
+            let _ = w.unwatch(&self.plugins_dir);
+            if let Err(e) = w.watch(&now, RecursiveMode::NonRecursive) {
+                tracing::debug!("not watching {}: {e}", now.display());
+            }
+        }
+        *self.plugins_now.write().expect("not poisoned") = absolute(&now);
+        self.plugins_dir = now;
+    }
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 fn is_wasm(path: &Path) -> bool {

@@ -118,15 +118,7 @@ impl Gateway {
             trace.finish(&record, &ending);
         }
         self.account(&recovery, &record, &ending, started.elapsed());
-        let mut result = match ending {
-            Ending::Answered(CallToolResponse::Complete(result)) => {
-                report::recovered(result, &record, &recovery.setup.secrets)
-            }
-            Ending::Answered(other) => return Ok(other),
-            Ending::GaveUp => report::gave_up(&record, &recovery.setup.secrets),
-        };
-        result.result_type = Some(ResultType::COMPLETE);
-        Ok(result.into())
+        Ok(response(ending, &record, &recovery.setup.secrets))
     }
 
     /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
@@ -281,4 +273,17 @@ fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, messa
         tracing::Level::WARN => tracing::warn!(server, tool, category, attempts, "call failed: {message}"),
         _ => tracing::info!(server, tool, category, attempts, "call recovered after: {message}"),
     }
+}
+
+/// What the client is answered once a call ended: the result, with what recovery did in
+/// its `_meta`, or an `isError` result saying why nothing worked. An answer that is not a
+/// complete result (a 2026-07-28 server's questions) goes as it is.
+fn response(ending: Ending, record: &Record, secrets: &Secrets) -> CallToolResponse {
+    let mut result = match ending {
+        Ending::Answered(CallToolResponse::Complete(result)) => report::recovered(result, record, secrets),
+        Ending::Answered(other) => return other,
+        Ending::GaveUp => report::gave_up(record, secrets),
+    };
+    result.result_type = Some(ResultType::COMPLETE);
+    result.into()
 }

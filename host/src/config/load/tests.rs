@@ -183,11 +183,19 @@ fn http_front_defaults_to_loopback_and_validates_its_settings() {
         "rebound.http.allowed_origins[0]",
         "no scheme",
     );
-    rejects(
-        r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"max_body_bytes": 0}}}"#,
-        "rebound.http",
-        "must be 1 to",
-    );
+    for (key, value, says) in [
+        ("max_body_bytes", "0", "must be 1 to 1073741824"),
+        ("max_concurrent_per_client", "100001", "must be 1 to 100000"),
+        ("max_sessions", "0", "must be 1 to 100000"),
+        ("session_idle_ms", "999", "must be 1000 (a second)"),
+        ("shutdown_grace_ms", "600001", "must be at most 600000"),
+    ] {
+        rejects(
+            &format!(r#"{{"mcpServers": {{"a": {{"command": "a"}}}}, "rebound": {{"http": {{"{key}": {value}}}}}}}"#),
+            &format!("rebound.http.{key}"),
+            says,
+        );
+    }
     assert_eq!(c.settings.http.worker_threads, None, "one thread per core unless set");
     let c = ok(r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"worker_threads": 1}}}"#);
     assert_eq!(c.settings.http.worker_threads, Some(1));
