@@ -748,3 +748,91 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
     let _ = ada.cancel().await;
     let _ = bob.cancel().await;
 }
+
+/// A proxy before an HTTP upstream, refusing some tool calls with an HTTP error of its
+/// own: `flaky_write` with a 502 once the upstream has run it (a proxy that lost the
+/// answer), `echo` with a 429 and `Retry-After: 1` unless its last 429 was a second ago
+/// (a rate limiter). Everything else passes through, streams and all.
+struct Proxy {
+    upstream: String,
+    client: reqwest::Client,
+    last_429: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> String {
+        let proxy =
+            std::sync::Arc::new(Proxy { upstream, client: reqwest::Client::new(), last_429: Default::default() });
+        let app = axum::Router::new().fallback(Self::handle).with_state(proxy);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+
+    async fn handle(
+        axum::extract::State(proxy): axum::extract::State<std::sync::Arc<Proxy>>,
+        method: axum::http::Method,
+        headers: axum::http::HeaderMap,
+        body: axum::body::Bytes,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let message: Value = serde_json::from_slice(&body).unwrap_or_default();
+        let tool = (message["method"] == "tools/call").then(|| message["params"]["name"].as_str()).flatten();
+        if tool == Some("echo") {
+            let mut last = proxy.last_429.lock().unwrap();
+            if last.is_none_or(|at| at.elapsed() < Duration::from_secs(1)) {
+                *last = Some(std::time::Instant::now());
+                return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
+            }
+        }
+        let mut request = proxy.client.request(method, &proxy.upstream).body(body.clone());
+        for (name, value) in headers.iter().filter(|(n, _)| !matches!(n.as_str(), "host" | "content-length")) {
+            request = request.header(name, value);
+        }
+        let answer = request.send().await.unwrap();
+        if tool == Some("flaky_write") {
+            let _ran = answer.bytes().await;
+            return (StatusCode::BAD_GATEWAY, "<html>502 Bad Gateway</html>").into_response();
+        }
+        let mut response = axum::http::Response::builder().status(answer.status());
+        for (name, value) in
+            answer.headers().iter().filter(|(n, _)| !matches!(n.as_str(), "content-length" | "transfer-encoding"))
+        {
+            response = response.header(name, value);
+        }
+        response.body(axum::body::Body::from_stream(answer.bytes_stream())).unwrap()
+    }
+}
+
+/// rmcp reports every failed POST to a `url` server as a request not sent. Only a
+/// connection never made proves that: a 502 that came after the upstream ran a call with
+/// side effects is not a reason to run it again, and a 429's `Retry-After` is waited.
+#[tokio::test]
+async fn an_http_upstreams_error_status_is_read_for_what_it_says() {
+    let upstream = HttpGateway::start(|d| json!({"mcpServers": {"f": faulty("f", d, &[])}}), &[]).await;
+    let proxy = Proxy::start(upstream.url()).await;
+    let gw = Gateway::start(|d| {
+        json!({
+            "mcpServers": {"remote": {"url": proxy, "recovery": {"retry": {"initial_delay_ms": 1, "max_delay_ms": 2}}}},
+            "rebound": {"errors_log": d.join("errors.jsonl")},
+        })
+    })
+    .await;
+
+    let r = gw.call("flaky_write", json!({"q": "order 1"})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    let report = &r.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(report["status"], "partial", "it may have run: {report}");
+    assert_eq!(report["attempts"].as_array().unwrap().len(), 1, "not replayed: {report}");
+    assert!(text(&r).contains("HTTP 502"), "{}", text(&r));
+    let ran = std::fs::read_to_string(upstream.dir.path().join("f/calls")).unwrap();
+    assert_eq!(ran.lines().filter(|c| *c == "flaky_write").count(), 1, "{ran}");
+
+    let r = gw.call("echo", json!({"message": "hi"})).await;
+    assert_eq!(text(&r), "f: hi", "{r:?}");
+    let report = &r.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(report["attempts"][0]["category"], "rate-limit", "{report}");
+    assert!(report["attempts"][1]["waited_ms"].as_u64().unwrap() >= 1000, "the Retry-After was waited: {report}");
+    gw.close().await;
+}

@@ -17,6 +17,7 @@ use super::routing::{CallGuard, ProgressTo, Routing};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
 use crate::transport::Session;
+use crate::transport::http_client::SendError;
 
 /// How to make one attempt.
 #[derive(Debug, Clone, Copy)]
@@ -300,7 +301,15 @@ fn from_service_error(e: ServiceError) -> Failure {
         ServiceError::McpError(e) => Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data },
         ServiceError::Timeout { timeout: after } => Failure::Timeout { after },
         ServiceError::TransportClosed => Failure::ConnectionLost { reason: "the connection closed".into() },
-        ServiceError::TransportSend(e) => Failure::SendFailed { reason: e.to_string() },
+        // A `url` server's POST may fail after the request reached it: only a connection
+        // never made proves it was not.
+        ServiceError::TransportSend(e) => match SendError::of(&*e.error) {
+            None => Failure::SendFailed { reason: e.to_string() },
+            Some(SendError::NotConnected(reason)) => Failure::SendFailed { reason },
+            Some(SendError::Refused { status, retry_after }) => Failure::HttpStatus { status, retry_after },
+            Some(SendError::Interrupted(reason)) => Failure::ConnectionLost { reason },
+            Some(SendError::Unreadable(reason)) => Failure::Protocol { reason },
+        },
         ServiceError::Cancelled { .. } => Failure::Cancelled,
         other => Failure::Protocol { reason: other.to_string() },
     }

@@ -448,9 +448,11 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
         Failure::Unavailable { .. } | Failure::SendFailed { .. } | Failure::CircuitOpen { .. } => {
             wit::Outcome::NotDelivered(clean(&f.failure.message()))
         }
-        Failure::Protocol { .. } | Failure::Cancelled | Failure::Unanswered { .. } | Failure::Internal { .. } => {
-            wit::Outcome::Other(clean(&f.failure.message()))
-        }
+        Failure::HttpStatus { .. }
+        | Failure::Protocol { .. }
+        | Failure::Cancelled
+        | Failure::Unanswered { .. }
+        | Failure::Internal { .. } => wit::Outcome::Other(clean(&f.failure.message())),
     };
     wit::Failure {
         server: f.server.to_owned(),

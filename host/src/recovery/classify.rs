@@ -181,6 +181,21 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
             c.retry_after = Some(*retry_in);
             c
         }
+        Failure::HttpStatus { status, retry_after } => {
+            let mut c = match status {
+                // Asked to come later: the server is healthy.
+                429 => C::RateLimit.with(true, false, Medium, Bug),
+                // Refused, not run: nothing against the server.
+                401 | 403 => C::Configuration.with(false, false, High, Config),
+                503 => C::ServerUnavailable.with(true, true, High, Bug),
+                // A proxy that gave up waiting: the request may have run behind it.
+                504 => C::Timeout.with(true, true, High, Bug),
+                // A proxy's bad gateway or a server error: it may have run in part.
+                _ => C::Transport.with(true, true, High, Bug),
+            };
+            c.retry_after = retry_after.as_deref().and_then(|v| retry_after::parse(&format!("Retry-After: {v}"), now));
+            c
+        }
         Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
         Failure::Unanswered { .. } => C::Capability.with(false, false, Low, User),
         // The gateway's own bug: nothing to retry, nothing against the server.
@@ -325,6 +340,19 @@ mod tests {
         check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
         check(Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None }, CircuitOpen, true, false, true);
+        // A `url` server's refusals: none proves the request was not run.
+        let http = |status, after: Option<&str>| Failure::HttpStatus { status, retry_after: after.map(str::to_owned) };
+        check(http(429, Some("2")), RateLimit, true, false, false);
+        check(http(503, None), ServerUnavailable, true, true, false);
+        check(http(504, None), Timeout, true, true, false);
+        check(http(502, None), Transport, true, true, false);
+        check(http(500, None), Transport, true, true, false);
+        check(http(401, None), Configuration, false, false, false);
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(classify(&http(429, Some("2")), now).retry_after, Some(Duration::from_secs(2)));
+        let date = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(classify(&http(503, Some(&date)), now).retry_after, Some(Duration::from_secs(30)));
+        assert_eq!(classify(&http(429, Some("soon")), now).retry_after, None);
         check(Failure::Cancelled, Cancelled, false, false, false);
         check(Failure::Unanswered { reason: "declined".into() }, Capability, false, false, false);
         check(Failure::Protocol { reason: "odd".into() }, Protocol, false, true, false);

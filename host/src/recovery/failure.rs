@@ -22,6 +22,10 @@ pub enum Failure {
     Unavailable { status: Status, reason: Option<String> },
     /// The request could not be written to the server, so it was never delivered.
     SendFailed { reason: String },
+    /// A `url` server's HTTP endpoint (or a proxy before it) refused the request with an
+    /// error status and no MCP answer (429, a 5xx, 401 or 403), its `Retry-After` as it
+    /// came. The request may have run behind it, except where the status says otherwise.
+    HttpStatus { status: u16, retry_after: Option<String> },
     /// A breaker is open, the server's or (`tool`) that tool's alone: the call was not
     /// made.
     CircuitOpen { retry_in: Duration, tool: Option<String> },
@@ -46,6 +50,7 @@ impl Failure {
             Self::ConnectionLost { .. } => "connection_lost",
             Self::Unavailable { .. } => "unavailable",
             Self::SendFailed { .. } => "send_failed",
+            Self::HttpStatus { .. } => "http_status",
             Self::CircuitOpen { .. } => "circuit_open",
             Self::Protocol { .. } => "protocol",
             Self::Cancelled => "cancelled",
@@ -71,6 +76,12 @@ impl Failure {
                 None => format!("server is {}", status.as_str()),
             },
             Self::SendFailed { reason } => format!("request not delivered: {reason}"),
+            Self::HttpStatus { status, retry_after: None } => {
+                format!("the server's HTTP endpoint answered HTTP {status}")
+            }
+            Self::HttpStatus { status, retry_after: Some(after) } => {
+                format!("the server's HTTP endpoint answered HTTP {status} (Retry-After: {after})")
+            }
             Self::CircuitOpen { retry_in, tool: None } => format!(
                 "the server's circuit breaker is open after repeated failures (next probe in {} ms)",
                 retry_in.as_millis()

@@ -22,11 +22,14 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (_, Failure::Unavailable { .. } | Failure::SendFailed { .. }) => format!(
             "the `{server}` server is not running and the call was not made; Rebound is restarting it, so try again shortly"
         ),
+        (_, Failure::HttpStatus { status: status @ (401 | 403), .. }) => format!(
+            "the `{server}` server's HTTP endpoint refused the gateway's credentials (HTTP {status}); check `mcpServers.{server}.headers`"
+        ),
         (_, Failure::Internal { .. }) => format!(
             "Rebound failed while handling this call (a bug, written to its log and errors log); check whether `{tool}` took effect, then call it again"
         ),
         (_, Failure::ConnectionLost { .. }) => format!(
-            "the `{server}` server is being restarted; check whether the interrupted call took effect, then call `{tool}` again"
+            "the connection to the `{server}` server was lost during the call (a server process is restarted); check whether the interrupted call took effect, then call `{tool}` again"
         ),
         (_, Failure::Timeout { .. }) => format!(
             "the request was cancelled and may or may not have taken effect; check, then call `{tool}` again later or with a smaller input; if it keeps timing out raise `recovery.tools.{tool}.timeout_ms` for server `{server}`"

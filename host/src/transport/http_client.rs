@@ -273,6 +273,45 @@ impl Kind {
     }
 }
 
+/// What a request to a `url` server that rmcp reports as not sent says about it: rmcp
+/// reports every failed POST so, whether or not the request reached the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SendError {
+    /// No connection was made: nothing reached the server.
+    NotConnected(String),
+    /// The server's endpoint (or a proxy before it) refused it with an error status and
+    /// no MCP answer, its `Retry-After` as it came.
+    Refused { status: u16, retry_after: Option<String> },
+    /// The exchange broke once the request may have gone out.
+    Interrupted(String),
+    /// The server answered with something that is not an MCP answer.
+    Unreadable(String),
+}
+
+impl SendError {
+    /// How the failed send `error` of a `url` server's transport reads; `None` for any
+    /// other transport's (a stdio server's write that failed was never delivered).
+    pub fn of(error: &(dyn std::error::Error + Send + Sync + 'static)) -> Option<Self> {
+        let error = error.downcast_ref::<Error>()?;
+        let said = error.to_string();
+        Some(match error {
+            StreamableHttpError::Client(e) if e.is_connect() => Self::NotConnected(said),
+            StreamableHttpError::HttpStatus(e) => {
+                Self::Refused { status: e.status, retry_after: e.retry_after.clone() }
+            }
+            StreamableHttpError::AuthRequired(_) => Self::Refused { status: 401, retry_after: None },
+            StreamableHttpError::InsufficientScope(_) => Self::Refused { status: 403, retry_after: None },
+            StreamableHttpError::UnexpectedServerResponse(_)
+            | StreamableHttpError::UnexpectedContentType(_)
+            | StreamableHttpError::Deserialize(_)
+            | StreamableHttpError::ResponseBodyTooLarge { .. }
+            | StreamableHttpError::MissingSessionIdInResponse => Self::Unreadable(said),
+            // Whatever else: the request may have reached the server.
+            _ => Self::Interrupted(said),
+        })
+    }
+}
+
 fn session_of(response: &reqwest::Response) -> Option<String> {
     response.headers().get(HEADER_SESSION_ID).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
