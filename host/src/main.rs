@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -68,7 +69,7 @@ impl Log {
     /// Says how many lines were dropped, then lets the writer finish, for at most
     /// `within`: its thread may be blocked on a stderr nobody reads, and the process must
     /// exit all the same.
-    fn finish(self, within: std::time::Duration) {
+    fn finish(self, within: Duration) {
         let dropped = self.dropped.dropped_lines();
         if dropped > 0 {
             tracing::warn!("{dropped} log lines were dropped: stderr was not read fast enough");
@@ -297,15 +298,19 @@ fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
 }
 
 /// The one client on stdin and stdout, until its input ends.
-async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<()> {
+async fn serve_stdio(
+    hub: std::sync::Arc<Hub>,
+    max_in_flight: usize,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<()> {
     // Non-blocking pipes where stdin and stdout are pipes (as under every MCP client):
     // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
     // round trip (cargo xtask bench).
     let (read, write) = rmcp::transport::stdio_pipes();
     use rebound::gateway::stdio_client;
     let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
-    let ended = transport.ended();
-    let running = Gateway::new(hub)
+    let (ended, in_flight) = (transport.ended(), transport.in_flight());
+    let running = Gateway::new(hub.clone())
         .into_service()
         .serve(transport)
         .await
@@ -315,6 +320,18 @@ async fn serve_stdio(hub: std::sync::Arc<Hub>, max_in_flight: usize) -> Result<(
     tokio::select! {
         _ = running.waiting() => {}
         () = ended.cancelled() => {}
+        () = shutdown.cancelled() => {
+            // The calls in flight are answered that the gateway shut down (they may have
+            // run), not cancelled as if the client had asked, and the answers written
+            // before the servers stop.
+            hub.stop_calls();
+            let written = async {
+                while in_flight() > 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), written).await;
+        }
     }
     Ok(())
 }
@@ -338,8 +355,9 @@ fn runtime(http: bool, worker_threads: Option<usize>) -> Result<tokio::runtime::
     .context("cannot start the async runtime")
 }
 
-/// Serves clients over `http` or stdio until the clients go or a signal comes: over HTTP,
-/// SIGTERM and SIGINT stop new calls and answer those in flight first.
+/// Serves clients over `http` or stdio until the clients go or a signal comes: SIGTERM
+/// and SIGINT stop new calls and answer those in flight first (over HTTP within
+/// `shutdown_grace_ms`; over stdio at once, that the gateway shut down).
 async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: usize) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -347,7 +365,7 @@ async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: 
     let serving = async {
         match http {
             Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
-            None => serve_stdio(hub.clone(), max_in_flight).await,
+            None => serve_stdio(hub.clone(), max_in_flight, shutdown.clone()).await,
         }
     };
     let signals = async {
@@ -360,7 +378,7 @@ async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: 
     tokio::pin!(serving);
     tokio::select! {
         r = &mut serving => r,
-        () = signals => if http.is_some() { serving.await } else { Ok(()) },
+        () = signals => serving.await,
     }
 }
 
@@ -401,7 +419,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     if let Err(e) = &outcome {
         tracing::error!("{e:#}");
     }
-    log.finish(std::time::Duration::from_secs(1));
+    log.finish(Duration::from_secs(1));
     // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
     // to drop it.
     std::process::exit(i32::from(outcome.is_err()))

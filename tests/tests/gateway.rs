@@ -364,13 +364,21 @@ async fn client_eof_stops_every_child_with_no_orphans() {
     }
 }
 
+/// A call in flight at SIGTERM is answered that the gateway shut down while it ran (it
+/// may have taken effect), not as if the client had cancelled it.
 #[tokio::test]
 async fn sigterm_stops_every_child_with_no_orphans() {
     let gw = Gateway::start(two_faulty).await;
     gw.call("a__echo", json!({})).await;
     let pids: Vec<u32> = ["a", "b"].iter().flat_map(|s| gw.state(s, "starts")).map(|p| p.parse().unwrap()).collect();
     let gateway_pid = gw.child.id().unwrap();
-    std::process::Command::new("kill").args(["-TERM", &gateway_pid.to_string()]).status().unwrap();
+    let term = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::process::Command::new("kill").args(["-TERM", &gateway_pid.to_string()]).status().unwrap();
+    };
+    let (running, ()) = tokio::join!(gw.call("a__slow", json!({"ms": 20000})), term);
+    assert_eq!(running.is_error, Some(true));
+    assert!(text(&running).contains("shut down while `a__slow` was running"), "{}", text(&running));
     let mut gw = gw;
     let status = tokio::time::timeout(Duration::from_secs(30), gw.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");

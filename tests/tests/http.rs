@@ -513,10 +513,18 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         let pid = gw.child.id().unwrap().to_string();
         std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        // Taken no more: a new call is refused, not left hanging.
+        // Taken no more: a new call is refused, not left hanging; a new connection is
+        // still answered, 503, and so is a readiness probe.
         let mut params = CallToolRequestParams::new("echo");
         params.arguments = json!({"message": "too late"}).as_object().cloned();
-        tokio::time::timeout(Duration::from_secs(10), late.peer().call_tool(params)).await
+        let refused = tokio::time::timeout(Duration::from_secs(10), late.peer().call_tool(params)).await;
+        let fresh = post(&gw, &initialize()).send().await.expect("a new connection is answered");
+        assert_eq!(fresh.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(fresh.headers()["retry-after"], "1");
+        let ready = reqwest::get(format!("{}/readyz", gw.base)).await.expect("answered");
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(ready.json::<Value>().await.unwrap()["shutting_down"], true);
+        refused
     };
     let (slow, hang, refused) = tokio::join!(slow, hang, term);
     assert!(text(&slow).contains("slept 800 ms"), "{}", text(&slow));

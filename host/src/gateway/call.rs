@@ -167,6 +167,9 @@ async fn exchange(
     // that could not be handed over was never sent, so it may be retried; the server is
     // restarted.
     let handle = tokio::select! {
+        biased;
+        // Cancelled before it was sent: it never will be.
+        () = cx.ct.cancelled() => return Err(Failure::Cancelled),
         r = hand_over(session, request, options, how.timeout) => match r {
             Some(sent) => sent.map_err(from_service_error)?,
             None => return Err(Failure::SendFailed { reason: unread(how.timeout) }),

@@ -87,9 +87,12 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
             tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
         }
     });
-    // On the signal, axum stops accepting connections (and closes idle ones).
+    // Once the calls in flight are drained, axum stops accepting connections (and closes
+    // idle ones); until then, a new request is answered 503, which a client or a load
+    // balancer can act on, where a refused connection says nothing.
+    let drained = CancellationToken::new();
     let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        .with_graceful_shutdown(drained.clone().cancelled_owned());
     let mut server = tokio::spawn(server.into_future());
     tokio::select! {
         () = shutdown.cancelled() => {}
@@ -99,6 +102,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
         },
     }
     drain(&front, grace).await;
+    drained.cancel();
     streams.cancel();
     match tokio::time::timeout(Duration::from_secs(1), server).await {
         Ok(Ok(Err(e))) => Err(e).context("the HTTP server failed"),
@@ -295,10 +299,12 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
             );
         }
     }
-    let ready = waiting.is_empty();
+    let shutting_down = front.limits.draining.load(Ordering::SeqCst);
+    let ready = waiting.is_empty() && !shutting_down;
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut body = json!({
         "ready": ready,
+        "shutting_down": shutting_down,
         "servers": setup.servers.len(),
         "servers_ready": setup.servers.len().saturating_sub(without.len() + waiting.len()),
         "servers_starting": waiting.len(),

@@ -82,6 +82,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
         self.ended.clone()
     }
 
+    /// How many of the client's requests are in flight (read, not yet answered), as the
+    /// transport goes on counting once it is rmcp's.
+    pub fn in_flight(&self) -> impl Fn() -> usize + Send + 'static {
+        let in_flight = self.admission.in_flight.clone();
+        move || in_flight.lock().expect("not poisoned").len()
+    }
+
     /// The message on the line just read; `None` after answering it (or for an empty line).
     /// An `initialize` carries the requests the client runs as tasks in its extensions.
     fn decode(&mut self) -> Option<ClientJsonRpcMessage> {

@@ -10,6 +10,7 @@ use futures::future::BoxFuture;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject, ResultType, ToolAnnotations};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
+use tokio_util::sync::CancellationToken;
 
 use super::call::{Attempt, Resume, attempt};
 use super::catalogue::Route;
@@ -202,11 +203,14 @@ impl Upstreams<'_> {
         };
         let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
         let started = tokio::time::Instant::now();
-        // Waiting for a restart in progress counts against the call's deadline.
-        let session = handle
-            .ready_session(timeout)
-            .await
-            .map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?;
+        // Waiting for a restart in progress counts against the call's deadline, and ends
+        // when the client cancels.
+        let session = tokio::select! {
+            ready = handle.ready_session(timeout) => {
+                ready.map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?
+            }
+            () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
+        };
         let spent = started.elapsed();
         let how = Attempt {
             traceparent,
@@ -258,6 +262,10 @@ impl Upstream for Upstreams<'_> {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
         })
+    }
+
+    fn cancellation(&self) -> &CancellationToken {
+        &self.cx.ct
     }
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {

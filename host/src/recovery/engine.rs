@@ -33,6 +33,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolResponse, CallToolResult, JsonObject, ToolAnnotations};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::backoff;
 use super::breaker::{Breaker, Outcome, ToolBreakers};
@@ -43,6 +44,9 @@ use super::failure::Failure;
 use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
+
+/// Why a call the client cancelled stopped where it did.
+const CANCELLED: &str = "the client cancelled the call";
 
 /// The I/O the engine needs; the gateway provides it.
 pub trait Upstream: Send + Sync {
@@ -62,6 +66,9 @@ pub trait Upstream: Send + Sync {
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>>;
     /// Restarts `server` and waits (up to `within`) until it is ready again.
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()>;
+    /// Cancelled once the client no longer wants the call: nothing more starts for it (no
+    /// retry, no step of a plan), and a wait in progress ends.
+    fn cancellation(&self) -> &CancellationToken;
 }
 
 /// A server's counters, for `rebound_status`.
@@ -507,7 +514,7 @@ impl Engine {
             // What only the gateway can know is decided on its own classification, so that
             // no adapter can end a call early or keep the configured fallbacks from running.
             if builtin.category == Category::Cancelled {
-                record.stopped = Some("the client cancelled the call".into());
+                record.stopped = Some(CANCELLED.into());
                 return Ending::GaveUp;
             }
             let plan = match (advised, failure) {
@@ -574,7 +581,12 @@ impl Engine {
         if plan.steps.is_empty() && record.stopped.is_none() {
             record.stopped = Some(format!("a {} failure has no recovery", class.category));
         }
+        let cancelled = call.upstream.cancellation();
         for (step, origin) in plan.steps {
+            if cancelled.is_cancelled() {
+                record.stopped = Some(CANCELLED.into());
+                return Next::Done(Ending::GaveUp);
+            }
             match step {
                 Step::Retry(asked) => {
                     let asked = asked.map(|d| d.min(retry_after::MAX));
@@ -591,7 +603,13 @@ impl Engine {
                                 spent.replays_on_adapters_word += 1;
                             }
                             call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
-                            self.clock.sleep(d).await;
+                            tokio::select! {
+                                () = self.clock.sleep(d) => {}
+                                () = cancelled.cancelled() => {
+                                    record.stopped = Some(CANCELLED.into());
+                                    return Next::Done(Ending::GaveUp);
+                                }
+                            }
                             spent.waited = d;
                             return Next::Retry;
                         }
@@ -767,7 +785,10 @@ impl Engine {
             return;
         }
         spent.restarted = true;
-        call.upstream.restart(&call.server, within).await;
+        tokio::select! {
+            () = call.upstream.restart(&call.server, within) => {}
+            () = call.upstream.cancellation().cancelled() => {}
+        }
     }
 
     /// One attempt through the server's breaker and the tool's, classified when it fails.
@@ -787,6 +808,9 @@ impl Engine {
             policy.counters.failures.fetch_add(1, Ordering::Relaxed);
             (f, c)
         };
+        if upstream.cancellation().is_cancelled() {
+            return Err((Failure::Cancelled, classify(&Failure::Cancelled, self.clock.wall())));
+        }
         let remaining = deadline.saturating_duration_since(self.clock.now());
         if remaining.is_zero() {
             return Err(failed(Failure::Timeout { after: Duration::ZERO }));

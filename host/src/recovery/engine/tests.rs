@@ -21,6 +21,8 @@ struct Script {
     answers: Mutex<HashMap<String, VecDeque<Result<CallToolResponse, Failure>>>>,
     calls: Mutex<Vec<Call>>,
     tools: HashMap<String, Option<ToolAnnotations>>,
+    /// The client's cancellation of the call.
+    cancelled: CancellationToken,
 }
 
 fn ok(text: &str) -> Result<CallToolResponse, Failure> {
@@ -82,6 +84,10 @@ impl Upstream for Script {
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
         self.tools.get(&format!("{server}/{tool}")).cloned()
+    }
+
+    fn cancellation(&self) -> &CancellationToken {
+        &self.cancelled
     }
 }
 
@@ -190,6 +196,55 @@ async fn retry_after_is_honoured() {
     assert_eq!(answered(&run(&e, &up, "search").await.0), "ok");
     let calls = up.calls("s/search");
     assert!(calls[1].0 - calls[0].0 >= Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_the_client_cancels_while_it_waits_to_retry_is_not_tried_again() {
+    let up = Script::new(&[("s/search", true)])
+        .then("s/search", vec![tool_error("429 Too Many Requests; retry after 5 seconds")]);
+    let e = engine(&[server("s", defaults())]);
+    let start = Instant::now();
+    let cancel = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        up.cancelled.cancel();
+    };
+    let ((ending, record), ()) = tokio::join!(run(&e, &up, "search"), cancel);
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(Instant::now() - start, Duration::from_secs(2), "the wait ended with the cancel");
+    assert_eq!(up.calls("s/search").len(), 1);
+    assert_eq!(record.stopped.as_deref(), Some(CANCELLED));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_the_client_cancels_during_an_alternative_tries_no_other() {
+    let mut r = defaults();
+    let alt = |tool: &str| Alternative { tool: tool.into(), server: None, arguments: None };
+    r.fallbacks.insert("a".into(), vec![alt("b"), alt("c")]);
+    let boom = Err(Failure::Rpc { code: -32603, message: "boom".into(), data: None });
+    let up = Script::new(&[("s/a", false), ("s/b", true), ("s/c", true)])
+        .then("s/a", vec![boom])
+        .then("s/b", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        up.cancelled.cancel();
+    };
+    let ((ending, record), ()) = tokio::join!(run(&e, &up, "a"), cancel);
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!((up.calls("s/b").len(), up.calls("s/c").len()), (1, 0));
+    assert_eq!(record.stopped.as_deref(), Some(CANCELLED));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_is_attempted_for_a_call_cancelled_before_it_starts() {
+    let up = Script::new(&[("s/read", true)]);
+    up.cancelled.cancel();
+    let e = engine(&[server("s", defaults())]);
+    let (ending, record) = run(&e, &up, "read").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert!(up.calls("s/read").is_empty());
+    assert_eq!(e.policy("s").unwrap().counters.attempts.load(Ordering::Relaxed), 0);
+    assert_eq!(record.stopped.as_deref(), Some(CANCELLED));
 }
 
 #[tokio::test(start_paused = true)]
@@ -557,6 +612,11 @@ impl Upstream for Panics {
 
     fn restart(&self, _: &str, _: Duration) -> BoxFuture<'_, ()> {
         Box::pin(async {})
+    }
+
+    fn cancellation(&self) -> &CancellationToken {
+        static NEVER: std::sync::LazyLock<CancellationToken> = std::sync::LazyLock::new(CancellationToken::new);
+        &NEVER
     }
 }
 
