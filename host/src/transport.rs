@@ -2,6 +2,7 @@
 //! their processes.
 
 pub mod http_client;
+pub mod id_scan;
 pub mod lines;
 pub mod listen;
 pub mod malformed;

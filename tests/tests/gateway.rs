@@ -149,6 +149,12 @@ async fn garbage_and_huge_messages_do_not_break_the_session() {
     assert_eq!(text(&gw.call("a__garbage", json!({})).await), "a: survived garbage");
     let huge = gw.call("a__huge", json!({"bytes": 20 << 20})).await;
     assert_eq!(text(&huge).len(), 20 << 20);
+    // Past the 64 MiB a server's message may be: the call fails at once, named by the id
+    // read as the answer went by unkept, not at its timeout; and it is not tried again.
+    let too_huge = gw.call("a__huge", json!({"bytes": 65 << 20})).await;
+    assert_eq!(too_huge.is_error, Some(true));
+    assert!(text(&too_huge).contains("longer than 67108864 bytes"), "{}", text(&too_huge));
+    assert_eq!(gw.state("a", "calls").iter().filter(|c| *c == "huge").count(), 2);
     assert_eq!(text(&gw.call("a__echo", json!({"message": "still here"})).await), "a: still here");
     assert_eq!(gw.state("a", "starts").len(), 1);
     gw.close().await;

@@ -156,12 +156,14 @@ where
             // `select!` loses no line (`Lines` keeps a partial one).
             match self.lines.next().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong) => {
+                Ok(Line::TooLong(scanned)) => {
+                    // Named by its id, read as the line went by: the client's call ends.
                     let limit = self.lines.max;
                     let why = format!(
                         "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
                     );
-                    self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, serde_json::Value::Null).to_json());
+                    let id = scanned.id.unwrap_or(serde_json::Value::Null);
+                    self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
                     continue;
                 }
                 Ok(Line::End) | Err(_) => {
@@ -388,11 +390,11 @@ mod tests {
             answers.push((a["id"].clone(), a["error"]["code"].as_i64().unwrap()));
         }
         answers.sort_by_key(|(_, code)| *code);
-        // The notification got nothing; the long line got -32600 without an id, since it
-        // was never read.
+        // The notification got nothing; the long line got -32600 with its id, found as the
+        // line went by unread (a client waits on it).
         assert_eq!(
             answers,
-            [(serde_json::Value::Null, -32700), (serde_json::json!(7), -32600), (serde_json::Value::Null, -32600)]
+            [(serde_json::Value::Null, -32700), (serde_json::json!(7), -32600), (serde_json::json!(8), -32600)]
         );
     }
 

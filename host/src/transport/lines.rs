@@ -11,13 +11,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rmcp::ErrorData;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
+use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::malformed::{PARSE_ERROR, Unreadable};
+use super::id_scan::{IdScan, Scanned};
+use super::malformed::{INVALID_REQUEST, PARSE_ERROR, Unreadable};
 use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
 
@@ -101,8 +103,8 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
 pub enum Line {
     /// A whole line is in the buffer.
     Complete,
-    /// A line longer than the bound was skipped.
-    TooLong,
+    /// A line longer than the bound was skipped: what it was (`super::id_scan`).
+    TooLong(Scanned),
     /// The input ended.
     End,
 }
@@ -114,13 +116,13 @@ pub struct Lines<R> {
     buf: Vec<u8>,
     /// The longest line taken, in bytes.
     pub max: usize,
-    /// Set while skipping the rest of a line found too long.
-    skipping: bool,
+    /// Set while skipping the rest of a line found too long: its id, read as it goes by.
+    skipping: Option<Box<IdScan>>,
 }
 
 impl<R: AsyncBufRead + Unpin> Lines<R> {
     pub fn new(read: R, max: usize) -> Self {
-        Self { read, buf: Vec::new(), max, skipping: false }
+        Self { read, buf: Vec::new(), max, skipping: None }
     }
 
     pub async fn next(&mut self) -> std::io::Result<Line> {
@@ -131,19 +133,25 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
             }
             let newline = available.iter().position(|b| *b == b'\n');
             let take = newline.map_or(available.len(), |at| at + 1);
-            let over = !self.skipping && self.buf.len() + take > self.max.saturating_add(1);
-            if !self.skipping && !over {
-                self.buf.extend_from_slice(&available[..take]);
+            let piece = &available[..take];
+            if self.skipping.is_none() && self.buf.len() + take > self.max.saturating_add(1) {
+                // Too long: what was kept is read for its id and let go; the rest is read
+                // as it comes, never kept.
+                let mut scan = Box::<IdScan>::default();
+                scan.feed(&self.buf);
+                self.buf = Vec::new();
+                self.skipping = Some(scan);
+            }
+            match self.skipping.as_mut() {
+                Some(scan) => scan.feed(piece),
+                None => self.buf.extend_from_slice(piece),
             }
             self.read.consume(take);
-            let was_skipping = self.skipping;
-            self.skipping = (was_skipping || over) && newline.is_none();
-            if over {
-                self.buf = Vec::new();
-                return Ok(Line::TooLong);
-            }
-            if newline.is_some() && !was_skipping {
-                return Ok(Line::Complete);
+            if newline.is_some() {
+                return Ok(match self.skipping.take() {
+                    Some(scan) => Line::TooLong(scan.finish()),
+                    None => Line::Complete,
+                });
             }
         }
     }
@@ -251,6 +259,25 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     }
 }
 
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
+    /// A message of the server's too long to read: a request of its own is refused (the
+    /// server waits on it), and an answer fails the gateway's request it answered now,
+    /// rather than at its timeout.
+    fn too_long(&mut self, scanned: Scanned) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let id = scanned.id?;
+        let max = self.lines.max;
+        if scanned.has_method {
+            let why = format!("Invalid Request: the request is longer than {max} bytes, the most the gateway reads");
+            self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
+            return None;
+        }
+        let id: RequestId = serde_json::from_value(id).ok()?;
+        self.awaited.forget(&id);
+        let why = format!("the server's answer is longer than {max} bytes, the most the gateway reads; it was dropped");
+        Some(JsonRpcMessage::error(ErrorData::internal_error(why, None), Some(id)))
+    }
+}
+
 impl<R, W> Transport<RoleClient> for ServerLines<R, W>
 where
     R: AsyncRead + Unpin + Send,
@@ -272,9 +299,12 @@ where
         loop {
             match self.lines.next().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong) => {
+                Ok(Line::TooLong(scanned)) => {
                     tracing::warn!("the server sent a message longer than {} bytes; it was skipped", self.lines.max);
-                    continue;
+                    match self.too_long(scanned) {
+                        Some(failed) => return Some(failed),
+                        None => continue,
+                    }
                 }
                 Ok(Line::End) => return None,
                 Err(e) => {
@@ -305,7 +335,7 @@ mod tests {
         let input = format!("{big}{big}\n{big}\nsmall\r\n\nlast");
         // A small read buffer, so that lines arrive in many pieces.
         let mut lines = Lines::new(tokio::io::BufReader::with_capacity(1000, input.as_bytes()), 300 << 10);
-        assert_eq!(lines.next().await.unwrap(), Line::TooLong);
+        assert_eq!(lines.next().await.unwrap(), Line::TooLong(Scanned::default()));
         assert!(lines.buf.capacity() <= 300 << 10, "the long line was buffered");
         assert_eq!(lines.next().await.unwrap(), Line::Complete);
         assert_eq!(lines.line().len(), 200 << 10);

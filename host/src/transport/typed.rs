@@ -235,7 +235,8 @@ impl Awaited {
         self.waiting.is_empty()
     }
 
-    /// Forgets request `id`: it will not be answered (its sending failed).
+    /// Forgets request `id`: it will not be answered (its sending failed), or its answer
+    /// will not be read (it was too long).
     pub fn forget(&mut self, id: &RequestId) {
         self.take(id);
     }
