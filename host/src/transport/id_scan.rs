@@ -71,11 +71,9 @@ impl IdScan {
     }
 
     fn byte(&mut self, b: u8) {
-        if self.value.is_some() {
-            if !self.id_byte(b) {
-                return;
-            }
-            // A number ended on `b`, which belongs to what follows.
+        // (A number that ends on `b` leaves `b` to what follows.)
+        if self.value.is_some() && !self.id_byte(b) {
+            return;
         }
         if self.in_string {
             self.string_byte(b);
