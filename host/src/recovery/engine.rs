@@ -597,7 +597,8 @@ impl Engine {
                         || builtin.not_delivered
                         || (class.not_delivered && spent.replays_on_adapters_word == 0);
                     let n = spent.primary - 1;
-                    match self.retry_delay(call.policy, class, replayable, n, call.deadline, asked) {
+                    let reserve = self.fallback_reserve(call, spent);
+                    match self.retry_delay(call, class, replayable, n, asked, reserve) {
                         Ok(d) => {
                             if on_adapters_word {
                                 spent.replays_on_adapters_word += 1;
@@ -863,17 +864,32 @@ impl Engine {
         }
     }
 
+    /// The time a retry must leave before the call's deadline: what the first configured
+    /// fallback not tried yet may take (its timeout), so that the fallbacks, which always
+    /// run, are never left without time by the retries before them.
+    fn fallback_reserve(&self, call: &Call<'_>, spent: &Spent) -> Option<(String, Duration)> {
+        let fallbacks = call.policy.recovery.fallbacks.get(&call.tool)?;
+        let next = fallbacks.iter().find(|alt| {
+            let server = alt.server.as_deref().unwrap_or(&call.server);
+            !spent.alternatives.iter().any(|(s, t)| **s == *server && *t == alt.tool)
+        })?;
+        let policy = next.server.as_deref().and_then(|s| self.servers.get(s)).map_or(call.policy, |p| &**p);
+        Some((next.tool.clone(), Duration::from_millis(policy.recovery.timeout_for(&next.tool))))
+    }
+
     /// How long to wait before retry `n + 1`, or why not to retry. `replayable`: the tool
-    /// is safe to replay, or the call provably never ran.
+    /// is safe to replay, or the call provably never ran. `reserve`: a fallback, and the
+    /// time the retry (its wait and its whole timeout) must leave it.
     fn retry_delay(
         &self,
-        policy: &ServerPolicy,
+        call: &Call<'_>,
         class: &Classification,
         replayable: bool,
         n: u32,
-        deadline: tokio::time::Instant,
         asked: Option<Duration>,
+        reserve: Option<(String, Duration)>,
     ) -> Result<Duration, String> {
+        let (policy, deadline) = (call.policy, call.deadline);
         let retry = &policy.recovery.retry;
         if !class.retryable {
             return Err(format!("a {} failure is not worth retrying", class.category));
@@ -895,6 +911,14 @@ impl Engine {
                 Some(after) => format!("the server asked to wait {} ms, past the call's deadline", after.as_millis()),
                 None => "no time was left before the call's deadline".into(),
             });
+        }
+        if let Some((fallback, needs)) = reserve {
+            let attempt = Duration::from_millis(policy.recovery.timeout_for(&call.tool));
+            if delay + attempt + needs > remaining {
+                return Err(format!(
+                    "another attempt could take the time the fallback `{fallback}` needs before the call's deadline"
+                ));
+            }
         }
         if !policy.budget.withdraw() {
             return Err("the server's retry budget is spent (too many failures recently)".into());

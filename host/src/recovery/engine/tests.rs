@@ -568,6 +568,33 @@ async fn undelivered_calls_count_for_the_server_not_the_tool() {
     assert!(policy.tools.troubled().is_empty(), "{:?}", policy.tools.troubled());
 }
 
+/// Retries that could use up the deadline give way to the fallback, which always runs:
+/// with 1 s attempts and a 2.5 s deadline, a second attempt of the tool would leave the
+/// fallback 0.5 s of the 1 s it may take.
+#[tokio::test(start_paused = true)]
+async fn retries_leave_the_configured_fallback_its_time() {
+    let mut r = RecoveryConfig { deadline_ms: Some(2_500), ..defaults() };
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/b", true)])
+        .then("s/a", vec![timeout(); 3])
+        .then("s/b", vec![timeout(), ok("b answered")]);
+    let e = engine(&[server("s", r.clone())]);
+    let (ending, record) = run(&e, &up, "a").await;
+    assert_eq!(answered(&ending), "gave up");
+    assert_eq!(up.calls("s/a").len(), 1);
+    let b = up.calls("s/b");
+    assert_eq!(b.len(), 1);
+    assert_eq!(b[0].1, Duration::from_secs(1), "the fallback had its whole timeout");
+    assert!(record.attempts.iter().any(|a| a.tool == "b"));
+    // With room for both, the tool is retried first, and the fallback still has its time.
+    let r = RecoveryConfig { deadline_ms: Some(4_000), ..r };
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(); 3]);
+    let e = engine(&[server("s", r)]);
+    let (ending, _) = run(&e, &up, "a").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!((up.calls("s/a").len(), up.calls("s/b").len()), (2, 1));
+}
+
 #[tokio::test(start_paused = true)]
 async fn configured_fallbacks_run_after_an_adapters_plan_and_before_its_give_up() {
     let mut r = defaults();
