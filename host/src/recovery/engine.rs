@@ -849,11 +849,13 @@ impl Engine {
                     Outcome::Ignored
                 };
                 // An undelivered request says nothing about the tool. A tool that hangs or
-                // reports an outage while the server's other tools answered within its
-                // timeout is the tool's failure alone; a broken connection never is.
+                // reports an outage while another tool of the server answered within the
+                // breaker's window is the tool's failure alone; a broken connection never is.
                 let tool_level =
                     matches!(failure, Failure::Timeout { .. } | Failure::Rpc { .. } | Failure::ToolError { .. });
-                let since = started.checked_sub(timeout).unwrap_or(started);
+                let window = Duration::from_millis(policy.recovery.breaker.window_ms);
+                let now = self.clock.now();
+                let since = now.checked_sub(window).unwrap_or(started.min(now));
                 let confined = outcome == Outcome::Failure && tool_level && policy.tools.others_answered(tool, since);
                 if let Some(p) = tool_permit {
                     p.record(if class.not_delivered { Outcome::Ignored } else { outcome });

@@ -539,6 +539,31 @@ async fn a_failure_confined_to_one_tool_trips_only_that_tools_breaker() {
     );
 }
 
+/// The evidence that the server is up is another tool's answer within the breaker's
+/// window (`window_ms`), however long or short the failing tool's timeout.
+#[tokio::test(start_paused = true)]
+async fn another_tools_answer_within_the_window_confines_a_failure() {
+    let mut r = one_attempt();
+    r.timeout_ms = 5_000;
+    r.breaker.window_ms = 60_000;
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", (0..100).map(|_| timeout()).collect());
+    let e = engine(&[server("s", r.clone())]);
+    assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    for _ in 0..5 {
+        run(&e, &up, "a").await; // 5 s each: the last ends 35 s after `b` answered
+    }
+    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "closed", "`b` answered within the window");
+    // Past the window, nothing shows the server is up: the failures count for it.
+    let e = engine(&[server("s", r)]);
+    assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+    tokio::time::advance(Duration::from_secs(61)).await;
+    for _ in 0..5 {
+        run(&e, &up, "a").await;
+    }
+    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "open");
+}
+
 #[tokio::test(start_paused = true)]
 async fn failures_across_tools_shed_the_server() {
     let up = Script::new(&[("s/a", true), ("s/b", true), ("s/c", true)])
