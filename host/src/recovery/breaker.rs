@@ -57,6 +57,9 @@ struct State {
     /// Buckets of (start, successes, failures), oldest first, covering the window.
     window: VecDeque<(Instant, u32, u32)>,
     last_success: Option<Instant>,
+    /// Counts the half-open periods (and resets): a probe's verdict counts only in the
+    /// period that admitted it, not in a later one it outlived.
+    cycle: u64,
 }
 
 pub struct Breaker {
@@ -81,6 +84,8 @@ impl std::fmt::Debug for Breaker {
 pub struct Permit {
     breaker: Arc<Breaker>,
     probe: bool,
+    /// The breaker's cycle when it was admitted.
+    cycle: u64,
     recorded: bool,
 }
 
@@ -92,6 +97,7 @@ impl Breaker {
             openings: 0,
             window: VecDeque::new(),
             last_success: None,
+            cycle: 0,
         };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
@@ -105,6 +111,7 @@ impl Breaker {
             Phase::Open { until } if now < until => return Err(until - now),
             Phase::Open { .. } => {
                 s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
+                s.cycle += 1;
                 true
             }
             Phase::HalfOpen { in_flight, successes } => {
@@ -116,8 +123,9 @@ impl Breaker {
                 true
             }
         };
+        let cycle = s.cycle;
         drop(s);
-        Ok(Permit { breaker: self.clone(), probe, recorded: false })
+        Ok(Permit { breaker: self.clone(), probe, cycle, recorded: false })
     }
 
     /// Closes the breaker by hand (`rebound_reset_breaker`).
@@ -127,6 +135,7 @@ impl Breaker {
         s.consecutive_failures = 0;
         s.openings = 0;
         s.window.clear();
+        s.cycle += 1;
     }
 
     pub fn phase(&self) -> Phase {
@@ -153,14 +162,14 @@ impl Breaker {
         }
     }
 
-    fn record(&self, probe: bool, outcome: Outcome) {
+    fn record(&self, probe: bool, cycle: u64, outcome: Outcome) {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
         if outcome == Outcome::Success {
             s.last_success = Some(now);
         }
         match (s.phase, probe) {
-            (Phase::HalfOpen { in_flight, successes }, true) => match outcome {
+            (Phase::HalfOpen { in_flight, successes }, true) if cycle == s.cycle => match outcome {
                 Outcome::Success if successes + 1 >= self.config.success_threshold => {
                     s.phase = Phase::Closed;
                     s.consecutive_failures = 0;
@@ -245,7 +254,7 @@ impl Breaker {
 impl Permit {
     pub fn record(mut self, outcome: Outcome) {
         self.recorded = true;
-        self.breaker.record(self.probe, outcome);
+        self.breaker.record(self.probe, self.cycle, outcome);
     }
 }
 
@@ -323,7 +332,7 @@ impl ToolBreakers {
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.recorded {
-            self.breaker.record(self.probe, Outcome::Ignored);
+            self.breaker.record(self.probe, self.cycle, Outcome::Ignored);
         }
     }
 }

@@ -135,3 +135,24 @@ async fn reset_closes_it_by_hand() {
     b.reset();
     assert!(b.admit().is_ok());
 }
+
+/// A probe that outlives its half-open period (another probe failed and the breaker
+/// reopened, then half-opened again) has no say in the next one: it neither counts
+/// towards closing nor frees a slot that lets more than `half_open_max_calls` out.
+#[tokio::test(start_paused = true)]
+async fn a_probe_from_an_earlier_half_open_period_has_no_say() {
+    let b = breaker(BreakerConfig { half_open_max_calls: 2, ..BreakerConfig::default() });
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let (first, late) = (b.admit().expect("probe"), b.admit().expect("probe"));
+    first.record(Outcome::Failure);
+    tokio::time::advance(b.admit().expect_err("open again")).await;
+    let current = b.admit().expect("a probe of the new period");
+    late.record(Outcome::Success);
+    assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 1, successes: 0 }), "{:?}", b.phase());
+    let second = b.admit().expect("the period's second probe");
+    assert!(b.admit().is_err(), "no third probe while two are out");
+    current.record(Outcome::Success);
+    second.record(Outcome::Success);
+    assert_eq!(b.phase(), Phase::Closed);
+}
