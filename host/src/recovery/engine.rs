@@ -44,6 +44,7 @@ use super::failure::Failure;
 use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
+use crate::transport::Status;
 
 /// Why a call the client cancelled stopped where it did.
 const CANCELLED: &str = "the client cancelled the call";
@@ -458,7 +459,14 @@ impl Engine {
         annotations: Option<&ToolAnnotations>,
         arguments: Option<JsonObject>,
     ) -> (Ending, Record) {
-        let policy = self.servers.get(&server).expect("the catalogue routes only to configured servers");
+        let Some(policy) = self.servers.get(&server) else {
+            // A reload removed the server between the catalogue's reading and this one.
+            let mut record = Record::new(server.clone(), tool.clone(), false);
+            let failure = Failure::Unavailable { status: Status::Stopped, reason: Some("removed by a reload".into()) };
+            let class = classify(&failure, self.clock.wall());
+            record.push(&server, &tool, Role::Primary, Some((failure, class)), Duration::ZERO);
+            return (Ending::GaveUp, record);
+        };
         let safe = is_idempotent(&policy.recovery, &tool, annotations);
         let started = self.clock.now();
         let deadline = super::clock::later(started, Duration::from_millis(policy.recovery.deadline_for(&tool)));

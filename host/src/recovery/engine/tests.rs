@@ -869,3 +869,15 @@ async fn a_broken_connection_is_never_confined_to_one_tool() {
     let server = e.policy("s").unwrap().breaker.snapshot();
     assert_eq!((server.consecutive_failures, server.window_failures), (1, 5));
 }
+
+/// A call routed to a server a reload has just removed gives up with the server's
+/// absence on record; it does not panic.
+#[tokio::test(start_paused = true)]
+async fn a_server_removed_under_a_call_is_answered_not_panicked_on() {
+    let up = Script::new(&[("gone/read", true)]);
+    let e = engine(&[server("s", defaults())]);
+    let (ending, record) = e.run(&up, None, "gone".into(), "read".into(), None, None).await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert!(matches!(record.last_failure(), Some((Failure::Unavailable { status: Status::Stopped, .. }, _))));
+    assert!(up.calls("gone/read").is_empty());
+}
