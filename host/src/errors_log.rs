@@ -59,10 +59,11 @@ impl ErrorsLog {
             path,
             secrets: std::sync::RwLock::new(secrets),
         });
-        // Ends a flood's window even when no entry of its kind follows.
+        // Ends a flood's window even when no entry of its kind follows, within a second.
         let weak = Arc::downgrade(&log);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(bursts::WINDOW);
+            let mut tick = tokio::time::interval(bursts::SUMMARY_DELAY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
                 let Some(log) = weak.upgrade() else { break };
@@ -288,6 +289,36 @@ mod tests {
         assert_eq!(e["fix_status"], "recovered");
         assert_eq!(entries[1]["fix_status"], "unfixed");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// A flood's summary is written when its window ends, with no entry of its kind to
+    /// follow it. (The clock is moved by hand: the writer's blocking thread keeps a paused
+    /// clock from moving on its own.)
+    #[tokio::test(start_paused = true)]
+    async fn a_floods_summary_is_written_when_its_window_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
+        tokio::task::yield_now().await; // its clock starts
+        tokio::time::advance(Duration::from_secs(3)).await; // the flood starts 3 s later
+        for _ in 0..15 {
+            log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
+        }
+        let written = || std::fs::read_to_string(&path).unwrap_or_default().lines().count();
+        for _ in 0..(bursts::WINDOW + bursts::SUMMARY_DELAY).as_secs() {
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        for _ in 0..500 {
+            if written() > bursts::BURST as usize {
+                break;
+            }
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let summary: Value =
+            serde_json::from_str(text.lines().nth(bursts::BURST as usize).expect("a summary")).unwrap();
+        assert_eq!(summary["repeated"]["count"], 5, "{summary}");
     }
 
     #[tokio::test]

@@ -12,6 +12,8 @@ use tokio::time::{Duration, Instant};
 /// Entries of one kind written in full per window.
 pub const BURST: u32 = 10;
 pub const WINDOW: Duration = Duration::from_secs(10);
+/// The most a window's summary is written after the window ends.
+pub const SUMMARY_DELAY: Duration = Duration::from_secs(1);
 /// Kinds tracked at once; past this, entries are written in full (the writer's queue
 /// still bounds them).
 const MAX_KINDS: usize = 1024;
