@@ -81,7 +81,12 @@ impl Unreadable {
             && object.get("method").is_some_and(Value::is_string);
         // serde's untagged enums say only "did not match any variant": say what is wrong.
         let structured = matches!(object.get("params"), Some(Value::Object(_) | Value::Array(_)));
+        let bad_id = object.get("id").filter(|_| id.is_none());
         let (code, why) = match object.get("method") {
+            Some(Value::String(method)) if let Some(bad) = bad_id => (
+                INVALID_REQUEST,
+                format!("Invalid Request: the id of `{method}` must be a string or an integer, not {bad}"),
+            ),
             Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
                 (INVALID_REQUEST, format!("Invalid Request: `{method}` needs \"jsonrpc\": \"2.0\""))
             }
@@ -134,6 +139,12 @@ mod tests {
         assert_eq!(of(&"[".repeat(100_000)), (PARSE_ERROR, Value::Null, true));
         assert_eq!(of("42"), (INVALID_REQUEST, Value::Null, true));
         assert_eq!(of(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#), (INVALID_REQUEST, Value::Null, true));
+        // An id MCP does not take is named, not the params.
+        for id in [r#"{"a":1}"#, "null", "1.5", "true"] {
+            let u = Unreadable::of(format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#).as_bytes());
+            assert_eq!((u.code, &u.id), (INVALID_REQUEST, &Value::Null));
+            assert!(u.message.contains("the id of `ping` must be a string or an integer"), "{}", u.message);
+        }
         // A request of the wrong shape keeps its id, string or number.
         assert_eq!(
             of(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":"x"}"#),
