@@ -520,6 +520,40 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
     gw.close().await;
 }
 
+/// A server that stops reading small requests never fills its pipe, so no write ever
+/// blocks: it is found out by the `ping` it does not answer once a call timed out. A server
+/// that is only slow to serve one call answers the ping and keeps its process.
+#[tokio::test]
+async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_slow_one_is_not() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &["--deaf-after-calls", "1"]);
+        a["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
+        let mut b = faulty("b", dir, &[]);
+        b["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
+        json!({"mcpServers": {"a": a, "b": b}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    })
+    .await;
+    assert_eq!(text(&gw.call("a__echo", json!({"message": "heard"})).await), "a: heard");
+    let r = gw.call("a__echo", json!({"message": "unheard"})).await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
+    let mut answered = false;
+    for _ in 0..50 {
+        if text(&gw.call("a__echo", json!({"message": "again"})).await) == "a: again" {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(answered, "the restarted server answers");
+    // `hang` never answers, but the server answers its ping: it keeps its process.
+    assert_eq!(gw.call("b__hang", json!({})).await.is_error, Some(true));
+    tokio::time::sleep(Duration::from_millis(1500)).await; // past the ping's second
+    assert_eq!(text(&gw.call("b__echo", json!({"message": "same"})).await), "b: same");
+    assert_eq!(gw.state("b", "starts").len(), 1, "a slow server was restarted");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_server_that_stops_reading_fails_a_prompt_and_is_restarted() {
     let gw = Gateway::start(|dir| {
@@ -705,9 +739,9 @@ async fn what_a_stdio_client_sends_that_cannot_be_read_gets_the_protocols_error(
         "{answers:?}"
     );
     assert!(answers[4]["error"]["message"].as_str().unwrap().starts_with("Invalid Request"), "{answers:?}");
-    // The line past the bound was never read whole, so its id is unknown.
+    // The line past the bound was never kept, but its id was read as it went by.
     let long = &answers[6];
-    assert_eq!((long["id"].clone(), long["error"]["code"].as_i64()), (Value::Null, Some(-32600)), "{long}");
+    assert_eq!((long["id"].clone(), long["error"]["code"].as_i64()), (json!(6), Some(-32600)), "{long}");
     assert!(long["error"]["message"].as_str().unwrap().contains("longer than 16777216 bytes"), "{long}");
     assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: still here");
     let _ = raw.child.kill().await;

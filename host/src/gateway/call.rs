@@ -217,12 +217,16 @@ async fn answer(
     tokio::select! {
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => {
-                if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
-                    call.answered();
+                match &answered {
+                    Ok(_) | Err(ServiceError::McpError(_)) => call.answered(),
+                    // rmcp's timeout of the attempt (ours, below, is of the call).
+                    Err(ServiceError::Timeout { .. }) => session.probe(probe_within(how.timeout)),
+                    Err(_) => {}
                 }
                 answered.map_err(from_service_error)
             }
             Err(_) => {
+                session.probe(probe_within(how.timeout));
                 let kicker = session.kicker();
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
@@ -259,6 +263,13 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,
 /// log level): the gateway's connection to the server sets its own.
 pub(super) const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
+
+/// How long a server whose request went unanswered for `timeout` has to answer a `ping`
+/// before it is taken for wedged and restarted (`Session::probe`): as long, within 1 to
+/// 30 s.
+pub(super) fn probe_within(timeout: Duration) -> Duration {
+    timeout.clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
 
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);

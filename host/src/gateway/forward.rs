@@ -146,7 +146,9 @@ impl Gateway {
                 }
             },
             None => {
-                let ms = out.answer_within.unwrap_or_default().as_millis();
+                let waited = out.answer_within.unwrap_or_default();
+                session.probe(super::call::probe_within(waited));
+                let ms = waited.as_millis();
                 let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);
                 Err(ErrorData::internal_error(message, None).into())
             }

@@ -128,6 +128,8 @@ pub struct Session {
     /// Asks the supervisor to restart the server (see [`Session::kicker`]); only for a
     /// server process.
     restart: Option<Restart>,
+    /// Set while a `ping` asks whether the server still answers ([`Session::probe`]).
+    probing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Asks a server's supervisor to restart it, naming the session to end: a request for a
@@ -159,6 +161,32 @@ impl Session {
     pub fn kicker(&self) -> Kicker {
         let (server, closed, restart) = (self.server.clone(), self.closed.clone(), self.restart.clone());
         Kicker { server, session: self.id, closed, restart }
+    }
+
+    /// Asks whether the server process still answers, once a request to it went
+    /// unanswered for its whole timeout: a `ping`, which MCP servers answer at once, even
+    /// while they serve a slow request. One that answers no ping within `within` has
+    /// stopped reading its input or is wedged (however small the requests it was sent:
+    /// [`Session::kicker`] sees only a full pipe), and is restarted. One probe at a time;
+    /// a server over HTTP is never restarted so.
+    pub fn probe(&self, within: Duration) {
+        use std::sync::atomic::Ordering::AcqRel;
+        if self.restart.is_none() || self.closed.is_cancelled() || self.probing.swap(true, AcqRel) {
+            return;
+        }
+        let (peer, kicker, probing) = (self.peer.clone(), self.kicker(), self.probing.clone());
+        tokio::spawn(async move {
+            let ping = peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()));
+            // An error is an answer too: the server reads what it is sent.
+            let answered = tokio::time::timeout(within, ping).await.is_ok();
+            probing.store(false, std::sync::atomic::Ordering::Release);
+            if !answered {
+                kicker.kick(&format!(
+                    "it answered no ping within {} ms, after a request to it timed out",
+                    within.as_millis()
+                ));
+            }
+        });
     }
 
     /// Re-lists everything the server's capabilities say it has, within `within`; a
@@ -571,6 +599,7 @@ impl Supervisor {
             follows: Follows::new(self.relay.clone()),
             dropped,
             restart: process.is_some().then(|| self.restart.clone()),
+            probing: Arc::default(),
         });
         if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
             super::listen::lists(&session);
