@@ -14,6 +14,7 @@ use rebound::recovery::breaker::{Breaker, Outcome};
 use rebound::recovery::clock::{Rng, TokioClock};
 use rebound::recovery::engine::{Engine, Upstream};
 use rmcp::model::{CallToolResponse, JsonObject, ToolAnnotations};
+use tokio_util::sync::CancellationToken;
 
 fn breaker(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
@@ -24,8 +25,9 @@ fn breaker(c: &mut Criterion) {
     });
 }
 
-/// An upstream that always fails, counting the calls that reach it.
-struct Down(std::sync::atomic::AtomicU64);
+/// An upstream that always fails, counting the calls that reach it; its client never
+/// cancels.
+struct Down(std::sync::atomic::AtomicU64, CancellationToken);
 
 impl Upstream for Down {
     fn call(
@@ -47,6 +49,10 @@ impl Upstream for Down {
     fn annotations(&self, _: &str, _: &str) -> Option<Option<ToolAnnotations>> {
         Some(Some(ToolAnnotations::new().read_only(true)))
     }
+
+    fn cancellation(&self) -> &CancellationToken {
+        &self.1
+    }
 }
 
 fn open_breaker_answer(c: &mut Criterion) {
@@ -65,7 +71,7 @@ fn open_breaker_answer(c: &mut Criterion) {
         protocol: Default::default(),
     };
     let engine = rt.block_on(async { Engine::new([&server], Arc::new(TokioClock), Arc::new(Rng::seeded(1))) });
-    let down = Down(Default::default());
+    let down = Down(Default::default(), CancellationToken::new());
     // Open it: five failures (with retries disabled by the open breaker thereafter).
     let policy = engine.policy("s").unwrap();
     for _ in 0..5 {
