@@ -310,15 +310,21 @@ async fn serve_stdio(
     use rebound::gateway::stdio_client;
     let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
     let (ended, in_flight) = (transport.ended(), transport.in_flight());
-    let running = Gateway::new(hub.clone())
-        .into_service()
-        .serve(transport)
-        .await
-        .context("the client did not complete the MCP handshake")?;
+    // A signal before the client's `initialize` ends the wait for it.
+    let running = tokio::select! {
+        running = Gateway::new(hub.clone()).into_service().serve(transport) => {
+            running.context("the client did not complete the MCP handshake")?
+        }
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    // Kept, not dropped, until the answers are written: dropping the service cancels
+    // every request in flight, as if the client had.
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
     // When the client's input ends, the servers are stopped at once: rmcp would first
     // wait up to 5 s for calls in flight, past the 4 s clients allow.
     tokio::select! {
-        _ = running.waiting() => {}
+        _ = &mut waiting => {}
         () = ended.cancelled() => {}
         () = shutdown.cancelled() => {
             // The calls in flight are answered that the gateway shut down (they may have

@@ -393,6 +393,18 @@ async fn sigterm_stops_every_child_with_no_orphans() {
     }
 }
 
+/// A signal ends the gateway even when its client never said `initialize` (Ctrl-C in a
+/// terminal, `docker stop` of a client that hung).
+#[tokio::test]
+async fn sigterm_before_the_handshake_ends_the_gateway() {
+    let mut raw = RawStdio::spawn(&[], json!({}));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = raw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), raw.child.wait()).await.expect("exits").unwrap();
+    assert!(status.success(), "{status}");
+}
+
 #[tokio::test]
 async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
     let gw = Gateway::start(|dir| {
