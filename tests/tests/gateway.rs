@@ -533,19 +533,34 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
 }
 
 /// A server that stops reading small requests never fills its pipe, so no write ever
-/// blocks: it is found out by the `ping` it does not answer once a call timed out. A server
-/// that is only slow to serve one call answers the ping and keeps its process.
+/// blocks: it is found out by the `ping` it does not answer once a call timed out and it
+/// serves nothing else. While it serves another call (a server on one thread may be busy
+/// with it), it is left alone; a server that is only slow answers the ping and keeps its
+/// process.
 #[tokio::test]
-async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_slow_one_is_not() {
+async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_or_slow_one_is_not() {
     let gw = Gateway::start(|dir| {
+        let recovery = json!({"timeout_ms": 5000, "ping_timeout_ms": 1000, "retry": {"max_attempts": 1},
+            "tools": {"echo": {"timeout_ms": 300}, "hang": {"timeout_ms": 300}}});
         let mut a = faulty("a", dir, &["--deaf-after-calls", "1"]);
-        a["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
+        a["recovery"] = recovery.clone();
         let mut b = faulty("b", dir, &[]);
-        b["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
+        b["recovery"] = recovery;
         json!({"mcpServers": {"a": a, "b": b}, "rebound": {"restart": {"initial_delay_ms": 50}}})
     })
     .await;
-    assert_eq!(text(&gw.call("a__echo", json!({"message": "heard"})).await), "a: heard");
+    // `slow` is read, then nothing more: the echo times out while `slow` is in flight.
+    let slow = gw.call("a__slow", json!({"ms": 2500}));
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let r = gw.call("a__echo", json!({"message": "unheard"})).await;
+        assert_eq!(r.is_error, Some(true), "{}", text(&r));
+        tokio::time::sleep(Duration::from_millis(1500)).await; // past the ping's second
+        assert_eq!(gw.state("a", "starts").len(), 1, "restarted while it served a call");
+    };
+    let (slow, ()) = tokio::join!(slow, meanwhile);
+    assert!(text(&slow).contains("slept 2500 ms"), "{}", text(&slow));
+    // Now it serves nothing: the next timeout's ping goes unanswered, and it is restarted.
     let r = gw.call("a__echo", json!({"message": "unheard"})).await;
     assert_eq!(r.is_error, Some(true), "{}", text(&r));
     eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
@@ -560,7 +575,7 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_slow_o
     assert!(answered, "the restarted server answers");
     // `hang` never answers, but the server answers its ping: it keeps its process.
     assert_eq!(gw.call("b__hang", json!({})).await.is_error, Some(true));
-    tokio::time::sleep(Duration::from_millis(1500)).await; // past the ping's second
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "same"})).await), "b: same");
     assert_eq!(gw.state("b", "starts").len(), 1, "a slow server was restarted");
     gw.close().await;

@@ -364,6 +364,9 @@ pub struct RecoveryConfig {
     pub deadline_ms: Option<u64>,
     /// Whether a progress notification from the server restarts the attempt's timer.
     pub progress_extends_timeout: bool,
+    /// How long a server process whose request timed out, and which serves nothing else,
+    /// has to answer a `ping` before it is taken for wedged and restarted; 0: never asked.
+    pub ping_timeout_ms: u64,
     pub retry: RetryConfig,
     pub breaker: BreakerConfig,
     pub tools: BTreeMap<String, ToolRecovery>,
@@ -392,6 +395,7 @@ impl Default for RecoveryConfig {
             timeout_ms: 60_000,
             deadline_ms: None,
             progress_extends_timeout: true,
+            ping_timeout_ms: 30_000,
             retry: RetryConfig::default(),
             breaker: BreakerConfig::default(),
             tools: BTreeMap::new(),

@@ -28,6 +28,9 @@ pub struct Attempt<'a> {
     /// The most the attempt may take, progress or not: what is left of the call's deadline.
     pub max_total: Duration,
     pub progress_extends_timeout: bool,
+    /// How long the server has to answer a `ping` once the attempt timed out, before it is
+    /// restarted (`Session::probe`); zero: it is not asked.
+    pub ping_within: Duration,
     /// Whether this is the tool the client called (not an alternative or a side call):
     /// only its questions may go to a 2026-07-28 client as they are.
     pub called: bool,
@@ -220,13 +223,13 @@ async fn answer(
                 match &answered {
                     Ok(_) | Err(ServiceError::McpError(_)) => call.answered(),
                     // rmcp's timeout of the attempt (ours, below, is of the call).
-                    Err(ServiceError::Timeout { .. }) => session.probe(probe_within(how.timeout)),
+                    Err(ServiceError::Timeout { .. }) => session.probe(how.ping_within, call.others_in_flight()),
                     Err(_) => {}
                 }
                 answered.map_err(from_service_error)
             }
             Err(_) => {
-                session.probe(probe_within(how.timeout));
+                session.probe(how.ping_within, call.others_in_flight());
                 let kicker = session.kicker();
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
@@ -263,13 +266,6 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,
 /// log level): the gateway's connection to the server sets its own.
 pub(super) const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
-
-/// How long a server whose request went unanswered for `timeout` has to answer a `ping`
-/// before it is taken for wedged and restarted (`Session::probe`): as long, within 1 to
-/// 30 s.
-pub(super) fn probe_within(timeout: Duration) -> Duration {
-    timeout.clamp(Duration::from_secs(1), Duration::from_secs(30))
-}
 
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);

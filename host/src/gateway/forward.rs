@@ -146,9 +146,10 @@ impl Gateway {
                 }
             },
             None => {
-                let waited = out.answer_within.unwrap_or_default();
-                session.probe(super::call::probe_within(waited));
-                let ms = waited.as_millis();
+                let setup = self.hub.setup();
+                let ping = setup.config.servers.get(&**server).map_or(0, |s| s.recovery.ping_timeout_ms);
+                session.probe(Duration::from_millis(ping), call.others_in_flight());
+                let ms = out.answer_within.unwrap_or_default().as_millis();
                 let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);
                 Err(ErrorData::internal_error(message, None).into())
             }

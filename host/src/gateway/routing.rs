@@ -506,6 +506,16 @@ impl CallGuard {
         self.answered.store(true, Ordering::Relaxed);
     }
 
+    /// Whether another call than this one is in flight on its server instance, whenever
+    /// asked (this one may have ended by then).
+    pub fn others_in_flight(&self) -> impl Fn() -> bool + Send + 'static {
+        let (routing, instance, id) = (self.routing.clone(), self.instance, self.id);
+        move || {
+            let in_flight = routing.in_flight.lock().expect("not poisoned");
+            in_flight.get(&instance).is_some_and(|calls| calls.iter().any(|c| c.id != id))
+        }
+    }
+
     /// The attempt went out as request `request` on upstream session `session`.
     pub fn sent(&self, session: u64, request: RequestId) {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");

@@ -212,17 +212,14 @@ impl Upstreams<'_> {
             () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
         };
         let spent = started.elapsed();
+        // From the call's configuration: a reload may have changed it, not the process.
+        let recovery = self.setup.config.servers.get(server).map(|s| &s.recovery);
         let how = Attempt {
             traceparent,
             timeout,
             max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
-            // From the call's configuration: a reload may have changed it, not the process.
-            progress_extends_timeout: self
-                .setup
-                .config
-                .servers
-                .get(server)
-                .is_none_or(|s| s.recovery.progress_extends_timeout),
+            progress_extends_timeout: recovery.is_none_or(|r| r.progress_extends_timeout),
+            ping_within: Duration::from_millis(recovery.map_or(0, |r| r.ping_timeout_ms)),
             called: *self.called.server == *server && self.called.name == tool,
             resume: self.resume.filter(|_| *self.called.server == *server && self.called.name == tool),
         };
