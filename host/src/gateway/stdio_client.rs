@@ -32,6 +32,7 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio_util::sync::CancellationToken;
 
+use crate::transport::id_scan::Scanned;
 use crate::transport::lines::{Line, Lines, Out, Refusals};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
 use crate::transport::tasks::ClientTasks;
@@ -87,6 +88,31 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     pub fn in_flight(&self) -> impl Fn() -> usize + Send + 'static {
         let in_flight = self.admission.in_flight.clone();
         move || in_flight.lock().expect("not poisoned").len()
+    }
+
+    /// A message of the client's too long to read, named by its id, read as the line went
+    /// by: a request is refused (the client waits on it); an answer to a request of the
+    /// gateway's (a server's question relayed) fails that request now, for the server that
+    /// asked, and is never answered back (its id is the gateway's, not one of the
+    /// client's requests).
+    fn too_long(&mut self, scanned: Scanned) -> Option<ClientJsonRpcMessage> {
+        let limit = self.lines.max;
+        match scanned.id {
+            Some(id) if !scanned.has_method => {
+                let id: RequestId = serde_json::from_value(id).ok()?;
+                let why =
+                    format!("the client's answer is longer than {limit} bytes, the most one message over stdio may be");
+                Some(JsonRpcMessage::error(ErrorData::invalid_request(why, None), Some(id)))
+            }
+            id => {
+                let why = format!(
+                    "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
+                );
+                let id = id.unwrap_or(serde_json::Value::Null);
+                self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
+                None
+            }
+        }
     }
 
     /// The message on the line just read; `None` after answering it (or for an empty line).
@@ -156,16 +182,10 @@ where
             // `select!` loses no line (`Lines` keeps a partial one).
             match self.lines.next().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong(scanned)) => {
-                    // Named by its id, read as the line went by: the client's call ends.
-                    let limit = self.lines.max;
-                    let why = format!(
-                        "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
-                    );
-                    let id = scanned.id.unwrap_or(serde_json::Value::Null);
-                    self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
-                    continue;
-                }
+                Ok(Line::TooLong(scanned)) => match self.too_long(scanned) {
+                    Some(failed) => return Some(failed),
+                    None => continue,
+                },
                 Ok(Line::End) | Err(_) => {
                     // The refusals of the last lines go out before the gateway stops.
                     let until = *self.flush_until.get_or_insert_with(|| tokio::time::Instant::now() + FLUSH);
@@ -364,6 +384,23 @@ mod tests {
         let line =
             tokio::time::timeout(std::time::Duration::from_secs(5), back.next_line()).await.unwrap().unwrap().unwrap();
         serde_json::from_str(&line).unwrap()
+    }
+
+    /// The client's answer to a server's question, too long to read: the question fails
+    /// now, for the server that asked, and nothing goes back to the client, whose own
+    /// requests may carry the same id.
+    #[tokio::test]
+    async fn an_answer_too_long_fails_the_question_and_is_not_answered_back() {
+        let (mut transport, theirs) = pair(100, 10);
+        let (their_read, mut their_write) = tokio::io::split(theirs);
+        let answer = format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"pad":"{}"}}}}"#, "x".repeat(500));
+        their_write.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
+        let Some(ClientJsonRpcMessage::Error(error)) = transport.receive().await else { panic!("no error") };
+        assert_eq!(error.id, Some(RequestId::Number(3)));
+        assert!(error.error.message.contains("answer is longer than 100 bytes"), "{:?}", error.error);
+        transport.close().await.unwrap();
+        let mut back = tokio::io::BufReader::new(their_read).lines();
+        assert!(back.next_line().await.unwrap().is_none(), "the client was answered");
     }
 
     #[tokio::test]
