@@ -481,19 +481,25 @@ impl RecoveryConfig {
         self.tools.get(tool).and_then(|t| t.timeout_ms).unwrap_or(self.timeout_ms)
     }
 
-    /// The overall deadline for one call of `tool`.
+    /// The overall deadline for one call of `tool`: by default, time for every attempt,
+    /// the backoff cap, and each of its fallbacks' timeouts (as this server's; another
+    /// server's tool may be given another), so that retries need not give way to them.
     pub fn deadline_for(&self, tool: &str) -> u64 {
         self.deadline_ms.unwrap_or_else(|| {
+            let fallbacks = self.fallbacks.get(tool).into_iter().flatten();
+            let fallbacks = fallbacks.fold(0u64, |sum, alt| sum.saturating_add(self.timeout_for(&alt.tool)));
             self.timeout_for(tool)
                 .saturating_mul(u64::from(self.retry.max_attempts))
                 .saturating_add(self.retry.max_delay_ms)
+                .saturating_add(fallbacks)
         })
     }
 
     /// The longest a call of any of the server's tools may take: its own default, or a
     /// tool's with a longer timeout of its own.
     pub fn longest_deadline(&self) -> u64 {
-        self.tools.keys().map(|tool| self.deadline_for(tool)).fold(self.deadline_for(""), u64::max)
+        let tools = self.tools.keys().chain(self.fallbacks.keys());
+        tools.map(|tool| self.deadline_for(tool)).fold(self.deadline_for(""), u64::max)
     }
 }
 

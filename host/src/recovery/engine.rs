@@ -879,9 +879,12 @@ impl Engine {
     /// run, are never left without time by the retries before them.
     fn fallback_reserve(&self, call: &Call<'_>, spent: &Spent) -> Option<(String, Duration)> {
         let fallbacks = call.policy.recovery.fallbacks.get(&call.tool)?;
+        // The next that will run: not tried yet, on a server that is configured and that
+        // offers its tool (others are skipped when their turn comes).
         let next = fallbacks.iter().find(|alt| {
             let server = alt.server.as_deref().unwrap_or(&call.server);
-            !spent.alternatives.iter().any(|(s, t)| **s == *server && *t == alt.tool)
+            let tried = spent.alternatives.iter().any(|(s, t)| **s == *server && *t == alt.tool);
+            !tried && self.servers.contains_key(server) && call.upstream.annotations(server, &alt.tool).is_some()
         })?;
         let policy = next.server.as_deref().and_then(|s| self.servers.get(s)).map_or(call.policy, |p| &**p);
         Some((next.tool.clone(), Duration::from_millis(policy.recovery.timeout_for(&next.tool))))

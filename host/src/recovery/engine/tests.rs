@@ -618,6 +618,20 @@ async fn retries_leave_the_configured_fallback_its_time() {
     let (ending, _) = run(&e, &up, "a").await;
     assert_eq!(answered(&ending), "ok");
     assert_eq!((up.calls("s/a").len(), up.calls("s/b").len()), (2, 1));
+    // A fallback the server does not offer is skipped, and reserves nothing.
+    let mut r = RecoveryConfig { deadline_ms: Some(2_500), ..defaults() };
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "gone".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true)]).then("s/a", vec![timeout(), ok("second time")]);
+    let (ending, _) = run(&engine(&[server("s", r)]), &up, "a").await;
+    assert_eq!(answered(&ending), "second time");
+    // By default the deadline holds every attempt and the fallbacks' time besides.
+    let mut r = defaults();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(); 3]);
+    let (ending, _) = run(&engine(&[server("s", r)]), &up, "a").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/a").len(), 3, "every attempt was made");
+    assert_eq!(up.calls("s/b")[0].1, Duration::from_secs(1), "and the fallback had its whole timeout");
 }
 
 #[tokio::test(start_paused = true)]
