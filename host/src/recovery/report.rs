@@ -25,6 +25,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (_, Failure::HttpStatus { status: status @ (401 | 403), .. }) => format!(
             "the `{server}` server's HTTP endpoint refused the gateway's credentials (HTTP {status}); check `mcpServers.{server}.headers`"
         ),
+        (_, Failure::HttpStatus { status: 404, .. }) => {
+            format!("the `{server}` server's HTTP endpoint was not found (HTTP 404); check `mcpServers.{server}.url`")
+        }
         (_, Failure::Internal { .. }) => format!(
             "Rebound failed while handling this call (a bug, written to its log and errors log); check whether `{tool}` took effect, then call it again"
         ),

@@ -301,6 +301,11 @@ impl SendError {
             }
             StreamableHttpError::AuthRequired(_) => Self::Refused { status: 401, retry_after: None },
             StreamableHttpError::InsufficientScope(_) => Self::Refused { status: 403, retry_after: None },
+            // rmcp's own client says a refusal without a challenge this way (`HTTP 401
+            // Unauthorized: …`): its status is kept.
+            StreamableHttpError::UnexpectedServerResponse(said) if let Some(status) = refused_status(said) => {
+                Self::Refused { status, retry_after: None }
+            }
             StreamableHttpError::UnexpectedServerResponse(_)
             | StreamableHttpError::UnexpectedContentType(_)
             | StreamableHttpError::Deserialize(_)
@@ -310,6 +315,13 @@ impl SendError {
             _ => Self::Interrupted(said),
         })
     }
+}
+
+/// The 4xx status at the start of rmcp's message for a refused POST (`HTTP 403
+/// Forbidden: …`), if that is what it is.
+fn refused_status(said: &str) -> Option<u16> {
+    let status: u16 = said.strip_prefix("HTTP ")?.get(..3)?.parse().ok()?;
+    (400..500).contains(&status).then_some(status)
 }
 
 fn session_of(response: &reqwest::Response) -> Option<String> {
@@ -541,6 +553,29 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+
+    /// What rmcp reports as a failed send reads for whether the request may have run.
+    #[test]
+    fn a_failed_send_is_read_for_what_it_says() {
+        let of = |e: Error| SendError::of(&e);
+        let refused = |status| Some(SendError::Refused { status, retry_after: None });
+        assert_eq!(of(HttpStatusError::new(502, None).into()), refused(502));
+        let unauthorised = StreamableHttpError::UnexpectedServerResponse("HTTP 401 Unauthorized: no key".into());
+        assert_eq!(of(unauthorised), refused(401));
+        let odd = StreamableHttpError::UnexpectedServerResponse("HTTP 200 OK: <html>".into());
+        assert!(matches!(of(odd), Some(SendError::Unreadable(_))));
+        assert!(matches!(of(StreamableHttpError::SessionRecoveryTimeout), Some(SendError::Interrupted(_))));
+        assert!(matches!(of(StreamableHttpError::TransportChannelClosed), Some(SendError::Interrupted(_))));
+        let io: Box<dyn std::error::Error + Send + Sync> = Box::new(std::io::Error::other("broken pipe"));
+        assert_eq!(SendError::of(&*io), None, "a stdio server's write");
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_never_made_proves_a_request_undelivered() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let refused = reqwest::Client::new().post(format!("http://{closed}/mcp")).send().await.unwrap_err();
+        assert!(matches!(SendError::of(&StreamableHttpError::Client(refused)), Some(SendError::NotConnected(_))));
+    }
 
     fn message<T: serde::de::DeserializeOwned>(value: Value) -> T {
         serde_json::from_value(value).unwrap()
