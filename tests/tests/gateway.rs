@@ -546,7 +546,11 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
         a["recovery"] = recovery.clone();
         let mut b = faulty("b", dir, &[]);
         b["recovery"] = recovery;
-        json!({"mcpServers": {"a": a, "b": b}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+        // Deaf from its first call on; its calls are retried, each attempt 2 s.
+        let mut c = faulty("c", dir, &["--deaf-after-calls", "0"]);
+        c["recovery"] = json!({"timeout_ms": 2000, "ping_timeout_ms": 500,
+            "retry": {"max_attempts": 2, "initial_delay_ms": 1, "max_delay_ms": 2}});
+        json!({"mcpServers": {"a": a, "b": b, "c": c}, "rebound": {"restart": {"initial_delay_ms": 50}}})
     })
     .await;
     // `slow` is read, then nothing more: the echo times out while `slow` is in flight.
@@ -578,6 +582,12 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "same"})).await), "b: same");
     assert_eq!(gw.state("b", "starts").len(), 1, "a slow server was restarted");
+    // The call's own retry, sent after the ping, is not what keeps the server from
+    // answering it: the server is restarted under it, which that retry finds.
+    let r = gw.call("c__echo", json!({"message": "unheard"})).await;
+    let report = &r.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(report["attempts"][1]["outcome"], "connection_lost", "{report}");
+    eventually("c restarted", || gw.state("c", "starts").len() >= 2).await;
     gw.close().await;
 }
 

@@ -63,8 +63,9 @@ struct InFlight {
     peer: Peer<RoleServer>,
     /// The client's id for the call.
     request: RequestId,
-    /// The upstream session and our request id there, once the attempt is sent.
+    /// The upstream session and our request id there, once the attempt is sent, and when.
     upstream: Option<(u64, RequestId)>,
+    sent_at: Option<tokio::time::Instant>,
     /// For a call of a 2026-07-28 client, which takes no requests: where its server's
     /// questions go instead (`super::held`).
     bridge: Option<Bridge>,
@@ -150,6 +151,7 @@ impl Routing {
             peer: cx.peer.clone(),
             request: cx.id.clone(),
             upstream: None,
+            sent_at: None,
             bridge: cx.extensions.get::<Bridge>().cloned(),
         };
         self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
@@ -506,13 +508,24 @@ impl CallGuard {
         self.answered.store(true, Ordering::Relaxed);
     }
 
-    /// Whether another call than this one is in flight on its server instance, whenever
-    /// asked (this one may have ended by then).
-    pub fn others_in_flight(&self) -> impl Fn() -> bool + Send + 'static {
-        let (routing, instance, id) = (self.routing.clone(), self.instance, self.id);
-        move || {
+    /// Whether its server instance serves another client request than this call's: one
+    /// sent before the instant asked about and still in flight, whenever asked. Attempts
+    /// of this same client request (its retries, its alternatives) are not another; nor is
+    /// a request sent after that instant, which waits behind whatever was sent then.
+    pub fn others_in_flight(&self) -> impl Fn(tokio::time::Instant) -> bool + Send + 'static {
+        let (routing, instance) = (self.routing.clone(), self.instance);
+        let mine = {
+            let in_flight = self.routing.in_flight.lock().expect("not poisoned");
+            let this = in_flight.get(&instance).and_then(|calls| calls.iter().find(|c| c.id == self.id));
+            this.map(|c| (c.client.clone(), c.request.clone()))
+        };
+        move |before| {
             let in_flight = routing.in_flight.lock().expect("not poisoned");
-            in_flight.get(&instance).is_some_and(|calls| calls.iter().any(|c| c.id != id))
+            let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
+            calls.iter().any(|c| {
+                let same = mine.as_ref().is_some_and(|(client, request)| c.client == *client && c.request == *request);
+                !same && c.sent_at.is_some_and(|at| at < before)
+            })
         }
     }
 
@@ -521,6 +534,7 @@ impl CallGuard {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
             call.upstream = Some((session, request));
+            call.sent_at = Some(tokio::time::Instant::now());
         }
     }
 }

@@ -188,6 +188,8 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
                 // Refused, not run: nothing against the server. Its credentials or its
                 // address are the configuration's; any other refusal is of the request.
                 401 | 403 | 404 => C::Configuration.with(false, false, High, Config),
+                // Timed out receiving it, or too early: worth sending again.
+                408 | 425 => C::Transport.with(true, false, Medium, Bug),
                 400..=499 => C::Protocol.with(false, false, Medium, Bug),
                 503 => C::ServerUnavailable.with(true, true, High, Bug),
                 // A proxy that gave up waiting: the request may have run behind it.
@@ -352,6 +354,7 @@ mod tests {
         check(http(401, None), Configuration, false, false, false);
         check(http(404, None), Configuration, false, false, false);
         check(http(400, None), Protocol, false, false, false);
+        check(http(408, None), Transport, true, false, false);
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(classify(&http(429, Some("2")), now).retry_after, Some(Duration::from_secs(2)));
         let date = httpdate::fmt_http_date(now + Duration::from_secs(30));

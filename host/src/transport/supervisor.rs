@@ -167,13 +167,15 @@ impl Session {
     /// unanswered for its whole timeout: a `ping`, which MCP servers answer at once, even
     /// while they serve a slow request. One that answers no ping within `within` has
     /// stopped reading its input or is wedged (however small the requests it was sent:
-    /// [`Session::kicker`] sees only a full pipe), and is restarted. Not while `busy` says
-    /// it serves something else (a server on one thread may be working on it, and a
-    /// restart would cut it short), when it starts or when the ping goes unanswered. One
-    /// probe at a time; never with `within` zero, nor for a server over HTTP.
-    pub fn probe(&self, within: Duration, busy: impl Fn() -> bool + Send + 'static) {
+    /// [`Session::kicker`] sees only a full pipe), and is restarted. Not while `busy`
+    /// says it serves something else sent before the ping (a server on one thread may be
+    /// working on it, and a restart would cut it short), when it starts or when the ping
+    /// goes unanswered. One probe at a time; never with `within` zero, nor for a server
+    /// over HTTP.
+    pub fn probe(&self, within: Duration, busy: impl Fn(tokio::time::Instant) -> bool + Send + 'static) {
         use std::sync::atomic::Ordering::{AcqRel, Release};
-        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() || busy() {
+        let asked = tokio::time::Instant::now();
+        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() || busy(asked) {
             return;
         }
         if self.probing.swap(true, AcqRel) {
@@ -185,7 +187,7 @@ impl Session {
             // An error is an answer too: the server reads what it is sent.
             let answered = tokio::time::timeout(within, ping).await.is_ok();
             probing.store(false, Release);
-            if !answered && !busy() {
+            if !answered && !busy(asked) {
                 kicker.kick(&format!(
                     "it answered no ping within {} ms, after a request to it timed out",
                     within.as_millis()
