@@ -509,7 +509,7 @@ impl CallGuard {
     }
 
     /// Whether its server instance serves another client request than this call's: one
-    /// sent before the instant asked about and still in flight, whenever asked. Attempts
+    /// sent by the instant asked about and still in flight, whenever asked. Attempts
     /// of this same client request (its retries, its alternatives) are not another; nor is
     /// a request sent after that instant, which waits behind whatever was sent then.
     pub fn others_in_flight(&self) -> impl Fn(tokio::time::Instant) -> bool + Send + 'static {
@@ -524,7 +524,7 @@ impl CallGuard {
             let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
             calls.iter().any(|c| {
                 let same = mine.as_ref().is_some_and(|(client, request)| c.client == *client && c.request == *request);
-                !same && c.sent_at.is_some_and(|at| at < before)
+                !same && c.sent_at.is_some_and(|at| at <= before)
             })
         }
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 use rmcp::model::{Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
-use rmcp::service::{ClientCacheConfig, ClientLifecycleMode, RunningService, serve_client_with_lifecycle_and_ct};
+use rmcp::service::{
+    ClientCacheConfig, ClientLifecycleMode, PeerRequestOptions, RunningService, serve_client_with_lifecycle_and_ct,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{Peer, RoleClient};
@@ -174,8 +176,8 @@ impl Session {
     /// over HTTP.
     pub fn probe(&self, within: Duration, busy: impl Fn(tokio::time::Instant) -> bool + Send + 'static) {
         use std::sync::atomic::Ordering::{AcqRel, Release};
-        let asked = tokio::time::Instant::now();
-        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() || busy(asked) {
+        use tokio::time::{Instant, timeout};
+        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() || busy(Instant::now()) {
             return;
         }
         if self.probing.swap(true, AcqRel) {
@@ -183,9 +185,22 @@ impl Session {
         }
         let (peer, kicker, probing) = (self.peer.clone(), self.kicker(), self.probing.clone());
         tokio::spawn(async move {
-            let ping = peer.send_request(rmcp::model::ClientRequest::PingRequest(Default::default()));
-            // An error is an answer too: the server reads what it is sent.
-            let answered = tokio::time::timeout(within, ping).await.is_ok();
+            let started = Instant::now();
+            let ping = rmcp::model::ClientRequest::PingRequest(Default::default());
+            let queued = timeout(within, peer.send_cancellable_request(ping, PeerRequestOptions::no_options())).await;
+            // Taken once the ping is queued: a request stamped sent before (or as) this
+            // was queued before the ping, which waits behind it.
+            let asked = Instant::now();
+            let answered = match queued {
+                // An error is an answer too: the server reads what it is sent.
+                Ok(Ok(handle)) => {
+                    timeout(within.saturating_sub(started.elapsed()), handle.await_response()).await.is_ok()
+                }
+                // The connection is gone already: nothing to restart here.
+                Ok(Err(_)) => true,
+                // Not even taken for writing.
+                Err(_) => false,
+            };
             probing.store(false, Release);
             if !answered && !busy(asked) {
                 kicker.kick(&format!(
