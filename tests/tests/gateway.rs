@@ -721,6 +721,27 @@ async fn a_tasks_progress_reaches_its_client_under_its_own_token_while_it_runs()
     assert!(result["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("slept 800 ms")), "{result}");
 }
 
+/// A task the server has not said ended is work it may be doing on its one thread: a
+/// timeout meanwhile, with its ping unanswered, does not get the server restarted.
+#[tokio::test]
+async fn a_server_running_a_task_is_not_taken_for_wedged() {
+    let recovery = json!({"timeout_ms": 300, "ping_timeout_ms": 500, "retry": {"max_attempts": 1}});
+    let rebound = json!({"defaults": {"recovery": recovery}, "restart": {"initial_delay_ms": 50}});
+    let mut raw = RawStdio::open(&["--tasks", "--deaf-after-calls", "1"], "2025-11-25", rebound).await;
+    let call = json!({"name": "slow", "arguments": {"ms": 5000}, "task": {"ttl": 60000}});
+    raw.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call})).await;
+    let created = raw.answers(1).await.remove(0);
+    assert!(created["result"]["task"]["taskId"].is_string(), "{created}");
+    // Read, then nothing more: this call times out while the task runs.
+    raw.call(2, "echo", json!({"message": "unheard"})).await;
+    let timed_out = raw.answers(1).await.remove(0);
+    assert_eq!(timed_out["result"]["isError"], true, "{timed_out}");
+    tokio::time::sleep(Duration::from_millis(2000)).await; // past the ping's time and a restart
+    let starts = std::fs::read_to_string(raw._dir.path().join("a/starts")).unwrap();
+    assert_eq!(starts.lines().count(), 1, "restarted while its task ran");
+    let _ = raw.child.kill().await;
+}
+
 #[tokio::test]
 async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
     let mut raw = RawStdio::start(json!({})).await;

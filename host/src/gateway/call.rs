@@ -223,13 +223,13 @@ async fn answer(
                 match &answered {
                     Ok(_) | Err(ServiceError::McpError(_)) => call.answered(),
                     // rmcp's timeout of the attempt (ours, below, is of the call).
-                    Err(ServiceError::Timeout { .. }) => session.probe(how.ping_within, call.others_in_flight()),
+                    Err(ServiceError::Timeout { .. }) => session.probe(how.ping_within, call.others_in_flight(session.id)),
                     Err(_) => {}
                 }
                 answered.map_err(from_service_error)
             }
             Err(_) => {
-                session.probe(how.ping_within, call.others_in_flight());
+                session.probe(how.ping_within, call.others_in_flight(session.id));
                 let kicker = session.kicker();
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {

@@ -148,7 +148,7 @@ impl Gateway {
             None => {
                 let setup = self.hub.setup();
                 let ping = setup.config.servers.get(&**server).map_or(0, |s| s.recovery.ping_timeout_ms);
-                session.probe(Duration::from_millis(ping), call.others_in_flight());
+                session.probe(Duration::from_millis(ping), call.others_in_flight(session.id));
                 let ms = out.answer_within.unwrap_or_default().as_millis();
                 let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);
                 Err(ErrorData::internal_error(message, None).into())

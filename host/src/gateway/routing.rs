@@ -509,10 +509,11 @@ impl CallGuard {
     }
 
     /// Whether its server instance serves another client request than this call's: one
-    /// sent by the instant asked about and still in flight, whenever asked. Attempts
-    /// of this same client request (its retries, its alternatives) are not another; nor is
-    /// a request sent after that instant, which waits behind whatever was sent then.
-    pub fn others_in_flight(&self) -> impl Fn(tokio::time::Instant) -> bool + Send + 'static {
+    /// sent by the instant asked about and still in flight, or a task running on its
+    /// upstream `session`, whenever asked. Attempts of this same client request (its
+    /// retries, its alternatives) are not another; nor is a request sent after that
+    /// instant, which waits behind whatever was sent then.
+    pub fn others_in_flight(&self, session: u64) -> impl Fn(tokio::time::Instant) -> bool + Send + 'static {
         let (routing, instance) = (self.routing.clone(), self.instance);
         let mine = {
             let in_flight = self.routing.in_flight.lock().expect("not poisoned");
@@ -520,12 +521,23 @@ impl CallGuard {
             this.map(|c| (c.client.clone(), c.request.clone()))
         };
         move |before| {
-            let in_flight = routing.in_flight.lock().expect("not poisoned");
-            let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
-            calls.iter().any(|c| {
-                let same = mine.as_ref().is_some_and(|(client, request)| c.client == *client && c.request == *request);
-                !same && c.sent_at.is_some_and(|at| at <= before)
-            })
+            let calls = {
+                let in_flight = routing.in_flight.lock().expect("not poisoned");
+                let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
+                calls.iter().any(|c| {
+                    let same =
+                        mine.as_ref().is_some_and(|(client, request)| c.client == *client && c.request == *request);
+                    !same && c.sent_at.is_some_and(|at| at <= before)
+                })
+            };
+            // A task the server has not said ended may be what it works on.
+            calls
+                || routing
+                    .tasks
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .any(|((s, _), t)| *s == session && !t.ended.is_cancelled())
         }
     }
 
