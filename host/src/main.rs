@@ -13,6 +13,7 @@ use rebound::gateway::{Gateway, Hub};
 use rebound::redact::Secrets;
 use rmcp::ServiceExt;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 use tracing_appender::non_blocking::WorkerGuard;
 
 #[derive(Parser)]
@@ -298,11 +299,7 @@ fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
 }
 
 /// The one client on stdin and stdout, until its input ends.
-async fn serve_stdio(
-    hub: std::sync::Arc<Hub>,
-    max_in_flight: usize,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> Result<()> {
+async fn serve_stdio(hub: Arc<Hub>, max_in_flight: usize, shutdown: CancellationToken) -> Result<()> {
     // Non-blocking pipes where stdin and stdout are pipes (as under every MCP client):
     // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
     // round trip (cargo xtask bench).
@@ -367,7 +364,7 @@ fn runtime(http: bool, worker_threads: Option<usize>) -> Result<tokio::runtime::
 async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: usize) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
+    let shutdown = CancellationToken::new();
     let serving = async {
         match http {
             Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,

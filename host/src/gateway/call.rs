@@ -217,19 +217,15 @@ async fn answer(
     // that has not taken it by then is restarted.
     let id = handle.id.clone();
     let mut response = Box::pin(handle.await_response());
-    tokio::select! {
+    let outcome = tokio::select! {
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => {
-                match &answered {
-                    Ok(_) | Err(ServiceError::McpError(_)) => call.answered(),
-                    // rmcp's timeout of the attempt (ours, below, is of the call).
-                    Err(ServiceError::Timeout { .. }) => session.probe(how.ping_within, call.others_in_flight(session.id)),
-                    Err(_) => {}
+                if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
+                    call.answered();
                 }
                 answered.map_err(from_service_error)
             }
             Err(_) => {
-                session.probe(how.ping_within, call.others_in_flight(session.id));
                 let kicker = session.kicker();
                 tokio::spawn(async move {
                     if tokio::time::timeout(CANCEL_WRITE, response).await.is_err() {
@@ -244,7 +240,12 @@ async fn answer(
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
+    };
+    // Timed out, by rmcp's timer of the attempt or ours of the call: does it still answer?
+    if matches!(outcome, Err(Failure::Timeout { .. })) {
+        session.probe(how.ping_within, call.others_in_flight(session.id));
     }
+    outcome
 }
 
 /// The `_meta` of a request made upstream for the request of `cx`: the client's own, but

@@ -63,9 +63,9 @@ struct InFlight {
     peer: Peer<RoleServer>,
     /// The client's id for the call.
     request: RequestId,
-    /// The upstream session and our request id there, once the attempt is sent, and when.
-    upstream: Option<(u64, RequestId)>,
-    sent_at: Option<tokio::time::Instant>,
+    /// The upstream session and our request id there, and when it was sent, once the
+    /// attempt is.
+    upstream: Option<(u64, RequestId, tokio::time::Instant)>,
     /// For a call of a 2026-07-28 client, which takes no requests: where its server's
     /// questions go instead (`super::held`).
     bridge: Option<Bridge>,
@@ -151,7 +151,6 @@ impl Routing {
             peer: cx.peer.clone(),
             request: cx.id.clone(),
             upstream: None,
-            sent_at: None,
             bridge: cx.extensions.get::<Bridge>().cloned(),
         };
         self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
@@ -204,8 +203,9 @@ impl Routing {
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         let mut candidates: Vec<&InFlight> = calls.iter().collect();
         if let Some(during) = &asker.during {
-            let exact =
-                calls.iter().find(|c| c.upstream.as_ref().is_some_and(|(s, id)| *s == asker.session && id == during));
+            let exact = calls
+                .iter()
+                .find(|c| c.upstream.as_ref().is_some_and(|(s, id, _)| *s == asker.session && id == during));
             if let Some(call) = exact {
                 return client_of(call);
             }
@@ -527,7 +527,7 @@ impl CallGuard {
                 calls.iter().any(|c| {
                     let same =
                         mine.as_ref().is_some_and(|(client, request)| c.client == *client && c.request == *request);
-                    !same && c.sent_at.is_some_and(|at| at <= before)
+                    !same && c.upstream.as_ref().is_some_and(|(_, _, at)| *at <= before)
                 })
             };
             // A task the server has not said ended may be what it works on.
@@ -545,8 +545,7 @@ impl CallGuard {
     pub fn sent(&self, session: u64, request: RequestId) {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
-            call.upstream = Some((session, request));
-            call.sent_at = Some(tokio::time::Instant::now());
+            call.upstream = Some((session, request, tokio::time::Instant::now()));
         }
     }
 }

@@ -97,22 +97,18 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     /// client's requests).
     fn too_long(&mut self, scanned: Scanned) -> Option<ClientJsonRpcMessage> {
         let limit = self.lines.max;
-        match scanned.id {
-            Some(id) if !scanned.has_method => {
-                let id: RequestId = serde_json::from_value(id).ok()?;
-                let why =
-                    format!("the client's answer is longer than {limit} bytes, the most one message over stdio may be");
-                Some(JsonRpcMessage::error(ErrorData::invalid_request(why, None), Some(id)))
-            }
-            id => {
-                let why = format!(
-                    "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
-                );
-                let id = id.unwrap_or(serde_json::Value::Null);
-                self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
-                None
-            }
+        if let Some(id) = scanned.answers() {
+            let id = id?;
+            let why =
+                format!("the client's answer is longer than {limit} bytes, the most one message over stdio may be");
+            return Some(JsonRpcMessage::error(ErrorData::invalid_request(why, None), Some(id)));
         }
+        let why = format!(
+            "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
+        );
+        let id = scanned.id.unwrap_or(serde_json::Value::Null);
+        self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
+        None
     }
 
     /// The message on the line just read; `None` after answering it (or for an empty line).

@@ -604,9 +604,7 @@ impl Engine {
                     let replayable = call.safe
                         || builtin.not_delivered
                         || (class.not_delivered && spent.replays_on_adapters_word == 0);
-                    let n = spent.primary - 1;
-                    let reserve = self.fallback_reserve(call, spent);
-                    match self.retry_delay(call, class, replayable, n, asked, reserve) {
+                    match self.retry_delay(call, spent, class, replayable, asked) {
                         Ok(d) => {
                             if on_adapters_word {
                                 spent.replays_on_adapters_word += 1;
@@ -744,12 +742,7 @@ impl Engine {
         tool: String,
         arguments: Option<JsonObject>,
     ) -> Option<CallToolResponse> {
-        let policy = self.servers.get(&server)?;
-        // Skipped where this server (or version of it) has no such tool.
-        let annotations = call.upstream.annotations(&server, &tool)?;
-        if spent.alternatives.contains(&(server.clone(), tool.clone())) {
-            return None; // tried already in this call
-        }
+        let (policy, annotations) = self.untried_alternative(call, spent, &server, &tool)?;
         if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return None;
         }
@@ -874,35 +867,46 @@ impl Engine {
         }
     }
 
-    /// The time a retry must leave before the call's deadline: what the first configured
-    /// fallback not tried yet may take (its timeout), so that the fallbacks, which always
+    /// An alternative `server/tool` that would be tried now, with its server's policy and
+    /// the tool's annotations: its server configured, the tool offered there (or a version
+    /// of the server has no such tool), and not tried already in this call.
+    fn untried_alternative(
+        &self,
+        call: &Call<'_>,
+        spent: &Spent,
+        server: &str,
+        tool: &str,
+    ) -> Option<(&ServerPolicy, Option<ToolAnnotations>)> {
+        let policy = self.servers.get(server)?;
+        let annotations = call.upstream.annotations(server, tool)?;
+        let tried = spent.alternatives.iter().any(|(s, t)| **s == *server && t == tool);
+        (!tried).then_some((policy, annotations))
+    }
+
+    /// The time a retry must leave before the call's deadline: what the next configured
+    /// fallback that will run may take (its timeout), so that the fallbacks, which always
     /// run, are never left without time by the retries before them.
     fn fallback_reserve(&self, call: &Call<'_>, spent: &Spent) -> Option<(String, Duration)> {
         let fallbacks = call.policy.recovery.fallbacks.get(&call.tool)?;
-        // The next that will run: not tried yet, on a server that is configured and that
-        // offers its tool (others are skipped when their turn comes).
-        let next = fallbacks.iter().find(|alt| {
+        fallbacks.iter().find_map(|alt| {
             let server = alt.server.as_deref().unwrap_or(&call.server);
-            let tried = spent.alternatives.iter().any(|(s, t)| **s == *server && *t == alt.tool);
-            !tried && self.servers.contains_key(server) && call.upstream.annotations(server, &alt.tool).is_some()
-        })?;
-        let policy = next.server.as_deref().and_then(|s| self.servers.get(s)).map_or(call.policy, |p| &**p);
-        Some((next.tool.clone(), Duration::from_millis(policy.recovery.timeout_for(&next.tool))))
+            let (policy, _) = self.untried_alternative(call, spent, server, &alt.tool)?;
+            Some((alt.tool.clone(), Duration::from_millis(policy.recovery.timeout_for(&alt.tool))))
+        })
     }
 
-    /// How long to wait before retry `n + 1`, or why not to retry. `replayable`: the tool
-    /// is safe to replay, or the call provably never ran. `reserve`: a fallback, and the
-    /// time the retry (its wait and its whole timeout) must leave it.
+    /// How long to wait before the next attempt of the requested tool, or why not to
+    /// retry. `replayable`: the tool is safe to replay, or the call provably never ran.
+    /// The retry (its wait and its whole timeout) must leave the next fallback its time.
     fn retry_delay(
         &self,
         call: &Call<'_>,
+        spent: &Spent,
         class: &Classification,
         replayable: bool,
-        n: u32,
         asked: Option<Duration>,
-        reserve: Option<(String, Duration)>,
     ) -> Result<Duration, String> {
-        let (policy, deadline) = (call.policy, call.deadline);
+        let (policy, deadline, n) = (call.policy, call.deadline, spent.primary - 1);
         let retry = &policy.recovery.retry;
         if !class.retryable {
             return Err(format!("a {} failure is not worth retrying", class.category));
@@ -925,7 +929,7 @@ impl Engine {
                 None => "no time was left before the call's deadline".into(),
             });
         }
-        if let Some((fallback, needs)) = reserve {
+        if let Some((fallback, needs)) = self.fallback_reserve(call, spent) {
             let attempt = Duration::from_millis(policy.recovery.timeout_for(&call.tool));
             if delay + attempt + needs > remaining {
                 return Err(format!(

@@ -35,6 +35,17 @@ pub struct Scanned {
     pub has_method: bool,
 }
 
+impl Scanned {
+    /// `Some` when the message is an answer (an id and no method), with the request it
+    /// answers: the other side's request that it fails, unread (`None` for an id no
+    /// request can have, a fraction, say). Anything else with an id is a request of the
+    /// sender's, to refuse.
+    pub fn answers(&self) -> Option<Option<rmcp::model::RequestId>> {
+        let id = self.id.clone().filter(|_| !self.has_method)?;
+        Some(serde_json::from_value(id).ok())
+    }
+}
+
 /// A JSON text fed in pieces, read for its top-level `"id"`.
 #[derive(Debug, Default)]
 pub struct IdScan {
@@ -210,6 +221,10 @@ mod tests {
         assert!(finish(r#"{"id":1,"method":"sampling/createMessage","params":{}}"#).has_method);
         assert!(!finish(r#"{"id":1,"result":{"method":"x","methods":1}}"#).has_method);
         assert!(!finish(r#"{"id":1,"methods":1,"metho":2}"#).has_method);
+        let answer = finish(r#"{"id":"k","result":{}}"#);
+        assert_eq!(answer.answers(), Some(Some(rmcp::model::RequestId::String("k".into()))));
+        assert_eq!(finish(r#"{"id":1.5,"result":{}}"#).answers(), Some(None), "no request has that id");
+        assert_eq!(finish(r#"{"id":1,"method":"ping"}"#).answers(), None, "a request answers nothing");
     }
 
     proptest! {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::ErrorData;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest, RequestId};
+use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -264,17 +264,17 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     /// server waits on it), and an answer fails the gateway's request it answered now,
     /// rather than at its timeout.
     fn too_long(&mut self, scanned: Scanned) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let id = scanned.id?;
         let max = self.lines.max;
-        if scanned.has_method {
-            let why = format!("Invalid Request: the request is longer than {max} bytes, the most the gateway reads");
-            self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
-            return None;
+        if let Some(id) = scanned.answers() {
+            let id = id?;
+            self.awaited.forget(&id);
+            let why =
+                format!("the server's answer is longer than {max} bytes, the most the gateway reads; it was dropped");
+            return Some(JsonRpcMessage::error(ErrorData::internal_error(why, None), Some(id)));
         }
-        let id: RequestId = serde_json::from_value(id).ok()?;
-        self.awaited.forget(&id);
-        let why = format!("the server's answer is longer than {max} bytes, the most the gateway reads; it was dropped");
-        Some(JsonRpcMessage::error(ErrorData::internal_error(why, None), Some(id)))
+        let why = format!("Invalid Request: the request is longer than {max} bytes, the most the gateway reads");
+        self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, scanned.id?).to_json());
+        None
     }
 }
 
