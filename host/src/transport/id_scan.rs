@@ -12,6 +12,10 @@ use serde_json::Value;
 /// The longest id text kept, quotes and escapes included.
 const MAX_ID_BYTES: usize = 1024;
 
+/// The longest key text kept: `"method"` with every letter written as a `\uXXXX`
+/// escape. A longer key is neither `id` nor `method`.
+const MAX_KEY_BYTES: usize = 6 * 6;
+
 /// Where the scan is, outside the id's value.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 enum At {
@@ -53,8 +57,8 @@ pub struct IdScan {
     at: At,
     in_string: bool,
     escaped: bool,
-    /// The top-level key being read (its first bytes: enough to tell `id` and `method`
-    /// from others).
+    /// The top-level key being read, as written (escapes undone once it ends), or
+    /// `None` inside it once it is too long to be `id` or `method`.
     key: Option<Vec<u8>>,
     method: bool,
     /// The id's text while it is read.
@@ -95,7 +99,7 @@ impl IdScan {
             b'"' => {
                 self.in_string = true;
                 if top && self.at == At::Key {
-                    self.key = Some(Vec::with_capacity(7));
+                    self.key = Some(vec![b'"']);
                 } else if top && self.at == At::IdValue && self.keeps() {
                     self.in_string = false;
                     self.value = Some(vec![b]);
@@ -132,14 +136,21 @@ impl IdScan {
             self.escaped = true;
         } else if b == b'"' {
             self.in_string = false;
-            if let Some(key) = self.key.take() {
-                self.method |= key == b"method";
-                self.at = if key == b"id" { At::IdKey } else { At::Elsewhere };
+            if let Some(mut key) = self.key.take() {
+                key.push(b'"');
+                // `"\u0069d"` is `id` to any JSON reader, so it is to this one.
+                let key = serde_json::from_slice::<String>(&key).unwrap_or_default();
+                self.method |= key == "method";
+                self.at = if key == "id" { At::IdKey } else { At::Elsewhere };
             }
             return;
         }
-        if let Some(key) = self.key.as_mut().filter(|k| k.len() < 7) {
+        if let Some(key) = self.key.as_mut() {
             key.push(b);
+            if key.len() > MAX_KEY_BYTES {
+                self.key = None;
+                self.at = At::Elsewhere;
+            }
         }
     }
 
@@ -204,6 +215,11 @@ mod tests {
         assert_eq!(scan(r#"{"id":{"a":1},"b":2}"#), None);
         assert_eq!(scan(r#"[{"id":1}]"#), None, "a batch has no one id");
         assert_eq!(scan(r#"{"a":"\"id\":3","b":{}}"#), None, "an id inside a string is no id");
+        assert_eq!(scan(r#"{"\u0069d":5}"#), Some(json!(5)), "a key written with escapes");
+        assert_eq!(scan(r#"{"\u0069\u0064":"k"}"#), Some(json!("k")));
+        assert_eq!(scan(r#"{"i\"d":5,"\\id":6}"#), None);
+        let long_key = format!(r#"{{"{}":1,"id":2}}"#, "\\u0069".repeat(40));
+        assert_eq!(scan(&long_key), Some(json!(2)), "a key too long to keep is still skipped whole");
         let long = format!(r#"{{"id":"{}","method":"m"}}"#, "x".repeat(MAX_ID_BYTES));
         assert_eq!(scan(&long), None, "an id past the bound is not kept");
         let mut s = IdScan::default();
@@ -221,6 +237,7 @@ mod tests {
         assert!(finish(r#"{"id":1,"method":"sampling/createMessage","params":{}}"#).has_method);
         assert!(!finish(r#"{"id":1,"result":{"method":"x","methods":1}}"#).has_method);
         assert!(!finish(r#"{"id":1,"methods":1,"metho":2}"#).has_method);
+        assert!(finish(r#"{"id":1,"m\u0065thod":"ping"}"#).has_method);
         let answer = finish(r#"{"id":"k","result":{}}"#);
         assert_eq!(answer.answers(), Some(Some(rmcp::model::RequestId::String("k".into()))));
         assert_eq!(finish(r#"{"id":1.5,"result":{}}"#).answers(), Some(None), "no request has that id");
