@@ -58,14 +58,21 @@ def test_a_task_augmented_call_completes_through_the_gateway_with_its_question_a
 
 def test_a_url_servers_tasks_pass_as_a_stdio_servers_do(tmp_path):
     """server-everything reached over its own streamable HTTP (`url`): the tasks
-    capability and each tool's task support are as a direct connection shows them, and a
-    task-augmented call completes, its question answered, its task listed."""
+    capability and each tool's task support are as a direct connection shows them, a
+    task-augmented call completes, its question answered, its task listed, and the
+    requests it asks a client to run as tasks run as they do over stdio."""
     with server_on_a_port([EVERYTHING, "streamableHttp"], env={"PORT": "{port}"}) as url:
         config = {"mcpServers": {"everything": {"url": url}}, "rebound": {"errors_log": str(tmp_path / "errors.jsonl")}}
         path = tmp_path / "rebound.json"
         path.write_text(json.dumps(config))
         through = drive("list", BIN / "rebound", "serve", "--config", path)
         seen = drive("run", BIN / "rebound", "serve", "--config", path)
+        # A client that runs sampling and elicitation as tasks: the server is told (in
+        # `initialize`, which Rebound posts itself), and its requests with their `task`
+        # reach the client as they were sent (rmcp's HTTP client would drop it).
+        asked = drive("asked", BIN / "rebound", "serve", "--config", path)
+    assert set(ASYNC_TOOLS) <= set(asked["tools"])
+    assert_asked_tasks_completed(asked)
     assert through == drive("list", EVERYTHING)
     assert through["execution"]["simulate-research-query"] == {"taskSupport": "required"}
     assert seen["error"] is None, seen

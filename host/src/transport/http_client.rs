@@ -29,7 +29,7 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Sse, SseStream};
 
 use super::supervisor::MAX_MESSAGE_BYTES;
-use super::tasks::Dropped;
+use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
 
 /// The most answers awaited here (past it, rmcp's reading of a new one stands), and the
@@ -47,11 +47,17 @@ pub struct Tap {
     /// Answers read here from SSE events, by id, until rmcp's reading of them passes
     /// the transport.
     read: Mutex<HashMap<RequestId, ServerJsonRpcMessage>>,
+    /// What the server is told, in `initialize`, that its client runs as tasks; when
+    /// anything, its requests to run one are read here, as they came (rmcp drops their
+    /// `task`), from every stream they can come on.
+    tasks: Option<ClientTasks>,
+    /// Those requests, by id, until rmcp's reading of them passes the transport.
+    asked: Mutex<HashMap<RequestId, ServerJsonRpcMessage>>,
 }
 
 impl Tap {
-    pub fn new(dropped: Arc<Dropped>) -> Arc<Self> {
-        Arc::new(Self { awaited: Mutex::default(), dropped, read: Mutex::default() })
+    pub fn new(dropped: Arc<Dropped>, tasks: Option<ClientTasks>) -> Arc<Self> {
+        Arc::new(Self { awaited: Mutex::default(), dropped, read: Mutex::default(), tasks, asked: Mutex::default() })
     }
 
     /// Notes a message being sent: whether its answer is read here. A tool call's is not
@@ -72,21 +78,26 @@ impl Tap {
     /// data), when it answers a request read here and rmcp's types would change it.
     fn answer(&self, raw: &[u8]) -> Option<ServerJsonRpcMessage> {
         let mut awaited = lock(&self.awaited);
-        if awaited.is_empty() {
+        if awaited.is_empty() && self.tasks.is_none() {
             return None;
         }
         awaited.answer(raw, &self.dropped)
     }
 
-    /// An SSE event's data: an answer read here waits for rmcp's reading of it.
+    /// An SSE event's data: an answer, or a request to run as a task, read here waits
+    /// for rmcp's reading of it.
     fn saw(&self, raw: &[u8]) {
-        if let Some(JsonRpcMessage::Response(response)) = self.answer(raw) {
-            let mut read = lock(&self.read);
-            if read.len() >= MAX_READ {
-                read.clear(); // answers rmcp never passed on
-            }
-            read.insert(response.id.clone(), JsonRpcMessage::Response(response));
+        let Some(message) = self.answer(raw) else { return };
+        let (kept, id) = match &message {
+            JsonRpcMessage::Response(response) => (&self.read, response.id.clone()),
+            JsonRpcMessage::Request(request) => (&self.asked, request.id.clone()),
+            _ => return,
+        };
+        let mut kept = lock(kept);
+        if kept.len() >= MAX_READ {
+            kept.clear(); // messages rmcp never passed on
         }
+        kept.insert(id, message);
     }
 
     /// Request `id` will have no answer read here: it failed, was given up, or was answered.
@@ -107,9 +118,16 @@ impl Tap {
         }
     }
 
-    /// `message` as rmcp read it, or what was read here of the same answer. Any answer
-    /// passing ends the wait for it, one rmcp made up itself (a lost stream) too.
+    /// `message` as rmcp read it, or what was read here of the same answer (or request
+    /// to run as a task). Any answer passing ends the wait for it, one rmcp made up itself
+    /// (a lost stream) too.
     pub(super) fn replace(&self, message: ServerJsonRpcMessage) -> ServerJsonRpcMessage {
+        if let JsonRpcMessage::Request(request) = &message {
+            if self.tasks.is_none() {
+                return message;
+            }
+            return lock(&self.asked).remove(&request.id).unwrap_or(message);
+        }
         let id = match &message {
             JsonRpcMessage::Response(response) => &response.id,
             JsonRpcMessage::Error(JsonRpcError { id: Some(id), .. }) => id,
@@ -222,7 +240,11 @@ impl Tapped {
         if let Some(session) = session {
             request = request.header(HEADER_SESSION_ID, session.as_ref());
         }
-        let response = request.json(&message).send().await?;
+        let request = match ClientTasks::in_initialize(self.tap.tasks.as_ref(), &message) {
+            Ok(Some(initialize)) => request.json(&initialize),
+            _ => request.json(&message),
+        };
+        let response = request.send().await?;
         let status = response.status();
         match status {
             StatusCode::ACCEPTED | StatusCode::NO_CONTENT => return Ok(StreamableHttpPostResponse::Accepted),
@@ -480,7 +502,8 @@ impl StreamableHttpClient for Tapped {
             }
             return posted;
         }
-        self.client
+        let posted = self
+            .client
             .post_message_with_max_sse_event_size(
                 uri,
                 message,
@@ -489,7 +512,14 @@ impl StreamableHttpClient for Tapped {
                 custom_headers,
                 max_sse_event_size,
             )
-            .await
+            .await;
+        match posted {
+            // A request to run as a task comes on the stream of the call it serves.
+            Ok(StreamableHttpPostResponse::Sse(events, session)) if self.tap.tasks.is_some() => {
+                Ok(StreamableHttpPostResponse::Sse(self.tap.events(events), session))
+            }
+            posted => posted,
+        }
     }
 
     async fn delete_session(
@@ -609,7 +639,7 @@ mod tests {
 
     #[test]
     fn what_rmcp_drops_is_read_and_a_custom_answer_replaces_rmcps_reading_of_it() {
-        let tap = Tap::new(Arc::default());
+        let tap = Tap::new(Arc::default(), None);
         assert!(tap.sent(&initialize(0)));
         tap.saw(br#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{"tasks":{"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}}"#);
         assert!(tap.dropped.task_calls());
@@ -655,7 +685,7 @@ mod tests {
     }
 
     async fn post(uri: Arc<str>, session: Option<&str>) -> (Result<StreamableHttpPostResponse, Error>, Arc<Tap>) {
-        let tap = Tap::new(Arc::default());
+        let tap = Tap::new(Arc::default(), None);
         let client = Tapped::new(tap.clone()).unwrap();
         let posted = client.post_message(uri, task_result(7), session.map(Into::into), None, HashMap::new()).await;
         (posted, tap)
@@ -735,12 +765,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_server_is_told_in_initialize_what_the_client_runs_as_tasks() {
+        let (told, mut heard) = tokio::sync::mpsc::unbounded_channel::<Value>();
+        let app = axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| async move {
+                let _ = told.send(body["params"]["capabilities"].clone());
+                Status::ACCEPTED
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Arc<str> = format!("http://{}/mcp", listener.local_addr().unwrap()).into();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let tasks = ClientTasks::of(&json!({"requests": {"elicitation": {"create": {}}}, "list": {}})).unwrap();
+        for (relayed, expected) in [(Some(tasks.clone()), json!({"tasks": tasks.value()})), (None, json!({}))] {
+            let client = Tapped::new(Tap::new(Arc::default(), relayed)).unwrap();
+            client.post_message(uri.clone(), initialize(0), None, None, HashMap::new()).await.unwrap();
+            assert_eq!(heard.recv().await.unwrap(), expected);
+        }
+        let client = Tapped::new(Tap::new(Arc::default(), Some(tasks))).unwrap();
+        client.post_message(uri, task_result(1), None, None, HashMap::new()).await.unwrap();
+        assert_eq!(heard.recv().await.unwrap(), Value::Null, "only `initialize` carries it");
+    }
+
+    #[tokio::test]
     async fn a_post_given_up_midway_leaves_nothing_waiting() {
         let app = axum::Router::new().route("/mcp", axum::routing::post(std::future::pending::<String>));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri: Arc<str> = format!("http://{}/mcp", listener.local_addr().unwrap()).into();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let tap = Tap::new(Arc::default());
+        let tap = Tap::new(Arc::default(), None);
         let client = Tapped::new(tap.clone()).unwrap();
         let post = client.post_message(uri, task_result(7), None, None, HashMap::new());
         assert!(tokio::time::timeout(std::time::Duration::from_millis(200), post).await.is_err());
@@ -749,7 +803,7 @@ mod tests {
 
     #[test]
     fn an_event_of_another_type_is_no_answer_and_an_error_passing_ends_the_wait() {
-        let tap = Tap::new(Arc::default());
+        let tap = Tap::new(Arc::default(), None);
         assert!(tap.sent(&task_result(7)));
         let event =
             |kind: Option<&str>| Sse { event: kind.map(Into::into), data: Some(TASK.into()), id: None, retry: None };
@@ -760,6 +814,22 @@ mod tests {
         let error: ServerJsonRpcMessage = serde_json::from_str(ERROR).unwrap();
         assert!(matches!(tap.replace(error), JsonRpcMessage::Error(_)));
         assert!(tap.awaited.lock().unwrap().is_empty(), "rmcp's answer (here an error) ends the wait");
+    }
+
+    #[test]
+    fn a_request_to_run_as_a_task_is_read_as_it_came_when_the_client_runs_tasks() {
+        let asked = json!({"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": {
+            "messages": [], "maxTokens": 5, "task": {"ttl": 1000}}});
+        let tasks = ClientTasks::of(&json!({"requests": {"sampling": {"createMessage": {}}}}));
+        for (tasks, kept) in [(tasks, true), (None, false)] {
+            let tap = Tap::new(Arc::default(), tasks);
+            let event = Sse { event: None, data: Some(asked.to_string()), id: None, retry: None };
+            futures::executor::block_on(tap.events(futures::stream::iter([Ok(event)])).collect::<Vec<_>>());
+            let by_rmcp: ServerJsonRpcMessage = serde_json::from_value(asked.clone()).unwrap();
+            let passed = serde_json::to_value(tap.replace(by_rmcp)).unwrap();
+            assert_eq!(passed["params"].get("task").is_some(), kept, "{passed}");
+            assert!(lock(&tap.asked).is_empty());
+        }
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rmcp::ErrorData;
 use rmcp::RoleClient;
-use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
+use rmcp::model::JsonRpcMessage;
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
@@ -224,16 +224,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
 
     /// `item` as written: an `initialize` with the client's `tasks` capability.
     fn encode(&self, item: &TxJsonRpcMessage<RoleClient>) -> serde_json::Result<Vec<u8>> {
-        if let (
-            Some(tasks),
-            JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::InitializeRequest(_), .. }),
-        ) = (&self.tasks, item)
-        {
-            let mut value = serde_json::to_value(item)?;
-            value["params"]["capabilities"]["tasks"] = tasks.value().clone();
-            return serde_json::to_vec(&value);
+        match ClientTasks::in_initialize(self.tasks.as_ref(), item)? {
+            Some(initialize) => serde_json::to_vec(&initialize),
+            None => serde_json::to_vec(item),
         }
-        serde_json::to_vec(item)
     }
 
     /// The message on the line just read; `None` for an empty line or one that is not a

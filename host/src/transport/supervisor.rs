@@ -753,7 +753,7 @@ impl Supervisor {
             .custom_headers(headers)
             .reinit_on_expired_session(true)
             .max_sse_event_size(MAX_MESSAGE_BYTES);
-        let tap = Tap::new(dropped);
+        let tap = Tap::new(dropped, handler.offered.tasks.clone());
         let client = Tapped::new(tap.clone())
             .map_err(|e| ConnectError::other(format!("cannot make an HTTP client for {}: {e}", http.url)))?;
         let transport = StreamableHttpClientTransport::with_client(client, config);

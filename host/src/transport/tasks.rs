@@ -7,13 +7,16 @@
 //! Tasks also run the other way: a client may say (its own `tasks` capability) that it runs
 //! a server's sampling and elicitation requests as tasks, which the server then polls with
 //! `tasks/*` requests of its own. rmcp drops that capability and a request's `task` too:
-//! [`ClientTasks`] carries the first to a stdio server's `initialize`, and
-//! [`super::typed::Awaited::answer`] reads the second as it was sent.
+//! [`ClientTasks`] carries the first to a server's `initialize` (written by
+//! [`super::lines::ServerLines`], or posted by [`super::http_client::Tapped`]), and
+//! [`super::typed::Awaited::answer`] reads the second as it was sent (from a stdio
+//! server's lines, or a `url` server's SSE events).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, JsonRpcRequest};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -81,6 +84,19 @@ impl ClientTasks {
     /// The capability to put in `initialize`'s `capabilities.tasks`.
     pub fn value(&self) -> &Value {
         &self.0
+    }
+
+    /// `message` as sent to a server told of these tasks: `None` when it is not an
+    /// `initialize` (sent as it is), else that request with the capability in it.
+    pub fn in_initialize(tasks: Option<&Self>, message: &ClientJsonRpcMessage) -> serde_json::Result<Option<Value>> {
+        let (Some(tasks), JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::InitializeRequest(_), .. })) =
+            (tasks, message)
+        else {
+            return Ok(None);
+        };
+        let mut value = serde_json::to_value(message)?;
+        value["params"]["capabilities"]["tasks"] = tasks.value().clone();
+        Ok(Some(value))
     }
 
     /// Reads the capability from a client's `initialize` (a line rmcp reads too).

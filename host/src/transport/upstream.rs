@@ -123,8 +123,8 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
 }
 
 /// What a server is told the client behind the gateway can do: rmcp's capabilities, and
-/// the requests it runs as tasks (MCP 2025-11-25), which they cannot carry; only a stdio
-/// server's transport can tell it those (`lines::ServerLines`).
+/// the requests it runs as tasks (MCP 2025-11-25), which they cannot carry; the server's
+/// transport tells it those (`lines::ServerLines`, `http_client::Tapped`).
 #[derive(Debug, Clone, Default)]
 pub struct Offered {
     pub caps: ClientCapabilities,
