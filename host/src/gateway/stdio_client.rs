@@ -56,6 +56,10 @@ pub struct StdioClient<R, W> {
     admission: Admission,
     /// Cancelled when the client's input ends.
     ended: CancellationToken,
+    /// Whether the gateway has sent the client a request yet: until then, no answer of
+    /// the client's answers anything (and rmcp, before `initialize`, would take one for
+    /// a broken handshake and end the session).
+    asked: bool,
     /// When the input ended, the last refusals have until then to be written. (rmcp
     /// starts a new `receive` whenever it sends something: the wait must not restart.)
     flush_until: Option<tokio::time::Instant>,
@@ -73,6 +77,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
             out,
             admission: Admission::new(max),
             ended: CancellationToken::new(),
+            asked: false,
             flush_until: None,
         }
     }
@@ -94,11 +99,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     /// by: a request is refused (the client waits on it); an answer to a request of the
     /// gateway's (a server's question relayed) fails that request now, for the server that
     /// asked, and is never answered back (its id is the gateway's, not one of the
-    /// client's requests).
+    /// client's requests); one before the gateway asked anything is skipped.
     fn too_long(&mut self, scanned: Scanned) -> Option<ClientJsonRpcMessage> {
         let limit = self.lines.max;
         if let Some(id) = scanned.answers() {
-            let id = id?;
+            let id = id.filter(|_| self.asked)?;
             let why =
                 format!("the client's answer is longer than {limit} bytes, the most one message over stdio may be");
             return Some(JsonRpcMessage::error(ErrorData::invalid_request(why, None), Some(id)));
@@ -153,6 +158,10 @@ where
         let answered = match &item {
             ServerJsonRpcMessage::Response(r) => Some(r.id.clone()),
             ServerJsonRpcMessage::Error(e) => e.id.clone(),
+            ServerJsonRpcMessage::Request(_) => {
+                self.asked = true;
+                None
+            }
             _ => None,
         };
         let answered = answered.and_then(|id| Some((self.admission.holder(&id)?, id)));
@@ -389,13 +398,25 @@ mod tests {
     async fn an_answer_too_long_fails_the_question_and_is_not_answered_back() {
         let (mut transport, theirs) = pair(100, 10);
         let (their_read, mut their_write) = tokio::io::split(theirs);
+        let mut back = tokio::io::BufReader::new(their_read).lines();
         let answer = format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"pad":"{}"}}}}"#, "x".repeat(500));
+        // Before the gateway asked anything, it answers nothing: skipped, and the
+        // handshake that follows is read as usual.
+        their_write.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
+        their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n").await.unwrap();
+        let Some(ClientJsonRpcMessage::Request(ping)) = transport.receive().await else { panic!("no request") };
+        assert_eq!(ping.id, RequestId::Number(1));
+        let question = ServerJsonRpcMessage::request(
+            rmcp::model::ServerRequest::PingRequest(Default::default()),
+            RequestId::Number(3),
+        );
+        transport.send(question).await.unwrap();
+        back.next_line().await.unwrap().expect("the question");
         their_write.write_all(format!("{answer}\n").as_bytes()).await.unwrap();
         let Some(ClientJsonRpcMessage::Error(error)) = transport.receive().await else { panic!("no error") };
         assert_eq!(error.id, Some(RequestId::Number(3)));
         assert!(error.error.message.contains("answer is longer than 100 bytes"), "{:?}", error.error);
         transport.close().await.unwrap();
-        let mut back = tokio::io::BufReader::new(their_read).lines();
         assert!(back.next_line().await.unwrap().is_none(), "the client was answered");
     }
 
