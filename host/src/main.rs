@@ -306,7 +306,7 @@ async fn serve_stdio(hub: Arc<Hub>, max_in_flight: usize, shutdown: Cancellation
     let (read, write) = rmcp::transport::stdio_pipes();
     use rebound::gateway::stdio_client;
     let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
-    let (ended, in_flight) = (transport.ended(), transport.in_flight());
+    let (ended, all_answered) = (transport.ended(), transport.all_answered());
     // A signal before the client's `initialize` ends the wait for it.
     let running = tokio::select! {
         running = Gateway::new(hub.clone()).into_service().serve(transport) => {
@@ -328,12 +328,7 @@ async fn serve_stdio(hub: Arc<Hub>, max_in_flight: usize, shutdown: Cancellation
             // run), not cancelled as if the client had asked, and the answers written
             // before the servers stop.
             hub.stop_calls();
-            let written = async {
-                while in_flight() > 0 {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(1), written).await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), all_answered).await;
         }
     }
     Ok(())

@@ -30,6 +30,7 @@ use rmcp::model::{
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::transport::id_scan::Scanned;
@@ -88,11 +89,19 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
         self.ended.clone()
     }
 
-    /// How many of the client's requests are in flight (read, not yet answered), as the
-    /// transport goes on counting once it is rmcp's.
-    pub fn in_flight(&self) -> impl Fn() -> usize + Send + 'static {
-        let in_flight = self.admission.in_flight.clone();
-        move || in_flight.lock().expect("not poisoned").len()
+    /// Ends once none of the client's requests is in flight (read, not yet answered or
+    /// cancelled), as the transport goes on counting once it is rmcp's.
+    pub fn all_answered(&self) -> impl Future<Output = ()> + Send + 'static {
+        let admission = self.admission.clone();
+        async move {
+            loop {
+                let idle = admission.idle.notified();
+                if admission.in_flight.lock().expect("not poisoned").is_empty() {
+                    return;
+                }
+                idle.await;
+            }
+        }
     }
 
     /// A message of the client's too long to read, named by its id, read as the line went
@@ -222,13 +231,15 @@ struct Admission {
     /// Each id with the number of the request that holds it: an answer frees only the
     /// request it answers, not a later one that reused a cancelled request's id.
     in_flight: Arc<std::sync::Mutex<HashMap<RequestId, u64>>>,
+    /// Told whenever the last request in flight is answered or cancelled.
+    idle: Arc<Notify>,
     admitted: Arc<AtomicU64>,
     max: usize,
 }
 
 impl Admission {
     fn new(max: usize) -> Self {
-        Self { in_flight: Arc::default(), admitted: Arc::default(), max: max.max(1) }
+        Self { in_flight: Arc::default(), idle: Arc::default(), admitted: Arc::default(), max: max.max(1) }
     }
 
     /// Lets `message` through, or the error to refuse it with and its id.
@@ -238,7 +249,7 @@ impl Admission {
             && let ClientNotification::CancelledNotification(c) = &n.notification
             && let Some(id) = &c.params.request_id
         {
-            self.in_flight.lock().expect("not poisoned").remove(id);
+            self.free(&mut self.in_flight.lock().expect("not poisoned"), id);
         }
         let ClientJsonRpcMessage::Request(request) = message else { return Ok(()) };
         let mut in_flight = self.in_flight.lock().expect("not poisoned");
@@ -272,7 +283,13 @@ impl Admission {
     fn done(&self, id: &RequestId, holder: u64) {
         let mut in_flight = self.in_flight.lock().expect("not poisoned");
         if in_flight.get(id) == Some(&holder) {
-            in_flight.remove(id);
+            self.free(&mut in_flight, id);
+        }
+    }
+
+    fn free(&self, in_flight: &mut HashMap<RequestId, u64>, id: &RequestId) {
+        if in_flight.remove(id).is_some() && in_flight.is_empty() {
+            self.idle.notify_waiters();
         }
     }
 }
@@ -474,6 +491,7 @@ mod tests {
         assert_eq!((refused[0]["id"].as_u64(), refused[0]["error"]["code"].as_i64()), (Some(1), Some(-32600)));
         assert_eq!((refused[1]["id"].as_u64(), refused[1]["error"]["code"].as_i64()), (Some(3), Some(i64::from(BUSY))));
         // Answering 1 makes room for 3.
+        let all_answered = tokio::spawn(transport.all_answered());
         transport
             .send(ServerJsonRpcMessage::response(rmcp::model::ServerResult::empty(()), RequestId::Number(1)))
             .await
@@ -482,6 +500,19 @@ mod tests {
         their_write.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"ping\"}\n").await.unwrap();
         let Some(ClientJsonRpcMessage::Request(r)) = transport.receive().await else { panic!() };
         assert_eq!(r.id, RequestId::Number(3));
+        // Until the last of them is answered (2) or cancelled (3), some are in flight.
+        their_write
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":3}}\n")
+            .await
+            .unwrap();
+        assert!(matches!(transport.receive().await, Some(ClientJsonRpcMessage::Notification(_))));
+        tokio::task::yield_now().await;
+        assert!(!all_answered.is_finished(), "2 is in flight");
+        transport
+            .send(ServerJsonRpcMessage::response(rmcp::model::ServerResult::empty(()), RequestId::Number(2)))
+            .await
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), all_answered).await.unwrap().unwrap();
     }
 
     #[tokio::test]
