@@ -11,7 +11,10 @@
 //! tasks. A server's `tasks/list` goes to the client the usual rule names
 //! (`super::routing`), and its answer keeps only the tasks that client runs for that
 //! connection. A client's `notifications/tasks/status` about a task goes to the server
-//! connection it runs the task for, and to no other server.
+//! connection it runs the task for, and to no other server; one that comes while the
+//! client's answer creating its task is still on its way (rmcp handles the two on tasks
+//! of their own, so the status can pass the answer) waits for that answer, at most
+//! [`EARLY_STATUS_WAIT`], [`EARLY_STATUSES`] of a client at once.
 //!
 //! Kept until the task's time to live ends (at most a day), a minute after the client
 //! said it ended (a terminal status in an answer, or its result fetched), or until its
@@ -20,11 +23,12 @@
 //! `max_sessions` allow).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::RequestId;
 use serde_json::Value;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::routing::ClientPeer;
@@ -47,6 +51,13 @@ pub const ABOUT_ONE: [&str; 3] = ["tasks/get", "tasks/result", "tasks/cancel"];
 
 /// The statuses a task ends with.
 const ENDED: [&str; 3] = ["completed", "failed", "cancelled"];
+
+/// The longest a client's task status waits for the answer that creates its task.
+pub const EARLY_STATUS_WAIT: Duration = Duration::from_secs(2);
+
+/// The most task statuses of one client waiting so at once; past it, one of no task
+/// kept is dropped at once.
+pub const EARLY_STATUSES: usize = 16;
 
 /// The client running a task, and the call its server asked during.
 struct Runner {
@@ -75,6 +86,32 @@ pub struct Refused {
 #[derive(Default)]
 pub struct AskedTasks {
     connections: Mutex<HashMap<u64, HashMap<String, Runner>>>,
+    /// Per client, its answers to requests to run as tasks still on their way, and its
+    /// statuses waiting for them.
+    asking: Mutex<HashMap<Arc<str>, Asking>>,
+    /// Told whenever such an answer has been noted (or given up).
+    answered: Notify,
+}
+
+#[derive(Default)]
+pub struct Asking {
+    questions: usize,
+    statuses: usize,
+}
+
+/// One of a client's counts in [`Asking`], taken back when dropped (however its holder
+/// ends). A question's end is told to the statuses waiting for it.
+pub struct Counted<'a> {
+    tasks: &'a AskedTasks,
+    client: &'a Arc<str>,
+    count: fn(&mut Asking) -> &mut usize,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.tasks.change(self.client, |a| *(self.count)(a) -= 1);
+        self.tasks.answered.notify_waiters();
+    }
 }
 
 impl AskedTasks {
@@ -162,6 +199,56 @@ impl AskedTasks {
     /// Upstream `session` ended: the tasks run for it are no one's any more.
     pub fn forget_connection(&self, session: u64) {
         self.connections.lock().expect("not poisoned").remove(&session);
+    }
+
+    /// `client` is asked to run a request as a task: until the count is dropped (once
+    /// its answer is noted, or the question given up), a task status of the client's
+    /// waits for that answer.
+    pub fn asking<'a>(&'a self, client: &'a Arc<str>) -> Counted<'a> {
+        self.change(client, |a| a.questions += 1);
+        Counted { tasks: self, client, count: |a| &mut a.questions }
+    }
+
+    /// Whether `kept` (whether a task `client` named is kept) holds, now or once the
+    /// answers `client` is sending to requests to run as tasks are noted, within
+    /// [`EARLY_STATUS_WAIT`]; `false` at once when none is on its way, or when
+    /// [`EARLY_STATUSES`] of the client's already wait.
+    pub async fn kept_soon(&self, client: &Arc<str>, kept: impl Fn() -> bool) -> bool {
+        let waited = async {
+            loop {
+                let answered = self.answered.notified();
+                if kept() {
+                    return true;
+                }
+                if self.asking.lock().expect("not poisoned").get(client).is_none_or(|a| a.questions == 0) {
+                    return false;
+                }
+                answered.await;
+            }
+        };
+        if kept() {
+            return true;
+        }
+        let room = self.asking.lock().expect("not poisoned").get_mut(client).is_some_and(|a| {
+            let room = a.questions > 0 && a.statuses < EARLY_STATUSES;
+            a.statuses += usize::from(room);
+            room
+        });
+        if !room {
+            return false;
+        }
+        let _counted = Counted { tasks: self, client, count: |a| &mut a.statuses };
+        tokio::time::timeout(EARLY_STATUS_WAIT, waited).await.unwrap_or(false)
+    }
+
+    /// Changes `client`'s entry, which goes once nothing is counted in it.
+    fn change(&self, client: &Arc<str>, change: impl FnOnce(&mut Asking)) {
+        let mut asking = self.asking.lock().expect("not poisoned");
+        let entry = asking.entry(client.clone()).or_default();
+        change(entry);
+        if entry.questions == 0 && entry.statuses == 0 {
+            asking.remove(client);
+        }
     }
 }
 
@@ -274,5 +361,52 @@ pub(super) mod tests {
         client.cancel().await.unwrap();
         let _ = server.waiting().await;
         assert_eq!(runs(&asked, 1, "t"), None);
+    }
+
+    /// A client's status that passed its answer creating the task waits for that answer,
+    /// and only while such an answer is on its way, for a bounded time, a bounded number.
+    #[tokio::test(start_paused = true)]
+    async fn a_status_that_passed_its_tasks_creation_waits_for_it() {
+        let (alice, _server, _client) = session("alice").await;
+        let asked = Arc::new(AskedTasks::default());
+        let kept = |asked: &Arc<AskedTasks>| {
+            let asked = asked.clone();
+            let client = alice.client.clone();
+            tokio::spawn(async move { asked.kept_soon(&client, || asked.runs_for(1, "t", "alice")).await })
+        };
+        let started = Instant::now();
+        assert!(!kept(&asked).await.unwrap(), "no task and no question: none");
+        assert_eq!(started.elapsed(), Duration::ZERO, "and at once");
+
+        let question = asked.asking(&alice.client);
+        let waiting = kept(&asked);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished());
+        asked.created(1, &created("t", 60_000), &alice, None).unwrap();
+        drop(question);
+        assert!(waiting.await.unwrap(), "kept once the answer was noted");
+        asked.forget_connection(1);
+
+        // An answer that never comes, and one given up.
+        let question = asked.asking(&alice.client);
+        let started = Instant::now();
+        assert!(!kept(&asked).await.unwrap());
+        assert_eq!(started.elapsed(), EARLY_STATUS_WAIT);
+        let waiting = kept(&asked);
+        tokio::task::yield_now().await;
+        drop(question);
+        assert!(!waiting.await.unwrap());
+        assert!(asked.asking.lock().unwrap().is_empty(), "nothing left counted");
+
+        // At most EARLY_STATUSES of a client wait at once.
+        let _question = asked.asking(&alice.client);
+        let waiting: Vec<_> = (0..EARLY_STATUSES).map(|_| kept(&asked)).collect();
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        assert!(!kept(&asked).await.unwrap());
+        assert_eq!(started.elapsed(), Duration::ZERO, "one more is dropped at once");
+        for w in waiting {
+            assert!(!w.await.unwrap());
+        }
     }
 }

@@ -142,6 +142,8 @@ impl HubRelay {
             };
             let session = asker.session;
             let request = to_client(request, &to.peer, &server)?;
+            let asking = matches!(kind, Kind::AsksForTask);
+            let _question = asking.then(|| routing.run_by_clients.asking(&to.client));
             let answer = ask(to.peer.clone(), request, originating.clone(), asker).await?;
             note_answer(&routing.run_by_clients, kind, session, &to, originating, answer).map_err(|refused| {
                 tracing::warn!(server, "a task the client created for the server is not kept: {}", refused.why);

@@ -485,13 +485,16 @@ impl ServerHandler for Gateway {
         let status = notification.method == "notifications/tasks/status";
         let task = notification.params.as_ref().and_then(|p| p["taskId"].as_str());
         let runs = &self.hub.routing.run_by_clients;
-        let sessions = self.concerned_sessions().into_iter();
-        let sessions: Vec<_> =
-            sessions.filter(|s| !status || task.is_some_and(|id| runs.runs_for(s.id, id, &self.own.client))).collect();
-        if status && sessions.is_empty() {
+        let concerned = || {
+            let sessions = self.concerned_sessions().into_iter();
+            sessions.filter(|s| !status || task.is_some_and(|id| runs.runs_for(s.id, id, &self.own.client)))
+        };
+        // A status can pass the client's answer that creates its task: it waits for it.
+        if status && !runs.kept_soon(&self.own.client, || concerned().next().is_some()).await {
             tracing::debug!(session = %self.own.client, "a task status of no task the client runs for a server; not passed on");
+            return;
         }
-        for session in sessions {
+        for session in concerned().collect::<Vec<_>>() {
             let n = ClientNotification::CustomNotification(notification.clone());
             let _ = session.peer.send_notification(n).await;
         }
