@@ -226,6 +226,31 @@ async fn what_a_client_must_not_get_past() {
     // Finished answers give the permits back.
     assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
 
+    // A client on 2026-07-28 has no session, and counts by its address: naming a session
+    // of its own making does not make each request a new client.
+    let modern = |id: u32| {
+        let meta = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        });
+        let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "slow", "arguments": {"ms": 1500}, "_meta": meta}});
+        post(&gw, &call)
+            .bearer_auth(TOKEN)
+            .header("mcp-session-id", format!("made-up-{id}"))
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "slow")
+            .send()
+    };
+    let (first, second, third) = tokio::join!(modern(11), modern(12), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        modern(13).await
+    });
+    let statuses = [first.unwrap(), second.unwrap(), third.unwrap()].map(|r| r.status());
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+
     // What is not a JSON-RPC message gets the protocol's error, as JSON, with the id when
     // the request has one.
     for (body, code, id) in [

@@ -39,6 +39,9 @@ struct Front {
     hub: Arc<Hub>,
     settings: Arc<HttpSettings>,
     limits: Arc<ClientLimits>,
+    /// The MCP sessions: a request counts against the session it names only when that
+    /// session is one of them.
+    sessions: Arc<super::sessions::CappedSessions>,
 }
 
 /// Binds `addr` and serves until `shutdown` is cancelled.
@@ -70,10 +73,16 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     // answers of the calls in flight.
     let streams = CancellationToken::new();
     let grace = Duration::from_millis(settings.shutdown_grace_ms);
+    let sessions = Arc::new(super::sessions::CappedSessions::new(
+        settings.max_sessions,
+        Duration::from_millis(settings.session_idle_ms),
+    ));
+    sessions.close_idle();
     let front = Front {
         hub: hub.clone(),
         limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
         settings: Arc::new(settings),
+        sessions,
     };
     let app = router(front.clone(), streams.clone());
     // Printed for scripts that bind port 0.
@@ -166,12 +175,7 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .with_max_request_body_bytes(settings.max_body_bytes.saturating_add(64))
         .with_cancellation_token(streams);
     let factory_hub = front.hub.clone();
-    let sessions = Arc::new(super::sessions::CappedSessions::new(
-        settings.max_sessions,
-        Duration::from_millis(settings.session_idle_ms),
-    ));
-    sessions.close_idle();
-    let mcp = StreamableHttpService::new(move || Ok(Gateway::new(factory_hub.clone())), sessions, config);
+    let mcp = StreamableHttpService::new(move || Ok(Gateway::new(factory_hub.clone())), front.sessions.clone(), config);
     let protected = Router::new()
         .nest_service("/mcp", mcp)
         .route("/metrics", get(metrics))

@@ -93,6 +93,11 @@ impl CappedSessions {
         });
     }
 
+    /// Whether `id` names a session open now.
+    pub fn knows(&self, id: &str) -> bool {
+        self.used.lock().expect("not poisoned").contains_key(id)
+    }
+
     fn touch(&self, id: &SessionId) {
         if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
             u.at = Instant::now();

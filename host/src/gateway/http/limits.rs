@@ -304,8 +304,8 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
     })
 }
 
-/// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session or,
-/// without one, the address `peer`: refused past `max_concurrent_per_client`, for an id
+/// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
+/// gateway's or, without one, the address `peer`: refused past `max_concurrent_per_client`, for an id
 /// already in flight in its session, and while the gateway drains.
 fn admit(
     front: &Front,
@@ -313,7 +313,10 @@ fn admit(
     peer: SocketAddr,
     id: Option<serde_json::Value>,
 ) -> Result<ClientPermit, Box<Response>> {
+    // Only a session of the gateway's: rmcp serves a 2026-07-28 request without one,
+    // whatever session it names, so a made-up id would otherwise be a fresh client.
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok());
+    let session = session.filter(|id| front.sessions.knows(id));
     let client = match session {
         Some(session) => format!("session {session}"),
         None => super::address_client(peer.ip()),
