@@ -146,17 +146,22 @@ impl Runtime {
     /// compile).
     pub fn new(limits: Limits, cache: Option<PathBuf>) -> anyhow::Result<Arc<Self>> {
         let mut config = compilation();
+        // Room in the pool for POOL_INSTANCES instances of the largest component allowed:
+        // an instance is admitted by the semaphore alone, so no adapter's components can
+        // take the memories or tables another's need (its instantiation would fail, and
+        // count against it). Only addresses are reserved, not memory.
+        let (core_instances, memories, tables) = (16, 2, 8);
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(POOL_INSTANCES)
-            .total_core_instances(POOL_INSTANCES * 8)
-            .total_memories(POOL_INSTANCES)
-            .total_tables(POOL_INSTANCES * 4)
+            .total_core_instances(POOL_INSTANCES * core_instances)
+            .total_memories(POOL_INSTANCES * memories)
+            .total_tables(POOL_INSTANCES * tables)
             .total_stacks(POOL_INSTANCES)
             .max_memory_size(MAX_MEMORY)
             .max_component_instance_size(1 << 20)
-            .max_core_instances_per_component(16)
-            .max_memories_per_component(2)
-            .max_tables_per_component(8)
+            .max_core_instances_per_component(core_instances)
+            .max_memories_per_component(memories)
+            .max_tables_per_component(tables)
             .linear_memory_keep_resident(KEEP_RESIDENT)
             .table_keep_resident(KEEP_RESIDENT)
             .pagemap_scan(wasmtime::Enabled::Auto);
@@ -420,6 +425,7 @@ mod tests {
     fn the_compiler_process_compiles_what_the_gateway_loads() {
         use std::hash::{DefaultHasher, Hash, Hasher};
         let runtime = Runtime::new(Limits::default(), None).unwrap();
+        assert!(runtime.pooling, "the pool reserved its room");
         let mut config = compilation();
         config.parallel_compilation(true);
         let apart = wasmtime::Engine::new(&config).unwrap();

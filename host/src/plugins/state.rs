@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use wasmtime::component::ResourceTable;
-use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
@@ -30,13 +30,74 @@ const MAX_RESOURCES: usize = 1024;
 /// The most bytes, keys and values together, one adapter's store may hold for a server.
 const MAX_STORE_BYTES: usize = 4 << 20;
 
+/// What one store (one plugin call) may hold: at most `memory` bytes of linear memory in
+/// all (`StoreLimits` bounds each memory on its own, so a component with two would get
+/// twice the cap), and wasmtime's bounds on the rest.
+pub struct Bounds {
+    counts: StoreLimits,
+    memory: usize,
+    /// Bytes of linear memory the store's memories hold together.
+    used: usize,
+    /// The last growth allowed, undone if it failed after all.
+    growing: usize,
+}
+
+impl Bounds {
+    pub fn new(memory: usize) -> Self {
+        let counts = StoreLimitsBuilder::new()
+            .memory_size(memory)
+            .table_elements(MAX_TABLE_ELEMENTS)
+            .instances(32)
+            .tables(32)
+            .memories(4)
+            .build();
+        Self { counts, memory, used: 0, growing: 0 }
+    }
+}
+
+impl ResourceLimiter for Bounds {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let used = self.used.saturating_sub(current).saturating_add(desired);
+        if used > self.memory || !self.counts.memory_growing(current, desired, maximum)? {
+            return Ok(false);
+        }
+        (self.used, self.growing) = (used, desired.saturating_sub(current));
+        Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.used = self.used.saturating_sub(std::mem::take(&mut self.growing));
+        self.counts.memory_grow_failed(error)
+    }
+
+    fn table_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
+        self.counts.table_growing(current, desired, maximum)
+    }
+
+    fn table_grow_failed(&mut self, error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.counts.table_grow_failed(error)
+    }
+
+    fn instances(&self) -> usize {
+        self.counts.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.counts.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.counts.memories()
+    }
+}
+
 /// A plugin's key-value store for one server; outlives instances.
 pub type Kv = Arc<Mutex<BTreeMap<String, String>>>;
 
 pub struct State {
     wasi: WasiCtx,
     table: ResourceTable,
-    pub limits: StoreLimits,
+    pub limits: Bounds,
     /// `adapter_config` as JSON text.
     config: Arc<str>,
     kv: Kv,
@@ -94,13 +155,7 @@ impl State {
             .build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(memory)
-            .table_elements(MAX_TABLE_ELEMENTS)
-            .instances(32)
-            .tables(32)
-            .memories(4)
-            .build();
+        let limits = Bounds::new(memory);
         Self { wasi, table, limits, config, kv, name, server, log }
     }
 }
@@ -296,5 +351,45 @@ impl wasmtime_wasi::HostMonotonicClock for Frozen {
 
     fn now(&self) -> u64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    use super::*;
+
+    /// A core module with `count` linear memories of `pages` 64 KiB pages each.
+    fn memories(count: u8, pages: u8) -> Vec<u8> {
+        assert!(pages < 0x80, "one LEB128 byte");
+        let mut module = b"\0asm\x01\0\0\0".to_vec();
+        module.extend([5, 1 + 2 * count, count]);
+        for _ in 0..count {
+            module.extend([0, pages]); // no maximum, `pages` to start with
+        }
+        module
+    }
+
+    #[test]
+    fn the_memory_cap_is_for_all_of_a_stores_memories_together() {
+        let engine = Engine::default();
+        let instantiate = |count| {
+            let module = Module::new(&engine, memories(count, 100)).unwrap();
+            let mut store = Store::new(&engine, Bounds::new(10 << 20));
+            store.limiter(|limits| limits);
+            Instance::new(&mut store, &module, &[]).map(|_| ())
+        };
+        instantiate(1).expect("one memory of 6.25 MiB fits in 10");
+        assert!(instantiate(2).is_err(), "two of them do not, though each would alone");
+    }
+
+    #[test]
+    fn a_growth_that_failed_is_not_counted() {
+        let mut limits = Bounds::new(10 << 20);
+        assert!(limits.memory_growing(0, 8 << 20, None).unwrap());
+        limits.memory_grow_failed(wasmtime::Error::msg("the system had none")).unwrap();
+        assert!(limits.memory_growing(0, 8 << 20, None).unwrap(), "the failed 8 MiB are not held");
+        assert!(!limits.memory_growing(0, 4 << 20, None).unwrap(), "the 8 that grew are");
     }
 }
