@@ -142,7 +142,7 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
 /// The bytes of the component at `path`, at most [`MAX_COMPONENT_BYTES`], which must be a
 /// WebAssembly component.
 fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
-    let bytes = std::fs::File::open(path)
+    let bytes = open_file(path)
         .and_then(compiler::read_component)
         .map_err(|source| LoadError::Read { path: path.to_owned(), source })?;
     if bytes.len() as u64 > MAX_COMPONENT_BYTES {
@@ -156,6 +156,19 @@ fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
         _ if bytes.is_empty() => Err(not("the file is empty")),
         _ => Err(not("the file does not start with the WebAssembly magic number")),
     }
+}
+
+/// `path` opened for reading, if it is a regular file. What it is is asked of what was
+/// opened, not of the path (which may have changed since it was checked), and opening
+/// never waits: a FIFO put in the plugins folder would otherwise hold the load, and the
+/// gateway's start or every later reload, until someone wrote to it.
+fn open_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it is not a regular file"));
+    }
+    Ok(file)
 }
 
 /// The contract version `component` speaks, of those this host does, once it imports
@@ -399,7 +412,19 @@ pub fn load_all<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::compatible;
+    use super::{LoadError, compatible, read};
+
+    #[test]
+    fn only_a_regular_file_is_read_and_a_fifo_does_not_hold_the_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("x.wasm");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let Err(LoadError::Read { source, .. }) = read(&fifo) else { panic!("a FIFO was read") };
+        assert!(source.to_string().contains("not a regular file"), "{source}");
+        let Err(LoadError::Read { .. }) = read(dir.path()) else { panic!("a folder was read") };
+        std::fs::write(dir.path().join("y.wasm"), b"\0asm\x0d\0\x01\0").unwrap();
+        assert_eq!(read(&dir.path().join("y.wasm")).unwrap().len(), 8);
+    }
 
     #[test]
     fn contract_versions() {
