@@ -544,6 +544,7 @@ fn from_step(a: &Adapter, step: wit::Step) -> Option<Step> {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(serde_json::Value::Object(o)) => Some(o),
             _ => {
+                let what = super::state::shown(what, 256);
                 tracing::warn!(adapter = %a.name, "the plan's {what} arguments are not a JSON object; step skipped");
                 None
             }

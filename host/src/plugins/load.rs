@@ -11,7 +11,7 @@ use wasmtime::component::Component;
 use super::bindings::{self, v0_1, v0_2};
 use super::compiler::{self, CompileError, MAX_COMPONENT_BYTES};
 use super::runtime::{Manifest, Pre, Reply, Request, Runtime};
-use super::state::{CappedPipe, State};
+use super::state::{CappedPipe, State, shown};
 use crate::config::ToolPattern;
 
 /// Imports an adapter may have (interface names without `@version`). Everything a Rust
@@ -92,6 +92,11 @@ impl std::fmt::Debug for Loaded {
 }
 
 /// What an adapter says about itself.
+/// The longest name, version, server or tool an adapter's `adapter-info` is shown with,
+/// and the most servers and tools.
+const MAX_INFO_BYTES: usize = 256;
+const MAX_INFO_ITEMS: usize = 64;
+
 #[derive(Debug, Clone)]
 pub struct Info {
     pub name: String,
@@ -126,12 +131,13 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
             sha2::Sha256::digest(&bytes).into()
         },
         pre,
+        // What it says of itself is shown to operators, bounded and on one line.
         info: Info {
-            name: info.name,
-            version: info.version,
+            name: shown(&info.name, MAX_INFO_BYTES),
+            version: shown(&info.version, MAX_INFO_BYTES),
             contract: version,
-            servers: info.servers,
-            tools: info.tools,
+            servers: info.servers.iter().take(MAX_INFO_ITEMS).map(|s| shown(s, MAX_INFO_BYTES)).collect(),
+            tools: info.tools.iter().take(MAX_INFO_ITEMS).map(|t| shown(t, MAX_INFO_BYTES)).collect(),
             needs,
         },
         bytes: bytes.len(),

@@ -177,12 +177,7 @@ impl host::Host for State {
         if !self.log.take() {
             return;
         }
-        // One line, as the adapter's: its line breaks and terminal escapes are shown, not
-        // obeyed, so it cannot forge the gateway's own lines.
-        let message: String = cap_text(&message, MAX_LOG_LINE)
-            .chars()
-            .flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] })
-            .collect();
+        let message = shown(&message, MAX_LOG_LINE);
         let (adapter, server) = (&*self.name, &*self.server);
         match level {
             host::Level::Debug => tracing::debug!(target: "rebound::plugin", adapter, server, "{message}"),
@@ -262,6 +257,18 @@ impl v0_2::store::Host for State {
 }
 
 /// `text` cut to at most `max` bytes (on a character boundary), with an ellipsis when cut.
+/// Text of an adapter's as the host shows it (a log line, `rebound check`, the status):
+/// at most `max` bytes, on one line, its control characters (line breaks, terminal
+/// escapes) written out, not obeyed, so that it can neither forge the gateway's own
+/// lines nor drive the terminal of whoever reads them.
+pub fn shown(text: &str, max: usize) -> String {
+    let text = cap_text(text, max);
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
 pub fn cap_text(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
@@ -282,10 +289,11 @@ impl CappedPipe {
         Self { buf: Arc::default(), cap }
     }
 
-    /// What was written, lossily as text, with a note when some was dropped.
+    /// What was written, lossily as text on one line ([`shown`]), with a note when some
+    /// was dropped.
     pub fn text(&self) -> String {
         let buf = self.buf.lock().expect("not poisoned");
-        let mut t = String::from_utf8_lossy(&buf).trim_end().to_owned();
+        let mut t = shown(String::from_utf8_lossy(&buf).trim(), usize::MAX);
         if buf.len() >= self.cap {
             t.push_str(" …(truncated)");
         }
@@ -382,6 +390,17 @@ mod tests {
         };
         instantiate(1).expect("one memory of 6.25 MiB fits in 10");
         assert!(instantiate(2).is_err(), "two of them do not, though each would alone");
+    }
+
+    #[test]
+    fn an_adapters_text_is_shown_on_one_line_and_obeys_no_terminal() {
+        assert_eq!(shown("plain", 100), "plain");
+        assert_eq!(shown("a\nERROR forged\x1b]0;title\x07", 100), "a\\nERROR forged\\u{1b}]0;title\\u{7}");
+        assert_eq!(shown(&"x".repeat(10), 4), "xxxx…");
+        let pipe = CappedPipe::new(64);
+        use std::io::Write as _;
+        pipe.buf.lock().unwrap().write_all(b"line one\nline two\n").unwrap();
+        assert_eq!(pipe.text(), "line one\\nline two");
     }
 
     #[test]
