@@ -56,6 +56,34 @@ async fn a_looping_plugin_is_stopped_at_its_deadline_and_quarantined() {
     gw.close().await;
 }
 
+/// Limits changed by a reload hold for an adapter whose code and server did not change
+/// (a limit is lowered to contain it, say), at once.
+#[tokio::test]
+async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
+    let gw = misbehaving("loop").await;
+    let deadline = |ms: u64| format!("past its {ms} ms deadline");
+    gw.call("fail", json!({"message": "1"})).await;
+    let status = adapter_status(&gw).await;
+    assert!(status["last_fault"].as_str().unwrap().contains(&deadline(100)), "{status}");
+    let path = gw.dir.path().join("rebound.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["rebound"]["plugin_timeout_ms"] = json!(150);
+    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config).unwrap()).unwrap();
+    std::fs::rename(path.with_extension("new"), &path).unwrap();
+    let applied = async {
+        loop {
+            gw.call("fail", json!({"message": "2"})).await;
+            let status = adapter_status(&gw).await;
+            if status["last_fault"].as_str().unwrap_or_default().contains(&deadline(150)) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(20), applied).await.expect("the new deadline held");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn memory_bombs_panics_and_floods_are_contained() {
     // A flood of output is cut at the cap; writing it all takes longer than the deadline.

@@ -120,15 +120,23 @@ impl Setup {
     }
 
     /// In `plugins`, an unchanged server whose adapter's code is unchanged keeps its
-    /// running adapter (its state); returns those servers.
+    /// running adapter (its state); returns those servers. Under new limits (a new
+    /// runtime) it gets the fresh one, with the old one's stored state, and counts as
+    /// kept (its declared needs are the same): a limit lowered to contain an adapter
+    /// holds at once.
     fn keep_adapters(&self, config: &Config, plugins: &mut Prepared, changes: &mut Changes) -> Vec<Arc<str>> {
         let mut adapters = Adapters::default();
         let mut kept = Vec::new();
         for (server, fresh) in plugins.adapters.iter() {
             match self.plugins.adapters.get(server).filter(|_| self.unchanged(config, server)) {
-                Some(old) if same_code(old, fresh) => {
+                Some(old) if same_code(old, fresh) && old.same_runtime(fresh) => {
                     kept.push(server.clone());
                     adapters.insert(server, old.clone());
+                }
+                Some(old) if same_code(old, fresh) => {
+                    fresh.carry_state(old);
+                    kept.push(server.clone());
+                    adapters.insert(server, fresh.clone());
                 }
                 Some(_) => {
                     changes.new_adapter_code.push(server.to_string());

@@ -143,6 +143,18 @@ impl Adapter {
         })
     }
 
+    /// Whether `other` runs on this adapter's runtime (the same limits, pool and cache).
+    pub fn same_runtime(&self, other: &Adapter) -> bool {
+        Arc::ptr_eq(&self.runtime, &other.runtime)
+    }
+
+    /// Takes over what `old` (the same adapter, on a runtime a reload replaced) stored
+    /// for its server, such as the HOL cursor.
+    pub fn carry_state(&self, old: &Adapter) {
+        let stored = old.kv.lock().expect("not poisoned").clone();
+        *self.kv.lock().expect("not poisoned") = stored;
+    }
+
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
     /// once a minute (they are counted in full in the metrics).
     pub fn report_denied(&self, denied: &[Denied]) {
