@@ -231,6 +231,11 @@ impl Adapter {
     /// deadline, limit, panic, a broken contract) is logged with the plugin's output,
     /// counted, and answered with `None`.
     async fn call(&self, what: &'static str, request: Request) -> Option<Reply> {
+        self.call_by(what, request, std::time::Instant::now() + self.runtime.limits.timeout).await
+    }
+
+    /// [`Self::call`], everything (its share of the pool, an instance, the run) by `end`.
+    async fn call_by(&self, what: &'static str, request: Request, end: std::time::Instant) -> Option<Reply> {
         if self.quarantined() {
             return None;
         }
@@ -244,13 +249,12 @@ impl Adapter {
             output.clone(),
             self.runtime.limits.memory,
         );
-        let limit = self.runtime.limits.timeout;
-        let Ok(Ok(_mine)) = tokio::time::timeout(limit, self.share.acquire()).await else {
+        let Ok(Ok(_mine)) = tokio::time::timeout_at(end.into(), self.share.acquire()).await else {
             self.health.lock().expect("not poisoned").busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
-        let result = self.runtime.invoke(&self.pre, state, request).await;
+        let result = self.runtime.invoke_by(&self.pre, state, request, end).await;
         let printed = output.text();
         match result {
             Ok(reply) => {
@@ -279,8 +283,8 @@ impl Adapter {
     }
 
     async fn classified(&self, request: Request, kind: Kind) -> Option<Classification> {
-        self.lane.flush(self.runtime.limits.timeout).await;
-        let Some(Reply::Classify(refined)) = self.call("classify", request).await else { return None };
+        let end = self.after_what_came_before().await;
+        let Some(Reply::Classify(refined)) = self.call_by("classify", request, end).await else { return None };
         match check_class(refined?) {
             Ok(c) => Some(from_class(c, kind)),
             Err(why) => {
@@ -293,14 +297,23 @@ impl Adapter {
     /// Asks the adapter for a plan; one over the size limits is a fault (the built-in
     /// plan applies).
     async fn planned(&self, request: Request) -> Option<Vec<Step>> {
-        self.lane.flush(self.runtime.limits.timeout).await;
-        let Some(Reply::Plan(steps)) = self.call("plan", request).await else { return None };
+        let end = self.after_what_came_before().await;
+        let Some(Reply::Plan(steps)) = self.call_by("plan", request, end).await else { return None };
         let steps = steps?;
         if let Err(why) = check_plan(&steps) {
             self.fault("plan", why);
             return None;
         }
         Some(steps.into_iter().filter_map(|s| from_step(self, s)).collect())
+    }
+
+    /// Waits until the successful calls before this moment have been observed, and
+    /// returns the deadline of the adapter call that follows: one adapter deadline for
+    /// the wait and the call together.
+    async fn after_what_came_before(&self) -> std::time::Instant {
+        let end = std::time::Instant::now() + self.runtime.limits.timeout;
+        self.lane.flush_until(end.into()).await;
+        end
     }
 
     /// A successful call, as the adapter is shown it: redacted.

@@ -227,12 +227,23 @@ impl Runtime {
     /// abandoned, its instance dropped back into the pool. Fails with the reason, for the
     /// fault log.
     pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
+        self.invoke_by(pre, state, request, std::time::Instant::now() + self.limits.timeout).await
+    }
+
+    /// [`Self::invoke`], with `end` for its deadline: what a caller waited for before
+    /// (its share of the pool, the adapter's earlier calls) counts against the one
+    /// deadline.
+    pub async fn invoke_by(
+        &self,
+        pre: &Pre,
+        state: State,
+        request: Request,
+        end: std::time::Instant,
+    ) -> Result<Reply, Fault> {
         let limit = self.limits.timeout;
-        let end = std::time::Instant::now() + limit;
         // An instance from the pool, waiting for one at most until the deadline.
-        let Ok(Ok(_instance)) = tokio::time::timeout(limit, self.pool.acquire()).await else {
-            return Err(Fault::Busy);
-        };
+        let pooled = tokio::time::timeout_at(end.into(), self.pool.acquire()).await;
+        let Ok(Ok(_instance)) = pooled else { return Err(Fault::Busy) };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(HOSTCALL_FUEL);

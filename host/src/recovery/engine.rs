@@ -562,7 +562,8 @@ impl Engine {
             elapsed: self.clock.now().saturating_duration_since(call.started),
             failure,
         };
-        let mut class = match advisor.classify(&ctx, builtin).await {
+        // Each is stopped at the call's deadline, the built-in answer standing.
+        let mut class = match self.by_deadline(call, advisor.classify(&ctx, builtin)).await.flatten() {
             Some(refined) => refined,
             None => builtin.clone(),
         };
@@ -571,8 +572,21 @@ impl Engine {
         if declared_unsafe && !builtin.not_delivered {
             class.not_delivered = false;
         }
-        let advised = advisor.plan(&ctx, &class).await;
+        let advised = self.by_deadline(call, advisor.plan(&ctx, &class)).await.flatten();
         (class, advised)
+    }
+
+    /// What `asked` ends with, unless `call`'s deadline comes first (or has passed).
+    async fn by_deadline<T>(&self, call: &Call<'_>, asked: impl Future<Output = T>) -> Option<T> {
+        let left = call.deadline.saturating_duration_since(self.clock.now());
+        if left.is_zero() {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            answer = asked => Some(answer),
+            () = self.clock.sleep(left) => None,
+        }
     }
 
     /// Runs `plan`'s steps in order until one answers or asks for another attempt.

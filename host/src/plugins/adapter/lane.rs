@@ -4,9 +4,8 @@
 //! at most one adapter deadline, until what came before has been shown, so that what an
 //! adapter learned (a session, a cursor) is there when it plans.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -17,8 +16,13 @@ use super::Adapter;
 /// Successful calls waiting to be shown; past this they are dropped and counted.
 const QUEUE: usize = 256;
 
+/// The most bytes of text (arguments and results) waiting to be shown; a call that
+/// would take the queue past it is dropped and counted, so that an adapter slow to
+/// observe holds at most this much of the gateway's memory, however large the answers.
+pub const QUEUE_BYTES: usize = 16 << 20;
+
 enum Job {
-    Observe(wit::CompletedCall),
+    Observe(wit::CompletedCall, usize),
     Flush(oneshot::Sender<()>),
 }
 
@@ -26,6 +30,8 @@ enum Job {
 #[derive(Default)]
 pub(super) struct Lane {
     tx: OnceLock<mpsc::Sender<Job>>,
+    /// Bytes of the calls queued and not shown yet.
+    queued: Arc<AtomicUsize>,
     /// Successful calls not shown because the queue was full.
     pub dropped: AtomicU64,
 }
@@ -33,29 +39,38 @@ pub(super) struct Lane {
 impl Lane {
     /// Queues `call` for `adapter` to observe, without waiting.
     pub fn push(&self, adapter: &Arc<Adapter>, call: wit::CompletedCall) {
-        let tx = self.tx.get_or_init(|| start(Arc::downgrade(adapter)));
-        if tx.try_send(Job::Observe(call)).is_err() {
+        self.queue(|queued| start(Arc::downgrade(adapter), queued), call);
+    }
+
+    /// Queues `call` for the worker `start` makes on first use.
+    fn queue(&self, start: impl FnOnce(Arc<AtomicUsize>) -> mpsc::Sender<Job>, call: wit::CompletedCall) {
+        let tx = self.tx.get_or_init(|| start(self.queued.clone()));
+        let bytes = call.server.len() + call.tool.len() + call.arguments.len() + call.call_result.len();
+        let room = self.queued.fetch_add(bytes, Ordering::AcqRel) + bytes <= QUEUE_BYTES;
+        if !room || tx.try_send(Job::Observe(call, bytes)).is_err() {
+            self.queued.fetch_sub(bytes, Ordering::AcqRel);
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Waits until every call queued before now has been observed, at most `within`.
-    pub async fn flush(&self, within: Duration) {
+    /// Waits until every call queued before now has been observed, at most until `end`.
+    pub async fn flush_until(&self, end: tokio::time::Instant) {
         let Some(tx) = self.tx.get() else { return };
         let (done, shown) = oneshot::channel();
         if tx.try_send(Job::Flush(done)).is_ok() {
-            let _ = tokio::time::timeout(within, shown).await;
+            let _ = tokio::time::timeout_at(end, shown).await;
         }
     }
 }
 
 /// The worker: shows queued calls in order; ends when the adapter is gone.
-fn start(adapter: Weak<Adapter>) -> mpsc::Sender<Job> {
+fn start(adapter: Weak<Adapter>, queued: Arc<AtomicUsize>) -> mpsc::Sender<Job> {
     let (tx, mut rx) = mpsc::channel(QUEUE);
     tokio::spawn(async move {
         while let Some(job) = rx.recv().await {
             match job {
-                Job::Observe(call) => {
+                Job::Observe(call, bytes) => {
+                    queued.fetch_sub(bytes, Ordering::AcqRel);
                     let Some(adapter) = adapter.upgrade() else { break };
                     adapter.call("observe", Request::Observe(call)).await;
                 }
@@ -66,4 +81,34 @@ fn start(adapter: Weak<Adapter>) -> mpsc::Sender<Job> {
         }
     });
     tx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(bytes: usize) -> wit::CompletedCall {
+        let result = "r".repeat(bytes);
+        wit::CompletedCall { server: String::new(), tool: String::new(), arguments: String::new(), call_result: result }
+    }
+
+    /// Calls wait in the queue up to a number and a size: however large the answers, an
+    /// adapter slow to observe holds at most [`QUEUE_BYTES`] of them.
+    #[tokio::test]
+    async fn the_queue_is_bounded_in_bytes_as_well_as_in_calls() {
+        let lane = Lane::default();
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let mut worker = Some(tx);
+        let mut start = |_: Arc<AtomicUsize>| worker.take().unwrap();
+        for _ in 0..5 {
+            lane.queue(&mut start, call(5 << 20));
+        }
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 2, "16 MiB hold three of 5 MiB");
+        lane.queue(&mut start, call(1 << 10));
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 2, "a small one still fits");
+        let Some(Job::Observe(_, bytes)) = rx.recv().await else { panic!() };
+        lane.queued.fetch_sub(bytes, Ordering::AcqRel); // as the worker does
+        lane.queue(&mut start, call(5 << 20));
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 2, "a call shown makes room");
+    }
 }

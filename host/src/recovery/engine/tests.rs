@@ -895,3 +895,46 @@ async fn a_server_removed_under_a_call_is_answered_not_panicked_on() {
     assert!(matches!(record.last_failure(), Some((Failure::Unavailable { status: Status::Stopped, .. }, _))));
     assert!(up.calls("gone/read").is_empty());
 }
+
+/// An adapter that is slow to answer is stopped at the call's deadline: its classify or
+/// its plan (each within its own deadline, at most) cannot hold the call past it.
+#[tokio::test(start_paused = true)]
+async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
+    struct Slow {
+        in_plan: bool,
+    }
+    impl Advisor for Slow {
+        fn classify(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Classification>> {
+            let slow = !self.in_plan;
+            Box::pin(async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                None
+            })
+        }
+        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
+            let slow = self.in_plan;
+            Box::pin(async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                None
+            })
+        }
+        fn observe(&self, _: &str, _: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+    }
+    for in_plan in [false, true] {
+        let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(); 10]);
+        let e = engine(&[server("s", defaults())]);
+        let started = tokio::time::Instant::now();
+        let annotations = up.annotations("s", "read").flatten();
+        let (ending, _) =
+            e.run(&up, Some(&Slow { in_plan }), "s".into(), "read".into(), annotations.as_ref(), None).await;
+        assert!(!matches!(ending, Ending::Answered(..)));
+        let deadline = Duration::from_millis(defaults().deadline_for("read"));
+        assert!(started.elapsed() <= deadline, "in_plan {in_plan}: {:?} past {deadline:?}", started.elapsed());
+    }
+}
