@@ -57,7 +57,10 @@ impl Gateway {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let session: Arc<str> = format!("sess_{millis}_{}", NEXT.fetch_add(1, Ordering::Relaxed)).into();
+        // Names storage kept after the session (`${REBOUND_SESSION}`): unique across
+        // restarts and replicas too, not only within this process and its clock.
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let session: Arc<str> = format!("sess_{millis}_{n}_{:016x}", rand::random::<u64>()).into();
         Self { own: SessionServers::new(hub.clone(), session), hub }
     }
 
