@@ -6,7 +6,7 @@ mod load;
 mod model;
 
 pub use error::ConfigError;
-pub use load::{load, parse};
+pub use load::{followed, load, parse, within};
 pub use model::{
     AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig,
     RestartPolicy, RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,

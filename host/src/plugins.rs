@@ -65,6 +65,17 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
         timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
     };
     let cache = config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache);
+    // (A cache the configuration names in the plugins folder is refused by `config`.)
+    let cache = cache.filter(|c| {
+        let apart = !crate::config::within(c, &config.settings.plugins_dir);
+        if !apart {
+            tracing::warn!(
+                "not using the plugin cache at {}: it is in the plugins folder; plugins are compiled in memory",
+                c.display()
+            );
+        }
+        apart
+    });
     let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
     let runtime = match reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache)) {
         Ok(r) => r,

@@ -202,6 +202,14 @@ impl Ctx<'_> {
 
     /// The `rebound` key's settings, defaults filled in and bounds applied.
     fn settings(&self, raw: RawSettings, base: &Path, plugins_dir: PathBuf) -> Result<Settings, ConfigError> {
+        let plugin_cache_dir = raw.plugin_cache_dir.map(|d| resolve(base, d));
+        if let Some(cache) = plugin_cache_dir.as_deref().filter(|c| within(c, &plugins_dir)) {
+            return Err(self.err(
+                "rebound.plugin_cache_dir",
+                format!("{} is in the plugins folder {}", cache.display(), plugins_dir.display()),
+                "compiled code in the cache is run as it is: keep it apart from the folder adapters are dropped in (leave the key out for ~/.cache/rebound/plugins)",
+            ));
+        }
         Ok(Settings {
             plugins_dir,
             errors_log: resolve(base, raw.errors_log.unwrap_or_else(|| "rebound-errors.jsonl".into())),
@@ -212,13 +220,44 @@ impl Ctx<'_> {
             plugin_timeout_ms: raw.plugin_timeout_ms.unwrap_or(200).max(1),
             plugin_memory_mb: raw.plugin_memory_mb.unwrap_or(32).clamp(1, 64),
             plugin_max_calls: raw.plugin_max_calls.unwrap_or(8).min(64),
-            plugin_cache_dir: raw.plugin_cache_dir.map(|d| resolve(base, d)),
+            plugin_cache_dir,
             plugin_compile_timeout_ms: raw.plugin_compile_timeout_ms.unwrap_or(60_000).max(1),
             errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
             http: self.http_settings(raw.http)?,
         })
     }
+}
+
+/// Whether folder `inner` is `outer` or inside it, links followed where they exist: a
+/// compiled-code cache there would run as native code whatever is dropped in with the
+/// adapters.
+pub fn within(inner: &Path, outer: &Path) -> bool {
+    followed(inner).starts_with(followed(outer))
+}
+
+/// `path`, absolute, its `..` taken back and its links followed where they exist, one
+/// folder at a time.
+pub fn followed(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut real = PathBuf::new();
+    for part in absolute.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                real.pop();
+            }
+            std::path::Component::CurDir => {}
+            part => {
+                real.push(part);
+                if real.is_symlink()
+                    && let Ok(target) = real.canonicalize()
+                {
+                    real = target;
+                }
+            }
+        }
+    }
+    real
 }
 
 struct Ctx<'a> {

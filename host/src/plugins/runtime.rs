@@ -326,8 +326,15 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let refuse = |why: String| Err(std::io::Error::other(why));
     let me = nix::unistd::geteuid().as_raw();
+    // The folders above it as they are: one reached through a link is checked where the
+    // link leads, and so are all of that one's parents.
     let dir = std::path::absolute(dir)?;
-    for ancestor in dir.ancestors().skip(1) {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return refuse(format!("{} is no folder a cache can be made in", dir.display()));
+    };
+    let parent = crate::config::followed(parent);
+    let dir = parent.join(name);
+    for ancestor in parent.ancestors() {
         let meta = match std::fs::metadata(ancestor) {
             Ok(meta) => meta,
             // Not there yet: created below, by this user.
@@ -474,5 +481,14 @@ mod tests {
         std::os::unix::fs::symlink(&fine, &link).unwrap();
         let e = private_dir(&link).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
+
+        // A parent reached through a link is checked where it leads, its parents too.
+        let shared = base.path().join("shared");
+        std::fs::create_dir_all(shared.join("mine")).unwrap();
+        mode(&shared, 0o777);
+        let via = base.path().join("via");
+        std::os::unix::fs::symlink(shared.join("mine"), &via).unwrap();
+        let e = private_dir(&via.join("cache")).unwrap_err().to_string();
+        assert!(e.contains("writable by others") && e.contains("shared"), "{e}");
     }
 }

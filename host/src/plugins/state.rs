@@ -144,7 +144,9 @@ impl State {
     ) -> Self {
         // Nothing is inherited: no environment, arguments, files or network; stdin is
         // closed; stdout and stderr go to a capped buffer for the log; the clocks stand
-        // still at the epoch, so a plugin cannot tell time (or time anything).
+        // still at the epoch, so a plugin cannot read the time. (It can still wait, on
+        // the host's real clock, within its deadline: whether a wait is over tells it
+        // roughly how long its own work took, nothing more.)
         let wasi = WasiCtxBuilder::new()
             .stdout(output.clone())
             .stderr(output)

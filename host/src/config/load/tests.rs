@@ -151,6 +151,27 @@ fn broken_configs_name_the_key_and_the_fix() {
 }
 
 #[test]
+fn the_plugin_cache_is_kept_apart_from_the_plugins() {
+    for cache in ["plugins", "plugins/cache", "./plugins/../plugins/x"] {
+        let json = format!(
+            r#"{{"mcpServers": {{}}, "rebound": {{"plugins_dir": "plugins", "plugin_cache_dir": "{cache}"}}}}"#
+        );
+        rejects(&json, "rebound.plugin_cache_dir", "is in the plugins folder");
+    }
+    for cache in ["plugins-cache", "plugins/../plugins-cache"] {
+        let json = format!(
+            r#"{{"mcpServers": {{}}, "rebound": {{"plugins_dir": "plugins", "plugin_cache_dir": "{cache}"}}}}"#
+        );
+        assert!(ok(&json).settings.plugin_cache_dir.is_some());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("plugins")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("plugins"), dir.path().join("link")).unwrap();
+    assert!(crate::config::within(&dir.path().join("link/cache"), &dir.path().join("plugins")), "through a link");
+    assert!(!crate::config::within(&dir.path().join("plugins-cache"), &dir.path().join("plugins")));
+}
+
+#[test]
 fn adapter_found_in_plugins_dir() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("plugins")).unwrap();
