@@ -21,17 +21,50 @@ use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
 use crate::redact::Secrets;
 
-/// Entries kept in memory for `rebound://errors`.
+/// Entries kept in memory for the status (`/status`, `rebound_status`).
 const RECENT: usize = 100;
+/// Entries kept in memory for each client session's `rebound://errors`, and the most
+/// sessions kept (the one written to least recently is forgotten first): one client's
+/// failures never push another's out of its own view.
+const RECENT_PER_SESSION: usize = 20;
+const SESSIONS_KEPT: usize = 256;
 /// Entries queued for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 4096;
 
 mod bursts;
 
+/// The entries kept in memory: the newest in all, and the newest of each session.
+#[derive(Debug, Default)]
+struct Recent {
+    all: VecDeque<Value>,
+    by_session: indexmap::IndexMap<String, VecDeque<Value>>,
+}
+
+impl Recent {
+    fn keep(&mut self, entry: &Value) {
+        push_bounded(&mut self.all, entry, RECENT);
+        let Some(session) = entry["context"]["session_id"].as_str() else { return };
+        // Moved to the back: the session written to least recently is at the front.
+        let mut own = self.by_session.shift_remove(session).unwrap_or_default();
+        push_bounded(&mut own, entry, RECENT_PER_SESSION);
+        self.by_session.insert(session.to_owned(), own);
+        if self.by_session.len() > SESSIONS_KEPT {
+            self.by_session.shift_remove_index(0);
+        }
+    }
+}
+
+fn push_bounded(entries: &mut VecDeque<Value>, entry: &Value, max: usize) {
+    if entries.len() == max {
+        entries.pop_front();
+    }
+    entries.push_back(entry.clone());
+}
+
 #[derive(Debug)]
 pub struct ErrorsLog {
     tx: mpsc::Sender<Value>,
-    recent: Mutex<VecDeque<Value>>,
+    recent: Mutex<Recent>,
     /// Floods of one kind, counted into summary entries.
     bursts: Mutex<bursts::Bursts>,
     /// Entries lost: the writer's queue was full, or the file could not be written.
@@ -52,7 +85,7 @@ impl ErrorsLog {
         tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes, &lost));
         let log = Arc::new(Self {
             tx,
-            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+            recent: Mutex::default(),
             bursts: Mutex::default(),
             dropped,
             next_id: AtomicU64::new(0),
@@ -151,13 +184,7 @@ impl ErrorsLog {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             entry["id"] = Value::String(format!("{}_r{id}", entry["id"].as_str().unwrap_or("err")));
         }
-        {
-            let mut recent = self.recent.lock().expect("not poisoned");
-            if recent.len() == RECENT {
-                recent.pop_front();
-            }
-            recent.push_back(entry.clone());
-        }
+        self.recent.lock().expect("not poisoned").keep(&entry);
         // A summary that cannot be written loses every entry it counts.
         let stands_for = entry["repeated"]["count"].as_u64().unwrap_or(1);
         if self.tx.try_send(entry).is_err() {
@@ -167,7 +194,13 @@ impl ErrorsLog {
 
     /// The newest entries, oldest first.
     pub fn recent(&self) -> Vec<Value> {
-        self.recent.lock().expect("not poisoned").iter().cloned().collect()
+        self.recent.lock().expect("not poisoned").all.iter().cloned().collect()
+    }
+
+    /// The newest entries of client session `session`'s calls, oldest first.
+    pub fn recent_of(&self, session: &str) -> Vec<Value> {
+        let recent = self.recent.lock().expect("not poisoned");
+        recent.by_session.get(session).map(|entries| entries.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// From now on, entries carry none of `secrets` either.
@@ -289,6 +322,26 @@ mod tests {
         assert_eq!(e["fix_status"], "recovered");
         assert_eq!(entries[1]["fix_status"], "unfixed");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// A client's own view keeps its entries however many another client makes.
+    #[test]
+    fn one_clients_failures_do_not_crowd_out_anothers() {
+        let mut recent = Recent::default();
+        let entry = |session: &str, i: usize| json!({"id": i, "context": {"session_id": session}});
+        recent.keep(&entry("alice", 0));
+        for i in 1..=RECENT * 2 {
+            recent.keep(&entry("bob", i));
+        }
+        assert_eq!(recent.all.len(), RECENT);
+        assert!(recent.all.iter().all(|e| e["context"]["session_id"] == "bob"), "the operator's view: the newest");
+        assert_eq!(recent.by_session["alice"].len(), 1);
+        assert_eq!(recent.by_session["bob"].len(), RECENT_PER_SESSION);
+        for i in 0..SESSIONS_KEPT {
+            recent.keep(&entry(&format!("s{i}"), i));
+        }
+        assert!(!recent.by_session.contains_key("alice"), "the session written to least recently goes first");
+        assert_eq!(recent.by_session.len(), SESSIONS_KEPT);
     }
 
     /// A flood's summary is written when its window ends, with no entry of its kind to

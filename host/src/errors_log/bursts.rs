@@ -1,5 +1,6 @@
 //! Floods of one kind of failure — a breaker shedding every call through an outage, say —
-//! must not bury the failure that started them. Per kind (server, tool, type, outcome),
+//! must not bury the failure that started them. Per kind (client session, server, tool,
+//! type, outcome),
 //! the first [`BURST`] entries of each [`WINDOW`] are written in full; the rest are
 //! counted, and the window ends with one summary entry that says how many there were,
 //! between when and when, and repeats the last of them.
@@ -90,9 +91,14 @@ impl Burst {
     }
 }
 
+/// A flood's kind: one client's failures are never counted into another's, so that one
+/// cannot keep the other's from being written, nor be shown them in its summary.
 fn kind_of(entry: &Value) -> String {
     let c = &entry["context"];
-    format!("{}\u{0}{}\u{0}{}\u{0}{}", c["server"], c["tool_name"], entry["type"], entry["fix_status"])
+    format!(
+        "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+        c["session_id"], c["server"], c["tool_name"], entry["type"], entry["fix_status"]
+    )
 }
 
 #[cfg(test)]
@@ -121,6 +127,24 @@ mod tests {
         assert!(s["message"].as_str().unwrap().starts_with("990 more like this"));
         // A new window writes in full again.
         assert!(b.admit(&entry("t", 2000), start + WINDOW * 2).0);
+    }
+
+    /// One client's flood is its own: another client's failures of the same kind are
+    /// written in full.
+    #[tokio::test(start_paused = true)]
+    async fn one_clients_flood_does_not_silence_anothers() {
+        let mut b = Bursts::default();
+        let start = Instant::now();
+        let of = |session: &str| {
+            let mut e = entry("t", 0);
+            e["context"]["session_id"] = json!(session);
+            e
+        };
+        for _ in 0..100 {
+            b.admit(&of("bob"), start);
+        }
+        assert!((0..BURST).all(|_| b.admit(&of("alice"), start).0));
+        assert!(!b.admit(&of("alice"), start).0, "her own flood is counted");
     }
 
     #[tokio::test(start_paused = true)]

@@ -312,13 +312,7 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
 pub fn read(hub: &Hub, uri: &str, client: &str) -> Option<ResourceContents> {
     let text = match uri {
         STATUS_URI => serde_json::to_string_pretty(&status(hub)).unwrap_or_default(),
-        ERRORS_URI => hub
-            .errors
-            .recent()
-            .iter()
-            .filter(|e| e["context"]["session_id"].as_str() == Some(client))
-            .map(|e| format!("{e}\n"))
-            .collect(),
+        ERRORS_URI => hub.errors.recent_of(client).iter().map(|e| format!("{e}\n")).collect(),
         _ => return None,
     };
     let mime = if uri == STATUS_URI { "application/json" } else { "application/x-ndjson" };
