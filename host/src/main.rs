@@ -48,7 +48,8 @@ enum Command {
         /// The gateway's address, e.g. http://127.0.0.1:8080 (its /mcp URL works too).
         #[arg(long)]
         url: String,
-        /// The gateway's token, if it has one (default: $REBOUND_AUTH_TOKEN).
+        /// The gateway's operator token, or its token when it has none (default:
+        /// $REBOUND_OPERATOR_TOKEN, else $REBOUND_AUTH_TOKEN).
         #[arg(long)]
         token: Option<String>,
         /// Print the JSON document instead of the table.
@@ -123,7 +124,8 @@ fn main() -> ExitCode {
         Command::Serve { config, http } => serve(config, http, log_written),
         Command::Check { config } => check(config),
         Command::Status { url, token, json } => {
-            let token = token.or_else(|| std::env::var("REBOUND_AUTH_TOKEN").ok().filter(|t| !t.is_empty()));
+            let from = |var| std::env::var(var).ok().filter(|t| !t.is_empty());
+            let token = token.or_else(|| from("REBOUND_OPERATOR_TOKEN")).or_else(|| from("REBOUND_AUTH_TOKEN"));
             status(&url, token.as_deref(), json)
         }
     };
@@ -147,7 +149,9 @@ fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
         let response = request.send().await.with_context(|| format!("cannot reach the gateway at {base}"))?;
         match response.status() {
             reqwest::StatusCode::UNAUTHORIZED => {
-                anyhow::bail!("the gateway wants its token: pass --token or set REBOUND_AUTH_TOKEN")
+                anyhow::bail!(
+                    "the gateway wants its token: pass --token or set REBOUND_OPERATOR_TOKEN (or REBOUND_AUTH_TOKEN, when it has no operator token)"
+                )
             }
             s if !s.is_success() => anyhow::bail!("the gateway answered {s} for {base}/status"),
             _ => response.json().await.context("the gateway's status is not JSON"),

@@ -290,6 +290,37 @@ async fn what_a_client_must_not_get_past() {
     assert!(slow(5).await.unwrap().text().await.unwrap().contains("slept 1500 ms"));
 }
 
+/// With an operator token, what every client did (`/status`, `/metrics`) is the
+/// operator's: the clients' token no longer opens it, nor does the operator's open `/mcp`.
+#[tokio::test]
+async fn an_operator_token_keeps_every_clients_errors_from_the_clients() {
+    const OPERATOR: &str = "operator-token-0123456789";
+    let gw = HttpGateway::start(
+        |dir| {
+            json!({
+                "mcpServers": {"a": faulty("a", dir, &[])},
+                "rebound": {"http": {"auth_token": TOKEN, "operator_token": OPERATOR}},
+            })
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(Some(TOKEN)).await.unwrap();
+    call(&client, "fail", json!({"message": "alice's private error"})).await;
+    let get =
+        |path: &str, token: &str| reqwest::Client::new().get(format!("{}{path}", gw.base)).bearer_auth(token).send();
+    for path in ["/status", "/metrics"] {
+        let refused = get(path, TOKEN).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::UNAUTHORIZED, "{path}");
+        assert!(refused.text().await.unwrap().contains("REBOUND_OPERATOR_TOKEN"));
+        assert_eq!(get(path, OPERATOR).await.unwrap().status(), StatusCode::OK, "{path}");
+    }
+    let status: Value = get("/status", OPERATOR).await.unwrap().json().await.unwrap();
+    assert!(status["recent_errors"].to_string().contains("alice's private error"), "{status}");
+    assert!(gw.client(Some(OPERATOR)).await.is_err(), "the operator's token is not a client's");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn health_readiness_and_metrics() {
     let gw = HttpGateway::start(

@@ -569,7 +569,16 @@ impl Ctx<'_> {
     }
 
     fn http_settings(&self, mut http: HttpSettings) -> Result<HttpSettings, ConfigError> {
-        http.auth_token = self.auth_token(http.auth_token.as_deref())?;
+        http.auth_token = self.token(("REBOUND_AUTH_TOKEN", "rebound.http.auth_token"), http.auth_token.as_deref())?;
+        let operator = ("REBOUND_OPERATOR_TOKEN", "rebound.http.operator_token");
+        http.operator_token = self.token(operator, http.operator_token.as_deref())?;
+        if http.operator_token.is_some() && http.operator_token == http.auth_token {
+            return Err(self.err(
+                operator.1,
+                "is the clients' token (auth_token) too",
+                "give the operator a token of its own: with the clients' token, every client could read it all",
+            ));
+        }
         for (i, origin) in http.allowed_origins.iter().enumerate() {
             if origin != "null" && !origin.contains("://") {
                 return Err(self.err(
@@ -621,15 +630,18 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// The gateway's bearer token: `REBOUND_AUTH_TOKEN` as it is, or the file's, which may
-    /// be `${VAR}`; at least 16 characters a header can carry.
-    fn auth_token(&self, in_file: Option<&str>) -> Result<Option<String>, ConfigError> {
-        let (key, token) = match (self.env)("REBOUND_AUTH_TOKEN").filter(|t| !t.is_empty()) {
-            Some(token) => ("REBOUND_AUTH_TOKEN", token),
+    /// A bearer token of the gateway's: variable `var` as it is, or the file's `key`,
+    /// which may be `${VAR}`; at least 16 characters a header can carry.
+    fn token(
+        &self,
+        (var, key): (&'static str, &'static str),
+        in_file: Option<&str>,
+    ) -> Result<Option<String>, ConfigError> {
+        let (key, token) = match (self.env)(var).filter(|t| !t.is_empty()) {
+            Some(token) => (var, token),
             None => {
                 let Some(t) = in_file else { return Ok(None) };
                 // An expansion error would quote the token: say only where it is.
-                let key = "rebound.http.auth_token";
                 let token = self.expand(key, t).map_err(|_| {
                     self.err(key, "has an unfinished `${`", "write `${VAR}` to read the token from VAR")
                 })?;

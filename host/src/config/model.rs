@@ -284,6 +284,10 @@ pub struct Settings {
 pub struct HttpSettings {
     /// Clients must send `Authorization: Bearer TOKEN`. `REBOUND_AUTH_TOKEN` overrides it.
     pub auth_token: Option<String>,
+    /// When set, `/status` and `/metrics` (every client's errors, every server's counts)
+    /// take this token instead of `auth_token`: a gateway shared by several people shows
+    /// its operator what no client sees. `REBOUND_OPERATOR_TOKEN` overrides it.
+    pub operator_token: Option<String>,
     /// `Host` values accepted (a name matches any port; `name:port` only that port).
     /// Loopback names only by default, against DNS rebinding.
     pub allowed_hosts: Vec<String>,
@@ -313,6 +317,7 @@ impl Default for HttpSettings {
     fn default() -> Self {
         Self {
             auth_token: None,
+            operator_token: None,
             allowed_hosts: ["localhost", "127.0.0.1", "[::1]", "::1"].map(String::from).to_vec(),
             allowed_origins: ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*", "https://localhost:*"]
                 .map(String::from)

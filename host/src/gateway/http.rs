@@ -247,23 +247,32 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
 
 /// The bearer token, when one is configured.
 async fn authorize(State(front): State<Front>, request: Request, next: Next) -> Response {
-    if front.authorized(request.headers()) {
+    // What every client and server did is the operator's, when the gateway has one.
+    let operators = matches!(request.uri().path(), "/status" | "/metrics");
+    if front.opens(request.headers(), operators) {
         return next.run(request).await;
     }
+    let says = match front.settings.operator_token {
+        Some(_) if operators => "the operator's token (REBOUND_OPERATOR_TOKEN where the gateway runs)",
+        _ => "the gateway's token (REBOUND_AUTH_TOKEN where the gateway runs)",
+    };
     front.hub.metrics.rejected("unauthorized");
-    let mut response = refuse(
-        StatusCode::UNAUTHORIZED,
-        "send the gateway's token as `Authorization: Bearer TOKEN` (REBOUND_AUTH_TOKEN where the gateway runs)",
-    );
+    let mut response = refuse(StatusCode::UNAUTHORIZED, &format!("send {says} as `Authorization: Bearer TOKEN`"));
     response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"rebound\""));
     response
 }
 
 impl Front {
-    /// Whether `headers` carry the gateway's token (always, when it has none).
-    fn authorized(&self, headers: &HeaderMap) -> bool {
-        let Some(expected) = &self.settings.auth_token else { return true };
-        bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())))
+    /// Whether `headers` carry the token that opens the clients' routes, or with
+    /// `operators` the operator's (`/status`, `/metrics`: the clients' token when there
+    /// is no operator token); always, when the gateway has no token at all.
+    fn opens(&self, headers: &HeaderMap, operators: bool) -> bool {
+        let expected = match &self.settings.operator_token {
+            Some(token) if operators => Some(token),
+            _ => self.settings.auth_token.as_ref(),
+        };
+        expected
+            .is_none_or(|expected| bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes()))))
     }
 }
 
@@ -289,7 +298,7 @@ async fn session_ended(request: Request, next: Next) -> Response {
 /// start-up wait (`startup_timeout_ms`) ended. Then
 /// the gateway serves what it has, and says which servers it is without. A server that
 /// restarts later does not make the gateway unready. Server names are given only to
-/// whoever holds the token (probes need none): to others, counts.
+/// whoever holds the operator's token (probes need none): to others, counts.
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;
     let setup = hub.setup();
@@ -314,7 +323,7 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
         "servers_starting": waiting.len(),
         "servers_given_up": without.len(),
     });
-    if front.authorized(&headers) {
+    if front.opens(&headers, true) {
         body["starting"] = json!(waiting.iter().map(|n| &**n).collect::<Vec<_>>());
         body["given_up"] = json!(without);
     }

@@ -253,6 +253,24 @@ fn upstream_headers_are_checked_without_repeating_their_values() {
 }
 
 #[test]
+fn the_operator_token_is_the_operators_own() {
+    let c = ok(
+        r#"{"mcpServers": {}, "rebound": {"http": {"auth_token": "client-token-0123456789", "operator_token": "operator-token-0123456789"}}}"#,
+    );
+    assert_eq!(c.settings.http.operator_token.as_deref(), Some("operator-token-0123456789"));
+    rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"auth_token": "same-token-0123456789", "operator_token": "same-token-0123456789"}}}"#,
+        "rebound.http.operator_token",
+        "is the clients' token",
+    );
+    rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"operator_token": "short"}}}"#,
+        "rebound.http.operator_token",
+        "too short",
+    );
+}
+
+#[test]
 fn a_broken_token_is_reported_without_being_repeated() {
     let err = parse(
         r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"auth_token": "hunter2-hunter2-${oops"}}}"#,
