@@ -1,5 +1,5 @@
-//! Secrets in the configuration (server `env` and `headers` values, the gateway's own
-//! token) never leave the gateway: every text that does — `rebound_status`, the errors
+//! Secrets in the configuration (server `env` and `headers` values, the values of the
+//! variables the file uses, the gateway's own tokens) never leave the gateway: every text that does — `rebound_status`, the errors
 //! log, reports to the agent, log lines about servers — goes through [`Secrets::redact`].
 //! A server that prints its API key on stderr as it crashes would otherwise put the key
 //! into `last_error`.
@@ -56,8 +56,12 @@ impl Secrets {
                 }
             }
         }
-        if let Some(token) = &config.settings.http.auth_token {
+        for token in [&config.settings.http.auth_token, &config.settings.http.operator_token].into_iter().flatten() {
             add("token", token);
+        }
+        // A variable's value wherever it went (`"args": ["--token", "${T}"]`), by its name.
+        for (name, value) in &config.expanded {
+            add(name, value);
         }
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
@@ -167,6 +171,21 @@ mod tests {
 
     fn secrets(json: &str) -> Secrets {
         Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &|_| None).unwrap())
+    }
+
+    /// A variable's value passed as an argument is hidden by the variable's name, as an
+    /// `env` value of that name would be; a path is not.
+    #[test]
+    fn a_variable_passed_as_an_argument_is_hidden_by_its_name() {
+        let env = |name: &str| match name {
+            "GH_TOKEN" => Some("ghp_x".to_owned()),
+            "HOME" => Some("/home/me".to_owned()),
+            _ => None,
+        };
+        let json =
+            r#"{"mcpServers": {"a": {"command": "a", "args": ["--token", "${GH_TOKEN}", "--home", "${HOME}"]}}}"#;
+        let s = Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &env).unwrap());
+        assert_eq!(s.redact("auth ghp_x failed in /home/me"), "auth [redacted] failed in /home/me");
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let mut root = object(text, path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let ctx = Ctx { path, env };
+    let ctx = Ctx { path, env, expanded: Default::default() };
 
     let raw: RawSettings = match root.remove("rebound") {
         Some(v) => ctx.typed("rebound", v)?,
@@ -92,7 +92,8 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
     let mut warnings = Vec::new();
     let servers = ctx.servers(root.remove("mcpServers"), &defaults, &base, &plugins_dir, &mut warnings)?;
     ctx.check_references(&servers)?;
-    Ok(Config { source: path.to_path_buf(), servers, settings: ctx.settings(raw, &base, plugins_dir)?, warnings })
+    let settings = ctx.settings(raw, &base, plugins_dir)?;
+    Ok(Config { source: path.to_path_buf(), servers, settings, warnings, expanded: ctx.expanded.take() })
 }
 
 /// The file's JSON, which must be an object.
@@ -263,6 +264,8 @@ pub fn followed(path: &Path) -> PathBuf {
 struct Ctx<'a> {
     path: &'a Path,
     env: &'a dyn Fn(&str) -> Option<String>,
+    /// The variables expanded so far, with their values.
+    expanded: std::cell::RefCell<Vec<(String, String)>>,
 }
 
 impl Ctx<'_> {
@@ -722,7 +725,10 @@ impl Ctx<'_> {
             match ((self.env)(name), default) {
                 // Known only when a session's instance starts (`ServerConfig::for_session`).
                 _ if name == "REBOUND_SESSION" => out.push_str(SESSION_VAR),
-                (Some(v), _) => out.push_str(&v),
+                (Some(v), _) => {
+                    out.push_str(&v);
+                    self.expanded.borrow_mut().push((name.to_owned(), v));
+                }
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {
                     return Err(self.err(

@@ -20,6 +20,9 @@ pub struct Config {
     /// Things that are not errors but deserve a line in the log (unknown keys, disabled
     /// servers).
     pub warnings: Vec<String>,
+    /// Every `${VAR}` the file used, with its value (wherever it was used: an argument
+    /// too), for the redaction of secrets.
+    pub expanded: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
