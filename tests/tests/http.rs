@@ -520,6 +520,51 @@ async fn sessions_are_capped_and_the_least_recently_used_goes_first() {
     }
 }
 
+/// A client that opens session after session closes its own, not another client's:
+/// the sessions closed for room are those of the address holding the most.
+#[tokio::test]
+async fn a_client_opening_sessions_cannot_close_another_clients() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_sessions": 3}}}),
+        &[],
+    )
+    .await;
+    let from = |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().unwrap();
+    let (alice, bob) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let open = |client: &reqwest::Client| {
+        let init =
+            client.post(gw.url()).header("accept", "application/json, text/event-stream").json(&initialize()).send();
+        async move {
+            let init = init.await.unwrap();
+            assert_eq!(init.status(), StatusCode::OK);
+            init.headers()["mcp-session-id"].to_str().unwrap().to_owned()
+        }
+    };
+    let ping = |client: &reqwest::Client, session: &str| {
+        let ping = client
+            .post(gw.url())
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-11-25")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+            .send();
+        async move { ping.await.unwrap().status() }
+    };
+    let hers = open(&alice).await;
+    let mut his = Vec::new();
+    for _ in 0..4 {
+        his.push(open(&bob).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Hers is the least recently used, and still open: his first two went for his third
+    // and fourth.
+    assert_eq!(ping(&alice, &hers).await, StatusCode::OK);
+    for (i, session) in his.iter().enumerate() {
+        let expected = if i < 2 { StatusCode::NOT_FOUND } else { StatusCode::OK };
+        assert_eq!(ping(&bob, session).await, expected, "his session {i}");
+    }
+}
+
 #[tokio::test]
 async fn a_flood_of_abandoned_sessions_gives_its_memory_back_once_they_idle_out() {
     let gw = HttpGateway::start(

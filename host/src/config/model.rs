@@ -302,7 +302,8 @@ pub struct HttpSettings {
     /// Requests one client may have in flight at once (429 beyond it). A client is its
     /// MCP session, or its address before it has one. Over stdio, the one client.
     pub max_concurrent_per_client: usize,
-    /// MCP sessions kept at once; a new one past it closes the least recently used.
+    /// MCP sessions kept at once; a new one past it closes one of the address holding
+    /// the most (idle before busy, then the least recently used).
     pub max_sessions: usize,
     /// A session that sends nothing for this long is closed (with its `session`-scoped
     /// servers).

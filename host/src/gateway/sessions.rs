@@ -26,11 +26,13 @@ pub struct CappedSessions {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// How a session is used: when last, and how many of its streams are open.
-#[derive(Debug, Clone, Copy)]
+/// How a session is used: when last, how many of its streams are open, and who made it
+/// (its client's address, once known).
+#[derive(Debug, Clone)]
 struct Use {
     at: Instant,
     streams: usize,
+    owner: Option<Arc<str>>,
 }
 
 /// Counts a stream as open while it lives.
@@ -93,6 +95,13 @@ impl CappedSessions {
         });
     }
 
+    /// Session `id` was made by `owner` (its client's address).
+    pub fn made_by(&self, id: &str, owner: &str) {
+        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+            u.owner = Some(owner.into());
+        }
+    }
+
     /// Whether `id` names a session open now.
     pub fn knows(&self, id: &str) -> bool {
         self.used.lock().expect("not poisoned").contains_key(id)
@@ -114,13 +123,26 @@ impl CappedSessions {
     }
 
     /// Makes room for one more session, under one lock so that two new sessions cannot
-    /// both take the last place: the sessions to close, idle ones (least recently used
-    /// first) before busy ones, already forgotten here.
+    /// both take the last place: the sessions to close, already forgotten here. They are
+    /// taken from the address that holds the most sessions, so that a client opening
+    /// session after session closes its own, not others'; among equals, idle ones (least
+    /// recently used first) before busy ones.
     fn make_room(&self) -> Vec<SessionId> {
         let mut used = self.used.lock().expect("not poisoned");
         let over = (used.len() + 1).saturating_sub(self.max);
-        let mut order: Vec<(SessionId, Use)> = used.iter().map(|(id, u)| (id.clone(), *u)).collect();
-        order.sort_by_key(|(_, u)| (u.streams > 0, u.at));
+        if over == 0 {
+            return Vec::new();
+        }
+        let owner = |id: &SessionId, u: &Use| u.owner.clone().unwrap_or_else(|| id.clone());
+        let mut held: HashMap<Arc<str>, usize> = HashMap::new();
+        for (id, u) in used.iter() {
+            *held.entry(owner(id, u)).or_default() += 1;
+        }
+        let mut order: Vec<(SessionId, (std::cmp::Reverse<usize>, bool, Instant))> = used
+            .iter()
+            .map(|(id, u)| (id.clone(), (std::cmp::Reverse(held[&owner(id, u)]), u.streams > 0, u.at)))
+            .collect();
+        order.sort_by_key(|(_, key)| *key);
         let evicted: Vec<SessionId> = order.into_iter().take(over).map(|(id, _)| id).collect();
         for id in &evicted {
             used.remove(id);
@@ -151,7 +173,7 @@ impl SessionManager for CappedSessions {
             let _ = self.inner.close_session(&old).await;
         }
         let (id, transport) = self.inner.create_session().await?;
-        self.used.lock().expect("not poisoned").insert(id.clone(), Use { at: Instant::now(), streams: 0 });
+        self.used.lock().expect("not poisoned").insert(id.clone(), Use { at: Instant::now(), streams: 0, owner: None });
         Ok((id, transport))
     }
 

@@ -262,6 +262,7 @@ pub(super) async fn limit(
         return unreadable(&body);
     };
     let (counts, id) = (probe.is_request(), probe.id());
+    let opens_session = matches!(probe.request(), Some(("initialize", _)));
     if let Some(("initialize", params)) = probe.request()
         && let Some(tasks) = &params.client_tasks
     {
@@ -282,6 +283,9 @@ pub(super) async fn limit(
         Err(refused) => return *refused,
     };
     let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+    if opens_session && let Some(session) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
+        front.sessions.made_by(session, &super::address_client(peer.ip()));
+    }
     if initialize {
         response = super::tasks::announce(response);
     }
