@@ -290,6 +290,44 @@ async fn what_a_client_must_not_get_past() {
     assert!(slow(5).await.unwrap().text().await.unwrap().contains("slept 1500 ms"));
 }
 
+/// Over HTTP a shared server's log lines, which may tell of any client's calls, reach no
+/// client, however verbose a client asks them to be; a session's own instance's reach
+/// its own client.
+#[tokio::test]
+async fn over_http_a_shared_servers_log_reaches_no_client_and_an_own_instances_its_own() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut own = faulty("s", dir, &[]);
+            own["scope"] = json!("session");
+            json!({"mcpServers": {"a": faulty("a", dir, &[]), "s": own}})
+        },
+        &[],
+    )
+    .await;
+    let connect = || async {
+        let client = rebound_tests::TestClient::default();
+        let heard = client.heard.clone();
+        (rebound_tests::http_client_as(client, &gw.url(), None).await.unwrap(), heard)
+    };
+    let ((alice, alice_heard), (bob, bob_heard)) = (connect().await, connect().await);
+    for client in [&alice, &bob] {
+        let debug = rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Debug);
+        client.peer().set_level(debug).await.unwrap();
+    }
+    call(&alice, "a__log", json!({"level": "warning", "message": "reading /home/alice/plan.txt"})).await;
+    call(&alice, "s__log", json!({"level": "warning", "message": "alice's own"})).await;
+    let heard = alice_heard.clone();
+    eventually("her own instance's log", move || heard.lock().unwrap().logs.iter().any(|l| l.data == "alice's own"))
+        .await;
+    // Her own instance's line came after the shared one's: that one had its chance.
+    let anyone = |heard: &std::sync::Arc<std::sync::Mutex<rebound_tests::Heard>>| {
+        heard.lock().unwrap().logs.iter().any(|l| l.data.to_string().contains("plan.txt"))
+    };
+    assert!(!anyone(&bob_heard) && !anyone(&alice_heard));
+    assert!(!bob_heard.lock().unwrap().logs.iter().any(|l| l.data == "alice's own"));
+    let _ = (alice.cancel().await, bob.cancel().await);
+}
+
 /// With an operator token, what every client did (`/status`, `/metrics`) is the
 /// operator's: the clients' token no longer opens it, nor does the operator's open `/mcp`.
 #[tokio::test]
