@@ -290,11 +290,11 @@ async fn what_a_client_must_not_get_past() {
     assert!(slow(5).await.unwrap().text().await.unwrap().contains("slept 1500 ms"));
 }
 
-/// Over HTTP a shared server's log lines, which may tell of any client's calls, reach no
-/// client, however verbose a client asks them to be; a session's own instance's reach
-/// its own client.
+/// Over HTTP a shared server's log line goes only to the client it may tell of: the one
+/// whose calls alone are in flight there; with another client's call in flight too, to
+/// neither. A session's own instance's lines reach its own client.
 #[tokio::test]
-async fn over_http_a_shared_servers_log_reaches_no_client_and_an_own_instances_its_own() {
+async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
     let gw = HttpGateway::start(
         |dir| {
             let mut own = faulty("s", dir, &[]);
@@ -314,17 +314,22 @@ async fn over_http_a_shared_servers_log_reaches_no_client_and_an_own_instances_i
         let debug = rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Debug);
         client.peer().set_level(debug).await.unwrap();
     }
+    let said = |heard: &std::sync::Arc<std::sync::Mutex<rebound_tests::Heard>>, what: &str| {
+        heard.lock().unwrap().logs.iter().any(|l| l.data.to_string().contains(what))
+    };
     call(&alice, "a__log", json!({"level": "warning", "message": "reading /home/alice/plan.txt"})).await;
+    let heard = alice_heard.clone();
+    eventually("her call's log line", move || said(&heard, "plan.txt")).await;
+    // With Bob's call in flight on the same server, a line could be his or hers: neither.
+    let (_, ()) = tokio::join!(call(&bob, "a__slow", json!({"ms": 1500})), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        call(&alice, "a__log", json!({"level": "warning", "message": "reading /home/alice/diary.txt"})).await;
+    });
     call(&alice, "s__log", json!({"level": "warning", "message": "alice's own"})).await;
     let heard = alice_heard.clone();
-    eventually("her own instance's log", move || heard.lock().unwrap().logs.iter().any(|l| l.data == "alice's own"))
-        .await;
-    // Her own instance's line came after the shared one's: that one had its chance.
-    let anyone = |heard: &std::sync::Arc<std::sync::Mutex<rebound_tests::Heard>>| {
-        heard.lock().unwrap().logs.iter().any(|l| l.data.to_string().contains("plan.txt"))
-    };
-    assert!(!anyone(&bob_heard) && !anyone(&alice_heard));
-    assert!(!bob_heard.lock().unwrap().logs.iter().any(|l| l.data == "alice's own"));
+    eventually("her own instance's line", move || said(&heard, "alice's own")).await;
+    assert!(!said(&alice_heard, "diary.txt") && !said(&bob_heard, "diary.txt"), "a line of either's");
+    assert!(!said(&bob_heard, "plan.txt") && !said(&bob_heard, "alice's own"), "hers, to him");
     let _ = (alice.cancel().await, bob.cancel().await);
 }
 

@@ -183,12 +183,9 @@ impl Downstreams {
     /// A log message of a shared server, to the sessions that asked for its level.
     pub fn log(&self, log: LoggingMessageNotificationParam) {
         let stdio = self.front == Front::Stdio;
-        // Over HTTP a shared server serves every client, and its log lines may tell of
-        // any client's calls: none hears them (a `scope: session` instance's go to its
-        // own client), the gateway's log keeps them.
+        // Over HTTP a shared server's log lines may tell of any client's calls: they
+        // are never sent to every client (`relay.rs` picks the one they concern).
         if !stdio {
-            let logger = log.logger.as_deref().unwrap_or_default();
-            tracing::debug!(logger, "a shared server's log message, for no client: {}", log.data);
             return;
         }
         let wants = |d: &Downstream| match d.level {

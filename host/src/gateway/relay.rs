@@ -39,6 +39,18 @@ pub struct Owner {
 }
 
 impl HubRelay {
+    /// The client a shared server's log line (over HTTP, where it serves many) may be
+    /// shown to: the one a request of the server's would go to, whose calls alone are in
+    /// flight there; with several clients' calls in flight, or none, nobody, since the
+    /// line may tell of any of them.
+    fn concerned_by_log(&self, hub: &Hub, session: u64) -> Option<ClientPeer> {
+        let asker = Asker { session, during: None, cancel: Default::default(), task: None };
+        match hub.routing.caller(self.instance, &asker, None) {
+            Caller::Client { to, .. } => Some(to),
+            Caller::Held(_) | Caller::Nobody(_) => None,
+        }
+    }
+
     /// What a server said on its own (a notification): passed to the sessions it concerns.
     fn on_event(&self, hub: Arc<Hub>, server: &str, session: u64, event: UpstreamEvent) {
         let owner = self.owner.as_ref();
@@ -49,13 +61,14 @@ impl HubRelay {
                     Some(l) => format!("{server}/{l}"),
                     None => server.to_owned(),
                 });
-                match owner {
-                    Some(o) if hub.downstreams.wants_log(&o.client, log.level) => {
-                        let n = ServerNotification::LoggingMessageNotification(Notification::new(log));
-                        send(o.peer.clone(), n);
-                    }
-                    Some(_) => {}
-                    None => hub.downstreams.log(log),
+                let to = match owner {
+                    Some(o) => Some(ClientPeer { client: o.client.clone(), peer: o.peer.clone() }),
+                    None if hub.downstreams.front() == Front::Http => self.concerned_by_log(&hub, session),
+                    None => return hub.downstreams.log(log),
+                };
+                match to.filter(|to| hub.downstreams.wants_log(&to.client, log.level)) {
+                    Some(to) => send(to.peer, ServerNotification::LoggingMessageNotification(Notification::new(log))),
+                    None => tracing::debug!(server, "a log message for no client: {}", log.data),
                 }
             }
             UpstreamEvent::ResourceUpdated(update) => hub.downstreams.resource_updated(self.instance, update),

@@ -447,15 +447,12 @@ impl ServerHandler for Gateway {
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
         self.hub.downstreams.set_level(&self.own.client, request.level);
-        // Over stdio, shared servers log at the most verbose level the one client asked
-        // for; over HTTP no client hears them (`Downstreams::log`), and none sets their
-        // level: only its own instances'.
+        // Shared servers log at the most verbose level any session asked for; each
+        // session hears only what its own level lets through, of its own calls.
         let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
         let own = self.own.own_instances();
         let setup = self.hub.setup();
-        let heard = self.hub.downstreams.front() == Front::Stdio;
-        let shared = setup.servers.values().filter(|_| heard).map(|h| (h, shared));
-        let levels = own.iter().map(|h| (h, request.level)).chain(shared);
+        let levels = own.iter().map(|h| (h, request.level)).chain(setup.servers.values().map(|h| (h, shared)));
         // All at once, each within its server's `recovery.timeout_ms`: a server that does
         // not answer holds up neither the others nor the client.
         let set = levels.filter_map(|(handle, level)| {
