@@ -17,6 +17,12 @@ const MASK: &str = "[redacted]";
 /// Names that mark a value as secret whatever its length.
 const SECRET_NAMES: &[&str] = &["token", "key", "secret", "pass", "auth", "credential", "cookie"];
 
+/// Whether `name` (a variable's, a header's) sounds like it holds a secret.
+fn named_secret(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    SECRET_NAMES.iter().any(|n| lower.contains(n))
+}
+
 /// The values to hide, longest first so that a secret containing another goes whole.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
@@ -31,8 +37,7 @@ impl Secrets {
     pub fn of(config: &Config) -> Self {
         let mut values = Vec::new();
         let mut add = |name: &str, value: &str| {
-            let lower = name.to_ascii_lowercase();
-            let named = SECRET_NAMES.iter().any(|n| lower.contains(n));
+            let named = named_secret(name);
             let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
             if (named && value.len() >= 3) || (value.len() >= 8 && !plain) {
                 values.push(value.to_owned());
@@ -59,9 +64,13 @@ impl Secrets {
         for token in [&config.settings.http.auth_token, &config.settings.http.operator_token].into_iter().flatten() {
             add("token", token);
         }
-        // A variable's value wherever it went (`"args": ["--token", "${T}"]`), by its name.
+        // A secret-named variable's value wherever it went (`"args": ["--token", "${T}"]`);
+        // other variables (`${PROJECT_ID}`, `${MCP_URL}`) are hidden only where an `env`
+        // or header value would be.
         for (name, value) in &config.expanded {
-            add(name, value);
+            if named_secret(name) {
+                add(name, value);
+            }
         }
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
@@ -173,19 +182,22 @@ mod tests {
         Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &|_| None).unwrap())
     }
 
-    /// A variable's value passed as an argument is hidden by the variable's name, as an
-    /// `env` value of that name would be; a path is not.
+    /// A secret-named variable's value passed as an argument is hidden; another's is not.
     #[test]
-    fn a_variable_passed_as_an_argument_is_hidden_by_its_name() {
+    fn a_secret_variable_passed_as_an_argument_is_hidden() {
         let env = |name: &str| match name {
             "GH_TOKEN" => Some("ghp_x".to_owned()),
             "HOME" => Some("/home/me".to_owned()),
+            "PROJECT_ID" => Some("my-project-42".to_owned()),
             _ => None,
         };
-        let json =
-            r#"{"mcpServers": {"a": {"command": "a", "args": ["--token", "${GH_TOKEN}", "--home", "${HOME}"]}}}"#;
+        let json = r#"{"mcpServers": {"a": {"command": "a",
+            "args": ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--project", "${PROJECT_ID}"]}}}"#;
         let s = Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &env).unwrap());
-        assert_eq!(s.redact("auth ghp_x failed in /home/me"), "auth [redacted] failed in /home/me");
+        assert_eq!(
+            s.redact("auth ghp_x failed in /home/me for my-project-42"),
+            "auth [redacted] failed in /home/me for my-project-42"
+        );
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl CappedSessions {
         for (id, u) in used.iter() {
             *held.entry(owner(id, u)).or_default() += 1;
         }
-        let mut order: Vec<(SessionId, (std::cmp::Reverse<usize>, bool, Instant))> = used
+        let mut order: Vec<_> = used
             .iter()
             .map(|(id, u)| (id.clone(), (std::cmp::Reverse(held[&owner(id, u)]), u.streams > 0, u.at)))
             .collect();

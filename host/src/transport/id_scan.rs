@@ -12,8 +12,8 @@ use serde_json::Value;
 /// The longest id text kept, quotes and escapes included.
 const MAX_ID_BYTES: usize = 1024;
 
-/// The longest key text kept: `"method"` with every letter written as a `\uXXXX`
-/// escape. A longer key is neither `id` nor `method`.
+/// The longest key text kept (its opening quote aside): `"method"` with every letter
+/// written as a `\uXXXX` escape. A longer key is neither `id` nor `method`.
 const MAX_KEY_BYTES: usize = 6 * 6;
 
 /// Where the scan is, outside the id's value.
@@ -147,7 +147,7 @@ impl IdScan {
         }
         if let Some(key) = self.key.as_mut() {
             key.push(b);
-            if key.len() > MAX_KEY_BYTES {
+            if key.len() > MAX_KEY_BYTES + 1 {
                 self.key = None;
                 self.at = At::Elsewhere;
             }
@@ -238,6 +238,8 @@ mod tests {
         assert!(!finish(r#"{"id":1,"result":{"method":"x","methods":1}}"#).has_method);
         assert!(!finish(r#"{"id":1,"methods":1,"metho":2}"#).has_method);
         assert!(finish(r#"{"id":1,"m\u0065thod":"ping"}"#).has_method);
+        let escaped = r#"{"id":1,"\u006d\u0065\u0074\u0068\u006f\u0064":"ping"}"#;
+        assert!(finish(escaped).has_method, "every letter escaped");
         let answer = finish(r#"{"id":"k","result":{}}"#);
         assert_eq!(answer.answers(), Some(Some(rmcp::model::RequestId::String("k".into()))));
         assert_eq!(finish(r#"{"id":1.5,"result":{}}"#).answers(), Some(None), "no request has that id");
