@@ -27,7 +27,9 @@ const RECENT: usize = 100;
 /// sessions kept (the one written to least recently is forgotten first): one client's
 /// failures never push another's out of its own view.
 const RECENT_PER_SESSION: usize = 20;
-const SESSIONS_KEPT: usize = 256;
+const SESSIONS_KEPT: usize = 128;
+/// The longest message an entry kept in memory has (the file has it whole).
+const KEPT_MESSAGE_BYTES: usize = 2 << 10;
 /// Entries queued for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 4096;
 
@@ -42,6 +44,12 @@ struct Recent {
 
 impl Recent {
     fn keep(&mut self, entry: &Value) {
+        let mut entry = entry.clone();
+        if let Some(message) = entry["message"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
+            let cut = format!("{}…", &message[..message.floor_char_boundary(KEPT_MESSAGE_BYTES)]);
+            entry["message"] = Value::String(cut);
+        }
+        let entry = &entry;
         push_bounded(&mut self.all, entry, RECENT);
         let Some(session) = entry["context"]["session_id"].as_str() else { return };
         // Moved to the back: the session written to least recently is at the front.
@@ -342,6 +350,8 @@ mod tests {
         }
         assert!(!recent.by_session.contains_key("alice"), "the session written to least recently goes first");
         assert_eq!(recent.by_session.len(), SESSIONS_KEPT);
+        recent.keep(&json!({"message": "m".repeat(1 << 20), "context": {"session_id": "big"}}));
+        assert!(recent.by_session["big"][0]["message"].as_str().unwrap().len() < KEPT_MESSAGE_BYTES + 4, "kept short");
     }
 
     /// A flood's summary is written when its window ends, with no entry of its kind to

@@ -18,10 +18,15 @@ pub const SUMMARY_DELAY: Duration = Duration::from_secs(1);
 /// Kinds tracked at once; past this, entries are written in full (the writer's queue
 /// still bounds them).
 const MAX_KINDS: usize = 1024;
+/// Client sessions counted apart per kind of failure; the failures of any more (a
+/// client on 2026-07-28 is a new session with every request) are counted together.
+const SESSIONS_APART: usize = 8;
 
 #[derive(Debug, Default)]
 pub struct Bursts {
     by_kind: HashMap<String, Burst>,
+    /// Per kind of failure (server, tool, type, outcome), the sessions counted apart.
+    apart: HashMap<String, usize>,
 }
 
 #[derive(Debug)]
@@ -39,9 +44,14 @@ impl Bursts {
     /// Whether `entry` is written now (else it is counted), and the summary of the kind's
     /// previous window if that just ended with entries counted.
     pub fn admit(&mut self, entry: &Value, now: Instant) -> (bool, Option<Value>) {
-        let kind = kind_of(entry);
-        if !self.by_kind.contains_key(&kind) && self.by_kind.len() >= MAX_KINDS {
-            return (true, None);
+        let (kind, base) = self.kind(entry);
+        if !self.by_kind.contains_key(&kind) {
+            if self.by_kind.len() >= MAX_KINDS {
+                return (true, None);
+            }
+            if let Some(base) = base {
+                *self.apart.entry(base).or_default() += 1;
+            }
         }
         let burst = self.by_kind.entry(kind).or_insert_with(|| Burst::new(now));
         let mut summary = None;
@@ -63,16 +73,48 @@ impl Bursts {
     /// are forgotten.
     pub fn flush(&mut self, now: Instant) -> Vec<Value> {
         let mut out = Vec::new();
-        self.by_kind.retain(|_, burst| {
+        let apart = &mut self.apart;
+        self.by_kind.retain(|kind, burst| {
             if now.duration_since(burst.started) < WINDOW {
                 return true;
             }
             out.extend(burst.summary());
+            if let Some((base, session)) = kind.rsplit_once(SEPARATOR)
+                && session != TOGETHER
+                && let Some(n) = apart.get_mut(base)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    apart.remove(base);
+                }
+            }
             false
         });
         out
     }
+
+    /// `entry`'s kind: its kind of failure, and its client session while
+    /// [`SESSIONS_APART`] sessions at most are counted apart for it, so that one client's
+    /// failures neither keep another's from being written nor count into its summary;
+    /// with the kind of failure when the session is to be counted apart from now on.
+    fn kind(&self, entry: &Value) -> (String, Option<String>) {
+        let c = &entry["context"];
+        let base =
+            [&c["server"], &c["tool_name"], &entry["type"], &entry["fix_status"]].map(Value::to_string).join("\u{0}");
+        let own = format!("{base}{SEPARATOR}{}", c["session_id"]);
+        if self.by_kind.contains_key(&own) {
+            return (own, None);
+        }
+        if self.apart.get(&base).copied().unwrap_or(0) < SESSIONS_APART {
+            return (own, Some(base));
+        }
+        (format!("{base}{SEPARATOR}{TOGETHER}"), None)
+    }
 }
+
+const SEPARATOR: char = '\u{0}';
+/// The session part of the kind the sessions past [`SESSIONS_APART`] share.
+const TOGETHER: &str = "*";
 
 impl Burst {
     fn new(now: Instant) -> Self {
@@ -89,16 +131,6 @@ impl Burst {
         last["repeated"] = json!({"count": count, "first": first, "last": last["timestamp"].clone()});
         Some(last)
     }
-}
-
-/// A flood's kind: one client's failures are never counted into another's, so that one
-/// cannot keep the other's from being written, nor be shown them in its summary.
-fn kind_of(entry: &Value) -> String {
-    let c = &entry["context"];
-    format!(
-        "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
-        c["session_id"], c["server"], c["tool_name"], entry["type"], entry["fix_status"]
-    )
 }
 
 #[cfg(test)]
@@ -145,6 +177,16 @@ mod tests {
         }
         assert!((0..BURST).all(|_| b.admit(&of("alice"), start).0));
         assert!(!b.admit(&of("alice"), start).0, "her own flood is counted");
+
+        // A new session with every failure (a client on 2026-07-28) is still a flood: a
+        // few sessions are counted apart, the rest together.
+        let mut b = Bursts::default();
+        let written = (0..1000).filter(|i| b.admit(&of(&format!("s{i}")), start).0).count();
+        assert_eq!(written, SESSIONS_APART + BURST as usize);
+        let summaries = b.flush(start + WINDOW);
+        assert_eq!(summaries.len(), 1, "one summary, for the sessions counted together");
+        assert_eq!(summaries[0]["repeated"]["count"], 1000 - written);
+        assert!(b.apart.is_empty() && b.by_kind.is_empty(), "nothing left counted");
     }
 
     #[tokio::test(start_paused = true)]

@@ -121,9 +121,10 @@ impl Setup {
 
     /// In `plugins`, an unchanged server whose adapter's code is unchanged keeps its
     /// running adapter (its state); returns those servers. Under new limits (a new
-    /// runtime) it gets the fresh one, with the old one's stored state, and counts as
-    /// kept (its declared needs are the same): a limit lowered to contain an adapter
-    /// holds at once.
+    /// runtime) it moves to the new one, its stored state with it, and counts as kept
+    /// (its declared needs are the same): a limit lowered to contain an adapter holds at
+    /// once for shared servers (a session's own instances keep their adapters until the
+    /// session ends).
     fn keep_adapters(&self, config: &Config, plugins: &mut Prepared, changes: &mut Changes) -> Vec<Arc<str>> {
         let mut adapters = Adapters::default();
         let mut kept = Vec::new();
@@ -134,9 +135,8 @@ impl Setup {
                     adapters.insert(server, old.clone());
                 }
                 Some(old) if same_code(old, fresh) => {
-                    fresh.carry_state(old);
                     kept.push(server.clone());
-                    adapters.insert(server, fresh.clone());
+                    adapters.insert(server, old.moved_to(fresh));
                 }
                 Some(_) => {
                     changes.new_adapter_code.push(server.to_string());

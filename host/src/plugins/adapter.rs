@@ -148,11 +148,25 @@ impl Adapter {
         Arc::ptr_eq(&self.runtime, &other.runtime)
     }
 
-    /// Takes over what `old` (the same adapter, on a runtime a reload replaced) stored
-    /// for its server, such as the HOL cursor.
-    pub fn carry_state(&self, old: &Adapter) {
-        let stored = old.kv.lock().expect("not poisoned").clone();
-        *self.kv.lock().expect("not poisoned") = stored;
+    /// This adapter on `fresh`'s runtime (the same code, on the new limits of a reload):
+    /// its store, such as the HOL cursor, is this one's, shared, so that what its calls
+    /// still running write is kept too.
+    pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
+        Arc::new(Self {
+            runtime: fresh.runtime.clone(),
+            pre: fresh.pre.clone(),
+            info: fresh.info.clone(),
+            name: fresh.name.clone(),
+            digest: fresh.digest,
+            server: fresh.server.clone(),
+            config: fresh.config.clone(),
+            kv: self.kv.clone(),
+            secrets: fresh.secrets.clone(),
+            log: self.log.clone(),
+            health: Mutex::default(),
+            lane: Lane::default(),
+            share: fresh.share.clone(),
+        })
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most

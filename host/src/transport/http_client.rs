@@ -126,7 +126,11 @@ impl Tap {
             if self.tasks.is_none() {
                 return message;
             }
-            return lock(&self.asked).remove(&request.id).unwrap_or(message);
+            // The same request only if it has the same method too: one rmcp could not read
+            // leaves its reading here behind, and a session begun again reuses ids.
+            let Some(ours) = lock(&self.asked).remove(&request.id) else { return message };
+            let method = |m: &ServerJsonRpcMessage| serde_json::to_value(m).ok().map(|v| v["method"].clone());
+            return if method(&ours) == method(&message) { ours } else { message };
         }
         let id = match &message {
             JsonRpcMessage::Response(response) => &response.id,
@@ -830,6 +834,14 @@ mod tests {
             assert_eq!(passed["params"].get("task").is_some(), kept, "{passed}");
             assert!(lock(&tap.asked).is_empty());
         }
+        // What was read here for a request rmcp never passed on does not stand in for
+        // another request with its id.
+        let tap = Tap::new(Arc::default(), ClientTasks::of(&json!({"requests": {"sampling": {"createMessage": {}}}})));
+        let event = Sse { event: None, data: Some(asked.to_string()), id: None, retry: None };
+        futures::executor::block_on(tap.events(futures::stream::iter([Ok(event)])).collect::<Vec<_>>());
+        let other: ServerJsonRpcMessage =
+            serde_json::from_value(json!({"jsonrpc": "2.0", "id": 3, "method": "roots/list"})).unwrap();
+        assert_eq!(serde_json::to_value(tap.replace(other)).unwrap()["method"], "roots/list");
     }
 
     #[tokio::test]
