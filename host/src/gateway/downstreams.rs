@@ -240,6 +240,11 @@ impl Downstreams {
     }
 
     /// The most verbose level any live session (or only `only`) asked for.
+    /// Whether `client` set a level (`logging/setLevel`) that lets a line at `level` through.
+    pub fn asked_for(&self, client: &str, level: LoggingLevel) -> bool {
+        self.level(Some(client)).is_some_and(|asked| rank(level) >= rank(asked))
+    }
+
     pub fn level(&self, only: Option<&str>) -> Option<LoggingLevel> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()

@@ -39,18 +39,6 @@ pub struct Owner {
 }
 
 impl HubRelay {
-    /// The client a shared server's log line (over HTTP, where it serves many) may be
-    /// shown to: the one a request of the server's would go to, whose calls alone are in
-    /// flight there; with several clients' calls in flight, or none, nobody, since the
-    /// line may tell of any of them.
-    fn concerned_by_log(&self, hub: &Hub, session: u64) -> Option<ClientPeer> {
-        let asker = Asker { session, during: None, cancel: Default::default(), task: None };
-        match hub.routing.caller(self.instance, &asker, None) {
-            Caller::Client { to, .. } => Some(to),
-            Caller::Held(_) | Caller::Nobody(_) => None,
-        }
-    }
-
     /// What a server said on its own (a notification): passed to the sessions it concerns.
     fn on_event(&self, hub: Arc<Hub>, server: &str, session: u64, event: UpstreamEvent) {
         let owner = self.owner.as_ref();
@@ -61,12 +49,22 @@ impl HubRelay {
                     Some(l) => format!("{server}/{l}"),
                     None => server.to_owned(),
                 });
-                let to = match owner {
-                    Some(o) => Some(ClientPeer { client: o.client.clone(), peer: o.peer.clone() }),
-                    None if hub.downstreams.front() == Front::Http => self.concerned_by_log(&hub, session),
+                let (to, wants) = match owner {
+                    Some(o) => {
+                        let wants = hub.downstreams.wants_log(&o.client, log.level);
+                        (Some(ClientPeer { client: o.client.clone(), peer: o.peer.clone() }), wants)
+                    }
+                    // Over HTTP a shared server serves many clients: only the one its line
+                    // may concern (`Routing::log_reader`), if it set a level that takes it
+                    // (the server's level may be another client's).
+                    None if hub.downstreams.front() == Front::Http => {
+                        let to = hub.routing.log_reader(self.instance, session);
+                        let wants = to.as_ref().is_some_and(|to| hub.downstreams.asked_for(&to.client, log.level));
+                        (to, wants)
+                    }
                     None => return hub.downstreams.log(log),
                 };
-                match to.filter(|to| hub.downstreams.wants_log(&to.client, log.level)) {
+                match to.filter(|_| wants) {
                     Some(to) => send(to.peer, ServerNotification::LoggingMessageNotification(Notification::new(log))),
                     None => tracing::debug!(server, "a log message for no client: {}", log.data),
                 }

@@ -119,13 +119,54 @@ pub struct Routing {
     next_task: AtomicU64,
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
-    ended: Mutex<HashMap<u64, Vec<Ended>>>,
+    ended: Ends,
+    /// And those whose calls were answered there in the last [`ANSWERED_COUNTS`]: a log
+    /// line a server writes just after answering may be about that call.
+    answered: Ends,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
 }
 
 /// A client whose call ended, and when.
 type Ended = (Arc<str>, Instant);
+
+/// Per server instance, the clients whose calls ended there within a time, newest last
+/// (one entry per client, at most [`ENDED_KEPT`] per instance and instances).
+#[derive(Default)]
+struct Ends(Mutex<HashMap<u64, Vec<Ended>>>);
+
+impl Ends {
+    /// A call of `client` on `instance` ended now; what is older than `counts` goes.
+    fn note(&self, instance: u64, client: Arc<str>, counts: Duration) {
+        let now = Instant::now();
+        let fresh = |(_, at): &Ended| now.duration_since(*at) < counts;
+        let mut ended = self.0.lock().expect("not poisoned");
+        if ended.len() > ENDED_KEPT {
+            ended.retain(|_, clients| {
+                clients.retain(fresh);
+                !clients.is_empty()
+            });
+        }
+        let clients = ended.entry(instance).or_default();
+        clients.retain(|ended| fresh(ended) && ended.0 != client);
+        if clients.len() >= ENDED_KEPT {
+            clients.remove(0);
+        }
+        clients.push((client, now));
+    }
+
+    /// Whether a call of a client other than `client` ended on `instance` within `counts`.
+    fn another(&self, instance: u64, client: &str, counts: Duration) -> bool {
+        let ended = self.0.lock().expect("not poisoned");
+        ended
+            .get(&instance)
+            .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < counts))
+    }
+}
+
+/// How long a client's answered call still counts against showing another client a log
+/// line of the server's.
+const ANSWERED_COUNTS: Duration = Duration::from_secs(1);
 
 /// How long a client's call still counts towards rule 3 once it ended unanswered: a call
 /// cancelled or timed out may still be served, and the server's request for it still on
@@ -240,30 +281,25 @@ impl Routing {
 
     /// A call of `client` on `instance` ended unanswered now.
     fn call_ended(&self, instance: u64, client: Arc<str>) {
-        let now = Instant::now();
-        let fresh = |(_, at): &Ended| now.duration_since(*at) < ENDED_COUNTS;
-        let mut ended = self.ended.lock().expect("not poisoned");
-        if ended.len() > ENDED_KEPT {
-            ended.retain(|_, clients| {
-                clients.retain(fresh);
-                !clients.is_empty()
-            });
-        }
-        let clients = ended.entry(instance).or_default();
-        clients.retain(|ended| fresh(ended) && ended.0 != client);
-        if clients.len() >= ENDED_KEPT {
-            clients.remove(0);
-        }
-        clients.push((client, now));
+        self.ended.note(instance, client, ENDED_COUNTS);
     }
 
     /// Whether a call of a client other than `client` ended unanswered on `instance` a
     /// moment ago.
     fn another_ended(&self, instance: u64, client: &str) -> bool {
-        let ended = self.ended.lock().expect("not poisoned");
-        ended
-            .get(&instance)
-            .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < ENDED_COUNTS))
+        self.ended.another(instance, client, ENDED_COUNTS)
+    }
+
+    /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
+    /// the one a request of the server's would go to, when no other client's call there
+    /// was answered a moment ago either (a line written just after an answer may be about
+    /// that call); else nobody, since the line may tell of any of them.
+    pub fn log_reader(&self, instance: u64, session: u64) -> Option<ClientPeer> {
+        let asker = Asker { session, during: None, cancel: Default::default(), task: None };
+        match self.caller(instance, &asker, None) {
+            Caller::Client { to, .. } if !self.answered.another(instance, &to.client, ANSWERED_COUNTS) => Some(to),
+            _ => None,
+        }
     }
 
     /// Whether `client`'s request `request` is still in flight on `instance`.
@@ -563,8 +599,12 @@ impl Drop for CallGuard {
             }
         }
         drop(in_flight);
-        if let Some(client) = client.filter(|_| !self.answered.load(Ordering::Relaxed)) {
-            self.routing.call_ended(self.instance, client);
+        match client {
+            Some(client) if self.answered.load(Ordering::Relaxed) => {
+                self.routing.answered.note(self.instance, client, ANSWERED_COUNTS);
+            }
+            Some(client) => self.routing.call_ended(self.instance, client),
+            None => {}
         }
     }
 }
@@ -674,10 +714,36 @@ mod tests {
         }
         tokio::time::sleep(ENDED_COUNTS).await;
         routing.call_ended(5000, "z".into());
-        assert_eq!(routing.ended.lock().unwrap().len(), 1);
+        assert_eq!(routing.ended.0.lock().unwrap().len(), 1);
         for n in 0..1000 {
             routing.call_ended(7, format!("c{n}").into());
         }
-        assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
+        assert_eq!(routing.ended.0.lock().unwrap()[&7].len(), ENDED_KEPT);
+    }
+
+    /// A shared server's log line goes to the one client with calls in flight there,
+    /// unless another client's call there was answered a moment ago (the line may be
+    /// about that one).
+    #[tokio::test(start_paused = true)]
+    async fn a_log_line_goes_to_the_client_in_flight_unless_another_was_just_answered() {
+        let routing = Arc::new(Routing::default());
+        let (alice, _server, _client) = super::super::asked_tasks::tests::session("alice").await;
+        let call = InFlight {
+            id: 1,
+            client: alice.client.clone(),
+            peer: alice.peer.clone(),
+            request: RequestId::Number(1),
+            upstream: None,
+            bridge: None,
+        };
+        routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
+        let reader = || routing.log_reader(1, 0).map(|to| to.client.to_string());
+        assert_eq!(reader().as_deref(), Some("alice"));
+        routing.answered.note(1, "bob".into(), ANSWERED_COUNTS);
+        assert_eq!(reader(), None, "bob's call was answered a moment ago");
+        tokio::time::sleep(ANSWERED_COUNTS).await;
+        assert_eq!(reader().as_deref(), Some("alice"));
+        routing.answered.note(1, "alice".into(), ANSWERED_COUNTS);
+        assert_eq!(reader().as_deref(), Some("alice"), "her own answered call is no other's");
     }
 }
