@@ -120,9 +120,6 @@ pub struct Routing {
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
     ended: Ends,
-    /// And those whose calls were answered there in the last [`ANSWERED_COUNTS`]: a log
-    /// line a server writes just after answering may be about that call.
-    answered: Ends,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
 }
@@ -163,10 +160,6 @@ impl Ends {
             .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < counts))
     }
 }
-
-/// How long a client's answered call still counts against showing another client a log
-/// line of the server's.
-const ANSWERED_COUNTS: Duration = Duration::from_secs(1);
 
 /// How long a client's call still counts towards rule 3 once it ended unanswered: a call
 /// cancelled or timed out may still be served, and the server's request for it still on
@@ -291,14 +284,15 @@ impl Routing {
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
-    /// the one a request of the server's would go to, when no other client's call there
-    /// was answered a moment ago either (a line written just after an answer may be about
-    /// that call); else nobody, since the line may tell of any of them.
+    /// the one a request of the server's would go to (see the module's rule); else
+    /// nobody, since the line may tell of any client's calls. (As for a request, a line
+    /// a server writes about a call after answering it can only be told from one about
+    /// the calls in flight then by the server itself: `scope: session` for such servers.)
     pub fn log_reader(&self, instance: u64, session: u64) -> Option<ClientPeer> {
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
         match self.caller(instance, &asker, None) {
-            Caller::Client { to, .. } if !self.answered.another(instance, &to.client, ANSWERED_COUNTS) => Some(to),
-            _ => None,
+            Caller::Client { to, .. } => Some(to),
+            Caller::Held(_) | Caller::Nobody(_) => None,
         }
     }
 
@@ -599,12 +593,8 @@ impl Drop for CallGuard {
             }
         }
         drop(in_flight);
-        match client {
-            Some(client) if self.answered.load(Ordering::Relaxed) => {
-                self.routing.answered.note(self.instance, client, ANSWERED_COUNTS);
-            }
-            Some(client) => self.routing.call_ended(self.instance, client),
-            None => {}
+        if let Some(client) = client.filter(|_| !self.answered.load(Ordering::Relaxed)) {
+            self.routing.call_ended(self.instance, client);
         }
     }
 }
@@ -721,11 +711,10 @@ mod tests {
         assert_eq!(routing.ended.0.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
 
-    /// A shared server's log line goes to the one client with calls in flight there,
-    /// unless another client's call there was answered a moment ago (the line may be
-    /// about that one).
+    /// A shared server's log line goes to the one client with calls in flight there, and
+    /// to nobody while another client's call there may still be served.
     #[tokio::test(start_paused = true)]
-    async fn a_log_line_goes_to_the_client_in_flight_unless_another_was_just_answered() {
+    async fn a_log_line_goes_to_the_one_client_in_flight() {
         let routing = Arc::new(Routing::default());
         let (alice, _server, _client) = super::super::asked_tasks::tests::session("alice").await;
         let call = InFlight {
@@ -739,11 +728,10 @@ mod tests {
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         let reader = || routing.log_reader(1, 0).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
-        routing.answered.note(1, "bob".into(), ANSWERED_COUNTS);
-        assert_eq!(reader(), None, "bob's call was answered a moment ago");
-        tokio::time::sleep(ANSWERED_COUNTS).await;
+        routing.call_ended(1, "bob".into());
+        assert_eq!(reader(), None, "bob's call ended unanswered a moment ago: it may be his");
+        tokio::time::sleep(ENDED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
-        routing.answered.note(1, "alice".into(), ANSWERED_COUNTS);
-        assert_eq!(reader().as_deref(), Some("alice"), "her own answered call is no other's");
+        assert!(routing.log_reader(2, 0).is_none(), "nobody's call is in flight on another instance");
     }
 }
