@@ -43,14 +43,19 @@ struct Recent {
 }
 
 impl Recent {
+    /// Keeps `entry`, written to the file: among all, and (unless it is a flood's summary,
+    /// which may count several sessions' failures) among its session's.
     fn keep(&mut self, entry: &Value) {
-        let mut entry = entry.clone();
-        if let Some(message) = entry["message"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
-            let cut = format!("{}…", &message[..message.floor_char_boundary(KEPT_MESSAGE_BYTES)]);
-            entry["message"] = Value::String(cut);
+        let entry = kept(entry);
+        push_bounded(&mut self.all, &entry, RECENT);
+        if entry.get("repeated").is_none() {
+            self.keep_own(&entry);
         }
-        let entry = &entry;
-        push_bounded(&mut self.all, entry, RECENT);
+    }
+
+    /// Keeps `entry` among its session's own only: one a flood counts instead of writing
+    /// is still its client's to see.
+    fn keep_own(&mut self, entry: &Value) {
         let Some(session) = entry["context"]["session_id"].as_str() else { return };
         // Moved to the back: the session written to least recently is at the front.
         let mut own = self.by_session.shift_remove(session).unwrap_or_default();
@@ -60,6 +65,16 @@ impl Recent {
             self.by_session.shift_remove_index(0);
         }
     }
+}
+
+/// `entry` as kept in memory: its message cut at [`KEPT_MESSAGE_BYTES`].
+fn kept(entry: &Value) -> Value {
+    let mut entry = entry.clone();
+    if let Some(message) = entry["message"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
+        let cut = format!("{}…", &message[..message.floor_char_boundary(KEPT_MESSAGE_BYTES)]);
+        entry["message"] = Value::String(cut);
+    }
+    entry
 }
 
 fn push_bounded(entries: &mut VecDeque<Value>, entry: &Value, max: usize) {
@@ -174,6 +189,8 @@ impl ErrorsLog {
         }
         if write {
             self.send(entry);
+        } else {
+            self.recent.lock().expect("not poisoned").keep_own(&kept(&entry));
         }
     }
 
@@ -352,6 +369,22 @@ mod tests {
         assert_eq!(recent.by_session.len(), SESSIONS_KEPT);
         recent.keep(&json!({"message": "m".repeat(1 << 20), "context": {"session_id": "big"}}));
         assert!(recent.by_session["big"][0]["message"].as_str().unwrap().len() < KEPT_MESSAGE_BYTES + 4, "kept short");
+    }
+
+    /// A flood's entries that are counted rather than written are still in their own
+    /// client's view; its summary, which may count other clients' failures, is not.
+    #[tokio::test]
+    async fn a_clients_counted_failures_stay_in_its_own_view() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = ErrorsLog::start(dir.path().join("errors.jsonl"), 1 << 20, Secrets::default());
+        for _ in 0..25 {
+            log.record(&record(false), "alice", SystemTime::UNIX_EPOCH);
+        }
+        assert_eq!(log.recent().len(), 10, "the flood's first entries are written");
+        assert_eq!(log.recent_of("alice").len(), RECENT_PER_SESSION, "all of hers are in her view");
+        let mut recent = Recent::default();
+        recent.keep(&json!({"repeated": {"count": 3}, "context": {"session_id": "bob"}}));
+        assert!(recent.by_session.is_empty() && recent.all.len() == 1, "a summary is the operator's");
     }
 
     /// A flood's summary is written when its window ends, with no entry of its kind to

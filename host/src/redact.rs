@@ -65,11 +65,16 @@ impl Secrets {
             add("token", token);
         }
         // A secret-named variable's value wherever it went (`"args": ["--token", "${T}"]`);
-        // other variables (`${PROJECT_ID}`, `${MCP_URL}`) are hidden only where an `env`
-        // or header value would be.
+        // of another (`${PROJECT_ID}`, `${DATABASE_URL}`), the credentials of a URL in it
+        // (`postgres://user:password@host/db`, `?api_key=…`), and the rest only where an
+        // `env` or header value would be.
         for (name, value) in &config.expanded {
             if named_secret(name) {
                 add(name, value);
+            } else if value.contains("://") {
+                for credential in url_credentials(value) {
+                    add("url-secret", credential);
+                }
             }
         }
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
@@ -182,7 +187,8 @@ mod tests {
         Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &|_| None).unwrap())
     }
 
-    /// A secret-named variable's value passed as an argument is hidden; another's is not.
+    /// A secret-named variable's value passed as an argument is hidden, and so are the
+    /// credentials of a URL another variable holds; the rest of another's is not.
     #[test]
     fn a_secret_variable_passed_as_an_argument_is_hidden() {
         let env = |name: &str| match name {
@@ -191,12 +197,16 @@ mod tests {
             "PROJECT_ID" => Some("my-project-42".to_owned()),
             _ => None,
         };
+        let env = |name: &str| match name {
+            "DATABASE_URL" => Some("postgres://me:hunter22@db/app".to_owned()),
+            other => env(other),
+        };
         let json = r#"{"mcpServers": {"a": {"command": "a",
-            "args": ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--project", "${PROJECT_ID}"]}}}"#;
+            "args": ["--token", "${GH_TOKEN}", "--home", "${HOME}", "--project", "${PROJECT_ID}", "${DATABASE_URL}"]}}}"#;
         let s = Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &env).unwrap());
         assert_eq!(
-            s.redact("auth ghp_x failed in /home/me for my-project-42"),
-            "auth [redacted] failed in /home/me for my-project-42"
+            s.redact("auth ghp_x failed in /home/me for my-project-42 at postgres://me:hunter22@db/app"),
+            "auth [redacted] failed in /home/me for my-project-42 at postgres://me:[redacted]@db/app"
         );
     }
 

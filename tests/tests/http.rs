@@ -321,8 +321,8 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
     let heard = alice_heard.clone();
     eventually("her call's log line", move || said(&heard, "plan.txt")).await;
     // With Bob's call in flight on the same server, a line could be his or hers: neither.
-    let (_, ()) = tokio::join!(call(&bob, "a__slow", json!({"ms": 1500})), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, ()) = tokio::join!(call(&bob, "a__slow", json!({"ms": 4000})), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         call(&alice, "a__log", json!({"level": "warning", "message": "reading /home/alice/diary.txt"})).await;
     });
     call(&alice, "s__log", json!({"level": "warning", "message": "alice's own"})).await;
@@ -330,6 +330,15 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
     eventually("her own instance's line", move || said(&heard, "alice's own")).await;
     assert!(!said(&alice_heard, "diary.txt") && !said(&bob_heard, "diary.txt"), "a line of either's");
     assert!(!said(&bob_heard, "plan.txt") && !said(&bob_heard, "alice's own"), "hers, to him");
+    // A client that set no level is sent no shared server's line (the server's level is
+    // another client's choice).
+    let (carol, carol_heard) = connect().await;
+    call(&carol, "a__log", json!({"level": "warning", "message": "carol's line"})).await;
+    call(&alice, "s__log", json!({"level": "warning", "message": "after carol's"})).await;
+    let heard = alice_heard.clone();
+    eventually("a later line", move || said(&heard, "after carol's")).await;
+    assert!(!said(&carol_heard, "carol's line"));
+    let _ = carol.cancel().await;
     let _ = (alice.cancel().await, bob.cancel().await);
 }
 

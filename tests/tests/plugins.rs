@@ -56,31 +56,48 @@ async fn a_looping_plugin_is_stopped_at_its_deadline_and_quarantined() {
     gw.close().await;
 }
 
+/// Makes `a`'s adapter classify (it loops), and says how it is.
+async fn fault(gw: &Gateway) -> Value {
+    gw.call("a__fail", json!({"message": "x"})).await;
+    adapter_status(gw).await
+}
+
 /// Limits changed by a reload hold for an adapter whose code and server did not change
-/// (a limit is lowered to contain it, say), at once.
+/// (a limit is lowered to contain it, say), at once, its health carried over.
 #[tokio::test]
 async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
-    let gw = misbehaving("loop").await;
-    let deadline = |ms: u64| format!("past its {ms} ms deadline");
-    gw.call("fail", json!({"message": "1"})).await;
-    let status = adapter_status(&gw).await;
-    assert!(status["last_fault"].as_str().unwrap().contains(&deadline(100)), "{status}");
+    let plugins = test_plugins();
+    let config = move |dir: &Path, timeout: u64, b: bool| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": "loop"});
+        let mut servers = json!({"a": a});
+        if b {
+            // Added with the new limits: its tools, announced, say the reload is applied.
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({
+            "mcpServers": servers,
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": timeout, "tool_names": "always",
+                        "plugin_cache_dir": dir.join("cache")},
+        })
+    };
+    let first = config.clone();
+    let gw = Gateway::start(move |dir| first(dir, 100, false)).await;
+    let status = fault(&gw).await;
+    assert!(status["last_fault"].as_str().unwrap().contains("past its 100 ms deadline"), "{status}");
     let path = gw.dir.path().join("rebound.json");
-    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    config["rebound"]["plugin_timeout_ms"] = json!(150);
-    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config).unwrap()).unwrap();
+    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), 150, true)).unwrap()).unwrap();
     std::fs::rename(path.with_extension("new"), &path).unwrap();
-    let applied = async {
-        loop {
-            gw.call("fail", json!({"message": "2"})).await;
-            let status = adapter_status(&gw).await;
-            if status["last_fault"].as_str().unwrap_or_default().contains(&deadline(150)) {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let reloaded = async {
+        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     };
-    tokio::time::timeout(std::time::Duration::from_secs(20), applied).await.expect("the new deadline held");
+    tokio::time::timeout(std::time::Duration::from_secs(30), reloaded).await.expect("the reload is applied");
+    let status = fault(&gw).await;
+    assert!(status["last_fault"].as_str().unwrap().contains("past its 150 ms deadline"), "{status}");
+    assert_eq!(status["faults"], 2, "its faults carried over: {status}");
     gw.close().await;
 }
 

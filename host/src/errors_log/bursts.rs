@@ -1,6 +1,6 @@
 //! Floods of one kind of failure — a breaker shedding every call through an outage, say —
-//! must not bury the failure that started them. Per kind (client session, server, tool,
-//! type, outcome),
+//! must not bury the failure that started them. Per kind (server, tool, type, outcome,
+//! and the client session for up to [`SESSIONS_APART`] sessions a kind),
 //! the first [`BURST`] entries of each [`WINDOW`] are written in full; the rest are
 //! counted, and the window ends with one summary entry that says how many there were,
 //! between when and when, and repeats the last of them.

@@ -239,12 +239,12 @@ impl Downstreams {
         }
     }
 
-    /// The most verbose level any live session (or only `only`) asked for.
     /// Whether `client` set a level (`logging/setLevel`) that lets a line at `level` through.
     pub fn asked_for(&self, client: &str, level: LoggingLevel) -> bool {
         self.level(Some(client)).is_some_and(|asked| rank(level) >= rank(asked))
     }
 
+    /// The most verbose level any live session (or only `only`) asked for.
     pub fn level(&self, only: Option<&str>) -> Option<LoggingLevel> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()

@@ -55,7 +55,7 @@ pub struct Adapter {
 /// Refused steps of one kind are logged at most this often per adapter.
 const DENIAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Health {
     faults: VecDeque<Instant>,
     total_faults: u64,
@@ -79,8 +79,9 @@ pub struct HealthReport {
     pub log_lines_dropped: u64,
     /// Successful calls not shown to it because its queue was full.
     pub observe_dropped: u64,
-    /// Calls it was not asked because every instance it may hold was busy past its
-    /// deadline (no fault: the built-in classification answered).
+    /// Calls it was not asked, or was stopped in, because every instance it may hold
+    /// was busy past its deadline or most of it (no fault: the built-in classification
+    /// answered).
     pub busy: u64,
 }
 
@@ -150,7 +151,7 @@ impl Adapter {
 
     /// This adapter on `fresh`'s runtime (the same code, on the new limits of a reload):
     /// its store, such as the HOL cursor, is this one's, shared, so that what its calls
-    /// still running write is kept too.
+    /// still running write is kept too; its health (faults, quarantine) carries over.
     pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
         Arc::new(Self {
             runtime: fresh.runtime.clone(),
@@ -163,7 +164,7 @@ impl Adapter {
             kv: self.kv.clone(),
             secrets: fresh.secrets.clone(),
             log: self.log.clone(),
-            health: Mutex::default(),
+            health: Mutex::new(self.health.lock().expect("not poisoned").clone()),
             lane: Lane::default(),
             share: fresh.share.clone(),
         })
@@ -263,12 +264,13 @@ impl Adapter {
             output.clone(),
             self.runtime.limits.memory,
         );
+        let asked = std::time::Instant::now();
         let Ok(Ok(_mine)) = tokio::time::timeout_at(end.into(), self.share.acquire()).await else {
             self.health.lock().expect("not poisoned").busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
-        let result = self.runtime.invoke_by(&self.pre, state, request, end).await;
+        let result = self.runtime.invoke_by(&self.pre, state, request, end, asked.elapsed()).await;
         let printed = output.text();
         match result {
             Ok(reply) => {
@@ -279,7 +281,7 @@ impl Adapter {
             }
             Err(Fault::Busy) => {
                 self.health.lock().expect("not poisoned").busy += 1;
-                tracing::debug!(adapter = %self.name, server = %self.server, "{what}: the instance pool is busy");
+                tracing::debug!(adapter = %self.name, server = %self.server, "{what}: the instance pool was busy past most of its deadline");
                 None
             }
             Err(Fault::Failed(why)) => {

@@ -227,23 +227,27 @@ impl Runtime {
     /// abandoned, its instance dropped back into the pool. Fails with the reason, for the
     /// fault log.
     pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
-        self.invoke_by(pre, state, request, std::time::Instant::now() + self.limits.timeout).await
+        let end = std::time::Instant::now() + self.limits.timeout;
+        self.invoke_by(pre, state, request, end, Duration::ZERO).await
     }
 
     /// [`Self::invoke`], with `end` for its deadline: what a caller waited for before
     /// (its share of the pool, the adapter's earlier calls) counts against the one
-    /// deadline.
+    /// deadline. Of that, `waited` was for others (its share of the pool).
     pub async fn invoke_by(
         &self,
         pre: &Pre,
         state: State,
         request: Request,
         end: std::time::Instant,
+        waited: Duration,
     ) -> Result<Reply, Fault> {
         let limit = self.limits.timeout;
         // An instance from the pool, waiting for one at most until the deadline.
+        let asked = std::time::Instant::now();
         let pooled = tokio::time::timeout_at(end.into(), self.pool.acquire()).await;
         let Ok(Ok(_instance)) = pooled else { return Err(Fault::Busy) };
+        let waited = waited + asked.elapsed();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
@@ -290,10 +294,10 @@ impl Runtime {
             }
         };
         let remaining = end.saturating_duration_since(std::time::Instant::now());
-        // Stopped at the deadline after less than half of it to run (the rest went on
-        // waiting: for the pool, for its share, for its earlier calls), the adapter is
-        // not at fault: busy, as when it gets no instance at all.
-        let past = || match remaining < limit / 2 {
+        // Stopped at the deadline after more than half of it went on waiting for others
+        // (the pool, its share; not its own earlier calls), the adapter is not at fault:
+        // busy, as when it gets no instance at all.
+        let past = || match waited > limit / 2 {
             true => Fault::Busy,
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };

@@ -66,6 +66,14 @@ impl Tap {
     fn sent(&self, message: &ClientJsonRpcMessage) -> bool {
         let reads = matches!(message, JsonRpcMessage::Request(r) if matches!(r.request,
             ClientRequest::InitializeRequest(_) | ClientRequest::ListToolsRequest(_) | ClientRequest::CustomRequest(_)));
+        if let JsonRpcMessage::Request(r) = message
+            && matches!(r.request, ClientRequest::InitializeRequest(_))
+        {
+            // A session begun again (one expired) numbers its requests afresh: what was
+            // read in the last one answers nothing in this one.
+            lock(&self.read).clear();
+            lock(&self.asked).clear();
+        }
         let mut awaited = lock(&self.awaited);
         let reads = reads && awaited.len() < MAX_READ;
         if reads {

@@ -109,10 +109,19 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for InOrder<T> {
         if let Some(tap) = &self.tap {
             message = tap.replace(message);
         }
-        if let ServerJsonRpcMessage::Notification(n) = &message
-            && let ServerNotification::ProgressNotification(p) = &n.notification
-        {
-            self.relay.notify(&self.server, self.session, UpstreamEvent::Progress(p.params.clone()));
+        // Relayed as read, before anything the server said after them: a log line, whose
+        // client is the one with a call in flight (`gateway::routing`), must be routed
+        // before the answer that ends that call.
+        if let ServerJsonRpcMessage::Notification(n) = &message {
+            match &n.notification {
+                ServerNotification::ProgressNotification(p) => {
+                    self.relay.notify(&self.server, self.session, UpstreamEvent::Progress(p.params.clone()));
+                }
+                ServerNotification::LoggingMessageNotification(log) => {
+                    self.relay.notify(&self.server, self.session, UpstreamEvent::Log(log.params.clone()));
+                }
+                _ => {}
+            }
         }
         Some(message)
     }
@@ -231,8 +240,8 @@ impl ClientHandler for UpstreamHandler {
         // Already relayed, in order, by `InOrder` as it arrived.
     }
 
-    async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {
-        self.relay.notify(&self.server, self.session, UpstreamEvent::Log(params));
+    async fn on_logging_message(&self, _: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {
+        // Relayed by `InOrder` as it is read.
     }
 
     async fn on_resource_updated(&self, params: ResourceUpdatedNotificationParam, _: NotificationContext<RoleClient>) {
