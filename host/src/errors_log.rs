@@ -47,20 +47,20 @@ impl Recent {
     /// which may count several sessions' failures) among its session's.
     fn keep(&mut self, entry: &Value) {
         let entry = kept(entry);
-        push_bounded(&mut self.all, &entry, RECENT);
+        push_bounded(&mut self.all, entry.clone(), RECENT);
         if entry.get("repeated").is_none() {
-            self.keep_own(&entry);
+            self.keep_own(entry);
         }
     }
 
     /// Keeps `entry` among its session's own only: one a flood counts instead of writing
     /// is still its client's to see.
-    fn keep_own(&mut self, entry: &Value) {
-        let Some(session) = entry["context"]["session_id"].as_str() else { return };
+    fn keep_own(&mut self, entry: Value) {
+        let Some(session) = entry["context"]["session_id"].as_str().map(str::to_owned) else { return };
         // Moved to the back: the session written to least recently is at the front.
-        let mut own = self.by_session.shift_remove(session).unwrap_or_default();
+        let mut own = self.by_session.shift_remove(&session).unwrap_or_default();
         push_bounded(&mut own, entry, RECENT_PER_SESSION);
-        self.by_session.insert(session.to_owned(), own);
+        self.by_session.insert(session, own);
         if self.by_session.len() > SESSIONS_KEPT {
             self.by_session.shift_remove_index(0);
         }
@@ -77,11 +77,11 @@ fn kept(entry: &Value) -> Value {
     entry
 }
 
-fn push_bounded(entries: &mut VecDeque<Value>, entry: &Value, max: usize) {
+fn push_bounded(entries: &mut VecDeque<Value>, entry: Value, max: usize) {
     if entries.len() == max {
         entries.pop_front();
     }
-    entries.push_back(entry.clone());
+    entries.push_back(entry);
 }
 
 #[derive(Debug)]
@@ -190,7 +190,7 @@ impl ErrorsLog {
         if write {
             self.send(entry);
         } else {
-            self.recent.lock().expect("not poisoned").keep_own(&kept(&entry));
+            self.recent.lock().expect("not poisoned").keep_own(kept(&entry));
         }
     }
 

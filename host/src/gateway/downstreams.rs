@@ -180,20 +180,16 @@ impl Downstreams {
         }
     }
 
-    /// A log message of a shared server, to the sessions that asked for its level.
+    /// A log message of a shared server over stdio, to the one client (at the level it
+    /// set, if it set one). Over HTTP a shared server's lines may tell of any client's
+    /// calls: never sent to every client, `relay.rs` picks the one they concern.
     pub fn log(&self, log: LoggingMessageNotificationParam) {
-        let stdio = self.front == Front::Stdio;
-        // Over HTTP a shared server's log lines may tell of any client's calls: they
-        // are never sent to every client (`relay.rs` picks the one they concern).
-        if !stdio {
+        if self.front != Front::Stdio {
             return;
         }
-        let wants = |d: &Downstream| match d.level {
-            Some(level) => rank(log.level) >= rank(level),
-            None => stdio,
-        };
         // Logging on 2026-07-28 is asked per request; a listen request never carries it.
-        let wants = |d: &Downstream| d.reach.session().is_some() && wants(d);
+        let wants =
+            |d: &Downstream| d.reach.session().is_some() && d.level.is_none_or(|level| rank(log.level) >= rank(level));
         for (reach, ()) in self.live(|d| if wants(d) { vec![()] } else { vec![] }) {
             reach.send(ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())));
         }

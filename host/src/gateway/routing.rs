@@ -119,47 +119,13 @@ pub struct Routing {
     next_task: AtomicU64,
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
-    ended: Ends,
+    ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
 }
 
 /// A client whose call ended, and when.
 type Ended = (Arc<str>, Instant);
-
-/// Per server instance, the clients whose calls ended there within a time, newest last
-/// (one entry per client, at most [`ENDED_KEPT`] per instance and instances).
-#[derive(Default)]
-struct Ends(Mutex<HashMap<u64, Vec<Ended>>>);
-
-impl Ends {
-    /// A call of `client` on `instance` ended now; what is older than `counts` goes.
-    fn note(&self, instance: u64, client: Arc<str>, counts: Duration) {
-        let now = Instant::now();
-        let fresh = |(_, at): &Ended| now.duration_since(*at) < counts;
-        let mut ended = self.0.lock().expect("not poisoned");
-        if ended.len() > ENDED_KEPT {
-            ended.retain(|_, clients| {
-                clients.retain(fresh);
-                !clients.is_empty()
-            });
-        }
-        let clients = ended.entry(instance).or_default();
-        clients.retain(|ended| fresh(ended) && ended.0 != client);
-        if clients.len() >= ENDED_KEPT {
-            clients.remove(0);
-        }
-        clients.push((client, now));
-    }
-
-    /// Whether a call of a client other than `client` ended on `instance` within `counts`.
-    fn another(&self, instance: u64, client: &str, counts: Duration) -> bool {
-        let ended = self.0.lock().expect("not poisoned");
-        ended
-            .get(&instance)
-            .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < counts))
-    }
-}
 
 /// How long a client's call still counts towards rule 3 once it ended unanswered: a call
 /// cancelled or timed out may still be served, and the server's request for it still on
@@ -274,13 +240,30 @@ impl Routing {
 
     /// A call of `client` on `instance` ended unanswered now.
     fn call_ended(&self, instance: u64, client: Arc<str>) {
-        self.ended.note(instance, client, ENDED_COUNTS);
+        let now = Instant::now();
+        let fresh = |(_, at): &Ended| now.duration_since(*at) < ENDED_COUNTS;
+        let mut ended = self.ended.lock().expect("not poisoned");
+        if ended.len() > ENDED_KEPT {
+            ended.retain(|_, clients| {
+                clients.retain(fresh);
+                !clients.is_empty()
+            });
+        }
+        let clients = ended.entry(instance).or_default();
+        clients.retain(|ended| fresh(ended) && ended.0 != client);
+        if clients.len() >= ENDED_KEPT {
+            clients.remove(0);
+        }
+        clients.push((client, now));
     }
 
     /// Whether a call of a client other than `client` ended unanswered on `instance` a
     /// moment ago.
     fn another_ended(&self, instance: u64, client: &str) -> bool {
-        self.ended.another(instance, client, ENDED_COUNTS)
+        let ended = self.ended.lock().expect("not poisoned");
+        ended
+            .get(&instance)
+            .is_some_and(|clients| clients.iter().any(|(c, at)| **c != *client && at.elapsed() < ENDED_COUNTS))
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
@@ -704,11 +687,11 @@ mod tests {
         }
         tokio::time::sleep(ENDED_COUNTS).await;
         routing.call_ended(5000, "z".into());
-        assert_eq!(routing.ended.0.lock().unwrap().len(), 1);
+        assert_eq!(routing.ended.lock().unwrap().len(), 1);
         for n in 0..1000 {
             routing.call_ended(7, format!("c{n}").into());
         }
-        assert_eq!(routing.ended.0.lock().unwrap()[&7].len(), ENDED_KEPT);
+        assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
 
     /// A shared server's log line goes to the one client with calls in flight there, and

@@ -127,6 +127,12 @@ impl Adapter {
     /// store, such as the HOL cursor, its observe queue and its health); its share of the
     /// instance pool and its log budget stay the original's.
     pub fn fork(&self) -> Arc<Self> {
+        self.with_state(Kv::default(), Health::default(), self.log.clone())
+    }
+
+    /// This adapter, its code, runtime and share of the pool, with `kv`, `health` and
+    /// `log` (its log budget) for its state, and a queue of its own.
+    fn with_state(&self, kv: Kv, health: Health, log: Arc<LogBudget>) -> Arc<Self> {
         Arc::new(Self {
             runtime: self.runtime.clone(),
             pre: self.pre.clone(),
@@ -135,10 +141,10 @@ impl Adapter {
             digest: self.digest,
             server: self.server.clone(),
             config: self.config.clone(),
-            kv: Kv::default(),
+            kv,
             secrets: self.secrets.clone(),
-            log: self.log.clone(),
-            health: Mutex::default(),
+            log,
+            health: Mutex::new(health),
             lane: Lane::default(),
             share: self.share.clone(),
         })
@@ -153,21 +159,8 @@ impl Adapter {
     /// its store, such as the HOL cursor, is this one's, shared, so that what its calls
     /// still running write is kept too; its health (faults, quarantine) carries over.
     pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
-        Arc::new(Self {
-            runtime: fresh.runtime.clone(),
-            pre: fresh.pre.clone(),
-            info: fresh.info.clone(),
-            name: fresh.name.clone(),
-            digest: fresh.digest,
-            server: fresh.server.clone(),
-            config: fresh.config.clone(),
-            kv: self.kv.clone(),
-            secrets: fresh.secrets.clone(),
-            log: self.log.clone(),
-            health: Mutex::new(self.health.lock().expect("not poisoned").clone()),
-            lane: Lane::default(),
-            share: fresh.share.clone(),
-        })
+        let health = self.health.lock().expect("not poisoned").clone();
+        fresh.with_state(self.kv.clone(), health, self.log.clone())
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
