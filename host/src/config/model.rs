@@ -25,6 +25,24 @@ pub struct Config {
     pub expanded: Vec<(String, String)>,
 }
 
+impl Config {
+    /// The deadline for one call of `tool` on `server` (see
+    /// [`RecoveryConfig::deadline_for`]), its fallbacks on other servers given their own
+    /// timeouts; `None` for a server not configured.
+    pub fn deadline_for(&self, server: &str, tool: &str) -> Option<u64> {
+        Some(self.servers.get(server)?.recovery.deadline_for(tool, |s, t| self.timeout_of(s, t)))
+    }
+
+    /// The longest a call of any of `server`'s tools may take.
+    pub fn longest_deadline(&self, server: &str) -> Option<u64> {
+        Some(self.servers.get(server)?.recovery.longest_deadline(|s, t| self.timeout_of(s, t)))
+    }
+
+    fn timeout_of(&self, server: &str, tool: &str) -> Option<u64> {
+        Some(self.servers.get(server)?.recovery.timeout_for(tool))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub name: String,
@@ -491,12 +509,17 @@ impl RecoveryConfig {
     }
 
     /// The overall deadline for one call of `tool`: by default, time for every attempt,
-    /// the backoff cap, and each of its fallbacks' timeouts (as this server's; another
-    /// server's tool may be given another), so that retries need not give way to them.
-    pub fn deadline_for(&self, tool: &str) -> u64 {
+    /// the backoff cap, and each of its fallbacks' timeouts, so that retries need not give
+    /// way to them. `elsewhere(server, tool)` is the timeout of a fallback on another
+    /// server (`None`: a server not configured, whose tool is given this server's).
+    pub fn deadline_for(&self, tool: &str, elsewhere: impl Fn(&str, &str) -> Option<u64>) -> u64 {
         self.deadline_ms.unwrap_or_else(|| {
+            let timeout = |alt: &Alternative| match &alt.server {
+                Some(server) => elsewhere(server, &alt.tool).unwrap_or_else(|| self.timeout_for(&alt.tool)),
+                None => self.timeout_for(&alt.tool),
+            };
             let fallbacks = self.fallbacks.get(tool).into_iter().flatten();
-            let fallbacks = fallbacks.fold(0u64, |sum, alt| sum.saturating_add(self.timeout_for(&alt.tool)));
+            let fallbacks = fallbacks.fold(0u64, |sum, alt| sum.saturating_add(timeout(alt)));
             self.timeout_for(tool)
                 .saturating_mul(u64::from(self.retry.max_attempts))
                 .saturating_add(self.retry.max_delay_ms)
@@ -506,9 +529,9 @@ impl RecoveryConfig {
 
     /// The longest a call of any of the server's tools may take: its own default, or a
     /// tool's with a longer timeout of its own.
-    pub fn longest_deadline(&self) -> u64 {
+    pub fn longest_deadline(&self, elsewhere: impl Fn(&str, &str) -> Option<u64>) -> u64 {
         let tools = self.tools.keys().chain(self.fallbacks.keys());
-        tools.map(|tool| self.deadline_for(tool)).fold(self.deadline_for(""), u64::max)
+        tools.map(|tool| self.deadline_for(tool, &elsewhere)).fold(self.deadline_for("", &elsewhere), u64::max)
     }
 }
 

@@ -143,11 +143,8 @@ impl Hub {
         self.rebuild(false);
         for handle in changes.retired.iter().cloned() {
             let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
-            let within = current
-                .config
-                .servers
-                .get(&*handle.name)
-                .map_or(Duration::from_secs(60), |s| Duration::from_millis(s.recovery.longest_deadline()));
+            let longest = current.config.longest_deadline(&handle.name);
+            let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
             tokio::spawn(async move {
                 let deadline = Instant::now() + within;
                 while hub.routing.in_flight_on(handle.instance) > 0 && Instant::now() < deadline {

@@ -97,8 +97,8 @@ impl Gateway {
     /// a request other than a tool call); 30 s each for a server not configured.
     fn times(&self, server: &str, tool: &str) -> (Duration, Duration) {
         let setup = self.hub.setup();
-        let recovery = setup.config.servers.get(server).map(|s| &s.recovery);
-        let (timeout, deadline) = recovery.map_or((30_000, 30_000), |r| (r.timeout_ms, r.deadline_for(tool)));
+        let timeout = setup.config.servers.get(server).map_or(30_000, |s| s.recovery.timeout_ms);
+        let deadline = setup.config.deadline_for(server, tool).unwrap_or(30_000);
         (Duration::from_millis(timeout), Duration::from_millis(deadline))
     }
 }

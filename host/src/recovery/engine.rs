@@ -469,7 +469,9 @@ impl Engine {
         };
         let safe = is_idempotent(&policy.recovery, &tool, annotations);
         let started = self.clock.now();
-        let deadline = super::clock::later(started, Duration::from_millis(policy.recovery.deadline_for(&tool)));
+        let elsewhere = |server: &str, tool: &str| Some(self.servers.get(server)?.recovery.timeout_for(tool));
+        let deadline = policy.recovery.deadline_for(&tool, elsewhere);
+        let deadline = super::clock::later(started, Duration::from_millis(deadline));
         let mut record = Record::new(server.clone(), tool.clone(), safe);
         policy.counters.calls.fetch_add(1, Ordering::Relaxed);
         policy.budget.deposit();
@@ -525,14 +527,19 @@ impl Engine {
                 record.stopped = Some(CANCELLED.into());
                 return Ending::GaveUp;
             }
-            let plan = match (advised, failure) {
-                // A healthy server said no, and nobody knows better: the agent gets the
-                // tool's own answer, with the adapter's word on it (which log to read).
-                (None, Failure::ToolError { result }) if !class.retryable && !builtin.retryable => {
-                    return Ending::Answered(with_note(*result, class.message.as_deref()).into());
-                }
-                (advised, _) => plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin),
-            };
+            let unadvised = advised.is_none();
+            let plan = plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin);
+            // A healthy server said no, nobody knows better and no fallback is configured:
+            // the agent gets the tool's own answer, with the adapter's word on it (which
+            // log to read).
+            if let Failure::ToolError { result } = failure
+                && unadvised
+                && plan.steps.is_empty()
+                && !class.retryable
+                && !builtin.retryable
+            {
+                return Ending::Answered(with_note(*result, class.message.as_deref()).into());
+            }
             match self.run_plan(call, record, &mut spent, plan, (&class, &builtin)).await {
                 Next::Retry => continue,
                 Next::Done(ending) => return ending,

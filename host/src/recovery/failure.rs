@@ -5,7 +5,9 @@ use std::time::Duration;
 use rmcp::model::CallToolResult;
 use serde_json::Value;
 
+use super::classify::{Category, Classification};
 use crate::transport::Status;
+use crate::transport::lines::DROPPED_ANSWER;
 
 /// What happened to one attempt.
 #[derive(Debug, Clone)]
@@ -41,6 +43,17 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// Whether the attempt may have taken effect, in part or whole, although it failed:
+    /// it timed out or lost its connection in flight (as `class`, the failure's
+    /// classification, says, also of a timeout a server reports), its answer was dropped
+    /// for its size, or the gateway failed while handling it.
+    pub fn may_have_run(&self, class: &Classification) -> bool {
+        let dropped = |data: &Option<Value>| data.as_ref().is_some_and(|d| d.get(DROPPED_ANSWER).is_some());
+        matches!(class.category, Category::Timeout | Category::Transport)
+            || matches!(self, Self::Internal { .. })
+            || matches!(self, Self::Rpc { data, .. } if dropped(data))
+    }
+
     /// A short machine-readable name for logs and `_meta`.
     pub fn kind(&self) -> &'static str {
         match self {

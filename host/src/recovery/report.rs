@@ -81,12 +81,15 @@ pub fn auto_recoverable(c: &Classification) -> bool {
     c.retryable
 }
 
-/// `partial`: the call may have run in part (it timed out or lost its connection in
-/// flight), so the agent should look before repeating it; `failed`: it did not happen.
-fn status(class: &Classification) -> &'static str {
-    match class.category {
-        Category::Timeout | Category::Transport => "partial",
-        _ => "failed",
+/// `partial`: one of the call's attempts may have run, in part or whole (see
+/// [`Failure::may_have_run`]), so the agent should look before repeating it; `failed`:
+/// none did (each was refused, or answered that it failed).
+fn status(record: &Record) -> &'static str {
+    let attempts = record.attempts.iter().filter(|a| a.role != Role::SideCall);
+    let failures = attempts.filter_map(|a| Some((a.failure.as_ref()?, a.classification.as_ref()?)));
+    match failures.into_iter().any(|(failure, class)| failure.may_have_run(class)) {
+        true => "partial",
+        false => "failed",
     }
 }
 
@@ -150,7 +153,7 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
     }
     text.push_str(&format!("\nWhat to do: {action}."));
     let data = json!({
-        "status": status(class),
+        "status": status(record),
         "server": server,
         "tool": tool,
         "category": class.category.as_str(),

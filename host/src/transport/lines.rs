@@ -253,6 +253,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     }
 }
 
+/// The key in the `data` of the error the gateway answers a request with in place of a
+/// server's answer too long to read (its value the bound): the request ran.
+pub const DROPPED_ANSWER: &str = "reboundDroppedAnswerOverBytes";
+
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
     /// A message of the server's too long to read: a request of its own is refused (the
     /// server waits on it), and an answer fails the gateway's request it answered now,
@@ -264,7 +268,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             self.awaited.forget(&id);
             let why =
                 format!("the server's answer is longer than {max} bytes, the most the gateway reads; it was dropped");
-            return Some(JsonRpcMessage::error(ErrorData::internal_error(why, None), Some(id)));
+            let data = serde_json::json!({ DROPPED_ANSWER: max });
+            return Some(JsonRpcMessage::error(ErrorData::internal_error(why, Some(data)), Some(id)));
         }
         let why = format!("Invalid Request: the request is longer than {max} bytes, the most the gateway reads");
         self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, scanned.id?).to_json());

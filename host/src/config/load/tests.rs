@@ -63,11 +63,12 @@ fn defaults_merge_under_server_recovery() {
     assert_eq!(r.retry.initial_delay_ms, 7);
     assert_eq!(r.timeout_for("slow"), 9);
     assert_eq!(r.timeout_for("fast"), 1234);
-    assert_eq!(r.longest_deadline(), r.deadline_for("fast"), "no tool's own timeout is longer");
+    let none = |_: &str, _: &str| None;
+    assert_eq!(r.longest_deadline(none), r.deadline_for("fast", none), "no tool's own timeout is longer");
     let mut longer = r.clone();
     longer.tools.get_mut("slow").unwrap().timeout_ms = Some(100_000);
-    assert_eq!(longer.longest_deadline(), longer.deadline_for("slow"));
-    assert!(longer.longest_deadline() > longer.deadline_for(""));
+    assert_eq!(longer.longest_deadline(none), longer.deadline_for("slow", none));
+    assert!(longer.longest_deadline(none) > longer.deadline_for("", none));
     assert_eq!(c.settings.tool_names, ToolNames::Always);
 }
 

@@ -11,6 +11,7 @@ use super::*;
 use crate::config::{Launch, StdioLaunch, ToolRecovery};
 use crate::recovery::classify::classify;
 use crate::recovery::clock::TokioClock;
+use crate::recovery::report;
 
 /// One upstream call: tool, when, its timeout, its arguments.
 type Call = (String, Instant, Duration, Option<JsonObject>);
@@ -285,6 +286,58 @@ async fn a_tools_own_error_is_passed_through_untouched() {
     assert_eq!(answered(&ending), "no such file: a.lean");
     assert_eq!(record.attempts.len(), 1);
     assert_eq!(e.policy("s").unwrap().breaker.snapshot().consecutive_failures, 0);
+}
+
+/// A tool's own error is a failure of the tool: its configured fallbacks run, with no
+/// adapter or one that plans nothing, and the first that answers is the answer.
+#[tokio::test(start_paused = true)]
+async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
+    let mut r = defaults();
+    r.fallbacks.insert("leansearch".into(), vec![Alternative { tool: "loogle".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/leansearch", true), ("s/loogle", true)])
+        .then("s/leansearch", vec![tool_error("API error 500")])
+        .then("s/loogle", vec![ok("found it")]);
+    let e = engine(&[server("s", r.clone())]);
+    let (ending, record) = run(&e, &up, "leansearch").await;
+    assert_eq!(answered(&ending), "found it", "{record:?}");
+    assert_eq!(record.answered_by().unwrap().tool, "loogle");
+    assert_eq!(up.calls("s/leansearch").len(), 1, "a tool's own error is not retried");
+
+    // With every fallback failing too, the agent is told what the tool said.
+    let up = Script::new(&[("s/leansearch", true), ("s/loogle", true)])
+        .then("s/leansearch", vec![tool_error("API error 500")])
+        .then("s/loogle", vec![tool_error("loogle is down")]);
+    let e = engine(&[server("s", r)]);
+    let a = planner(vec![]);
+    let (ending, record) = advised(&e, &up, &a, "leansearch").await;
+    let Ending::GaveUp = ending else { panic!("answered: {ending:?}") };
+    assert_eq!(up.calls("s/loogle").len(), 1);
+    let told = report::gave_up(&record, &crate::redact::Secrets::default());
+    let text = format!("{:?}", told.content);
+    assert!(text.contains("API error 500") && text.contains("loogle is down"), "{text}");
+}
+
+/// The report's `status` is `partial` when any attempt may have run, not only the last:
+/// a read that timed out, then failed outright, may have been read.
+#[tokio::test(start_paused = true)]
+async fn the_report_says_partial_when_any_attempt_may_have_run() {
+    let boom = || Err(Failure::Rpc { code: -32603, message: "boom".into(), data: None });
+    let status = |record: &Record| {
+        let told = report::gave_up(record, &crate::redact::Secrets::default());
+        told.meta.unwrap().0["rebound"]["status"].as_str().unwrap().to_owned()
+    };
+    let e = engine(&[server("s", defaults())]);
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![boom()]);
+    assert_eq!(status(&run(&e, &up, "read").await.1), "failed", "refused outright");
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(), boom()]);
+    let (ending, record) = run(&e, &up, "read").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(status(&record), "partial", "{record:?}");
+    // An answer dropped for its size: the tool ran.
+    let dropped = Some(json!({ crate::transport::lines::DROPPED_ANSWER: 64 }));
+    let up = Script::new(&[("s/read", true)])
+        .then("s/read", vec![Err(Failure::Rpc { code: -32603, message: "too long".into(), data: dropped })]);
+    assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
 }
 
 #[tokio::test(start_paused = true)]
@@ -632,6 +685,16 @@ async fn retries_leave_the_configured_fallback_its_time() {
     assert_eq!(answered(&ending), "ok");
     assert_eq!(up.calls("s/a").len(), 3, "every attempt was made");
     assert_eq!(up.calls("s/b")[0].1, Duration::from_secs(1), "and the fallback had its whole timeout");
+    // A fallback on another server is given that server's timeout, in the deadline too.
+    let mut r = defaults();
+    r.fallbacks
+        .insert("a".into(), vec![Alternative { tool: "slow".into(), server: Some("t".into()), arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("t/slow", true)]).then("s/a", vec![timeout(); 3]);
+    let slow = RecoveryConfig { timeout_ms: 120_000, ..defaults() };
+    let (ending, _) = run(&engine(&[server("s", r), server("t", slow)]), &up, "a").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/a").len(), 3, "every attempt was made");
+    assert_eq!(up.calls("t/slow")[0].1, Duration::from_secs(120), "and the fallback had its whole timeout");
 }
 
 #[tokio::test(start_paused = true)]
@@ -934,7 +997,7 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
         let (ending, _) =
             e.run(&up, Some(&Slow { in_plan }), "s".into(), "read".into(), annotations.as_ref(), None).await;
         assert!(!matches!(ending, Ending::Answered(..)));
-        let deadline = Duration::from_millis(defaults().deadline_for("read"));
+        let deadline = Duration::from_millis(defaults().deadline_for("read", |_, _| None));
         assert!(started.elapsed() <= deadline, "in_plan {in_plan}: {:?} past {deadline:?}", started.elapsed());
     }
 }
