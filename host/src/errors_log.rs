@@ -181,6 +181,23 @@ impl ErrorsLog {
         }
     }
 
+    /// A call of `tool` on `server` still running when the gateway shut down: the
+    /// record of its attempts ended with it, and it may or may not have taken effect.
+    pub fn cut_short(&self, session: &str, server: &str, tool: &str, now: SystemTime) {
+        let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
+        let action = format!("check whether the call of `{tool}` took effect, then call it again");
+        self.push(json!({
+            "id": format!("err_{millis}_{}", self.next_id.fetch_add(1, Ordering::Relaxed)),
+            "timestamp": humantime::format_rfc3339_millis(now).to_string(),
+            "type": "mcp_shutdown",
+            "severity": "high",
+            "message": format!("MCP tool {tool} on server {server} was still running when the gateway shut down; it may or may not have taken effect"),
+            "context": {"session_id": session, "server": server, "tool_name": tool, "requested_tool": tool, "category": "shutdown"},
+            "recovery": {"suggested_action": action, "auto_recoverable": false},
+            "fix_status": "unfixed",
+        }));
+    }
+
     fn push(&self, mut entry: Value) {
         self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).redact_json(&mut entry);
         let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());

@@ -154,6 +154,8 @@ async fn garbage_and_huge_messages_do_not_break_the_session() {
     let too_huge = gw.call("a__huge", json!({"bytes": 65 << 20})).await;
     assert_eq!(too_huge.is_error, Some(true));
     assert!(text(&too_huge).contains("longer than 67108864 bytes"), "{}", text(&too_huge));
+    let report = &too_huge.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(report["status"], "partial", "the tool ran: {report}");
     assert_eq!(gw.state("a", "calls").iter().filter(|c| *c == "huge").count(), 2);
     assert_eq!(text(&gw.call("a__echo", json!({"message": "still here"})).await), "a: still here");
     assert_eq!(gw.state("a", "starts").len(), 1);
@@ -374,7 +376,12 @@ async fn client_eof_stops_every_child_with_no_orphans() {
 /// may have taken effect), not as if the client had cancelled it.
 #[tokio::test]
 async fn sigterm_stops_every_child_with_no_orphans() {
-    let gw = Gateway::start(two_faulty).await;
+    let gw = Gateway::start(|d| {
+        let mut c = two_faulty(d);
+        c["rebound"]["errors_log"] = json!(d.join("errors.jsonl"));
+        c
+    })
+    .await;
     gw.call("a__echo", json!({})).await;
     let pids: Vec<u32> = ["a", "b"].iter().flat_map(|s| gw.state(s, "starts")).map(|p| p.parse().unwrap()).collect();
     let gateway_pid = gw.child.id().unwrap();
@@ -391,6 +398,10 @@ async fn sigterm_stops_every_child_with_no_orphans() {
     for pid in pids {
         assert!(!alive(pid), "child {pid} outlived the gateway");
     }
+    // The operator has the call on record too.
+    let log = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).unwrap_or_default();
+    let entry: Value = serde_json::from_str(log.lines().last().expect("an entry")).unwrap();
+    assert_eq!((entry["type"].as_str(), entry["context"]["tool_name"].as_str()), (Some("mcp_shutdown"), Some("slow")));
 }
 
 /// A signal ends the gateway even when its client never said `initialize` (Ctrl-C in a

@@ -202,6 +202,30 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
     gw.close().await;
 }
 
+/// A server of the session's own (`scope: session`) has the session's own breakers, and a
+/// reset closes those (the server's and its tools'), so the next call gets through.
+#[tokio::test]
+async fn a_breaker_reset_closes_the_breakers_of_a_sessions_own_server() {
+    let gw = Gateway::start(|d| {
+        let recovery = json!({"tools": {"outage": {"timeout_ms": 100}}, "retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}});
+        let mut c = config(d, recovery);
+        c["mcpServers"]["a"]["scope"] = json!("session");
+        c
+    })
+    .await;
+    std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
+    std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
+    gw.call("outage", json!({})).await;
+    gw.call("outage", json!({})).await;
+    let shed = gw.call("outage", json!({})).await;
+    assert_eq!(calls_of(&gw, "outage"), 2, "the third call was shed: {shed:?}");
+    let reset = gw.call("rebound_reset_breaker", json!({"server": "a"})).await;
+    assert_eq!(text(&reset), "the circuit breaker of `a` is closed, and those of its tools");
+    let fourth = gw.call("outage", json!({})).await;
+    assert_eq!(calls_of(&gw, "outage"), 3, "the reset let the next call through: {fourth:?}");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn the_gateway_reports_and_resets_its_breakers() {
     let gw =

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::hub::Hub;
 use super::recent::quantile;
+use super::session_servers::Recovery;
 use super::setup::Setup;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
 use crate::config::Scope;
@@ -260,7 +261,14 @@ fn breaker_json(b: &BreakerSnapshot) -> Value {
 }
 
 /// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.
-pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<CallToolResult> {
+/// `recovery` is the calling session's: a breaker reset closes the breakers its calls
+/// meet, its own for a server of its own (`scope: session`).
+pub fn call(
+    hub: &Hub,
+    recovery: impl FnOnce() -> Recovery,
+    name: &str,
+    arguments: Option<&JsonObject>,
+) -> Option<CallToolResult> {
     let setup = hub.setup();
     match name {
         STATUS_TOOL => {
@@ -273,7 +281,8 @@ pub fn call(hub: &Hub, name: &str, arguments: Option<&JsonObject>) -> Option<Cal
         RESET_TOOL => {
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
-            Some(match (setup.engine.policy(server), arg("tool")) {
+            let recovery = recovery();
+            Some(match (recovery.engine().policy(server), arg("tool")) {
                 (Some(policy), None) => {
                     policy.breaker.reset();
                     policy.tools.reset_all();

@@ -17,7 +17,6 @@ use super::catalogue::Route;
 use super::hub::Hub;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
-use super::setup::Setup;
 use super::status;
 use crate::recovery::Failure;
 use crate::recovery::engine::{Ending, Record, Upstream};
@@ -41,6 +40,10 @@ impl Gateway {
         let answer = tokio::select! {
             answer = answer => answer,
             () = self.hub.stopping().cancelled() => {
+                if let Some((route, _)) = self.own.catalogue().tool(&name) {
+                    let now = std::time::SystemTime::now();
+                    self.hub.errors.cut_short(&self.own.client, &route.server, &route.name, now);
+                }
                 let text = format!(
                     "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
                 );
@@ -67,7 +70,8 @@ impl Gateway {
     ) -> Result<CallToolResponse, ErrorData> {
         self.attach(&cx);
         if self.hub.setup().config.settings.gateway_tools
-            && let Some(result) = status::call(&self.hub, &request.name, request.arguments.as_ref())
+            && let Some(result) =
+                status::call(&self.hub, || self.own.recovery(), &request.name, request.arguments.as_ref())
         {
             return Ok(result.into());
         }
@@ -97,7 +101,7 @@ impl Gateway {
         let upstreams = Upstreams {
             hub: &self.hub,
             own: &self.own,
-            setup: &recovery.setup,
+            recovery: &recovery,
             cx: &cx,
             trace: trace.as_deref(),
             called: route,
@@ -173,8 +177,8 @@ fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -
 struct Upstreams<'a> {
     hub: &'a Arc<Hub>,
     own: &'a Arc<SessionServers>,
-    /// The setup the call started with: its attempts go to its servers.
-    setup: &'a Setup,
+    /// The setup and policies the call started with: its attempts go to its servers.
+    recovery: &'a Recovery,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
     /// The tool the client called: only its answers may be questions for the client, and
@@ -195,7 +199,7 @@ impl Upstreams<'_> {
         max_total: Duration,
         traceparent: Option<&str>,
     ) -> Result<CallToolResponse, Failure> {
-        let Some(handle) = self.own.server_in(self.setup, server) else {
+        let Some(handle) = self.own.server_in(&self.recovery.setup, server) else {
             return Err(Failure::Unavailable {
                 status: crate::transport::Status::Stopped,
                 reason: Some(format!("no server `{server}`")),
@@ -212,8 +216,9 @@ impl Upstreams<'_> {
             () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
         };
         let spent = started.elapsed();
-        // From the call's configuration: a reload may have changed it, not the process.
-        let recovery = self.setup.config.servers.get(server).map(|s| &s.recovery);
+        // From the call's policy (a session's own server keeps the configuration its
+        // session started with): a reload may have changed it, not the process.
+        let recovery = self.recovery.engine().policy(server).map(|p| &p.recovery);
         let how = Attempt {
             traceparent,
             timeout,
@@ -254,7 +259,7 @@ impl Upstream for Upstreams<'_> {
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
         let server = server.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.own.server_in(self.setup, &server) else { return };
+            let Some(handle) = self.own.server_in(&self.recovery.setup, &server) else { return };
             if let Err(nr) = handle.restart(within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
@@ -266,7 +271,7 @@ impl Upstream for Upstreams<'_> {
     }
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        let session = self.own.server_in(self.setup, server)?.state().session?;
+        let session = self.own.server_in(&self.recovery.setup, server)?.state().session?;
         let listing = session.listing();
         listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
     }
