@@ -871,10 +871,16 @@ impl Engine {
                     Outcome::Ignored
                 };
                 // An undelivered request says nothing about the tool. A tool that hangs or
-                // reports an outage while another tool of the server answered within the
-                // breaker's window is the tool's failure alone; a broken connection never is.
-                let tool_level =
-                    matches!(failure, Failure::Timeout { .. } | Failure::Rpc { .. } | Failure::ToolError { .. });
+                // reports an outage (also as an HTTP server error for its request alone)
+                // while another tool of the server answered within the breaker's window is
+                // the tool's failure alone; a broken connection never is.
+                let tool_level = matches!(
+                    failure,
+                    Failure::Timeout { .. }
+                        | Failure::Rpc { .. }
+                        | Failure::ToolError { .. }
+                        | Failure::HttpStatus { status: 500..=599, .. }
+                );
                 let window = Duration::from_millis(policy.recovery.breaker.window_ms);
                 let now = self.clock.now();
                 let since = now.checked_sub(window).unwrap_or(started.min(now));

@@ -932,6 +932,26 @@ async fn an_adapter_cannot_keep_the_configured_fallbacks_from_running() {
     );
 }
 
+/// A `url` server's HTTP error for one tool's requests (a proxy's 504 for a slow tool, a
+/// 502) is that tool's failure alone while another tool answers, as a timeout is.
+#[tokio::test(start_paused = true)]
+async fn an_http_server_error_for_one_tool_is_confined_to_it() {
+    for status in [502, 504] {
+        let failure = || Err(Failure::HttpStatus { status, retry_after: None });
+        let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", (0..10).map(|_| failure()).collect());
+        let e = engine(&[server("s", one_attempt())]);
+        for _ in 0..5 {
+            assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
+            run(&e, &up, "a").await;
+        }
+        let policy = e.policy("s").unwrap();
+        let server = policy.breaker.snapshot();
+        assert_eq!((server.state, server.window_failures), ("closed", 0), "HTTP {status}: none counted for the server");
+        assert_eq!(policy.tools.troubled()[0].1.state, "open", "HTTP {status}");
+        assert_eq!(answered(&run(&e, &up, "b").await.0), "ok", "HTTP {status}: the server's other tools serve");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_broken_connection_is_never_confined_to_one_tool() {
     let up = Script::new(&[("s/a", true), ("s/b", true)])
