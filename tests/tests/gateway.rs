@@ -123,6 +123,61 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     gw.close().await;
 }
 
+/// A server marked down is started again every `down_retry_ms`, and serves once a start
+/// holds.
+#[tokio::test]
+async fn a_server_marked_down_is_tried_again_and_comes_back() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &["--exit-after-ms", "150"]);
+        a["env"] = json!({"FAULTY_FIXED_IF": dir.join("fixed")});
+        json!({
+            "mcpServers": {"a": a},
+            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 1000}},
+        })
+    })
+    .await;
+    let mut report = String::new();
+    for _ in 0..100 {
+        report = text(&gw.call("echo", json!({"message": "?"})).await);
+        if report.contains("server is down") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(report.contains("server is down"), "{report}");
+    std::fs::write(gw.dir.path().join("fixed"), "").unwrap();
+    let mut answer = String::new();
+    for _ in 0..100 {
+        answer = text(&gw.call("echo", json!({"message": "back"})).await);
+        if answer == "a: back" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(answer, "a: back", "tried again within down_retry_ms");
+    gw.close().await;
+}
+
+/// A tool that reports progress may run past its `timeout_ms`
+/// (`recovery.progress_extends_timeout`, on by default): each progress notification starts
+/// the timeout again. Without progress the same call times out.
+#[tokio::test]
+async fn progress_keeps_a_long_call_alive_past_its_timeout() {
+    let gw = Gateway::start(|dir| {
+        let mut c = two_faulty(dir);
+        c["mcpServers"]["a"]["recovery"] = json!({"timeout_ms": 1000, "retry": {"max_attempts": 1}});
+        c
+    })
+    .await;
+    // Progress every 250 ms, for 3 s.
+    let reported = gw.call("a__slow", json!({"ms": 3000, "steps": 11})).await;
+    assert_eq!(text(&reported), "a: slept 3000 ms");
+    let silent = gw.call("a__slow", json!({"ms": 3000})).await;
+    assert_eq!(silent.is_error, Some(true));
+    assert!(text(&silent).contains("(timeout)"), "{}", text(&silent));
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_hang_times_out_as_a_result_and_is_cancelled_upstream() {
     let gw = Gateway::start(|dir| {
