@@ -86,14 +86,19 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
     let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
 
-    // Add a server and change a's timeout.
-    write(&dir, &config(&dir, 30000, &[("c", faulty("c", &dir, &[]))]));
+    // Add a server and change a's timeouts.
+    let mut edited = config(&dir, 30000, &[("c", faulty("c", &dir, &[]))]);
+    edited["mcpServers"]["a"]["recovery"]["tools"] = json!({"hang": {"timeout_ms": 300}});
+    write(&dir, &edited);
     let tools = || async { client.peer().list_all_tools().await.unwrap() };
     until_offered(client.peer(), "c__echo", true).await;
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "new"})).await), "c: new");
     // a was reconfigured, not relaunched; b was untouched: same processes, b's breaker
     // still open.
     assert_eq!((pid(&dir, "a"), pid(&dir, "b")), (a_pid, b_pid));
+    // Its calls have the new recovery settings.
+    let hung = call(&client, "a__hang", json!({})).await;
+    assert!(text(&hung).contains("no answer within 300 ms"), "{}", text(&hung));
     let after = status(&client).await;
     assert_eq!(server(&after, "b")["breaker"]["state"], "open", "{after}");
     assert_eq!(server(&after, "b")["counters"]["calls"], server(&before, "b")["counters"]["calls"]);
