@@ -97,6 +97,20 @@ async fn a_server_that_closes_its_output_is_killed_and_restarted() {
     gw.close().await;
 }
 
+/// Calls `echo` with `args` every 50 ms until its text is `done` (at most 100 times): its
+/// last text.
+async fn call_until(gw: &Gateway, args: Value, done: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..100 {
+        last = text(&gw.call("echo", args.clone()).await);
+        if done(&last) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    last
+}
+
 #[tokio::test]
 async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     let gw = Gateway::start(|dir| {
@@ -109,14 +123,7 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     assert!(gw.tool_names().await.contains(&"echo".to_owned()));
     eventually("three starts", || gw.state("a", "starts").len() == 3).await;
     // Its tools stay listed; calls are answered at once with the reason.
-    let mut report = String::new();
-    for _ in 0..100 {
-        report = text(&gw.call("echo", json!({"message": "?"})).await);
-        if report.contains("server is down") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let report = call_until(&gw, json!({"message": "?"}), |r| r.contains("server is down")).await;
     assert!(report.contains("server is down") && report.contains("exited"), "{report}");
     assert!(gw.tool_names().await.contains(&"echo".to_owned()));
     assert_eq!(gw.state("a", "starts").len(), 3, "no restarts while down");
@@ -136,24 +143,10 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
         })
     })
     .await;
-    let mut report = String::new();
-    for _ in 0..100 {
-        report = text(&gw.call("echo", json!({"message": "?"})).await);
-        if report.contains("server is down") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let report = call_until(&gw, json!({"message": "?"}), |r| r.contains("server is down")).await;
     assert!(report.contains("server is down"), "{report}");
     std::fs::write(gw.dir.path().join("fixed"), "").unwrap();
-    let mut answer = String::new();
-    for _ in 0..100 {
-        answer = text(&gw.call("echo", json!({"message": "back"})).await);
-        if answer == "a: back" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let answer = call_until(&gw, json!({"message": "back"}), |r| r == "a: back").await;
     assert_eq!(answer, "a: back", "tried again within down_retry_ms");
     gw.close().await;
 }
