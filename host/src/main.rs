@@ -393,7 +393,14 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     if let Err(e) = rebound::transport::watchdog::start() {
         tracing::warn!("no watchdog ({e}): if the gateway is killed, its servers may outlive it");
     }
-    // Before the async runtime: loading runs each plugin once, synchronously; the OTLP
+    let runtime = runtime(http.is_some(), config.settings.http.worker_threads)?;
+    // Taken from the start: compiling adapters below can take a while, and SIGHUP's
+    // default action would end the gateway meanwhile. One that comes reloads once serving.
+    let hangups = {
+        let _in = runtime.enter();
+        hangups()?
+    };
+    // Outside the async runtime: loading runs each plugin once, synchronously; the OTLP
     // exporter's client blocks on a thread of its own.
     let plugins = rebound::plugins::prepare(&config);
     // An adapter compiled in the gateway (when no compiler process could: see
@@ -405,12 +412,11 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
         Ok(false) => {}
         Err(e) => tracing::warn!("{e}; no traces will be exported"),
     }
-    let runtime = runtime(http.is_some(), config.settings.http.worker_threads)?;
     let max_in_flight = config.settings.http.max_concurrent_per_client;
     let front = if http.is_some() { Front::Http } else { Front::Stdio };
     let outcome = runtime.block_on(async {
         let hub = Hub::start(config, plugins, front);
-        rebound::gateway::reload::watch(&hub, path.clone(), hangups()?);
+        rebound::gateway::reload::watch(&hub, path.clone(), hangups);
         let outcome = run(&hub, http, max_in_flight).await;
         hub.shutdown().await;
         tracing::info!("all servers stopped");

@@ -407,6 +407,15 @@ async fn health_readiness_and_metrics() {
     assert_eq!((body["servers"].as_u64(), body["servers_ready"].as_u64()), (Some(2), Some(1)), "{body}");
     assert_eq!(body["given_up"][0]["server"], "missing", "{body}");
     assert!(body["given_up"][0]["last_error"].as_str().unwrap().contains("nonexistent"), "{body}");
+    // A cluster's probe names the pod's address as its Host: the probes answer it, and
+    // /readyz names no server to a Host not allowed (a page rebinding its name to us).
+    let probe = |path: &str| reqwest::Client::new().get(format!("{}{path}", gw.base)).header("host", "10.1.2.3:8080");
+    assert_eq!(probe("/healthz").send().await.unwrap().status(), StatusCode::OK);
+    let ready = probe("/readyz").send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    let probed: Value = ready.json().await.unwrap();
+    assert_eq!((probed["servers_given_up"].as_u64(), probed.get("given_up")), (Some(1), None), "{probed}");
+    assert_eq!(probe("/metrics").send().await.unwrap().status(), StatusCode::FORBIDDEN);
 
     let client = gw.client(None).await.unwrap();
     call(&client, "echo", json!({"message": "m"})).await;

@@ -134,6 +134,14 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     assert_ne!(pid(&dir, "a"), a_pid);
     assert_eq!(pid(&dir, "b"), b_pid);
 
+    // A new `protocol` is a new connection: a is relaunched to speak it.
+    let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
+    fixed["mcpServers"]["a"]["protocol"] = json!("2025-11-25");
+    write(&dir, &fixed);
+    eventually("a relaunched for its protocol", move || !alive(a_pid)).await;
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "3"})).await), "a: 3");
+    assert_eq!(pid(&dir, "b"), b_pid);
+
     let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
     assert!(metrics.contains(r#"rebound_config_reloads_total{result="refused"} 1"#), "{metrics}");
     assert!(metrics.lines().any(|l| l.starts_with(r#"rebound_config_reloads_total{result="applied"}"#)), "{metrics}");

@@ -79,6 +79,25 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
     let mut root = object(text, path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let ctx = Ctx { path, env, expanded: Default::default() };
+    let mut warnings = Vec::new();
+    for key in root.keys().filter(|k| !matches!(k.as_str(), "rebound" | "mcpServers")) {
+        // A section written almost right would leave every setting at its default unseen
+        // (an operator token among them).
+        let near = |name: &str| squashed(key) == squashed(name);
+        if let Some(meant) = ["rebound", "mcpServers"].into_iter().find(|name| near(name)) {
+            let hint = format!("write it `{meant}`");
+            return Err(ConfigError::invalid(
+                path,
+                key.as_str(),
+                format!("not a key Rebound knows; `{meant}` is"),
+                hint,
+            ));
+        }
+        warnings.push(format!(
+            "{}: `{key}` is not a key Rebound reads (it reads `mcpServers` and `rebound`); it is ignored",
+            path.display()
+        ));
+    }
 
     let raw: RawSettings = match root.remove("rebound") {
         Some(v) => ctx.typed("rebound", v)?,
@@ -89,11 +108,15 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
     let _: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
 
     let plugins_dir = resolve(&base, raw.plugins_dir.clone().unwrap_or_else(|| "target/plugins".into()));
-    let mut warnings = Vec::new();
     let servers = ctx.servers(root.remove("mcpServers"), &defaults, &base, &plugins_dir, &mut warnings)?;
     ctx.check_references(&servers)?;
     let settings = ctx.settings(raw, &base, plugins_dir)?;
     Ok(Config { source: path.to_path_buf(), servers, settings, warnings, expanded: ctx.expanded.take() })
+}
+
+/// `key` lower-cased, without `_` and `-`: how far apart two spellings of a name are.
+fn squashed(key: &str) -> String {
+    key.chars().filter(|c| !matches!(c, '_' | '-')).flat_map(char::to_lowercase).collect()
 }
 
 /// The file's JSON, which must be an object.

@@ -201,15 +201,19 @@ fn router(front: Front, streams: CancellationToken) -> Router {
             HeaderName::from_static("last-event-id"),
         ])
         .expose_headers([HeaderName::from_static("mcp-session-id")]);
-    Router::new()
-        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
-        .route("/readyz", get(readyz))
+    let guarded = Router::new()
         // The page holds no data (it reads /status, with the token): a browser that
         // navigates here cannot send a bearer token.
         .route("/", get(status_page))
         .merge(protected)
         .layer(cors)
-        .layer(middleware::from_fn_with_state(front.clone(), guard))
+        .layer(middleware::from_fn_with_state(front.clone(), guard));
+    // The probes answer whatever `Host` they are sent to (a cluster's probe names the
+    // pod's address); `/readyz` names servers only to an allowed one.
+    Router::new()
+        .route("/healthz", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/readyz", get(readyz))
+        .merge(guarded)
         .with_state(front)
 }
 
@@ -323,7 +327,8 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
         "servers_starting": waiting.len(),
         "servers_given_up": without.len(),
     });
-    if front.opens(&headers, true) {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if front.opens(&headers, true) && host.is_some_and(|h| host_allowed(&front.settings.allowed_hosts, h)) {
         body["starting"] = json!(waiting.iter().map(|n| &**n).collect::<Vec<_>>());
         body["given_up"] = json!(without);
     }

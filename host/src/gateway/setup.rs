@@ -149,8 +149,9 @@ impl Setup {
         kept
     }
 
-    /// `config`'s shared servers: an unchanged launch keeps its instance, a changed one
-    /// gets a new one (the old retired), a new server starts; the ones gone are retired.
+    /// `config`'s shared servers: an unchanged launch (and protocol, which its connection
+    /// was made with) keeps its instance, a changed one gets a new one (the old retired),
+    /// a new server starts; the ones gone are retired.
     fn next_servers(
         &self,
         config: &Config,
@@ -163,7 +164,7 @@ impl Setup {
             let before = self.config.servers.get(&s.name).filter(|b| b.scope == Scope::Shared);
             let old = self.servers.get(&name).filter(|_| before.is_some());
             let handle = match old {
-                Some(handle) if before.is_some_and(|b| b.launch == s.launch) => {
+                Some(handle) if before.is_some_and(|b| b.launch == s.launch && b.protocol == s.protocol) => {
                     if !self.unchanged(config, &s.name) {
                         changes.reconfigured.push(s.name.clone());
                     }

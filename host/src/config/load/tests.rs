@@ -90,6 +90,14 @@ fn disabled_servers_and_unknown_keys_are_warnings() {
     assert_eq!(c.servers.len(), 1);
     assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("mcpServers.a.autoApprove"));
+    // A client's own settings beside its servers are passed over with a word; a section
+    // of Rebound's spelt almost right is an error, not every setting silently left out.
+    let c = ok(r#"{"globalShortcut": "", "mcpServers": {"a": {"command": "a"}}}"#);
+    assert!(c.warnings[0].contains("`globalShortcut` is not a key Rebound reads"), "{:?}", c.warnings);
+    let misspelt =
+        r#"{"Rebound": {"http": {"operator_token": "0123456789abcdef0"}}, "mcpServers": {"a": {"command": "a"}}}"#;
+    rejects(misspelt, "Rebound", "`rebound` is");
+    rejects(r#"{"mcp_servers": {"a": {"command": "a"}}}"#, "mcp_servers", "`mcpServers` is");
 }
 
 #[test]
