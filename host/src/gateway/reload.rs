@@ -98,6 +98,9 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
                 else => break,
             }
             let Some(hub) = hub.upgrade() else { break };
+            // A plugins folder made (again) since it was watched is watched from now on,
+            // before it is read.
+            watched.rewatch();
             if reload(&hub, &path).await.is_ok() {
                 watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
             }
@@ -105,11 +108,14 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
     });
 }
 
-/// The folders watched: the configuration file's and `plugins_dir`. (The folders, not the
-/// files: editors replace a file rather than write it.)
+/// The folders watched: the configuration file's, `plugins_dir` and the folder holding it
+/// (where `plugins_dir` is made, or replaced whole). (The folders, not the files: editors
+/// replace a file rather than write it.)
 struct Watched {
     /// None when the platform's watcher could not start: SIGHUP still reloads.
     watcher: Option<notify::RecommendedWatcher>,
+    /// The configuration file's folder.
+    folder: PathBuf,
     plugins_dir: PathBuf,
     /// `plugins_dir` made absolute, read by the watcher's thread; a reload may change it.
     plugins_now: Arc<std::sync::RwLock<PathBuf>>,
@@ -127,7 +133,11 @@ impl Watched {
             let plugins = plugins_seen.read().expect("not poisoned");
             let relevant = !matches!(event.kind, EventKind::Access(_))
                 && event.paths.iter().any(|p| {
-                    p == &file || is_wasm(p) || is_atomic_swap(p, &watched_folder) || is_atomic_swap(p, &plugins)
+                    p == &file
+                        || p == &*plugins
+                        || is_wasm(p)
+                        || is_atomic_swap(p, &watched_folder)
+                        || is_atomic_swap(p, &plugins)
                 });
             if relevant {
                 let _ = tx.try_send(());
@@ -141,13 +151,36 @@ impl Watched {
             }
         };
         if let Some(w) = watcher.as_mut() {
-            for dir in [&folder, &plugins_dir] {
-                if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
-                    tracing::debug!("not watching {}: {e}", dir.display());
-                }
+            watch_folder(w, &folder);
+        }
+        let mut watched = Watched { watcher, folder, plugins_dir, plugins_now };
+        watched.plugins(true);
+        watched
+    }
+
+    /// Watches (`on`) `plugins_dir` and the folder holding it, or stops.
+    fn plugins(&mut self, on: bool) {
+        let plugins = absolute(&self.plugins_dir);
+        let holder = plugins.parent().map(Path::to_path_buf);
+        // The configuration's folder is watched for the file's sake, whatever happens here.
+        let folder = absolute(&self.folder);
+        let Some(w) = self.watcher.as_mut() else { return };
+        for dir in std::iter::once(plugins).chain(holder).filter(|d| *d != folder) {
+            if on {
+                watch_folder(w, &dir);
+            } else {
+                let _ = w.unwatch(&dir);
             }
         }
-        Watched { watcher, plugins_dir, plugins_now }
+    }
+
+    /// Watches `plugins_dir` afresh: it may have been made, or removed and made again
+    /// (a new folder, unwatched), since it was last watched. (Watching a folder watched
+    /// already changes nothing.)
+    fn rewatch(&mut self) {
+        if let Some(w) = self.watcher.as_mut() {
+            watch_folder(w, &self.plugins_dir);
+        }
     }
 
     /// After a reload: a new `plugins_dir` is watched from now on, instead of the old.
@@ -155,14 +188,16 @@ impl Watched {
         if now == self.plugins_dir {
             return;
         }
-        if let Some(w) = self.watcher.as_mut() {
-            let _ = w.unwatch(&self.plugins_dir);
-            if let Err(e) = w.watch(&now, RecursiveMode::NonRecursive) {
-                tracing::debug!("not watching {}: {e}", now.display());
-            }
-        }
+        self.plugins(false);
         *self.plugins_now.write().expect("not poisoned") = absolute(&now);
         self.plugins_dir = now;
+        self.plugins(true);
+    }
+}
+
+fn watch_folder(watcher: &mut notify::RecommendedWatcher, dir: &Path) {
+    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+        tracing::debug!("not watching {}: {e}", dir.display());
     }
 }
 
