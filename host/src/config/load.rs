@@ -226,6 +226,7 @@ impl Ctx<'_> {
 
     /// The `rebound` key's settings, defaults filled in and bounds applied.
     fn settings(&self, raw: RawSettings, base: &Path, plugins_dir: PathBuf) -> Result<Settings, ConfigError> {
+        self.bounded(&raw)?;
         let plugin_cache_dir = raw.plugin_cache_dir.map(|d| resolve(base, d));
         if let Some(cache) = plugin_cache_dir.as_deref().filter(|c| within(c, &plugins_dir)) {
             return Err(self.err(
@@ -241,11 +242,11 @@ impl Ctx<'_> {
             startup_timeout_ms: raw.startup_timeout_ms.unwrap_or(30_000),
             init_timeout_ms: raw.init_timeout_ms.unwrap_or(60_000),
             gateway_tools: raw.gateway_tools.unwrap_or(true),
-            plugin_timeout_ms: raw.plugin_timeout_ms.unwrap_or(200).max(1),
-            plugin_memory_mb: raw.plugin_memory_mb.unwrap_or(32).clamp(1, 64),
-            plugin_max_calls: raw.plugin_max_calls.unwrap_or(8).min(64),
+            plugin_timeout_ms: raw.plugin_timeout_ms.unwrap_or(200),
+            plugin_memory_mb: raw.plugin_memory_mb.unwrap_or(32),
+            plugin_max_calls: raw.plugin_max_calls.unwrap_or(8),
             plugin_cache_dir,
-            plugin_compile_timeout_ms: raw.plugin_compile_timeout_ms.unwrap_or(60_000).max(1),
+            plugin_compile_timeout_ms: raw.plugin_compile_timeout_ms.unwrap_or(60_000),
             errors_log_max_bytes: raw.errors_log_max_bytes.unwrap_or(10 << 20),
             restart: raw.restart,
             http: self.http_settings(raw.http)?,
@@ -616,31 +617,80 @@ impl Ctx<'_> {
         }
         let n = |v: usize| Some(v as u64);
         self.within(
-            "max_body_bytes",
+            "http.max_body_bytes",
             n(http.max_body_bytes),
             1..=1 << 30,
             "1 to 1073741824 (1 GiB)",
             "4194304, 4 MiB",
         )?;
-        self.within("max_concurrent_per_client", n(http.max_concurrent_per_client), 1..=100_000, "1 to 100000", "32")?;
-        self.within("max_sessions", n(http.max_sessions), 1..=100_000, "1 to 100000", "256")?;
+        self.within(
+            "http.max_concurrent_per_client",
+            n(http.max_concurrent_per_client),
+            1..=100_000,
+            "1 to 100000",
+            "32",
+        )?;
+        self.within("http.max_sessions", n(http.max_sessions), 1..=100_000, "1 to 100000", "256")?;
         let (idle, week) = (Some(http.session_idle_ms), 7 * 24 * 3_600_000);
         self.within(
-            "session_idle_ms",
+            "http.session_idle_ms",
             idle,
             1_000..=week,
             "1000 (a second) to 604800000 (a week)",
             "1800000, half an hour",
         )?;
         let grace = Some(http.shutdown_grace_ms);
-        self.within("shutdown_grace_ms", grace, 0..=600_000, "at most 600000 (ten minutes)", "5000")?;
+        self.within("http.shutdown_grace_ms", grace, 0..=600_000, "at most 600000 (ten minutes)", "5000")?;
         let threads = http.worker_threads.and_then(n);
-        self.within("worker_threads", threads, 1..=256, "1 to 256", "one thread per core; 1 for a single thread")?;
+        self.within("http.worker_threads", threads, 1..=256, "1 to 256", "one thread per core; 1 for a single thread")?;
         Ok(http)
     }
 
-    /// Whether `rebound.http.KEY`'s `value`, when set, is within `range`: the message says
-    /// the range as `says`, the hint the default.
+    /// The bounds of the `rebound` settings that are numbers (those of `rebound.http` are
+    /// checked with its other settings): a value past them would stop the gateway from
+    /// working (every start failing at once, a server restarted in a loop) or is past
+    /// what it can hold; it is refused, not quietly changed.
+    fn bounded(&self, raw: &RawSettings) -> Result<(), ConfigError> {
+        const DAY: u64 = 86_400_000;
+        let r = &raw.restart;
+        let checks: [(&str, Option<u64>, std::ops::RangeInclusive<u64>, &str, &str); 10] = [
+            ("init_timeout_ms", raw.init_timeout_ms, 1..=DAY, "1 to 86400000 (a day)", "60000"),
+            ("plugin_timeout_ms", raw.plugin_timeout_ms, 1..=60_000, "1 to 60000 (a minute)", "200"),
+            ("plugin_memory_mb", raw.plugin_memory_mb.map(|m| m as u64), 1..=64, "1 to 64", "32"),
+            ("plugin_max_calls", raw.plugin_max_calls.map(u64::from), 1..=64, "1 to 64", "8"),
+            ("plugin_compile_timeout_ms", raw.plugin_compile_timeout_ms, 1..=DAY, "1 to 86400000 (a day)", "60000"),
+            (
+                "errors_log_max_bytes",
+                raw.errors_log_max_bytes,
+                4096..=1 << 40,
+                "4096 to 1099511627776 (1 TiB)",
+                "10485760, 10 MiB",
+            ),
+            (
+                "restart.initial_delay_ms",
+                Some(r.initial_delay_ms),
+                1..=r.max_delay_ms.max(1),
+                "1 to `restart.max_delay_ms`",
+                "250",
+            ),
+            ("restart.crash_loop_limit", Some(u64::from(r.crash_loop_limit)), 1..=1_000_000, "at least 1", "5"),
+            ("restart.crash_window_ms", Some(r.crash_window_ms), 1..=DAY, "1 to 86400000 (a day)", "60000"),
+            (
+                "restart.down_retry_ms",
+                Some(r.down_retry_ms),
+                1_000..=DAY,
+                "1000 (a second) to 86400000 (a day)",
+                "60000",
+            ),
+        ];
+        for (key, value, range, says, default) in checks {
+            self.within(key, value, range, says, default)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `rebound.KEY`'s `value`, when set, is within `range`: the message says the
+    /// range as `says`, the hint the default.
     fn within(
         &self,
         key: &str,
@@ -651,7 +701,7 @@ impl Ctx<'_> {
     ) -> Result<(), ConfigError> {
         if value.is_some_and(|v| !range.contains(&v)) {
             let hint = format!("leave it out for the default ({default})");
-            return Err(self.err(format!("rebound.http.{key}"), format!("must be {says}"), hint));
+            return Err(self.err(format!("rebound.{key}"), format!("must be {says}"), hint));
         }
         Ok(())
     }

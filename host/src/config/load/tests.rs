@@ -100,6 +100,27 @@ fn disabled_servers_and_unknown_keys_are_warnings() {
     rejects(r#"{"mcp_servers": {"a": {"command": "a"}}}"#, "mcp_servers", "`mcpServers` is");
 }
 
+/// A number that would stop the gateway from working, or is past what it holds, is
+/// refused, naming the key and its bounds; nothing is quietly changed.
+#[test]
+fn settings_past_their_bounds_are_refused() {
+    let with = |settings: &str| format!(r#"{{"mcpServers": {{"a": {{"command": "a"}}}}, "rebound": {settings}}}"#);
+    rejects(&with(r#"{"init_timeout_ms": 0}"#), "rebound.init_timeout_ms", "must be 1 to 86400000");
+    rejects(&with(r#"{"restart": {"down_retry_ms": 0}}"#), "rebound.restart.down_retry_ms", "must be 1000");
+    rejects(&with(r#"{"restart": {"crash_loop_limit": 0}}"#), "rebound.restart.crash_loop_limit", "at least 1");
+    rejects(
+        &with(r#"{"restart": {"initial_delay_ms": 9000, "max_delay_ms": 10}}"#),
+        "rebound.restart.initial_delay_ms",
+        "max_delay_ms",
+    );
+    rejects(&with(r#"{"plugin_memory_mb": 128}"#), "rebound.plugin_memory_mb", "must be 1 to 64");
+    rejects(&with(r#"{"plugin_max_calls": 0}"#), "rebound.plugin_max_calls", "must be 1 to 64");
+    rejects(&with(r#"{"errors_log_max_bytes": 0}"#), "rebound.errors_log_max_bytes", "must be 4096");
+    rejects(&with(r#"{"http": {"max_sessions": 0}}"#), "rebound.http.max_sessions", "must be 1 to 100000");
+    let c = ok(&with(r#"{"plugin_memory_mb": 64, "restart": {"down_retry_ms": 1000}}"#));
+    assert_eq!((c.settings.plugin_memory_mb, c.settings.restart.down_retry_ms), (64, 1000));
+}
+
 #[test]
 fn broken_configs_name_the_key_and_the_fix() {
     rejects("{\n  \"mcpServers\": {,}\n}", "", "rebound.json:2:18: not valid JSON");
