@@ -741,11 +741,48 @@ async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() 
         "{a}"
     );
     assert_eq!(a["counters"]["calls"], 1, "{a}");
+    let metrics = || async { reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap() };
+    let text = metrics().await;
+    for line in [r#"rebound_server_status{server="a",status="ready"} 1"#, r#"rebound_attempts_total{server="a"} 1"#] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
     // Silent past `session_idle_ms`: the session is closed and its server stopped.
     eventually("the idle session's own server stops", move || !rebound_tests::alive(pid)).await;
     assert_eq!(status().await["instances"], 0);
+    assert!(metrics().await.contains(r#"rebound_server_status{server="a",status="ready"} 0"#));
     let gone = in_session(call).send().await.unwrap();
     assert_eq!(gone.status(), StatusCode::NOT_FOUND, "the session is gone");
+}
+
+/// A `scope: session` server whose instances all keep crashing is red, not green, and
+/// its instances are counted by status in `/metrics`.
+#[tokio::test]
+async fn a_session_servers_failing_instances_show_in_its_health_and_metrics() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &["--exit-after-ms", "300"]);
+            a["scope"] = json!("session");
+            let restart = json!({"initial_delay_ms": 10, "crash_loop_limit": 2, "down_retry_ms": 600000});
+            json!({"mcpServers": {"a": a}, "rebound": {"restart": restart}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    call(&client, "echo", json!({"message": "m"})).await;
+    let mut a = Value::Null;
+    for _ in 0..100 {
+        let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+        a = doc["servers"][0].clone();
+        if a["health"] == "red" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!((a["health"].as_str(), a["instances_failing"].as_u64()), (Some("red"), Some(1)), "{a}");
+    let text = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(text.contains(r#"rebound_server_status{server="a",status="down"} 1"#), "{text}");
+    let _ = client.cancel().await;
 }
 
 #[tokio::test]

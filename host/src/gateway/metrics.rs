@@ -204,10 +204,13 @@ fn state_registry(now: &Snapshot) -> Registry {
         let server = ServerLabel { server: s.name.clone() };
         for each in [Status::Starting, Status::Ready, Status::Restarting, Status::Down, Status::Stopped] {
             let labels = StatusLabels { server: s.name.clone(), status: each.as_str().into() };
-            status.get_or_create(&labels).set(i64::from(s.status == each));
+            let instances = s.statuses.iter().filter(|st| **st == each).count();
+            status.get_or_create(&labels).set(i64::try_from(instances).unwrap_or(i64::MAX));
         }
         restarts.get_or_create(&server).inc_by(u64::from(s.restarts));
-        breaker.get_or_create(&server).set(breaker_value(s.breaker));
+        if let Some(state) = s.breaker {
+            breaker.get_or_create(&server).set(breaker_value(state));
+        }
         for (tool, state) in &s.tool_breakers {
             let labels = ToolLabels { server: s.name.clone(), tool: label(tool) };
             tool_breaker.get_or_create(&labels).set(breaker_value(state));
@@ -227,7 +230,11 @@ fn state_registry(now: &Snapshot) -> Registry {
             quarantined.get_or_create(&labels).set(i64::from(a.quarantined));
         }
     }
-    registry.register("server_status", "1 for the status each server is in now", status);
+    registry.register(
+        "server_status",
+        "1 for the status each server is in now (a scope: session server: its instances in each)",
+        status,
+    );
     registry.register("breaker_state", "Circuit breaker per server: 0 closed, 1 half-open, 2 open", breaker);
     registry.register(
         "tool_breaker_state",

@@ -14,10 +14,14 @@ pub struct Snapshot {
 #[derive(Debug, Clone)]
 pub struct ServerSnapshot {
     pub name: String,
-    pub status: Status,
+    /// The status of each of its instances: the one of a shared server, one per session
+    /// of a `scope: session` server.
+    pub statuses: Vec<Status>,
+    /// Its instances' restarts.
     pub restarts: u32,
-    /// `closed`, `half-open` or `open`.
-    pub breaker: &'static str,
+    /// `closed`, `half-open` or `open`; none for a `scope: session` server, whose
+    /// breakers are its sessions' own.
+    pub breaker: Option<&'static str>,
     /// The breakers of tools with recent failures, by tool.
     pub tool_breakers: Vec<(String, &'static str)>,
     pub counters: Counts,

@@ -16,6 +16,7 @@ use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
 use crate::config::Scope;
 use crate::recovery::breaker::Snapshot as BreakerSnapshot;
 use crate::recovery::engine::Counters;
+use crate::transport::Status;
 use crate::transport::supervisor::ServerHandle;
 
 pub const STATUS_TOOL: &str = "rebound_status";
@@ -100,13 +101,16 @@ fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
 fn session_status(hub: &Hub, setup: &Setup, name: &str) -> Value {
     let instances = hub.instances_of(name);
     let states: Vec<_> = instances.iter().map(|h| h.state()).collect();
-    let ready = states.iter().filter(|s| s.status == crate::transport::Status::Ready).count();
+    let ready = states.iter().filter(|s| s.status == Status::Ready).count();
+    let failing = states.iter().filter(|s| matches!(s.status, Status::Restarting | Status::Down)).count();
     let mut entry = json!({
         "name": name,
         "scope": "session",
         "status": "per-session",
         "instances": instances.len(),
         "instances_ready": ready,
+        // Crashed and restarting, or down after a crash loop.
+        "instances_failing": failing,
         // Not their errors: each is one session's (its own calls' are in its errors log).
         "restarts": states.iter().map(|s| s.restarts).sum::<u32>(),
         "tools": states.iter().find_map(|s| s.session.as_ref()).map_or(0, |s| s.listing().tools.len()),
@@ -236,8 +240,16 @@ fn capped(text: &str) -> String {
 fn health(server: &Value) -> &'static str {
     let status = server["status"].as_str().unwrap_or_default();
     let breaker = server["breaker"]["state"].as_str().unwrap_or("closed");
-    if matches!(status, "restarting" | "down" | "stopped") || breaker == "open" {
+    // A `scope: session` server: red when every instance is failing, amber when one is
+    // or one is not ready yet.
+    let count = |key: &str| server[key].as_u64().unwrap_or(0);
+    let (instances, ready, failing) = (count("instances"), count("instances_ready"), count("instances_failing"));
+    if matches!(status, "restarting" | "down" | "stopped") || breaker == "open" || (failing > 0 && failing == instances)
+    {
         return "red";
+    }
+    if status == "per-session" && (failing > 0 || ready < instances) {
+        return "amber";
     }
     let tools_troubled = server["tool_breakers"]
         .as_object()
@@ -328,40 +340,55 @@ pub fn read(hub: &Hub, uri: &str, client: &str) -> Option<ResourceContents> {
     Some(ResourceContents::text(text, uri).with_mime_type(mime))
 }
 
-/// The gateway's state now, for `/metrics`.
+/// The gateway's state now, for `/metrics`: every server, shared or `scope: session`.
 pub fn snapshot(hub: &Hub) -> Snapshot {
     let setup = hub.setup();
     let servers = setup
+        .config
         .servers
-        .iter()
-        .map(|(name, handle)| {
-            let state = handle.state();
+        .values()
+        .filter_map(|server| {
+            let name = server.name.as_str();
+            let (instances, shared) = match setup.servers.get(name) {
+                Some(handle) => (vec![handle.clone()], true),
+                None if server.scope == Scope::Session => (hub.instances_of(name), false),
+                None => return None,
+            };
+            let states: Vec<_> = instances.iter().map(|h| h.state()).collect();
             let policy = setup.engine.policy(name);
-            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-            let counters = policy.map(|p| &p.counters).map_or_else(Counts::default, |c| Counts {
-                attempts: load(&c.attempts),
-                retries: load(&c.retries),
-                fallbacks: load(&c.fallbacks),
-                recovered: load(&c.recovered),
-                shed: load(&c.shed),
-                failures: load(&c.failures),
-            });
-            ServerSnapshot {
-                name: name.to_string(),
-                status: state.status,
-                restarts: state.restarts,
-                breaker: policy.map_or("closed", |p| p.breaker.snapshot().state),
-                tool_breakers: policy
+            // A session's own server has its own breakers and adapter; the counters of
+            // all of its instances add up under its name.
+            let own = policy.filter(|_| shared);
+            Some(ServerSnapshot {
+                name: name.to_owned(),
+                statuses: states.iter().map(|s| s.status).collect(),
+                restarts: states.iter().map(|s| s.restarts).sum(),
+                breaker: own.map(|p| p.breaker.snapshot().state),
+                tool_breakers: own
                     .map(|p| p.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
                     .unwrap_or_default(),
-                counters,
-                denied: policy.map(|p| std::array::from_fn(|i| load(&p.counters.denied[i]))).unwrap_or_default(),
-                adapter: setup.plugins.adapters.get(name).map(|a| {
+                counters: policy.map(|p| counts(&p.counters)).unwrap_or_default(),
+                denied: policy
+                    .map(|p| std::array::from_fn(|i| p.counters.denied[i].load(Ordering::Relaxed)))
+                    .unwrap_or_default(),
+                adapter: setup.plugins.adapters.get(name).filter(|_| shared).map(|a| {
                     let h = a.health();
                     AdapterSnapshot { name: h.name, faults: h.faults, quarantined: h.quarantined_for_ms.is_some() }
                 }),
-            }
+            })
         })
         .collect();
     Snapshot { servers, errors_dropped: hub.errors.dropped() }
+}
+
+fn counts(c: &Counters) -> Counts {
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    Counts {
+        attempts: load(&c.attempts),
+        retries: load(&c.retries),
+        fallbacks: load(&c.fallbacks),
+        recovered: load(&c.recovered),
+        shed: load(&c.shed),
+        failures: load(&c.failures),
+    }
 }
