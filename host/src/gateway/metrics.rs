@@ -112,8 +112,8 @@ impl Default for Metrics {
     fn default() -> Self {
         let calls = Family::<CallLabels, Counter>::default();
         let failures = Family::<FailureLabels, Counter>::default();
-        // 1 ms to about 4.5 min.
-        let latency: Histograms = Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 19)));
+        // 1 ms to about 35 min: past the default deadline of a tool given minutes.
+        let latency: Histograms = Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 22)));
         let http_rejected = Family::<RejectLabels, Counter>::default();
         let mut registry = Registry::with_prefix("rebound");
         registry.register("calls", "Tool calls by how they ended", calls.clone());
