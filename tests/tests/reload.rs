@@ -207,15 +207,17 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
     assert_eq!(loads, 2, "loaded at start and again on the change");
 }
 
-/// A plugins folder that is not there when the gateway starts, or is removed and made
-/// again (`rm -rf plugins && cp -r ...`), is watched once it is there: an adapter copied
-/// into it is loaded without a SIGHUP.
+/// A plugins folder that is not there when the gateway starts, nor the folder holding it
+/// (`target/plugins` before the first build), or is removed and made again (`cargo
+/// clean`), is watched once it is there: an adapter copied into it is loaded without a
+/// SIGHUP.
 #[tokio::test]
 async fn a_plugins_folder_made_after_the_start_is_watched() {
     let gw = HttpGateway::start(
         |dir| {
             // The default adapter, where the folder has it.
-            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"plugins_dir": dir.join("plugins")}})
+            let plugins = dir.join("target/plugins");
+            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"plugins_dir": plugins}})
         },
         &[],
     )
@@ -225,30 +227,27 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
         let status = call(&client, "rebound_status", json!({})).await.structured_content.unwrap();
         status["servers"][0]["adapter"]["name"].as_str().map(str::to_owned)
     };
+    let until = |loaded: bool| async move {
+        for _ in 0..100 {
+            if adapter().await.is_some() == loaded {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
     assert_eq!(adapter().await, None, "no adapter at first");
     let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
     for round in ["made", "made again"] {
-        std::fs::create_dir(dir.join("plugins")).unwrap();
-        // Filled once its making was seen, and read, empty.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        std::fs::copy(&built, dir.join("plugins/thanos-classify.wasm")).unwrap();
-        let mut loaded = None;
-        for _ in 0..100 {
-            loaded = adapter().await;
-            if loaded.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(loaded.as_deref(), Some("thanos-classify"), "the folder {round}");
-        std::fs::remove_dir_all(dir.join("plugins")).unwrap();
-        // Gone: the next reload (of the folder's removal) leaves the adapter out.
-        for _ in 0..100 {
-            if adapter().await.is_none() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Each folder filled once its making was seen, and read.
+        std::fs::create_dir(dir.join("target")).unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        std::fs::create_dir(dir.join("target/plugins")).unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        std::fs::copy(&built, dir.join("target/plugins/thanos-classify.wasm")).unwrap();
+        assert!(until(true).await, "the adapter loaded from the folder {round}");
+        std::fs::remove_dir_all(dir.join("target")).unwrap();
+        assert!(until(false).await, "the adapter gone with the folder");
     }
     let _ = client.cancel().await;
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
@@ -119,6 +120,8 @@ struct Watched {
     plugins_dir: PathBuf,
     /// `plugins_dir` made absolute, read by the watcher's thread; a reload may change it.
     plugins_now: Arc<std::sync::RwLock<PathBuf>>,
+    /// The folders watched for `plugins_dir`'s sake.
+    plugin_watches: Vec<PathBuf>,
 }
 
 impl Watched {
@@ -131,10 +134,15 @@ impl Watched {
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let Ok(event) = event else { return };
             let plugins = plugins_seen.read().expect("not poisoned");
+            // The plugins folder, or a folder on its way, made, removed or renamed.
+            let made = matches!(
+                event.kind,
+                EventKind::Create(_) | EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+            );
             let relevant = !matches!(event.kind, EventKind::Access(_))
                 && event.paths.iter().any(|p| {
                     p == &file
-                        || p == &*plugins
+                        || (made && plugins.starts_with(p))
                         || is_wasm(p)
                         || is_atomic_swap(p, &watched_folder)
                         || is_atomic_swap(p, &plugins)
@@ -153,33 +161,30 @@ impl Watched {
         if let Some(w) = watcher.as_mut() {
             watch_folder(w, &folder);
         }
-        let mut watched = Watched { watcher, folder, plugins_dir, plugins_now };
-        watched.plugins(true);
+        let mut watched = Watched { watcher, folder, plugins_dir, plugins_now, plugin_watches: Vec::new() };
+        watched.rewatch();
         watched
     }
 
-    /// Watches (`on`) `plugins_dir` and the folder holding it, or stops.
-    fn plugins(&mut self, on: bool) {
-        let plugins = absolute(&self.plugins_dir);
-        let holder = plugins.parent().map(Path::to_path_buf);
-        // The configuration's folder is watched for the file's sake, whatever happens here.
-        let folder = absolute(&self.folder);
-        let Some(w) = self.watcher.as_mut() else { return };
-        for dir in std::iter::once(plugins).chain(holder).filter(|d| *d != folder) {
-            if on {
-                watch_folder(w, &dir);
-            } else {
-                let _ = w.unwatch(&dir);
-            }
-        }
-    }
-
-    /// Watches `plugins_dir` afresh: it may have been made, or removed and made again
-    /// (a new folder, unwatched), since it was last watched. (Watching a folder watched
-    /// already changes nothing.)
+    /// Watches `plugins_dir`, and the folder holding it or, while that is not there, the
+    /// nearest folder on its way that is (where it will be made): each may have been
+    /// made, or removed and made again, since it was last watched. (Watching a folder
+    /// watched already changes nothing; the configuration's folder is watched for the
+    /// file's sake, whatever happens here.)
     fn rewatch(&mut self) {
-        if let Some(w) = self.watcher.as_mut() {
-            watch_folder(w, &self.plugins_dir);
+        let plugins = absolute(&self.plugins_dir);
+        let on_its_way = plugins.ancestors().skip(1).find(|a| a.is_dir()).map(Path::to_path_buf);
+        let folder = config::followed(&self.folder);
+        let Some(w) = self.watcher.as_mut() else { return };
+        for dir in std::iter::once(plugins).chain(on_its_way) {
+            if config::followed(&dir) != folder
+                && !self.plugin_watches.contains(&dir)
+                && w.watch(&dir, RecursiveMode::NonRecursive).is_ok()
+            {
+                self.plugin_watches.push(dir);
+            } else if self.plugin_watches.contains(&dir) {
+                watch_folder(w, &dir);
+            }
         }
     }
 
@@ -188,10 +193,14 @@ impl Watched {
         if now == self.plugins_dir {
             return;
         }
-        self.plugins(false);
+        if let Some(w) = self.watcher.as_mut() {
+            for dir in self.plugin_watches.drain(..) {
+                let _ = w.unwatch(&dir);
+            }
+        }
         *self.plugins_now.write().expect("not poisoned") = absolute(&now);
         self.plugins_dir = now;
-        self.plugins(true);
+        self.rewatch();
     }
 }
 

@@ -221,11 +221,24 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         }
         Failure::ToolError { result } => {
             let text = failure_text(failure, result);
+            if refuses_arguments(&text) {
+                return C::ToolValidation.with(false, false, Low, User);
+            }
             // A tool that reports its own error is a healthy server saying no, unless
             // the text says the trouble is an outage or transient.
             from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
         }
     }
+}
+
+/// Whether a tool's own error is its SDK refusing the call's arguments before the tool
+/// ran, as the official SDKs answer it: TypeScript's "Input validation error: Invalid
+/// arguments for tool NAME: ..." and Python's "Error executing tool NAME: 1 validation
+/// error for NAMEArguments ..." (pydantic's). The agent is to fix its call; another tool
+/// would get the same arguments.
+fn refuses_arguments(text: &str) -> bool {
+    let t = text.to_ascii_lowercase();
+    t.contains("invalid arguments for tool") || (t.contains("validation error") && t.contains("arguments"))
 }
 
 /// The tool's error text, and its structured content, where hints may hide.

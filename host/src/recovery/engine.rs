@@ -527,23 +527,31 @@ impl Engine {
                 record.stopped = Some(CANCELLED.into());
                 return Ending::GaveUp;
             }
-            let unadvised = advised.is_none();
+            // A healthy server said no and nobody knows better: unless a configured
+            // fallback answers, the agent gets the tool's own answer (its structured
+            // content and all), with the adapter's word on it (which log to read).
+            let own = match failure {
+                Failure::ToolError { result }
+                    if advised.as_ref().is_none_or(Vec::is_empty) && !class.retryable && !builtin.retryable =>
+                {
+                    Some(with_note(*result, class.message.as_deref()))
+                }
+                _ => None,
+            };
             let plan = plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin);
-            // A healthy server said no, nobody knows better and no fallback is configured:
-            // the agent gets the tool's own answer, with the adapter's word on it (which
-            // log to read).
-            if let Failure::ToolError { result } = failure
-                && unadvised
-                && plan.steps.is_empty()
-                && !class.retryable
-                && !builtin.retryable
-            {
-                return Ending::Answered(with_note(*result, class.message.as_deref()).into());
+            if let Some(own) = own.clone().filter(|_| plan.steps.is_empty()) {
+                return Ending::Answered(own.into());
             }
-            match self.run_plan(call, record, &mut spent, plan, (&class, &builtin)).await {
+            let ending = match self.run_plan(call, record, &mut spent, plan, (&class, &builtin)).await {
                 Next::Retry => continue,
-                Next::Done(ending) => return ending,
-            }
+                Next::Done(ending) => ending,
+            };
+            return match (ending, own) {
+                (Ending::GaveUp, Some(own)) => {
+                    Ending::Answered(with_note(own, tried_instead(record).as_deref()).into())
+                }
+                (ending, _) => ending,
+            };
         }
     }
 
@@ -983,6 +991,17 @@ async fn observe(
     if let (Some(a), CallToolResponse::Complete(result)) = (advisor, answer) {
         a.observe(server, tool, arguments, result).await;
     }
+}
+
+/// What `record` tried in place of the tool called, none of which answered, in words.
+fn tried_instead(record: &Record) -> Option<String> {
+    let tried: Vec<String> = record
+        .attempts
+        .iter()
+        .filter(|a| a.role == Role::Alternative)
+        .map(|a| format!("`{}` on `{}`", a.tool, a.server))
+        .collect();
+    (!tried.is_empty()).then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", ")))
 }
 
 fn with_note(mut result: CallToolResult, note: Option<&str>) -> CallToolResult {

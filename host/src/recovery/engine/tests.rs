@@ -303,18 +303,31 @@ async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
     assert_eq!(record.answered_by().unwrap().tool, "loogle");
     assert_eq!(up.calls("s/leansearch").len(), 1, "a tool's own error is not retried");
 
-    // With every fallback failing too, the agent is told what the tool said.
+    // With every fallback failing too (or none to be tried), the agent gets the tool's
+    // own answer, structured content and all, and is told what was tried.
+    let mut own = CallToolResult::error(vec![ContentBlock::text("API error 500")]);
+    own.structured_content = Some(json!({"status": 500}));
     let up = Script::new(&[("s/leansearch", true), ("s/loogle", true)])
-        .then("s/leansearch", vec![tool_error("API error 500")])
+        .then("s/leansearch", vec![Err(Failure::ToolError { result: Box::new(own) })])
         .then("s/loogle", vec![tool_error("loogle is down")]);
-    let e = engine(&[server("s", r)]);
-    let a = planner(vec![]);
-    let (ending, record) = advised(&e, &up, &a, "leansearch").await;
-    let Ending::GaveUp = ending else { panic!("answered: {ending:?}") };
+    let e = engine(&[server("s", r.clone())]);
+    let (ending, _) = advised(&e, &up, &planner(vec![]), "leansearch").await;
+    let Ending::Answered(CallToolResponse::Complete(told)) = ending else { panic!("{ending:?}") };
     assert_eq!(up.calls("s/loogle").len(), 1);
-    let told = report::gave_up(&record, &crate::redact::Secrets::default());
+    assert_eq!(told.structured_content, Some(json!({"status": 500})));
     let text = format!("{:?}", told.content);
-    assert!(text.contains("API error 500") && text.contains("loogle is down"), "{text}");
+    assert!(text.contains("API error 500") && text.contains("tried too, and failed: `loogle` on `s`"), "{text}");
+    // The SDKs' refusals of the arguments are the agent's to fix: no fallback gets them.
+    for refusal in [
+        "Input validation error: Invalid arguments for tool leansearch: expected string",
+        "Error executing tool leansearch: 1 validation error for leansearchArguments",
+    ] {
+        let up =
+            Script::new(&[("s/leansearch", true), ("s/loogle", true)]).then("s/leansearch", vec![tool_error(refusal)]);
+        let (ending, _) = run(&e, &up, "leansearch").await;
+        assert_eq!(answered(&ending), refusal);
+        assert!(up.calls("s/loogle").is_empty(), "{refusal}");
+    }
 }
 
 /// The report's `status` is `partial` when any attempt may have run, not only the last:
