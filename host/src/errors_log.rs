@@ -92,6 +92,9 @@ pub struct ErrorsLog {
     bursts: Mutex<bursts::Bursts>,
     /// Entries lost: the writer's queue was full, or the file could not be written.
     dropped: Arc<AtomicU64>,
+    /// Entries queued for the writer, and how far it is (for the wait at shutdown).
+    queued: AtomicU64,
+    written: Arc<Written>,
     next_id: AtomicU64,
     path: PathBuf,
     /// Replaced on reload (by the old ones and the new).
@@ -104,13 +107,16 @@ impl ErrorsLog {
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_path = path.clone();
         let dropped = Arc::new(AtomicU64::new(0));
-        let lost = dropped.clone();
-        tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes, &lost));
+        let written = Arc::new(Written::default());
+        let (lost, done) = (dropped.clone(), written.clone());
+        tokio::task::spawn_blocking(move || write_loop(rx, &writer_path, max_bytes, &lost, &done));
         let log = Arc::new(Self {
             tx,
             recent: Mutex::default(),
             bursts: Mutex::default(),
             dropped,
+            queued: AtomicU64::new(0),
+            written,
             next_id: AtomicU64::new(0),
             path,
             secrets: std::sync::RwLock::new(secrets),
@@ -211,12 +217,29 @@ impl ErrorsLog {
         }
     }
 
-    /// Writes the summaries of every flood still being counted (at shutdown).
-    pub fn flush(&self) {
+    /// Writes the summaries of every flood still being counted, and waits up to `within`
+    /// for the writer to have written everything queued (at shutdown: the process exits
+    /// without waiting for the writer's thread).
+    pub async fn flush(&self, within: std::time::Duration) {
         let far = tokio::time::Instant::now() + bursts::WINDOW;
         let summaries = self.bursts.lock().expect("not poisoned").flush(far);
         for s in summaries {
             self.send(s);
+        }
+        let queued = self.queued.load(Ordering::Acquire);
+        let all_written = async {
+            loop {
+                let written = self.written.notify.notified();
+                tokio::pin!(written);
+                written.as_mut().enable();
+                if self.written.count.load(Ordering::Acquire) >= queued {
+                    return;
+                }
+                written.await;
+            }
+        };
+        if tokio::time::timeout(within, all_written).await.is_err() {
+            tracing::warn!("the errors log's last entries were not all written within {} ms", within.as_millis());
         }
     }
 
@@ -229,8 +252,9 @@ impl ErrorsLog {
         self.recent.lock().expect("not poisoned").keep(&entry);
         // A summary that cannot be written loses every entry it counts.
         let stands_for = entry["repeated"]["count"].as_u64().unwrap_or(1);
-        if self.tx.try_send(entry).is_err() {
-            self.dropped.fetch_add(stands_for, Ordering::Relaxed);
+        match self.tx.try_send(entry) {
+            Ok(()) => _ = self.queued.fetch_add(1, Ordering::AcqRel),
+            Err(_) => _ = self.dropped.fetch_add(stands_for, Ordering::Relaxed),
         }
     }
 
@@ -256,7 +280,15 @@ impl ErrorsLog {
     }
 }
 
-fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, dropped: &AtomicU64) {
+/// How many queued entries the writer has done with (written, or counted as dropped), and
+/// a wake-up for whoever waits on that.
+#[derive(Debug, Default)]
+struct Written {
+    count: AtomicU64,
+    notify: tokio::sync::Notify,
+}
+
+fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, dropped: &AtomicU64, done: &Written) {
     let mut warned = false;
     while let Some(entry) = rx.blocking_recv() {
         let mut line = entry.to_string();
@@ -269,6 +301,8 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
                 warned = true;
             }
         }
+        done.count.fetch_add(1, Ordering::AcqRel);
+        done.notify.notify_waiters();
     }
 }
 
@@ -364,6 +398,23 @@ mod tests {
         assert_eq!(e["fix_status"], "recovered");
         assert_eq!(entries[1]["fix_status"], "unfixed");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// At shutdown every entry queued is on disk once `flush` returns: the process exits
+    /// without waiting for the writer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn flush_returns_once_everything_queued_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
+        // (A tool each: each kind's first entries are written, none counted.)
+        for i in 0..2000 {
+            log.cut_short("sess_1", "lean", &format!("tool_{i}"), SystemTime::UNIX_EPOCH);
+        }
+        log.flush(Duration::from_secs(10)).await;
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(written.lines().count(), 2000);
+        assert!(written.lines().all(|l| l.contains(r#""type":"mcp_shutdown""#)), "{written}");
     }
 
     /// A client's own view keeps its entries however many another client makes.

@@ -423,7 +423,7 @@ impl Hub {
         let setup = self.setup();
         let all = setup.servers.values().chain(&instances);
         futures::future::join_all(all.map(|h| h.shutdown())).await;
-        self.errors.flush();
+        self.errors.flush(std::time::Duration::from_secs(1)).await;
     }
 }
 
