@@ -253,6 +253,22 @@ async fn server_to_client_requests_and_notifications_are_relayed() {
     eventually("list_changed", || heard.lock().unwrap().tools_changed > before).await;
     assert!(gw.tool_names().await.contains(&"extra".to_owned()));
     assert_eq!(text(&gw.call("extra", json!({})).await), "a: extra answered with {}");
+
+    // A server announcing a change over and over is listed again once at a time, each
+    // announcement seen: a few listings, not one each, and the last change shown.
+    let listed = || gw.state("a", "lists").len();
+    let before = listed();
+    gw.call("a__toggle_tool", json!({"announce": 300})).await;
+    for _ in 0..100 {
+        if !gw.tool_names().await.contains(&"extra".to_owned()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!gw.tool_names().await.contains(&"extra".to_owned()), "the last change is shown");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let relisted = listed() - before;
+    assert!((1..=10).contains(&relisted), "{relisted} listings for 300 announcements");
     gw.close().await;
 }
 

@@ -1,7 +1,7 @@
 //! The merged catalogue: every server's tools, prompts, resources and templates under one
 //! roof, named per `tool_names`, with the route back to the server that owns each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rmcp::model::{Prompt, Resource, ResourceTemplate, ServerNotification, Tool};
@@ -32,12 +32,15 @@ pub struct Catalogue {
     /// Exposed URI → (server, the URI it knows).
     resource_routes: HashMap<String, (Arc<str>, String)>,
     /// URIs more than one server listed: (URI, the server that keeps it, the other).
-    pub collisions: Vec<(String, Arc<str>, Arc<str>)>,
+    collisions: HashSet<(String, Arc<str>, Arc<str>)>,
     /// (literal prefix of the template, server), longest prefix first.
     template_routes: Vec<(String, Arc<str>)>,
     /// Names of servers that have resources, for URIs nobody listed.
     resource_servers: Vec<Arc<str>>,
 }
+
+/// The most colliding resource URIs named in the log at one change; the rest are counted.
+const MAX_COLLISIONS_SAID: usize = 10;
 
 /// The separator of prefixed names, `server__tool`.
 pub const SEPARATOR: &str = "__";
@@ -76,7 +79,10 @@ impl Catalogue {
             for resource in &listing.resources {
                 let mut exposed = resource.clone();
                 if let Some((first, _)) = cat.resource_routes.get(&resource.uri) {
-                    cat.collisions.push((resource.uri.clone(), first.clone(), server.clone()));
+                    if first == server {
+                        continue; // listed twice by the same server: once is enough
+                    }
+                    cat.collisions.insert((resource.uri.clone(), first.clone(), server.clone()));
                     exposed.uri = format!("{VIA}{server}/{}", resource.uri);
                 }
                 if !cat.resource_routes.contains_key(&exposed.uri) {
@@ -178,10 +184,14 @@ impl Catalogue {
         if next.resources_differ(self) {
             out.push(ServerNotification::ResourceListChangedNotification(Default::default()));
         }
-        for (uri, first, other) in next.collisions.iter().filter(|c| !self.collisions.contains(c)) {
+        let new: Vec<_> = next.collisions.iter().filter(|c| !self.collisions.contains(*c)).collect();
+        for (uri, first, other) in new.iter().take(MAX_COLLISIONS_SAID) {
             tracing::warn!(
                 "`{first}` and `{other}` both list the resource {uri}: `{other}`'s is reachable as {VIA}{other}/{uri}"
             );
+        }
+        if let Some(more) = new.len().checked_sub(MAX_COLLISIONS_SAID).filter(|n| *n > 0) {
+            tracing::warn!("and {more} more resource URIs listed by two servers, each reachable as {VIA}SERVER/URI");
         }
         out
     }
@@ -294,6 +304,11 @@ mod tests {
         assert_eq!(cat.resource("rebound://via/b/file:///x"), Some(("b".into(), "file:///x".into())));
         assert_eq!(cat.exposed_uri("b", "file:///x"), "rebound://via/b/file:///x");
         assert_eq!(cat.exposed_uri("a", "file:///x"), "file:///x");
-        assert_eq!(cat.collisions, [("file:///x".into(), "a".into(), "b".into())]);
+        assert_eq!(cat.collisions, HashSet::from([("file:///x".into(), "a".into(), "b".into())]));
+        // One server listing a URI twice, or many times: once, and no collision.
+        let mut twice = Listing::default();
+        twice.resources.extend((0..1000).map(|i| Resource::new(format!("file:///{}", i % 2), "r")));
+        let cat = Catalogue::build(&[("a".into(), Arc::new(twice))], ToolNames::Conditional);
+        assert_eq!((cat.resources.len(), cat.collisions.len()), (2, 0));
     }
 }

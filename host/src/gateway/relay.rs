@@ -98,8 +98,11 @@ impl HubRelay {
                         None => hub.setup().servers.get(server.as_str()).cloned(),
                     };
                     let Some(session) = handle.and_then(|h| h.state().session) else { return };
-                    session.refresh(Duration::from_millis(hub.setup().config.settings.init_timeout_ms)).await;
-                    hub.rebuild_for(owner.as_ref(), false);
+                    let within = Duration::from_millis(hub.setup().config.settings.init_timeout_ms);
+                    // One re-listing at a time; the one under way lists again for this.
+                    if session.refresh(within).await {
+                        hub.rebuild_for(owner.as_ref(), false);
+                    }
                 });
             }
         }

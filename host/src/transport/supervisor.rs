@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
-use rmcp::model::{Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
+use rmcp::model::{PaginatedRequestParams, Prompt, ProtocolVersion, Resource, ResourceTemplate, ServerPeerInfo, Tool};
 use rmcp::service::{
     ClientCacheConfig, ClientLifecycleMode, PeerRequestOptions, RunningService, serve_client_with_lifecycle_and_ct,
 };
@@ -132,6 +132,25 @@ pub struct Session {
     restart: Option<Restart>,
     /// Set while a `ping` asks whether the server still answers ([`Session::probe`]).
     probing: Arc<std::sync::atomic::AtomicBool>,
+    /// A re-listing under way, and whether another was asked for meanwhile
+    /// ([`Session::refresh`]).
+    relisting: std::sync::Mutex<Relisting>,
+}
+
+/// Whether a re-listing is under way, and whether it is to list once more when done.
+#[derive(Debug, Default)]
+struct Relisting {
+    running: bool,
+    again: bool,
+}
+
+/// Ends a re-listing when dropped.
+struct Relisted<'a>(&'a std::sync::Mutex<Relisting>);
+
+impl Drop for Relisted<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).running = false;
+    }
 }
 
 /// Asks a server's supervisor to restart it, naming the session to end: a request for a
@@ -211,16 +230,34 @@ impl Session {
         });
     }
 
-    /// Re-lists everything the server's capabilities say it has, within `within`; a
-    /// server that does not answer in time keeps its previous listing.
-    pub async fn refresh(&self, within: Duration) {
-        match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref(), &self.dropped)).await {
-            Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
-            Err(_) => tracing::warn!(
-                session = self.id,
-                "re-listing took longer than {} ms; the previous listing stays",
-                within.as_millis()
-            ),
+    /// Re-lists everything the server's capabilities say it has, each time within
+    /// `within`; a server that does not answer in time keeps its previous listing. Asked
+    /// while a re-listing is under way, it returns `false` at once, and the one under way
+    /// lists once more when done: however many list changes a server announces, one
+    /// re-listing runs at a time, and none is missed. `true`: it listed.
+    pub async fn refresh(&self, within: Duration) -> bool {
+        {
+            let mut relisting = self.relisting.lock().expect("not poisoned");
+            if relisting.running {
+                relisting.again = true;
+                return false;
+            }
+            relisting.running = true;
+        }
+        // Done, even if this future is dropped half way.
+        let _done = Relisted(&self.relisting);
+        loop {
+            match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref(), &self.dropped)).await {
+                Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
+                Err(_) => tracing::warn!(
+                    session = self.id,
+                    "re-listing took longer than {} ms; the previous listing stays",
+                    within.as_millis()
+                ),
+            }
+            if !std::mem::take(&mut self.relisting.lock().expect("not poisoned").again) {
+                return true;
+            }
         }
     }
 
@@ -622,6 +659,7 @@ impl Supervisor {
             dropped,
             restart: process.is_some().then(|| self.restart.clone()),
             probing: Arc::default(),
+            relisting: std::sync::Mutex::default(),
         });
         if session.info.as_ref().is_some_and(|i| !i.protocol_version.has_initialize()) {
             super::listen::lists(&session);
@@ -819,25 +857,32 @@ async fn exited(process: &mut Option<ServerProcess>) -> String {
 async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, dropped: &Dropped) -> Listing {
     let caps = info.map(|i| &i.capabilities);
     let has = |f: fn(&rmcp::model::ServerCapabilities) -> bool| caps.is_some_and(f);
+    let at = |cursor| Some(PaginatedRequestParams::default().with_cursor(cursor));
     let mut listing = Listing::default();
     if has(|c| c.tools.is_some()) {
-        match dropped.listing(peer.list_all_tools()).await {
+        let tools = paged("tools", |c| async move { peer.list_tools(at(c)).await.map(|r| (r.tools, r.next_cursor)) });
+        match dropped.listing(tools).await {
             Ok(tools) => (listing.tools, listing.task_support) = tools,
             Err(e) => tracing::warn!("tools/list failed: {e}"),
         }
     }
     if has(|c| c.prompts.is_some()) {
-        match peer.list_all_prompts().await {
+        match paged("prompts", |c| async move { peer.list_prompts(at(c)).await.map(|r| (r.prompts, r.next_cursor)) })
+            .await
+        {
             Ok(prompts) => listing.prompts = prompts,
             Err(e) => tracing::warn!("prompts/list failed: {e}"),
         }
     }
     if has(|c| c.resources.is_some()) {
-        match peer.list_all_resources().await {
+        let resources = |c| async move { peer.list_resources(at(c)).await.map(|r| (r.resources, r.next_cursor)) };
+        match paged("resources", resources).await {
             Ok(resources) => listing.resources = resources,
             Err(e) => tracing::warn!("resources/list failed: {e}"),
         }
-        match peer.list_all_resource_templates().await {
+        let templates =
+            |c| async move { peer.list_resource_templates(at(c)).await.map(|r| (r.resource_templates, r.next_cursor)) };
+        match paged("resource templates", templates).await {
             Ok(templates) => listing.templates = templates,
             Err(e) => tracing::warn!("resources/templates/list failed: {e}"),
         }
@@ -845,9 +890,63 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, droppe
     listing
 }
 
+/// The most of one kind (tools, prompts, resources, resource templates) kept from a
+/// server's listing, and the most pages it is read in: past either, the rest is left
+/// out, and said so. (A server listing page after page, or the same page for ever, would
+/// fill the gateway's memory for as long as `init_timeout_ms` lets it.)
+pub const MAX_LISTED: usize = 10_000;
+const MAX_PAGES: usize = 100;
+
+/// Every page of a listing, from `page(cursor)`, within [`MAX_LISTED`] and [`MAX_PAGES`].
+async fn paged<T, F, Fut>(what: &str, mut page: F) -> Result<Vec<T>, rmcp::ServiceError>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: Future<Output = Result<(Vec<T>, Option<String>), rmcp::ServiceError>>,
+{
+    let mut all = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_PAGES {
+        let (items, next) = page(cursor).await?;
+        all.extend(items);
+        if all.len() > MAX_LISTED {
+            all.truncate(MAX_LISTED);
+            tracing::warn!("the server lists more than {MAX_LISTED} {what}; the rest are left out");
+            return Ok(all);
+        }
+        cursor = match next {
+            Some(next) => Some(next),
+            None => return Ok(all),
+        };
+    }
+    tracing::warn!("the server's {what} take more than {MAX_PAGES} pages; the rest are left out");
+    Ok(all)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A listing is read within bounds whatever the server answers: the same page for
+    /// ever, or pages past the most kept.
+    #[tokio::test]
+    async fn a_listing_is_read_within_its_bounds() {
+        let pages = std::sync::atomic::AtomicUsize::new(0);
+        let again = |_| {
+            pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async { Ok((vec![1u8], Some("same".to_owned()))) }
+        };
+        assert_eq!(paged("tools", again).await.unwrap().len(), MAX_PAGES);
+        assert_eq!(pages.into_inner(), MAX_PAGES);
+        let big = |_| async { Ok((vec![0u8; 3_000], Some("more".to_owned()))) };
+        assert_eq!(paged("tools", big).await.unwrap().len(), MAX_LISTED);
+        let ends = |cursor: Option<String>| async move {
+            Ok(match cursor {
+                None => (vec![1u8, 2], Some("2".to_owned())),
+                Some(_) => (vec![3u8], None),
+            })
+        };
+        assert_eq!(paged("tools", ends).await.unwrap(), [1, 2, 3]);
+    }
 
     #[test]
     fn a_server_is_asked_until_it_shows_it_initialises_and_again_after_a_failed_start() {

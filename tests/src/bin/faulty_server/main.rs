@@ -286,7 +286,12 @@ impl Server {
                 self.send(&json!({"jsonrpc": "2.0", "id": id, "error": error})).await;
                 return;
             }
-            "tools/list" => Ok(json!({"tools": self.tools()})),
+            "tools/list" => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("lists"), "tools");
+                }
+                Ok(json!({"tools": self.tools()}))
+            }
             "prompts/list" => Ok(
                 json!({"prompts": [{"name": "greet", "description": "A greeting", "arguments": [{"name": "who", "required": true}]}]}),
             ),
@@ -598,9 +603,12 @@ impl Server {
                 self.send(&json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": args["level"].as_str().unwrap_or("info"), "logger": "faulty", "data": args["message"]}})).await;
                 Ok(text("logged"))
             }
+            // With `"announce": N`, it says so N times.
             "toggle_tool" => {
                 self.toggled.fetch_xor(true, Ordering::Relaxed);
-                self.send(&json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})).await;
+                for _ in 0..args["announce"].as_u64().unwrap_or(1) {
+                    self.send(&json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})).await;
+                }
                 Ok(text("toggled"))
             }
             other if self.extra_tools.iter().any(|t| t["name"] == other) || other == "extra" => {
