@@ -88,6 +88,10 @@ impl ClientHandler for TestClient {
         _: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         let asked = serde_json::to_string(&params.messages).unwrap_or_default();
+        // A person taking their time.
+        if asked.contains("slowly") {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
         Ok(CreateMessageResult::new(
             SamplingMessage::assistant_text(format!("the client read {asked}")),
             "test-model".into(),

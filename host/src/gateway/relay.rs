@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
 use super::downstreams::{Front, send};
 use super::hub::Hub;
-use super::routing::{Caller, ClientPeer, ask, to_client};
+use super::routing::{Caller, ClientPeer, MAX_ASKED, ask, to_client};
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
@@ -143,7 +143,16 @@ impl HubRelay {
             }
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());
+        let asked = routing.asked_by(asker.session);
         Box::pin(async move {
+            let Some(_asked) = asked else {
+                tracing::warn!(
+                    server,
+                    "the server has {MAX_ASKED} requests waiting for clients' answers; refused another"
+                );
+                let why = format!("Rebound: {MAX_ASKED} of this server's requests wait for clients' answers already");
+                return Err(ErrorData::internal_error(why, None));
+            };
             let request = if plain { untasked(request)? } else { request };
             let (to, originating) = match caller {
                 Caller::Client { to, during } => (to, during),

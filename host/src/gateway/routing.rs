@@ -122,6 +122,31 @@ pub struct Routing {
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
+    /// Per upstream session, its requests waiting for a client's answer.
+    asked: Arc<Mutex<HashMap<u64, usize>>>,
+}
+
+/// The most requests of one server connection that wait for clients' answers at once:
+/// past it, the server is answered with an error at once (a server asking thousands of
+/// questions must not hold as many waits in the gateway).
+pub const MAX_ASKED: usize = 64;
+
+/// One request of a server's waiting for a client's answer, counted until dropped.
+pub struct Asked {
+    asked: Arc<Mutex<HashMap<u64, usize>>>,
+    session: u64,
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        let mut asked = self.asked.lock().expect("not poisoned");
+        if let Some(n) = asked.get_mut(&self.session) {
+            *n -= 1;
+            if *n == 0 {
+                asked.remove(&self.session);
+            }
+        }
+    }
 }
 
 /// A client whose call ended, and when.
@@ -136,6 +161,18 @@ const ENDED_COUNTS: Duration = Duration::from_secs(5);
 const ENDED_KEPT: usize = 64;
 
 impl Routing {
+    /// Counts a request of upstream session `session` waiting for a client's answer;
+    /// `None` when [`MAX_ASKED`] of its requests wait already.
+    pub fn asked_by(&self, session: u64) -> Option<Asked> {
+        let mut asked = self.asked.lock().expect("not poisoned");
+        let n = asked.entry(session).or_default();
+        if *n >= MAX_ASKED {
+            return None;
+        }
+        *n += 1;
+        Some(Asked { asked: self.asked.clone(), session })
+    }
+
     /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
     /// dropped when the guard is.
     pub fn track_call(

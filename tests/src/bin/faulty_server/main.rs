@@ -565,11 +565,14 @@ impl Server {
                 args["code"].as_i64().unwrap_or(-32603),
                 args["message"].as_str().unwrap_or("internal error").to_owned(),
             )),
+            // With `"times": N`, it asks N times at once.
             "sample" => {
-                let answer = self
-                    .request_client("sampling/createMessage", json!({"messages": [{"role": "user", "content": {"type": "text", "text": args["prompt"].as_str().unwrap_or("hi")}}], "maxTokens": 16}))
-                    .await;
-                Ok(text(format!("sampled: {answer}")))
+                let params = json!({"messages": [{"role": "user", "content": {"type": "text", "text": args["prompt"].as_str().unwrap_or("hi")}}], "maxTokens": 16});
+                let times = args["times"].as_u64().unwrap_or(1);
+                let asked = (0..times).map(|_| self.request_client("sampling/createMessage", params.clone()));
+                let answers: Vec<String> =
+                    futures::future::join_all(asked).await.iter().map(Value::to_string).collect();
+                Ok(text(format!("sampled: {}", answers.join("\n"))))
             }
             "roots" => Ok(text(format!("roots: {}", self.request_client("roots/list", json!({})).await))),
             // A server still serving a call its client gave up on, as many do.
