@@ -61,20 +61,96 @@ impl Reach {
         }
     }
 
-    /// Sends `notification` on a task of its own: a client that does not read never
-    /// holds up the server that spoke.
-    fn send(&self, notification: ServerNotification) {
+    /// Sends `notification` on a task of its own (see [`Sending`]).
+    fn send(&self, sending: &Arc<Sending>, notification: ServerNotification) {
         match self.clone() {
-            Reach::Session(peer) => send(peer, notification),
-            Reach::Listen { sink, .. } => {
-                tokio::spawn(async move {
-                    if let Err(e) = sink.send(notification).await {
-                        tracing::debug!("a notification was not delivered on a listen request: {e}");
-                    }
-                });
-            }
+            Reach::Session(peer) => sending.send(peer, notification),
+            Reach::Listen { sink, .. } => sending.spawn(encoded_len(&notification), async move {
+                if let Err(e) = sink.send(notification).await {
+                    tracing::debug!("a notification was not delivered on a listen request: {e}");
+                }
+            }),
         }
     }
+}
+
+/// The most notifications on their way to clients at once, all clients together, and
+/// their bytes; and how long each may wait for its client. A client that never reads
+/// cannot make the gateway hold what servers keep saying: past the first two, a new
+/// notification is dropped and counted; past the third, one waiting is given up.
+pub const MAX_SENDING: usize = 4096;
+pub const MAX_SENDING_BYTES: usize = 64 << 20;
+pub const SEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Notifications on their way to clients, each on a task of its own so that a client
+/// that does not read never holds up the server that spoke; bounded by [`MAX_SENDING`],
+/// [`MAX_SENDING_BYTES`] and [`SEND_WITHIN`].
+#[derive(Debug, Default)]
+pub struct Sending {
+    /// On their way: how many, and their bytes.
+    load: Mutex<(usize, usize)>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl Sending {
+    /// Sends `notification` to `peer`.
+    pub fn send(self: &Arc<Self>, peer: Peer<RoleServer>, notification: ServerNotification) {
+        self.spawn(encoded_len(&notification), async move {
+            if let Err(e) = peer.send_notification(notification).await {
+                tracing::debug!("a downstream notification was not delivered: {e}");
+            }
+        });
+    }
+
+    /// Runs `delivery` of a notification `bytes` long on a task of its own, within the
+    /// bounds.
+    fn spawn(self: &Arc<Self>, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
+        {
+            let mut load = self.load.lock().expect("not poisoned");
+            if load.0 >= MAX_SENDING || load.1.saturating_add(bytes) > MAX_SENDING_BYTES {
+                let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if dropped.is_power_of_two() || dropped == 0 {
+                    tracing::warn!(
+                        "{} notifications dropped: clients read slower than servers speak ({MAX_SENDING} or {MAX_SENDING_BYTES} bytes on their way at most)",
+                        dropped + 1
+                    );
+                }
+                return;
+            }
+            *load = (load.0 + 1, load.1 + bytes);
+        }
+        let sending = self.clone();
+        tokio::spawn(async move {
+            if tokio::time::timeout(SEND_WITHIN, delivery).await.is_err() {
+                tracing::debug!("a notification waited {} s for its client; given up", SEND_WITHIN.as_secs());
+            }
+            let mut load = sending.load.lock().expect("not poisoned");
+            *load = (load.0 - 1, load.1 - bytes);
+        });
+    }
+
+    /// Notifications on their way now.
+    #[cfg(test)]
+    fn load(&self) -> (usize, usize) {
+        *self.load.lock().expect("not poisoned")
+    }
+}
+
+/// How long `notification` is as JSON.
+fn encoded_len(notification: &ServerNotification) -> usize {
+    struct Counted(usize);
+    impl std::io::Write for Counted {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counted = Counted(0);
+    let _ = serde_json::to_writer(&mut counted, notification);
+    counted.0
 }
 
 /// One client session, or one listen request of a 2026-07-28 client.
@@ -104,6 +180,8 @@ pub struct Subscription {
 pub struct Downstreams {
     front: Front,
     list: Mutex<Vec<Downstream>>,
+    /// Notifications on their way to any of them.
+    pub sending: Arc<Sending>,
 }
 
 /// Severity order, most verbose first (rmcp's type has no order).
@@ -122,7 +200,7 @@ pub fn rank(level: LoggingLevel) -> u8 {
 
 impl Downstreams {
     pub fn new(front: Front) -> Self {
-        Self { front, list: Mutex::default() }
+        Self { front, list: Mutex::default(), sending: Arc::default() }
     }
 
     pub fn front(&self) -> Front {
@@ -150,7 +228,7 @@ impl Downstreams {
     /// Sends `notification` to the client session `owner` however it is reached.
     pub fn tell(&self, owner: &str, notification: ServerNotification) {
         for (reach, ()) in self.live(|d| if &*d.owner == owner { vec![()] } else { vec![] }) {
-            reach.send(notification.clone());
+            reach.send(&self.sending, notification.clone());
         }
     }
 
@@ -176,7 +254,7 @@ impl Downstreams {
     /// Sends `notification` to every client, without waiting on any of them.
     pub fn broadcast(&self, notification: ServerNotification) {
         for reach in self.reaches() {
-            reach.send(notification.clone());
+            reach.send(&self.sending, notification.clone());
         }
     }
 
@@ -191,7 +269,10 @@ impl Downstreams {
         let wants =
             |d: &Downstream| d.reach.session().is_some() && d.level.is_none_or(|level| rank(log.level) >= rank(level));
         for (reach, ()) in self.live(|d| if wants(d) { vec![()] } else { vec![] }) {
-            reach.send(ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())));
+            reach.send(
+                &self.sending,
+                ServerNotification::LoggingMessageNotification(rmcp::model::Notification::new(log.clone())),
+            );
         }
     }
 
@@ -223,7 +304,10 @@ impl Downstreams {
         for (reach, exposed) in to {
             let mut update = update.clone();
             update.uri = exposed;
-            reach.send(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
+            reach.send(
+                &self.sending,
+                ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)),
+            );
         }
     }
 
@@ -284,7 +368,10 @@ impl Downstreams {
         });
         for (reach, exposed) in to {
             let update = ResourceUpdatedNotificationParam::new(exposed);
-            reach.send(ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)));
+            reach.send(
+                &self.sending,
+                ServerNotification::ResourceUpdatedNotification(rmcp::model::Notification::new(update)),
+            );
         }
     }
 
@@ -338,12 +425,26 @@ impl Downstreams {
     }
 }
 
-/// Sends `notification` to `peer` on a task of its own: a client that does not read
-/// never holds up the server that spoke.
-pub fn send(peer: Peer<RoleServer>, notification: ServerNotification) {
-    tokio::spawn(async move {
-        if let Err(e) = peer.send_notification(notification).await {
-            tracing::debug!("a downstream notification was not delivered: {e}");
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Notifications a client does not read are held within the bounds: past the count or
+    /// the bytes, new ones are dropped; each is given up after its time.
+    #[tokio::test(start_paused = true)]
+    async fn notifications_a_client_does_not_read_are_bounded() {
+        let sending = Arc::new(Sending::default());
+        for _ in 0..MAX_SENDING + 5 {
+            sending.spawn(10, std::future::pending());
         }
-    });
+        assert_eq!(sending.load(), (MAX_SENDING, MAX_SENDING * 10));
+        assert_eq!(sending.dropped.load(std::sync::atomic::Ordering::Relaxed), 5);
+        tokio::time::sleep(SEND_WITHIN + std::time::Duration::from_millis(1)).await;
+        assert_eq!(sending.load(), (0, 0), "given up on in time");
+        sending.spawn(MAX_SENDING_BYTES / 2 + 1, std::future::pending());
+        sending.spawn(MAX_SENDING_BYTES / 2 + 1, std::future::pending());
+        assert_eq!(sending.load().0, 1, "the second is past the bytes");
+        let note = ServerNotification::ToolListChangedNotification(Default::default());
+        assert_eq!(encoded_len(&note), serde_json::to_vec(&note).unwrap().len());
+    }
 }

@@ -15,7 +15,7 @@ use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Value, json};
 
 use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
-use super::downstreams::{Front, send};
+use super::downstreams::Front;
 use super::hub::Hub;
 use super::routing::{Caller, ClientPeer, MAX_ASKED, ask, to_client};
 use crate::transport::tasks::ClientTaskRequest;
@@ -65,7 +65,10 @@ impl HubRelay {
                     None => return hub.downstreams.log(log),
                 };
                 match to.filter(|_| wants) {
-                    Some(to) => send(to.peer, ServerNotification::LoggingMessageNotification(Notification::new(log))),
+                    Some(to) => hub
+                        .downstreams
+                        .sending
+                        .send(to.peer, ServerNotification::LoggingMessageNotification(Notification::new(log))),
                     None => tracing::debug!(server, "a log message for no client: {}", log.data),
                 }
             }
@@ -78,7 +81,7 @@ impl HubRelay {
                 let otherwise =
                     || owner.map(|o| o.peer.clone()).or_else(|| Some(hub.downstreams.only_stdio_client()?.peer));
                 match task.or_else(otherwise) {
-                    Some(peer) => send(peer, ServerNotification::CustomNotification(n)),
+                    Some(peer) => hub.downstreams.sending.send(peer, ServerNotification::CustomNotification(n)),
                     None => tracing::debug!(
                         server,
                         "a custom notification of a shared server concerns no one client; not passed on"

@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use self::kept::{Origin, Started};
 use super::call::PROTOCOL_KEYS;
 use super::catalogue::Catalogue;
-use super::downstreams::send;
 use super::forward::{Fault, Instance, Out};
 use super::routing::ClientPeer;
 use super::server::Gateway;
@@ -335,7 +334,7 @@ impl Gateway {
         };
         self.hub.errors.record(&record, &self.own.client, now);
         let note = CustomNotification::new("notifications/tasks/status", Some(status));
-        send(peer, ServerNotification::CustomNotification(note));
+        self.hub.downstreams.sending.send(peer, ServerNotification::CustomNotification(note));
     }
 
     /// `tasks/get` or `tasks/cancel`: to the task's instance, or answered for a lost task.
