@@ -285,6 +285,10 @@ pub fn followed(path: &Path) -> PathBuf {
     real
 }
 
+/// A number setting's key, its value if set, its bounds, those bounds in words, and its
+/// default in words.
+type Bounded<'a> = (&'a str, Option<u64>, std::ops::RangeInclusive<u64>, &'a str, &'a str);
+
 struct Ctx<'a> {
     path: &'a Path,
     env: &'a dyn Fn(&str) -> Option<String>,
@@ -653,7 +657,7 @@ impl Ctx<'_> {
     fn bounded(&self, raw: &RawSettings) -> Result<(), ConfigError> {
         const DAY: u64 = 86_400_000;
         let r = &raw.restart;
-        let checks: [(&str, Option<u64>, std::ops::RangeInclusive<u64>, &str, &str); 10] = [
+        let checks: [Bounded; 10] = [
             ("init_timeout_ms", raw.init_timeout_ms, 1..=DAY, "1 to 86400000 (a day)", "60000"),
             ("plugin_timeout_ms", raw.plugin_timeout_ms, 1..=60_000, "1 to 60000 (a minute)", "200"),
             ("plugin_memory_mb", raw.plugin_memory_mb.map(|m| m as u64), 1..=64, "1 to 64", "32"),
