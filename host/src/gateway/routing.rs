@@ -126,6 +126,13 @@ pub struct Routing {
     asked: Arc<Mutex<HashMap<u64, usize>>>,
 }
 
+/// The longest progress message passed on (a status line, not a payload: progress waiting
+/// for a slow client, or for its call to be mapped, is held in memory), in bytes.
+pub const MAX_PROGRESS_MESSAGE: usize = 4096;
+
+/// The longest progress token a server's progress may name: the gateway's own are short.
+const MAX_PROGRESS_TOKEN: usize = 256;
+
 /// The most requests of one server connection that wait for clients' answers at once:
 /// past it, the server is answered with an error at once (a server asking thousands of
 /// questions must not hold as many waits in the gateway).
@@ -353,8 +360,11 @@ impl Routing {
     }
 
     /// Progress from upstream `session`: to its call's client, or kept a moment in case
-    /// its call is about to be mapped. Progress is never sent to anyone else.
+    /// its call is about to be mapped. Progress is never sent to anyone else. Its message
+    /// is cut at [`MAX_PROGRESS_MESSAGE`] bytes; progress under a token longer than any
+    /// the gateway gives ([`MAX_PROGRESS_TOKEN`]) is no call's, and dropped.
     pub fn progress(&self, session: u64, p: ProgressNotificationParam) {
+        let Some(p) = bounded(p) else { return };
         let mut routes = self.progress.lock().expect("not poisoned");
         if let Some(route) = routes.get_mut(&(session, p.progress_token.clone())) {
             route.forward(p);
@@ -362,6 +372,23 @@ impl Routing {
         }
         self.early_progress.lock().expect("not poisoned").keep(session, p);
     }
+}
+
+/// `p` with its message cut at [`MAX_PROGRESS_MESSAGE`] bytes; `None` under a token longer
+/// than [`MAX_PROGRESS_TOKEN`].
+fn bounded(mut p: ProgressNotificationParam) -> Option<ProgressNotificationParam> {
+    if let rmcp::model::NumberOrString::String(token) = &p.progress_token.0
+        && token.len() > MAX_PROGRESS_TOKEN
+    {
+        return None;
+    }
+    if let Some(message) = p.message.as_mut()
+        && message.len() > MAX_PROGRESS_MESSAGE
+    {
+        message.truncate(message.floor_char_boundary(MAX_PROGRESS_MESSAGE));
+        message.push('…');
+    }
+    Some(p)
 }
 
 /// Where one request's progress goes: to the client's request under its own token, or,
@@ -708,6 +735,16 @@ pub async fn ask(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_is_kept_to_a_status_line_under_a_token_of_the_gateways() {
+        let token = |t: &str| ProgressToken(rmcp::model::NumberOrString::String(t.into()));
+        let mut p = ProgressNotificationParam::new(token("7"), 0.5).with_message("é".repeat(10_000));
+        let cut = bounded(p.clone()).unwrap().message.unwrap();
+        assert!(cut.len() <= MAX_PROGRESS_MESSAGE + '…'.len_utf8() && cut.ends_with('…'), "{}", cut.len());
+        p.progress_token = token(&"x".repeat(MAX_PROGRESS_TOKEN + 1));
+        assert!(bounded(p).is_none());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_call_of_another_client_that_just_ended_still_counts_for_a_moment() {
