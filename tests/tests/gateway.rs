@@ -241,7 +241,7 @@ async fn server_to_client_requests_and_notifications_are_relayed() {
     // A server asking more at once than the gateway holds for it: the rest are refused at
     // once, and those held are answered.
     let many = text(&gw.call("a__sample", json!({"prompt": "slowly", "times": 80})).await);
-    let refused = many.lines().filter(|l| l.contains("wait for clients' answers already")).count();
+    let refused = many.lines().filter(|l| l.contains("wait for this client's answers already")).count();
     let read = many.lines().filter(|l| l.contains("the client read")).count();
     assert_eq!((read, refused), (64, 16), "{many}");
     assert!(text(&gw.call("a__roots", json!({})).await).contains("file:///work"));

@@ -60,12 +60,20 @@ impl Reach {
             Reach::Listen { .. } => None,
         }
     }
+}
 
+/// How one live client session (or listen request) of `owner`'s is reached.
+struct To {
+    reach: Reach,
+    owner: Arc<str>,
+}
+
+impl To {
     /// Sends `notification` on a task of its own (see [`Sending`]).
     fn send(&self, sending: &Arc<Sending>, notification: ServerNotification) {
-        match self.clone() {
-            Reach::Session(peer) => sending.send(peer, notification),
-            Reach::Listen { sink, .. } => sending.spawn(encoded_len(&notification), async move {
+        match self.reach.clone() {
+            Reach::Session(peer) => sending.send(&ClientPeer { client: self.owner.clone(), peer }, notification),
+            Reach::Listen { sink, .. } => sending.spawn(&self.owner, encoded_len(&notification), async move {
                 if let Err(e) = sink.send(notification).await {
                     tracing::debug!("a notification was not delivered on a listen request: {e}");
                 }
@@ -74,40 +82,55 @@ impl Reach {
     }
 }
 
-/// The most notifications on their way to clients at once, all clients together, and
-/// their bytes; and how long each may wait for its client. A client that never reads
-/// cannot make the gateway hold what servers keep saying: past the first two, a new
-/// notification is dropped and counted; past the third, one waiting is given up.
+/// The most notifications on their way to one client at once, and their bytes; the same
+/// for all clients together; and how long each may wait for its client. A client that
+/// never reads cannot make the gateway hold what servers keep saying, nor (unless eight
+/// do at once) keep another client from hearing: past the first four, a new notification
+/// is dropped and counted; past the last, one waiting is given up.
+pub const MAX_SENDING_TO_ONE: usize = 512;
+pub const MAX_SENDING_BYTES_TO_ONE: usize = 8 << 20;
 pub const MAX_SENDING: usize = 4096;
 pub const MAX_SENDING_BYTES: usize = 64 << 20;
 pub const SEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Notifications on their way to clients, each on a task of its own so that a client
-/// that does not read never holds up the server that spoke; bounded by [`MAX_SENDING`],
-/// [`MAX_SENDING_BYTES`] and [`SEND_WITHIN`].
+/// that does not read never holds up the server that spoke; bounded by
+/// [`MAX_SENDING_TO_ONE`], [`MAX_SENDING`], their bytes and [`SEND_WITHIN`].
 #[derive(Debug, Default)]
 pub struct Sending {
-    /// On their way: how many, and their bytes.
-    load: Mutex<(usize, usize)>,
+    /// On their way: how many, and their bytes, in all and to each client.
+    load: Mutex<Load>,
     dropped: std::sync::atomic::AtomicU64,
 }
 
+/// How many notifications are on their way, and their bytes.
+type Count = (usize, usize);
+
+#[derive(Debug, Default)]
+struct Load {
+    all: Count,
+    by_client: std::collections::HashMap<Arc<str>, Count>,
+}
+
 impl Sending {
-    /// Sends `notification` to `peer`.
-    pub fn send(self: &Arc<Self>, peer: Peer<RoleServer>, notification: ServerNotification) {
-        self.spawn(encoded_len(&notification), async move {
+    /// Sends `notification` to `to`.
+    pub fn send(self: &Arc<Self>, to: &ClientPeer, notification: ServerNotification) {
+        let peer = to.peer.clone();
+        self.spawn(&to.client, encoded_len(&notification), async move {
             if let Err(e) = peer.send_notification(notification).await {
                 tracing::debug!("a downstream notification was not delivered: {e}");
             }
         });
     }
 
-    /// Runs `delivery` of a notification `bytes` long on a task of its own, within the
-    /// bounds.
-    fn spawn(self: &Arc<Self>, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
+    /// Runs `delivery` of a notification `bytes` long to `client` on a task of its own,
+    /// within the bounds.
+    fn spawn(self: &Arc<Self>, client: &Arc<str>, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
         {
             let mut load = self.load.lock().expect("not poisoned");
-            if load.0 >= MAX_SENDING || load.1.saturating_add(bytes) > MAX_SENDING_BYTES {
+            let (all, one) = (load.all, load.by_client.get(client).copied().unwrap_or_default());
+            let past = |(n, b): Count, max, max_bytes| n >= max || b.saturating_add(bytes) > max_bytes;
+            if past(all, MAX_SENDING, MAX_SENDING_BYTES) || past(one, MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE) {
                 let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if dropped.is_power_of_two() || dropped == 0 {
                     tracing::warn!(
@@ -117,22 +140,29 @@ impl Sending {
                 }
                 return;
             }
-            *load = (load.0 + 1, load.1 + bytes);
+            load.all = (all.0 + 1, all.1 + bytes);
+            load.by_client.insert(client.clone(), (one.0 + 1, one.1 + bytes));
         }
-        let sending = self.clone();
+        let (sending, client) = (self.clone(), client.clone());
         tokio::spawn(async move {
             if tokio::time::timeout(SEND_WITHIN, delivery).await.is_err() {
                 tracing::debug!("a notification waited {} s for its client; given up", SEND_WITHIN.as_secs());
             }
             let mut load = sending.load.lock().expect("not poisoned");
-            *load = (load.0 - 1, load.1 - bytes);
+            load.all = (load.all.0 - 1, load.all.1 - bytes);
+            if let Some(one) = load.by_client.get_mut(&client) {
+                *one = (one.0 - 1, one.1 - bytes);
+                if one.0 == 0 {
+                    load.by_client.remove(&client);
+                }
+            }
         });
     }
 
-    /// Notifications on their way now.
+    /// Notifications on their way now, in all.
     #[cfg(test)]
-    fn load(&self) -> (usize, usize) {
-        *self.load.lock().expect("not poisoned")
+    fn load(&self) -> Count {
+        self.load.lock().expect("not poisoned").all
     }
 }
 
@@ -233,9 +263,12 @@ impl Downstreams {
     }
 
     /// How each live client is reached.
-    fn reaches(&self) -> Vec<Reach> {
+    fn reaches(&self) -> Vec<To> {
         let list = self.list.lock().expect("not poisoned");
-        list.iter().filter(|d| !d.reach.is_closed()).map(|d| d.reach.clone()).collect()
+        list.iter()
+            .filter(|d| !d.reach.is_closed())
+            .map(|d| To { reach: d.reach.clone(), owner: d.owner.clone() })
+            .collect()
     }
 
     /// The only client, over stdio, if it has a session (a 2026-07-28 client has none).
@@ -277,11 +310,11 @@ impl Downstreams {
     }
 
     /// Each live client's reach with each of what `pick` takes from it.
-    fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(Reach, T)> {
+    fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(To, T)> {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
             .filter(|d| !d.reach.is_closed())
-            .flat_map(|d| pick(d).into_iter().map(|t| (d.reach.clone(), t)))
+            .flat_map(|d| pick(d).into_iter().map(|t| (To { reach: d.reach.clone(), owner: d.owner.clone() }, t)))
             .collect()
     }
 
@@ -429,21 +462,30 @@ impl Downstreams {
 mod tests {
     use super::*;
 
-    /// Notifications a client does not read are held within the bounds: past the count or
-    /// the bytes, new ones are dropped; each is given up after its time.
+    /// Notifications a client does not read are held within the bounds: past its own
+    /// count or bytes, new ones to it are dropped, and others still go; past all clients'
+    /// together, any new one; each is given up after its time.
     #[tokio::test(start_paused = true)]
     async fn notifications_a_client_does_not_read_are_bounded() {
         let sending = Arc::new(Sending::default());
-        for _ in 0..MAX_SENDING + 5 {
-            sending.spawn(10, std::future::pending());
+        let (slow, other): (Arc<str>, Arc<str>) = ("slow".into(), "other".into());
+        for _ in 0..MAX_SENDING_TO_ONE + 5 {
+            sending.spawn(&slow, 10, std::future::pending());
         }
-        assert_eq!(sending.load(), (MAX_SENDING, MAX_SENDING * 10));
+        assert_eq!(sending.load(), (MAX_SENDING_TO_ONE, MAX_SENDING_TO_ONE * 10));
         assert_eq!(sending.dropped.load(std::sync::atomic::Ordering::Relaxed), 5);
+        sending.spawn(&other, 10, std::future::pending());
+        assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 1, "another client is still sent to");
+        for i in 0..MAX_SENDING {
+            sending.spawn(&format!("client {i}").into(), 10, std::future::pending());
+        }
+        assert_eq!(sending.load().0, MAX_SENDING, "all together");
         tokio::time::sleep(SEND_WITHIN + std::time::Duration::from_millis(1)).await;
         assert_eq!(sending.load(), (0, 0), "given up on in time");
-        sending.spawn(MAX_SENDING_BYTES / 2 + 1, std::future::pending());
-        sending.spawn(MAX_SENDING_BYTES / 2 + 1, std::future::pending());
-        assert_eq!(sending.load().0, 1, "the second is past the bytes");
+        assert!(sending.load.lock().unwrap().by_client.is_empty());
+        sending.spawn(&slow, MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
+        sending.spawn(&slow, MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
+        assert_eq!(sending.load().0, 1, "the second is past its bytes");
         let note = ServerNotification::ToolListChangedNotification(Default::default());
         assert_eq!(encoded_len(&note), serde_json::to_vec(&note).unwrap().len());
     }

@@ -68,7 +68,7 @@ impl HubRelay {
                     Some(to) => hub
                         .downstreams
                         .sending
-                        .send(to.peer, ServerNotification::LoggingMessageNotification(Notification::new(log))),
+                        .send(&to, ServerNotification::LoggingMessageNotification(Notification::new(log))),
                     None => tracing::debug!(server, "a log message for no client: {}", log.data),
                 }
             }
@@ -78,10 +78,12 @@ impl HubRelay {
                 let task = (n.method == "notifications/tasks/status")
                     .then(|| hub.routing.task_status(session, n.params.as_ref()?))
                     .flatten();
-                let otherwise =
-                    || owner.map(|o| o.peer.clone()).or_else(|| Some(hub.downstreams.only_stdio_client()?.peer));
+                let otherwise = || {
+                    let own = owner.map(|o| ClientPeer { client: o.client.clone(), peer: o.peer.clone() });
+                    own.or_else(|| hub.downstreams.only_stdio_client())
+                };
                 match task.or_else(otherwise) {
-                    Some(peer) => hub.downstreams.sending.send(peer, ServerNotification::CustomNotification(n)),
+                    Some(to) => hub.downstreams.sending.send(&to, ServerNotification::CustomNotification(n)),
                     None => tracing::debug!(
                         server,
                         "a custom notification of a shared server concerns no one client; not passed on"
@@ -103,9 +105,7 @@ impl HubRelay {
                     let Some(session) = handle.and_then(|h| h.state().session) else { return };
                     let within = Duration::from_millis(hub.setup().config.settings.init_timeout_ms);
                     // One re-listing at a time; the one under way lists again for this.
-                    if session.refresh(within).await {
-                        hub.rebuild_for(owner.as_ref(), false);
-                    }
+                    session.refresh(within, || hub.rebuild_for(owner.as_ref(), false)).await;
                 });
             }
         }
@@ -146,16 +146,7 @@ impl HubRelay {
             }
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());
-        let asked = routing.asked_by(asker.session);
         Box::pin(async move {
-            let Some(_asked) = asked else {
-                tracing::warn!(
-                    server,
-                    "the server has {MAX_ASKED} requests waiting for clients' answers; refused another"
-                );
-                let why = format!("Rebound: {MAX_ASKED} of this server's requests wait for clients' answers already");
-                return Err(ErrorData::internal_error(why, None));
-            };
             let request = if plain { untasked(request)? } else { request };
             let (to, originating) = match caller {
                 Caller::Client { to, during } => (to, during),
@@ -167,6 +158,15 @@ impl HubRelay {
                 }
             };
             let session = asker.session;
+            let Some(_asked) = routing.asked_by(session, &to.client) else {
+                tracing::warn!(
+                    server,
+                    "{MAX_ASKED} of the server's requests wait for one client's answers; refused another"
+                );
+                let why =
+                    format!("Rebound: {MAX_ASKED} of this server's requests wait for this client's answers already");
+                return Err(ErrorData::internal_error(why, None));
+            };
             let request = to_client(request, &to.peer, &server)?;
             let asking = matches!(kind, Kind::AsksForTask);
             let _question = asking.then(|| routing.run_by_clients.asking(&to.client));

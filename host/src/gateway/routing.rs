@@ -122,8 +122,9 @@ pub struct Routing {
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
-    /// Per upstream session, its requests waiting for a client's answer.
-    asked: Arc<Mutex<HashMap<u64, usize>>>,
+    /// Per upstream session and client, the session's requests waiting for the client's
+    /// answer.
+    asked: Arc<Mutex<AskedCounts>>,
 }
 
 /// The longest progress message passed on (a status line, not a payload: progress waiting
@@ -133,24 +134,28 @@ pub const MAX_PROGRESS_MESSAGE: usize = 4096;
 /// The longest progress token a server's progress may name: the gateway's own are short.
 const MAX_PROGRESS_TOKEN: usize = 256;
 
-/// The most requests of one server connection that wait for clients' answers at once:
+/// The most requests of one server connection that wait for one client's answers at once:
 /// past it, the server is answered with an error at once (a server asking thousands of
-/// questions must not hold as many waits in the gateway).
+/// questions must not hold as many waits in the gateway, and a client that leaves them
+/// unanswered keeps no other client from being asked).
 pub const MAX_ASKED: usize = 64;
+
+/// Per (upstream session, client), the requests waiting for the client's answer.
+type AskedCounts = HashMap<(u64, Arc<str>), usize>;
 
 /// One request of a server's waiting for a client's answer, counted until dropped.
 pub struct Asked {
-    asked: Arc<Mutex<HashMap<u64, usize>>>,
-    session: u64,
+    asked: Arc<Mutex<AskedCounts>>,
+    key: (u64, Arc<str>),
 }
 
 impl Drop for Asked {
     fn drop(&mut self) {
         let mut asked = self.asked.lock().expect("not poisoned");
-        if let Some(n) = asked.get_mut(&self.session) {
+        if let Some(n) = asked.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                asked.remove(&self.session);
+                asked.remove(&self.key);
             }
         }
     }
@@ -168,16 +173,17 @@ const ENDED_COUNTS: Duration = Duration::from_secs(5);
 const ENDED_KEPT: usize = 64;
 
 impl Routing {
-    /// Counts a request of upstream session `session` waiting for a client's answer;
-    /// `None` when [`MAX_ASKED`] of its requests wait already.
-    pub fn asked_by(&self, session: u64) -> Option<Asked> {
+    /// Counts a request of upstream session `session` waiting for `client`'s answer;
+    /// `None` when [`MAX_ASKED`] of its requests wait for that client already.
+    pub fn asked_by(&self, session: u64, client: &Arc<str>) -> Option<Asked> {
+        let key = (session, client.clone());
         let mut asked = self.asked.lock().expect("not poisoned");
-        let n = asked.entry(session).or_default();
+        let n = asked.entry(key.clone()).or_default();
         if *n >= MAX_ASKED {
             return None;
         }
         *n += 1;
-        Some(Asked { asked: self.asked.clone(), session })
+        Some(Asked { asked: self.asked.clone(), key })
     }
 
     /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
@@ -224,14 +230,14 @@ impl Routing {
 
     /// A task's status from upstream `session` (a `notifications/tasks/status`'s params):
     /// noted if it says the task ended, and the client it goes to.
-    pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<Peer<RoleServer>> {
+    pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<ClientPeer> {
         let id = status["taskId"].as_str()?;
         if matches!(status["status"].as_str(), Some("completed" | "failed" | "cancelled"))
             && let Some(entry) = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))
         {
             entry.ended.cancel();
         }
-        self.task_owner(session, id).map(|owner| owner.peer)
+        self.task_owner(session, id)
     }
 
     /// Who should answer `asker`'s request to `instance` (see the module's rule).

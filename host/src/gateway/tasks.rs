@@ -334,7 +334,8 @@ impl Gateway {
         };
         self.hub.errors.record(&record, &self.own.client, now);
         let note = CustomNotification::new("notifications/tasks/status", Some(status));
-        self.hub.downstreams.sending.send(peer, ServerNotification::CustomNotification(note));
+        let to = ClientPeer { client: self.own.client.clone(), peer };
+        self.hub.downstreams.sending.send(&to, ServerNotification::CustomNotification(note));
     }
 
     /// `tasks/get` or `tasks/cancel`: to the task's instance, or answered for a lost task.

@@ -221,7 +221,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         }
         Failure::ToolError { result } => {
             let text = failure_text(failure, result);
-            if refuses_arguments(&text) {
+            if refuses_arguments(&failure.message()) {
                 return C::ToolValidation.with(false, false, Low, User);
             }
             // A tool that reports its own error is a healthy server saying no, unless
@@ -237,8 +237,12 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
 /// error for NAMEArguments ..." (pydantic's). The agent is to fix its call; another tool
 /// would get the same arguments.
 fn refuses_arguments(text: &str) -> bool {
-    let t = text.to_ascii_lowercase();
-    t.contains("invalid arguments for tool") || (t.contains("validation error") && t.contains("arguments"))
+    // pydantic names the model it validated: the SDK's is `<tool>Arguments`.
+    let pydantic = text
+        .split(" validation error for ")
+        .skip(1)
+        .any(|rest| rest.split(|c: char| c.is_whitespace()).next().is_some_and(|model| model.ends_with("Arguments")));
+    text.contains("Input validation error: Invalid arguments for tool ") || pydantic
 }
 
 /// The tool's error text, and its structured content, where hints may hide.

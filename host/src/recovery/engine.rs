@@ -547,7 +547,7 @@ impl Engine {
                 Next::Done(ending) => ending,
             };
             return match (ending, own) {
-                (Ending::GaveUp, Some(own)) => {
+                (Ending::GaveUp, Some(own)) if record.stopped.as_deref() != Some(CANCELLED) => {
                     Ending::Answered(with_note(own, tried_instead(record).as_deref()).into())
                 }
                 (ending, _) => ending,
@@ -993,13 +993,18 @@ async fn observe(
     }
 }
 
-/// What `record` tried in place of the tool called, none of which answered, in words.
+/// What `record` tried in place of the tool called, none of which answered, in words:
+/// each with how it failed (its kind and category, not its text, which the errors log
+/// has: it may quote a server's configuration).
 fn tried_instead(record: &Record) -> Option<String> {
     let tried: Vec<String> = record
         .attempts
         .iter()
         .filter(|a| a.role == Role::Alternative)
-        .map(|a| format!("`{}` on `{}`", a.tool, a.server))
+        .map(|a| match (&a.failure, &a.classification) {
+            (Some(f), Some(c)) => format!("`{}` on `{}` ({}: {})", a.tool, a.server, f.kind(), c.category),
+            _ => format!("`{}` on `{}`", a.tool, a.server),
+        })
         .collect();
     (!tried.is_empty()).then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", ")))
 }

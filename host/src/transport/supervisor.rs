@@ -231,21 +231,21 @@ impl Session {
     }
 
     /// Re-lists everything the server's capabilities say it has, each time within
-    /// `within`; a server that does not answer in time keeps its previous listing. Asked
-    /// while a re-listing is under way, it returns `false` at once, and the one under way
-    /// lists once more when done: however many list changes a server announces, one
-    /// re-listing runs at a time, and none is missed. `true`: it listed.
-    pub async fn refresh(&self, within: Duration) -> bool {
+    /// `within`, and calls `listed` after each listing; a server that does not answer in
+    /// time keeps its previous listing. Asked while a re-listing is under way, it returns
+    /// at once, and the one under way lists once more when done: however many list
+    /// changes a server announces, one re-listing runs at a time, and none is missed.
+    pub async fn refresh(&self, within: Duration, listed: impl Fn()) {
         {
             let mut relisting = self.relisting.lock().expect("not poisoned");
             if relisting.running {
                 relisting.again = true;
-                return false;
+                return;
             }
             relisting.running = true;
         }
         // Done, even if this future is dropped half way.
-        let _done = Relisted(&self.relisting);
+        let done = Relisted(&self.relisting);
         loop {
             match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref(), &self.dropped)).await {
                 Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
@@ -255,8 +255,14 @@ impl Session {
                     within.as_millis()
                 ),
             }
-            if !std::mem::take(&mut self.relisting.lock().expect("not poisoned").again) {
-                return true;
+            listed();
+            // Asked again meanwhile: list again; else done, in the same breath (a request
+            // coming between the two would be lost).
+            let mut relisting = self.relisting.lock().expect("not poisoned");
+            if !std::mem::take(&mut relisting.again) {
+                relisting.running = false;
+                std::mem::forget(done);
+                return;
             }
         }
     }
@@ -862,7 +868,9 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, droppe
     if has(|c| c.tools.is_some()) {
         let tools = paged("tools", |c| async move { peer.list_tools(at(c)).await.map(|r| (r.tools, r.next_cursor)) });
         match dropped.listing(tools).await {
-            Ok(tools) => (listing.tools, listing.task_support) = tools,
+            Ok((tools, support)) => {
+                (listing.tools, listing.task_support) = (once_each(tools, |t| t.name.to_string()), support)
+            }
             Err(e) => tracing::warn!("tools/list failed: {e}"),
         }
     }
@@ -870,7 +878,7 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, droppe
         match paged("prompts", |c| async move { peer.list_prompts(at(c)).await.map(|r| (r.prompts, r.next_cursor)) })
             .await
         {
-            Ok(prompts) => listing.prompts = prompts,
+            Ok(prompts) => listing.prompts = once_each(prompts, |p| p.name.clone()),
             Err(e) => tracing::warn!("prompts/list failed: {e}"),
         }
     }
@@ -890,6 +898,18 @@ async fn list_all(peer: &Peer<RoleClient>, info: Option<&ServerPeerInfo>, droppe
     listing
 }
 
+/// `items` with each name once, the first kept: a server listing a name twice offers one
+/// thing by it.
+fn once_each<T>(items: Vec<T>, name: impl Fn(&T) -> String) -> Vec<T> {
+    let mut seen = std::collections::HashSet::new();
+    let before = items.len();
+    let kept: Vec<T> = items.into_iter().filter(|item| seen.insert(name(item))).collect();
+    if kept.len() < before {
+        tracing::warn!("the server lists {} names more than once; each is offered once", before - kept.len());
+    }
+    kept
+}
+
 /// The most of one kind (tools, prompts, resources, resource templates) kept from a
 /// server's listing, and the most pages it is read in: past either, the rest is left
 /// out, and said so. (A server listing page after page, or the same page for ever, would
@@ -905,6 +925,7 @@ where
 {
     let mut all = Vec::new();
     let mut cursor = None;
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..MAX_PAGES {
         let (items, next) = page(cursor).await?;
         all.extend(items);
@@ -914,6 +935,11 @@ where
             return Ok(all);
         }
         cursor = match next {
+            // A cursor given before leads to pages read already.
+            Some(next) if !seen.insert(next.clone()) => {
+                tracing::warn!("the server's {what} lead back to a page read already; the listing ends there");
+                return Ok(all);
+            }
             Some(next) => Some(next),
             None => return Ok(all),
         };
@@ -935,9 +961,18 @@ mod tests {
             pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             async { Ok((vec![1u8], Some("same".to_owned()))) }
         };
-        assert_eq!(paged("tools", again).await.unwrap().len(), MAX_PAGES);
-        assert_eq!(pages.into_inner(), MAX_PAGES);
-        let big = |_| async { Ok((vec![0u8; 3_000], Some("more".to_owned()))) };
+        assert_eq!(paged("tools", again).await.unwrap().len(), 2, "the same page is read again once, no more");
+        assert_eq!(pages.into_inner(), 2);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let endless = |_| {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok((vec![1u8], Some(n.to_string()))) }
+        };
+        assert_eq!(paged("tools", endless).await.unwrap().len(), MAX_PAGES);
+        let big = |_| {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok((vec![0u8; 3_000], Some(n.to_string()))) }
+        };
         assert_eq!(paged("tools", big).await.unwrap().len(), MAX_LISTED);
         let ends = |cursor: Option<String>| async move {
             Ok(match cursor {
@@ -946,6 +981,7 @@ mod tests {
             })
         };
         assert_eq!(paged("tools", ends).await.unwrap(), [1, 2, 3]);
+        assert_eq!(once_each(vec![1, 2, 1, 3, 2], u8::to_string), [1, 2, 3]);
     }
 
     #[test]

@@ -316,7 +316,8 @@ async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
     assert_eq!(up.calls("s/loogle").len(), 1);
     assert_eq!(told.structured_content, Some(json!({"status": 500})));
     let text = format!("{:?}", told.content);
-    assert!(text.contains("API error 500") && text.contains("tried too, and failed: `loogle` on `s`"), "{text}");
+    assert!(text.contains("API error 500"), "{text}");
+    assert!(text.contains("tried too, and failed: `loogle` on `s` (tool_error: tool-execution)"), "{text}");
     // The SDKs' refusals of the arguments are the agent's to fix: no fallback gets them.
     for refusal in [
         "Input validation error: Invalid arguments for tool leansearch: expected string",
@@ -328,6 +329,12 @@ async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
         assert_eq!(answered(&ending), refusal);
         assert!(up.calls("s/loogle").is_empty(), "{refusal}");
     }
+    // A tool's own words about validation are not an SDK's refusal of the arguments.
+    let own_words = "Schema validation error: the `arguments` field of the proof is malformed";
+    let up =
+        Script::new(&[("s/leansearch", true), ("s/loogle", true)]).then("s/leansearch", vec![tool_error(own_words)]);
+    run(&e, &up, "leansearch").await;
+    assert_eq!(up.calls("s/loogle").len(), 1);
 }
 
 /// The report's `status` is `partial` when any attempt may have run, not only the last:
