@@ -62,18 +62,20 @@ impl Reach {
     }
 }
 
-/// How one live client session (or listen request) of `owner`'s is reached.
+/// How one live client session (or listen request) is reached, and whose share of the
+/// notifications on their way it counts against (its session, or a 2026-07-28 client's
+/// address: each of its requests stands alone).
 struct To {
     reach: Reach,
-    owner: Arc<str>,
+    counted: Arc<str>,
 }
 
 impl To {
     /// Sends `notification` on a task of its own (see [`Sending`]).
     fn send(&self, sending: &Arc<Sending>, notification: ServerNotification) {
         match self.reach.clone() {
-            Reach::Session(peer) => sending.send(&ClientPeer { client: self.owner.clone(), peer }, notification),
-            Reach::Listen { sink, .. } => sending.spawn(&self.owner, encoded_len(&notification), async move {
+            Reach::Session(peer) => sending.send(&ClientPeer { client: self.counted.clone(), peer }, notification),
+            Reach::Listen { sink, .. } => sending.spawn(&self.counted, encoded_len(&notification), async move {
                 if let Err(e) = sink.send(notification).await {
                     tracing::debug!("a notification was not delivered on a listen request: {e}");
                 }
@@ -267,7 +269,7 @@ impl Downstreams {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
             .filter(|d| !d.reach.is_closed())
-            .map(|d| To { reach: d.reach.clone(), owner: d.owner.clone() })
+            .map(|d| To { reach: d.reach.clone(), counted: d.counted.clone() })
             .collect()
     }
 
@@ -314,7 +316,7 @@ impl Downstreams {
         let list = self.list.lock().expect("not poisoned");
         list.iter()
             .filter(|d| !d.reach.is_closed())
-            .flat_map(|d| pick(d).into_iter().map(|t| (To { reach: d.reach.clone(), owner: d.owner.clone() }, t)))
+            .flat_map(|d| pick(d).into_iter().map(|t| (To { reach: d.reach.clone(), counted: d.counted.clone() }, t)))
             .collect()
     }
 

@@ -237,11 +237,11 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
 /// error for NAMEArguments ..." (pydantic's). The agent is to fix its call; another tool
 /// would get the same arguments.
 fn refuses_arguments(text: &str) -> bool {
-    // pydantic names the model it validated: the SDK's is `<tool>Arguments`.
-    let pydantic = text
-        .split(" validation error for ")
-        .skip(1)
-        .any(|rest| rest.split(|c: char| c.is_whitespace()).next().is_some_and(|model| model.ends_with("Arguments")));
+    // pydantic names the model it validated ("1 validation error for M", "2 validation
+    // errors for M"): the SDK's is `<tool>Arguments`.
+    let model = |rest: &str| rest.split(char::is_whitespace).next().is_some_and(|m| m.ends_with("Arguments"));
+    let pydantic =
+        [" validation error for ", " validation errors for "].iter().any(|said| text.split(said).skip(1).any(model));
     text.contains("Input validation error: Invalid arguments for tool ") || pydantic
 }
 

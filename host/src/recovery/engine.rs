@@ -547,7 +547,7 @@ impl Engine {
                 Next::Done(ending) => ending,
             };
             return match (ending, own) {
-                (Ending::GaveUp, Some(own)) if record.stopped.as_deref() != Some(CANCELLED) => {
+                (Ending::GaveUp, Some(own)) if !call.upstream.cancellation().is_cancelled() => {
                     Ending::Answered(with_note(own, tried_instead(record).as_deref()).into())
                 }
                 (ending, _) => ending,

@@ -210,11 +210,14 @@ impl Dropped {
         }
         let Ok(answer) = serde_json::from_slice::<Answer>(line) else { return };
         let mut listed = self.listed.lock().expect("not poisoned");
+        // A name listed twice is the first tool of that name (as the listing keeps it).
+        let mut seen = std::collections::HashSet::new();
         for tool in answer.result.tools {
-            let (Some(name), Some(execution)) = (tool.name, tool.execution) else { continue };
+            let Some(name) = tool.name.filter(|n| seen.insert(n.clone())) else { continue };
+            let Some(execution) = tool.execution else { continue };
             let Ok(support) = serde_json::from_value::<TaskSupport>(execution["taskSupport"].clone()) else { continue };
             if listed.len() < MAX_TOOLS {
-                listed.insert(name, support);
+                listed.entry(name).or_insert(support);
             }
         }
     }

@@ -322,6 +322,7 @@ async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
     for refusal in [
         "Input validation error: Invalid arguments for tool leansearch: expected string",
         "Error executing tool leansearch: 1 validation error for leansearchArguments",
+        "Error executing tool leansearch: 2 validation errors for leansearchArguments",
     ] {
         let up =
             Script::new(&[("s/leansearch", true), ("s/loogle", true)]).then("s/leansearch", vec![tool_error(refusal)]);
@@ -358,6 +359,23 @@ async fn the_report_says_partial_when_any_attempt_may_have_run() {
     let up = Script::new(&[("s/read", true)])
         .then("s/read", vec![Err(Failure::Rpc { code: -32603, message: "too long".into(), data: dropped })]);
     assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
+}
+
+/// A call the client cancels while its fallback runs ends cancelled, not answered with
+/// the tool's own error.
+#[tokio::test(start_paused = true)]
+async fn a_call_cancelled_during_its_fallback_is_not_answered_with_the_tools_error() {
+    let mut r = defaults();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up =
+        Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![tool_error("no")]).then("s/b", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        up.cancelled.cancel();
+    };
+    let ((ending, _), ()) = tokio::join!(run(&e, &up, "a"), cancel);
+    assert!(matches!(ending, Ending::GaveUp), "{ending:?}");
 }
 
 #[tokio::test(start_paused = true)]
