@@ -148,8 +148,7 @@ impl ErrorsLog {
         let alternative = record.answered_by().filter(|a| a.role == Role::Alternative).map(|a| a.tool.clone());
         let attempts = record.attempts.len();
         for (i, (attempt, failure, class)) in record.failures().enumerate() {
-            let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
-            let id = format!("err_{millis}_{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+            let id = self.new_id(now);
             let code = match failure {
                 Failure::Rpc { code, .. } => Some(*code),
                 _ => None,
@@ -190,10 +189,9 @@ impl ErrorsLog {
     /// A call of `tool` on `server` still running when the gateway shut down: the
     /// record of its attempts ended with it, and it may or may not have taken effect.
     pub fn cut_short(&self, session: &str, server: &str, tool: &str, now: SystemTime) {
-        let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
         let action = format!("check whether the call of `{tool}` took effect, then call it again");
         self.push(json!({
-            "id": format!("err_{millis}_{}", self.next_id.fetch_add(1, Ordering::Relaxed)),
+            "id": self.new_id(now),
             "timestamp": humantime::format_rfc3339_millis(now).to_string(),
             "type": "mcp_shutdown",
             "severity": "high",
@@ -202,6 +200,12 @@ impl ErrorsLog {
             "recovery": {"suggested_action": action, "auto_recoverable": false},
             "fix_status": "unfixed",
         }));
+    }
+
+    /// A new entry's id: its time in milliseconds and a number of its own.
+    fn new_id(&self, now: SystemTime) -> String {
+        let millis = now.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or_default();
+        format!("err_{millis}_{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
     fn push(&self, mut entry: Value) {
