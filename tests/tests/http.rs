@@ -758,6 +758,40 @@ async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() 
     assert_eq!(gone.status(), StatusCode::NOT_FOUND, "the session is gone");
 }
 
+/// A server's restarts stay counted once the instance that made them is gone (here a
+/// session's own, stopped with its session): `/metrics` never counts one back down.
+#[tokio::test]
+async fn restarts_stay_counted_once_their_instance_is_gone() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["scope"] = json!("session");
+            json!({"mcpServers": {"a": a}, "rebound": {"restart": {"initial_delay_ms": 10}}})
+        },
+        &[],
+    )
+    .await;
+    let metrics = || async { reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap() };
+    let until = |line: &'static str| async move {
+        for _ in 0..200 {
+            if metrics().await.contains(line) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{line} never in {}", metrics().await);
+    };
+    let client = gw.client(None).await.unwrap();
+    call(&client, "echo", json!({"message": "m"})).await;
+    until(r#"rebound_server_restarts_total{server="a"} 0"#).await;
+    assert!(call(&client, "crash", json!({})).await.is_error == Some(true));
+    until(r#"rebound_server_restarts_total{server="a"} 1"#).await;
+    let _ = client.cancel().await;
+    until(r#"rebound_server_status{server="a",status="ready"} 0"#).await;
+    let text = metrics().await;
+    assert!(text.contains(r#"rebound_server_restarts_total{server="a"} 1"#), "{text}");
+}
+
 /// A `scope: session` server whose instances all keep crashing is red, not green, and
 /// its instances are counted by status in `/metrics`.
 #[tokio::test]

@@ -185,9 +185,12 @@ impl Hub {
     pub fn watch(self: &Arc<Self>, handle: &Arc<ServerHandle>, owner: Option<Owner>) {
         let mut rx = handle.subscribe();
         let weak = Arc::downgrade(self);
+        let name = handle.name.clone();
+        self.metrics.restarted(&name, 0); // every server has its series, from zero
         let handle = Arc::downgrade(handle);
         let connection = |state: &ServerState| state.session.as_ref().map(|s| s.id);
         tokio::spawn(async move {
+            let mut restarts = 0;
             let (mut last, mut connected) = {
                 let state = rx.borrow(); // one read lock: a second, taken while a writer waits, could deadlock
                 (state.status, connection(&state))
@@ -198,14 +201,17 @@ impl Hub {
                 }
             };
             while rx.changed().await.is_ok() {
-                let (status, now) = {
+                let (status, now, restarted_now) = {
                     let state = rx.borrow_and_update();
-                    (state.status, connection(&state))
+                    (state.status, connection(&state), state.restarts)
                 };
                 if now != connected {
                     forget(std::mem::replace(&mut connected, now));
                 }
                 let (Some(hub), Some(handle)) = (weak.upgrade(), handle.upgrade()) else { break };
+                if restarted_now > restarts {
+                    hub.metrics.restarted(&name, restarted_now - std::mem::replace(&mut restarts, restarted_now));
+                }
                 // Ready from anything but its first start: a restart.
                 let restarted = status == Status::Ready && last != Status::Starting;
                 if status == Status::Ready && status != last {

@@ -94,6 +94,9 @@ pub struct Metrics {
     latency: Histograms,
     http_rejected: Family<RejectLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
+    /// Counted as they happen, not read from the instances: a relaunched server, or a
+    /// session's own that ended, takes its restarts with it.
+    restarts: Family<ServerLabel, Counter>,
     /// The last calls of each server, for the status page.
     pub recent: super::recent::RecentCalls,
 }
@@ -122,7 +125,9 @@ impl Default for Metrics {
         registry.register("http_rejected", "HTTP requests refused before reaching MCP", http_rejected.clone());
         let reloads = Family::<ReloadLabels, Counter>::default();
         registry.register("config_reloads", "Configuration reloads, applied or refused", reloads.clone());
-        Self { registry, calls, failures, latency, http_rejected, reloads, recent: Default::default() }
+        let restarts = Family::<ServerLabel, Counter>::default();
+        registry.register("server_restarts", "Restarts after a crash or on request", restarts.clone());
+        Self { registry, calls, failures, latency, http_rejected, reloads, restarts, recent: Default::default() }
     }
 }
 
@@ -157,6 +162,11 @@ impl Metrics {
         self.reloads.get_or_create(&ReloadLabels { result: result.to_owned() }).inc();
     }
 
+    /// Counts `count` restarts of an instance of `server`.
+    pub fn restarted(&self, server: &str, count: u32) {
+        self.restarts.get_or_create(&ServerLabel { server: server.to_owned() }).inc_by(u64::from(count));
+    }
+
     /// The whole exposition: the counted metrics, then the gateway's state as it is now.
     pub fn render(&self, now: &Snapshot) -> String {
         let mut out = String::new();
@@ -189,7 +199,6 @@ fn state_registry(now: &Snapshot) -> Registry {
     let breaker = Family::<ServerLabel, Gauge>::default();
     let tool_breaker = Family::<ToolLabels, Gauge>::default();
     let denied = Family::<DeniedLabels, Counter>::default();
-    let restarts = Family::<ServerLabel, Counter>::default();
     let engine: [(&str, &str, Family<ServerLabel, Counter>); 6] = [
         ("attempts", "Upstream attempts, retries and alternatives included", Family::default()),
         ("retries", "Retries of a failed attempt", Family::default()),
@@ -207,7 +216,6 @@ fn state_registry(now: &Snapshot) -> Registry {
             let instances = s.statuses.iter().filter(|st| **st == each).count();
             status.get_or_create(&labels).set(i64::try_from(instances).unwrap_or(i64::MAX));
         }
-        restarts.get_or_create(&server).inc_by(u64::from(s.restarts));
         if let Some(state) = s.breaker {
             breaker.get_or_create(&server).set(breaker_value(state));
         }
@@ -242,7 +250,6 @@ fn state_registry(now: &Snapshot) -> Registry {
         tool_breaker,
     );
     registry.register("plugin_denied", "Steps of adapters' plans refused, by reason", denied);
-    registry.register("server_restarts", "Restarts after a crash or on request", restarts);
     for (name, help, family) in engine {
         registry.register(name, help, family);
     }

@@ -17,8 +17,6 @@ pub struct ServerSnapshot {
     /// The status of each of its instances: the one of a shared server, one per session
     /// of a `scope: session` server.
     pub statuses: Vec<Status>,
-    /// Its instances' restarts.
-    pub restarts: u32,
     /// `closed`, `half-open` or `open`; none for a `scope: session` server, whose
     /// breakers are its sessions' own.
     pub breaker: Option<&'static str>,

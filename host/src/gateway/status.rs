@@ -362,7 +362,6 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
             Some(ServerSnapshot {
                 name: name.to_owned(),
                 statuses: states.iter().map(|s| s.status).collect(),
-                restarts: states.iter().map(|s| s.restarts).sum(),
                 breaker: own.map(|p| p.breaker.snapshot().state),
                 tool_breakers: own
                     .map(|p| p.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
