@@ -19,6 +19,7 @@ use super::downstreams::Front;
 use super::hub::Hub;
 use super::routing::{Caller, ClientPeer, MAX_ASKED, ask, to_client};
 use crate::transport::tasks::ClientTaskRequest;
+use crate::transport::upstream::RELATED_TASK;
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
 
 /// Forwards one server instance's traffic to the hub without keeping it alive.
@@ -58,7 +59,8 @@ impl HubRelay {
                     // may concern (`Routing::log_reader`), if it set a level that takes it
                     // (the server's level may be another client's).
                     None if hub.downstreams.front() == Front::Http => {
-                        let to = hub.routing.log_reader(self.instance, session);
+                        let task = log.meta.as_ref().and_then(|m| m.0.get(RELATED_TASK)?["taskId"].as_str());
+                        let to = hub.routing.log_reader(self.instance, session, task.map(str::to_owned));
                         let wants = to.as_ref().is_some_and(|to| hub.downstreams.asked_for(&to.client, log.level));
                         (to, wants)
                     }

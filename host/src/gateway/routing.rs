@@ -5,12 +5,14 @@
 //! The rule for a server-to-client request (sampling, elicitation, roots):
 //! 1. over streamable HTTP the server says which of our requests it is serving, and the
 //!    request goes to the client of exactly that call; if that call has ended, to none
-//!    (only a call whose sending is not yet recorded here may still be the one);
+//!    (only a call whose sending is not yet recorded here may still be the one, unless
+//!    the request names one that ended in the last 5 s);
 //! 2. otherwise (a stdio server cannot say), to the client whose calls are in flight on
 //!    that instance, when they are all one client's (the newest of its calls);
 //! 3. with calls of several clients in flight (sessions that just closed included, and
 //!    calls of another client that ended unanswered in the last 5 s, cancelled or timed
-//!    out, which the server may still be serving), to none of them: which one the server means
+//!    out, which the server may still be serving, and tasks of another client running
+//!    there), to none of them: which one the server means
 //!    cannot be known, and guessing would show one client another's request. The server is
 //!    told so (give it `"scope": "session"` to have one instance per client);
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
@@ -33,7 +35,7 @@
 // the gateway speaks; they are relayed faithfully.
 #![allow(deprecated)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -120,6 +122,9 @@ pub struct Routing {
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
+    /// The upstream requests of calls that ended (or were sent again) in the last
+    /// [`ENDED_COUNTS`], oldest first: a server's request naming one is no other call's.
+    gone: Mutex<VecDeque<(u64, RequestId, Instant)>>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
     /// Per upstream session and client, the session's requests waiting for the client's
@@ -180,6 +185,9 @@ fn still_counts((_, at, answered): &Ended, now: Instant) -> bool {
 
 /// The most clients remembered per instance, and instances, before the stale are swept.
 const ENDED_KEPT: usize = 64;
+
+/// The most ended upstream requests remembered.
+const GONE_KEPT: usize = 4096;
 
 impl Routing {
     /// Counts a request of upstream session `session` waiting for `client`'s answer;
@@ -269,9 +277,9 @@ impl Routing {
                 return client_of(call);
             }
             // The call it names has ended (cancelled, timed out), or is one whose sending
-            // is not recorded yet: only those can be meant.
+            // is not recorded yet: only those can be meant, unless it named an ended one.
             candidates.retain(|c| c.upstream.is_none());
-            if candidates.is_empty() {
+            if candidates.is_empty() || self.is_gone(asker.session, during) {
                 return Caller::Nobody("the call this request belongs to has ended");
             }
         }
@@ -287,6 +295,11 @@ impl Routing {
                 "calls of several clients are in flight on this shared server, and which one this request belongs to cannot be known (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
+        if self.another_runs_a_task(asker.session, &newest.client) {
+            return Caller::Nobody(
+                "a task of another client runs on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
+            );
+        }
         if asker.during.is_none() && self.another_ended(instance, &newest.client, false) {
             return Caller::Nobody(
                 "a call of another client ended unanswered on this shared server a moment ago, and this request may still be that call's (give the server \"scope\": \"session\" in Rebound's configuration)",
@@ -295,6 +308,30 @@ impl Routing {
         // A 2026-07-28 client is asked only in a call that can carry questions (not, say,
         // its `completion/complete`): its newest such call.
         client_of(candidates.iter().rev().find(|c| c.bridge.is_some()).unwrap_or(newest))
+    }
+
+    /// Upstream request `request` on `session` ended (or was sent again) now.
+    fn gone(&self, session: u64, request: RequestId) {
+        let now = Instant::now();
+        let mut gone = self.gone.lock().expect("not poisoned");
+        while gone.front().is_some_and(|(_, _, at)| now.duration_since(*at) >= ENDED_COUNTS) || gone.len() >= GONE_KEPT
+        {
+            gone.pop_front();
+        }
+        gone.push_back((session, request, now));
+    }
+
+    /// Whether upstream request `request` on `session` ended a moment ago.
+    fn is_gone(&self, session: u64, request: &RequestId) -> bool {
+        let gone = self.gone.lock().expect("not poisoned");
+        gone.iter().any(|(s, r, at)| *s == session && r == request && at.elapsed() < ENDED_COUNTS)
+    }
+
+    /// Whether a task of a client other than `client` runs on upstream `session`: what
+    /// the server says without naming a task may be that task's.
+    fn another_runs_a_task(&self, session: u64, client: &str) -> bool {
+        let tasks = self.tasks.lock().expect("not poisoned");
+        tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
     }
 
     /// A call of `client` on `instance` ended now, `answered` by the server or not.
@@ -331,7 +368,11 @@ impl Routing {
     /// another client's call there was answered in the last [`ANSWERED_COUNTS`] (a line
     /// about a call is written just after its answer as often as before); else nobody,
     /// since the line may tell of any client's calls.
-    pub fn log_reader(&self, instance: u64, session: u64) -> Option<ClientPeer> {
+    /// A line that names its task (`task`) goes to that task's client alone.
+    pub fn log_reader(&self, instance: u64, session: u64, task: Option<String>) -> Option<ClientPeer> {
+        if let Some(task) = task {
+            return self.task_owner(session, &task);
+        }
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
         match self.caller(instance, &asker, None) {
             Caller::Client { to, .. } if !self.another_ended(instance, &to.client, true) => Some(to),
@@ -638,26 +679,33 @@ impl CallGuard {
     pub fn sent(&self, session: u64, request: RequestId) {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
-            call.upstream = Some((session, request, tokio::time::Instant::now()));
+            let before = call.upstream.replace((session, request, tokio::time::Instant::now()));
+            drop(in_flight);
+            if let Some((session, request, _)) = before {
+                self.routing.gone(session, request);
+            }
         }
     }
 }
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let mut client = None;
+        let mut ended = None;
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(calls) = in_flight.get_mut(&self.instance) {
             if let Some(at) = calls.iter().position(|c| c.id == self.id) {
-                client = Some(calls.remove(at).client);
+                ended = Some(calls.remove(at));
             }
             if calls.is_empty() {
                 in_flight.remove(&self.instance);
             }
         }
         drop(in_flight);
-        if let Some(client) = client {
-            self.routing.call_ended(self.instance, client, self.answered.load(Ordering::Relaxed));
+        if let Some(call) = ended {
+            if let Some((session, request, _)) = call.upstream {
+                self.routing.gone(session, request);
+            }
+            self.routing.call_ended(self.instance, call.client, self.answered.load(Ordering::Relaxed));
         }
     }
 }
@@ -795,6 +843,40 @@ mod tests {
         assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
 
+    /// A request that names a call which ended goes to nobody, even while another
+    /// client's call (not yet recorded as sent) could otherwise be the one it names.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_naming_an_ended_call_goes_to_nobody() {
+        let routing = Arc::new(Routing::default());
+        let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
+        let call = InFlight {
+            id: 1,
+            client: bob.client.clone(),
+            peer: bob.peer.clone(),
+            request: RequestId::Number(1),
+            upstream: None,
+            bridge: None,
+        };
+        routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
+        routing.gone(0, RequestId::Number(7));
+        let asking = |during: i64| {
+            let asker =
+                Asker { session: 0, during: Some(RequestId::Number(during)), cancel: Default::default(), task: None };
+            match routing.caller(1, &asker, None) {
+                Caller::Client { to, .. } => Some(to.client.to_string()),
+                Caller::Held(_) | Caller::Nobody(_) => None,
+            }
+        };
+        assert_eq!(asking(7), None, "alice's call, which ended");
+        assert_eq!(asking(8).as_deref(), Some("bob"), "a call not yet recorded as sent may be his");
+        tokio::time::sleep(ENDED_COUNTS).await;
+        assert_eq!(asking(7).as_deref(), Some("bob"), "forgotten in time");
+        for n in 0..5000 {
+            routing.gone(0, RequestId::Number(n));
+        }
+        assert_eq!(routing.gone.lock().unwrap().len(), GONE_KEPT);
+    }
+
     /// A shared server's log line goes to the one client with calls in flight there, and
     /// to nobody while another client's call there may still be served.
     #[tokio::test(start_paused = true)]
@@ -810,7 +892,7 @@ mod tests {
             bridge: None,
         };
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
-        let reader = || routing.log_reader(1, 0).map(|to| to.client.to_string());
+        let reader = || routing.log_reader(1, 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
         routing.call_ended(1, "bob".into(), false);
         assert_eq!(reader(), None, "bob's call ended unanswered a moment ago: it may be his");
@@ -820,6 +902,18 @@ mod tests {
         assert_eq!(reader(), None, "bob's call was answered a moment ago: the line may be about it");
         tokio::time::sleep(ANSWERED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
-        assert!(routing.log_reader(2, 0).is_none(), "nobody's call is in flight on another instance");
+        assert!(routing.log_reader(2, 0, None).is_none(), "nobody's call is in flight on another instance");
+        // While a task of Bob's runs there, a line that names no task may be his; one that
+        // names his task is his alone.
+        let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
+        let ended = CancellationToken::new();
+        let task = routing.own_task(0, "t1", bob, ended.clone());
+        assert_eq!(reader(), None, "a line of his task's, perhaps");
+        let tagged = routing.log_reader(1, 0, Some("t1".into())).map(|to| to.client.to_string());
+        assert_eq!(tagged.as_deref(), Some("bob"));
+        assert!(routing.log_reader(1, 0, Some("t2".into())).is_none(), "no task of anyone's");
+        ended.cancel();
+        assert_eq!(reader().as_deref(), Some("alice"), "his task ended");
+        drop(task);
     }
 }
