@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rebound_tests::{Gateway, bin, faulty, root, text};
+use rebound_tests::{Gateway, HttpGateway, bin, faulty, root, text};
 use serde_json::{Value, json};
 
 fn test_plugins() -> PathBuf {
@@ -104,12 +104,9 @@ async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
 #[tokio::test]
 async fn memory_bombs_panics_and_floods_are_contained() {
     // A flood of output is cut at the cap; writing it all takes longer than the deadline.
-    for (mode, fault) in [
-        ("memory", "trapped"),
-        ("panic", "panicked on purpose"),
-        ("huge-output", "deadline"),
-        ("huge-answer", "trapped"),
-    ] {
+    for (mode, fault) in
+        [("memory", "trapped"), ("panic", "trapped"), ("huge-output", "deadline"), ("huge-answer", "trapped")]
+    {
         let gw = misbehaving(mode).await;
         let r = gw.call("fail", json!({"message": "boom"})).await;
         assert_eq!(text(&r), "boom", "{mode}");
@@ -119,6 +116,39 @@ async fn memory_bombs_panics_and_floods_are_contained() {
         assert_eq!(text(&gw.call("echo", json!({"message": "alive"})).await), "a: alive", "{mode}");
         gw.close().await;
     }
+}
+
+/// What an adapter printed when it faulted may quote any client's call (here its panic
+/// message, `std::panic` printing it): the operator sees it in `GET /status`, no client
+/// in `rebound_status`.
+#[tokio::test]
+async fn what_a_faulty_adapter_printed_is_the_operators_alone() {
+    let plugins = test_plugins();
+    let gw = HttpGateway::start(
+        move |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["adapter"] = json!("misbehave");
+            a["adapter_config"] = json!({"mode": "panic"});
+            json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let call = |name: &str, args: Value| {
+        let mut params = rmcp::model::CallToolRequestParams::new(name.to_owned());
+        params.arguments = args.as_object().cloned();
+        client.peer().call_tool(params)
+    };
+    assert_eq!(text(&call("fail", json!({"message": "boom"})).await.unwrap()), "boom");
+    let theirs = call("rebound_status", json!({})).await.unwrap().structured_content.unwrap();
+    let adapter = &theirs["servers"][0]["adapter"];
+    assert!(adapter["last_fault"].as_str().unwrap().contains("trapped"), "{adapter}");
+    assert!(!theirs.to_string().contains("panicked on purpose"), "{theirs}");
+    let operators: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    let printed = operators["servers"][0]["adapter"]["last_output"].as_str().unwrap_or_default();
+    assert!(printed.contains("panicked on purpose"), "{operators}");
+    let _ = client.cancel().await;
 }
 
 #[tokio::test]

@@ -46,8 +46,20 @@ pub fn resources() -> Vec<Resource> {
 }
 
 /// Everything `rebound_status` reports. Server `env` and `headers` never appear here, not
-/// even inside a server's own error text.
+/// even inside a server's own error text; nor does what an adapter printed, which may
+/// quote any client's call (the operator's `GET /status` has it).
 pub fn status(hub: &Hub) -> Value {
+    let mut status = full_status(hub);
+    for server in status["servers"].as_array_mut().into_iter().flatten() {
+        if let Some(adapter) = server["adapter"].as_object_mut() {
+            adapter.remove("last_output");
+        }
+    }
+    status
+}
+
+/// [`status`], and what adapters printed.
+fn full_status(hub: &Hub) -> Value {
     let setup = hub.setup();
     let servers: Vec<Value> = setup
         .config
@@ -146,7 +158,7 @@ const RECENT_ERRORS: usize = 20;
 /// calls and their latency, and the newest errors-log entries.
 pub fn document(hub: &Hub) -> Value {
     let setup = hub.setup();
-    let mut doc = status(hub);
+    let mut doc = full_status(hub);
     doc["schema"] = json!(STATUS_SCHEMA);
     doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty());
     if let Some(servers) = doc["servers"].as_array_mut() {

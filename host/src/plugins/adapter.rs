@@ -61,6 +61,8 @@ struct Health {
     total_faults: u64,
     quarantined_until: Option<Instant>,
     last_fault: Option<String>,
+    /// What the adapter printed during its last fault.
+    last_output: Option<String>,
     /// Calls not made because no instance was free in time.
     busy: u64,
     /// When each kind of refused step was last logged.
@@ -74,7 +76,11 @@ pub struct HealthReport {
     pub version: String,
     pub faults: u64,
     pub quarantined_for_ms: Option<u64>,
+    /// The host's words only: what failed and how.
     pub last_fault: Option<String>,
+    /// What the adapter printed then, which may quote any client's call: for the
+    /// operator (`GET /status`), never in `rebound_status`.
+    pub last_output: Option<String>,
     /// `host.log` lines dropped past the rate limit.
     pub log_lines_dropped: u64,
     /// Successful calls not shown to it because its queue was full.
@@ -199,6 +205,7 @@ impl Adapter {
                 .and_then(|u| u.checked_duration_since(Instant::now()))
                 .map(|d| d.as_millis() as u64),
             last_fault: h.last_fault.clone(),
+            last_output: h.last_output.clone(),
             log_lines_dropped: self.log.dropped.load(std::sync::atomic::Ordering::Relaxed),
             observe_dropped: self.lane.dropped.load(std::sync::atomic::Ordering::Relaxed),
             busy: h.busy,
@@ -219,7 +226,8 @@ impl Adapter {
         }
     }
 
-    fn fault(&self, what: &str, message: String) {
+    /// A fault in `what`, `message` in the host's words, with what the adapter printed.
+    fn fault(&self, what: &str, message: String, printed: Option<String>) {
         let mut h = self.health.lock().expect("not poisoned");
         let now = Instant::now();
         h.total_faults += 1;
@@ -227,8 +235,10 @@ impl Adapter {
         while h.faults.front().is_some_and(|t| now.duration_since(*t) > FAULT_WINDOW) {
             h.faults.pop_front();
         }
-        tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; the built-in classifier is used instead");
+        let output = printed.as_deref().unwrap_or("(none)");
+        tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; its output: {output}; the built-in classifier is used instead");
         h.last_fault = Some(cap_text(&format!("{what}: {message}"), 500));
+        h.last_output = printed.map(|p| cap_text(&p, 500));
         if h.faults.len() >= FAULT_LIMIT {
             h.quarantined_until = Some(now + QUARANTINE);
             tracing::error!(adapter = %self.name, server = %self.server, "adapter quarantined for {} s after {} faults", QUARANTINE.as_secs(), h.faults.len());
@@ -278,8 +288,7 @@ impl Adapter {
                 None
             }
             Err(Fault::Failed(why)) => {
-                let printed = if printed.is_empty() { "(none)".to_owned() } else { printed };
-                self.fault(what, format!("{why}; its output: {printed}"));
+                self.fault(what, why, Some(printed).filter(|p| !p.is_empty()));
                 None
             }
         }
@@ -297,7 +306,7 @@ impl Adapter {
         match check_class(refined?) {
             Ok(c) => Some(from_class(c, kind)),
             Err(why) => {
-                self.fault("classify", why);
+                self.fault("classify", why, None);
                 None
             }
         }
@@ -310,7 +319,7 @@ impl Adapter {
         let Some(Reply::Plan(steps)) = self.call_by("plan", request, end).await else { return None };
         let steps = steps?;
         if let Err(why) = check_plan(&steps) {
-            self.fault("plan", why);
+            self.fault("plan", why, None);
             return None;
         }
         Some(steps.into_iter().filter_map(|s| from_step(self, s)).collect())
