@@ -222,6 +222,37 @@ async fn an_adapter_never_sees_a_secret_so_it_cannot_launder_one() {
     gw.close().await;
 }
 
+/// A secret a reload brings (here another server's) is hidden at once from an adapter the
+/// reload keeps running.
+#[tokio::test]
+async fn a_secret_a_reload_brings_is_hidden_from_the_adapters_it_keeps() {
+    const KEY: &str = "sk-live-0123456789abcdef";
+    let gw = hostile("launder", json!({}), json!({})).await;
+    let dir = gw.dir.path().to_owned();
+    let mut next = config(&dir, "launder", json!({}), json!({}));
+    next["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
+    next["mcpServers"]["c"] = faulty("c", &dir, &[]);
+    let tmp = dir.join("rebound.json.new");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&next).unwrap()).unwrap();
+    std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
+    let mut reloaded = false;
+    for _ in 0..200 {
+        let tools = gw.client.peer().list_all_tools().await.unwrap();
+        if tools.iter().any(|t| t.name == "c__echo") {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(reloaded, "the reload was applied");
+    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
+    let answer = text(&r);
+    assert!(answer.contains("laundered: "), "{answer}");
+    let reversed: String = KEY.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
+    assert!(!answer.contains(&reversed), "{answer}");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn an_adapters_own_category_never_becomes_a_metric_label() {
     let gw = HttpGateway::start(|dir| config(dir, "label", json!({}), json!({})), &[]).await;

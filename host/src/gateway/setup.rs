@@ -120,8 +120,9 @@ impl Setup {
     }
 
     /// In `plugins`, an unchanged server whose adapter's code is unchanged keeps its
-    /// running adapter (its state); returns those servers. Under new limits (a new
-    /// runtime) it moves to the new one, its stored state with it, and counts as kept
+    /// running adapter (its state), hiding the new configuration's secrets; returns those
+    /// servers. Under new limits (a new runtime) it moves to the new one, its stored
+    /// state with it, and counts as kept
     /// (its declared needs are the same): a limit lowered to contain an adapter holds at
     /// once for shared servers (a session's own instances keep their adapters until the
     /// session ends).
@@ -131,10 +132,12 @@ impl Setup {
         for (server, fresh) in plugins.adapters.iter() {
             match self.plugins.adapters.get(server).filter(|_| self.unchanged(config, server)) {
                 Some(old) if same_code(old, fresh) && old.same_runtime(fresh) => {
+                    old.hide(fresh);
                     kept.push(server.clone());
                     adapters.insert(server, old.clone());
                 }
                 Some(old) if same_code(old, fresh) => {
+                    old.hide(fresh); // its forks, which sessions keep, too
                     kept.push(server.clone());
                     adapters.insert(server, old.moved_to(fresh));
                 }

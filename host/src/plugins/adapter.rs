@@ -40,8 +40,9 @@ pub struct Adapter {
     server: Arc<str>,
     config: Arc<str>,
     kv: Kv,
-    /// Removed from everything the adapter is shown.
-    secrets: Secrets,
+    /// Removed from everything the adapter is shown; shared with its forks, and replaced
+    /// by a reload that keeps the adapter (`hide`).
+    secrets: Arc<std::sync::RwLock<Secrets>>,
     log: Arc<LogBudget>,
     health: Mutex<Health>,
     /// Successful calls waiting to be observed, in order.
@@ -112,7 +113,7 @@ impl Adapter {
             server: server.into(),
             config: config.to_string().into(),
             kv: Kv::default(),
-            secrets,
+            secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::default(),
             health: Mutex::default(),
             lane: Lane::default(),
@@ -159,6 +160,19 @@ impl Adapter {
     /// Whether `other` runs on this adapter's runtime (the same limits, pool and cache).
     pub fn same_runtime(&self, other: &Adapter) -> bool {
         Arc::ptr_eq(&self.runtime, &other.runtime)
+    }
+
+    /// What is hidden from the adapter now.
+    fn secrets(&self) -> Secrets {
+        self.secrets.read().expect("not poisoned").clone()
+    }
+
+    /// From now on hides what `fresh` (the same adapter, loaded for a new configuration)
+    /// hides, from this adapter and its forks: a reload that keeps an adapter running
+    /// may bring new secrets (another server's, the gateway's token).
+    pub fn hide(&self, fresh: &Adapter) {
+        let secrets = fresh.secrets();
+        *self.secrets.write().expect("not poisoned") = secrets;
     }
 
     /// This adapter on `fresh`'s runtime (the same code, on the new limits of a reload):
@@ -296,7 +310,7 @@ impl Adapter {
 
     /// Asks the adapter to refine `builtin`, as the engine does through [`Advisor`].
     pub async fn classify(&self, failure: &FailureContext<'_>, builtin: &Classification) -> Option<Classification> {
-        let request = Request::Classify(to_failure(failure, &self.secrets), to_class(builtin));
+        let request = Request::Classify(to_failure(failure, &self.secrets()), to_class(builtin));
         self.classified(request, builtin.kind).await
     }
 
@@ -336,11 +350,12 @@ impl Adapter {
 
     /// A successful call, as the adapter is shown it: redacted.
     fn completed(&self, tool: &str, arguments: Option<&JsonObject>, result: &CallToolResult) -> wit::CompletedCall {
+        let secrets = self.secrets();
         wit::CompletedCall {
             server: self.server.to_string(),
             tool: tool.to_owned(),
-            arguments: clean_json(&self.secrets, arguments.map(|a| serde_json::Value::Object(a.clone()))),
-            call_result: clean_json(&self.secrets, serde_json::to_value(result).ok()),
+            arguments: clean_json(&secrets, arguments.map(|a| serde_json::Value::Object(a.clone()))),
+            call_result: clean_json(&secrets, serde_json::to_value(result).ok()),
         }
     }
 }
@@ -389,14 +404,14 @@ impl Advisor for Adapters {
         builtin: &Classification,
     ) -> BoxFuture<'static, Option<Classification>> {
         let Some(a) = self.by_server.get(failure.server).cloned() else { return Box::pin(async { None }) };
-        let request = Request::Classify(to_failure(failure, &a.secrets), to_class(builtin));
+        let request = Request::Classify(to_failure(failure, &a.secrets()), to_class(builtin));
         let kind = builtin.kind;
         Box::pin(async move { a.classified(request, kind).await })
     }
 
     fn plan(&self, failure: &FailureContext<'_>, class: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
         let Some(a) = self.by_server.get(failure.server).cloned() else { return Box::pin(async { None }) };
-        let request = Request::Plan(to_failure(failure, &a.secrets), to_class(class));
+        let request = Request::Plan(to_failure(failure, &a.secrets()), to_class(class));
         Box::pin(async move { a.planned(request).await })
     }
 
