@@ -56,6 +56,42 @@ async fn a_looping_plugin_is_stopped_at_its_deadline_and_quarantined() {
     gw.close().await;
 }
 
+/// Adapters that spin up to their deadline, as many at once as the pool lets one adapter
+/// hold, keep the gateway's own threads for one epoch tick each at most: meanwhile
+/// another server's call is answered (over stdio the gateway has one thread; a guest
+/// that kept it would hold every server's traffic until the guests gave up).
+#[tokio::test]
+async fn spinning_adapters_do_not_hold_other_servers_calls() {
+    let plugins = test_plugins();
+    let gw = Gateway::start(move |dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": "loop"});
+        json!({
+            "mcpServers": {"a": a, "b": faulty("b", dir, &[])},
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 2000, "plugin_cache_dir": dir.join("cache")},
+        })
+    })
+    .await;
+    let order = std::sync::Mutex::new(Vec::new());
+    let (gw, order) = (&gw, &order);
+    let spinning = (0..16).map(|i| async move {
+        gw.call("a__fail", json!({"message": format!("spin {i}")})).await;
+        order.lock().unwrap().push("a");
+    });
+    let other = async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        // Three in a row: each took over a second while the guests held the thread.
+        for i in 0..3 {
+            assert_eq!(text(&gw.call("b__echo", json!({"message": format!("m{i}")})).await), format!("b: m{i}"));
+        }
+        order.lock().unwrap().push("b");
+    };
+    futures::future::join(futures::future::join_all(spinning), other).await;
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.first(), Some(&"b"), "{order:?}");
+}
+
 /// Makes `a`'s adapter classify (it loops), and says how it is.
 async fn fault(gw: &Gateway) -> Value {
     gw.call("a__fail", json!({"message": "x"})).await;

@@ -1,11 +1,14 @@
 //! The one wasmtime engine: pooling allocator sized for a small machine (on-demand
 //! allocation when the reservation fails), epoch interruption driven by a ticker that
-//! sleeps while no plugin runs, the linker with WASI and the contract's imports, and the
-//! on-disk cache of compiled components.
+//! sleeps while no plugin runs (`driver`, with the thread a call that yields goes on to),
+//! the linker with WASI and the contract's imports, and the on-disk cache of compiled
+//! components.
+
+mod driver;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use wasmtime::component::{HasSelf, Linker};
@@ -15,8 +18,7 @@ use super::bindings::{self, v0_1, v0_2};
 use super::state::State;
 use v0_1::rebound::adapter::types as wit;
 
-/// How often the epoch advances while plugins run.
-pub const TICK: Duration = Duration::from_millis(5);
+pub use driver::{TICK, TickGuard};
 /// Concurrent plugin instances the pool holds.
 pub const POOL_INSTANCES: u32 = 32;
 /// How much of each pooled memory and table stays mapped between instances: the pages
@@ -108,12 +110,13 @@ pub struct Runtime {
     pub limits: Limits,
     /// Whether the pooling allocator is in use (false: its reservation failed).
     pub pooling: bool,
-    /// One permit per instance the pool holds: a call waits for one rather than failing.
-    pool: tokio::sync::Semaphore,
+    /// One permit per instance the pool holds: a call waits for one rather than failing,
+    /// and holds it as long as its instance lives.
+    pool: Arc<tokio::sync::Semaphore>,
     cache: Option<PathBuf>,
     /// How long compiling one component may take, in ms: set by each (re)load.
     compile_timeout_ms: AtomicU64,
-    ticker: Ticker,
+    driver: driver::Driver,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -185,13 +188,13 @@ impl Runtime {
                 None
             }
         });
-        let ticker = Ticker::start(&engine);
-        let pool = tokio::sync::Semaphore::new(POOL_INSTANCES as usize);
+        let driver = driver::Driver::start(&engine)?;
+        let pool = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize));
         if let Some(dir) = &cache {
             remove_stale(dir);
         }
         let compile_timeout_ms = AtomicU64::new(COMPILE_TIMEOUT_MS);
-        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, ticker }))
+        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, driver }))
     }
 
     /// The default cache folder: `$XDG_CACHE_HOME/rebound/plugins`, else
@@ -217,8 +220,8 @@ impl Runtime {
     }
 
     /// Keeps the epoch advancing while the guard lives.
-    pub fn running(&self) -> TickGuard<'_> {
-        self.ticker.enter()
+    pub fn running(&self) -> TickGuard {
+        self.driver.running()
     }
 
     /// Runs `request` in a fresh instance of `pre` whose store holds `state`, and stops it
@@ -245,8 +248,8 @@ impl Runtime {
         let limit = self.limits.timeout;
         // An instance from the pool, waiting for one at most until the deadline.
         let asked = std::time::Instant::now();
-        let pooled = tokio::time::timeout_at(end.into(), self.pool.acquire()).await;
-        let Ok(Ok(_instance)) = pooled else { return Err(Fault::Busy) };
+        let pooled = tokio::time::timeout_at(end.into(), self.pool.clone().acquire_owned()).await;
+        let Ok(Ok(instance)) = pooled else { return Err(Fault::Busy) };
         let waited = waited + asked.elapsed();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
@@ -257,7 +260,8 @@ impl Runtime {
         store.epoch_deadline_callback(move |_| {
             Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
         });
-        let _running = self.running();
+        let running = self.running();
+        let pre = pre.clone();
         // The two versions' exports differ only in `declare`; the rest is the same code
         // on two generated types.
         macro_rules! answer {
@@ -278,7 +282,9 @@ impl Runtime {
                 })
             }};
         }
-        let call = async {
+        // It owns what it needs (its instance's permit, the ticking) wherever it runs.
+        let call = async move {
+            let _held = (instance, running);
             match pre {
                 Pre::V0_1(pre) => {
                     let plugin = pre.instantiate_async(&mut store).await?;
@@ -301,9 +307,10 @@ impl Runtime {
             true => Fault::Busy,
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
-        match tokio::time::timeout(remaining, call).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(e)) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
+        match tokio::time::timeout(remaining, self.driver.run(call)).await {
+            Ok(Some(Ok(reply))) => Ok(reply),
+            Ok(None) => Err(Fault::Failed("its call panicked in the host".into())),
+            Ok(Some(Err(e))) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
                 Some(wasmtime::Trap::Interrupt) => past(),
                 Some(trap) => Fault::Failed(format!("it trapped ({trap})")),
                 None => Fault::Failed(format!("{e:#}")),
@@ -378,66 +385,6 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
         return refuse(format!("{} is writable by others (mode {:o})", dir.display(), meta.mode() & 0o777));
     }
     Ok(())
-}
-
-/// Advances the engine's epoch every [`TICK`] while at least one plugin call is in
-/// flight, and sleeps otherwise, so an idle gateway does not wake up for nothing.
-struct Ticker {
-    active: Arc<AtomicUsize>,
-    /// Set when the runtime goes (a reload replaced it): the thread ends.
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::Thread,
-}
-
-impl Drop for Ticker {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.thread.unpark();
-    }
-}
-
-pub struct TickGuard<'a>(&'a Ticker);
-
-impl Ticker {
-    fn start(engine: &Engine) -> Self {
-        let active = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let weak = engine.weak();
-        let (busy, stopped) = (active.clone(), stop.clone());
-        let handle = std::thread::Builder::new()
-            .name("rebound-epoch".into())
-            .spawn(move || {
-                loop {
-                    if stopped.load(Ordering::Acquire) {
-                        break;
-                    }
-                    if busy.load(Ordering::Acquire) == 0 {
-                        std::thread::park();
-                        continue;
-                    }
-                    std::thread::sleep(TICK);
-                    match weak.upgrade() {
-                        Some(engine) => engine.increment_epoch(),
-                        None => break,
-                    }
-                }
-            })
-            .expect("spawn the epoch thread");
-        Self { active, stop, thread: handle.thread().clone() }
-    }
-
-    fn enter(&self) -> TickGuard<'_> {
-        if self.active.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.thread.unpark();
-        }
-        TickGuard(self)
-    }
-}
-
-impl Drop for TickGuard<'_> {
-    fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 #[cfg(test)]
