@@ -916,6 +916,43 @@ async fn a_listen_request_on_a_cold_gateway_follows_the_resources_of_servers_sti
     assert!(acknowledged.contains("faulty://a/readme"), "{acknowledged}");
 }
 
+/// A 2026-07-28 client's listen requests, held open, count against its address; they
+/// do not keep another client behind the same address from opening a session.
+#[tokio::test]
+async fn listens_held_open_by_one_client_leave_its_neighbours_room_to_connect() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_concurrent_per_client": 2}}}),
+        &[],
+    )
+    .await;
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let mut held = Vec::new();
+    for id in 1..=2 {
+        let listen = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
+            "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
+        let response = post(&gw, &listen)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "subscriptions/listen")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        held.push(response);
+    }
+    let third = json!({"jsonrpc": "2.0", "id": 3, "method": "subscriptions/listen", "params": {
+        "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
+    let refused = post(&gw, &third).header("mcp-protocol-version", "2026-07-28").send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "the listening client's own room is full");
+    let opened = post(&gw, &initialize()).send().await.unwrap();
+    assert_eq!(opened.status(), StatusCode::OK, "{}", opened.text().await.unwrap());
+    assert!(opened.headers().contains_key("mcp-session-id"));
+    drop(held);
+}
+
 /// Two clients of one shared stdio server, which cannot say which request it is serving:
 /// a question it asks while answering one client's `prompts/get` goes to that client,
 /// and, while another client's call is in flight too, to neither.

@@ -278,7 +278,7 @@ pub(super) async fn limit(
     if !counts {
         return answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     }
-    let permit = match admit(&front, &request, peer, id) {
+    let permit = match admit(&front, &request, (peer, opens_session), id) {
         Ok(permit) => permit,
         Err(refused) => return *refused,
     };
@@ -310,11 +310,14 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
 
 /// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
 /// gateway's or, without one, the address `peer`: refused past `max_concurrent_per_client`, for an id
-/// already in flight in its session, and while the gateway drains.
+/// already in flight in its session, and while the gateway drains. An `initialize`
+/// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
+/// client's listen requests there, held open, must not keep its neighbours behind one
+/// address from opening sessions.
 fn admit(
     front: &Front,
     request: &Request,
-    peer: SocketAddr,
+    (peer, opening): (SocketAddr, bool),
     id: Option<serde_json::Value>,
 ) -> Result<ClientPermit, Box<Response>> {
     // Only a session of the gateway's: rmcp serves a 2026-07-28 request without one,
@@ -323,6 +326,7 @@ fn admit(
     let session = session.filter(|id| front.sessions.knows(id));
     let client = match session {
         Some(session) => format!("session {session}"),
+        None if opening => format!("{} opening sessions", super::address_client(peer.ip())),
         None => super::address_client(peer.ip()),
     };
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
