@@ -92,6 +92,39 @@ async fn spinning_adapters_do_not_hold_other_servers_calls() {
     assert_eq!(order.first(), Some(&"b"), "{order:?}");
 }
 
+/// The copies of an adapter that a `scope: session` server's sessions run share its
+/// health: faults in three sessions quarantine it for every session, and the status
+/// says so (each copy counted alone, a hostile adapter faulted without end, one new
+/// session after another, and nobody saw it).
+#[tokio::test]
+async fn a_session_servers_adapter_faults_count_across_sessions() {
+    let plugins = test_plugins();
+    let gw = HttpGateway::start(
+        move |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["scope"] = json!("session");
+            a["adapter"] = json!("misbehave");
+            a["adapter_config"] = json!({"mode": "panic"});
+            json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}})
+        },
+        &[],
+    )
+    .await;
+    for _ in 0..3 {
+        let client = gw.client(None).await.unwrap();
+        let mut params = rmcp::model::CallToolRequestParams::new("fail");
+        params.arguments = json!({"message": "boom"}).as_object().cloned();
+        assert_eq!(text(&client.peer().call_tool(params).await.unwrap()), "boom");
+        let _ = client.cancel().await;
+    }
+    let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    let adapter = &doc["servers"][0]["adapter"];
+    assert_eq!(adapter["faults"], 3, "{doc}");
+    assert!(adapter["quarantined_for_ms"].as_u64().is_some(), "{doc}");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"rebound_plugin_quarantined{server="a",adapter="misbehave"} 1"#), "{metrics}");
+}
+
 /// Makes `a`'s adapter classify (it loops), and says how it is.
 async fn fault(gw: &Gateway) -> Value {
     gw.call("a__fail", json!({"message": "x"})).await;

@@ -130,6 +130,10 @@ fn session_status(hub: &Hub, setup: &Setup, name: &str) -> Value {
     if let Some(policy) = setup.engine.policy(name) {
         entry["counters"] = counters_json(&policy.counters);
     }
+    // Every session's copy shares its health.
+    if let Some(adapter) = setup.plugins.adapters.get(name) {
+        entry["adapter"] = serde_json::to_value(adapter.health()).unwrap_or_default();
+    }
     entry
 }
 
@@ -382,7 +386,7 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
                 denied: policy
                     .map(|p| std::array::from_fn(|i| p.counters.denied[i].load(Ordering::Relaxed)))
                     .unwrap_or_default(),
-                adapter: setup.plugins.adapters.get(name).filter(|_| shared).map(|a| {
+                adapter: setup.plugins.adapters.get(name).map(|a| {
                     let h = a.health();
                     AdapterSnapshot { name: h.name, faults: h.faults, quarantined: h.quarantined_for_ms.is_some() }
                 }),

@@ -1,5 +1,5 @@
-//! Running adapters: every call in a fresh instance on a blocking thread, under the
-//! runtime's limits; faults contained and counted, and a plugin that keeps faulting
+//! Running adapters: every call in a fresh instance, under the runtime's limits (on the
+//! caller's task until the guest first yields, then on the plugins' own thread); faults contained and counted, and a plugin that keeps faulting
 //! quarantined. [`Adapters`] is the recovery engine's [`Advisor`].
 
 use std::collections::{HashMap, VecDeque};
@@ -44,7 +44,9 @@ pub struct Adapter {
     /// by a reload that keeps the adapter (`hide`).
     secrets: Arc<std::sync::RwLock<Secrets>>,
     log: Arc<LogBudget>,
-    health: Mutex<Health>,
+    /// Shared with its forks: a session's own copy runs the same code, and its faults
+    /// count (and quarantine) for them all.
+    health: Arc<Mutex<Health>>,
     /// Successful calls waiting to be observed, in order.
     lane: Lane,
     /// Instances this adapter may hold at once: a share of the runtime's pool, so that
@@ -115,7 +117,7 @@ impl Adapter {
             kv: Kv::default(),
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::default(),
-            health: Mutex::default(),
+            health: Arc::default(),
             lane: Lane::default(),
             share: Arc::new(tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2)),
         };
@@ -131,15 +133,16 @@ impl Adapter {
 
     /// The same adapter for another instance of its server (a client session's own): the
     /// same code, configuration and declared needs, with state of its own (its key-value
-    /// store, such as the HOL cursor, its observe queue and its health); its share of the
-    /// instance pool and its log budget stay the original's.
+    /// store, such as the HOL cursor, and its observe queue); its health (faults,
+    /// quarantine), its share of the instance pool and its log budget stay the
+    /// original's.
     pub fn fork(&self) -> Arc<Self> {
-        self.with_state(Kv::default(), Health::default(), self.log.clone())
+        self.with_state(Kv::default(), self.health.clone(), self.log.clone())
     }
 
     /// This adapter, its code, runtime and share of the pool, with `kv`, `health` and
     /// `log` (its log budget) for its state, and a queue of its own.
-    fn with_state(&self, kv: Kv, health: Health, log: Arc<LogBudget>) -> Arc<Self> {
+    fn with_state(&self, kv: Kv, health: Arc<Mutex<Health>>, log: Arc<LogBudget>) -> Arc<Self> {
         Arc::new(Self {
             runtime: self.runtime.clone(),
             pre: self.pre.clone(),
@@ -151,7 +154,7 @@ impl Adapter {
             kv,
             secrets: self.secrets.clone(),
             log,
-            health: Mutex::new(health),
+            health,
             lane: Lane::default(),
             share: self.share.clone(),
         })
@@ -179,8 +182,7 @@ impl Adapter {
     /// its store, such as the HOL cursor, is this one's, shared, so that what its calls
     /// still running write is kept too; its health (faults, quarantine) carries over.
     pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
-        let health = self.health.lock().expect("not poisoned").clone();
-        fresh.with_state(self.kv.clone(), health, self.log.clone())
+        fresh.with_state(self.kv.clone(), self.health.clone(), self.log.clone())
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
@@ -332,11 +334,13 @@ impl Adapter {
         let end = self.after_what_came_before().await;
         let Some(Reply::Plan(steps)) = self.call_by("plan", request, end).await else { return None };
         let steps = steps?;
-        if let Err(why) = check_plan(&steps) {
-            self.fault("plan", why, None);
-            return None;
+        match check_plan(&steps).and_then(|()| steps.into_iter().map(from_step).collect()) {
+            Ok(steps) => Some(steps),
+            Err(why) => {
+                self.fault("plan", why, None);
+                None
+            }
         }
-        Some(steps.into_iter().filter_map(|s| from_step(self, s)).collect())
     }
 
     /// Waits until the successful calls before this moment have been observed, and
@@ -595,20 +599,17 @@ fn from_class(c: wit::Classification, kind: crate::recovery::classify::Kind) -> 
     }
 }
 
-/// A plan step from the plugin; one whose arguments are not a JSON object is dropped
-/// (and logged): the rest of the plan still runs.
-fn from_step(a: &Adapter, step: wit::Step) -> Option<Step> {
-    let object = |text: &str, what: &str| -> Option<JsonObject> {
+/// A plan step from the plugin; one whose arguments are not a JSON object breaks the
+/// contract (the whole plan is a fault, so that a plan of such steps on every call is
+/// quarantined like any other fault, not logged without end).
+fn from_step(step: wit::Step) -> Result<Step, String> {
+    let object = |text: &str, what: &str| -> Result<JsonObject, String> {
         match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(serde_json::Value::Object(o)) => Some(o),
-            _ => {
-                let what = super::state::shown(what, 256);
-                tracing::warn!(adapter = %a.name, "the plan's {what} arguments are not a JSON object; step skipped");
-                None
-            }
+            Ok(serde_json::Value::Object(o)) => Ok(o),
+            _ => Err(format!("its plan's arguments for {} are not a JSON object", super::state::shown(what, 256))),
         }
     };
-    Some(match step {
+    Ok(match step {
         wit::Step::Retry(ms) => Step::Retry(ms.map(Duration::from_millis)),
         wit::Step::SideCall(c) => Step::SideCall { arguments: object(&c.arguments, &c.tool)?, tool: c.tool },
         wit::Step::Alternative(alt) => Step::Alternative {
@@ -639,6 +640,18 @@ mod tests {
         assert!(check_plan(&heavy).unwrap_err().contains("bytes of text"));
         let side = wit::Step::SideCall(wit::ToolCall { tool: "t".into(), arguments: "a".repeat(MAX_STRING_BYTES + 1) });
         assert!(check_plan(&[side]).is_err(), "arguments count too");
+    }
+
+    #[test]
+    fn a_step_whose_arguments_are_no_json_object_breaks_the_contract() {
+        let side =
+            |arguments: &str| wit::Step::SideCall(wit::ToolCall { tool: "t".into(), arguments: arguments.into() });
+        assert!(matches!(from_step(side(r#"{"q": 1}"#)), Ok(Step::SideCall { .. })));
+        for bad in ["[1]", "not json", "\"text\""] {
+            assert!(from_step(side(bad)).unwrap_err().contains("not a JSON object"), "{bad}");
+        }
+        let alternative = wit::Alternative { server: None, tool: "u".into(), arguments: "7".into() };
+        assert!(from_step(wit::Step::Alternative(alternative)).is_err());
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub struct FailureContext<'a> {
 
 /// Server-specific knowledge: refines classifications, plans recovery, learns from
 /// successes. Implemented by the plugin host; every method may decline. Async because
-/// plugins run on blocking threads, off the runtime's workers.
+/// a plugin call that does not answer at once goes on on a thread of its own.
 pub trait Advisor: Send + Sync {
     fn classify(
         &self,
