@@ -141,7 +141,7 @@ impl Adapter {
     }
 
     /// This adapter, its code, runtime and share of the pool, with `kv`, `health` and
-    /// `log` (its log budget) for its state, and a queue of its own.
+    /// `log` (its log budget) for its state, and a queue of its own (within this one's bytes).
     fn with_state(&self, kv: Kv, health: Arc<Mutex<Health>>, log: Arc<LogBudget>) -> Arc<Self> {
         Arc::new(Self {
             runtime: self.runtime.clone(),
@@ -155,7 +155,7 @@ impl Adapter {
             secrets: self.secrets.clone(),
             log,
             health,
-            lane: Lane::default(),
+            lane: self.lane.sharing(),
             share: self.share.clone(),
         })
     }
@@ -428,7 +428,12 @@ impl Advisor for Adapters {
     ) -> BoxFuture<'static, ()> {
         // An adapter that does not observe this tool costs a successful call nothing; one
         // that does sees it after the client has its answer.
-        if let Some(a) = self.by_server.get(server).filter(|a| a.info.needs.observes(tool)) {
+        // Nor does one quarantined, or whose queue has no room for it: both found before
+        // the call is copied for it.
+        if let Some(a) = self.by_server.get(server).filter(|a| a.info.needs.observes(tool))
+            && !a.quarantined()
+            && a.lane.admits(arguments, result)
+        {
             a.lane.push(a, a.completed(tool, arguments, result));
         }
         Box::pin(async {})

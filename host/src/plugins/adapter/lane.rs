@@ -16,9 +16,10 @@ use super::Adapter;
 /// Successful calls waiting to be shown; past this they are dropped and counted.
 const QUEUE: usize = 256;
 
-/// The most bytes of text (arguments and results) waiting to be shown; a call that
-/// would take the queue past it is dropped and counted, so that an adapter slow to
-/// observe holds at most this much of the gateway's memory, however large the answers.
+/// The most bytes of text (arguments and results) waiting to be shown, for one adapter
+/// and every session's copy of it together; a call that would take the queue past it is
+/// dropped and counted, so that an adapter slow to observe holds at most this much of
+/// the gateway's memory, however large the answers and however many sessions.
 pub const QUEUE_BYTES: usize = 16 << 20;
 
 enum Job {
@@ -30,13 +31,32 @@ enum Job {
 #[derive(Default)]
 pub(super) struct Lane {
     tx: OnceLock<mpsc::Sender<Job>>,
-    /// Bytes of the calls queued and not shown yet.
+    /// Bytes of the calls queued and not shown yet, in this lane and those sharing it.
     queued: Arc<AtomicUsize>,
-    /// Successful calls not shown because the queue was full.
-    pub dropped: AtomicU64,
+    /// Successful calls not shown because the queue was full, in all those lanes.
+    pub dropped: Arc<AtomicU64>,
 }
 
 impl Lane {
+    /// A lane of its own (its order, its worker) within this one's bytes.
+    pub fn sharing(&self) -> Self {
+        Self { tx: OnceLock::new(), queued: self.queued.clone(), dropped: self.dropped.clone() }
+    }
+
+    /// Whether a call of `arguments` and `result` may still fit: measured without being
+    /// copied, and no further than the room left, so that a large answer costs nothing
+    /// when it would be dropped anyway. One that may not is counted as dropped.
+    pub fn admits(&self, arguments: Option<&impl serde::Serialize>, result: &impl serde::Serialize) -> bool {
+        let room = QUEUE_BYTES.saturating_sub(self.queued.load(Ordering::Acquire));
+        let mut counted = Counted { left: room };
+        let fits = serde_json::to_writer(&mut counted, &arguments).is_ok()
+            && serde_json::to_writer(&mut counted, result).is_ok();
+        if !fits {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        fits
+    }
+
     /// Queues `call` for `adapter` to observe, without waiting.
     pub fn push(&self, adapter: &Arc<Adapter>, call: wit::CompletedCall) {
         self.queue(|queued| start(Arc::downgrade(adapter), queued), call);
@@ -60,6 +80,22 @@ impl Lane {
         if tx.try_send(Job::Flush(done)).is_ok() {
             let _ = tokio::time::timeout_at(end, shown).await;
         }
+    }
+}
+
+/// A sink that takes `left` bytes more, then fails.
+struct Counted {
+    left: usize,
+}
+
+impl std::io::Write for Counted {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.left = self.left.checked_sub(bytes.len()).ok_or_else(|| std::io::Error::other("past the room left"))?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -110,5 +146,23 @@ mod tests {
         lane.queued.fetch_sub(bytes, Ordering::AcqRel); // as the worker does
         lane.queue(&mut start, call(5 << 20));
         assert_eq!(lane.dropped.load(Ordering::Relaxed), 2, "a call shown makes room");
+        // A session's copy of the adapter has a lane of its own within the same bytes.
+        let copy = lane.sharing();
+        let (tx, _rx) = mpsc::channel(QUEUE);
+        copy.queue(|_| tx, call(5 << 20));
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 3, "the copy's call is past the bytes they share");
+    }
+
+    /// A call that cannot fit is found so before it is copied, measured no further than
+    /// the room left.
+    #[test]
+    fn a_call_past_the_room_left_is_not_copied() {
+        let lane = Lane::default();
+        let small = serde_json::json!({"text": "x".repeat(1 << 10)});
+        assert!(lane.admits(None::<&serde_json::Value>, &small));
+        lane.queued.store(QUEUE_BYTES - 100, Ordering::Release);
+        assert!(!lane.admits(None::<&serde_json::Value>, &small));
+        assert!(!lane.admits(Some(&small), &serde_json::json!({})), "its arguments count too");
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 2);
     }
 }
