@@ -680,7 +680,8 @@ impl Engine {
 
     /// Whether a step an adapter asked for may call `server/tool`: inside its grant and its
     /// declaration, within the call's plan limit, not a second run of a tool that is
-    /// unsafe to replay, and with retry budget left on the adapter's own server (so that an
+    /// unsafe to replay (one of the call's configured fallbacks, which always run, counts
+    /// as run), and with retry budget left on the adapter's own server (so that an
     /// adapter can never spend another server's). Steps from the configuration always may.
     /// `annotations` are the target tool's, as its server lists it.
     fn admit_call(
@@ -709,8 +710,12 @@ impl Engine {
         if spent.plan_calls >= self.max_plan_calls {
             return deny(record, Denial::Calls);
         }
+        let a_fallback = |alt: &crate::config::Alternative| {
+            alt.tool == tool && alt.server.as_deref().unwrap_or(&call.server) == &**server
+        };
         let ran = (**server == *call.server && tool == call.tool)
-            || spent.called.contains(&(server.clone(), tool.to_owned()));
+            || spent.called.contains(&(server.clone(), tool.to_owned()))
+            || call.policy.recovery.fallbacks.get(&call.tool).into_iter().flatten().any(a_fallback);
         if ran && !is_idempotent(&target.recovery, tool, annotations) {
             return deny(record, Denial::Replay);
         }

@@ -847,6 +847,23 @@ async fn plans_are_bounded_per_client_call() {
     assert_eq!(kinds, HashSet::from([Denial::Replay, Denial::Restart, Denial::Calls]));
 }
 
+/// A tool unsafe to replay that is one of the call's configured fallbacks, which always
+/// run, is not the adapter's to call first: it would run twice in one client call.
+#[tokio::test(start_paused = true)]
+async fn an_adapter_cannot_run_a_configured_fallback_before_it_runs() {
+    let mut r = one_attempt();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "poke".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/poke", false), ("s/look", true)])
+        .then("s/a", vec![timeout()])
+        .then("s/look", vec![ok("looked")]);
+    let e = engine(&[server("s", r)]);
+    let side = |tool: &str| Step::SideCall { tool: tool.into(), arguments: JsonObject::new() };
+    let (_, record) = advised(&e, &up, &planner(vec![side("poke"), side("look")]), "a").await;
+    assert_eq!(up.calls("s/poke").len(), 1, "the fallback ran, once");
+    assert_eq!(up.calls("s/look").len(), 1, "a tool safe to replay may still be called");
+    assert_eq!(record.denied.iter().map(|d| d.denial).collect::<Vec<_>>(), vec![Denial::Replay]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_adapters_steps_spend_its_own_servers_retry_budget() {
     let mut r = one_attempt();
