@@ -92,6 +92,56 @@ async fn spinning_adapters_do_not_hold_other_servers_calls() {
     assert_eq!(order.first(), Some(&"b"), "{order:?}");
 }
 
+/// A reload while other adapters' calls hold every instance of the pool (two spinning
+/// adapters, sixteen calls each) still loads the adapters it asks for: loading waits for
+/// an instance (up to 10 s while the pool stays busy), and gets one as the spinning calls
+/// end. (Their permits once went back before their instances did: the load then found
+/// every instance taken, and the reload was refused.)
+#[tokio::test]
+async fn a_reload_while_the_pool_is_full_still_loads_its_adapters() {
+    let plugins = test_plugins();
+    let config = move |dir: &Path, with_d: bool| {
+        let mut servers = serde_json::Map::new();
+        for name in ["a", "c"] {
+            let mut s = faulty(name, dir, &[]);
+            s["adapter"] = json!("misbehave");
+            s["adapter_config"] = json!({"mode": "loop"});
+            servers.insert(name.into(), s);
+        }
+        if with_d {
+            let mut d = faulty("d", dir, &[]);
+            d["adapter"] = json!("misbehave");
+            d["adapter_config"] = json!({"mode": "none"});
+            servers.insert("d".into(), d);
+        }
+        json!({
+            "mcpServers": servers,
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 3000, "plugin_cache_dir": dir.join("cache"),
+                        "http": {"max_concurrent_per_client": 64}},
+        })
+    };
+    let first = config.clone();
+    let gw = Gateway::start(move |dir| first(dir, false)).await;
+    let spinning = ["a__fail", "c__fail"].into_iter().flat_map(|tool| (0..16).map(move |_| tool));
+    let spinning = futures::future::join_all(spinning.map(|tool| gw.call(tool, json!({"message": "spin"}))));
+    let reload = async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let path = gw.dir.path().join("rebound.json");
+        std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), true)).unwrap()).unwrap();
+        std::fs::rename(path.with_extension("new"), &path).unwrap();
+        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "d__echo") {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let (_, reloaded) =
+        futures::future::join(spinning, tokio::time::timeout(std::time::Duration::from_secs(30), reload)).await;
+    reloaded.expect("the reload is applied");
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    let d = status["servers"].as_array().unwrap().iter().find(|s| s["name"] == "d").unwrap().clone();
+    assert!(d.get("adapter_error").is_none(), "{d}");
+    assert_eq!(d["adapter"]["name"], "misbehave", "{d}");
+}
+
 /// The copies of an adapter that a `scope: session` server's sessions run share its
 /// health: faults in three sessions quarantine it for every session, and the status
 /// says so (each copy counted alone, a hostile adapter faulted without end, one new

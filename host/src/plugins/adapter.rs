@@ -121,9 +121,16 @@ impl Adapter {
             lane: Lane::default(),
             share: Arc::new(tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2)),
         };
-        let declared = super::load::block_on(adapter.call("declare", Request::Declare))
-            .map_err(|e| format!("could not be asked what it needs: {e}"))?;
-        let Some(Reply::Declared(manifest)) = declared else {
+        let declared = {
+            let adapter = &adapter;
+            let asked = || async move {
+                let busy = adapter.health().busy;
+                (adapter.call("declare", Request::Declare).await, adapter.health().busy > busy)
+            };
+            super::load::block_on(super::load::while_busy(asked, |(_, busy)| *busy))
+                .map_err(|e| format!("could not be asked what it needs: {e}"))?
+        };
+        let (Some(Reply::Declared(manifest)), _) = declared else {
             let why = adapter.health().last_fault.unwrap_or_default();
             return Err(format!("failed when asked what it needs for `{server}`: {why}"));
         };

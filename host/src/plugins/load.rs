@@ -10,7 +10,7 @@ use wasmtime::component::Component;
 
 use super::bindings::{self, v0_1, v0_2};
 use super::compiler::{self, CompileError, MAX_COMPONENT_BYTES};
-use super::runtime::{Manifest, Pre, Reply, Request, Runtime};
+use super::runtime::{Fault, Manifest, Pre, Reply, Request, Runtime};
 use super::state::{CappedPipe, State, shown};
 use crate::config::ToolPattern;
 
@@ -223,8 +223,9 @@ fn introduce(runtime: &Runtime, pre: &Pre) -> Result<(v0_1::rebound::adapter::ty
         )
     };
     let asked = block_on(async {
-        let info = runtime.invoke(pre, state(), Request::Info).await;
-        let declared = runtime.invoke(pre, state(), Request::Declare).await;
+        let busy = |r: &Result<Reply, Fault>| matches!(r, Err(Fault::Busy));
+        let info = while_busy(|| runtime.invoke(pre, state(), Request::Info), busy).await;
+        let declared = while_busy(|| runtime.invoke(pre, state(), Request::Declare), busy).await;
         (info, declared)
     });
     match asked {
@@ -283,6 +284,25 @@ pub(crate) fn block_on<T: Send>(future: impl std::future::Future<Output = T> + S
             .join()
             .unwrap_or_else(|_| Err(std::io::Error::other("the loading thread panicked")))
     })
+}
+
+/// How long loading an adapter waits for the instance pool while other adapters' calls
+/// keep it busy: a reload must not drop an adapter because others held every instance.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `attempt`, made again while what it ends with is `busy` (it found no instance free),
+/// for up to [`LOAD_WAIT`].
+pub(crate) async fn while_busy<T, F: Future<Output = T>>(
+    mut attempt: impl FnMut() -> F,
+    busy: impl Fn(&T) -> bool,
+) -> T {
+    let until = std::time::Instant::now() + LOAD_WAIT;
+    loop {
+        let done = attempt().await;
+        if !busy(&done) || std::time::Instant::now() >= until {
+            return done;
+        }
+    }
 }
 
 /// `found` can be served by the bindings of `supported`: same major (and, in 0.x,

@@ -265,34 +265,38 @@ impl Runtime {
         // The two versions' exports differ only in `declare`; the rest is the same code
         // on two generated types.
         macro_rules! answer {
-            ($guest:expr, |$g:ident| $declare:expr) => {{
+            ($store:ident, $guest:expr, |$g:ident| $declare:expr) => {{
                 let guest = $guest;
                 wasmtime::Result::Ok(match request {
-                    Request::Info => Reply::Info(guest.call_info(&mut store).await?),
+                    Request::Info => Reply::Info(guest.call_info(&mut $store).await?),
                     Request::Declare => {
                         let $g = guest;
                         Reply::Declared($declare)
                     }
-                    Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut store, &f, &b).await?),
-                    Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut store, &f, &c).await?),
+                    Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut $store, &f, &b).await?),
+                    Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut $store, &f, &c).await?),
                     Request::Observe(c) => {
-                        guest.call_observe(&mut store, &c).await?;
+                        guest.call_observe(&mut $store, &c).await?;
                         Reply::Observed
                     }
                 })
             }};
         }
         // It owns what it needs (its instance's permit, the ticking) wherever it runs.
+        // Declared first, they are dropped last, whether it ends or is dropped on the way:
+        // its store gives the instance back to the pool before the permit goes to another
+        // call (the other way round, that call found the pool's instances all taken).
         let call = async move {
             let _held = (instance, running);
+            let mut store = store;
             match pre {
                 Pre::V0_1(pre) => {
                     let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
+                    answer!(store, plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
                 }
                 Pre::V0_2(pre) => {
                     let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(plugin.rebound_adapter_adapter(), |g| {
+                    answer!(store, plugin.rebound_adapter_adapter(), |g| {
                         let m = g.call_declare(&mut store).await?;
                         Manifest { tools: m.tools, restart: m.restart, observes: m.observes }
                     })
