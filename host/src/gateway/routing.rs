@@ -124,7 +124,7 @@ pub struct Routing {
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The upstream requests of calls that ended (or were sent again) in the last
     /// [`ENDED_COUNTS`], oldest first: a server's request naming one is no other call's.
-    gone: Mutex<VecDeque<(u64, RequestId, Instant)>>,
+    gone: Mutex<Gone>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
     /// Per upstream session and client, the session's requests waiting for the client's
@@ -186,8 +186,31 @@ fn still_counts((_, at, answered): &Ended, now: Instant) -> bool {
 /// The most clients remembered per instance, and instances, before the stale are swept.
 const ENDED_KEPT: usize = 64;
 
-/// The most ended upstream requests remembered.
-const GONE_KEPT: usize = 4096;
+/// The most ended upstream requests remembered (13 000 a second for [`ENDED_COUNTS`]).
+const GONE_KEPT: usize = 1 << 16;
+
+/// The upstream requests of calls that ended in the last [`ENDED_COUNTS`], oldest first,
+/// and each one's end.
+#[derive(Default)]
+struct Gone {
+    order: VecDeque<((u64, RequestId), Instant)>,
+    at: HashMap<(u64, RequestId), Instant>,
+}
+
+impl Gone {
+    fn add(&mut self, request: (u64, RequestId), now: Instant) {
+        while let Some((oldest, at)) = self.order.front()
+            && (now.duration_since(*at) >= ENDED_COUNTS || self.order.len() >= GONE_KEPT)
+        {
+            if self.at.get(oldest) == Some(at) {
+                self.at.remove(oldest);
+            }
+            self.order.pop_front();
+        }
+        self.order.push_back((request.clone(), now));
+        self.at.insert(request, now);
+    }
+}
 
 impl Routing {
     /// Counts a request of upstream session `session` waiting for `client`'s answer;
@@ -312,19 +335,13 @@ impl Routing {
 
     /// Upstream request `request` on `session` ended (or was sent again) now.
     fn gone(&self, session: u64, request: RequestId) {
-        let now = Instant::now();
-        let mut gone = self.gone.lock().expect("not poisoned");
-        while gone.front().is_some_and(|(_, _, at)| now.duration_since(*at) >= ENDED_COUNTS) || gone.len() >= GONE_KEPT
-        {
-            gone.pop_front();
-        }
-        gone.push_back((session, request, now));
+        self.gone.lock().expect("not poisoned").add((session, request), Instant::now());
     }
 
     /// Whether upstream request `request` on `session` ended a moment ago.
     fn is_gone(&self, session: u64, request: &RequestId) -> bool {
         let gone = self.gone.lock().expect("not poisoned");
-        gone.iter().any(|(s, r, at)| *s == session && r == request && at.elapsed() < ENDED_COUNTS)
+        gone.at.get(&(session, request.clone())).is_some_and(|at| at.elapsed() < ENDED_COUNTS)
     }
 
     /// Whether a task of a client other than `client` runs on upstream `session`: what
@@ -871,10 +888,11 @@ mod tests {
         assert_eq!(asking(8).as_deref(), Some("bob"), "a call not yet recorded as sent may be his");
         tokio::time::sleep(ENDED_COUNTS).await;
         assert_eq!(asking(7).as_deref(), Some("bob"), "forgotten in time");
-        for n in 0..5000 {
+        for n in 0..(GONE_KEPT as i64 + 10) {
             routing.gone(0, RequestId::Number(n));
         }
-        assert_eq!(routing.gone.lock().unwrap().len(), GONE_KEPT);
+        let gone = routing.gone.lock().unwrap();
+        assert_eq!((gone.order.len(), gone.at.len()), (GONE_KEPT, GONE_KEPT));
     }
 
     /// A shared server's log line goes to the one client with calls in flight there, and
