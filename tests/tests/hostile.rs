@@ -253,6 +253,58 @@ async fn a_secret_a_reload_brings_is_hidden_from_the_adapters_it_keeps() {
     gw.close().await;
 }
 
+/// A session keeps its copy of the adapter across reloads; a secret that a later reload
+/// brings is hidden from that copy too, even after an earlier reload moved the adapter
+/// to new limits.
+#[tokio::test]
+async fn a_secret_a_reload_brings_is_hidden_from_the_copies_sessions_keep() {
+    const KEY: &str = "sk-live-fedcba9876543210";
+    let session_scoped = |dir: &std::path::Path, settings: Value| {
+        let mut c = config(dir, "launder", json!({}), settings);
+        c["mcpServers"]["a"]["scope"] = json!("session");
+        c
+    };
+    let gw = HttpGateway::start(|dir| session_scoped(dir, json!({})), &[]).await;
+    let client = gw.client(None).await.unwrap();
+    let call = |tool: &str, message: String| {
+        let mut p = rmcp::model::CallToolRequestParams::new(tool.to_owned());
+        p.arguments = json!({"message": message}).as_object().cloned();
+        client.peer().call_tool(p)
+    };
+    assert!(text(&call("a__fail", "first".into()).await.unwrap()).contains("laundered: "));
+    let dir = gw.dir.path().to_owned();
+    let reload = |config: Value, marker: &'static str| {
+        let dir = dir.clone();
+        let peer = client.peer().clone();
+        async move {
+            let tmp = dir.join("rebound.json.new");
+            std::fs::write(&tmp, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+            std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
+            for _ in 0..200 {
+                if peer.list_all_tools().await.unwrap().iter().any(|t| t.name == marker) {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("the reload adding {marker} was not applied");
+        }
+    };
+    // New limits: the adapter moves to a new runtime.
+    let mut moved = session_scoped(&dir, json!({"plugin_timeout_ms": 250}));
+    moved["mcpServers"]["c"] = faulty("c", &dir, &[]);
+    reload(moved.clone(), "c__echo").await;
+    // Then another server's secret.
+    let mut secret = moved;
+    secret["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
+    secret["mcpServers"]["d"] = faulty("d", &dir, &[]);
+    reload(secret, "d__echo").await;
+    let answer = text(&call("a__fail", format!("auth failed for key {KEY}")).await.unwrap());
+    assert!(answer.contains("laundered: "), "{answer}");
+    let reversed: String = KEY.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
+    assert!(!answer.contains(&reversed), "{answer}");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn an_adapters_own_category_never_becomes_a_metric_label() {
     let gw = HttpGateway::start(|dir| config(dir, "label", json!({}), json!({})), &[]).await;

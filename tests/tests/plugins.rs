@@ -238,36 +238,42 @@ async fn memory_bombs_panics_and_floods_are_contained() {
 }
 
 /// What an adapter printed when it faulted may quote any client's call (here its panic
-/// message, `std::panic` printing it): the operator sees it in `GET /status`, no client
-/// in `rebound_status`.
+/// message, `std::panic` printing it): the operator sees it in `GET /status` behind the
+/// operator token, no client in `rebound_status`, nor in `GET /status` without one (the
+/// clients' token opens it then).
 #[tokio::test]
 async fn what_a_faulty_adapter_printed_is_the_operators_alone() {
-    let plugins = test_plugins();
-    let gw = HttpGateway::start(
-        move |dir| {
-            let mut a = faulty("a", dir, &[]);
-            a["adapter"] = json!("misbehave");
-            a["adapter_config"] = json!({"mode": "panic"});
-            json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache")}})
-        },
-        &[],
-    )
-    .await;
-    let client = gw.client(None).await.unwrap();
-    let call = |name: &str, args: Value| {
-        let mut params = rmcp::model::CallToolRequestParams::new(name.to_owned());
-        params.arguments = args.as_object().cloned();
-        client.peer().call_tool(params)
-    };
-    assert_eq!(text(&call("fail", json!({"message": "boom"})).await.unwrap()), "boom");
-    let theirs = call("rebound_status", json!({})).await.unwrap().structured_content.unwrap();
-    let adapter = &theirs["servers"][0]["adapter"];
-    assert!(adapter["last_fault"].as_str().unwrap().contains("trapped"), "{adapter}");
-    assert!(!theirs.to_string().contains("panicked on purpose"), "{theirs}");
-    let operators: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
-    let printed = operators["servers"][0]["adapter"]["last_output"].as_str().unwrap_or_default();
-    assert!(printed.contains("panicked on purpose"), "{operators}");
-    let _ = client.cancel().await;
+    const OPERATOR: &str = "operator-token-0123456789";
+    for operator in [true, false] {
+        let plugins = test_plugins();
+        let gw = HttpGateway::start(
+            move |dir| {
+                let mut a = faulty("a", dir, &[]);
+                a["adapter"] = json!("misbehave");
+                a["adapter_config"] = json!({"mode": "panic"});
+                let http = if operator { json!({"operator_token": OPERATOR}) } else { json!({}) };
+                json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_cache_dir": dir.join("cache"), "http": http}})
+            },
+            &[],
+        )
+        .await;
+        let client = gw.client(None).await.unwrap();
+        let call = |name: &str, args: Value| {
+            let mut params = rmcp::model::CallToolRequestParams::new(name.to_owned());
+            params.arguments = args.as_object().cloned();
+            client.peer().call_tool(params)
+        };
+        assert_eq!(text(&call("fail", json!({"message": "boom"})).await.unwrap()), "boom");
+        let theirs = call("rebound_status", json!({})).await.unwrap().structured_content.unwrap();
+        let adapter = &theirs["servers"][0]["adapter"];
+        assert!(adapter["last_fault"].as_str().unwrap().contains("trapped"), "{adapter}");
+        assert!(!theirs.to_string().contains("panicked on purpose"), "{theirs}");
+        let status = reqwest::Client::new().get(format!("{}/status", gw.base)).bearer_auth(OPERATOR).send();
+        let doc: Value = status.await.unwrap().json().await.unwrap();
+        let printed = doc["servers"][0]["adapter"]["last_output"].as_str().unwrap_or_default();
+        assert_eq!(printed.contains("panicked on purpose"), operator, "{doc}");
+        let _ = client.cancel().await;
+    }
 }
 
 #[tokio::test]

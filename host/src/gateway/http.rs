@@ -348,7 +348,9 @@ async fn status_page() -> Response {
 
 /// The status document (`status::document`), versioned by its `schema` field.
 async fn status_document(State(front): State<Front>) -> Response {
-    axum::Json(super::status::document(&front.hub)).into_response()
+    // What adapters printed only where no client can read it: behind an operator token.
+    let operators = front.settings.operator_token.is_some();
+    axum::Json(super::status::document(&front.hub, operators)).into_response()
 }
 
 async fn metrics(State(front): State<Front>) -> Response {

@@ -130,14 +130,17 @@ impl Setup {
         let mut adapters = Adapters::default();
         let mut kept = Vec::new();
         for (server, fresh) in plugins.adapters.iter() {
+            // The copies that sessions keep of the adapter before, kept or not, hide the
+            // new configuration's secrets too.
+            if let Some(old) = self.plugins.adapters.get(server) {
+                old.hide(fresh);
+            }
             match self.plugins.adapters.get(server).filter(|_| self.unchanged(config, server)) {
                 Some(old) if same_code(old, fresh) && old.same_runtime(fresh) => {
-                    old.hide(fresh);
                     kept.push(server.clone());
                     adapters.insert(server, old.clone());
                 }
                 Some(old) if same_code(old, fresh) => {
-                    old.hide(fresh); // its forks, which sessions keep, too
                     kept.push(server.clone());
                     adapters.insert(server, old.moved_to(fresh));
                 }

@@ -141,29 +141,30 @@ impl Adapter {
     /// The same adapter for another instance of its server (a client session's own): the
     /// same code, configuration and declared needs, with state of its own (its key-value
     /// store, such as the HOL cursor, and its observe queue); its health (faults,
-    /// quarantine), its share of the instance pool and its log budget stay the
-    /// original's.
+    /// quarantine), its share of the instance pool, its log budget, the secrets hidden
+    /// from it and its observe queue's bytes stay the original's.
     pub fn fork(&self) -> Arc<Self> {
-        self.with_state(Kv::default(), self.health.clone(), self.log.clone())
+        Self::with_state(self, self, Kv::default())
     }
 
-    /// This adapter, its code, runtime and share of the pool, with `kv`, `health` and
-    /// `log` (its log budget) for its state, and a queue of its own (within this one's bytes).
-    fn with_state(&self, kv: Kv, health: Arc<Mutex<Health>>, log: Arc<LogBudget>) -> Arc<Self> {
+    /// `code`'s adapter (its code, runtime and share of the pool) with `kv` for its store
+    /// and what `state` holds for all its copies (health, log budget, secrets hidden, the
+    /// bytes its observe queues may hold), and a queue of its own.
+    fn with_state(code: &Adapter, state: &Adapter, kv: Kv) -> Arc<Self> {
         Arc::new(Self {
-            runtime: self.runtime.clone(),
-            pre: self.pre.clone(),
-            info: self.info.clone(),
-            name: self.name.clone(),
-            digest: self.digest,
-            server: self.server.clone(),
-            config: self.config.clone(),
+            runtime: code.runtime.clone(),
+            pre: code.pre.clone(),
+            info: code.info.clone(),
+            name: code.name.clone(),
+            digest: code.digest,
+            server: code.server.clone(),
+            config: code.config.clone(),
             kv,
-            secrets: self.secrets.clone(),
-            log,
-            health,
-            lane: self.lane.sharing(),
-            share: self.share.clone(),
+            secrets: state.secrets.clone(),
+            log: state.log.clone(),
+            health: state.health.clone(),
+            lane: state.lane.sharing(),
+            share: code.share.clone(),
         })
     }
 
@@ -178,18 +179,20 @@ impl Adapter {
     }
 
     /// From now on hides what `fresh` (the same adapter, loaded for a new configuration)
-    /// hides, from this adapter and its forks: a reload that keeps an adapter running
-    /// may bring new secrets (another server's, the gateway's token).
+    /// hides too, from this adapter and its forks: a reload may bring new secrets
+    /// (another server's, the gateway's token), and what was secret stays hidden.
     pub fn hide(&self, fresh: &Adapter) {
-        let secrets = fresh.secrets();
-        *self.secrets.write().expect("not poisoned") = secrets;
+        let more = fresh.secrets();
+        let mut secrets = self.secrets.write().expect("not poisoned");
+        *secrets = secrets.union(&more);
     }
 
     /// This adapter on `fresh`'s runtime (the same code, on the new limits of a reload):
     /// its store, such as the HOL cursor, is this one's, shared, so that what its calls
-    /// still running write is kept too; its health (faults, quarantine) carries over.
+    /// still running write is kept too; its health (faults, quarantine), the secrets
+    /// hidden from it (shared with the forks sessions keep) and the rest carry over.
     pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
-        fresh.with_state(self.kv.clone(), self.health.clone(), self.log.clone())
+        Self::with_state(fresh, self, self.kv.clone())
     }
 
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
@@ -291,12 +294,12 @@ impl Adapter {
             self.runtime.limits.memory,
         );
         let asked = std::time::Instant::now();
-        let Ok(Ok(_mine)) = tokio::time::timeout_at(end.into(), self.share.acquire()).await else {
+        let Ok(Ok(mine)) = tokio::time::timeout_at(end.into(), self.share.clone().acquire_owned()).await else {
             self.health.lock().expect("not poisoned").busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
-        let result = self.runtime.invoke_by(&self.pre, state, request, end, asked.elapsed()).await;
+        let result = self.runtime.invoke_by(&self.pre, state, request, (end, asked.elapsed()), mine).await;
         let printed = output.text();
         match result {
             Ok(reply) => {
@@ -618,14 +621,16 @@ fn from_step(step: wit::Step) -> Result<Step, String> {
     let object = |text: &str, what: &str| -> Result<JsonObject, String> {
         match serde_json::from_str::<serde_json::Value>(text) {
             Ok(serde_json::Value::Object(o)) => Ok(o),
-            _ => Err(format!("its plan's arguments for {} are not a JSON object", super::state::shown(what, 256))),
+            // Not naming the tool: the name is the adapter's, which may quote a client's
+            // call, and a fault's words reach every client (`rebound_status`).
+            _ => Err(format!("its plan's arguments for a {what} are not a JSON object")),
         }
     };
     Ok(match step {
         wit::Step::Retry(ms) => Step::Retry(ms.map(Duration::from_millis)),
-        wit::Step::SideCall(c) => Step::SideCall { arguments: object(&c.arguments, &c.tool)?, tool: c.tool },
+        wit::Step::SideCall(c) => Step::SideCall { arguments: object(&c.arguments, "side call")?, tool: c.tool },
         wit::Step::Alternative(alt) => Step::Alternative {
-            arguments: Some(object(&alt.arguments, &alt.tool)?),
+            arguments: Some(object(&alt.arguments, "alternative")?),
             server: alt.server,
             tool: alt.tool,
         },

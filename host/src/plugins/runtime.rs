@@ -231,19 +231,21 @@ impl Runtime {
     /// fault log.
     pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
         let end = std::time::Instant::now() + self.limits.timeout;
-        self.invoke_by(pre, state, request, end, Duration::ZERO).await
+        self.invoke_by(pre, state, request, (end, Duration::ZERO), ()).await
     }
 
     /// [`Self::invoke`], with `end` for its deadline: what a caller waited for before
     /// (its share of the pool, the adapter's earlier calls) counts against the one
-    /// deadline. Of that, `waited` was for others (its share of the pool).
+    /// deadline. Of that, `waited` was for others (its share of the pool). `held` (the
+    /// adapter's share of the pool) is kept as long as the call's instance, wherever the
+    /// call runs: a call given up on gives its instance back before its share.
     pub async fn invoke_by(
         &self,
         pre: &Pre,
         state: State,
         request: Request,
-        end: std::time::Instant,
-        waited: Duration,
+        (end, waited): (std::time::Instant, Duration),
+        held: impl Send + 'static,
     ) -> Result<Reply, Fault> {
         let limit = self.limits.timeout;
         // An instance from the pool, waiting for one at most until the deadline.
@@ -287,7 +289,7 @@ impl Runtime {
         // its store gives the instance back to the pool before the permit goes to another
         // call (the other way round, that call found the pool's instances all taken).
         let call = async move {
-            let _held = (instance, running);
+            let _held = (held, instance, running);
             let mut store = store;
             match pre {
                 Pre::V0_1(pre) => {
@@ -304,14 +306,15 @@ impl Runtime {
             }
         };
         let remaining = end.saturating_duration_since(std::time::Instant::now());
+        let queued = Arc::new(std::sync::atomic::AtomicU64::new(0));
         // Stopped at the deadline after more than half of it went on waiting for others
-        // (the pool, its share; not its own earlier calls), the adapter is not at fault:
-        // busy, as when it gets no instance at all.
-        let past = || match waited > limit / 2 {
+        // (the pool, its share, a turn on the plugins' threads; not its own earlier
+        // calls), the adapter is not at fault: busy, as when it gets no instance at all.
+        let past = || match waited + Duration::from_nanos(queued.load(Ordering::Relaxed)) > limit / 2 {
             true => Fault::Busy,
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
-        match tokio::time::timeout(remaining, self.driver.run(call)).await {
+        match tokio::time::timeout(remaining, self.driver.run(call, queued.clone())).await {
             Ok(Some(Ok(reply))) => Ok(reply),
             Ok(None) => Err(Fault::Failed("its call panicked in the host".into())),
             Ok(Some(Err(e))) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {

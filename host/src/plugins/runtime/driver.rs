@@ -3,18 +3,20 @@
 //!
 //! A call starts on its caller's task, where an adapter that answers at once (they all
 //! should: tens of microseconds) costs no hand-off between threads. A guest still running
-//! at the next epoch tick yields, and from then on runs on the plugins' own thread: a
+//! at the next epoch tick yields, and from then on runs on the plugins' own threads: a
 //! guest that spins up to its deadline, however many of them at once, takes the gateway's
 //! threads for at most one tick each, and never starves the tasks that relay every
 //! server's traffic (a task that is always ready to run keeps tokio from polling for I/O
-//! more than every 61 polls).
+//! more than every 61 polls). The time a call spends ready to run but waiting its turn
+//! there is counted ([`Queued`]): it is not the call's own, and a call stopped at its
+//! deadline after waiting most of it was busy, not at fault.
 
 use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::Poll;
-use std::time::Duration;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use tokio_util::task::AbortOnDropHandle;
 use wasmtime::Engine;
@@ -22,21 +24,24 @@ use wasmtime::Engine;
 /// How often the epoch advances while plugins run.
 pub const TICK: Duration = Duration::from_millis(5);
 
-/// The ticker and the plugins' thread of one runtime.
+/// The ticker and the plugins' threads of one runtime.
 pub struct Driver {
     ticker: Ticker,
     /// Never `None` but while dropped.
-    thread: Option<tokio::runtime::Runtime>,
+    threads: Option<tokio::runtime::Runtime>,
 }
 
 impl Driver {
     pub fn start(engine: &Engine) -> std::io::Result<Self> {
-        let thread = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+        // As many as the machine's cores (at most 4): spinning guests share them with one
+        // another, and the system shares the cores with the gateway's own threads.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
+        let threads = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
             .thread_name("rebound-plugins")
             .enable_all()
             .build()?;
-        Ok(Self { ticker: Ticker::start(engine), thread: Some(thread) })
+        Ok(Self { ticker: Ticker::start(engine), threads: Some(threads) })
     }
 
     /// Keeps the epoch advancing while the guard lives.
@@ -45,26 +50,76 @@ impl Driver {
     }
 
     /// Runs `call` on the caller's task until it first yields, then on the plugins'
-    /// thread. Dropped before it ends, the call is dropped too (at its next yield, one
-    /// tick at most: `call` should hold a [`TickGuard`]). `None` if it panicked.
-    pub async fn run<T: Send + 'static>(&self, call: impl Future<Output = T> + Send + 'static) -> Option<T> {
+    /// threads, counting into `queued` the time it waits there to be run. Dropped before
+    /// it ends, the call is dropped too (at its next yield, one tick at most: `call`
+    /// should hold a [`TickGuard`]). `None` if it panicked.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        call: impl Future<Output = T> + Send + 'static,
+        queued: Arc<AtomicU64>,
+    ) -> Option<T> {
         let mut call = Box::pin(call);
         let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
         if let Poll::Ready(done) = first {
             return Some(done);
         }
-        let thread = self.thread.as_ref().expect("running");
-        let moved = AbortOnDropHandle::new(thread.spawn(call));
-        pin!(moved).await.ok()
+        let threads = self.threads.as_ref().expect("running");
+        // Spawned, it is ready to run: its wait starts now.
+        let woken = Arc::new(Stamp(Mutex::new((Some(Instant::now()), None))));
+        let moved = Queued { call, queued, woken };
+        pin!(AbortOnDropHandle::new(threads.spawn(moved))).await.ok()
     }
 }
 
 impl Drop for Driver {
     fn drop(&mut self) {
         // Dropped on an async task, a runtime would block it to wait for its own.
-        if let Some(thread) = self.thread.take() {
-            thread.shutdown_background();
+        if let Some(threads) = self.threads.take() {
+            threads.shutdown_background();
         }
+    }
+}
+
+/// A call on the plugins' threads, counting (in nanoseconds) the time from each wake to
+/// the poll that follows: the time it was ready to run and waited for a thread.
+struct Queued<F> {
+    call: Pin<Box<F>>,
+    queued: Arc<AtomicU64>,
+    woken: Arc<Stamp>,
+}
+
+/// When the call was last woken, and the waker that wakes it.
+#[derive(Default)]
+struct Stamp(Mutex<(Option<Instant>, Option<Waker>)>);
+
+impl Wake for Stamp {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut stamp = self.0.lock().expect("not poisoned");
+        stamp.0.get_or_insert_with(Instant::now);
+        if let Some(waker) = &stamp.1 {
+            waker.wake_by_ref();
+        }
+    }
+}
+
+impl<F: Future> Future for Queued<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let waker = {
+            let mut stamp = self.woken.0.lock().expect("not poisoned");
+            if let Some(at) = stamp.0.take() {
+                let waited = u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.queued.fetch_add(waited, Ordering::Relaxed);
+            }
+            stamp.1 = Some(cx.waker().clone());
+            Waker::from(self.woken.clone())
+        };
+        self.call.as_mut().poll(&mut Context::from_waker(&waker))
     }
 }
 
@@ -97,7 +152,9 @@ impl Ticker {
             .name("rebound-epoch".into())
             .spawn(move || {
                 loop {
-                    if stopped.load(Ordering::Acquire) {
+                    // Not while a call still runs (one given up on, on its way out): a
+                    // guest that ticks no more would never yield to be dropped.
+                    if stopped.load(Ordering::Acquire) && busy.load(Ordering::Acquire) == 0 {
                         break;
                     }
                     if busy.load(Ordering::Acquire) == 0 {
@@ -132,9 +189,14 @@ impl Drop for TickGuard {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
 
     use super::Driver;
+
+    fn counter() -> Arc<AtomicU64> {
+        Arc::new(AtomicU64::new(0))
+    }
 
     fn thread_name() -> String {
         std::thread::current().name().unwrap_or_default().to_owned()
@@ -146,13 +208,16 @@ mod tests {
     async fn a_call_that_yields_goes_on_on_the_plugins_thread() {
         let driver = Driver::start(&wasmtime::Engine::default()).unwrap();
         let caller = thread_name();
-        assert_eq!(driver.run(async { thread_name() }).await.unwrap(), caller);
+        assert_eq!(driver.run(async { thread_name() }, counter()).await.unwrap(), caller);
         let moved = driver
-            .run(async {
-                let before = thread_name();
-                tokio::task::yield_now().await;
-                (before, thread_name())
-            })
+            .run(
+                async {
+                    let before = thread_name();
+                    tokio::task::yield_now().await;
+                    (before, thread_name())
+                },
+                counter(),
+            )
             .await
             .unwrap();
         assert_eq!(moved, (caller, "rebound-plugins".to_owned()));
@@ -170,11 +235,14 @@ mod tests {
         let driver = Driver::start(&wasmtime::Engine::default()).unwrap();
         let dropped = Arc::new(AtomicBool::new(false));
         let held = Dropped(dropped.clone());
-        let call = driver.run(async move {
-            let _held = held;
-            tokio::task::yield_now().await;
-            std::future::pending::<()>().await;
-        });
+        let call = driver.run(
+            async move {
+                let _held = held;
+                tokio::task::yield_now().await;
+                std::future::pending::<()>().await;
+            },
+            counter(),
+        );
         assert!(tokio::time::timeout(std::time::Duration::from_millis(50), call).await.is_err());
         for _ in 0..200 {
             if dropped.load(Ordering::Acquire) {
@@ -183,6 +251,35 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         panic!("the call given up on lives on");
+    }
+
+    /// The time a call waits, ready, for one of the plugins' threads is counted: with
+    /// every thread held by other calls, it waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_calls_wait_for_a_thread_is_counted() {
+        let driver = Arc::new(Driver::start(&wasmtime::Engine::default()).unwrap());
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
+        let holding = (0..cores).map(|_| {
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let hold = async {
+                    tokio::task::yield_now().await;
+                    std::thread::sleep(Duration::from_millis(300)); // holds its thread
+                };
+                driver.run(hold, counter()).await
+            })
+        });
+        let holding: Vec<_> = holding.collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let queued = counter();
+        driver.run(tokio::task::yield_now(), queued.clone()).await.unwrap();
+        assert!(queued.load(Ordering::Relaxed) > 0, "it waited for a thread");
+        for h in holding {
+            h.await.unwrap().unwrap();
+        }
+        let alone = counter();
+        driver.run(tokio::task::yield_now(), alone.clone()).await.unwrap();
+        assert!(alone.load(Ordering::Relaxed) < queued.load(Ordering::Relaxed));
     }
 
     /// A runtime dropped on an async task (a reload replaced it) does not panic there.
