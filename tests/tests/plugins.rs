@@ -90,6 +90,11 @@ async fn spinning_adapters_do_not_hold_other_servers_calls() {
     futures::future::join(futures::future::join_all(spinning), other).await;
     let order = order.lock().unwrap().clone();
     assert_eq!(order.first(), Some(&"b"), "{order:?}");
+    // Each waited for the plugins' threads behind its own adapter's other calls: that is
+    // no excuse, and the spinning adapter is quarantined.
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    let a = status["servers"].as_array().unwrap().iter().find(|s| s["name"] == "a").unwrap().clone();
+    assert!(a["adapter"]["quarantined_for_ms"].as_u64().is_some(), "{a}");
 }
 
 /// A reload while other adapters' calls hold every instance of the pool (two spinning

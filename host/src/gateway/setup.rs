@@ -129,12 +129,13 @@ impl Setup {
     fn keep_adapters(&self, config: &Config, plugins: &mut Prepared, changes: &mut Changes) -> Vec<Arc<str>> {
         let mut adapters = Adapters::default();
         let mut kept = Vec::new();
+        // Every adapter before, kept or not (replaced, gone, failing to load), hides the
+        // new configuration's secrets too: sessions keep their copies of it.
+        let hidden = Secrets::of(config);
+        for (_, old) in self.plugins.adapters.iter() {
+            old.hide(&hidden);
+        }
         for (server, fresh) in plugins.adapters.iter() {
-            // The copies that sessions keep of the adapter before, kept or not, hide the
-            // new configuration's secrets too.
-            if let Some(old) = self.plugins.adapters.get(server) {
-                old.hide(fresh);
-            }
             match self.plugins.adapters.get(server).filter(|_| self.unchanged(config, server)) {
                 Some(old) if same_code(old, fresh) && old.same_runtime(fresh) => {
                     kept.push(server.clone());

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::bindings::v0_1::rebound::adapter::types as wit;
 use super::load::{Info, Loaded, Needs};
-use super::runtime::{Fault, Pre, Reply, Request, Runtime};
+use super::runtime::{Fault, Pre, Reply, Request, Room, Runtime};
 use super::state::{CappedPipe, Kv, LogBudget, State, cap_text};
 use crate::config::AdapterGrant;
 
@@ -49,10 +49,9 @@ pub struct Adapter {
     health: Arc<Mutex<Health>>,
     /// Successful calls waiting to be observed, in order.
     lane: Lane,
-    /// Instances this adapter may hold at once: a share of the runtime's pool, so that
-    /// one slow adapter never starves the others. Shared with its forks, as is its log
-    /// budget: many client sessions do not make one adapter many.
-    share: Arc<tokio::sync::Semaphore>,
+    /// Instances and plugins' threads this adapter may hold at once. Shared with its
+    /// forks, as is its log budget: many client sessions do not make one adapter many.
+    room: Room,
 }
 
 /// Refused steps of one kind are logged at most this often per adapter.
@@ -107,6 +106,7 @@ impl Adapter {
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
         let mut adapter = Self {
+            room: runtime.room(),
             runtime,
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),
@@ -119,7 +119,6 @@ impl Adapter {
             log: Arc::default(),
             health: Arc::default(),
             lane: Lane::default(),
-            share: Arc::new(tokio::sync::Semaphore::new(super::runtime::POOL_INSTANCES as usize / 2)),
         };
         let declared = {
             let adapter = &adapter;
@@ -164,7 +163,7 @@ impl Adapter {
             log: state.log.clone(),
             health: state.health.clone(),
             lane: state.lane.sharing(),
-            share: code.share.clone(),
+            room: code.room.clone(),
         })
     }
 
@@ -178,13 +177,12 @@ impl Adapter {
         self.secrets.read().expect("not poisoned").clone()
     }
 
-    /// From now on hides what `fresh` (the same adapter, loaded for a new configuration)
-    /// hides too, from this adapter and its forks: a reload may bring new secrets
-    /// (another server's, the gateway's token), and what was secret stays hidden.
-    pub fn hide(&self, fresh: &Adapter) {
-        let more = fresh.secrets();
+    /// From now on hides `more` too, from this adapter and its forks: a reload may bring
+    /// new secrets (another server's, the gateway's token), and what was secret stays
+    /// hidden.
+    pub fn hide(&self, more: &Secrets) {
         let mut secrets = self.secrets.write().expect("not poisoned");
-        *secrets = secrets.union(&more);
+        *secrets = secrets.union(more);
     }
 
     /// This adapter on `fresh`'s runtime (the same code, on the new limits of a reload):
@@ -293,13 +291,13 @@ impl Adapter {
             output.clone(),
             self.runtime.limits.memory,
         );
-        let asked = std::time::Instant::now();
-        let Ok(Ok(mine)) = tokio::time::timeout_at(end.into(), self.share.clone().acquire_owned()).await else {
+        let Ok(Ok(mine)) = tokio::time::timeout_at(end.into(), self.room.share.clone().acquire_owned()).await else {
             self.health.lock().expect("not poisoned").busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
-        let result = self.runtime.invoke_by(&self.pre, state, request, (end, asked.elapsed()), mine).await;
+        // What it waited for its share was for its own calls (and its copies'): not an excuse.
+        let result = self.runtime.invoke_by(&self.pre, state, request, (end, Duration::ZERO), (mine, &self.room)).await;
         let printed = output.text();
         match result {
             Ok(reply) => {

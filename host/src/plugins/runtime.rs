@@ -34,6 +34,15 @@ const MAX_MEMORY: usize = 64 << 20;
 /// aliased strings in a list cannot multiply it.
 pub const HOSTCALL_FUEL: usize = 2 << 20;
 
+/// What one adapter (with all its copies) may hold at once: a share of the pool's
+/// instances, so that one slow adapter never starves the others, and of the plugins'
+/// threads, so that its calls there never wait behind one another.
+#[derive(Clone)]
+pub struct Room {
+    pub share: Arc<tokio::sync::Semaphore>,
+    pub turns: Arc<tokio::sync::Semaphore>,
+}
+
 /// One call into an adapter.
 pub enum Request {
     Info,
@@ -224,6 +233,12 @@ impl Runtime {
         self.driver.running()
     }
 
+    /// An adapter's room: its share of the pool's instances and of the plugins' threads.
+    pub fn room(&self) -> Room {
+        let share = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize / 2));
+        Room { share, turns: Arc::new(tokio::sync::Semaphore::new(self.driver.per_adapter())) }
+    }
+
     /// Runs `request` in a fresh instance of `pre` whose store holds `state`, and stops it
     /// at the runtime's deadline whatever the guest does: a CPU loop is interrupted at the
     /// next epoch tick, and a wait in a WASI call (a clock subscription, `poll`) is
@@ -231,21 +246,21 @@ impl Runtime {
     /// fault log.
     pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
         let end = std::time::Instant::now() + self.limits.timeout;
-        self.invoke_by(pre, state, request, (end, Duration::ZERO), ()).await
+        self.invoke_by(pre, state, request, (end, Duration::ZERO), ((), &self.room())).await
     }
 
     /// [`Self::invoke`], with `end` for its deadline: what a caller waited for before
     /// (its share of the pool, the adapter's earlier calls) counts against the one
-    /// deadline. Of that, `waited` was for others (its share of the pool). `held` (the
-    /// adapter's share of the pool) is kept as long as the call's instance, wherever the
-    /// call runs: a call given up on gives its instance back before its share.
+    /// deadline. Of that, `waited` was for others. `held` (the adapter's share of the
+    /// pool) is kept as long as the call's instance, wherever the call runs: a call given
+    /// up on gives its instance back before its share. `room` is its adapter's.
     pub async fn invoke_by(
         &self,
         pre: &Pre,
         state: State,
         request: Request,
         (end, waited): (std::time::Instant, Duration),
-        held: impl Send + 'static,
+        (held, room): (impl Send + 'static, &Room),
     ) -> Result<Reply, Fault> {
         let limit = self.limits.timeout;
         // An instance from the pool, waiting for one at most until the deadline.
@@ -289,7 +304,7 @@ impl Runtime {
         // its store gives the instance back to the pool before the permit goes to another
         // call (the other way round, that call found the pool's instances all taken).
         let call = async move {
-            let _held = (held, instance, running);
+            let _held = (instance, held, running);
             let mut store = store;
             match pre {
                 Pre::V0_1(pre) => {
@@ -314,7 +329,7 @@ impl Runtime {
             true => Fault::Busy,
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
-        match tokio::time::timeout(remaining, self.driver.run(call, queued.clone())).await {
+        match tokio::time::timeout(remaining, self.driver.run(call, room.turns.clone(), queued.clone())).await {
             Ok(Some(Ok(reply))) => Ok(reply),
             Ok(None) => Err(Fault::Failed("its call panicked in the host".into())),
             Ok(Some(Err(e))) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {

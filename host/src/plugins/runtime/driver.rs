@@ -7,9 +7,10 @@
 //! guest that spins up to its deadline, however many of them at once, takes the gateway's
 //! threads for at most one tick each, and never starves the tasks that relay every
 //! server's traffic (a task that is always ready to run keeps tokio from polling for I/O
-//! more than every 61 polls). The time a call spends ready to run but waiting its turn
-//! there is counted ([`Queued`]): it is not the call's own, and a call stopped at its
-//! deadline after waiting most of it was busy, not at fault.
+//! more than every 61 polls). One adapter's calls take at most half of those threads at
+//! once (its others wait for their turn, which is their own time), so a call that waits
+//! there, ready to run, waits for other adapters: that time is counted ([`Queued`]), and
+//! a call stopped at its deadline after waiting most of it was busy, not at fault.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -27,6 +28,7 @@ pub const TICK: Duration = Duration::from_millis(5);
 /// The ticker and the plugins' threads of one runtime.
 pub struct Driver {
     ticker: Ticker,
+    cores: usize,
     /// Never `None` but while dropped.
     threads: Option<tokio::runtime::Runtime>,
 }
@@ -41,7 +43,7 @@ impl Driver {
             .thread_name("rebound-plugins")
             .enable_all()
             .build()?;
-        Ok(Self { ticker: Ticker::start(engine), threads: Some(threads) })
+        Ok(Self { ticker: Ticker::start(engine), cores, threads: Some(threads) })
     }
 
     /// Keeps the epoch advancing while the guard lives.
@@ -49,13 +51,20 @@ impl Driver {
         self.ticker.enter()
     }
 
-    /// Runs `call` on the caller's task until it first yields, then on the plugins'
-    /// threads, counting into `queued` the time it waits there to be run. Dropped before
-    /// it ends, the call is dropped too (at its next yield, one tick at most: `call`
-    /// should hold a [`TickGuard`]). `None` if it panicked.
+    /// How many of the plugins' threads one adapter's calls may take at once.
+    pub fn per_adapter(&self) -> usize {
+        (self.cores / 2).max(1)
+    }
+
+    /// Runs `call` on the caller's task until it first yields, then, once `turns` (its
+    /// adapter's, [`Self::per_adapter`] permits) lets it, on the plugins' threads,
+    /// counting into `queued` the time it waits there to be run. Dropped before it ends,
+    /// the call is dropped too (at its next yield, one tick at most: `call` should hold a
+    /// [`TickGuard`]). `None` if it panicked.
     pub async fn run<T: Send + 'static>(
         &self,
         call: impl Future<Output = T> + Send + 'static,
+        turns: Arc<tokio::sync::Semaphore>,
         queued: Arc<AtomicU64>,
     ) -> Option<T> {
         let mut call = Box::pin(call);
@@ -63,10 +72,17 @@ impl Driver {
         if let Poll::Ready(done) = first {
             return Some(done);
         }
+        let Ok(turn) = turns.acquire_owned().await else { return None };
+        let call = async move {
+            // Declared first, dropped last: the turn goes with the call.
+            let _turn = turn;
+            let call = call;
+            call.await
+        };
         let threads = self.threads.as_ref().expect("running");
         // Spawned, it is ready to run: its wait starts now.
         let woken = Arc::new(Stamp(Mutex::new((Some(Instant::now()), None))));
-        let moved = Queued { call, queued, woken };
+        let moved = Queued { call: Box::pin(call), queued, woken };
         pin!(AbortOnDropHandle::new(threads.spawn(moved))).await.ok()
     }
 }
@@ -198,6 +214,11 @@ mod tests {
         Arc::new(AtomicU64::new(0))
     }
 
+    /// An adapter's turns on the plugins' threads.
+    fn turns(driver: &Driver) -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(driver.per_adapter()))
+    }
+
     fn thread_name() -> String {
         std::thread::current().name().unwrap_or_default().to_owned()
     }
@@ -208,7 +229,7 @@ mod tests {
     async fn a_call_that_yields_goes_on_on_the_plugins_thread() {
         let driver = Driver::start(&wasmtime::Engine::default()).unwrap();
         let caller = thread_name();
-        assert_eq!(driver.run(async { thread_name() }, counter()).await.unwrap(), caller);
+        assert_eq!(driver.run(async { thread_name() }, turns(&driver), counter()).await.unwrap(), caller);
         let moved = driver
             .run(
                 async {
@@ -216,6 +237,7 @@ mod tests {
                     tokio::task::yield_now().await;
                     (before, thread_name())
                 },
+                turns(&driver),
                 counter(),
             )
             .await
@@ -241,6 +263,7 @@ mod tests {
                 tokio::task::yield_now().await;
                 std::future::pending::<()>().await;
             },
+            turns(&driver),
             counter(),
         );
         assert!(tokio::time::timeout(std::time::Duration::from_millis(50), call).await.is_err());
@@ -254,32 +277,59 @@ mod tests {
     }
 
     /// The time a call waits, ready, for one of the plugins' threads is counted: with
-    /// every thread held by other calls, it waits.
+    /// every thread held by other adapters' calls, it waits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_calls_wait_for_a_thread_is_counted() {
         let driver = Arc::new(Driver::start(&wasmtime::Engine::default()).unwrap());
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
-        let holding = (0..cores).map(|_| {
+        let holding = (0..driver.cores).map(|_| {
             let driver = driver.clone();
             tokio::spawn(async move {
                 let hold = async {
                     tokio::task::yield_now().await;
                     std::thread::sleep(Duration::from_millis(300)); // holds its thread
                 };
-                driver.run(hold, counter()).await
+                driver.run(hold, turns(&driver), counter()).await
             })
         });
         let holding: Vec<_> = holding.collect();
         tokio::time::sleep(Duration::from_millis(100)).await;
         let queued = counter();
-        driver.run(tokio::task::yield_now(), queued.clone()).await.unwrap();
+        driver.run(tokio::task::yield_now(), turns(&driver), queued.clone()).await.unwrap();
         assert!(queued.load(Ordering::Relaxed) > 0, "it waited for a thread");
         for h in holding {
             h.await.unwrap().unwrap();
         }
         let alone = counter();
-        driver.run(tokio::task::yield_now(), alone.clone()).await.unwrap();
+        driver.run(tokio::task::yield_now(), turns(&driver), alone.clone()).await.unwrap();
         assert!(alone.load(Ordering::Relaxed) < queued.load(Ordering::Relaxed));
+    }
+
+    /// One adapter's calls take at most its turns of the plugins' threads at once: the
+    /// others wait for a turn (their own time), so a call waiting for a thread always
+    /// waits for another adapter's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_adapters_calls_take_at_most_half_the_threads() {
+        let driver = Arc::new(Driver::start(&wasmtime::Engine::default()).unwrap());
+        let (mine, running, most) = (turns(&driver), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let (driver, mine, running, most) = (driver.clone(), mine.clone(), running.clone(), most.clone());
+                tokio::spawn(async move {
+                    let call = async move {
+                        tokio::task::yield_now().await;
+                        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        running.fetch_sub(1, Ordering::SeqCst);
+                    };
+                    driver.run(call, mine, counter()).await
+                })
+            })
+            .collect();
+        for call in calls {
+            call.await.unwrap().unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), driver.per_adapter() as u64);
     }
 
     /// A runtime dropped on an async task (a reload replaced it) does not panic there.
