@@ -329,6 +329,9 @@ impl Runtime {
             true => Fault::Busy,
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
+        if remaining.is_zero() {
+            return Err(past()); // an instance given at the deadline runs nothing
+        }
         match tokio::time::timeout(remaining, self.driver.run(call, room.turns.clone(), queued.clone())).await {
             Ok(Some(Ok(reply))) => Ok(reply),
             Ok(None) => Err(Fault::Failed("its call panicked in the host".into())),

@@ -135,7 +135,13 @@ impl<F: Future> Future for Queued<F> {
             stamp.1 = Some(cx.waker().clone());
             Waker::from(self.woken.clone())
         };
-        self.call.as_mut().poll(&mut Context::from_waker(&waker))
+        let polled = self.call.as_mut().poll(&mut Context::from_waker(&waker));
+        // Woken while it ran, it is ready again only from now: the rest was its own time.
+        let mut stamp = self.woken.0.lock().expect("not poisoned");
+        if let Some(at) = stamp.0.as_mut() {
+            *at = Instant::now();
+        }
+        polled
     }
 }
 
