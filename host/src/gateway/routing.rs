@@ -166,21 +166,17 @@ impl Drop for Asked {
     }
 }
 
-/// A client whose call ended, when, and whether the server had answered it.
-type Ended = (Arc<str>, Instant, bool);
+/// A client whose call ended unanswered, and when.
+type Ended = (Arc<str>, Instant);
 
 /// How long a client's call still counts towards rule 3 once it ended unanswered: a call
 /// cancelled or timed out may still be served, and the server's request for it still on
 /// its way.
 const ENDED_COUNTS: Duration = Duration::from_secs(5);
 
-/// How long a client's answered call still counts for a shared server's log lines: a
-/// server writes a line about a call just after answering it as often as just before.
-const ANSWERED_COUNTS: Duration = Duration::from_secs(1);
-
 /// Whether `ended` still counts, at `now`.
-fn still_counts((_, at, answered): &Ended, now: Instant) -> bool {
-    now.duration_since(*at) < if *answered { ANSWERED_COUNTS } else { ENDED_COUNTS }
+fn still_counts((_, at): &Ended, now: Instant) -> bool {
+    now.duration_since(*at) < ENDED_COUNTS
 }
 
 /// The most clients remembered per instance, and instances, before the stale are swept.
@@ -323,7 +319,7 @@ impl Routing {
                 "a task of another client runs on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
-        if asker.during.is_none() && self.another_ended(instance, &newest.client, false) {
+        if asker.during.is_none() && self.another_ended(instance, &newest.client) {
             return Caller::Nobody(
                 "a call of another client ended unanswered on this shared server a moment ago, and this request may still be that call's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
@@ -351,8 +347,8 @@ impl Routing {
         tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
     }
 
-    /// A call of `client` on `instance` ended now, `answered` by the server or not.
-    fn call_ended(&self, instance: u64, client: Arc<str>, answered: bool) {
+    /// A call of `client` on `instance` ended unanswered now.
+    fn call_ended(&self, instance: u64, client: Arc<str>) {
         let now = Instant::now();
         let fresh = |ended: &Ended| still_counts(ended, now);
         let mut ended = self.ended.lock().expect("not poisoned");
@@ -363,28 +359,26 @@ impl Routing {
             });
         }
         let clients = ended.entry(instance).or_default();
-        clients.retain(|ended| fresh(ended) && !(ended.0 == client && ended.2 == answered));
+        clients.retain(|ended| fresh(ended) && ended.0 != client);
         if clients.len() >= ENDED_KEPT {
             clients.remove(0);
         }
-        clients.push((client, now, answered));
+        clients.push((client, now));
     }
 
-    /// Whether a call of a client other than `client` ended on `instance` a moment ago:
-    /// unanswered, or with `answered_too`, answered.
-    fn another_ended(&self, instance: u64, client: &str, answered_too: bool) -> bool {
+    /// Whether a call of a client other than `client` ended unanswered on `instance` a
+    /// moment ago.
+    fn another_ended(&self, instance: u64, client: &str) -> bool {
         let now = Instant::now();
         let ended = self.ended.lock().expect("not poisoned");
-        ended.get(&instance).is_some_and(|clients| {
-            clients.iter().any(|e| *e.0 != *client && (answered_too || !e.2) && still_counts(e, now))
-        })
+        ended.get(&instance).is_some_and(|clients| clients.iter().any(|e| *e.0 != *client && still_counts(e, now)))
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
-    /// the one a request of the server's would go to (see the module's rule), unless
-    /// another client's call there was answered in the last [`ANSWERED_COUNTS`] (a line
-    /// about a call is written just after its answer as often as before); else nobody,
-    /// since the line may tell of any client's calls.
+    /// the one a request of the server's would go to (see the module's rule); else
+    /// nobody, since the line may tell of any client's calls. (As for a request, a line
+    /// a server writes about a call after answering it can only be told from one about
+    /// the calls in flight then by the server itself: `scope: session` for such servers.)
     /// A line that names its task (`task`) goes to that task's client alone.
     pub fn log_reader(&self, instance: u64, session: u64, task: Option<String>) -> Option<ClientPeer> {
         if let Some(task) = task {
@@ -392,8 +386,8 @@ impl Routing {
         }
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
         match self.caller(instance, &asker, None) {
-            Caller::Client { to, .. } if !self.another_ended(instance, &to.client, true) => Some(to),
-            Caller::Client { .. } | Caller::Held(_) | Caller::Nobody(_) => None,
+            Caller::Client { to, .. } => Some(to),
+            Caller::Held(_) | Caller::Nobody(_) => None,
         }
     }
 
@@ -722,7 +716,9 @@ impl Drop for CallGuard {
             if let Some((session, request, _)) = call.upstream {
                 self.routing.gone(session, request);
             }
-            self.routing.call_ended(self.instance, call.client, self.answered.load(Ordering::Relaxed));
+            if !self.answered.load(Ordering::Relaxed) {
+                self.routing.call_ended(self.instance, call.client);
+            }
         }
     }
 }
@@ -830,32 +826,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_of_another_client_that_just_ended_still_counts_for_a_moment() {
         let routing = Routing::default();
-        routing.call_ended(1, "x".into(), false);
-        assert!(routing.another_ended(1, "y", false), "x's call may still be served");
-        assert!(!routing.another_ended(1, "x", false), "a client's own ended call is no other client's");
-        assert!(!routing.another_ended(2, "y", false), "on another instance");
+        routing.call_ended(1, "x".into());
+        assert!(routing.another_ended(1, "y"), "x's call may still be served");
+        assert!(!routing.another_ended(1, "x"), "a client's own ended call is no other client's");
+        assert!(!routing.another_ended(2, "y"), "on another instance");
         tokio::time::sleep(ENDED_COUNTS).await;
-        assert!(!routing.another_ended(1, "y", false));
-        // An answered call counts only for log lines, and for less long.
-        routing.call_ended(1, "x".into(), true);
-        assert!(!routing.another_ended(1, "y", false), "a request after an answer is not about it");
-        assert!(routing.another_ended(1, "y", true), "a log line just after an answer may be about it");
-        tokio::time::sleep(ANSWERED_COUNTS).await;
-        assert!(!routing.another_ended(1, "y", true));
-        // An answered call does not shorten the time an unanswered one of the same client counts.
-        routing.call_ended(1, "x".into(), false);
-        routing.call_ended(1, "x".into(), true);
-        tokio::time::sleep(ANSWERED_COUNTS).await;
-        assert!(routing.another_ended(1, "y", false));
+        assert!(!routing.another_ended(1, "y"));
         // Remembered within bounds: the stale are swept once many instances are known.
         for n in 0..1000 {
-            routing.call_ended(n, format!("c{n}").into(), false);
+            routing.call_ended(n, format!("c{n}").into());
         }
         tokio::time::sleep(ENDED_COUNTS).await;
-        routing.call_ended(5000, "z".into(), false);
+        routing.call_ended(5000, "z".into());
         assert_eq!(routing.ended.lock().unwrap().len(), 1);
         for n in 0..1000 {
-            routing.call_ended(7, format!("c{n}").into(), n % 2 == 0);
+            routing.call_ended(7, format!("c{n}").into());
         }
         assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
@@ -912,13 +897,9 @@ mod tests {
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         let reader = || routing.log_reader(1, 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
-        routing.call_ended(1, "bob".into(), false);
+        routing.call_ended(1, "bob".into());
         assert_eq!(reader(), None, "bob's call ended unanswered a moment ago: it may be his");
         tokio::time::sleep(ENDED_COUNTS).await;
-        assert_eq!(reader().as_deref(), Some("alice"));
-        routing.call_ended(1, "bob".into(), true);
-        assert_eq!(reader(), None, "bob's call was answered a moment ago: the line may be about it");
-        tokio::time::sleep(ANSWERED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
         assert!(routing.log_reader(2, 0, None).is_none(), "nobody's call is in flight on another instance");
         // While a task of Bob's runs there, a line that names no task may be his; one that

@@ -187,12 +187,6 @@ async fn main() {
     eprintln!("faulty-server: stdin closed, exiting");
 }
 
-/// The log line the `log` tool sends for `args`.
-fn log_line(args: &Value) -> Value {
-    let level = args["level"].as_str().unwrap_or("info");
-    json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": level, "logger": "faulty", "data": args["message"]}})
-}
-
 fn text(s: impl Into<String>) -> Value {
     json!({"content": [{"type": "text", "text": s.into()}]})
 }
@@ -360,14 +354,7 @@ impl Server {
         let Some(id) = id else { return };
         match result {
             Ok(Value::Null) => {} // the call chose not to answer
-            Ok(result) => {
-                self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await;
-                let args = &params["arguments"];
-                if method == "tools/call" && params["name"] == "log" && args.get("after_answer_ms").is_some() {
-                    tokio::time::sleep(Duration::from_millis(args["after_answer_ms"].as_u64().unwrap_or(0))).await;
-                    self.send(&log_line(args)).await;
-                }
-            }
+            Ok(result) => self.send(&json!({"jsonrpc": "2.0", "id": id, "result": result})).await,
             Err((code, message)) => {
                 self.send(&json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})).await
             }
@@ -449,8 +436,8 @@ impl Server {
             ),
             tool(
                 "log",
-                "Sends a log message notification (`after_answer_ms`: that long after answering)",
-                json!({"level": {"type": "string"}, "message": {"type": "string"}, "after_answer_ms": {"type": "integer"}}),
+                "Sends a log message notification",
+                json!({"level": {"type": "string"}, "message": {"type": "string"}}),
                 json!({}),
             ),
             tool("toggle_tool", "Adds (or removes) the tool `extra` and announces list_changed", json!({}), json!({})),
@@ -615,11 +602,8 @@ impl Server {
                 report(2, "answered").await;
                 Ok(text(format!("elicited: {answer}")))
             }
-            // With `"after_answer_ms": N`, the line is sent that long after the answer.
             "log" => {
-                if args.get("after_answer_ms").is_none() {
-                    self.send(&log_line(args)).await;
-                }
+                self.send(&json!({"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": args["level"].as_str().unwrap_or("info"), "logger": "faulty", "data": args["message"]}})).await;
                 Ok(text("logged"))
             }
             // With `"announce": N`, it says so N times.
