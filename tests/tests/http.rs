@@ -38,6 +38,22 @@ fn post(gw: &HttpGateway, body: &Value) -> reqwest::RequestBuilder {
         .body(body.to_string())
 }
 
+/// The `_meta` a raw MCP 2026-07-28 client sends with each request.
+fn modern_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+/// A raw 2026-07-28 client's `subscriptions/listen` (request `id`) following `resource`.
+fn listen(gw: &HttpGateway, id: u32, resource: &str) -> reqwest::RequestBuilder {
+    let listen = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
+        "notifications": {"resourceSubscriptions": [resource]}, "_meta": modern_meta()}});
+    post(gw, &listen).header("mcp-protocol-version", "2026-07-28").header("mcp-method", "subscriptions/listen")
+}
+
 fn initialize() -> Value {
     json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
@@ -229,13 +245,8 @@ async fn what_a_client_must_not_get_past() {
     // A client on 2026-07-28 has no session, and counts by its address: naming a session
     // of its own making does not make each request a new client.
     let modern = |id: u32| {
-        let meta = json!({
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-            "io.modelcontextprotocol/clientCapabilities": {},
-        });
         let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-            "params": {"name": "slow", "arguments": {"ms": 1500}, "_meta": meta}});
+            "params": {"name": "slow", "arguments": {"ms": 1500}, "_meta": modern_meta()}});
         post(&gw, &call)
             .bearer_auth(TOKEN)
             .header("mcp-session-id", format!("made-up-{id}"))
@@ -883,19 +894,7 @@ async fn the_status_document_and_rebound_status_in_a_terminal() {
 async fn a_listen_request_on_a_cold_gateway_follows_the_resources_of_servers_still_starting() {
     let gw =
         HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--start-delay", "1500"])}}), &[]).await;
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
-    let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen", "params": {
-        "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
-    let mut response = post(&gw, &listen)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "subscriptions/listen")
-        .send()
-        .await
-        .unwrap();
+    let mut response = listen(&gw, 1, "faulty://a/readme").send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let mut stream = String::new();
     let acknowledged = tokio::time::timeout(Duration::from_secs(30), async {
@@ -921,27 +920,13 @@ async fn listens_held_open_by_one_client_leave_its_neighbours_room_to_connect() 
         &[],
     )
     .await;
-    let meta = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    });
     let mut held = Vec::new();
     for id in 1..=2 {
-        let listen = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
-            "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
-        let response = post(&gw, &listen)
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "subscriptions/listen")
-            .send()
-            .await
-            .unwrap();
+        let response = listen(&gw, id, "faulty://a/readme").send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         held.push(response);
     }
-    let third = json!({"jsonrpc": "2.0", "id": 3, "method": "subscriptions/listen", "params": {
-        "notifications": {"resourceSubscriptions": ["faulty://a/readme"]}, "_meta": meta}});
-    let refused = post(&gw, &third).header("mcp-protocol-version", "2026-07-28").send().await.unwrap();
+    let refused = listen(&gw, 3, "faulty://a/readme").send().await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "the listening client's own room is full");
     let opened = post(&gw, &initialize()).send().await.unwrap();
     assert_eq!(opened.status(), StatusCode::OK, "{}", opened.text().await.unwrap());
