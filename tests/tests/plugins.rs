@@ -97,6 +97,43 @@ async fn spinning_adapters_do_not_hold_other_servers_calls() {
     assert!(a["adapter"]["quarantined_for_ms"].as_u64().is_some(), "{a}");
 }
 
+/// An adapter replaced by a reload (here its server's entry changed) takes up the old
+/// one's counts: its faults go on from there, and `/metrics` never counts them down.
+#[tokio::test]
+async fn an_adapter_replaced_by_a_reload_keeps_counting_its_faults() {
+    let plugins = test_plugins();
+    let config = move |dir: &Path, changed: bool| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": "loop"});
+        let mut servers = json!({"a": a});
+        if changed {
+            servers["a"]["recovery"] = json!({"timeout_ms": 12345});
+            servers["b"] = faulty("b", dir, &[]); // its tools say the reload is applied
+        }
+        json!({
+            "mcpServers": servers,
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 100, "tool_names": "always",
+                        "plugin_cache_dir": dir.join("cache")},
+        })
+    };
+    let first = config.clone();
+    let gw = Gateway::start(move |dir| first(dir, false)).await;
+    assert_eq!(fault(&gw).await["faults"], 1);
+    let path = gw.dir.path().join("rebound.json");
+    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), true)).unwrap()).unwrap();
+    std::fs::rename(path.with_extension("new"), &path).unwrap();
+    let reloaded = async {
+        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), reloaded).await.expect("the reload is applied");
+    let status = fault(&gw).await;
+    assert_eq!(status["faults"], 2, "the replaced adapter's fault, and its own: {status}");
+    gw.close().await;
+}
+
 /// A reload while other adapters' calls hold every instance of the pool (two spinning
 /// adapters, sixteen calls each) still loads the adapters it asks for: loading waits for
 /// an instance (up to 10 s while the pool stays busy), and gets one as the spinning calls

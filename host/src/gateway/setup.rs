@@ -151,6 +151,11 @@ impl Setup {
                 }
                 None => adapters.insert(server, fresh.clone()),
             }
+            // Replaced (new code, or its server's entry changed): its counts go on, so
+            // that `/metrics` never counts an adapter's faults back down.
+            if let Some(old) = self.plugins.adapters.get(server).filter(|_| !kept.contains(server)) {
+                fresh.count_on_from(old);
+            }
         }
         plugins.adapters = adapters;
         kept

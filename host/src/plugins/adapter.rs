@@ -193,6 +193,24 @@ impl Adapter {
         Self::with_state(fresh, self, self.kv.clone())
     }
 
+    /// Takes up the counts (faults, busy calls, dropped log lines and observed calls) of
+    /// `old`, the adapter this one replaces for its server; not its quarantine, since new
+    /// code or settings may be what fixed it.
+    pub fn count_on_from(&self, old: &Adapter) {
+        let (faults, busy) = {
+            let h = old.health.lock().expect("not poisoned");
+            (h.total_faults, h.busy)
+        };
+        {
+            let mut h = self.health.lock().expect("not poisoned");
+            h.total_faults += faults;
+            h.busy += busy;
+        }
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        self.lane.dropped.fetch_add(old.lane.dropped.load(relaxed), relaxed);
+        self.log.dropped.fetch_add(old.log.dropped.load(relaxed), relaxed);
+    }
+
     /// Logs steps of this adapter's plans that the gateway refused, each kind at most
     /// once a minute (they are counted in full in the metrics).
     pub fn report_denied(&self, denied: &[Denied]) {
