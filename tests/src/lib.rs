@@ -307,6 +307,26 @@ pub async fn http_client_as(
 }
 
 /// The text of a result's text blocks.
+/// Replaces the configuration `rebound.json` in `dir` with `config`, as editors do:
+/// written beside it and renamed over it.
+pub fn rewrite_config(dir: &Path, config: &Value) {
+    let tmp = dir.join("rebound.json.new");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(config).unwrap()).unwrap();
+    std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
+}
+
+/// Lists the tools until `tool` is offered (or, with `wanted` false, is not), for up to
+/// 10 s; whether it got there. How a test sees that a reload was applied.
+pub async fn until_offered(peer: &rmcp::Peer<RoleClient>, tool: &str, wanted: bool) -> bool {
+    for _ in 0..100 {
+        if peer.list_all_tools().await.unwrap().iter().any(|t| t.name == tool) == wanted {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 pub fn text(result: &CallToolResult) -> String {
     result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
 }

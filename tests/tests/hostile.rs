@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use rebound_tests::{Gateway, HttpGateway, faulty, root, text};
+use rebound_tests::{Gateway, HttpGateway, faulty, rewrite_config, root, text, until_offered};
 use serde_json::{Value, json};
 
 fn test_plugins() -> PathBuf {
@@ -232,19 +232,8 @@ async fn a_secret_a_reload_brings_is_hidden_from_the_adapters_it_keeps() {
     let mut next = config(&dir, "launder", json!({}), json!({}));
     next["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
     next["mcpServers"]["c"] = faulty("c", &dir, &[]);
-    let tmp = dir.join("rebound.json.new");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(&next).unwrap()).unwrap();
-    std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
-    let mut reloaded = false;
-    for _ in 0..200 {
-        let tools = gw.client.peer().list_all_tools().await.unwrap();
-        if tools.iter().any(|t| t.name == "c__echo") {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(reloaded, "the reload was applied");
+    rewrite_config(&dir, &next);
+    assert!(until_offered(gw.client.peer(), "c__echo", true).await, "the reload was applied");
     let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
     let answer = text(&r);
     assert!(answer.contains("laundered: "), "{answer}");
@@ -274,19 +263,10 @@ async fn a_secret_a_reload_brings_is_hidden_from_the_copies_sessions_keep() {
     assert!(text(&call("a__fail", "first".into()).await.unwrap()).contains("laundered: "));
     let dir = gw.dir.path().to_owned();
     let reload = |config: Value, marker: &'static str| {
-        let dir = dir.clone();
-        let peer = client.peer().clone();
+        let (dir, peer) = (dir.clone(), client.peer().clone());
         async move {
-            let tmp = dir.join("rebound.json.new");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
-            std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
-            for _ in 0..200 {
-                if peer.list_all_tools().await.unwrap().iter().any(|t| t.name == marker) {
-                    return;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            panic!("the reload adding {marker} was not applied");
+            rewrite_config(&dir, &config);
+            assert!(until_offered(&peer, marker, true).await, "the reload adding {marker} was not applied");
         }
     };
     // New limits: the adapter moves to a new runtime.

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use rebound_tests::{Gateway, HttpGateway, bin, faulty, root, text};
+use rebound_tests::{Gateway, HttpGateway, bin, faulty, rewrite_config, root, text, until_offered};
 use serde_json::{Value, json};
 
 fn test_plugins() -> PathBuf {
@@ -120,15 +120,8 @@ async fn an_adapter_replaced_by_a_reload_keeps_counting_its_faults() {
     let first = config.clone();
     let gw = Gateway::start(move |dir| first(dir, false)).await;
     assert_eq!(fault(&gw).await["faults"], 1);
-    let path = gw.dir.path().join("rebound.json");
-    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), true)).unwrap()).unwrap();
-    std::fs::rename(path.with_extension("new"), &path).unwrap();
-    let reloaded = async {
-        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(30), reloaded).await.expect("the reload is applied");
+    rewrite_config(gw.dir.path(), &config(gw.dir.path(), true));
+    assert!(until_offered(gw.client.peer(), "b__echo", true).await, "the reload is applied");
     let status = fault(&gw).await;
     assert_eq!(status["faults"], 2, "the replaced adapter's fault, and its own: {status}");
     gw.close().await;
@@ -168,16 +161,11 @@ async fn a_reload_while_the_pool_is_full_still_loads_its_adapters() {
     let spinning = futures::future::join_all(spinning.map(|tool| gw.call(tool, json!({"message": "spin"}))));
     let reload = async {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        let path = gw.dir.path().join("rebound.json");
-        std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), true)).unwrap()).unwrap();
-        std::fs::rename(path.with_extension("new"), &path).unwrap();
-        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "d__echo") {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        rewrite_config(gw.dir.path(), &config(gw.dir.path(), true));
+        until_offered(gw.client.peer(), "d__echo", true).await
     };
-    let (_, reloaded) =
-        futures::future::join(spinning, tokio::time::timeout(std::time::Duration::from_secs(30), reload)).await;
-    reloaded.expect("the reload is applied");
+    let (_, reloaded) = futures::future::join(spinning, reload).await;
+    assert!(reloaded, "the reload is applied");
     let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
     let d = status["servers"].as_array().unwrap().iter().find(|s| s["name"] == "d").unwrap().clone();
     assert!(d.get("adapter_error").is_none(), "{d}");
@@ -247,15 +235,8 @@ async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
     let gw = Gateway::start(move |dir| first(dir, 100, false)).await;
     let status = fault(&gw).await;
     assert!(status["last_fault"].as_str().unwrap().contains("past its 100 ms deadline"), "{status}");
-    let path = gw.dir.path().join("rebound.json");
-    std::fs::write(path.with_extension("new"), serde_json::to_vec(&config(gw.dir.path(), 150, true)).unwrap()).unwrap();
-    std::fs::rename(path.with_extension("new"), &path).unwrap();
-    let reloaded = async {
-        while !gw.client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "b__echo") {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(30), reloaded).await.expect("the reload is applied");
+    rewrite_config(gw.dir.path(), &config(gw.dir.path(), 150, true));
+    assert!(until_offered(gw.client.peer(), "b__echo", true).await, "the reload is applied");
     let status = fault(&gw).await;
     assert!(status["last_fault"].as_str().unwrap().contains("past its 150 ms deadline"), "{status}");
     assert_eq!(status["faults"], 2, "its faults carried over: {status}");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use rebound_tests::{Gateway, HttpGateway, alive, eventually, faulty, text};
+use rebound_tests::{Gateway, HttpGateway, alive, eventually, faulty, rewrite_config, text, until_offered};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 
@@ -17,13 +17,6 @@ type Client = rmcp::service::RunningService<rmcp::RoleClient, rebound_tests::Tes
 fn pid(dir: &Path, server: &str) -> u32 {
     let starts = std::fs::read_to_string(dir.join(server).join("starts")).unwrap_or_default();
     starts.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(0)
-}
-
-fn write(dir: &Path, config: &Value) {
-    // Written beside and renamed over, as editors do.
-    let tmp = dir.join("rebound.json.new");
-    std::fs::write(&tmp, serde_json::to_vec_pretty(config).unwrap()).unwrap();
-    std::fs::rename(tmp, dir.join("rebound.json")).unwrap();
 }
 
 fn config(dir: &Path, a_timeout: u64, extra: &[(&str, Value)]) -> Value {
@@ -52,18 +45,6 @@ async fn status(client: &Client) -> Value {
     call(client, "rebound_status", json!({})).await.structured_content.unwrap()
 }
 
-/// Lists the tools until `tool` is offered (or, with `wanted` false, is not), for up to
-/// 10 s; whether it got there.
-async fn until_offered(peer: &rmcp::Peer<rmcp::RoleClient>, tool: &str, wanted: bool) -> bool {
-    for _ in 0..100 {
-        if peer.list_all_tools().await.unwrap().iter().any(|t| t.name == tool) == wanted {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 /// `rebound serve --http` on servers `a` and `b`, its folder, and a client whose first
 /// call of `a__echo` answered.
 async fn serving_a_and_b() -> (HttpGateway, std::path::PathBuf, Client) {
@@ -89,7 +70,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     // Add a server and change a's timeouts.
     let mut edited = config(&dir, 30000, &[("c", faulty("c", &dir, &[]))]);
     edited["mcpServers"]["a"]["recovery"]["tools"] = json!({"hang": {"timeout_ms": 300}});
-    write(&dir, &edited);
+    rewrite_config(&dir, &edited);
     let tools = || async { client.peer().list_all_tools().await.unwrap() };
     until_offered(client.peer(), "c__echo", true).await;
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "new"})).await), "c: new");
@@ -117,7 +98,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     let in_flight = call(&client, "a__slow", json!({"ms": 1500}));
     let meanwhile = async {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        write(&dir, &fixed);
+        rewrite_config(&dir, &fixed);
         for i in 0..20 {
             let r = call(&client, "a__echo", json!({"message": i.to_string()})).await;
             assert_eq!(text(&r), format!("a: {i}"), "a call during the relaunch");
@@ -137,7 +118,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     // A new `protocol` is a new connection: a is relaunched to speak it.
     let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
     fixed["mcpServers"]["a"]["protocol"] = json!("2025-11-25");
-    write(&dir, &fixed);
+    rewrite_config(&dir, &fixed);
     eventually("a relaunched for its protocol", move || !alive(a_pid)).await;
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "3"})).await), "a: 3");
     assert_eq!(pid(&dir, "b"), b_pid);
@@ -258,7 +239,7 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let dir = gw.dir.path().to_owned();
     assert_eq!(text(&gw.call("echo", json!({"message": "1"})).await), "a: 1");
     let a_pid = pid(&dir, "a");
-    write(&dir, &json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}}));
+    rewrite_config(&dir, &json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}}));
     let heard = gw.heard.clone();
     eventually("tools/list_changed", move || heard.lock().unwrap().tools_changed > 0).await;
     until_offered(gw.client.peer(), "b__echo", true).await;

@@ -283,31 +283,45 @@ mod tests {
     }
 
     /// The time a call waits, ready, for one of the plugins' threads is counted: with
-    /// every thread held by other adapters' calls, it waits.
+    /// every thread held by other adapters' calls, it waits; a call that answers at once
+    /// never waits there. (Ordered by signals, not by sleeps.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_calls_wait_for_a_thread_is_counted() {
         let driver = Arc::new(Driver::start(&wasmtime::Engine::default()).unwrap());
-        let holding = (0..driver.cores).map(|_| {
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let hold = async {
-                    tokio::task::yield_now().await;
-                    std::thread::sleep(Duration::from_millis(300)); // holds its thread
+        let (held, mut holding_all) = tokio::sync::mpsc::unbounded_channel();
+        let (gates, holding): (Vec<_>, Vec<_>) = (0..driver.cores)
+            .map(|_| {
+                let (driver, held) = (driver.clone(), held.clone());
+                let (gate, closed) = std::sync::mpsc::channel::<()>();
+                let hold = async move {
+                    tokio::task::yield_now().await; // now on a plugins' thread
+                    held.send(()).unwrap();
+                    let _ = closed.recv(); // holds its thread until its gate opens
                 };
-                driver.run(hold, turns(&driver), counter()).await
+                (gate, tokio::spawn(async move { driver.run(hold, turns(&driver), counter()).await }))
             })
+            .unzip();
+        for _ in 0..driver.cores {
+            holding_all.recv().await.unwrap();
+        }
+        let (queued, its_turns) = (counter(), turns(&driver));
+        let waiting = tokio::spawn({
+            let (driver, queued, its_turns) = (driver.clone(), queued.clone(), its_turns.clone());
+            async move { driver.run(tokio::task::yield_now(), its_turns, queued).await }
         });
-        let holding: Vec<_> = holding.collect();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let queued = counter();
-        driver.run(tokio::task::yield_now(), turns(&driver), queued.clone()).await.unwrap();
+        // Its turn taken, it is on its way to a thread, all of them held.
+        while its_turns.available_permits() == driver.per_adapter() {
+            tokio::task::yield_now().await;
+        }
+        drop(gates);
+        waiting.await.unwrap().unwrap();
         assert!(queued.load(Ordering::Relaxed) > 0, "it waited for a thread");
         for h in holding {
             h.await.unwrap().unwrap();
         }
         let alone = counter();
-        driver.run(tokio::task::yield_now(), turns(&driver), alone.clone()).await.unwrap();
-        assert!(alone.load(Ordering::Relaxed) < queued.load(Ordering::Relaxed));
+        driver.run(async {}, turns(&driver), alone.clone()).await.unwrap();
+        assert_eq!(alone.load(Ordering::Relaxed), 0, "answered at once, it never waited there");
     }
 
     /// One adapter's calls take at most its turns of the plugins' threads at once: the
