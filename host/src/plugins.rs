@@ -70,7 +70,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
         let apart = !crate::config::within(c, &config.settings.plugins_dir);
         if !apart {
             tracing::warn!(
-                "not using the plugin cache at {}: it is in the plugins folder; plugins are compiled in memory",
+                "not using the plugin cache at {}: it is in the plugins folder; plugins are compiled on every start",
                 c.display()
             );
         }

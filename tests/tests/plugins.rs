@@ -416,6 +416,31 @@ async fn an_adapter_that_compiles_too_long_is_stopped_and_reported_and_the_gatew
     gw.close().await;
 }
 
+/// Without a cache (its folder is refused: others can write it), an adapter is still
+/// compiled in a process of its own, within its deadline, not in the gateway unbounded.
+#[tokio::test]
+async fn an_adapter_compiled_without_a_cache_is_still_stopped_when_it_compiles_too_long() {
+    use std::os::unix::fs::PermissionsExt;
+    let plugins = root().join("target/plugins");
+    let gw = Gateway::start(move |dir| {
+        let cache = dir.join("shared-cache");
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("lean-fallback");
+        let rebound = json!({"plugins_dir": plugins, "plugin_cache_dir": cache, "plugin_compile_timeout_ms": 1});
+        json!({"mcpServers": {"a": a}, "rebound": rebound})
+    })
+    .await;
+    assert_eq!(text(&gw.call("echo", json!({"message": "fine"})).await), "a: fine");
+    let s = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    let error = s["servers"][0]["adapter_error"].as_str().unwrap_or_default();
+    assert!(error.contains("lean-fallback.wasm") && error.contains("plugin_compile_timeout_ms"), "{s}");
+    let cache: Vec<_> = std::fs::read_dir(gw.dir.path().join("shared-cache")).unwrap().collect();
+    assert!(cache.is_empty(), "the refused cache was written: {cache:?}");
+    gw.close().await;
+}
+
 /// A first start compiles each adapter in a compiler process into the cache, and the
 /// next start takes it from there. Cache entries are this user's alone whatever the
 /// umask (a group-writable one would be refused, and compiled again on every start).

@@ -7,9 +7,10 @@
 //! (`rebound.plugin_compile_timeout_ms`), reports why, and loads the entry. The
 //! compiler's working memory, threads and code pages stay out of the gateway too.
 //!
-//! Only a program that enables it (the `rebound` binary does) compiles this way, and only
-//! with a cache to write to. Otherwise, or when the process cannot run or get ready, or
-//! its output cannot be installed, a component is compiled in memory (`load::compile`).
+//! Only a program that enables it (the `rebound` binary does) compiles this way; without a
+//! cache, into a private temporary folder. Otherwise, or when the process cannot run or get
+//! ready, or its output cannot be installed, a component is compiled in memory
+//! (`load::compile`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

@@ -317,12 +317,12 @@ fn compatible(found: &str, supported: &str) -> bool {
     }
 }
 
-/// Compiles `bytes`, through the cache when there is one: in a compiler process of its
+/// Compiles `bytes`, through the cache when there is one, in a compiler process of its
 /// own when the program enabled that (`compiler`), else in memory.
 fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)> {
     let engine = &runtime.engine;
     let Some(dir) = runtime.cache_dir() else {
-        return Ok((Component::from_binary(engine, bytes)?, false));
+        return Ok((compile_uncached(runtime, bytes)?, false));
     };
     let file = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
     if let Some(cached) = load_cached(engine, &file) {
@@ -331,18 +331,8 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     // A name no other gateway sharing the folder picks, created afresh (never truncating
     // a file another may be loading), then renamed into place whole.
     let tmp = file.with_extension(format!("tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
-    if compiler::enabled() {
-        match compiler::compile_apart(bytes, &tmp, runtime.compile_timeout()) {
-            Ok(()) => match install(engine, &tmp, &file) {
-                Some(compiled) => return Ok((compiled, false)),
-                None => tracing::warn!(
-                    "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
-                    file.display()
-                ),
-            },
-            Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
-            Err(e) => tracing::warn!("{e}; compiling in the gateway instead"),
-        }
+    if let Some(compiled) = compile_apart(runtime, bytes, &tmp, &file)? {
+        return Ok((compiled, false));
     }
     let component = Component::from_binary(engine, bytes)?;
     let Ok(serialized) = component.serialize() else { return Ok((component, false)) };
@@ -354,6 +344,57 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     // Loaded back from the cache: its code is then mapped from the file, as on every
     // later start, instead of held in memory of its own (1 MB resident for three adapters).
     Ok((install(engine, &tmp, &file).unwrap_or(component), false))
+}
+
+/// Without a cache, still in a compiler process where the program enabled that, with its
+/// bounds: into a temporary folder of this user's alone, gone once the code is loaded
+/// (which maps it, so it is read from the file the folder held).
+fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component> {
+    if compiler::enabled() {
+        let private = tempfile::Builder::new()
+            .prefix("rebound-compile-")
+            .tempdir()
+            .and_then(|dir| super::runtime::private_dir(dir.path()).map(|()| dir));
+        match private {
+            Ok(dir) => {
+                let (tmp, file) = (dir.path().join("plugin.tmp"), dir.path().join("plugin.cwasm"));
+                if let Some(compiled) = compile_apart(runtime, bytes, &tmp, &file)? {
+                    return Ok(compiled);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("no temporary folder to compile a plugin in ({e}); compiling in the gateway instead")
+            }
+        }
+    }
+    Ok(Component::from_binary(&runtime.engine, bytes)?)
+}
+
+/// Compiles `bytes` in a compiler process into the new file `tmp`, and loads it once it
+/// is renamed to `file`: the component's fault if the compiler refused it, ran out of time
+/// or memory; `None` when the process could not deliver for any other reason (then it is
+/// compiled in memory) or in a program that does not compile this way.
+fn compile_apart(runtime: &Runtime, bytes: &[u8], tmp: &Path, file: &Path) -> anyhow::Result<Option<Component>> {
+    if !compiler::enabled() {
+        return Ok(None);
+    }
+    match compiler::compile_apart(bytes, tmp, runtime.compile_timeout()) {
+        Ok(()) => {
+            let installed = install(&runtime.engine, tmp, file);
+            if installed.is_none() {
+                tracing::warn!(
+                    "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
+                    file.display()
+                );
+            }
+            Ok(installed)
+        }
+        Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
+        Err(e) => {
+            tracing::warn!("{e}; compiling in the gateway instead");
+            Ok(None)
+        }
+    }
 }
 
 /// Puts the compiled code written to `tmp` in the cache as `file` (whole, by a rename),

@@ -193,7 +193,10 @@ impl Runtime {
         let cache = cache.and_then(|dir| match private_dir(&dir) {
             Ok(()) => Some(dir),
             Err(e) => {
-                tracing::warn!("not using the plugin cache at {}: {e}; plugins are compiled in memory", dir.display());
+                tracing::warn!(
+                    "not using the plugin cache at {}: {e}; plugins are compiled on every start",
+                    dir.display()
+                );
                 None
             }
         });

@@ -68,9 +68,15 @@ impl Driver {
         queued: Arc<AtomicU64>,
     ) -> Option<T> {
         let mut call = Box::pin(call);
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        if let Poll::Ready(done) = first {
-            return Some(done);
+        // A panic here is the call's, as it would be on the plugins' threads: contained.
+        let first = std::future::poll_fn(|cx| {
+            Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx))))
+        })
+        .await;
+        match first {
+            Ok(Poll::Ready(done)) => return Some(done),
+            Ok(Poll::Pending) => {}
+            Err(_) => return None,
         }
         let Ok(turn) = turns.acquire_owned().await else { return None };
         let call = async move {
@@ -350,6 +356,20 @@ mod tests {
             call.await.unwrap().unwrap();
         }
         assert_eq!(most.load(Ordering::SeqCst), driver.per_adapter() as u64);
+    }
+
+    /// A call that panics is answered `None` wherever it panics, on its caller's task
+    /// (before it first yields) as on the plugins' threads, and the caller goes on.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_that_panics_is_contained_where_it_panics() {
+        let driver = Driver::start(&wasmtime::Engine::default()).unwrap();
+        assert!(driver.run(async { panic!("at once") }, turns(&driver), counter()).await.is_none());
+        let later = async {
+            tokio::task::yield_now().await;
+            panic!("once moved")
+        };
+        assert!(driver.run(later, turns(&driver), counter()).await.is_none());
+        assert_eq!(driver.run(async { 7 }, turns(&driver), counter()).await, Some(7));
     }
 
     /// A runtime dropped on an async task (a reload replaced it) does not panic there.
