@@ -722,11 +722,15 @@ impl RawStdio {
     /// A gateway in front of one faulty server started with `args`, its client not yet
     /// introduced (as a client on 2026-07-28 never is).
     fn spawn(args: &[&str], rebound: Value) -> Self {
+        Self::serving(|dir| json!({"mcpServers": {"a": faulty("a", dir, args)}, "rebound": rebound}))
+    }
+
+    /// A gateway serving `config` (made in its folder), its client not yet introduced.
+    fn serving(config: impl FnOnce(&std::path::Path) -> Value) -> Self {
         use tokio::io::AsyncBufReadExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rebound.json");
-        let config = json!({"mcpServers": {"a": faulty("a", dir.path(), args)}, "rebound": rebound});
-        std::fs::write(&path, config.to_string()).unwrap();
+        std::fs::write(&path, config(dir.path()).to_string()).unwrap();
         let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
             .args(["serve", "--config"])
             .arg(&path)
@@ -993,4 +997,73 @@ async fn a_2026_client_answers_an_older_servers_question_on_its_next_call_and_no
     // Answered, the state is spent.
     raw.send(modern_call(5, "elicit", json!({"requestState": state}))).await;
     assert!(raw.answers(1).await[0]["error"]["message"].as_str().unwrap().contains("names no call"));
+}
+
+/// A request of a client on 2026-07-28 that declares the tasks extension, or not.
+fn modern_request(id: u64, method: &str, params: Value, tasks: bool) -> Value {
+    let mut meta = modern_meta();
+    if tasks {
+        meta["io.modelcontextprotocol/clientCapabilities"]["extensions"] = json!({"io.modelcontextprotocol/tasks": {}});
+    }
+    let mut params = params;
+    params["_meta"] = meta;
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+/// MCP 2026-07-28's tasks extension between a client and a server that both speak it
+/// (rmcp's): the called tool's task reaches the client under an id of the gateway's, which
+/// `tasks/get` follows to its end on the server that holds it; a client that did not
+/// declare the extension gets the result itself; an id the gateway never gave names
+/// nothing; a task whose server stops is reported failed, not lost.
+#[tokio::test]
+async fn a_2026_clients_task_on_a_2026_server_is_relayed_and_reported_failed_when_its_server_stops() {
+    let mut raw = RawStdio::serving(|_| {
+        let server = json!({"command": rebound_tests::bin("echo-server")});
+        json!({"mcpServers": {"e": server}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    });
+    let later = |message: &str, ms: u64| json!({"name": "later", "arguments": {"message": message, "ms": ms}});
+    raw.send(modern_request(1, "tools/call", later("hi", 100), true)).await;
+    let created = raw.answers(1).await.remove(0);
+    let task = &created["result"];
+    assert_eq!((task["resultType"].as_str(), task["status"].as_str()), (Some("task"), Some("working")), "{created}");
+    let id = task["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("rebound-") && id.len() > 32, "the gateway's own id: {id}");
+    let mut asked = 2;
+    let done = loop {
+        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
+        let answer = raw.answers(1).await.remove(0);
+        asked += 1;
+        if answer["result"]["status"] != "working" {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        (done["result"]["taskId"].as_str(), done["result"]["result"]["content"][0]["text"].as_str()),
+        (Some(id.as_str()), Some("Later: hi"))
+    );
+
+    // Not declared by the client, not declared upstream: the result itself.
+    raw.send(modern_request(100, "tools/call", later("plain", 0), false)).await;
+    let plain = raw.answers(1).await.remove(0);
+    assert_eq!(plain["result"]["content"][0]["text"], "Later: plain", "{plain}");
+    // The server's own id, or any other, names nothing.
+    raw.send(modern_request(101, "tasks/get", json!({"taskId": "task-1"}), true)).await;
+    let unknown = raw.answers(1).await.remove(0);
+    assert_eq!(unknown["error"]["code"], -32602, "{unknown}");
+
+    // A task still running when its server stops.
+    raw.send(modern_request(102, "tools/call", later("never", 600_000), true)).await;
+    let running = raw.answers(1).await.remove(0)["result"]["taskId"].as_str().unwrap().to_owned();
+    raw.send(modern_request(103, "tools/call", json!({"name": "exit", "arguments": {}}), true)).await;
+    raw.answers(1).await;
+    raw.send(modern_request(104, "tasks/get", json!({"taskId": running}), true)).await;
+    let failed = raw.answers(1).await.remove(0);
+    assert_eq!(failed["result"]["status"], "failed", "{failed}");
+    assert!(failed["result"]["error"]["message"].as_str().unwrap().contains("lost"), "{failed}");
+    raw.send(modern_request(105, "tasks/cancel", json!({"taskId": running}), true)).await;
+    let refused = raw.answers(1).await.remove(0);
+    assert!(refused["error"]["message"].as_str().unwrap().contains("was lost"), "{refused}");
+    let _ = raw.child.kill().await;
 }

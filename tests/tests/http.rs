@@ -1099,3 +1099,54 @@ async fn an_http_upstreams_error_status_is_read_for_what_it_says() {
     assert!(report["attempts"][1]["waited_ms"].as_u64().unwrap() >= 1000, "the Retry-After was waited: {report}");
     gw.close().await;
 }
+
+/// A raw 2026-07-28 client's request that declares the tasks extension, and its answer
+/// (sent as JSON or as one event).
+async fn modern_with_tasks(gw: &HttpGateway, id: u32, method: &str, name: &str, params: Value) -> Value {
+    let mut meta = modern_meta();
+    meta["io.modelcontextprotocol/clientCapabilities"] = json!({"extensions": {"io.modelcontextprotocol/tasks": {}}});
+    let mut params = params;
+    params["_meta"] = meta;
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let response = post(gw, &request)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method)
+        .header("mcp-name", name)
+        .send()
+        .await
+        .unwrap();
+    let body = response.text().await.unwrap();
+    let json = body.lines().find_map(|l| l.strip_prefix("data: ").filter(|d| d.starts_with('{'))).unwrap_or(&body);
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// Over HTTP, where a client on 2026-07-28 has no session: the task a server on that
+/// revision made for the called tool is followed by `tasks/get` in later requests, under
+/// the gateway's id, to its result; `tasks/cancel` reaches it too.
+#[tokio::test]
+async fn over_http_a_2026_clients_task_is_followed_across_its_requests() {
+    let gw =
+        HttpGateway::start(|_| json!({"mcpServers": {"e": {"command": rebound_tests::bin("echo-server")}}}), &[]).await;
+    let later = |ms: u64| json!({"name": "later", "arguments": {"message": "over http", "ms": ms}});
+    let created = modern_with_tasks(&gw, 1, "tools/call", "later", later(50)).await;
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    let mut n = 2;
+    let done = loop {
+        let got = modern_with_tasks(&gw, n, "tasks/get", &id, json!({"taskId": id})).await;
+        n += 1;
+        if got["result"]["status"] != "working" {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(done["result"]["result"]["content"][0]["text"], "Later: over http", "{done}");
+    assert_eq!(done["result"]["taskId"], id.as_str());
+
+    let long = modern_with_tasks(&gw, 100, "tools/call", "later", later(600_000)).await;
+    let long = long["result"]["taskId"].as_str().unwrap().to_owned();
+    let cancelled = modern_with_tasks(&gw, 101, "tasks/cancel", &long, json!({"taskId": long})).await;
+    assert!(cancelled.get("error").is_none(), "{cancelled}");
+    let got = modern_with_tasks(&gw, 102, "tasks/get", &long, json!({"taskId": long})).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+}

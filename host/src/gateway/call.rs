@@ -14,6 +14,7 @@ use rmcp::{RoleClient, RoleServer, ServiceError};
 use super::hub::offered;
 use super::input;
 use super::routing::{CallGuard, ProgressTo, Routing};
+use super::tasks::relayed::Origin;
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
 use crate::transport::Session;
@@ -55,7 +56,7 @@ pub struct Resume {
 pub async fn attempt(
     routing: &Routing,
     server: &Arc<ServerHandle>,
-    session: &Session,
+    session: &Arc<Session>,
     tool: &str,
     arguments: Option<JsonObject>,
     how: Attempt<'_>,
@@ -79,7 +80,14 @@ pub async fn attempt(
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
         // (A server that does not ask is called once: its request takes the params.)
         let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
-        let answer = exchange(routing, session, sent, this, cx, call).await?;
+        let answer = match exchange(routing, session, sent, this, cx, call).await? {
+            // A task of the tool called, for a client that can take it (see `tasks::relayed`).
+            ServerResult::CreateTaskResult(created) if modern_client && how.called => {
+                let origin = Origin { server: &session.server, tool, instance: server.instance, session };
+                return routing.relayed.keep(created, origin).map(CallToolResponse::Task);
+            }
+            answer => answer,
+        };
         let asked = match read_round(answer, asks, modern_client, how.called)? {
             Round::Done(response) => return Ok(response),
             Round::Asked(asked) => asked,
@@ -194,7 +202,7 @@ async fn exchange(
 
 /// The options of a request made upstream within `how`: its timeouts and its `_meta`.
 fn request_options(session: &Session, how: Attempt<'_>, cx: &RequestContext<RoleServer>) -> PeerRequestOptions {
-    let mut meta = request_meta(session, cx);
+    let mut meta = request_meta(session, cx, how.called);
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());
     }
@@ -252,14 +260,20 @@ async fn answer(
 /// for the protocol's keys, which describe the client's revision, not this connection's
 /// (rmcp puts its own progress token in). A server on 2026-07-28 is told, on each
 /// request, what the client that made it can answer: exactly that client's capabilities
-/// (over stdio and HTTP alike).
-pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>) -> RequestMetaObject {
+/// (over stdio and HTTP alike), but for the tasks extension, declared only when `tasks`
+/// (the request is one whose task goes back to the client: see `tasks::relayed`).
+pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, tasks: bool) -> RequestMetaObject {
     let mut meta = RequestMetaObject::default();
     for (key, value) in cx.meta.iter().filter(|(k, _)| !k.starts_with(PROTOCOL_KEYS)) {
         meta.insert(key.clone(), value.clone());
     }
     if input::server_asks(session) {
-        meta.set_client_capabilities(offered(&cx.client_capabilities().unwrap_or_default(), None).caps);
+        let caps = cx.client_capabilities().unwrap_or_default();
+        let mut told = offered(&caps, None).caps;
+        if tasks && input::client_is_asked(cx) && caps.supports_tasks() {
+            told.extensions.clone_from(&caps.extensions);
+        }
+        meta.set_client_capabilities(told);
     }
     meta
 }

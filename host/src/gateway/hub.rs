@@ -456,8 +456,9 @@ fn supervision(config: &Config, secrets: &Secrets, revisions: &Revisions) -> Sup
 }
 
 /// What a server is told of a client's capabilities: all of them but the 2026-07-28 tasks
-/// extension, which the gateway does not relay; and the requests the client runs as tasks
-/// (MCP 2025-11-25), which reach stdio servers (see `transport::tasks`).
+/// extension, declared only for the tool a client called (`call::request_meta`); and the
+/// requests the client runs as tasks (MCP 2025-11-25), which reach stdio servers (see
+/// `transport::tasks`).
 pub fn offered(caps: &ClientCapabilities, tasks: Option<ClientTasks>) -> Offered {
     let mut caps = caps.clone();
     if let Some(ext) = caps.extensions.as_mut() {

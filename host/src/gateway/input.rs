@@ -133,7 +133,7 @@ pub async fn settle<P: Asking>(
         let out = Out {
             method: P::METHOD,
             request: params.clone().into_request(),
-            meta: Some(request_meta(session, cx)),
+            meta: Some(request_meta(session, cx, false)),
             hand_over: timeout,
             answer_within: Some(timeout),
         };

@@ -127,6 +127,8 @@ pub struct Routing {
     gone: Mutex<Gone>,
     /// The tasks clients run for servers, and which client runs each.
     pub run_by_clients: AskedTasks,
+    /// The tasks of servers on 2026-07-28 relayed to their clients (`super::tasks`).
+    pub relayed: super::tasks::Relayed,
     /// Per upstream session and client, the session's requests waiting for the client's
     /// answer.
     asked: Arc<Mutex<AskedCounts>>,

@@ -173,6 +173,9 @@ impl ServerHandler for Gateway {
         caps.resources = Some(resources);
         caps.logging = Some(Default::default());
         caps.completions = Some(Default::default());
+        // MCP 2026-07-28's tasks extension, relayed (`super::tasks::relayed`); not shown
+        // to older clients (`initialize`).
+        caps.extensions = Some([(rmcp::model::TASKS_EXTENSION_ID.to_owned(), Default::default())].into());
         rmcp::model::ServerConfig::new(caps)
             .with_server_info(Implementation::new("rebound", env!("CARGO_PKG_VERSION")).with_title("Rebound MCP gateway"))
             .with_instructions("Rebound is a gateway in front of several MCP servers. When a tool fails, its result says what was tried and what to do next.")
@@ -257,7 +260,33 @@ impl ServerHandler for Gateway {
         // task of its own, which the client's first requests can overtake.
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
         self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
-        self.negotiate_initialize(&request)
+        let mut answer = self.negotiate_initialize(&request)?;
+        answer.capabilities.extensions = None;
+        Ok(answer)
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        self.relayed_get(request, &cx).await
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.relayed_update(request, &cx).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.relayed_cancel(request, &cx).await
     }
 
     async fn list_tools(
@@ -429,7 +458,7 @@ impl ServerHandler for Gateway {
         let out = Out {
             method: "completion/complete",
             request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
-            meta: Some(request_meta(&to.session, &cx)),
+            meta: Some(request_meta(&to.session, &cx, false)),
             hand_over: limits.timeout,
             answer_within: Some(limits.timeout),
         };

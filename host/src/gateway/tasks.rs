@@ -39,8 +39,10 @@ use crate::transport::upstream::RELATED_TASK;
 /// The methods of tasks (MCP 2025-11-25).
 pub use crate::transport::tasks::METHODS;
 pub use kept::{MAX_TASKS, Tasks};
+pub use relayed::Relayed;
 
 mod kept;
+pub(super) mod relayed;
 
 /// The prefix of a method renamed on the HTTP front so that rmcp passes the request on
 /// as it was sent (`http::tasks`).
@@ -76,6 +78,14 @@ fn object(params: Option<Value>) -> Result<Value, ErrorData> {
         None => Ok(json!({})),
         Some(_) => Err(ErrorData::invalid_params("params must be an object", None)),
     }
+}
+
+/// Whether a request read as a custom one (its `_meta` left in `params` over stdio) comes
+/// from a client on 2026-07-28, which has its own tasks (`relayed`).
+fn from_modern_client(params: Option<&Value>, cx: &RequestContext<RoleServer>) -> bool {
+    let sent = params.and_then(|p| p["_meta"].get("io.modelcontextprotocol/protocolVersion"));
+    let sent = sent.and_then(|v| serde_json::from_value::<rmcp::model::ProtocolVersion>(v.clone()).ok());
+    super::input::client_is_asked(cx) || sent.is_some_and(|v| !v.has_initialize())
 }
 
 fn task_id(params: &Value) -> Result<String, ErrorData> {
@@ -189,6 +199,9 @@ impl Gateway {
         params: Option<Value>,
         cx: &RequestContext<RoleServer>,
     ) -> Option<Result<CustomResult, ErrorData>> {
+        if from_modern_client(params.as_ref(), cx) {
+            return self.relayed_request(method, params, cx).await;
+        }
         let answer = match method {
             "tools/call" => {
                 let params = object(params).ok().filter(|p| !p["task"].is_null())?;
@@ -203,6 +216,43 @@ impl Gateway {
                 Err(e) => Err(e),
             },
             "tasks/list" => Ok(self.list_tasks(cx).await),
+            _ => return None,
+        };
+        Some(answer.map(CustomResult))
+    }
+
+    /// A request about tasks from a client on 2026-07-28, read as a custom one over stdio
+    /// (see `transport::typed`): about a task relayed (`relayed`); 2025-11-25's
+    /// `tasks/result` and `tasks/list` are gone from that revision. `None` for any other.
+    async fn relayed_request(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Option<Result<CustomResult, ErrorData>> {
+        fn read<P: serde::de::DeserializeOwned>(method: &str, params: Option<Value>) -> Result<P, ErrorData> {
+            serde_json::from_value(params.unwrap_or_default()).map_err(|e| {
+                ErrorData::invalid_params(format!("the `params` of `{method}` are not what it takes: {e}"), None)
+            })
+        }
+        let ack = || json!({"resultType": "complete"});
+        let answer = match method {
+            "tasks/get" => match read(method, params) {
+                Ok(params) => self
+                    .relayed_get(params, cx)
+                    .await
+                    .and_then(|a| serde_json::to_value(a).map_err(|e| ErrorData::internal_error(e.to_string(), None))),
+                Err(e) => Err(e),
+            },
+            "tasks/cancel" => match read(method, params) {
+                Ok(params) => self.relayed_cancel(params, cx).await.map(|()| ack()),
+                Err(e) => Err(e),
+            },
+            "tasks/result" | "tasks/list" => Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("Method not found: `{method}` is not a method of MCP 2026-07-28"),
+                None,
+            )),
             _ => return None,
         };
         Some(answer.map(CustomResult))
@@ -314,25 +364,8 @@ impl Gateway {
         let Some(status) = task.lost_task(id) else { return };
         let why = status["statusMessage"].as_str().unwrap_or_default().to_owned();
         tracing::warn!(server = %task.server, tool = %task.tool, task = id, "{why}");
-        let failure = Failure::ConnectionLost { reason: format!("task `{id}`: {why}") };
-        let now = SystemTime::now();
-        let record = Record {
-            server: task.server.clone(),
-            tool: task.tool.clone(),
-            attempts: vec![AttemptRecord {
-                server: task.server.clone(),
-                tool: task.tool.clone(),
-                role: Role::Primary,
-                classification: Some(classify(&failure, now)),
-                failure: Some(failure),
-                waited: Duration::ZERO,
-            }],
-            safe: false,
-            stopped: Some(format!("task `{id}` was lost with its server instance")),
-            action: None,
-            denied: Vec::new(),
-        };
-        self.hub.errors.record(&record, &self.own.client, now);
+        let record = lost_record(&task.server, &task.tool, id, &why);
+        self.hub.errors.record(&record, &self.own.client, SystemTime::now());
         let note = CustomNotification::new("notifications/tasks/status", Some(status));
         let to = ClientPeer { client: self.own.client.clone(), peer };
         self.hub.downstreams.sending.send(&to, ServerNotification::CustomNotification(note));
@@ -417,6 +450,28 @@ impl Gateway {
             .collect()
             .await;
         json!({"tasks": tasks})
+    }
+}
+
+/// The errors log's record of task `id` (a call of `tool` on `server`), lost with its
+/// server instance: `why`.
+fn lost_record(server: &Arc<str>, tool: &str, id: &str, why: &str) -> Record {
+    let failure = Failure::ConnectionLost { reason: format!("task `{id}`: {why}") };
+    Record {
+        server: server.clone(),
+        tool: tool.to_owned(),
+        attempts: vec![AttemptRecord {
+            server: server.clone(),
+            tool: tool.to_owned(),
+            role: Role::Primary,
+            classification: Some(classify(&failure, SystemTime::now())),
+            failure: Some(failure),
+            waited: Duration::ZERO,
+        }],
+        safe: false,
+        stopped: Some(format!("task `{id}` was lost with its server instance")),
+        action: None,
+        denied: Vec::new(),
     }
 }
 

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use rmcp::model::ServerRequest;
 use rmcp::model::{
     CallToolRequest, CallToolResult, ClientJsonRpcMessage, ClientNotification, ClientRequest, CustomRequest,
-    CustomResult, JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, JsonRpcVersion2_0, RequestId, ServerJsonRpcMessage,
-    ServerResult,
+    CustomResult, JsonRpcMessage, JsonRpcRequest, JsonRpcResponse, JsonRpcVersion2_0, ProtocolVersion, RequestId,
+    ServerJsonRpcMessage, ServerResult,
 };
 use serde::Deserialize;
 use serde::de::IgnoredAny;
@@ -50,6 +50,23 @@ struct ParamKeys {
     /// Present and not `null`: the call is to run as a task (MCP 2025-11-25).
     #[serde(default)]
     task: Option<IgnoredAny>,
+    #[serde(default, rename = "_meta")]
+    meta: Option<MetaKeys>,
+}
+
+/// The revision a request says it is on (MCP 2026-07-28 names it on every request).
+#[derive(Deserialize)]
+struct MetaKeys {
+    #[serde(default, rename = "io.modelcontextprotocol/protocolVersion")]
+    version: Option<ProtocolVersion>,
+}
+
+impl ParamKeys {
+    /// Whether the request is on a revision with tasks of its own (the extension of
+    /// 2026-07-28): its `task` and `tasks/*` are not 2025-11-25's.
+    fn modern(&self) -> bool {
+        self.meta.as_ref().and_then(|m| m.version.as_ref()).is_some_and(|v| !v.has_initialize())
+    }
 }
 
 /// A key that is there (`Some`), whatever its value, `null` too (rmcp counts keys, and
@@ -84,8 +101,11 @@ impl Keys<'_> {
 pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     let keys = Keys::of(line)?;
     let request = keys.is_request();
+    let legacy = keys.params.0.as_ref().is_none_or(|p| !p.modern());
     match keys.method.0.flatten() {
-        Some("tools/call") if request && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) => as_it_is(line),
+        Some("tools/call") if request && legacy && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) => {
+            as_it_is(line)
+        }
         Some("tools/call") if request => {
             let JsonRpcRequest { jsonrpc, id, request } =
                 serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(line).ok()?;
@@ -95,7 +115,7 @@ pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
                 request: ClientRequest::CallToolRequest(request),
             }))
         }
-        Some(method) if request && super::tasks::METHODS.contains(&method) => as_it_is(line),
+        Some(method) if request && legacy && super::tasks::METHODS.contains(&method) => as_it_is(line),
         _ => None,
     }
 }

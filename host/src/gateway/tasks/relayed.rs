@@ -1,0 +1,306 @@
+//! MCP 2026-07-28's tasks extension (`io.modelcontextprotocol/tasks`) through the
+//! gateway, between a client and a server that both speak it. A server may answer a
+//! `tools/call` whose request declares the extension with a task (`resultType: "task"`)
+//! instead of its result; the gateway declares it upstream only for the tool the client
+//! called (not for an alternative or an adapter's side call, whose task the client never
+//! asked for), and only when the client declared it.
+//!
+//! The client gets an id of the gateway's own for the task: 128 random bits, standing for
+//! the server instance that holds it and that server's id. `tasks/get`, `tasks/update` and
+//! `tasks/cancel` go to that instance under the server's id, and the answers come back
+//! under the gateway's. A client on 2026-07-28 has no session: whoever holds a task's id
+//! may ask about it, as the extension has it; the ids cannot be guessed, and none names
+//! another server's task or another instance's.
+//!
+//! A task whose instance is lost (a crash, a restart) cannot be finished by the next one,
+//! which never heard of it: `tasks/get` answers it `failed` from then on, saying why, and
+//! the errors log has it once. The gateway keeps a task for its `ttlMs` from its creation
+//! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use rmcp::model::{
+    CancelTaskParams, CancelTaskRequest, ClientRequest, CreateTaskResult, DetailedTask, GetTaskParams, GetTaskRequest,
+    GetTaskResult, RequestMetaObject, ServerResult, Task, TaskPayload, TaskStatus, UpdateTaskParams, UpdateTaskRequest,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use serde_json::json;
+
+use super::super::call::request_meta;
+use super::super::forward::{Fault, Instance, Out};
+use super::super::server::Gateway;
+use super::{MAX_ID_BYTES, lost_record};
+use crate::recovery::Failure;
+use crate::transport::Session;
+
+/// The most tasks the gateway relays at once, for all clients.
+pub const MAX_RELAYED: usize = 4096;
+
+/// How long a task is kept when its server set no `ttlMs`, and the longest it is kept.
+const DEFAULT_TTL: Duration = Duration::from_secs(3600);
+const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The tasks relayed, by the gateway's ids.
+#[derive(Default)]
+pub struct Relayed {
+    tasks: Mutex<HashMap<String, Arc<Entry>>>,
+}
+
+/// Where one task lives.
+pub struct Entry {
+    server: Arc<str>,
+    tool: String,
+    instance: u64,
+    session: Weak<Session>,
+    /// The server's id for it.
+    upstream: String,
+    created_at: String,
+    until: Instant,
+    /// Its instance was found gone (reported once).
+    lost: AtomicBool,
+}
+
+/// The server instance a task was created on, and the tool called.
+pub struct Origin<'a> {
+    pub server: &'a Arc<str>,
+    pub tool: &'a str,
+    pub instance: u64,
+    pub session: &'a Arc<Session>,
+}
+
+impl Relayed {
+    /// Keeps the task `created` on `origin` and returns it under an id of the gateway's
+    /// own; one that cannot be kept is cancelled upstream.
+    pub fn keep(&self, mut created: CreateTaskResult, origin: Origin<'_>) -> Result<CreateTaskResult, Failure> {
+        let upstream = std::mem::take(&mut created.task.task_id);
+        let refuse = |reason: String| {
+            cancel_upstream(origin.session, &upstream);
+            Err(Failure::Protocol { reason })
+        };
+        if upstream.len() > MAX_ID_BYTES {
+            return refuse(format!("the server created a task whose id is longer than {MAX_ID_BYTES} bytes"));
+        }
+        let ttl = created.task.ttl_ms.map_or(DEFAULT_TTL, Duration::from_millis).min(MAX_TTL);
+        let id = format!("rebound-{:032x}", rand::random::<u128>());
+        let entry = Entry {
+            server: origin.server.clone(),
+            tool: origin.tool.to_owned(),
+            instance: origin.instance,
+            session: Arc::downgrade(origin.session),
+            upstream: upstream.clone(),
+            created_at: created.task.created_at.clone(),
+            until: Instant::now() + ttl,
+            lost: AtomicBool::new(false),
+        };
+        let mut tasks = self.tasks.lock().expect("not poisoned");
+        if tasks.len() >= MAX_RELAYED {
+            let now = Instant::now();
+            tasks.retain(|_, e| e.until > now);
+        }
+        if tasks.len() >= MAX_RELAYED {
+            drop(tasks);
+            return refuse(format!("the gateway already relays {MAX_RELAYED} tasks; the task was cancelled"));
+        }
+        tasks.insert(id.clone(), Arc::new(entry));
+        created.task.task_id = id;
+        Ok(created)
+    }
+
+    /// The task the gateway's id `id` stands for, while it is kept.
+    fn get(&self, id: &str) -> Result<Arc<Entry>, ErrorData> {
+        let mut tasks = self.tasks.lock().expect("not poisoned");
+        match tasks.get(id) {
+            Some(entry) if entry.until > Instant::now() => Ok(entry.clone()),
+            Some(_) => {
+                tasks.remove(id);
+                Err(unknown(id))
+            }
+            None => Err(unknown(id)),
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        self.tasks.lock().expect("not poisoned").remove(id);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.tasks.lock().expect("not poisoned").len()
+    }
+}
+
+impl Entry {
+    /// Its instance's session, while that runs.
+    fn live(&self) -> Option<Arc<Session>> {
+        self.session.upgrade().filter(|s| !s.closed.is_cancelled())
+    }
+}
+
+fn unknown(id: &str) -> ErrorData {
+    ErrorData::invalid_params(format!("unknown task `{id}`: the gateway relays no task of that id"), None)
+}
+
+/// Asks `session`'s server to cancel its task `id`, which nobody could reach. Off the
+/// caller's path, bounded.
+fn cancel_upstream(session: &Session, id: &str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(id)));
+    let peer = session.peer.clone();
+    runtime.spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(5), peer.send_request(request)).await;
+    });
+}
+
+impl Gateway {
+    /// `tasks/get`: as the task's instance reports it, under the gateway's id; a task
+    /// whose instance is lost, as failed.
+    pub(in crate::gateway) async fn relayed_get(
+        &self,
+        params: GetTaskParams,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let relayed = &self.hub.routing.relayed;
+        let entry = relayed.get(&params.task_id)?;
+        let request = |upstream: &str| ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(upstream)));
+        match self.to_task(&entry, "tasks/get", request, cx).await {
+            Some(Ok(ServerResult::GetTaskResult(mut answer))) => {
+                answer.task.task.task_id = params.task_id;
+                Ok(answer)
+            }
+            Some(Ok(_)) => Err(ErrorData::internal_error(
+                format!("server `{}` answered tasks/get with something that is not a task", entry.server),
+                None,
+            )),
+            Some(Err(e)) => {
+                // The server no longer knows it (its time to live ran out): neither do we.
+                if e.code == rmcp::model::ErrorCode::INVALID_PARAMS {
+                    relayed.forget(&params.task_id);
+                }
+                Err(e)
+            }
+            None => Ok(self.lost(&params.task_id, &entry)),
+        }
+    }
+
+    /// `tasks/update`: the client's answers to the task's questions, to its instance.
+    pub(in crate::gateway) async fn relayed_update(
+        &self,
+        params: UpdateTaskParams,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let entry = self.hub.routing.relayed.get(&params.task_id)?;
+        let answers = params.input_responses;
+        let request = |upstream: &str| {
+            ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(UpdateTaskParams::new(upstream, answers.clone())))
+        };
+        self.acknowledged(&params.task_id, &entry, "tasks/update", request, cx).await
+    }
+
+    /// `tasks/cancel`, to the task's instance.
+    pub(in crate::gateway) async fn relayed_cancel(
+        &self,
+        params: CancelTaskParams,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let entry = self.hub.routing.relayed.get(&params.task_id)?;
+        let request =
+            |upstream: &str| ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(upstream)));
+        self.acknowledged(&params.task_id, &entry, "tasks/cancel", request, cx).await
+    }
+
+    /// A request about the task `id` that its server acknowledges; one about a lost task
+    /// is refused.
+    async fn acknowledged(
+        &self,
+        id: &str,
+        entry: &Entry,
+        method: &str,
+        request: impl Fn(&str) -> ClientRequest,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        match self.to_task(entry, method, request, cx).await {
+            Some(answer) => answer.map(|_| ()),
+            None => {
+                self.lost(id, entry);
+                Err(ErrorData::invalid_params(
+                    format!("task `{id}` was lost with its server's instance: it has failed, and takes nothing more"),
+                    None,
+                ))
+            }
+        }
+    }
+
+    /// Sends `request` (made with the server's id of the task) to the task's instance,
+    /// with the client's `_meta` and capabilities: `None` if the instance is gone.
+    async fn to_task(
+        &self,
+        entry: &Entry,
+        method: &str,
+        request: impl Fn(&str) -> ClientRequest,
+        cx: &RequestContext<RoleServer>,
+    ) -> Option<Result<ServerResult, ErrorData>> {
+        let session = entry.live()?;
+        let timeout = self.limits(&entry.server).timeout;
+        let meta: RequestMetaObject = request_meta(&session, cx, true);
+        let to = Instance { instance: entry.instance, session };
+        let out = Out {
+            method,
+            request: request(&entry.upstream),
+            meta: Some(meta),
+            hand_over: timeout,
+            answer_within: Some(timeout),
+        };
+        match self.forward(&to, out, cx).await {
+            Ok(answer) => Some(Ok(answer)),
+            Err(Fault::Lost) => None,
+            Err(Fault::Error(e)) => Some(Err(e)),
+        }
+    }
+
+    /// The task `id`, whose instance is gone, as failed; the first time, the errors log
+    /// says so.
+    fn lost(&self, id: &str, entry: &Entry) -> GetTaskResult {
+        let why = format!("its server `{}` stopped while it ran; the task is lost", entry.server);
+        if !entry.lost.swap(true, Ordering::AcqRel) {
+            tracing::warn!(server = %entry.server, tool = %entry.tool, task = id, "{why}");
+            let record = lost_record(&entry.server, &entry.tool, id, &why);
+            self.hub.errors.record(&record, &self.own.client, SystemTime::now());
+        }
+        let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        let task = Task::new(id, TaskStatus::Failed, entry.created_at.clone(), now).with_status_message(why.clone());
+        let error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": format!("rebound: {why}")});
+        let error = error.as_object().cloned().unwrap_or_default();
+        GetTaskResult::new(DetailedTask::new(task, TaskPayload::Failed { error }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_tasks_are_unknown_and_dropped() {
+        let relayed = Relayed::default();
+        let entry = |until| Entry {
+            server: "a".into(),
+            tool: "t".into(),
+            instance: 1,
+            session: Weak::new(),
+            upstream: "u".into(),
+            created_at: String::new(),
+            until,
+            lost: AtomicBool::new(false),
+        };
+        let now = Instant::now();
+        relayed.tasks.lock().unwrap().insert("old".into(), Arc::new(entry(now)));
+        relayed.tasks.lock().unwrap().insert("new".into(), Arc::new(entry(now + Duration::from_secs(60))));
+        assert!(relayed.get("old").is_err());
+        assert!(relayed.get("new").is_ok());
+        assert!(relayed.get("other").err().unwrap().message.contains("unknown task"));
+        assert_eq!(relayed.len(), 1);
+    }
+}
