@@ -14,7 +14,7 @@ use rmcp::{RoleClient, RoleServer, ServiceError};
 use super::hub::offered;
 use super::input;
 use super::routing::{CallGuard, ProgressTo, Routing};
-use super::tasks::relayed::Origin;
+use super::tasks::relayed::{Origin, cancel_upstream as cancel_task_upstream};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
 use crate::transport::Session;
@@ -82,9 +82,15 @@ pub async fn attempt(
         let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
         let answer = match exchange(routing, session, sent, this, cx, call).await? {
             // A task of the tool called, for a client that can take it (see `tasks::relayed`).
-            ServerResult::CreateTaskResult(created) if modern_client && how.called => {
+            ServerResult::CreateTaskResult(created) if declares_tasks(cx, how.called) => {
                 let origin = Origin { server: &session.server, tool, instance: server.instance, session };
                 return routing.relayed.keep(created, origin).map(CallToolResponse::Task);
+            }
+            // Made without being asked: nobody could follow it.
+            ServerResult::CreateTaskResult(created) => {
+                cancel_task_upstream(session, &created.task.task_id);
+                let reason = "tools/call was answered with a task the request did not declare it could take".into();
+                return Err(Failure::Protocol { reason });
             }
             answer => answer,
         };
@@ -171,7 +177,7 @@ async fn exchange(
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<ServerResult, Failure> {
-    let options = request_options(session, how, cx);
+    let options = request_options(routing, session, how, cx);
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
     // A server that stops reading its input stops rmcp's writer, and then sending can wait
     // forever: handing the request over is bounded by the attempt's timeout. A request
@@ -201,8 +207,13 @@ async fn exchange(
 }
 
 /// The options of a request made upstream within `how`: its timeouts and its `_meta`.
-fn request_options(session: &Session, how: Attempt<'_>, cx: &RequestContext<RoleServer>) -> PeerRequestOptions {
-    let mut meta = request_meta(session, cx, how.called);
+fn request_options(
+    routing: &Routing,
+    session: &Session,
+    how: Attempt<'_>,
+    cx: &RequestContext<RoleServer>,
+) -> PeerRequestOptions {
+    let mut meta = request_meta(session, cx, how.called && routing.relayed.has_room());
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());
     }
@@ -270,12 +281,18 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, t
     if input::server_asks(session) {
         let caps = cx.client_capabilities().unwrap_or_default();
         let mut told = offered(&caps, None).caps;
-        if tasks && input::client_is_asked(cx) && caps.supports_tasks() {
+        if declares_tasks(cx, tasks) {
             told.extensions.clone_from(&caps.extensions);
         }
         meta.set_client_capabilities(told);
     }
     meta
+}
+
+/// Whether a request of the client of `cx`, made `for_client` (see [`request_meta`]),
+/// declares the tasks extension upstream: the client is on 2026-07-28 and declared it.
+fn declares_tasks(cx: &RequestContext<RoleServer>, for_client: bool) -> bool {
+    for_client && input::client_is_asked(cx) && cx.client_capabilities().is_some_and(|c| c.supports_tasks())
 }
 
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,

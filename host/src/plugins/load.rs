@@ -331,7 +331,7 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     // A name no other gateway sharing the folder picks, created afresh (never truncating
     // a file another may be loading), then renamed into place whole.
     let tmp = file.with_extension(format!("tmp-{}-{:016x}", std::process::id(), rand::random::<u64>()));
-    if let Some(compiled) = compile_apart(runtime, bytes, &tmp, &file)? {
+    if let Some(compiled) = compile_apart(runtime, bytes, &tmp, || install(engine, &tmp, &file))? {
         return Ok((compiled, false));
     }
     let component = Component::from_binary(engine, bytes)?;
@@ -347,8 +347,7 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
 }
 
 /// Without a cache, still in a compiler process where the program enabled that, with its
-/// bounds: into a temporary folder of this user's alone, gone once the code is loaded
-/// (which maps it, so it is read from the file the folder held).
+/// bounds: into a temporary folder of this user's alone, gone once the code is read.
 fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component> {
     if compiler::enabled() {
         let private = tempfile::Builder::new()
@@ -357,8 +356,9 @@ fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component
             .and_then(|dir| super::runtime::private_dir(dir.path()).map(|()| dir));
         match private {
             Ok(dir) => {
-                let (tmp, file) = (dir.path().join("plugin.tmp"), dir.path().join("plugin.cwasm"));
-                if let Some(compiled) = compile_apart(runtime, bytes, &tmp, &file)? {
+                let file = dir.path().join("plugin.cwasm");
+                if let Some(compiled) = compile_apart(runtime, bytes, &file, || read_compiled(&runtime.engine, &file))?
+                {
                     return Ok(compiled);
                 }
             }
@@ -370,24 +370,29 @@ fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component
     Ok(Component::from_binary(&runtime.engine, bytes)?)
 }
 
-/// Compiles `bytes` in a compiler process into the new file `tmp`, and loads it once it
-/// is renamed to `file`: the component's fault if the compiler refused it, ran out of time
-/// or memory; `None` when the process could not deliver for any other reason (then it is
+/// Compiles `bytes` in a compiler process into the new file `tmp`, and loads what it wrote
+/// with `load`: the component's fault if the compiler refused it, ran out of time or
+/// memory; `None` when the process could not deliver for any other reason (then it is
 /// compiled in memory) or in a program that does not compile this way.
-fn compile_apart(runtime: &Runtime, bytes: &[u8], tmp: &Path, file: &Path) -> anyhow::Result<Option<Component>> {
+fn compile_apart(
+    runtime: &Runtime,
+    bytes: &[u8],
+    tmp: &Path,
+    load: impl FnOnce() -> Option<Component>,
+) -> anyhow::Result<Option<Component>> {
     if !compiler::enabled() {
         return Ok(None);
     }
     match compiler::compile_apart(bytes, tmp, runtime.compile_timeout()) {
         Ok(()) => {
-            let installed = install(&runtime.engine, tmp, file);
-            if installed.is_none() {
+            let loaded = load();
+            if loaded.is_none() {
                 tracing::warn!(
                     "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
-                    file.display()
+                    tmp.display()
                 );
             }
-            Ok(installed)
+            Ok(loaded)
         }
         Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
         Err(e) => {
@@ -405,6 +410,23 @@ fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Option<Compone
         let _ = std::fs::remove_file(tmp);
     }
     installed
+}
+
+/// The compiled code a compiler process wrote to `file`, in a temporary folder of this
+/// user's alone: read into memory, not mapped from the file (a temporary folder is often
+/// on a filesystem where code cannot be mapped to run, `noexec`).
+fn read_compiled(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
+    if !cached_entry_is_ours(file) {
+        return None;
+    }
+    let compiled = std::fs::read(file).ok()?;
+    // SAFETY: the file is a regular file of this user's (checked right above) in a folder
+    // made for this compile that only this user can enter, written by a compiler process
+    // (this same binary, `compiler::run`) with `Component::serialize` for this engine's
+    // settings; wasmtime checks the header against this engine too.
+    #[allow(unsafe_code, reason = "loading the component our own compiler process just compiled")]
+    let loaded = unsafe { Component::deserialize(engine, &compiled) };
+    loaded.inspect_err(|e| tracing::warn!("the compiled plugin {} does not load: {e}", file.display())).ok()
 }
 
 /// The cache entry `file`, if it is ours and loads; one that fails to load is removed.

@@ -137,6 +137,14 @@ pub struct Session {
     relisting: std::sync::Mutex<Relisting>,
 }
 
+impl Session {
+    /// Whether this is a connection to a server process (not to a `url` server, whose
+    /// sessions come and go while the server runs on).
+    pub fn is_process(&self) -> bool {
+        self.restart.is_some()
+    }
+}
+
 /// Whether a re-listing is under way, and whether it is to list once more when done.
 #[derive(Debug, Default)]
 struct Relisting {

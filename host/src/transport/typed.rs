@@ -51,7 +51,31 @@ struct ParamKeys {
     #[serde(default)]
     task: Option<IgnoredAny>,
     #[serde(default, rename = "_meta")]
-    meta: Option<MetaKeys>,
+    meta: Lenient<MetaKeys>,
+}
+
+/// A value read as `T` when it is one, else as absent (never failing the line's reading).
+struct Lenient<T>(Option<T>);
+
+impl<T> Default for Lenient<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either<T> {
+            Is(T),
+            Not(IgnoredAny),
+        }
+        Ok(Self(match Either::<T>::deserialize(deserializer)? {
+            Either::Is(value) => Some(value),
+            Either::Not(_) => None,
+        }))
+    }
 }
 
 /// The revision a request says it is on (MCP 2026-07-28 names it on every request).
@@ -65,7 +89,7 @@ impl ParamKeys {
     /// Whether the request is on a revision with tasks of its own (the extension of
     /// 2026-07-28): its `task` and `tasks/*` are not 2025-11-25's.
     fn modern(&self) -> bool {
-        self.meta.as_ref().and_then(|m| m.version.as_ref()).is_some_and(|v| !v.has_initialize())
+        self.meta.0.as_ref().and_then(|m| m.version.as_ref()).is_some_and(|v| !v.has_initialize())
     }
 }
 
@@ -440,6 +464,28 @@ mod tests {
         assert!(client_request(&note).is_none());
         let odd = line(json!({"jsonrpc": "2.0", "id": 4, "method": "tasks/get", "params": [1]}));
         assert!(client_request(&odd).is_none(), "left to rmcp, which refuses it");
+        // A `_meta` that names no revision, or is not even an object, leaves them as they are.
+        for meta in [json!("odd"), json!({"io.modelcontextprotocol/protocolVersion": 7}), json!(null)] {
+            let params = json!({"name": "r", "task": {"ttl": 1}, "_meta": meta});
+            let call = line(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": params}));
+            assert_eq!(custom(client_request(&call).unwrap()).0, "tools/call", "{meta}");
+        }
+    }
+
+    /// A client on 2026-07-28 has tasks of its own: its `task` is not 2025-11-25's (the
+    /// call stays a tool call), and its `tasks/*` are left to rmcp.
+    #[test]
+    fn a_2026_clients_tasks_are_not_read_as_2025_11_25s() {
+        let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"});
+        let params = json!({"name": "r", "task": {"ttl": 1}, "_meta": meta});
+        let call = line(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}));
+        assert!(matches!(
+            client_request(&call),
+            Some(JsonRpcMessage::Request(JsonRpcRequest { request: ClientRequest::CallToolRequest(_), .. }))
+        ));
+        let get =
+            line(json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/get", "params": {"taskId": "t", "_meta": meta}}));
+        assert!(client_request(&get).is_none());
     }
 
     #[test]

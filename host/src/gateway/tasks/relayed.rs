@@ -12,10 +12,12 @@
 //! may ask about it, as the extension has it; the ids cannot be guessed, and none names
 //! another server's task or another instance's.
 //!
-//! A task whose instance is lost (a crash, a restart) cannot be finished by the next one,
-//! which never heard of it: `tasks/get` answers it `failed` from then on, saying why, and
+//! A task whose server process is lost (a crash, a restart) cannot be finished by the
+//! next one, which never heard of it (a `url` server's task is asked for on its current
+//! connection): `tasks/get` answers it `failed` from then on, saying why, and
 //! the errors log has it once. The gateway keeps a task for its `ttlMs` from its creation
-//! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once.
+//! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once:
+//! a call is declared able to become a task only while there is room.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +58,9 @@ pub struct Entry {
     tool: String,
     instance: u64,
     session: Weak<Session>,
+    /// Held by a server process, lost with it; else by a `url` server, which keeps it
+    /// across its connections.
+    process: bool,
     /// The server's id for it.
     upstream: String,
     created_at: String,
@@ -91,8 +96,9 @@ impl Relayed {
             tool: origin.tool.to_owned(),
             instance: origin.instance,
             session: Arc::downgrade(origin.session),
+            process: origin.session.is_process(),
             upstream: upstream.clone(),
-            created_at: created.task.created_at.clone(),
+            created_at: stamp(&created.task.created_at),
             until: Instant::now() + ttl,
             lost: AtomicBool::new(false),
         };
@@ -108,6 +114,17 @@ impl Relayed {
         tasks.insert(id.clone(), Arc::new(entry));
         created.task.task_id = id;
         Ok(created)
+    }
+
+    /// Whether there is room for one more task: a call is made a task only then, so that
+    /// one is not refused once its server has started it.
+    pub fn has_room(&self) -> bool {
+        let mut tasks = self.tasks.lock().expect("not poisoned");
+        if tasks.len() >= MAX_RELAYED {
+            let now = Instant::now();
+            tasks.retain(|_, e| e.until > now);
+        }
+        tasks.len() < MAX_RELAYED
     }
 
     /// The task the gateway's id `id` stands for, while it is kept.
@@ -140,13 +157,23 @@ impl Entry {
     }
 }
 
+/// A server's `createdAt` as kept: as it came, unless it is longer than a timestamp
+/// (then the gateway's time).
+fn stamp(created_at: &str) -> String {
+    if created_at.len() <= 64 {
+        created_at.to_owned()
+    } else {
+        humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    }
+}
+
 fn unknown(id: &str) -> ErrorData {
     ErrorData::invalid_params(format!("unknown task `{id}`: the gateway relays no task of that id"), None)
 }
 
 /// Asks `session`'s server to cancel its task `id`, which nobody could reach. Off the
 /// caller's path, bounded.
-fn cancel_upstream(session: &Session, id: &str) {
+pub(in crate::gateway) fn cancel_upstream(session: &Session, id: &str) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(id)));
     let peer = session.peer.clone();
@@ -243,10 +270,14 @@ impl Gateway {
         request: impl Fn(&str) -> ClientRequest,
         cx: &RequestContext<RoleServer>,
     ) -> Option<Result<ServerResult, ErrorData>> {
-        let session = entry.live()?;
         let timeout = self.limits(&entry.server).timeout;
-        let meta: RequestMetaObject = request_meta(&session, cx, true);
-        let to = Instance { instance: entry.instance, session };
+        let to = match entry.live() {
+            Some(session) => Instance { instance: entry.instance, session },
+            None if entry.process => return None,
+            // A `url` server's task outlives the connection it was made on.
+            None => self.upstream(&entry.server, timeout).await.ok()?,
+        };
+        let meta: RequestMetaObject = request_meta(&to.session, cx, true);
         let out = Out {
             method,
             request: request(&entry.upstream),
@@ -290,6 +321,7 @@ mod tests {
             tool: "t".into(),
             instance: 1,
             session: Weak::new(),
+            process: true,
             upstream: "u".into(),
             created_at: String::new(),
             until,
