@@ -12,7 +12,7 @@ use rebound::config::{BreakerConfig, Launch, RecoveryConfig, ServerConfig, Stdio
 use rebound::recovery::Failure;
 use rebound::recovery::breaker::{Breaker, Outcome};
 use rebound::recovery::clock::{Rng, TokioClock};
-use rebound::recovery::engine::{Engine, Upstream};
+use rebound::recovery::engine::{Engine, Role, Upstream};
 use rmcp::model::{CallToolResponse, JsonObject, ToolAnnotations};
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +34,7 @@ impl Upstream for Down {
         &self,
         _: &str,
         _: &str,
+        _: Role,
         _: Option<JsonObject>,
         _: Duration,
         _: Duration,

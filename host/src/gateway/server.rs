@@ -630,8 +630,14 @@ impl Gateway {
     /// Whom a request of `cx` counts against where a client's share is bounded: its
     /// session, or for a 2026-07-28 client over HTTP (which has none) its address.
     fn counted(&self, cx: &RequestContext<RoleServer>) -> Arc<str> {
-        http_address(cx).map_or_else(|| self.own.client.clone(), |ip| super::http::address_client(ip).into())
+        counted_by(&self.own.client, cx)
     }
+}
+
+/// Whom a request of `cx`, from the client session `client`, counts against (see
+/// `Gateway::counted`).
+pub(super) fn counted_by(client: &Arc<str>, cx: &RequestContext<RoleServer>) -> Arc<str> {
+    http_address(cx).map_or_else(|| client.clone(), |ip| super::http::address_client(ip).into())
 }
 
 /// The most resources one `subscriptions/listen` request follows.

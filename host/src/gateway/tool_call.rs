@@ -13,13 +13,12 @@ use rmcp::{ErrorData, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 use super::call::{Attempt, Resume, attempt};
-use super::catalogue::Route;
 use super::hub::Hub;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
 use crate::recovery::Failure;
-use crate::recovery::engine::{Ending, Record, Upstream};
+use crate::recovery::engine::{Ending, Record, Role, Upstream};
 use crate::recovery::report;
 use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
@@ -104,7 +103,6 @@ impl Gateway {
             recovery: &recovery,
             cx: &cx,
             trace: trace.as_deref(),
-            called: route,
             resume: resume.as_ref(),
         };
         let started = std::time::Instant::now();
@@ -181,19 +179,20 @@ struct Upstreams<'a> {
     recovery: &'a Recovery,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
-    /// The tool the client called: only its answers may be questions for the client, and
-    /// only it gets the client's answers (`resume`). A question from an alternative would
-    /// come back, answered, to the tool called, which did not ask it.
-    called: &'a Route,
+    /// A 2026-07-28 client's answers, for the tool it called (the primary) alone: only its
+    /// answers may be questions for the client (or a task), since a question from an
+    /// alternative would come back, answered, to the tool called, which did not ask it.
     resume: Option<&'a Resume>,
 }
 
 impl Upstreams<'_> {
     /// One attempt of `tool` on `server`'s instance for this session.
+    #[allow(clippy::too_many_arguments, reason = "one attempt's worth of context")]
     async fn attempt(
         &self,
         server: &str,
         tool: &str,
+        role: Role,
         arguments: Option<JsonObject>,
         timeout: Duration,
         max_total: Duration,
@@ -225,8 +224,9 @@ impl Upstreams<'_> {
             max_total: max_total.saturating_sub(spent).max(Duration::from_millis(1)),
             progress_extends_timeout: recovery.is_none_or(|r| r.progress_extends_timeout),
             ping_within: Duration::from_millis(recovery.map_or(0, |r| r.ping_timeout_ms)),
-            called: *self.called.server == *server && self.called.name == tool,
-            resume: self.resume.filter(|_| *self.called.server == *server && self.called.name == tool),
+            called: role == Role::Primary,
+            resume: self.resume.filter(|_| role == Role::Primary),
+            client: &self.own.client,
         };
         attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
     }
@@ -237,6 +237,7 @@ impl Upstream for Upstreams<'_> {
         &self,
         server: &str,
         tool: &str,
+        role: Role,
         arguments: Option<JsonObject>,
         timeout: Duration,
         max_total: Duration,
@@ -248,7 +249,7 @@ impl Upstream for Upstreams<'_> {
             // engine's record of attempts one to one.
             let span = self.trace.and_then(|t| t.attempt(&server, &tool));
             let traceparent = span.as_ref().map(|s| s.traceparent());
-            let outcome = self.attempt(&server, &tool, arguments, timeout, max_total, traceparent).await;
+            let outcome = self.attempt(&server, &tool, role, arguments, timeout, max_total, traceparent).await;
             if let (Some(trace), Some(span)) = (self.trace, span) {
                 trace.attempt_ended(span, outcome.as_ref().err());
             }

@@ -51,13 +51,16 @@ const CANCELLED: &str = "the client cancelled the call";
 
 /// The I/O the engine needs; the gateway provides it.
 pub trait Upstream: Send + Sync {
-    /// One attempt of `tool` on `server`, answered within `timeout` (restarted by progress
-    /// where configured) and never later than `max_total`. An answer that is not a
-    /// result (questions for the client, a task) ends the call as it is.
+    /// One attempt of `tool` on `server`, as `role` in the client's call, answered within
+    /// `timeout` (restarted by progress where configured) and never later than
+    /// `max_total`. An answer that is not a result (questions for the client, a task)
+    /// ends the call as it is; only the primary's may be one.
+    #[allow(clippy::too_many_arguments, reason = "one attempt's worth of context")]
     fn call(
         &self,
         server: &str,
         tool: &str,
+        role: Role,
         arguments: Option<JsonObject>,
         timeout: Duration,
         max_total: Duration,
@@ -501,8 +504,7 @@ impl Engine {
                 .attempt(
                     call.upstream,
                     call.policy,
-                    &call.server,
-                    &call.tool,
+                    (&call.server, &call.tool, Role::Primary),
                     call.arguments.clone(),
                     timeout,
                     call.deadline,
@@ -753,8 +755,9 @@ impl Engine {
         spent.called.insert((server.clone(), tool.clone()));
         let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&tool));
         let args = Some(arguments);
-        let outcome =
-            self.attempt(call.upstream, call.policy, &server, &tool, args.clone(), timeout, call.deadline).await;
+        let outcome = self
+            .attempt(call.upstream, call.policy, (&server, &tool, Role::SideCall), args.clone(), timeout, call.deadline)
+            .await;
         match outcome {
             Ok(result) => {
                 observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
@@ -790,7 +793,8 @@ impl Engine {
             })
             .or_else(|| call.arguments.clone());
         let timeout = Duration::from_millis(policy.recovery.timeout_for(&tool));
-        match self.attempt(call.upstream, policy, &server, &tool, args.clone(), timeout, call.deadline).await {
+        let target = (&*server, tool.as_str(), Role::Alternative);
+        match self.attempt(call.upstream, policy, target, args.clone(), timeout, call.deadline).await {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
                 call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
@@ -827,14 +831,13 @@ impl Engine {
         }
     }
 
-    /// One attempt through the server's breaker and the tool's, classified when it fails.
-    #[allow(clippy::too_many_arguments, reason = "one call's worth of context, used once")]
+    /// One attempt (of a tool on a server, as a role in the client's call) through the
+    /// server's breaker and the tool's, classified when it fails.
     async fn attempt(
         &self,
         upstream: &dyn Upstream,
         policy: &ServerPolicy,
-        server: &str,
-        tool: &str,
+        (server, tool, role): (&str, &str, Role),
         arguments: Option<JsonObject>,
         timeout: Duration,
         deadline: tokio::time::Instant,
@@ -866,7 +869,7 @@ impl Engine {
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
         let started = self.clock.now();
-        match upstream.call(server, tool, arguments, timeout.min(remaining), remaining).await {
+        match upstream.call(server, tool, role, arguments, timeout.min(remaining), remaining).await {
             Ok(result) => {
                 server_permit.record(Outcome::Success);
                 if let Some(p) = tool_permit {

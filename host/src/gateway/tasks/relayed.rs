@@ -16,8 +16,9 @@
 //! next one, which never heard of it (a `url` server's task is asked for on its current
 //! connection): `tasks/get` answers it `failed` from then on, saying why, and
 //! the errors log has it once. The gateway keeps a task for its `ttlMs` from its creation
-//! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once:
-//! a call is declared able to become a task only while there is room.
+//! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once,
+//! [`MAX_RELAYED_PER_CLIENT`] of one client's: a call is declared able to become a task
+//! only while its client has room.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,10 @@ use crate::transport::Session;
 /// The most tasks the gateway relays at once, for all clients.
 pub const MAX_RELAYED: usize = 4096;
 
+/// The most of them one client has (a session, or a 2026-07-28 client's address over
+/// HTTP; see `server::counted_by`).
+pub const MAX_RELAYED_PER_CLIENT: usize = 256;
+
 /// How long a task is kept when its server set no `ttlMs`, and the longest it is kept.
 const DEFAULT_TTL: Duration = Duration::from_secs(3600);
 const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -49,7 +54,53 @@ const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The tasks relayed, by the gateway's ids.
 #[derive(Default)]
 pub struct Relayed {
-    tasks: Mutex<HashMap<String, Arc<Entry>>>,
+    tasks: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    by_id: HashMap<String, Arc<Entry>>,
+    /// How many each client has.
+    per_client: HashMap<Arc<str>, usize>,
+}
+
+impl Table {
+    fn insert(&mut self, id: String, entry: Entry) {
+        *self.per_client.entry(entry.owner.clone()).or_default() += 1;
+        self.by_id.insert(id, Arc::new(entry));
+    }
+
+    fn remove(&mut self, id: &str) {
+        let Some(entry) = self.by_id.remove(id) else { return };
+        if let Some(n) = self.per_client.get_mut(&entry.owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(&entry.owner);
+            }
+        }
+    }
+
+    /// Forgets the tasks whose time is up, when the table is full or `owner`'s share is.
+    fn prune_for(&mut self, owner: &str) {
+        if self.by_id.len() < MAX_RELAYED && self.owned(owner) < MAX_RELAYED_PER_CLIENT {
+            return;
+        }
+        let now = Instant::now();
+        let expired: Vec<String> =
+            self.by_id.iter().filter(|(_, e)| e.until <= now).map(|(id, _)| id.clone()).collect();
+        for id in expired {
+            self.remove(&id);
+        }
+    }
+
+    fn owned(&self, owner: &str) -> usize {
+        self.per_client.get(owner).copied().unwrap_or(0)
+    }
+
+    fn has_room(&mut self, owner: &str) -> bool {
+        self.prune_for(owner);
+        self.by_id.len() < MAX_RELAYED && self.owned(owner) < MAX_RELAYED_PER_CLIENT
+    }
 }
 
 /// Where one task lives.
@@ -58,6 +109,8 @@ pub struct Entry {
     tool: String,
     instance: u64,
     session: Weak<Session>,
+    /// The client it counts against.
+    owner: Arc<str>,
     /// Held by a server process, lost with it; else by a `url` server, which keeps it
     /// across its connections.
     process: bool,
@@ -75,6 +128,8 @@ pub struct Origin<'a> {
     pub tool: &'a str,
     pub instance: u64,
     pub session: &'a Arc<Session>,
+    /// The client it goes to, whose share it takes.
+    pub owner: Arc<str>,
 }
 
 impl Relayed {
@@ -96,6 +151,7 @@ impl Relayed {
             tool: origin.tool.to_owned(),
             instance: origin.instance,
             session: Arc::downgrade(origin.session),
+            owner: origin.owner.clone(),
             process: origin.session.is_process(),
             upstream: upstream.clone(),
             created_at: stamp(&created.task.created_at),
@@ -103,34 +159,27 @@ impl Relayed {
             lost: AtomicBool::new(false),
         };
         let mut tasks = self.tasks.lock().expect("not poisoned");
-        if tasks.len() >= MAX_RELAYED {
-            let now = Instant::now();
-            tasks.retain(|_, e| e.until > now);
-        }
-        if tasks.len() >= MAX_RELAYED {
+        if !tasks.has_room(&origin.owner) {
             drop(tasks);
-            return refuse(format!("the gateway already relays {MAX_RELAYED} tasks; the task was cancelled"));
+            return refuse(format!(
+                "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's; the task was cancelled"
+            ));
         }
-        tasks.insert(id.clone(), Arc::new(entry));
+        tasks.insert(id.clone(), entry);
         created.task.task_id = id;
         Ok(created)
     }
 
-    /// Whether there is room for one more task: a call is made a task only then, so that
-    /// one is not refused once its server has started it.
-    pub fn has_room(&self) -> bool {
-        let mut tasks = self.tasks.lock().expect("not poisoned");
-        if tasks.len() >= MAX_RELAYED {
-            let now = Instant::now();
-            tasks.retain(|_, e| e.until > now);
-        }
-        tasks.len() < MAX_RELAYED
+    /// Whether there is room for one more task of `owner`'s: a call is made a task only
+    /// then, so that one is not refused once its server has started it.
+    pub fn has_room(&self, owner: &str) -> bool {
+        self.tasks.lock().expect("not poisoned").has_room(owner)
     }
 
     /// The task the gateway's id `id` stands for, while it is kept.
     fn get(&self, id: &str) -> Result<Arc<Entry>, ErrorData> {
         let mut tasks = self.tasks.lock().expect("not poisoned");
-        match tasks.get(id) {
+        match tasks.by_id.get(id) {
             Some(entry) if entry.until > Instant::now() => Ok(entry.clone()),
             Some(_) => {
                 tasks.remove(id);
@@ -146,7 +195,7 @@ impl Relayed {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.tasks.lock().expect("not poisoned").len()
+        self.tasks.lock().expect("not poisoned").by_id.len()
     }
 }
 
@@ -313,26 +362,48 @@ impl Gateway {
 mod tests {
     use super::*;
 
-    #[test]
-    fn expired_tasks_are_unknown_and_dropped() {
-        let relayed = Relayed::default();
-        let entry = |until| Entry {
+    fn entry(owner: &str, until: Instant) -> Entry {
+        Entry {
             server: "a".into(),
             tool: "t".into(),
             instance: 1,
             session: Weak::new(),
+            owner: owner.into(),
             process: true,
             upstream: "u".into(),
             created_at: String::new(),
             until,
             lost: AtomicBool::new(false),
-        };
+        }
+    }
+
+    #[test]
+    fn expired_tasks_are_unknown_and_dropped() {
+        let relayed = Relayed::default();
         let now = Instant::now();
-        relayed.tasks.lock().unwrap().insert("old".into(), Arc::new(entry(now)));
-        relayed.tasks.lock().unwrap().insert("new".into(), Arc::new(entry(now + Duration::from_secs(60))));
+        relayed.tasks.lock().unwrap().insert("old".into(), entry("c", now));
+        relayed.tasks.lock().unwrap().insert("new".into(), entry("c", now + Duration::from_secs(60)));
         assert!(relayed.get("old").is_err());
         assert!(relayed.get("new").is_ok());
         assert!(relayed.get("other").err().unwrap().message.contains("unknown task"));
         assert_eq!(relayed.len(), 1);
+    }
+
+    /// One client's tasks take at most its share; expired ones make room again.
+    #[test]
+    fn one_client_takes_at_most_its_share() {
+        let relayed = Relayed::default();
+        let later = Instant::now() + Duration::from_secs(60);
+        for n in 0..MAX_RELAYED_PER_CLIENT {
+            assert!(relayed.has_room("greedy"));
+            relayed.tasks.lock().unwrap().insert(format!("g{n}"), entry("greedy", later));
+        }
+        assert!(!relayed.has_room("greedy"));
+        assert!(relayed.has_room("neighbour"), "another client's room is its own");
+        relayed.forget("g0");
+        assert!(relayed.has_room("greedy"));
+        relayed.tasks.lock().unwrap().insert("g0".into(), entry("greedy", Instant::now()));
+        assert!(relayed.has_room("greedy"), "an expired task makes room");
+        assert_eq!(relayed.len(), MAX_RELAYED_PER_CLIENT - 1);
     }
 }

@@ -21,6 +21,8 @@ type Call = (String, Instant, Duration, Option<JsonObject>);
 struct Script {
     answers: Mutex<HashMap<String, VecDeque<Result<CallToolResponse, Failure>>>>,
     calls: Mutex<Vec<Call>>,
+    /// Each call's tool, with what it was to the client's call.
+    roles: Mutex<Vec<(String, Role)>>,
     tools: HashMap<String, Option<ToolAnnotations>>,
     /// The client's cancellation of the call.
     cancelled: CancellationToken,
@@ -60,11 +62,13 @@ impl Upstream for Script {
         &self,
         server: &str,
         tool: &str,
+        role: Role,
         arguments: Option<JsonObject>,
         timeout: Duration,
         _max_total: Duration,
     ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         let key = format!("{server}/{tool}");
+        self.roles.lock().unwrap().push((key.clone(), role));
         self.calls.lock().unwrap().push((key.clone(), Instant::now(), timeout, arguments));
         let answer =
             self.answers.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or_else(|| ok("ok"));
@@ -165,6 +169,19 @@ async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/write").len(), 1);
     assert!(record.stopped.unwrap().contains("not marked read-only or idempotent"));
+}
+
+/// A tool its server marks idempotent (and not read-only) is replayed after it may have
+/// run, as a read-only one is.
+#[tokio::test(start_paused = true)]
+async fn a_tool_its_server_marks_idempotent_is_replayed() {
+    let mut up = Script::new(&[]).then("s/put", vec![timeout()]);
+    up.tools.insert("s/put".into(), Some(ToolAnnotations::new().read_only(false).idempotent(true)));
+    let e = engine(&[server("s", defaults())]);
+    let (ending, record) = run(&e, &up, "put").await;
+    assert_eq!(answered(&ending), "ok");
+    assert_eq!(up.calls("s/put").len(), 2);
+    assert!(record.recovered());
 }
 
 #[tokio::test(start_paused = true)]
@@ -514,6 +531,26 @@ async fn a_plan_can_interrupt_and_give_up_without_replaying() {
     assert_eq!(*a.observed.lock().unwrap(), ["s/hol_interrupt"]);
 }
 
+/// The upstream is told what each attempt is to the client's call: only the primary may
+/// answer with what goes to the client as it is (a question, a task), so an adapter's
+/// side call of the very tool called is still a side call.
+#[tokio::test(start_paused = true)]
+async fn each_attempt_says_what_it_is_to_the_clients_call() {
+    let up = Script::new(&[("s/look", true), ("s/b", true)]).then("s/look", vec![timeout(), timeout(), timeout()]);
+    let mut recovery = defaults();
+    recovery.retry.max_attempts = 1;
+    let e = engine(&[server("s", recovery)]);
+    let a = planner(vec![
+        Step::SideCall { tool: "look".into(), arguments: JsonObject::new() },
+        Step::Alternative { server: None, tool: "b".into(), arguments: None },
+    ]);
+    let (ending, _) = advised(&e, &up, &a, "look").await;
+    assert_eq!(answered(&ending), "ok");
+    let roles = up.roles.lock().unwrap().clone();
+    let expected = [("s/look", Role::Primary), ("s/look", Role::SideCall), ("s/b", Role::Alternative)];
+    assert_eq!(roles, expected.map(|(t, r)| (t.to_owned(), r)));
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
     let up = Script::new(&[("s/hol_send", false), ("s/hol_start", false)])
@@ -766,6 +803,7 @@ impl Upstream for Panics {
         &self,
         _: &str,
         _: &str,
+        _: Role,
         _: Option<JsonObject>,
         _: Duration,
         _: Duration,
