@@ -202,8 +202,9 @@ impl Runtime {
         });
         let driver = driver::Driver::start(&engine)?;
         let pool = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize));
-        if let Some(dir) = &cache {
-            remove_stale(dir);
+        match &cache {
+            Some(dir) => remove_stale(dir),
+            None => remove_stale_compiles(&std::env::temp_dir()),
         }
         let compile_timeout_ms = AtomicU64::new(COMPILE_TIMEOUT_MS);
         Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, driver }))
@@ -348,6 +349,29 @@ impl Runtime {
     }
 }
 
+/// The prefix of the temporary folders adapters are compiled in without a cache
+/// (`load::compile_uncached`).
+pub const COMPILE_FOLDER: &str = "rebound-compile-";
+
+/// Removes the folders in `tmp` that a gateway compiling without a cache left behind (it
+/// was killed while compiling), this user's alone, once old enough that none is in use.
+fn remove_stale_compiles(tmp: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else { return };
+    let me = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(COMPILE_FOLDER) {
+            continue;
+        }
+        // Not followed if a link: only a folder of this user's own.
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+        let age = meta.modified().ok().and_then(|t| t.elapsed().ok());
+        if meta.is_dir() && meta.uid() == me && age.is_some_and(|age| age > STALE) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Removes the temporary files in the cache folder `dir` that a gateway left behind (it
 /// was killed while storing a compiled component), once they are old enough that no
 /// gateway can still be writing them.
@@ -419,7 +443,7 @@ pub fn private_dir(dir: &Path) -> std::io::Result<()> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
-    use super::{Limits, Runtime, compilation, private_dir};
+    use super::{COMPILE_FOLDER, Limits, Runtime, STALE, compilation, private_dir, remove_stale_compiles};
 
     /// The compiler process builds its engine from `compilation()` alone; the gateway
     /// loads what it writes only if their compiled-code settings hash the same (the cache
@@ -438,6 +462,32 @@ mod tests {
             h.finish()
         };
         assert_eq!(hash(&runtime.engine), hash(&apart));
+    }
+
+    /// What a gateway killed while compiling left behind is removed once old; a folder in
+    /// use, anything else, and a link named like one (which is not followed) stay.
+    #[test]
+    fn folders_left_by_a_killed_compile_are_removed_once_old() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = std::time::SystemTime::now() - STALE - std::time::Duration::from_secs(60);
+        let make = |name: &str, aged: bool| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("plugin.cwasm"), b"x").unwrap();
+            if aged {
+                std::fs::File::open(&dir).unwrap().set_modified(old).unwrap();
+            }
+            dir
+        };
+        let left = make(&format!("{COMPILE_FOLDER}left"), true);
+        let busy = make(&format!("{COMPILE_FOLDER}busy"), false);
+        let other = make("someone-else", true);
+        let target = make("target", true);
+        let link = tmp.path().join(format!("{COMPILE_FOLDER}link"));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        remove_stale_compiles(tmp.path());
+        assert!(!left.exists());
+        assert!(busy.exists() && other.exists() && target.join("plugin.cwasm").exists());
     }
 
     fn mode(path: &std::path::Path, mode: u32) {
