@@ -657,8 +657,9 @@ impl Ctx<'_> {
     fn bounded(&self, raw: &RawSettings) -> Result<(), ConfigError> {
         const DAY: u64 = 86_400_000;
         let r = &raw.restart;
-        let checks: [Bounded; 10] = [
+        let checks: [Bounded; 12] = [
             ("init_timeout_ms", raw.init_timeout_ms, 1..=DAY, "1 to 86400000 (a day)", "60000"),
+            ("startup_timeout_ms", raw.startup_timeout_ms, 1..=DAY, "1 to 86400000 (a day)", "30000"),
             ("plugin_timeout_ms", raw.plugin_timeout_ms, 1..=60_000, "1 to 60000 (a minute)", "200"),
             ("plugin_memory_mb", raw.plugin_memory_mb.map(|m| m as u64), 1..=64, "1 to 64", "32"),
             ("plugin_max_calls", raw.plugin_max_calls.map(u64::from), 1..=64, "1 to 64", "8"),
@@ -670,6 +671,7 @@ impl Ctx<'_> {
                 "4096 to 1099511627776 (1 TiB)",
                 "10485760, 10 MiB",
             ),
+            ("restart.max_delay_ms", Some(r.max_delay_ms), 1..=DAY, "1 to 86400000 (a day)", "30000"),
             (
                 "restart.initial_delay_ms",
                 Some(r.initial_delay_ms),
@@ -851,22 +853,34 @@ impl Ctx<'_> {
     }
 
     fn check_recovery(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
-        let positive = |k: &str, v: u64| {
+        let positive = |k: &str, v: u64, default: &str| {
             if v == 0 {
-                Err(self.err(format!("{key}.{k}"), "must be greater than 0", "give a positive number"))
+                Err(self.err(
+                    format!("{key}.{k}"),
+                    "must be greater than 0",
+                    format!("give a positive number, or leave it out for the default ({default})"),
+                ))
             } else {
                 Ok(())
             }
         };
-        positive("timeout_ms", r.timeout_ms)?;
-        positive("retry.max_attempts", r.retry.max_attempts.into())?;
-        positive("breaker.failure_threshold", r.breaker.failure_threshold.into())?;
-        positive("breaker.success_threshold", r.breaker.success_threshold.into())?;
-        positive("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into())?;
+        positive("timeout_ms", r.timeout_ms, "60000")?;
+        positive("retry.max_attempts", r.retry.max_attempts.into(), "3")?;
+        positive("retry.budget_reserve", r.retry.budget_reserve.into(), "10")?;
+        positive("breaker.failure_threshold", r.breaker.failure_threshold.into(), "5")?;
+        positive("breaker.success_threshold", r.breaker.success_threshold.into(), "2")?;
+        positive("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into(), "1")?;
         if let Some(d) = r.deadline_ms {
-            positive("deadline_ms", d)?;
+            positive("deadline_ms", d, "timeout_ms × retry.max_attempts plus the backoff cap")?;
         }
-        positive("breaker.window_ms", r.breaker.window_ms)?;
+        positive("breaker.window_ms", r.breaker.window_ms, "60000")?;
+        if r.breaker.max_open_ms < r.breaker.open_ms {
+            return Err(self.err(
+                format!("{key}.breaker.max_open_ms"),
+                "is smaller than breaker.open_ms",
+                "raise max_open_ms to at least open_ms (default 600000), or lower open_ms",
+            ));
+        }
         if !(r.retry.budget_ratio >= 0.0 && r.retry.budget_ratio.is_finite()) {
             return Err(self.err(
                 format!("{key}.retry.budget_ratio"),
@@ -900,7 +914,7 @@ impl Ctx<'_> {
                 return Err(self.err(
                     format!("{key}.tools.{tool}.timeout_ms"),
                     "must be greater than 0",
-                    "give a positive number",
+                    "give a positive number, or leave it out for the server's timeout_ms",
                 ));
             }
         }

@@ -117,6 +117,26 @@ fn settings_past_their_bounds_are_refused() {
     rejects(&with(r#"{"plugin_max_calls": 0}"#), "rebound.plugin_max_calls", "must be 1 to 64");
     rejects(&with(r#"{"errors_log_max_bytes": 0}"#), "rebound.errors_log_max_bytes", "must be 4096");
     rejects(&with(r#"{"http": {"max_sessions": 0}}"#), "rebound.http.max_sessions", "must be 1 to 100000");
+    // Added to an instant, a larger one would overflow it.
+    let huge = format!(r#"{{"startup_timeout_ms": {}}}"#, u64::MAX);
+    rejects(&with(&huge), "rebound.startup_timeout_ms", "must be 1 to 86400000");
+    rejects(&with(r#"{"restart": {"max_delay_ms": 0}}"#), "rebound.restart.max_delay_ms", "must be 1 to 86400000");
+    let recovery = |r: &str| format!(r#"{{"mcpServers": {{"a": {{"command": "a", "recovery": {r}}}}}}}"#);
+    rejects(
+        &recovery(r#"{"retry": {"budget_reserve": 0}}"#),
+        "mcpServers.a.recovery.retry.budget_reserve",
+        "default (10)",
+    );
+    rejects(
+        &recovery(r#"{"breaker": {"max_open_ms": 1000}}"#),
+        "mcpServers.a.recovery.breaker.max_open_ms",
+        "smaller than",
+    );
+    rejects(
+        &recovery(r#"{"breaker": {"failure_threshold": 0}}"#),
+        "mcpServers.a.recovery.breaker.failure_threshold",
+        "default (5)",
+    );
     let c = ok(&with(r#"{"plugin_memory_mb": 64, "restart": {"down_retry_ms": 1000}}"#));
     assert_eq!((c.settings.plugin_memory_mb, c.settings.restart.down_retry_ms), (64, 1000));
 }
