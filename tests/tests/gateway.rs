@@ -130,6 +130,31 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     gw.close().await;
 }
 
+/// A server marked down is started once per `down_retry_ms`: a start that ends again
+/// marks it down at once, not after another burst of restarts.
+#[tokio::test]
+async fn a_server_marked_down_is_tried_once_each_time() {
+    let gw = Gateway::start(|dir| {
+        json!({
+            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "150"])},
+            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 1000}},
+        })
+    })
+    .await;
+    // Up for 150 ms each time, then down again: within a crash window, that is the loop
+    // going on. Its third restart is the one after it was marked down.
+    loop {
+        let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+        let a = &status["servers"][0];
+        if a["status"] == "down" && a["restarts"].as_u64() >= Some(3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.state("a", "starts").len(), 4, "one start, then down again");
+    gw.close().await;
+}
+
 /// A server marked down is started again every `down_retry_ms`, and serves once a start
 /// holds.
 #[tokio::test]

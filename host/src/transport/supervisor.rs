@@ -487,6 +487,9 @@ enum Served {
 struct Failures {
     crashes: VecDeque<Instant>,
     attempt: u32,
+    /// Marked down, and not up for a whole crash window since: the next ending marks it
+    /// down again, one start per `down_retry_ms`, not another burst of restarts.
+    down: bool,
 }
 
 impl Supervisor {
@@ -603,7 +606,7 @@ impl Supervisor {
     /// down like any other loop), which marks the server down; otherwise the backoff, but
     /// for a restart asked for, which is at once.
     async fn pause(&self, failures: &mut Failures, asked: bool) {
-        if note_crash(&mut failures.crashes, &self.how.policy) {
+        if note_crash(&mut failures.crashes, &self.how.policy) || failures.down {
             self.mark_down(failures).await;
         } else if !asked {
             let delay = restart_delay(&self.how.policy, failures.attempt);
@@ -616,11 +619,12 @@ impl Supervisor {
     }
 
     /// A crash loop: the server is marked down and tried again after `down_retry_ms`
-    /// (or shutdown).
+    /// (or shutdown), once: until it stays up for a crash window, each ending marks it
+    /// down again.
     async fn mark_down(&self, failures: &mut Failures) {
         tracing::error!(server = %self.name, crashes = failures.crashes.len(), "crash loop: marked down, next try in {} ms", self.how.policy.down_retry_ms);
         self.tx.send_modify(|s| s.status = Status::Down);
-        *failures = Failures::default();
+        *failures = Failures { down: true, ..Failures::default() };
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(self.how.policy.down_retry_ms)) => {}
             () = self.shutdown.cancelled() => {}
