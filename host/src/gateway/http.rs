@@ -301,16 +301,22 @@ async fn session_ended(request: Request, next: Next) -> Response {
 /// failed, it was marked down after a crash loop, or it was still not up when the
 /// start-up wait (`startup_timeout_ms`) ended. Then
 /// the gateway serves what it has, and says which servers it is without. A server that
-/// restarts later does not make the gateway unready. Server names are given only to
+/// restarts later does not make the gateway unready, nor does one a reload added or
+/// relaunched, which is starting (not given up on). Server names are given only to
 /// whoever holds the operator's token (probes need none): to others, counts.
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;
     let setup = hub.setup();
     let waiting = hub.starting(&setup);
-    let mut without = Vec::new();
+    let (mut without, mut starting) = (Vec::new(), waiting.clone());
     for handle in setup.servers.values() {
         let state = handle.state();
-        if state.status != Status::Ready && !waiting.contains(&handle.name) {
+        if state.status == Status::Ready || waiting.contains(&handle.name) {
+            continue;
+        }
+        if state.status == Status::Starting && state.last_error.is_none() {
+            starting.push(handle.name.clone()); // started by a reload, after start-up
+        } else {
             without.push(
                 json!({"server": &*handle.name, "status": state.status.as_str(), "last_error": state.last_error}),
             );
@@ -323,13 +329,13 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
         "ready": ready,
         "shutting_down": shutting_down,
         "servers": setup.servers.len(),
-        "servers_ready": setup.servers.len().saturating_sub(without.len() + waiting.len()),
-        "servers_starting": waiting.len(),
+        "servers_ready": setup.servers.len().saturating_sub(without.len() + starting.len()),
+        "servers_starting": starting.len(),
         "servers_given_up": without.len(),
     });
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     if front.opens(&headers, true) && host.is_some_and(|h| host_allowed(&front.settings.allowed_hosts, h)) {
-        body["starting"] = json!(waiting.iter().map(|n| &**n).collect::<Vec<_>>());
+        body["starting"] = json!(starting.iter().map(|n| &**n).collect::<Vec<_>>());
         body["given_up"] = json!(without);
     }
     (status, axum::Json(body)).into_response()

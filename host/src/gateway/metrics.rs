@@ -202,7 +202,7 @@ fn state_registry(now: &Snapshot) -> Registry {
     let engine: [(&str, &str, Family<ServerLabel, Counter>); 6] = [
         ("attempts", "Upstream attempts, retries and alternatives included", Family::default()),
         ("retries", "Retries of a failed attempt", Family::default()),
-        ("fallbacks", "Calls answered by an alternative tool", Family::default()),
+        ("fallbacks", "Alternative tools tried, counted on the alternative's server", Family::default()),
         ("recovered_calls", "Calls answered after a failure", Family::default()),
         ("shed_by_breaker", "Attempts refused by an open circuit breaker", Family::default()),
         ("upstream_failures", "Failed upstream attempts", Family::default()),
