@@ -162,9 +162,10 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
     let gw = Gateway::start(|dir| {
         let mut a = faulty("a", dir, &["--exit-after-ms", "150"]);
         a["env"] = json!({"FAULTY_FIXED_IF": dir.join("fixed")});
+        a["recovery"] = json!({"timeout_ms": 300, "ping_timeout_ms": 200, "retry": {"max_attempts": 1}});
         json!({
             "mcpServers": {"a": a},
-            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 1000}},
+            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "crash_window_ms": 1000, "down_retry_ms": 1000}},
         })
     })
     .await;
@@ -173,6 +174,23 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
     std::fs::write(gw.dir.path().join("fixed"), "").unwrap();
     let answer = call_until(&gw, json!({"message": "back"}), |r| r == "a: back").await;
     assert_eq!(answer, "a: back", "tried again within down_retry_ms");
+
+    // Up for a whole crash window, it is no longer looping: a restart asked for (it stops
+    // answering even a ping) starts it again at once, without marking it down.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let status =
+        || async { gw.call("rebound_status", json!({})).await.structured_content.unwrap()["servers"][0].clone() };
+    let before = status().await["restarts"].as_u64().unwrap();
+    let frozen = gw.call("freeze", json!({"ms": 3000})).await;
+    assert_eq!(frozen.is_error, Some(true), "{}", text(&frozen));
+    let after = loop {
+        let a = status().await;
+        if a["status"] == "down" || (a["status"] == "ready" && a["restarts"].as_u64() > Some(before)) {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(after["status"], "ready", "{after}");
     gw.close().await;
 }
 

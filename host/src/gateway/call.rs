@@ -14,7 +14,7 @@ use rmcp::{RoleClient, RoleServer, ServiceError};
 use super::hub::offered;
 use super::input;
 use super::routing::{CallGuard, ProgressTo, Routing};
-use super::server::counted_by;
+use super::server::task_owner;
 use super::tasks::relayed::{Origin, cancel_upstream as cancel_task_upstream};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
@@ -39,9 +39,6 @@ pub struct Attempt<'a> {
     /// A 2026-07-28 client's answers to the server's questions, and the server's state,
     /// when it calls again.
     pub resume: Option<&'a Resume>,
-    /// The client session whose call it is (see `server::counted_by`: whom a task the
-    /// call becomes counts against).
-    pub client: &'a Arc<str>,
 }
 
 /// What a 2026-07-28 client sends back with a call the server answered with questions.
@@ -87,7 +84,7 @@ pub async fn attempt(
         let answer = match exchange(routing, session, sent, this, cx, call).await? {
             // A task of the tool called, for a client that can take it (see `tasks::relayed`).
             ServerResult::CreateTaskResult(created) if declares_tasks(cx, how.called) => {
-                let owner = counted_by(how.client, cx);
+                let owner = task_owner(cx);
                 let origin = Origin { server: &session.server, tool, instance: server.instance, session, owner };
                 return routing.relayed.keep(created, origin).map(CallToolResponse::Task);
             }
@@ -218,7 +215,7 @@ fn request_options(
     how: Attempt<'_>,
     cx: &RequestContext<RoleServer>,
 ) -> PeerRequestOptions {
-    let tasks = declares_tasks(cx, how.called) && routing.relayed.has_room(&counted_by(how.client, cx));
+    let tasks = declares_tasks(cx, how.called) && routing.relayed.has_room(task_owner(cx).as_deref());
     let mut meta = request_meta(session, cx, tasks);
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());

@@ -302,7 +302,8 @@ async fn session_ended(request: Request, next: Next) -> Response {
 /// start-up wait (`startup_timeout_ms`) ended. Then
 /// the gateway serves what it has, and says which servers it is without. A server that
 /// restarts later does not make the gateway unready, nor does one a reload added or
-/// relaunched, which is starting (not given up on). Server names are given only to
+/// relaunched. A server whose start still goes on with no error (past the start-up wait,
+/// or begun by a reload) is listed as starting, not given up on. Server names are given only to
 /// whoever holds the operator's token (probes need none): to others, counts.
 async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
     let hub = &front.hub;

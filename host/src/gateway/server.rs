@@ -630,14 +630,15 @@ impl Gateway {
     /// Whom a request of `cx` counts against where a client's share is bounded: its
     /// session, or for a 2026-07-28 client over HTTP (which has none) its address.
     fn counted(&self, cx: &RequestContext<RoleServer>) -> Arc<str> {
-        counted_by(&self.own.client, cx)
+        http_address(cx).map_or_else(|| self.own.client.clone(), |ip| super::http::address_client(ip).into())
     }
 }
 
-/// Whom a request of `cx`, from the client session `client`, counts against (see
-/// `Gateway::counted`).
-pub(super) fn counted_by(client: &Arc<str>, cx: &RequestContext<RoleServer>) -> Arc<str> {
-    http_address(cx).map_or_else(|| client.clone(), |ip| super::http::address_client(ip).into())
+/// Whose share a task a request of `cx` makes takes (`tasks::relayed`): over HTTP its
+/// address's (a 2026-07-28 client has no session); over stdio nobody's, the gateway
+/// having one client.
+pub(super) fn task_owner(cx: &RequestContext<RoleServer>) -> Option<Arc<str>> {
+    http_address(cx).map(|ip| super::http::address_client(ip).into())
 }
 
 /// The most resources one `subscriptions/listen` request follows.

@@ -226,7 +226,6 @@ impl Upstreams<'_> {
             ping_within: Duration::from_millis(recovery.map_or(0, |r| r.ping_timeout_ms)),
             called: role == Role::Primary,
             resume: self.resume.filter(|_| role == Role::Primary),
-            client: &self.own.client,
         };
         attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
     }

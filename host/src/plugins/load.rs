@@ -351,7 +351,7 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
 fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component> {
     if compiler::enabled() {
         let private = tempfile::Builder::new()
-            .prefix(super::runtime::COMPILE_FOLDER)
+            .prefix(&format!("{}{}-", super::runtime::COMPILE_FOLDER, std::process::id()))
             .tempdir()
             .and_then(|dir| super::runtime::private_dir(dir.path()).map(|()| dir));
         match private {

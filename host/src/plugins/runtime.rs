@@ -350,18 +350,22 @@ impl Runtime {
 }
 
 /// The prefix of the temporary folders adapters are compiled in without a cache
-/// (`load::compile_uncached`).
+/// (`load::compile_uncached`), before the gateway's process id.
 pub const COMPILE_FOLDER: &str = "rebound-compile-";
 
 /// Removes the folders in `tmp` that a gateway compiling without a cache left behind (it
-/// was killed while compiling), this user's alone, once old enough that none is in use.
+/// was killed while compiling): this user's alone, once an hour old, and never one of a
+/// gateway still running (a compile may take up to a day).
 fn remove_stale_compiles(tmp: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else { return };
     let me = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(COMPILE_FOLDER) {
-            continue;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(COMPILE_FOLDER) else { continue };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()) {
+            continue; // its gateway still runs
         }
         // Not followed if a link: only a folder of this user's own.
         let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
@@ -465,7 +469,8 @@ mod tests {
     }
 
     /// What a gateway killed while compiling left behind is removed once old; a folder in
-    /// use, anything else, and a link named like one (which is not followed) stay.
+    /// use (recent, or of a gateway still running), anything else, and a link named like
+    /// one (which is not followed) stay.
     #[test]
     fn folders_left_by_a_killed_compile_are_removed_once_old() {
         let tmp = tempfile::tempdir().unwrap();
@@ -479,15 +484,16 @@ mod tests {
             }
             dir
         };
-        let left = make(&format!("{COMPILE_FOLDER}left"), true);
-        let busy = make(&format!("{COMPILE_FOLDER}busy"), false);
+        let left = make(&format!("{COMPILE_FOLDER}999999999-left"), true);
+        let busy = make(&format!("{COMPILE_FOLDER}999999999-busy"), false);
+        let running = make(&format!("{COMPILE_FOLDER}{}-long", std::process::id()), true);
         let other = make("someone-else", true);
         let target = make("target", true);
         let link = tmp.path().join(format!("{COMPILE_FOLDER}link"));
         std::os::unix::fs::symlink(&target, &link).unwrap();
         remove_stale_compiles(tmp.path());
         assert!(!left.exists());
-        assert!(busy.exists() && other.exists() && target.join("plugin.cwasm").exists());
+        assert!(busy.exists() && running.exists() && other.exists() && target.join("plugin.cwasm").exists());
     }
 
     fn mode(path: &std::path::Path, mode: u32) {

@@ -476,8 +476,8 @@ enum Served {
     /// The server went away (exited, closed its output, the HTTP session ended), after
     /// being up this long.
     Lost { up_for: Duration },
-    /// A restart was asked for (`Kicker`, an adapter's plan).
-    Restart,
+    /// A restart was asked for (`Kicker`, an adapter's plan), after being up this long.
+    Restart { up_for: Duration },
     /// The gateway is stopping.
     Shutdown,
 }
@@ -513,17 +513,19 @@ impl Supervisor {
                 () = self.shutdown.cancelled() => break,
             };
             let asked = match started {
-                Ok(conn) => match self.serve(conn, !first).await {
-                    Served::Shutdown => break,
-                    Served::Restart => true,
-                    Served::Lost { up_for } => {
-                        // A server that stayed up for a whole window has not been looping.
-                        if up_for >= Duration::from_millis(self.how.policy.crash_window_ms) {
-                            failures = Failures::default();
-                        }
-                        false
+                Ok(conn) => {
+                    let (up_for, asked) = match self.serve(conn, !first).await {
+                        Served::Shutdown => break,
+                        Served::Restart { up_for } => (up_for, true),
+                        Served::Lost { up_for } => (up_for, false),
+                    };
+                    // A server that stayed up for a whole window has not been looping (nor
+                    // is it still down), however it ended.
+                    if up_for >= Duration::from_millis(self.how.policy.crash_window_ms) {
+                        failures = Failures::default();
                     }
-                },
+                    asked
+                }
                 Err(error) => {
                     self.failed_to_start(&error, first);
                     false
@@ -578,7 +580,7 @@ impl Supervisor {
                 tracing::info!(server = %self.name, "restarting on request");
                 self.tx.send_modify(|s| s.status = Status::Restarting);
                 conn.stop().await;
-                return Served::Restart;
+                return Served::Restart { up_for: up_since.elapsed() };
             }
         };
         conn.session.closed.cancel();

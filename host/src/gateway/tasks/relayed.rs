@@ -17,8 +17,8 @@
 //! connection): `tasks/get` answers it `failed` from then on, saying why, and
 //! the errors log has it once. The gateway keeps a task for its `ttlMs` from its creation
 //! (at most a day; an hour when the server gave none), and at most [`MAX_RELAYED`] at once,
-//! [`MAX_RELAYED_PER_CLIENT`] of one client's: a call is declared able to become a task
-//! only while its client has room.
+//! [`MAX_RELAYED_PER_CLIENT`] running of one address's over HTTP: a call is declared able
+//! to become a task only while there is room.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,8 +43,8 @@ use crate::transport::Session;
 /// The most tasks the gateway relays at once, for all clients.
 pub const MAX_RELAYED: usize = 4096;
 
-/// The most of them one client has (a session, or a 2026-07-28 client's address over
-/// HTTP; see `server::counted_by`).
+/// The most of them still running that one address has over HTTP, where a 2026-07-28
+/// client has no session (`server::task_owner`); a stdio gateway has one client.
 pub const MAX_RELAYED_PER_CLIENT: usize = 256;
 
 /// How long a task is kept when its server set no `ttlMs`, and the longest it is kept.
@@ -66,23 +66,33 @@ struct Table {
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
-        *self.per_client.entry(entry.owner.clone()).or_default() += 1;
+        if let Some(owner) = &entry.owner {
+            *self.per_client.entry(owner.clone()).or_default() += 1;
+            entry.counted.store(true, Ordering::Release);
+        }
         self.by_id.insert(id, Arc::new(entry));
     }
 
     fn remove(&mut self, id: &str) {
-        let Some(entry) = self.by_id.remove(id) else { return };
-        if let Some(n) = self.per_client.get_mut(&entry.owner) {
+        if let Some(entry) = self.by_id.remove(id) {
+            self.release(&entry);
+        }
+    }
+
+    /// `entry` no longer takes its owner's share (it ended, or is forgotten).
+    fn release(&mut self, entry: &Entry) {
+        let Some(owner) = entry.owner.as_ref().filter(|_| entry.counted.swap(false, Ordering::AcqRel)) else { return };
+        if let Some(n) = self.per_client.get_mut(owner) {
             *n -= 1;
             if *n == 0 {
-                self.per_client.remove(&entry.owner);
+                self.per_client.remove(owner);
             }
         }
     }
 
     /// Forgets the tasks whose time is up, when the table is full or `owner`'s share is.
-    fn prune_for(&mut self, owner: &str) {
-        if self.by_id.len() < MAX_RELAYED && self.owned(owner) < MAX_RELAYED_PER_CLIENT {
+    fn prune_for(&mut self, owner: Option<&str>) {
+        if !self.full_for(owner) {
             return;
         }
         let now = Instant::now();
@@ -93,13 +103,15 @@ impl Table {
         }
     }
 
-    fn owned(&self, owner: &str) -> usize {
-        self.per_client.get(owner).copied().unwrap_or(0)
+    /// Whether the table, or `owner`'s share of it (of the tasks that have not ended), is full.
+    fn full_for(&self, owner: Option<&str>) -> bool {
+        let owned = owner.and_then(|o| self.per_client.get(o)).copied().unwrap_or(0);
+        self.by_id.len() >= MAX_RELAYED || owned >= MAX_RELAYED_PER_CLIENT
     }
 
-    fn has_room(&mut self, owner: &str) -> bool {
+    fn has_room(&mut self, owner: Option<&str>) -> bool {
         self.prune_for(owner);
-        self.by_id.len() < MAX_RELAYED && self.owned(owner) < MAX_RELAYED_PER_CLIENT
+        !self.full_for(owner)
     }
 }
 
@@ -109,8 +121,10 @@ pub struct Entry {
     tool: String,
     instance: u64,
     session: Weak<Session>,
-    /// The client it counts against.
-    owner: Arc<str>,
+    /// The client whose share it takes while it runs (none over stdio).
+    owner: Option<Arc<str>>,
+    /// Whether it takes that share now: until it is seen ended.
+    counted: AtomicBool,
     /// Held by a server process, lost with it; else by a `url` server, which keeps it
     /// across its connections.
     process: bool,
@@ -128,8 +142,8 @@ pub struct Origin<'a> {
     pub tool: &'a str,
     pub instance: u64,
     pub session: &'a Arc<Session>,
-    /// The client it goes to, whose share it takes.
-    pub owner: Arc<str>,
+    /// The client whose share it takes (`server::task_owner`).
+    pub owner: Option<Arc<str>>,
 }
 
 impl Relayed {
@@ -152,6 +166,7 @@ impl Relayed {
             instance: origin.instance,
             session: Arc::downgrade(origin.session),
             owner: origin.owner.clone(),
+            counted: AtomicBool::new(false),
             process: origin.session.is_process(),
             upstream: upstream.clone(),
             created_at: stamp(&created.task.created_at),
@@ -159,7 +174,7 @@ impl Relayed {
             lost: AtomicBool::new(false),
         };
         let mut tasks = self.tasks.lock().expect("not poisoned");
-        if !tasks.has_room(&origin.owner) {
+        if !tasks.has_room(origin.owner.as_deref()) {
             drop(tasks);
             return refuse(format!(
                 "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's; the task was cancelled"
@@ -172,7 +187,7 @@ impl Relayed {
 
     /// Whether there is room for one more task of `owner`'s: a call is made a task only
     /// then, so that one is not refused once its server has started it.
-    pub fn has_room(&self, owner: &str) -> bool {
+    pub fn has_room(&self, owner: Option<&str>) -> bool {
         self.tasks.lock().expect("not poisoned").has_room(owner)
     }
 
@@ -191,6 +206,12 @@ impl Relayed {
 
     fn forget(&self, id: &str) {
         self.tasks.lock().expect("not poisoned").remove(id);
+    }
+
+    /// Task `entry` was seen ended: it is kept (it may be asked about again) but no longer
+    /// takes its owner's share.
+    fn ended(&self, entry: &Entry) {
+        self.tasks.lock().expect("not poisoned").release(entry);
     }
 
     #[cfg(test)]
@@ -244,6 +265,9 @@ impl Gateway {
         let request = |upstream: &str| ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(upstream)));
         match self.to_task(&entry, "tasks/get", request, cx).await {
             Some(Ok(ServerResult::GetTaskResult(mut answer))) => {
+                if answer.task.status().is_terminal() {
+                    relayed.ended(&entry);
+                }
                 answer.task.task.task_id = params.task_id;
                 Ok(answer)
             }
@@ -368,7 +392,8 @@ mod tests {
             tool: "t".into(),
             instance: 1,
             session: Weak::new(),
-            owner: owner.into(),
+            owner: Some(owner.into()),
+            counted: AtomicBool::new(false),
             process: true,
             upstream: "u".into(),
             created_at: String::new(),
@@ -395,15 +420,25 @@ mod tests {
         let relayed = Relayed::default();
         let later = Instant::now() + Duration::from_secs(60);
         for n in 0..MAX_RELAYED_PER_CLIENT {
-            assert!(relayed.has_room("greedy"));
+            assert!(relayed.has_room(Some("greedy")));
             relayed.tasks.lock().unwrap().insert(format!("g{n}"), entry("greedy", later));
         }
-        assert!(!relayed.has_room("greedy"));
-        assert!(relayed.has_room("neighbour"), "another client's room is its own");
+        assert!(!relayed.has_room(Some("greedy")));
+        assert!(relayed.has_room(Some("neighbour")), "another client's room is its own");
         relayed.forget("g0");
-        assert!(relayed.has_room("greedy"));
+        assert!(relayed.has_room(Some("greedy")));
         relayed.tasks.lock().unwrap().insert("g0".into(), entry("greedy", Instant::now()));
-        assert!(relayed.has_room("greedy"), "an expired task makes room");
+        assert!(relayed.has_room(Some("greedy")), "an expired task makes room");
         assert_eq!(relayed.len(), MAX_RELAYED_PER_CLIENT - 1);
+        // A task seen ended is kept, but takes no share; over stdio there are no shares.
+        relayed.tasks.lock().unwrap().insert("g0".into(), entry("greedy", later));
+        assert!(!relayed.has_room(Some("greedy")));
+        let ended = relayed.get("g1").unwrap();
+        relayed.ended(&ended);
+        relayed.ended(&ended);
+        assert!(relayed.has_room(Some("greedy")) && relayed.get("g1").is_ok());
+        relayed.tasks.lock().unwrap().insert("g1b".into(), entry("greedy", later));
+        assert!(!relayed.has_room(Some("greedy")), "ended twice, released once");
+        assert!(relayed.has_room(None));
     }
 }

@@ -12,8 +12,8 @@
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
-//! every time: a crash loop), `--tasks` (runs `slow` as an MCP 2025-11-25 task when the
-//! call asks, see `tasks`).
+//! every time: a crash loop), `--tasks` (runs a call as an MCP 2025-11-25 task when the
+//! call asks, see `tasks`; and lists `research`, which runs only as one).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -394,6 +394,12 @@ impl Server {
             tool("crash", "Exits the server process without answering", json!({}), json!({})),
             tool("close_stdout", "Closes stdout but keeps running, a server gone deaf", json!({}), json!({})),
             tool("hang", "Never answers", json!({}), ro.clone()),
+            tool(
+                "freeze",
+                "Blocks the whole process for `ms`: not even a ping is answered",
+                json!({"ms": {"type": "integer"}}),
+                json!({}),
+            ),
             {
                 let mut slow = tool(
                     "slow",
@@ -470,6 +476,12 @@ impl Server {
         if self.toggled.load(Ordering::Relaxed) {
             tools.push(tool("extra", "Appears after toggle_tool", json!({}), ro));
         }
+        if self.tasks.is_some() {
+            let mut research =
+                tool("research", "As `slow`, only ever as a task", json!({"ms": {"type": "integer"}}), json!({}));
+            research["execution"] = json!({"taskSupport": "required"});
+            tools.push(research);
+        }
         tools.extend(self.extra_tools.iter().cloned());
         tools
     }
@@ -541,7 +553,11 @@ impl Server {
                 eprintln!("faulty-server: stdout closed, still running");
                 std::future::pending().await
             }
-            "slow" => {
+            "freeze" => {
+                std::thread::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(1000)));
+                Ok(text(format!("{}: thawed", self.name)))
+            }
+            "slow" | "research" => {
                 let ms = args["ms"].as_u64().unwrap_or(100);
                 let steps = args["steps"].as_u64().unwrap_or(0);
                 for step in 1..=steps {
