@@ -1110,3 +1110,68 @@ async fn a_2026_clients_task_on_a_2026_server_is_relayed_and_reported_failed_whe
     assert!(refused["error"]["message"].as_str().unwrap().contains("was lost"), "{refused}");
     let _ = raw.child.kill().await;
 }
+
+/// A client on 2026-07-28 with a server on 2025-11-25: a tool that runs only as a task is
+/// called as that revision's task, which reaches the client as the tasks extension has it,
+/// under the gateway's id; `tasks/get` follows it (asking the server's `tasks/result` once
+/// it has ended) to its result.
+#[tokio::test]
+async fn a_2026_clients_task_on_a_2025_11_25_server_is_bridged_to_its_result() {
+    let mut raw = RawStdio::spawn(&["--tasks"], json!({}));
+    raw.send(modern_request(1, "tools/call", json!({"name": "research", "arguments": {"ms": 100}}), true)).await;
+    let created = raw.answers(1).await.remove(0);
+    let task = &created["result"];
+    assert_eq!((task["resultType"].as_str(), task["status"].as_str()), (Some("task"), Some("working")), "{created}");
+    let id = task["taskId"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("rebound-"), "{created}");
+    assert!(task["ttlMs"].is_u64() && task.get("ttl").is_none(), "the extension's fields: {created}");
+    let mut asked = 2;
+    let done = loop {
+        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
+        let answer = raw.answers(1).await.remove(0);
+        asked += 1;
+        if answer["result"]["status"] != "working" {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(done["result"]["result"]["content"][0]["text"], "a: slept 100 ms", "{done}");
+    // Without the extension declared, the same tool is called as it is.
+    raw.send(modern_request(100, "tools/call", json!({"name": "research", "arguments": {"ms": 1}}), false)).await;
+    let plain = raw.answers(1).await.remove(0);
+    assert_eq!(plain["result"]["content"][0]["text"], "a: slept 1 ms", "{plain}");
+    raw.send(modern_request(101, "tasks/update", json!({"taskId": id, "inputResponses": {}}), true)).await;
+    let refused = raw.answers(1).await.remove(0);
+    assert!(refused["error"]["message"].as_str().unwrap().contains("2025-11-25"), "{refused}");
+    let _ = raw.child.kill().await;
+}
+
+/// The same against a real server on 2025-11-25: server-everything's
+/// `simulate-research-query`, which runs only as a task, for a client on 2026-07-28.
+#[tokio::test]
+async fn a_2026_client_runs_server_everythings_task_only_tool_through_the_gateway() {
+    let everything = root().join("tests/node/node_modules/.bin/mcp-server-everything");
+    assert!(everything.exists(), "run `cargo xtask test` once to install server-everything");
+    let mut raw = RawStdio::serving(|_| json!({"mcpServers": {"everything": {"command": everything}}}));
+    let research = json!({"name": "simulate-research-query", "arguments": {"topic": "gateways"}});
+    raw.send(modern_request(1, "tools/call", research, true)).await;
+    let created = raw.answers(1).await.remove(0);
+    assert_eq!(created["result"]["resultType"], "task", "{created}");
+    let id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    let poll = Duration::from_millis(created["result"]["pollIntervalMs"].as_u64().unwrap_or(200).clamp(50, 1000));
+    let mut asked = 2;
+    let done = loop {
+        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
+        let answer = raw.answers(1).await.remove(0);
+        asked += 1;
+        if answer["result"]["status"] != "working" {
+            break answer;
+        }
+        tokio::time::sleep(poll).await;
+    };
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let report = done["result"]["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(report.contains("Research Report: gateways"), "{done}");
+    let _ = raw.child.kill().await;
+}

@@ -85,7 +85,8 @@ pub async fn attempt(
             // A task of the tool called, for a client that can take it (see `tasks::relayed`).
             ServerResult::CreateTaskResult(created) if declares_tasks(cx, how.called) => {
                 let owner = task_owner(cx);
-                let origin = Origin { server: &session.server, tool, instance: server.instance, session, owner };
+                let origin =
+                    Origin { server: &session.server, tool, instance: server.instance, session, owner, legacy: false };
                 return routing.relayed.keep(created, origin).map(CallToolResponse::Task);
             }
             // Made without being asked: nobody could follow it.
@@ -294,7 +295,7 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, t
 
 /// Whether a request of the client of `cx`, made `for_client` (see [`request_meta`]),
 /// declares the tasks extension upstream: the client is on 2026-07-28 and declared it.
-fn declares_tasks(cx: &RequestContext<RoleServer>, for_client: bool) -> bool {
+pub(super) fn declares_tasks(cx: &RequestContext<RoleServer>, for_client: bool) -> bool {
     for_client && input::client_is_asked(cx) && cx.client_capabilities().is_some_and(|c| c.supports_tasks())
 }
 

@@ -310,6 +310,9 @@ impl ServerHandler for Gateway {
         if !input::client_is_asked(&cx) {
             return self.answer_call(request, cx).await;
         }
+        if self.bridges(&request, &cx).await {
+            return self.bridge_call(request, &cx).await;
+        }
         self.answer_asking(request, cx, |gateway, request, cx| {
             Box::pin(async move { gateway.answer_call(request, cx).await })
         })

@@ -41,6 +41,7 @@ pub use crate::transport::tasks::METHODS;
 pub use kept::{MAX_TASKS, Tasks};
 pub use relayed::Relayed;
 
+mod bridged;
 mod kept;
 pub(super) mod relayed;
 

@@ -125,6 +125,8 @@ pub struct Entry {
     owner: Option<Arc<str>>,
     /// Whether it takes that share now: until it is seen ended.
     counted: AtomicBool,
+    /// A task of a server on 2025-11-25 (`super::bridged`).
+    legacy: bool,
     /// Held by a server process, lost with it; else by a `url` server, which keeps it
     /// across its connections.
     process: bool,
@@ -144,6 +146,8 @@ pub struct Origin<'a> {
     pub session: &'a Arc<Session>,
     /// The client whose share it takes (`server::task_owner`).
     pub owner: Option<Arc<str>>,
+    /// The server is on 2025-11-25 (`super::bridged`).
+    pub legacy: bool,
 }
 
 impl Relayed {
@@ -167,6 +171,7 @@ impl Relayed {
             session: Arc::downgrade(origin.session),
             owner: origin.owner.clone(),
             counted: AtomicBool::new(false),
+            legacy: origin.legacy,
             process: origin.session.is_process(),
             upstream: upstream.clone(),
             created_at: stamp(&created.task.created_at),
@@ -262,6 +267,15 @@ impl Gateway {
     ) -> Result<GetTaskResult, ErrorData> {
         let relayed = &self.hub.routing.relayed;
         let entry = relayed.get(&params.task_id)?;
+        if entry.legacy {
+            let got = self.legacy_get(&entry, &params.task_id, cx).await;
+            if let Some(Ok(answer)) = &got
+                && answer.task.status().is_terminal()
+            {
+                relayed.ended(&entry);
+            }
+            return got.unwrap_or_else(|| Ok(self.lost(&params.task_id, &entry)));
+        }
         let request = |upstream: &str| ClientRequest::GetTaskRequest(GetTaskRequest::new(GetTaskParams::new(upstream)));
         match self.to_task(&entry, "tasks/get", request, cx).await {
             Some(Ok(ServerResult::GetTaskResult(mut answer))) => {
@@ -293,6 +307,12 @@ impl Gateway {
         cx: &RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let entry = self.hub.routing.relayed.get(&params.task_id)?;
+        if entry.legacy {
+            return Err(ErrorData::invalid_params(
+                format!("task `{}` is a server's on MCP 2025-11-25, which takes no tasks/update", params.task_id),
+                None,
+            ));
+        }
         let answers = params.input_responses;
         let request = |upstream: &str| {
             ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(UpdateTaskParams::new(upstream, answers.clone())))
@@ -307,8 +327,11 @@ impl Gateway {
         cx: &RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let entry = self.hub.routing.relayed.get(&params.task_id)?;
-        let request =
-            |upstream: &str| ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(upstream)));
+        let legacy = entry.legacy;
+        let request = move |upstream: &str| match legacy {
+            true => super::bridged::legacy_request("tasks/cancel", upstream),
+            false => ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(upstream))),
+        };
         self.acknowledged(&params.task_id, &entry, "tasks/cancel", request, cx).await
     }
 
@@ -336,7 +359,7 @@ impl Gateway {
 
     /// Sends `request` (made with the server's id of the task) to the task's instance,
     /// with the client's `_meta` and capabilities: `None` if the instance is gone.
-    async fn to_task(
+    pub(super) async fn to_task(
         &self,
         entry: &Entry,
         method: &str,
@@ -394,6 +417,7 @@ mod tests {
             session: Weak::new(),
             owner: Some(owner.into()),
             counted: AtomicBool::new(false),
+            legacy: false,
             process: true,
             upstream: "u".into(),
             created_at: String::new(),
