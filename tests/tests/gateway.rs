@@ -811,6 +811,20 @@ impl RawStdio {
         answers
     }
 
+    /// Task `id` as a 2026-07-28 client's `tasks/get` (request ids from `first` on, every
+    /// `poll`) finds it once it is no longer working.
+    async fn task_until_ended(&mut self, id: &str, first: u64, poll: Duration) -> Value {
+        for asked in first.. {
+            self.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
+            let answer = self.answers(1).await.remove(0);
+            if answer["result"]["status"] != "working" {
+                return answer;
+            }
+            tokio::time::sleep(poll).await;
+        }
+        unreachable!("request ids run out")
+    }
+
     /// The next message, whatever it is.
     async fn next(&mut self) -> Value {
         let line =
@@ -1071,16 +1085,7 @@ async fn a_2026_clients_task_on_a_2026_server_is_relayed_and_reported_failed_whe
     assert_eq!((task["resultType"].as_str(), task["status"].as_str()), (Some("task"), Some("working")), "{created}");
     let id = task["taskId"].as_str().unwrap().to_owned();
     assert!(id.starts_with("rebound-") && id.len() > 32, "the gateway's own id: {id}");
-    let mut asked = 2;
-    let done = loop {
-        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
-        let answer = raw.answers(1).await.remove(0);
-        asked += 1;
-        if answer["result"]["status"] != "working" {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let done = raw.task_until_ended(&id, 2, Duration::from_millis(20)).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert_eq!(
         (done["result"]["taskId"].as_str(), done["result"]["result"]["content"][0]["text"].as_str()),
@@ -1125,16 +1130,7 @@ async fn a_2026_clients_task_on_a_2025_11_25_server_is_bridged_to_its_result() {
     let id = task["taskId"].as_str().unwrap().to_owned();
     assert!(id.starts_with("rebound-"), "{created}");
     assert!(task["ttlMs"].is_u64() && task.get("ttl").is_none(), "the extension's fields: {created}");
-    let mut asked = 2;
-    let done = loop {
-        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
-        let answer = raw.answers(1).await.remove(0);
-        asked += 1;
-        if answer["result"]["status"] != "working" {
-            break answer;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let done = raw.task_until_ended(&id, 2, Duration::from_millis(20)).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert_eq!(done["result"]["result"]["content"][0]["text"], "a: slept 100 ms", "{done}");
     // Without the extension declared, the same tool is called as it is.
@@ -1160,16 +1156,7 @@ async fn a_2026_client_runs_server_everythings_task_only_tool_through_the_gatewa
     assert_eq!(created["result"]["resultType"], "task", "{created}");
     let id = created["result"]["taskId"].as_str().unwrap().to_owned();
     let poll = Duration::from_millis(created["result"]["pollIntervalMs"].as_u64().unwrap_or(200).clamp(50, 1000));
-    let mut asked = 2;
-    let done = loop {
-        raw.send(modern_request(asked, "tasks/get", json!({"taskId": id}), true)).await;
-        let answer = raw.answers(1).await.remove(0);
-        asked += 1;
-        if answer["result"]["status"] != "working" {
-            break answer;
-        }
-        tokio::time::sleep(poll).await;
-    };
+    let done = raw.task_until_ended(&id, 2, poll).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     let report = done["result"]["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(report.contains("Research Report: gateways"), "{done}");
