@@ -355,7 +355,8 @@ pub const COMPILE_FOLDER: &str = "rebound-compile-";
 
 /// Removes the folders in `tmp` that a gateway compiling without a cache left behind (it
 /// was killed while compiling): this user's alone, once an hour old, and never one of a
-/// gateway still running (a compile may take up to a day).
+/// gateway still running (a compile may take up to a day), as far as this PID namespace
+/// sees: another container sharing the folder is not seen.
 fn remove_stale_compiles(tmp: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else { return };
@@ -364,8 +365,15 @@ fn remove_stale_compiles(tmp: &Path) {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(rest) = name.strip_prefix(COMPILE_FOLDER) else { continue };
         let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-        if pid.is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()) {
-            continue; // its gateway still runs
+        // A process of that id exists (another user's too: EPERM), in this PID namespace.
+        let alive = |pid| {
+            matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+                Ok(()) | Err(nix::errno::Errno::EPERM)
+            )
+        };
+        if pid.is_some_and(alive) {
+            continue; // its gateway may still run
         }
         // Not followed if a link: only a folder of this user's own.
         let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };

@@ -5,8 +5,8 @@
 //! asks the server's `tasks/get`, and once the task has ended its `tasks/result`, for the
 //! result (or error) the extension carries in the task itself; `tasks/cancel` is the
 //! server's. Not bridged: a task that waits for the client's input (2025-11-25 asks it on
-//! the `tasks/result` request, which the extension has no place for): it is reported
-//! working, saying so.
+//! the `tasks/result` request, which the extension has no place for): it is cancelled on
+//! the server and reported failed, saying so.
 //!
 //! Like 2025-11-25's own task calls (`super`), the call is made once: no retries, no
 //! alternatives; a failure to create the task is the client's JSON-RPC error.
@@ -63,7 +63,10 @@ impl Gateway {
                 None,
             ));
         }
-        let params = json!({"name": route.name, "arguments": request.arguments, "task": {"ttl": TTL_MS}});
+        let mut params = json!({"name": route.name, "task": {"ttl": TTL_MS}});
+        if let Some(arguments) = request.arguments {
+            params["arguments"] = Value::Object(arguments);
+        }
         let out = as_sent(self, &to, "tools/call", params, false, cx);
         let answer = as_value(self.forward(&to, out, cx).await.map_err(|f| f.into_error(&server))?)?;
         let Some(made) = answer.get("task") else {
@@ -105,28 +108,27 @@ impl Gateway {
         let payload = match task.status {
             TaskStatus::Completed | TaskStatus::Failed => {
                 match self.to_task(entry, "tasks/result", ask("tasks/result"), cx).await? {
+                    // The call's result, an `isError` one too: in the extension, the task
+                    // completed (`failed` is for a JSON-RPC error).
                     Ok(result) => match as_value(result) {
-                        Ok(Value::Object(result)) if task.status == TaskStatus::Completed => {
-                            TaskPayload::Completed { result }
-                        }
+                        Ok(Value::Object(result)) => TaskPayload::Completed { result },
                         Ok(_) => TaskPayload::Failed {
-                            error: error(task.status_message.as_deref().unwrap_or("the task failed")),
+                            error: error(task.status_message.as_deref().unwrap_or("the task failed"), None),
                         },
                         Err(e) => return Some(Err(e)),
                     },
-                    Err(e) => {
-                        task.status = TaskStatus::Failed;
-                        TaskPayload::Failed { error: error(&e.message) }
-                    }
+                    // Its result could not be had this time: asked again on the next poll.
+                    Err(e) if task.status == TaskStatus::Completed => return Some(Err(e)),
+                    Err(e) => TaskPayload::Failed { error: error(&e.message, Some(&e)) },
                 }
             }
             TaskStatus::InputRequired => {
-                task.status = TaskStatus::Working;
-                task.status_message = Some(
-                    "the server waits for input, which a client on 2026-07-28 cannot give a server on 2025-11-25 through Rebound"
-                        .to_owned(),
-                );
-                TaskPayload::Working
+                // 2025-11-25 asks on the `tasks/result` request, which the extension has no
+                // place for: the task could never go on, so it is cancelled and ends here.
+                let _ = self.to_task(entry, "tasks/cancel", ask("tasks/cancel"), cx).await;
+                let why = "the server asked the client for input, which a client on 2026-07-28 cannot give a server on 2025-11-25 through Rebound: the task was cancelled";
+                task.status_message = Some(why.to_owned());
+                TaskPayload::Failed { error: error(why, None) }
             }
             TaskStatus::Cancelled => TaskPayload::Cancelled,
             _ => TaskPayload::Working,
@@ -157,7 +159,11 @@ fn task_of(value: &Value) -> Option<Task> {
     Some(task)
 }
 
-fn error(message: &str) -> serde_json::Map<String, Value> {
-    let error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": message});
+/// A JSON-RPC error object for a failed task: the server's own `error`, when it gave one.
+fn error(message: &str, from: Option<&ErrorData>) -> serde_json::Map<String, Value> {
+    let mut error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": message});
+    if let Some(e) = from {
+        error = json!({"code": e.code.0, "message": e.message, "data": e.data});
+    }
     error.as_object().cloned().unwrap_or_default()
 }

@@ -269,10 +269,11 @@ impl Gateway {
         let entry = relayed.get(&params.task_id)?;
         if entry.legacy {
             let got = self.legacy_get(&entry, &params.task_id, cx).await;
-            if let Some(Ok(answer)) = &got
-                && answer.task.status().is_terminal()
-            {
-                relayed.ended(&entry);
+            match &got {
+                Some(Ok(answer)) if answer.task.status().is_terminal() => relayed.ended(&entry),
+                // The server no longer knows it: neither do we.
+                Some(Err(e)) if e.code == rmcp::model::ErrorCode::INVALID_PARAMS => relayed.forget(&params.task_id),
+                _ => {}
             }
             return got.unwrap_or_else(|| Ok(self.lost(&params.task_id, &entry)));
         }
@@ -392,6 +393,7 @@ impl Gateway {
     /// says so.
     fn lost(&self, id: &str, entry: &Entry) -> GetTaskResult {
         let why = format!("its server `{}` stopped while it ran; the task is lost", entry.server);
+        self.hub.routing.relayed.ended(entry);
         if !entry.lost.swap(true, Ordering::AcqRel) {
             tracing::warn!(server = %entry.server, tool = %entry.tool, task = id, "{why}");
             let record = lost_record(&entry.server, &entry.tool, id, &why);
