@@ -1160,5 +1160,18 @@ async fn a_2026_client_runs_server_everythings_task_only_tool_through_the_gatewa
     assert_eq!(done["result"]["status"], "completed", "{done}");
     let report = done["result"]["result"]["content"][0]["text"].as_str().unwrap_or_default();
     assert!(report.contains("Research Report: gateways"), "{done}");
+
+    // An ambiguous query makes it ask the client (which can answer elicitation) halfway:
+    // on 2025-11-25 that question comes on `tasks/result`, which the extension has no
+    // place for, so the task is cancelled and answered failed, and stays so.
+    let research = json!({"name": "simulate-research-query", "arguments": {"topic": "rust", "ambiguous": true}});
+    raw.send(modern_request(100, "tools/call", research, true)).await;
+    let created = raw.answers(1).await.remove(0);
+    let id = created["result"]["taskId"].as_str().unwrap().to_owned();
+    let asked = raw.task_until_ended(&id, 101, poll).await;
+    assert_eq!(asked["result"]["status"], "failed", "{asked}");
+    assert!(asked["result"]["statusMessage"].as_str().unwrap().contains("input"), "{asked}");
+    raw.send(modern_request(500, "tasks/get", json!({"taskId": id}), true)).await;
+    assert_eq!(raw.answers(1).await[0]["result"]["status"], "failed", "it stays failed");
     let _ = raw.child.kill().await;
 }

@@ -356,7 +356,8 @@ pub const COMPILE_FOLDER: &str = "rebound-compile-";
 /// Removes the folders in `tmp` that a gateway compiling without a cache left behind (it
 /// was killed while compiling): this user's alone, once an hour old, and never one of a
 /// gateway still running (a compile may take up to a day), as far as this PID namespace
-/// sees: another container sharing the folder is not seen.
+/// sees: another container sharing the folder is not seen. A folder whose process id
+/// another process has taken since waits for that one to end.
 fn remove_stale_compiles(tmp: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else { return };

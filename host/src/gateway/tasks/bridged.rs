@@ -18,6 +18,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{Value, json};
+use std::sync::atomic::Ordering;
 
 use super::super::server::{Gateway, task_owner};
 use super::relayed::Origin;
@@ -26,6 +27,10 @@ use crate::transport::tasks::TaskSupport;
 
 /// How long the server is asked to keep a bridged task (the client cannot say).
 const TTL_MS: u64 = 3_600_000;
+
+/// How many polls in a row may find a task ended and fail to have its result before it is
+/// answered failed.
+const RESULT_TRIES: u32 = 3;
 
 impl Gateway {
     /// Whether `request`, from the client of `cx`, is a call to bridge: the client is on
@@ -93,10 +98,19 @@ impl Gateway {
         id: &str,
         cx: &RequestContext<RoleServer>,
     ) -> Option<Result<GetTaskResult, ErrorData>> {
+        if let Some(why) = entry.ended_as.get() {
+            return Some(Ok(self.failed_for_good(id, entry, why)));
+        }
         let ask = |method: &'static str| move |upstream: &str| legacy_request(method, upstream);
         let got = match self.to_task(entry, "tasks/get", ask("tasks/get"), cx).await? {
             Ok(answer) => answer,
-            Err(e) => return Some(Err(e)),
+            Err(e) => {
+                // The server no longer knows it (its time to live ran out): neither do we.
+                if e.code == rmcp::model::ErrorCode::INVALID_PARAMS {
+                    self.hub.routing.relayed.forget(id);
+                }
+                return Some(Err(e));
+            }
         };
         let Some(mut task) = as_value(got).ok().as_ref().and_then(task_of) else {
             return Some(Err(ErrorData::internal_error(
@@ -113,13 +127,19 @@ impl Gateway {
                     Ok(result) => match as_value(result) {
                         Ok(Value::Object(result)) => TaskPayload::Completed { result },
                         Ok(_) => TaskPayload::Failed {
-                            error: error(task.status_message.as_deref().unwrap_or("the task failed"), None),
+                            error: error(task.status_message.as_deref().unwrap_or("the task failed")),
                         },
                         Err(e) => return Some(Err(e)),
                     },
-                    // Its result could not be had this time: asked again on the next poll.
-                    Err(e) if task.status == TaskStatus::Completed => return Some(Err(e)),
-                    Err(e) => TaskPayload::Failed { error: error(&e.message, Some(&e)) },
+                    // Its result could not be had this time: asked again on the next polls,
+                    // and past a few misses in a row the task failed, for good.
+                    Err(e) => {
+                        if entry.result_misses.fetch_add(1, Ordering::AcqRel) + 1 < RESULT_TRIES {
+                            return Some(Err(e));
+                        }
+                        let why = format!("it ended, but its result could not be had: {}", e.message);
+                        return Some(Ok(self.failed_for_good(id, entry, &why)));
+                    }
                 }
             }
             TaskStatus::InputRequired => {
@@ -127,8 +147,7 @@ impl Gateway {
                 // place for: the task could never go on, so it is cancelled and ends here.
                 let _ = self.to_task(entry, "tasks/cancel", ask("tasks/cancel"), cx).await;
                 let why = "the server asked the client for input, which a client on 2026-07-28 cannot give a server on 2025-11-25 through Rebound: the task was cancelled";
-                task.status_message = Some(why.to_owned());
-                TaskPayload::Failed { error: error(why, None) }
+                return Some(Ok(self.failed_for_good(id, entry, why)));
             }
             TaskStatus::Cancelled => TaskPayload::Cancelled,
             _ => TaskPayload::Working,
@@ -159,11 +178,8 @@ fn task_of(value: &Value) -> Option<Task> {
     Some(task)
 }
 
-/// A JSON-RPC error object for a failed task: the server's own `error`, when it gave one.
-fn error(message: &str, from: Option<&ErrorData>) -> serde_json::Map<String, Value> {
-    let mut error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": message});
-    if let Some(e) = from {
-        error = json!({"code": e.code.0, "message": e.message, "data": e.data});
-    }
+/// A JSON-RPC error object for a failed task.
+fn error(message: &str) -> serde_json::Map<String, Value> {
+    let error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": message});
     error.as_object().cloned().unwrap_or_default()
 }

@@ -136,6 +136,11 @@ pub struct Entry {
     until: Instant,
     /// Its instance was found gone (reported once).
     lost: AtomicBool,
+    /// Why the gateway answers it failed for good, once it does (`failed_for_good`).
+    pub(super) ended_as: std::sync::OnceLock<String>,
+    /// How many polls in a row found it ended but could not have its result
+    /// (`super::bridged`).
+    pub(super) result_misses: std::sync::atomic::AtomicU32,
 }
 
 /// The server instance a task was created on, and the tool called.
@@ -177,6 +182,8 @@ impl Relayed {
             created_at: stamp(&created.task.created_at),
             until: Instant::now() + ttl,
             lost: AtomicBool::new(false),
+            ended_as: std::sync::OnceLock::new(),
+            result_misses: std::sync::atomic::AtomicU32::new(0),
         };
         let mut tasks = self.tasks.lock().expect("not poisoned");
         if !tasks.has_room(origin.owner.as_deref()) {
@@ -209,7 +216,7 @@ impl Relayed {
         }
     }
 
-    fn forget(&self, id: &str) {
+    pub(super) fn forget(&self, id: &str) {
         self.tasks.lock().expect("not poisoned").remove(id);
     }
 
@@ -269,11 +276,10 @@ impl Gateway {
         let entry = relayed.get(&params.task_id)?;
         if entry.legacy {
             let got = self.legacy_get(&entry, &params.task_id, cx).await;
-            match &got {
-                Some(Ok(answer)) if answer.task.status().is_terminal() => relayed.ended(&entry),
-                // The server no longer knows it: neither do we.
-                Some(Err(e)) if e.code == rmcp::model::ErrorCode::INVALID_PARAMS => relayed.forget(&params.task_id),
-                _ => {}
+            if let Some(Ok(answer)) = &got
+                && answer.task.status().is_terminal()
+            {
+                relayed.ended(&entry);
             }
             return got.unwrap_or_else(|| Ok(self.lost(&params.task_id, &entry)));
         }
@@ -371,8 +377,12 @@ impl Gateway {
         let to = match entry.live() {
             Some(session) => Instance { instance: entry.instance, session },
             None if entry.process => return None,
-            // A `url` server's task outlives the connection it was made on.
-            None => self.upstream(&entry.server, timeout).await.ok()?,
+            // A `url` server's task outlives the connection it was made on: it is asked
+            // for on the server's current one, or later.
+            None => match self.upstream(&entry.server, timeout).await {
+                Ok(to) => to,
+                Err(e) => return Some(Err(e)),
+            },
         };
         let meta: RequestMetaObject = request_meta(&to.session, cx, true);
         let out = Out {
@@ -384,7 +394,8 @@ impl Gateway {
         };
         match self.forward(&to, out, cx).await {
             Ok(answer) => Some(Ok(answer)),
-            Err(Fault::Lost) => None,
+            Err(Fault::Lost) if entry.process => None,
+            Err(lost @ Fault::Lost) => Some(Err(lost.into_error(&entry.server))),
             Err(Fault::Error(e)) => Some(Err(e)),
         }
     }
@@ -393,14 +404,21 @@ impl Gateway {
     /// says so.
     fn lost(&self, id: &str, entry: &Entry) -> GetTaskResult {
         let why = format!("its server `{}` stopped while it ran; the task is lost", entry.server);
-        self.hub.routing.relayed.ended(entry);
         if !entry.lost.swap(true, Ordering::AcqRel) {
             tracing::warn!(server = %entry.server, tool = %entry.tool, task = id, "{why}");
             let record = lost_record(&entry.server, &entry.tool, id, &why);
             self.hub.errors.record(&record, &self.own.client, SystemTime::now());
         }
+        self.failed_for_good(id, entry, &why)
+    }
+
+    /// The task `id` as failed for `why`, from now on, whatever its server says of it.
+    pub(super) fn failed_for_good(&self, id: &str, entry: &Entry, why: &str) -> GetTaskResult {
+        let _ = entry.ended_as.set(why.to_owned());
+        self.hub.routing.relayed.ended(entry);
+        let why = entry.ended_as.get().map_or(why, String::as_str);
         let now = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        let task = Task::new(id, TaskStatus::Failed, entry.created_at.clone(), now).with_status_message(why.clone());
+        let task = Task::new(id, TaskStatus::Failed, entry.created_at.clone(), now).with_status_message(why);
         let error = json!({"code": rmcp::model::ErrorCode::INTERNAL_ERROR.0, "message": format!("rebound: {why}")});
         let error = error.as_object().cloned().unwrap_or_default();
         GetTaskResult::new(DetailedTask::new(task, TaskPayload::Failed { error }))
@@ -425,6 +443,8 @@ mod tests {
             created_at: String::new(),
             until,
             lost: AtomicBool::new(false),
+            ended_as: std::sync::OnceLock::new(),
+            result_misses: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
