@@ -50,8 +50,6 @@ struct ParamKeys {
     /// Present and not `null`: the call is to run as a task (MCP 2025-11-25).
     #[serde(default)]
     task: Option<IgnoredAny>,
-    #[serde(default, rename = "_meta")]
-    meta: Lenient<MetaKeys>,
 }
 
 /// A value read as `T` when it is one, else as absent (never failing the line's reading).
@@ -78,19 +76,29 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
     }
 }
 
-/// The revision a request says it is on (MCP 2026-07-28 names it on every request).
-#[derive(Deserialize)]
-struct MetaKeys {
-    #[serde(default, rename = "io.modelcontextprotocol/protocolVersion")]
-    version: Option<ProtocolVersion>,
-}
-
-impl ParamKeys {
-    /// Whether the request is on a revision with tasks of its own (the extension of
-    /// 2026-07-28): its `task` and `tasks/*` are not 2025-11-25's.
-    fn modern(&self) -> bool {
-        self.meta.0.as_ref().and_then(|m| m.version.as_ref()).is_some_and(|v| !v.has_initialize())
+/// Whether the request on `line` says it is on a revision with tasks of its own (the
+/// extension of 2026-07-28, which names its revision in every request's `_meta`): its
+/// `task` and `tasks/*` are not 2025-11-25's. Read again, leniently, only for the requests
+/// it decides, off the path of every other line.
+fn modern(line: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(default)]
+        params: Lenient<Params>,
     }
+    #[derive(Deserialize)]
+    struct Params {
+        #[serde(default, rename = "_meta")]
+        meta: Lenient<Meta>,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(default, rename = "io.modelcontextprotocol/protocolVersion")]
+        version: Option<ProtocolVersion>,
+    }
+    let line = serde_json::from_slice::<Line>(line).ok();
+    let version = line.and_then(|l| l.params.0).and_then(|p| p.meta.0).and_then(|m| m.version);
+    version.is_some_and(|v| !v.has_initialize())
 }
 
 /// A key that is there (`Some`), whatever its value, `null` too (rmcp counts keys, and
@@ -125,9 +133,8 @@ impl Keys<'_> {
 pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
     let keys = Keys::of(line)?;
     let request = keys.is_request();
-    let legacy = keys.params.0.as_ref().is_none_or(|p| !p.modern());
     match keys.method.0.flatten() {
-        Some("tools/call") if request && legacy && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) => {
+        Some("tools/call") if request && keys.params.0.as_ref().is_some_and(|p| p.task.is_some()) && !modern(line) => {
             as_it_is(line)
         }
         Some("tools/call") if request => {
@@ -139,7 +146,7 @@ pub fn client_request(line: &[u8]) -> Option<ClientJsonRpcMessage> {
                 request: ClientRequest::CallToolRequest(request),
             }))
         }
-        Some(method) if request && legacy && super::tasks::METHODS.contains(&method) => as_it_is(line),
+        Some(method) if request && super::tasks::METHODS.contains(&method) && !modern(line) => as_it_is(line),
         _ => None,
     }
 }
