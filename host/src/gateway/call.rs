@@ -15,6 +15,7 @@ use super::hub::offered;
 use super::input;
 use super::routing::{CallGuard, ProgressTo, Routing};
 use super::server::task_owner;
+use super::tasks::Relayed;
 use super::tasks::relayed::{Origin, cancel_upstream as cancel_task_upstream};
 use crate::recovery::Failure;
 use crate::transport::ServerHandle;
@@ -216,7 +217,7 @@ fn request_options(
     how: Attempt<'_>,
     cx: &RequestContext<RoleServer>,
 ) -> PeerRequestOptions {
-    let tasks = declares_tasks(cx, how.called) && routing.relayed.has_room(task_owner(cx).as_deref());
+    let tasks = if how.called { Tasks::IfRoom(&routing.relayed) } else { Tasks::No };
     let mut meta = request_meta(session, cx, tasks);
     if let Some(tp) = how.traceparent {
         meta.insert("traceparent".to_owned(), tp.into());
@@ -275,9 +276,8 @@ async fn answer(
 /// for the protocol's keys, which describe the client's revision, not this connection's
 /// (rmcp puts its own progress token in). A server on 2026-07-28 is told, on each
 /// request, what the client that made it can answer: exactly that client's capabilities
-/// (over stdio and HTTP alike), but for the tasks extension, declared only when `tasks`
-/// (the request is one whose task goes back to the client: see `tasks::relayed`).
-pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, tasks: bool) -> RequestMetaObject {
+/// (over stdio and HTTP alike), but for the tasks extension, declared as `tasks` says.
+pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, tasks: Tasks<'_>) -> RequestMetaObject {
     let mut meta = RequestMetaObject::default();
     for (key, value) in cx.meta.iter().filter(|(k, _)| !k.starts_with(PROTOCOL_KEYS)) {
         meta.insert(key.clone(), value.clone());
@@ -285,12 +285,31 @@ pub(super) fn request_meta(session: &Session, cx: &RequestContext<RoleServer>, t
     if input::server_asks(session) {
         let caps = cx.client_capabilities().unwrap_or_default();
         let mut told = offered(&caps, None).caps;
-        if declares_tasks(cx, tasks) {
+        let declared = caps.supports_tasks()
+            && input::client_is_asked(cx)
+            && match tasks {
+                Tasks::No => false,
+                Tasks::Yes => true,
+                Tasks::IfRoom(relayed) => relayed.has_room(task_owner(cx).as_deref()),
+            };
+        if declared {
             told.extensions.clone_from(&caps.extensions);
         }
         meta.set_client_capabilities(told);
     }
     meta
+}
+
+/// Whether a request made upstream declares the tasks extension, for a client on
+/// 2026-07-28 that declared it (see `tasks::relayed`).
+#[derive(Clone, Copy)]
+pub(super) enum Tasks<'a> {
+    /// Never: a task made for it would reach nobody.
+    No,
+    /// A request about a task the client has (`tasks/*`).
+    Yes,
+    /// A call of the tool called, while `relayed` has room for one more of the client's.
+    IfRoom(&'a Relayed),
 }
 
 /// Whether a request of the client of `cx`, made `for_client` (see [`request_meta`]),

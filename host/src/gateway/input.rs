@@ -14,7 +14,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 
-use super::call::request_meta;
+use super::call::{Tasks, request_meta};
 use super::forward::{Fault, Instance, Out};
 use super::routing::{ask, to_client};
 use super::server::Gateway;
@@ -133,7 +133,7 @@ pub async fn settle<P: Asking>(
         let out = Out {
             method: P::METHOD,
             request: params.clone().into_request(),
-            meta: Some(request_meta(session, cx, false)),
+            meta: Some(request_meta(session, cx, Tasks::No)),
             hand_over: timeout,
             answer_within: Some(timeout),
         };

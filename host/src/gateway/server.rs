@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::future::BoxFuture;
 use rmcp::model::{InitializeRequestParams, InitializeResult, ReadResourceResult, ResourceContents};
 
-use super::call::request_meta;
+use super::call::{Tasks, request_meta};
 use super::downstreams::{Front, Reach, Subscription};
 use super::forward::{Instance, Out, upstream_error};
 use super::held::{self, Call, Response, Resumable, What};
@@ -461,7 +461,7 @@ impl ServerHandler for Gateway {
         let out = Out {
             method: "completion/complete",
             request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
-            meta: Some(request_meta(&to.session, &cx, false)),
+            meta: Some(request_meta(&to.session, &cx, Tasks::No)),
             hand_over: limits.timeout,
             answer_within: Some(limits.timeout),
         };

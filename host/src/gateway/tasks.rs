@@ -200,8 +200,17 @@ impl Gateway {
         params: Option<Value>,
         cx: &RequestContext<RoleServer>,
     ) -> Option<Result<CustomResult, ErrorData>> {
+        // A client on 2026-07-28 has tasks of its own (`relayed`), whose `tasks/get` and
+        // `tasks/cancel` rmcp reads (`transport::typed` leaves them to it); 2025-11-25's
+        // `tasks/result` and `tasks/list` are gone from that revision.
         if from_modern_client(params.as_ref(), cx) {
-            return self.relayed_request(method, params, cx).await;
+            return matches!(method, "tasks/result" | "tasks/list").then(|| {
+                Err(ErrorData::new(
+                    rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                    format!("Method not found: `{method}` is not a method of MCP 2026-07-28"),
+                    None,
+                ))
+            });
         }
         let answer = match method {
             "tools/call" => {
@@ -222,43 +231,6 @@ impl Gateway {
         Some(answer.map(CustomResult))
     }
 
-    /// A request about tasks from a client on 2026-07-28, read as a custom one over stdio
-    /// (see `transport::typed`): about a task relayed (`relayed`); 2025-11-25's
-    /// `tasks/result` and `tasks/list` are gone from that revision. `None` for any other.
-    async fn relayed_request(
-        &self,
-        method: &str,
-        params: Option<Value>,
-        cx: &RequestContext<RoleServer>,
-    ) -> Option<Result<CustomResult, ErrorData>> {
-        fn read<P: serde::de::DeserializeOwned>(method: &str, params: Option<Value>) -> Result<P, ErrorData> {
-            serde_json::from_value(params.unwrap_or_default()).map_err(|e| {
-                ErrorData::invalid_params(format!("the `params` of `{method}` are not what it takes: {e}"), None)
-            })
-        }
-        let ack = || json!({"resultType": "complete"});
-        let answer = match method {
-            "tasks/get" => match read(method, params) {
-                Ok(params) => self
-                    .relayed_get(params, cx)
-                    .await
-                    .and_then(|a| serde_json::to_value(a).map_err(|e| ErrorData::internal_error(e.to_string(), None))),
-                Err(e) => Err(e),
-            },
-            "tasks/cancel" => match read(method, params) {
-                Ok(params) => self.relayed_cancel(params, cx).await.map(|()| ack()),
-                Err(e) => Err(e),
-            },
-            "tasks/result" | "tasks/list" => Err(ErrorData::new(
-                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-                format!("Method not found: `{method}` is not a method of MCP 2026-07-28"),
-                None,
-            )),
-            _ => return None,
-        };
-        Some(answer.map(CustomResult))
-    }
-
     /// A task-augmented call: to the tool's server as it is, the task it creates noted.
     async fn start_task(&self, mut params: Value, cx: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
         self.ready(cx).await;
@@ -266,26 +238,15 @@ impl Gateway {
             .as_str()
             .ok_or_else(|| ErrorData::invalid_params("`name` (a string) is required", None))?
             .to_owned();
-        let catalogue = self.own.catalogue();
-        let (route, _) =
-            catalogue.tool(&name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
-        if !catalogue.task_support(&name).is_some_and(TaskSupport::allows_tasks) {
+        if !self.own.catalogue().task_support(&name).is_some_and(TaskSupport::allows_tasks) {
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode::METHOD_NOT_FOUND,
                 format!("tool `{name}` cannot run as a task: its server does not list it with task support"),
                 None,
             ));
         }
-        let server = route.server.clone();
-        params["name"] = Value::String(route.name.clone());
-        let to = self.upstream(&server, self.limits(&server).timeout).await?;
-        if !to.session.dropped.task_calls() {
-            return Err(ErrorData::new(
-                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-                format!("server `{server}` does not take task-augmented calls (no `tasks.requests.tools.call`)"),
-                None,
-            ));
-        }
+        let (server, upstream_name, to) = self.task_upstream(&name).await?;
+        params["name"] = Value::String(upstream_name);
         self.own.tasks.room()?;
         // The task's progress comes as long as it runs: its route is kept with the task.
         let out = as_sent(self, &to, "tools/call", params, false, cx);
@@ -321,6 +282,24 @@ impl Gateway {
             return Err(refused);
         }
         Ok(answer)
+    }
+
+    /// The server of the tool the client calls `name`, the tool's name there, and the
+    /// server's instance, for a task-augmented call: refused for a server that takes none.
+    async fn task_upstream(&self, name: &str) -> Result<(Arc<str>, String, Instance), ErrorData> {
+        let catalogue = self.own.catalogue();
+        let (route, _) =
+            catalogue.tool(name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
+        let server = route.server.clone();
+        let to = self.upstream(&server, self.limits(&server).timeout).await?;
+        if !to.session.dropped.task_calls() {
+            return Err(ErrorData::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("server `{server}` does not take task-augmented calls (no `tasks.requests.tools.call`)"),
+                None,
+            ));
+        }
+        Ok((server, route.name.clone(), to))
     }
 
     /// Remembers task `id` (`created`, from `origin`) as this session's (see

@@ -55,20 +55,16 @@ impl Gateway {
         request: CallToolRequestParams,
         cx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let catalogue = self.own.catalogue();
         let name = request.name.to_string();
-        let (route, _) =
-            catalogue.tool(&name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
-        let server = route.server.clone();
-        let to = self.upstream(&server, self.limits(&server).timeout).await?;
+        let (server, upstream_name, to) = self.task_upstream(&name).await?;
         let owner = task_owner(cx);
-        if !to.session.dropped.task_calls() || !self.hub.routing.relayed.has_room(owner.as_deref()) {
+        if !self.hub.routing.relayed.has_room(owner.as_deref()) {
             return Err(ErrorData::invalid_params(
-                format!("tool `{name}` runs only as a task, and its server `{server}` cannot take one now"),
+                format!("tool `{name}` runs only as a task, and the gateway has no room for another of this client's"),
                 None,
             ));
         }
-        let mut params = json!({"name": route.name, "task": {"ttl": TTL_MS}});
+        let mut params = json!({"name": upstream_name, "task": {"ttl": TTL_MS}});
         if let Some(arguments) = request.arguments {
             params["arguments"] = Value::Object(arguments);
         }

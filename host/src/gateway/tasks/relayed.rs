@@ -33,7 +33,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::json;
 
-use super::super::call::request_meta;
+use super::super::call::{Tasks, request_meta};
 use super::super::forward::{Fault, Instance, Out};
 use super::super::server::Gateway;
 use super::{MAX_ID_BYTES, lost_record};
@@ -134,9 +134,8 @@ pub struct Entry {
     upstream: String,
     created_at: String,
     until: Instant,
-    /// Its instance was found gone (reported once).
-    lost: AtomicBool,
-    /// Why the gateway answers it failed for good, once it does (`failed_for_good`).
+    /// Why the gateway answers it failed for good, once it does (`failed_for_good`): its
+    /// instance was found gone, or (`super::bridged`) it could not go on.
     pub(super) ended_as: std::sync::OnceLock<String>,
     /// How many polls in a row found it ended but could not have its result
     /// (`super::bridged`).
@@ -181,7 +180,6 @@ impl Relayed {
             upstream: upstream.clone(),
             created_at: stamp(&created.task.created_at),
             until: Instant::now() + ttl,
-            lost: AtomicBool::new(false),
             ended_as: std::sync::OnceLock::new(),
             result_misses: std::sync::atomic::AtomicU32::new(0),
         };
@@ -384,7 +382,7 @@ impl Gateway {
                 Err(e) => return Some(Err(e)),
             },
         };
-        let meta: RequestMetaObject = request_meta(&to.session, cx, true);
+        let meta: RequestMetaObject = request_meta(&to.session, cx, Tasks::Yes);
         let out = Out {
             method,
             request: request(&entry.upstream),
@@ -404,7 +402,8 @@ impl Gateway {
     /// says so.
     fn lost(&self, id: &str, entry: &Entry) -> GetTaskResult {
         let why = format!("its server `{}` stopped while it ran; the task is lost", entry.server);
-        if !entry.lost.swap(true, Ordering::AcqRel) {
+        // Reported the first time it is answered failed for good.
+        if entry.ended_as.set(why.clone()).is_ok() {
             tracing::warn!(server = %entry.server, tool = %entry.tool, task = id, "{why}");
             let record = lost_record(&entry.server, &entry.tool, id, &why);
             self.hub.errors.record(&record, &self.own.client, SystemTime::now());
@@ -442,7 +441,6 @@ mod tests {
             upstream: "u".into(),
             created_at: String::new(),
             until,
-            lost: AtomicBool::new(false),
             ended_as: std::sync::OnceLock::new(),
             result_misses: std::sync::atomic::AtomicU32::new(0),
         }
