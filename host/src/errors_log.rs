@@ -20,6 +20,7 @@ use crate::recovery::Failure;
 use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
 use crate::redact::Secrets;
+use crate::transport::supervisor::{Ended, Next, Trouble};
 
 /// Entries kept in memory for the status (`/status`, `rebound_status`).
 const RECENT: usize = 100;
@@ -198,6 +199,47 @@ impl ErrorsLog {
             "message": format!("MCP tool {tool} on server {server} was still running when the gateway shut down; it may or may not have taken effect"),
             "context": {"session_id": session, "server": server, "tool_name": tool, "requested_tool": tool, "category": "shutdown"},
             "recovery": {"suggested_action": action, "auto_recoverable": false},
+            "fix_status": "unfixed",
+        }));
+    }
+
+    /// `server` (a `session`-scoped instance of that session's, else shared) crashed, could
+    /// not be started, or was marked down; `trouble` says what its supervisor does next.
+    pub fn server_trouble(&self, server: &str, session: Option<&str>, trouble: &Trouble, now: SystemTime) {
+        let (ended, what, error) = match &trouble.ended {
+            Ended::Lost(e) => ("mcp_server_crash", "was lost", Some(e)),
+            Ended::StartFailed(e) => ("mcp_server_start_failed", "failed to start", Some(e)),
+            Ended::Asked => ("mcp_server_restart", "was restarted on request", None),
+        };
+        let said = error.map(|e| format!(": {e}")).unwrap_or_default();
+        let check = format!("check server `{server}`'s command, arguments and stderr");
+        let (kind, severity, next, action, auto) = match trouble.next {
+            Next::Restart(after) => (
+                ended,
+                "high",
+                format!("it is started again in {} ms", after.as_millis()),
+                format!("none if it comes back; if it keeps failing, {check}"),
+                true,
+            ),
+            Next::Down { endings, retry_in } => (
+                "mcp_server_down",
+                "critical",
+                format!(
+                    "it ended {endings} times in its crash window and is marked down, tried again every {} ms",
+                    retry_in.as_millis()
+                ),
+                format!("{check} (`rebound check`); calls to it fail at once until a start holds"),
+                false,
+            ),
+        };
+        self.push(json!({
+            "id": self.new_id(now),
+            "timestamp": humantime::format_rfc3339_millis(now).to_string(),
+            "type": kind,
+            "severity": severity,
+            "message": format!("MCP server {server} {what}{said}; {next}"),
+            "context": {"session_id": session, "server": server, "tool_name": null, "category": "server", "error": error},
+            "recovery": {"suggested_action": action, "auto_recoverable": auto},
             "fix_status": "unfixed",
         }));
     }
@@ -402,6 +444,55 @@ mod tests {
         assert_eq!(e["fix_status"], "recovered");
         assert_eq!(entries[1]["fix_status"], "unfixed");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// A server's crash, failed start and marking down are entries too: of the session
+    /// that owns a `session`-scoped instance (it sees them in `rebound://errors`), else of
+    /// no session.
+    #[tokio::test]
+    async fn a_servers_trouble_is_an_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
+        let ms = Duration::from_millis;
+        let lost = Trouble {
+            ended: Ended::Lost("the server process exited (exit status: 3)".into()),
+            next: Next::Restart(ms(250)),
+        };
+        log.server_trouble("mem", Some("sess_1"), &lost, SystemTime::UNIX_EPOCH);
+        let failed = Trouble {
+            ended: Ended::StartFailed("no such command".into()),
+            next: Next::Down { endings: 5, retry_in: ms(60_000) },
+        };
+        log.server_trouble("git", None, &failed, SystemTime::UNIX_EPOCH);
+        let asked = Trouble { ended: Ended::Asked, next: Next::Down { endings: 1, retry_in: ms(1000) } };
+        log.server_trouble("git", None, &asked, SystemTime::UNIX_EPOCH);
+        let entries = lines(&path, 3).await;
+        let (crash, down, again) = (&entries[0], &entries[1], &entries[2]);
+        assert_eq!(crash["type"], "mcp_server_crash");
+        assert_eq!(crash["severity"], "high");
+        assert_eq!(
+            crash["message"],
+            "MCP server mem was lost: the server process exited (exit status: 3); it is started again in 250 ms"
+        );
+        assert_eq!(crash["context"]["session_id"], "sess_1");
+        assert_eq!(crash["context"]["server"], "mem");
+        assert_eq!(crash["recovery"]["auto_recoverable"], true);
+        assert_eq!(crash["fix_status"], "unfixed");
+        assert_eq!(down["type"], "mcp_server_down");
+        assert_eq!(down["severity"], "critical");
+        assert_eq!(
+            down["message"],
+            "MCP server git failed to start: no such command; it ended 5 times in its crash window and is marked down, tried again every 60000 ms"
+        );
+        assert_eq!(down["context"]["session_id"], Value::Null);
+        assert_eq!(down["context"]["error"], "no such command");
+        assert_eq!(down["recovery"]["auto_recoverable"], false);
+        assert!(
+            again["message"].as_str().unwrap().starts_with("MCP server git was restarted on request; it ended 1 times")
+        );
+        assert_eq!(log.recent_of("sess_1").len(), 1, "the owning session's own");
+        assert_eq!(log.recent().len(), 3);
     }
 
     /// At shutdown every entry queued is on disk once `flush` returns: the process exits

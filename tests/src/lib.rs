@@ -199,6 +199,21 @@ impl Gateway {
             .collect()
     }
 
+    /// The entries of the errors log so far: the config's `rebound.errors_log`, else the
+    /// default beside the config.
+    pub fn errors_log(&self) -> Vec<Value> {
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(self.dir.path().join("rebound.json")).expect("the config")).unwrap();
+        let path = config["rebound"]["errors_log"]
+            .as_str()
+            .map_or_else(|| self.dir.path().join("rebound-errors.jsonl"), std::path::PathBuf::from);
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+            .collect()
+    }
+
     /// Closes the client's side and waits for the gateway to exit.
     pub async fn close(mut self) -> std::process::ExitStatus {
         let _ = self.client.close().await;

@@ -127,6 +127,16 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     assert!(report.contains("server is down") && report.contains("exited"), "{report}");
     assert!(gw.tool_names().await.contains(&"echo".to_owned()));
     assert_eq!(gw.state("a", "starts").len(), 3, "no restarts while down");
+    // The errors log has each ending (besides the calls that failed): two crashes, then
+    // the third, which marks it down.
+    let of_server = || gw.errors_log().into_iter().filter(|e| e["context"]["tool_name"].is_null()).collect::<Vec<_>>();
+    let kinds = || of_server().iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+    eventually("the marking down logged", || kinds().contains(&"mcp_server_down".to_owned())).await;
+    assert_eq!(kinds(), ["mcp_server_crash", "mcp_server_crash", "mcp_server_down"]);
+    let down = of_server().pop().unwrap();
+    assert_eq!(down["context"]["server"], "a");
+    assert!(down["message"].as_str().unwrap().contains("exited"), "{down}");
+    assert!(down["message"].as_str().unwrap().contains("tried again every 600000 ms"), "{down}");
     gw.close().await;
 }
 

@@ -23,14 +23,6 @@ fn calls_of(gw: &Gateway, tool: &str) -> usize {
     gw.state("a", "calls").iter().filter(|c| *c == tool).count()
 }
 
-fn errors_log(gw: &Gateway) -> Vec<Value> {
-    std::fs::read_to_string(gw.dir.path().join("errors.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
-        .collect()
-}
-
 async fn status(gw: &Gateway) -> Value {
     gw.call("rebound_status", json!({})).await.structured_content.expect("structured status")
 }
@@ -55,7 +47,7 @@ async fn transient_failures_of_a_read_only_tool_are_retried_with_little_extra_lo
     };
     let mut log = Vec::new();
     for _ in 0..300 {
-        log = errors_log(&gw);
+        log = gw.errors_log();
         if accounted(&log) == failures {
             break;
         }
@@ -78,7 +70,7 @@ async fn a_flood_of_shed_calls_keeps_its_first_failures_and_counts_the_rest() {
     for _ in 0..500 {
         gw.call("outage", json!({})).await;
     }
-    let log = errors_log(&gw);
+    let log = gw.errors_log();
     // The episode's start — the timeouts that opened the breaker — is still there.
     assert_eq!(log.iter().filter(|e| e["type"] == "mcp_timeout").count(), 5, "{log:?}");
     assert!(log.len() <= 20, "{} entries for 500 failures", log.len());
@@ -87,7 +79,7 @@ async fn a_flood_of_shed_calls_keeps_its_first_failures_and_counts_the_rest() {
     let accounted = |log: &[Value]| -> u64 { log.iter().map(|e| e["repeated"]["count"].as_u64().unwrap_or(1)).sum() };
     let mut log = Vec::new();
     for _ in 0..300 {
-        log = errors_log(&gw);
+        log = gw.errors_log();
         if accounted(&log) == 500 {
             break;
         }
@@ -113,8 +105,8 @@ async fn the_same_failures_on_a_tool_without_hints_are_not_replayed() {
     let t = text(&failed[0]);
     assert!(t.contains("not marked read-only or idempotent"), "{t}");
     assert_eq!(failed[0].meta.as_ref().unwrap().0["rebound"]["status"], "partial");
-    eventually("the errors log", || errors_log(&gw).len() == n / 5).await;
-    assert!(errors_log(&gw).iter().all(|e| e["fix_status"] == "unfixed"));
+    eventually("the errors log", || gw.errors_log().len() == n / 5).await;
+    assert!(gw.errors_log().iter().all(|e| e["fix_status"] == "unfixed"));
     gw.close().await;
 }
 
@@ -197,8 +189,8 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
     let by = &r.meta.as_ref().unwrap().0["rebound"]["answered_by"];
     assert_eq!((by["tool"].as_str(), by["alternative"].as_bool()), (Some("echo"), Some(true)));
     assert_eq!(calls_of(&gw, "search"), 3);
-    eventually("the errors log", || errors_log(&gw).len() == 3).await;
-    assert!(errors_log(&gw).iter().all(|e| e["context"]["alternative_used"] == "echo"));
+    eventually("the errors log", || gw.errors_log().len() == 3).await;
+    assert!(gw.errors_log().iter().all(|e| e["context"]["alternative_used"] == "echo"));
     gw.close().await;
 }
 

@@ -18,6 +18,7 @@ use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
 use super::downstreams::Front;
 use super::hub::Hub;
 use super::routing::{Caller, ClientPeer, MAX_ASKED, ask, to_client};
+use crate::transport::supervisor::Trouble;
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::upstream::RELATED_TASK;
 use crate::transport::{Asker, Relay, UpstreamEvent, UpstreamRequest};
@@ -297,6 +298,14 @@ impl Relay for HubRelay {
         match self.hub.upgrade() {
             Some(hub) => self.on_request(&hub, server, asker, request),
             None => Box::pin(async { Err(ErrorData::internal_error("the gateway is shutting down", None)) }),
+        }
+    }
+
+    /// Goes to the errors log, as the owning session's for a `session`-scoped instance.
+    fn trouble(&self, server: &str, trouble: Trouble) {
+        if let Some(hub) = self.hub.upgrade() {
+            let session = self.owner.as_ref().map(|o| &*o.client);
+            hub.errors.server_trouble(server, session, &trouble, std::time::SystemTime::now());
         }
     }
 }

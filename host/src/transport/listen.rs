@@ -579,6 +579,7 @@ mod tests {
 
     impl Relay for Deaf {
         fn notify(&self, _: &str, _: u64, _: UpstreamEvent) {}
+        fn trouble(&self, _: &str, _: super::super::supervisor::Trouble) {}
         fn request(
             &self,
             _: &str,

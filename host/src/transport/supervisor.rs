@@ -473,13 +473,44 @@ struct Connection {
 
 /// How a connection's service ended.
 enum Served {
-    /// The server went away (exited, closed its output, the HTTP session ended), after
-    /// being up this long.
-    Lost { up_for: Duration },
+    /// The server went away (exited, closed its output, the HTTP session ended: `error`
+    /// says which, redacted), after being up this long.
+    Lost { up_for: Duration, error: String },
     /// A restart was asked for (`Kicker`, an adapter's plan), after being up this long.
     Restart { up_for: Duration },
     /// The gateway is stopping.
     Shutdown,
+}
+
+/// What a supervisor saw go wrong with its server, and what it does about it: for the
+/// relay to report (the errors log). A restart that was asked for, and is made at once,
+/// is not trouble.
+#[derive(Debug)]
+pub struct Trouble {
+    pub ended: Ended,
+    pub next: Next,
+}
+
+/// How the server's last start or session ended. Errors are redacted.
+#[derive(Debug)]
+pub enum Ended {
+    /// Its connection was lost: the process exited, closed its output, or its HTTP
+    /// session ended.
+    Lost(String),
+    /// It could not be started, or did not finish initialising.
+    StartFailed(String),
+    /// A restart was asked for (the server stopped answering, an adapter's plan).
+    Asked,
+}
+
+/// When the server is started next.
+#[derive(Debug, Clone, Copy)]
+pub enum Next {
+    /// After this backoff.
+    Restart(Duration),
+    /// It ended `endings` times within the crash window (or again, once marked down): it
+    /// is marked down, and tried again after `retry_in`.
+    Down { endings: usize, retry_in: Duration },
 }
 
 /// The recent failures that tell a crash loop, and the backoff so far.
@@ -512,27 +543,24 @@ impl Supervisor {
                 r = self.start(&caps) => r,
                 () = self.shutdown.cancelled() => break,
             };
-            let asked = match started {
+            let ended = match started {
                 Ok(conn) => {
-                    let (up_for, asked) = match self.serve(conn, !first).await {
+                    let (up_for, ended) = match self.serve(conn, !first).await {
                         Served::Shutdown => break,
-                        Served::Restart { up_for } => (up_for, true),
-                        Served::Lost { up_for } => (up_for, false),
+                        Served::Restart { up_for } => (up_for, Ended::Asked),
+                        Served::Lost { up_for, error } => (up_for, Ended::Lost(error)),
                     };
                     // A server that stayed up for a whole window has not been looping (nor
                     // is it still down), however it ended.
                     if up_for >= Duration::from_millis(self.how.policy.crash_window_ms) {
                         failures = Failures::default();
                     }
-                    asked
+                    ended
                 }
-                Err(error) => {
-                    self.failed_to_start(&error, first);
-                    false
-                }
+                Err(error) => Ended::StartFailed(self.failed_to_start(&error, first)),
             };
             first = false;
-            self.pause(&mut failures, asked).await;
+            self.pause(&mut failures, ended).await;
             if self.shutdown.is_cancelled() {
                 break;
             }
@@ -588,48 +616,62 @@ impl Supervisor {
         tracing::warn!(server = %self.name, "connection lost: {lost}; restarting");
         self.tx.send_modify(|s| {
             s.status = Status::Restarting;
-            s.last_error = Some(lost);
+            s.last_error = Some(lost.clone());
         });
         conn.stop().await;
-        Served::Lost { up_for: up_since.elapsed() }
+        Served::Lost { up_for: up_since.elapsed(), error: lost }
     }
 
-    fn failed_to_start(&self, error: &str, first: bool) {
+    /// A start failed: kept as the server's last error. The error, redacted.
+    fn failed_to_start(&self, error: &str, first: bool) -> String {
         let error = self.how.secrets.redact(error).into_owned();
         tracing::warn!(server = %self.name, "failed to start: {error}");
         self.tx.send_modify(|s| {
             s.status = if first { Status::Starting } else { Status::Restarting };
-            s.last_error = Some(error);
+            s.last_error = Some(error.clone());
         });
+        error
     }
 
-    /// Waits before the next start: every ending counts towards the crash loop (a restart
-    /// that was `asked` for too, so that restarts on every call end with the server marked
-    /// down like any other loop), which marks the server down; otherwise the backoff, but
-    /// for a restart asked for, which is at once.
-    async fn pause(&self, failures: &mut Failures, asked: bool) {
-        if note_crash(&mut failures.crashes, &self.how.policy) || failures.down {
-            self.mark_down(failures).await;
-        } else if !asked {
-            let delay = restart_delay(&self.how.policy, failures.attempt);
-            failures.attempt = failures.attempt.saturating_add(1);
+    /// Waits before the next start (see [`Supervisor::next_start`]); an ending that was
+    /// not asked for, or that marks the server down, is reported to the relay first.
+    async fn pause(&self, failures: &mut Failures, ended: Ended) {
+        let next = self.next_start(failures, matches!(ended, Ended::Asked));
+        let wait = match next {
+            Next::Restart(after) => after,
+            Next::Down { retry_in, .. } => retry_in,
+        };
+        if !matches!((&ended, next), (Ended::Asked, Next::Restart(_))) {
+            self.relay.trouble(&self.name, Trouble { ended, next });
+        }
+        if !wait.is_zero() {
             tokio::select! {
-                () = tokio::time::sleep(delay) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = self.shutdown.cancelled() => {}
             }
         }
     }
 
-    /// A crash loop: the server is marked down and tried again after `down_retry_ms`
-    /// (or shutdown), once: until it stays up for a crash window, each ending marks it
-    /// down again.
-    async fn mark_down(&self, failures: &mut Failures) {
-        tracing::error!(server = %self.name, crashes = failures.crashes.len(), "crash loop: marked down, next try in {} ms", self.how.policy.down_retry_ms);
-        self.tx.send_modify(|s| s.status = Status::Down);
-        *failures = Failures { down: true, ..Failures::default() };
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(self.how.policy.down_retry_ms)) => {}
-            () = self.shutdown.cancelled() => {}
+    /// When the server starts next: every ending counts towards the crash loop (a restart
+    /// that was `asked` for too, so that restarts on every call end with the server marked
+    /// down like any other loop), which marks the server down, to be tried after
+    /// `down_retry_ms`, once: until it stays up for a crash window, each ending marks it
+    /// down again. Otherwise after the backoff, but for a restart asked for, which is at once.
+    fn next_start(&self, failures: &mut Failures, asked: bool) -> Next {
+        let looping = note_crash(&mut failures.crashes, &self.how.policy);
+        if looping || failures.down {
+            let endings = failures.crashes.len();
+            let retry_in = Duration::from_millis(self.how.policy.down_retry_ms);
+            tracing::error!(server = %self.name, endings, "crash loop: marked down, next try in {} ms", retry_in.as_millis());
+            self.tx.send_modify(|s| s.status = Status::Down);
+            *failures = Failures { down: true, ..Failures::default() };
+            Next::Down { endings, retry_in }
+        } else if asked {
+            Next::Restart(Duration::ZERO)
+        } else {
+            let delay = restart_delay(&self.how.policy, failures.attempt);
+            failures.attempt = failures.attempt.saturating_add(1);
+            Next::Restart(delay)
         }
     }
 

@@ -20,6 +20,7 @@ use rmcp::{ClientHandler, ErrorData, RoleClient};
 use tokio_util::sync::CancellationToken;
 
 use super::http_client::Tap;
+use super::supervisor::Trouble;
 use super::tasks::ClientTasks;
 
 /// A notification from an upstream server, for the gateway to pass on.
@@ -58,7 +59,8 @@ pub struct Asker {
     pub task: Option<String>,
 }
 
-/// Where upstream traffic goes: implemented by the gateway.
+/// Where upstream traffic goes, and what a server's supervisor saw go wrong with it:
+/// implemented by the gateway.
 pub trait Relay: Send + Sync + 'static {
     /// A notification from `server` (session `session`).
     fn notify(&self, server: &str, session: u64, event: UpstreamEvent);
@@ -69,6 +71,8 @@ pub trait Relay: Send + Sync + 'static {
         asker: Asker,
         request: UpstreamRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    /// `server`'s supervisor saw it fail (see [`Trouble`]).
+    fn trouble(&self, server: &str, trouble: Trouble);
 }
 
 /// An upstream transport that relays progress the moment it arrives. rmcp runs each
