@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::recovery::Failure;
+use crate::recovery::classify::classify;
 use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
 use crate::redact::Secrets;
@@ -185,6 +186,41 @@ impl ErrorsLog {
             });
             self.push(entry);
         }
+    }
+
+    /// A request other than a tool call (`method`: `prompts/get`, `resources/read`,
+    /// `completion/complete`) to `server` failed as the gateway saw it: no answer in time,
+    /// the connection lost, the server not reading. (A server's own error is its answer.)
+    pub fn request_failed(&self, session: &str, server: &str, method: &str, failure: &Failure, now: SystemTime) {
+        let class = classify(failure, now);
+        let action = match failure {
+            Failure::Timeout { .. } => format!(
+                "ask again later; if `{method}` keeps timing out, raise `mcpServers.{server}.recovery.timeout_ms`"
+            ),
+            Failure::Protocol { .. } => {
+                format!("the `{server}` server broke the MCP protocol; report the error to the server's maintainer")
+            }
+            _ => {
+                format!("the `{server}` server's connection failed (a server process is restarted); ask again shortly")
+            }
+        };
+        self.push(json!({
+            "id": self.new_id(now),
+            "timestamp": humantime::format_rfc3339_millis(now).to_string(),
+            "type": format!("mcp_{}", class.category.as_str().replace('-', "_")),
+            "severity": class.severity.as_str(),
+            "message": format!("MCP request {method} on server {server} failed: {}", failure.message()),
+            "context": {
+                "session_id": session,
+                "server": server,
+                "tool_name": null,
+                "method": method,
+                "category": class.category.as_str(),
+                "kind": class.kind.as_str(),
+            },
+            "recovery": {"suggested_action": action, "auto_recoverable": auto_recoverable(&class)},
+            "fix_status": "unfixed",
+        }));
     }
 
     /// A call of `tool` on `server` still running when the gateway shut down: the
@@ -371,7 +407,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::recovery::classify::classify;
     use crate::recovery::engine::AttemptRecord;
 
     fn record(recovered: bool) -> Record {

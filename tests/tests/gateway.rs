@@ -367,6 +367,13 @@ async fn a_resource_read_the_server_never_answers_ends_in_an_error_and_is_cancel
     // The server and the gateway go on: the next read is answered.
     let read = gw.client.peer().read_resource(ReadResourceRequestParams::new("faulty://a/items/7")).await.unwrap();
     assert!(serde_json::to_string(&read).unwrap().contains("a says"));
+    // The operator has the read that failed on record; the one answered is not there.
+    eventually("the failed read logged", || !gw.errors_log().is_empty()).await;
+    let log = gw.errors_log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0]["type"], "mcp_timeout");
+    assert_eq!(log[0]["message"], "MCP request resources/read on server a failed: no answer within 300 ms");
+    assert_eq!((&log[0]["context"]["method"], &log[0]["context"]["server"]), (&json!("resources/read"), &json!("a")));
     gw.close().await;
 }
 
@@ -746,6 +753,9 @@ async fn a_server_that_stops_reading_fails_a_prompt_and_is_restarted() {
         assert!(error.contains("server `a`"), "{error}");
     }
     eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
+    // Each prompt that failed is on record, as the gateway saw it fail.
+    let failed = || gw.errors_log().into_iter().filter(|e| e["context"]["method"] == "prompts/get").count();
+    eventually("three failed prompts logged", || failed() == 3).await;
     gw.close().await;
 }
 

@@ -22,6 +22,7 @@ use rmcp::{ErrorData, RoleServer, ServiceError};
 use super::call::{cancel_upstream, hand_over, unread};
 use super::routing::{ProgressGuard, ProgressTo};
 use super::server::Gateway;
+use crate::recovery::Failure;
 use crate::transport::Session;
 
 /// A server instance's live session, as a request is forwarded to it.
@@ -44,6 +45,10 @@ pub struct Out<'a> {
     pub hand_over: Duration,
     /// How long it may take to answer; `None`: as long as it works on it (a task's result).
     pub answer_within: Option<Duration>,
+    /// Whether a failure the gateway sees (no answer in time, the connection lost, the
+    /// server not reading) goes to the errors log; not for a task's requests, whose loss
+    /// is the task's to report.
+    pub logged: bool,
 }
 
 /// What a forwarded request came to, besides an answer.
@@ -57,6 +62,29 @@ pub enum Fault {
 impl From<ErrorData> for Fault {
     fn from(e: ErrorData) -> Self {
         Self::Error(e)
+    }
+}
+
+/// A forwarded request's fault, and the failure the gateway saw in it, if it saw one
+/// (not the server's own error, nor the client's cancellation): for the errors log.
+struct Failed {
+    fault: Fault,
+    seen: Option<Box<Failure>>,
+}
+
+impl Failed {
+    fn seen(fault: impl Into<Fault>, failure: Failure) -> Self {
+        Self { fault: fault.into(), seen: Some(Box::new(failure)) }
+    }
+
+    fn lost() -> Self {
+        Self::seen(Fault::Lost, Failure::ConnectionLost { reason: "the connection was lost".to_owned() })
+    }
+}
+
+impl<T: Into<Fault>> From<T> for Failed {
+    fn from(fault: T) -> Self {
+        Self { fault: fault.into(), seen: None }
     }
 }
 
@@ -95,6 +123,27 @@ impl Gateway {
         out: Out<'_>,
         cx: &RequestContext<RoleServer>,
     ) -> Result<(ServerResult, Option<ProgressGuard>), Fault> {
+        let (method, logged) = (out.method, out.logged);
+        self.send_and_wait(to, out, cx).await.map_err(|Failed { fault, seen }| {
+            if let Some(failure) = seen.filter(|_| logged) {
+                self.request_failed(&to.session.server, method, &failure);
+            }
+            fault
+        })
+    }
+
+    /// A request other than a tool call, to `server`, failed as the gateway saw it: the
+    /// errors log has it, as the client's.
+    pub(super) fn request_failed(&self, server: &str, method: &str, failure: &Failure) {
+        self.hub.errors.request_failed(&self.own.client, server, method, failure, std::time::SystemTime::now());
+    }
+
+    async fn send_and_wait(
+        &self,
+        to: &Instance,
+        out: Out<'_>,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(ServerResult, Option<ProgressGuard>), Failed> {
         let Instance { instance, session } = to;
         let server = &session.server;
         let call = self.hub.routing.track_call(*instance, &self.own.client, cx);
@@ -107,14 +156,18 @@ impl Gateway {
         // request over can wait forever.
         let sent = tokio::select! {
             r = hand_over(session, out.request, options, out.hand_over) => match r {
-                Some(sent) => sent.map_err(|e| upstream_error(server, e))?,
+                Some(sent) => sent.map_err(|e| {
+                    let failure = Failure::SendFailed { reason: e.to_string() };
+                    Failed::seen(upstream_error(server, e), failure)
+                })?,
                 None => {
-                    let message = format!("server `{server}`: {}; it is restarted", unread(out.hand_over));
-                    return Err(ErrorData::internal_error(message, None).into());
+                    let reason = format!("{}; it is restarted", unread(out.hand_over));
+                    let error = ErrorData::internal_error(format!("server `{server}`: {reason}"), None);
+                    return Err(Failed::seen(error, Failure::SendFailed { reason }));
                 }
             },
             () = cx.ct.cancelled() => return Err(cancelled().into()),
-            () = session.closed.cancelled() => return Err(Fault::Lost),
+            () = session.closed.cancelled() => return Err(Failed::lost()),
         };
         call.sent(session.id, sent.id.clone());
         let progress = ProgressTo::of(cx, client_token)
@@ -129,7 +182,7 @@ impl Gateway {
                 abandoned.reason = "cancelled by the client";
                 return Err(cancelled().into());
             }
-            () = session.closed.cancelled() => return Err(Fault::Lost),
+            () = session.closed.cancelled() => return Err(Failed::lost()),
         };
         if matches!(answer, Some(Ok(_) | Err(rmcp::ServiceError::McpError(_)))) {
             call.answered();
@@ -137,21 +190,22 @@ impl Gateway {
         match answer {
             Some(answer) => match abandoned.answered(answer, out.method) {
                 Ok(answer) => Ok((answer, progress)),
-                Err(fault) => {
+                Err(failed) => {
                     // An error is an answer too: the progress before it goes first.
                     if let Some(progress) = progress {
                         progress.end().await;
                     }
-                    Err(fault)
+                    Err(failed)
                 }
             },
             None => {
                 let setup = self.hub.setup();
                 let ping = setup.config.servers.get(&**server).map_or(0, |s| s.recovery.ping_timeout_ms);
                 session.probe(Duration::from_millis(ping), call.others_in_flight(session.id));
-                let ms = out.answer_within.unwrap_or_default().as_millis();
-                let message = format!("server `{server}` did not answer `{}` within {ms} ms", out.method);
-                Err(ErrorData::internal_error(message, None).into())
+                let after = out.answer_within.unwrap_or_default();
+                let message =
+                    format!("server `{server}` did not answer `{}` within {} ms", out.method, after.as_millis());
+                Err(Failed::seen(ErrorData::internal_error(message, None), Failure::Timeout { after }))
             }
         }
     }
@@ -180,20 +234,23 @@ struct Abandoned<'a> {
 impl Abandoned<'_> {
     /// The answer came: nothing to cancel. An error the connection's end caused is the
     /// connection lost.
-    fn answered(&mut self, answer: Result<ServerResult, ServiceError>, method: &str) -> Result<ServerResult, Fault> {
+    fn answered(&mut self, answer: Result<ServerResult, ServiceError>, method: &str) -> Result<ServerResult, Failed> {
         self.id = None;
         let session = self.session;
         match answer {
             Ok(result) => Ok(result),
             Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) if session.closed.is_cancelled() => {
-                Err(Fault::Lost)
+                Err(Failed::lost())
             }
-            Err(ServiceError::UnexpectedResponse) => Err(ErrorData::internal_error(
-                format!("server `{}` answered `{method}` with something else", session.server),
-                None,
-            )
-            .into()),
-            Err(e) => Err(upstream_error(&session.server, e).into()),
+            Err(ServiceError::UnexpectedResponse) => {
+                let reason = format!("server `{}` answered `{method}` with something else", session.server);
+                Err(Failed::seen(ErrorData::internal_error(reason.clone(), None), Failure::Protocol { reason }))
+            }
+            Err(ServiceError::McpError(e)) => Err(e.into()),
+            Err(e) => {
+                let failure = Failure::ConnectionLost { reason: e.to_string() };
+                Err(Failed::seen(upstream_error(&session.server, e), failure))
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ use super::call::{Tasks, request_meta};
 use super::forward::{Fault, Instance, Out};
 use super::routing::{ask, to_client};
 use super::server::Gateway;
+use crate::recovery::Failure;
 use crate::transport::Session;
 use crate::transport::upstream::{Asker, UpstreamRequest};
 
@@ -120,7 +121,9 @@ pub async fn settle<P: Asking>(
 ) -> Result<Answer<P::Done>, ErrorData> {
     let (session, server) = (&to.session, &*to.session.server);
     let late = || {
-        let ms = limits.deadline.as_millis();
+        let after = limits.deadline;
+        gateway.request_failed(server, P::METHOD, &Failure::Timeout { after });
+        let ms = after.as_millis();
         ErrorData::internal_error(format!("server `{server}`: `{}` took longer than its {ms} ms", P::METHOD), None)
     };
     let mut round = 0;
@@ -136,6 +139,7 @@ pub async fn settle<P: Asking>(
             meta: Some(request_meta(session, cx, Tasks::No)),
             hand_over: timeout,
             answer_within: Some(timeout),
+            logged: true,
         };
         // The round ends at the deadline, however its time was spent.
         let answer = tokio::time::timeout(left, gateway.forward(to, out, cx)).await.map_err(|_| late())?;

@@ -464,6 +464,7 @@ impl ServerHandler for Gateway {
             meta: Some(request_meta(&to.session, &cx, Tasks::No)),
             hand_over: limits.timeout,
             answer_within: Some(limits.timeout),
+            logged: true,
         };
         match self.forward(&to, out, &cx).await.map_err(|f| f.into_error(&server))? {
             ServerResult::CompleteResult(mut result) => {

@@ -137,6 +137,7 @@ fn as_sent<'a>(
         meta: Some(meta),
         hand_over: timeout,
         answer_within: (!runs).then_some(timeout),
+        logged: false,
     }
 }
 

@@ -389,6 +389,7 @@ impl Gateway {
             meta: Some(meta),
             hand_over: timeout,
             answer_within: Some(timeout),
+            logged: false,
         };
         match self.forward(&to, out, cx).await {
             Ok(answer) => Some(Ok(answer)),
