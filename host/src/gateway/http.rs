@@ -49,26 +49,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     let settings = hub.setup().config.settings.http.clone();
-    let loopback_only = settings.allowed_hosts.iter().all(|h| {
-        let (name, _) = split_authority(h);
-        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-    });
-    if !local.ip().is_loopback() && settings.auth_token.is_none() {
-        // The Host check stops browsers, not a client that writes `Host: localhost`.
-        anyhow::bail!(
-            "{local} is reachable from other machines, and no token is set: set REBOUND_AUTH_TOKEN (or rebound.http.auth_token), or listen on 127.0.0.1"
-        );
-    }
-    if !local.ip().is_loopback() && loopback_only {
-        tracing::warn!(
-            "listening on {local}, but only loopback Host names are allowed: add this machine's names to `rebound.http.allowed_hosts`"
-        );
-    }
-    if settings.auth_token.is_none() {
-        tracing::info!(
-            "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any process on this machine may connect"
-        );
-    }
+    check_exposure(local, &settings)?;
     // The service's own token: its SSE streams must outlive the signal, to carry the
     // answers of the calls in flight.
     let streams = CancellationToken::new();
@@ -117,6 +98,32 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
         Ok(Ok(Err(e))) => Err(e).context("the HTTP server failed"),
         _ => Ok(()),
     }
+}
+
+/// Refuses to listen where other machines reach the gateway without a token, and says
+/// what else an operator should know about who can reach it.
+fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
+    let loopback_only = settings.allowed_hosts.iter().all(|h| {
+        let (name, _) = split_authority(h);
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    });
+    if !local.ip().is_loopback() && settings.auth_token.is_none() {
+        // The Host check stops browsers, not a client that writes `Host: localhost`.
+        anyhow::bail!(
+            "{local} is reachable from other machines, and no token is set: set REBOUND_AUTH_TOKEN (or rebound.http.auth_token), or listen on 127.0.0.1"
+        );
+    }
+    if !local.ip().is_loopback() && loopback_only {
+        tracing::warn!(
+            "listening on {local}, but only loopback Host names are allowed: add this machine's names to `rebound.http.allowed_hosts`"
+        );
+    }
+    if settings.auth_token.is_none() {
+        tracing::info!(
+            "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any process on this machine may connect"
+        );
+    }
+    Ok(())
 }
 
 /// Shutdown: new requests are refused (503), those in flight get `grace` to finish; the

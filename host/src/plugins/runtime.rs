@@ -153,6 +153,27 @@ pub(super) fn compilation() -> Config {
     config
 }
 
+/// One call of a plugin's export, on either version's generated bindings: the two
+/// versions' exports differ only in `declare`, the rest is the same code on two types.
+macro_rules! answer {
+    ($request:expr, $store:ident, $guest:expr, |$g:ident| $declare:expr) => {{
+        let guest = $guest;
+        wasmtime::Result::Ok(match $request {
+            Request::Info => Reply::Info(guest.call_info(&mut $store).await?),
+            Request::Declare => {
+                let $g = guest;
+                Reply::Declared($declare)
+            }
+            Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut $store, &f, &b).await?),
+            Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut $store, &f, &c).await?),
+            Request::Observe(c) => {
+                guest.call_observe(&mut $store, &c).await?;
+                Reply::Observed
+            }
+        })
+    }};
+}
+
 impl Runtime {
     /// The engine and linker; `cache` is where compiled components are kept (none: always
     /// compile).
@@ -272,37 +293,9 @@ impl Runtime {
         let pooled = tokio::time::timeout_at(end.into(), self.pool.clone().acquire_owned()).await;
         let Ok(Ok(instance)) = pooled else { return Err(Fault::Busy) };
         let waited = waited + asked.elapsed();
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limits);
-        store.set_hostcall_fuel(HOSTCALL_FUEL);
-        // Yield to the runtime at every tick, so that the deadline below can fire and the
-        // worker thread serves others meanwhile; trap once the deadline has passed.
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
-        });
+        let store = self.store_until(state, end);
         let running = self.running();
         let pre = pre.clone();
-        // The two versions' exports differ only in `declare`; the rest is the same code
-        // on two generated types.
-        macro_rules! answer {
-            ($store:ident, $guest:expr, |$g:ident| $declare:expr) => {{
-                let guest = $guest;
-                wasmtime::Result::Ok(match request {
-                    Request::Info => Reply::Info(guest.call_info(&mut $store).await?),
-                    Request::Declare => {
-                        let $g = guest;
-                        Reply::Declared($declare)
-                    }
-                    Request::Classify(f, b) => Reply::Classify(guest.call_classify(&mut $store, &f, &b).await?),
-                    Request::Plan(f, c) => Reply::Plan(guest.call_plan(&mut $store, &f, &c).await?),
-                    Request::Observe(c) => {
-                        guest.call_observe(&mut $store, &c).await?;
-                        Reply::Observed
-                    }
-                })
-            }};
-        }
         // It owns what it needs (its instance's permit, the ticking) wherever it runs.
         // Declared first, they are dropped last, whether it ends or is dropped on the way:
         // its store gives the instance back to the pool before the permit goes to another
@@ -313,11 +306,11 @@ impl Runtime {
             match pre {
                 Pre::V0_1(pre) => {
                     let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(store, plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
+                    answer!(request, store, plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
                 }
                 Pre::V0_2(pre) => {
                     let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(store, plugin.rebound_adapter_adapter(), |g| {
+                    answer!(request, store, plugin.rebound_adapter_adapter(), |g| {
                         let m = g.call_declare(&mut store).await?;
                         Manifest { tools: m.tools, restart: m.restart, observes: m.observes }
                     })
@@ -337,15 +330,34 @@ impl Runtime {
             return Err(past()); // an instance given at the deadline runs nothing
         }
         match tokio::time::timeout(remaining, self.driver.run(call, room.turns.clone(), queued.clone())).await {
-            Ok(Some(Ok(reply))) => Ok(reply),
+            Ok(Some(ended)) => ended.map_err(|e| fault_of(&e, past)),
             Ok(None) => Err(Fault::Failed("its call panicked in the host".into())),
-            Ok(Some(Err(e))) => Err(match wasmtime::Error::downcast_ref::<wasmtime::Trap>(&e) {
-                Some(wasmtime::Trap::Interrupt) => past(),
-                Some(trap) => Fault::Failed(format!("it trapped ({trap})")),
-                None => Fault::Failed(format!("{e:#}")),
-            }),
             Err(_) => Err(past()),
         }
+    }
+
+    /// A store for one call holding `state`, within its bounds, that yields to the
+    /// runtime at every epoch tick (so that the call's deadline can fire and the worker
+    /// thread serves others meanwhile) and traps once `end` has passed.
+    fn store_until(&self, state: State, end: std::time::Instant) -> Store<State> {
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limits);
+        store.set_hostcall_fuel(HOSTCALL_FUEL);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
+        });
+        store
+    }
+}
+
+/// What an adapter's call that ended in `error` did: stopped at its deadline (`past`
+/// says whose fault that is), trapped, or failed otherwise.
+fn fault_of(error: &wasmtime::Error, past: impl FnOnce() -> Fault) -> Fault {
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => past(),
+        Some(trap) => Fault::Failed(format!("it trapped ({trap})")),
+        None => Fault::Failed(format!("{error:#}")),
     }
 }
 
