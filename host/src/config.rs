@@ -10,5 +10,5 @@ pub use load::{followed, load, parse, within};
 pub use model::{
     AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig,
     RestartPolicy, RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
-    ToolRecovery,
+    ToolRecovery, proxy_block,
 };

@@ -934,6 +934,39 @@ async fn listens_held_open_by_one_client_leave_its_neighbours_room_to_connect() 
     drop(held);
 }
 
+/// Behind a proxy the operator trusts (`rebound.http.trusted_proxies`), each client its
+/// `X-Forwarded-For` names has a share of its own; from anyone else the header is only
+/// the client's word, and changes nothing.
+#[tokio::test]
+async fn the_clients_a_trusted_proxy_names_each_have_their_own_share() {
+    for trusted in [true, false] {
+        let gw = HttpGateway::start(
+            |dir| {
+                let mut http = json!({"max_concurrent_per_client": 2});
+                if trusted {
+                    http["trusted_proxies"] = json!(["127.0.0.1", "::1"]);
+                }
+                json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": http}})
+            },
+            &[],
+        )
+        .await;
+        let from = |client: &str, id| listen(&gw, id, "faulty://a/readme").header("x-forwarded-for", client);
+        let mut held = Vec::new();
+        for id in 1..=2 {
+            let response = from("198.51.100.4", id).send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            held.push(response);
+        }
+        let refused = from("198.51.100.4", 3).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "the first client's room is full");
+        let other = from("203.0.113.9", 4).send().await.unwrap();
+        let expected = if trusted { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
+        assert_eq!(other.status(), expected, "trusted: {trusted}");
+        drop(held);
+    }
+}
+
 /// Two clients of one shared stdio server, which cannot say which request it is serving:
 /// a question it asks while answering one client's `prompts/get` goes to that client,
 /// and, while another client's call is in flight too, to neither.

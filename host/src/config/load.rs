@@ -10,8 +10,8 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::model::{
-    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig, RestartPolicy, SESSION_VAR,
-    Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
+    AdapterGrant, Config, HttpLaunch, HttpSettings, Launch, MAX_TRUSTED_PROXIES, Protocol, RecoveryConfig,
+    RestartPolicy, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern, proxy_block,
 };
 
 /// Keys a server entry may carry: the ones Claude Desktop, Claude Code and Cursor use,
@@ -616,6 +616,24 @@ impl Ctx<'_> {
                     format!("rebound.http.allowed_origins[{i}]"),
                     format!("\"{origin}\" has no scheme"),
                     "write it as a browser sends it, e.g. \"https://app.example.com\" or \"http://localhost:*\"",
+                ));
+            }
+        }
+        if http.trusted_proxies.len() > MAX_TRUSTED_PROXIES {
+            return Err(self.err(
+                "rebound.http.trusted_proxies",
+                format!("has {} entries", http.trusted_proxies.len()),
+                format!(
+                    "name at most {MAX_TRUSTED_PROXIES}: write a network's proxies as one block, e.g. \"10.0.0.0/8\""
+                ),
+            ));
+        }
+        for (i, proxy) in http.trusted_proxies.iter().enumerate() {
+            if proxy_block(proxy).is_none() {
+                return Err(self.err(
+                    format!("rebound.http.trusted_proxies[{i}]"),
+                    format!("\"{proxy}\" is not an IP address or a CIDR block"),
+                    "write a proxy's address or its network, e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
                 ));
             }
         }

@@ -329,10 +329,31 @@ pub struct HttpSettings {
     /// On SIGTERM, how long requests in flight get to finish before their calls are ended
     /// with an error.
     pub shutdown_grace_ms: u64,
+    /// Proxies (addresses or CIDR blocks) whose `X-Forwarded-For` names the client: a
+    /// request from one of them is counted against the client it names, not against the
+    /// proxy. None by default: every request is its connection's address.
+    pub trusted_proxies: Vec<String>,
     /// Threads serving HTTP: one per core when unset. `1` serves every client on one
     /// thread, with no hand-off between threads on a call's path: the lowest latency for
     /// one client calling one call at a time, at the cost of the other cores.
     pub worker_threads: Option<usize>,
+}
+
+/// The most entries `rebound.http.trusted_proxies` may have.
+pub const MAX_TRUSTED_PROXIES: usize = 256;
+
+impl HttpSettings {
+    /// `trusted_proxies` as blocks of addresses; an entry that is neither an address nor
+    /// a block (which loading the config refuses) is left out.
+    pub fn proxies(&self) -> Vec<ipnet::IpNet> {
+        self.trusted_proxies.iter().filter_map(|p| proxy_block(p)).collect()
+    }
+}
+
+/// A `trusted_proxies` entry: an address (`10.0.0.7`, `::1`) or a CIDR block (`10.0.0.0/8`).
+pub fn proxy_block(entry: &str) -> Option<ipnet::IpNet> {
+    let entry = entry.trim();
+    entry.parse().ok().or_else(|| entry.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
 }
 
 impl Default for HttpSettings {
@@ -349,6 +370,7 @@ impl Default for HttpSettings {
             max_sessions: 256,
             session_idle_ms: 30 * 60 * 1000,
             shutdown_grace_ms: 5_000,
+            trusted_proxies: Vec::new(),
             worker_threads: None,
         }
     }

@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::Extension;
 use axum::Router;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,10 +24,12 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+mod client_ip;
 mod limits;
 mod listens;
 mod tasks;
 
+pub use client_ip::ClientIp;
 use limits::{ClientLimits, limit};
 
 use super::hub::Hub;
@@ -38,6 +41,8 @@ use crate::transport::Status;
 struct Front {
     hub: Arc<Hub>,
     settings: Arc<HttpSettings>,
+    /// `rebound.http.trusted_proxies`: whose `X-Forwarded-For` names the client.
+    proxies: Arc<[ipnet::IpNet]>,
     limits: Arc<ClientLimits>,
     /// The MCP sessions: a request counts against the session it names only when that
     /// session is one of them.
@@ -62,6 +67,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     let front = Front {
         hub: hub.clone(),
         limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
+        proxies: settings.proxies().into(),
         settings: Arc::new(settings),
         sessions,
     };
@@ -153,7 +159,7 @@ async fn drain(front: &Front, grace: Duration) {
 /// header is the body's method.
 async fn settle_listen(
     State(front): State<Front>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(ClientIp(client)): Extension<ClientIp>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -164,7 +170,7 @@ async fn settle_listen(
     front.hub.settled().await;
     // Its acknowledgement names only what the client has room to follow (`listens`).
     let max = front.settings.max_body_bytes;
-    let request = listens::trim(&front.hub, &address_client(peer.ip()), max, request).await;
+    let request = listens::trim(&front.hub, &address_client(client), max, request).await;
     next.run(request).await
 }
 
@@ -190,7 +196,8 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .layer(middleware::from_fn(session_ended))
         .layer(middleware::from_fn_with_state(front.clone(), settle_listen))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
-        .layer(middleware::from_fn_with_state(front.clone(), authorize));
+        .layer(middleware::from_fn_with_state(front.clone(), authorize))
+        .layer(middleware::from_fn_with_state(front.clone(), client_ip::known));
     // Browser pages on an allowed Origin may call /mcp: their preflight is answered here,
     // before the token is asked for (a preflight cannot carry it).
     let origins = front.settings.allowed_origins.clone();

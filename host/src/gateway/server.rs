@@ -671,10 +671,11 @@ fn client_tasks(cx: &RequestContext<RoleServer>) -> Option<ClientTasks> {
     cx.extensions.get::<ClientTasks>().or_else(|| parts?.extensions.get::<ClientTasks>()).cloned()
 }
 
-/// The address of the client whose request `cx` is, when it came over HTTP.
+/// The address of the client whose request `cx` is, when it came over HTTP (its
+/// connection's, or the one a trusted proxy names).
 fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
     let parts = cx.extensions.get::<axum::http::request::Parts>()?;
-    parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|info| info.0.ip())
+    parts.extensions.get::<super::http::ClientIp>().map(|client| client.0)
 }
 
 impl Gateway {

@@ -320,6 +320,24 @@ fn the_operator_token_is_the_operators_own() {
     );
 }
 
+/// Trusted proxies are addresses or blocks of them; anything else names its entry.
+#[test]
+fn trusted_proxies_are_addresses_or_blocks() {
+    let c = ok(r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["127.0.0.1", "10.0.0.0/8", "::1"]}}}"#);
+    let blocks: Vec<String> = c.settings.http.proxies().iter().map(ToString::to_string).collect();
+    assert_eq!(blocks, ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]);
+    rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["127.0.0.1", "proxy.internal"]}}}"#,
+        "rebound.http.trusted_proxies[1]",
+        "is not an IP address or a CIDR block",
+    );
+    rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["10.0.0.0/33"]}}}"#,
+        "rebound.http.trusted_proxies[0]",
+        "e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
+    );
+}
+
 #[test]
 fn a_broken_token_is_reported_without_being_repeated() {
     let err = parse(

@@ -2,12 +2,13 @@
 //! and malformed bodies, and the count that lets a shutdown drain what is in flight.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use axum::Extension;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -15,7 +16,7 @@ use http_body_util::BodyExt;
 use serde::de::IgnoredAny;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Front, refuse};
+use super::{ClientIp, Front, refuse};
 use crate::transport::malformed::Unreadable;
 use crate::transport::tasks::ClientTasks;
 
@@ -245,7 +246,7 @@ fn unreadable(body: &[u8]) -> Response {
 /// has been sent.
 pub(super) async fn limit(
     State(front): State<Front>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(ClientIp(client)): Extension<ClientIp>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -278,13 +279,13 @@ pub(super) async fn limit(
     if !counts {
         return answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     }
-    let permit = match admit(&front, &request, (peer, opens_session), id) {
+    let permit = match admit(&front, &request, (client, opens_session), id) {
         Ok(permit) => permit,
         Err(refused) => return *refused,
     };
     let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     if opens_session && let Some(session) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
-        front.sessions.made_by(session, &super::address_client(peer.ip()));
+        front.sessions.made_by(session, &super::address_client(client));
     }
     if initialize {
         response = super::tasks::announce(response);
@@ -309,7 +310,7 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
 }
 
 /// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
-/// gateway's or, without one, the address `peer`: refused past `max_concurrent_per_client`, for an id
+/// gateway's or, without one, its client's `address`: refused past `max_concurrent_per_client`, for an id
 /// already in flight in its session, and while the gateway drains. An `initialize`
 /// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
 /// client's listen requests there, held open, must not keep its neighbours behind one
@@ -317,7 +318,7 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
 fn admit(
     front: &Front,
     request: &Request,
-    (peer, opening): (SocketAddr, bool),
+    (address, opening): (IpAddr, bool),
     id: Option<serde_json::Value>,
 ) -> Result<ClientPermit, Box<Response>> {
     // Only a session of the gateway's: rmcp serves a 2026-07-28 request without one,
@@ -326,8 +327,8 @@ fn admit(
     let session = session.filter(|id| front.sessions.knows(id));
     let client = match session {
         Some(session) => format!("session {session}"),
-        None if opening => format!("{} opening sessions", super::address_client(peer.ip())),
-        None => super::address_client(peer.ip()),
+        None if opening => format!("{} opening sessions", super::address_client(address)),
+        None => super::address_client(address),
     };
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
     let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);

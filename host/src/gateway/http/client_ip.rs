@@ -1,0 +1,143 @@
+//! Whom a request over HTTP is counted against: the address it came from, or, when that
+//! is a proxy the operator trusts (`rebound.http.trusted_proxies`), the client the proxies
+//! name in `X-Forwarded-For`. Each proxy appends the address it was reached from, so the
+//! header is read from its end: the first address that is no trusted proxy is the client
+//! (what came before it, the client may have written itself).
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
+use ipnet::IpNet;
+
+use super::Front;
+
+/// The address a request's client is known by, in the request's extensions for what
+/// comes after (`limits`, `listens`, the gateway's per-address task shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIp(pub IpAddr);
+
+/// At most this many hops of `X-Forwarded-For` are read, from its end; a chain of trusted
+/// proxies longer than that is taken to end at the last one read.
+const MAX_HOPS: usize = 32;
+
+/// Every request: its client's address, as [`client_ip`] tells it.
+pub async fn known(
+    State(front): State<Front>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let ip = client_ip(peer.ip(), request.headers(), &front.proxies);
+    request.extensions_mut().insert(ClientIp(ip));
+    next.run(request).await
+}
+
+/// The client of a request from `peer` with `headers`: `peer`, unless it is one of the
+/// `trusted` proxies; then the nearest address in `X-Forwarded-For` that is not (or the
+/// farthest read, when all are). A hop that is not an address ends the reading at the
+/// hop before it, which a trusted proxy wrote.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let trusts = |ip: IpAddr| trusted.iter().any(|block| block.contains(&ip));
+    let mut client = peer.to_canonical();
+    if !trusts(client) {
+        return client;
+    }
+    // Lines in the order the proxies added them; within a line, hops left to right.
+    let mut hops = headers.get_all("x-forwarded-for").iter().rev().flat_map(|line| match line.to_str() {
+        Ok(line) => line.rsplit(',').map(hop_ip).collect::<Vec<_>>(),
+        Err(_) => vec![None],
+    });
+    for _ in 0..MAX_HOPS {
+        match hops.next() {
+            Some(Some(ip)) => client = ip,
+            Some(None) | None => break,
+        }
+        if !trusts(client) {
+            break;
+        }
+    }
+    client
+}
+
+/// One hop of `X-Forwarded-For`: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`
+/// or `[2001:db8::1]:80`; anything else (`unknown`, a name) is none.
+fn hop_ip(hop: &str) -> Option<IpAddr> {
+    let hop = hop.trim();
+    let ip = hop.parse::<IpAddr>().ok().or_else(|| hop.parse::<SocketAddr>().ok().map(|a| a.ip()));
+    let ip = ip.or_else(|| hop.strip_prefix('[')?.strip_suffix(']')?.parse().ok());
+    ip.map(|ip| ip.to_canonical())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn headers(lines: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for line in lines {
+            headers.append("x-forwarded-for", HeaderValue::from_str(line).unwrap());
+        }
+        headers
+    }
+
+    fn proxies(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|p| crate::config::proxy_block(p).unwrap()).collect()
+    }
+
+    #[test]
+    fn a_request_not_from_a_trusted_proxy_is_its_own_address_whatever_it_claims() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let claims = headers(&["10.0.0.1, 192.0.2.9"]);
+        assert_eq!(client_ip(ip("198.51.100.4"), &claims, &trusted), ip("198.51.100.4"));
+        assert_eq!(client_ip(ip("198.51.100.4"), &claims, &[]), ip("198.51.100.4"), "no proxy is trusted by default");
+    }
+
+    #[test]
+    fn the_client_is_the_nearest_hop_no_trusted_proxy_wrote() {
+        let trusted = proxies(&["127.0.0.1", "10.0.0.0/8"]);
+        // The client wrote the first hop itself; the proxies appended the rest.
+        let chain = headers(&["203.0.113.66, 198.51.100.4, 10.1.2.3"]);
+        assert_eq!(client_ip(ip("127.0.0.1"), &chain, &trusted), ip("198.51.100.4"));
+        // The same chain over several lines, as proxies that add a line of their own send it.
+        let lines = headers(&["203.0.113.66", "198.51.100.4", "10.1.2.3"]);
+        assert_eq!(client_ip(ip("127.0.0.1"), &lines, &trusted), ip("198.51.100.4"));
+        // Ports and brackets, as some proxies write them.
+        let ported = headers(&["[2001:db8::7]:4711, 10.0.0.2:80"]);
+        assert_eq!(client_ip(ip("10.0.0.9"), &ported, &trusted), ip("2001:db8::7"));
+        // An IPv4 address mapped into IPv6 is the IPv4 one, the proxy's as the client's.
+        let mapped = headers(&["::ffff:198.51.100.4"]);
+        assert_eq!(client_ip(ip("::ffff:127.0.0.1"), &mapped, &trusted), ip("198.51.100.4"));
+    }
+
+    #[test]
+    fn a_hop_that_is_no_address_ends_the_chain_at_the_proxy_before_it() {
+        let trusted = proxies(&["127.0.0.1", "10.0.0.0/8"]);
+        assert_eq!(client_ip(ip("127.0.0.1"), &headers(&["unknown, 10.0.0.5"]), &trusted), ip("10.0.0.5"));
+        assert_eq!(client_ip(ip("127.0.0.1"), &headers(&["198.51.100.4, unknown"]), &trusted), ip("127.0.0.1"));
+        assert_eq!(client_ip(ip("127.0.0.1"), &headers(&[""]), &trusted), ip("127.0.0.1"));
+        assert_eq!(client_ip(ip("127.0.0.1"), &HeaderMap::new(), &trusted), ip("127.0.0.1"), "no header: the proxy");
+        let mut opaque = HeaderMap::new();
+        opaque.append("x-forwarded-for", HeaderValue::from_bytes(b"198.51.100.4, \xff").unwrap());
+        assert_eq!(client_ip(ip("127.0.0.1"), &opaque, &trusted), ip("127.0.0.1"), "a line that is not text");
+    }
+
+    #[test]
+    fn a_long_chain_of_trusted_hops_is_read_only_so_far() {
+        let trusted = proxies(&["10.0.0.0/8"]);
+        let mut hops: Vec<String> = vec!["198.51.100.4".into()];
+        hops.extend((0..100).map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1)));
+        let chain = headers(&[&hops.join(", ")]);
+        let client = client_ip(ip("10.9.9.9"), &chain, &trusted);
+        assert!(trusted[0].contains(&client), "the farthest hop read, not the client's own claim: {client}");
+        assert_eq!(client, ip(&hops[hops.len() - MAX_HOPS]));
+    }
+}
