@@ -189,20 +189,22 @@ impl ErrorsLog {
     }
 
     /// A request other than a tool call (`method`: `prompts/get`, `resources/read`,
-    /// `completion/complete`) to `server` failed as the gateway saw it: no answer in time,
-    /// the connection lost, the server not reading. (A server's own error is its answer.)
+    /// `completion/complete`) to `server` failed as the gateway saw it: its server not
+    /// running, no answer in time, the connection lost, the server not reading, a broken
+    /// answer. (A server's own error is its answer.)
     pub fn request_failed(&self, session: &str, server: &str, method: &str, failure: &Failure, now: SystemTime) {
         let class = classify(failure, now);
         let action = match failure {
             Failure::Timeout { .. } => format!(
-                "ask again later; if `{method}` keeps timing out, raise `mcpServers.{server}.recovery.timeout_ms`"
+                "ask again later; if `{method}` keeps timing out, raise `mcpServers.{server}.recovery.timeout_ms` (each answer) or `recovery.deadline_ms` (all of it)"
             ),
             Failure::Protocol { .. } => {
                 format!("the `{server}` server broke the MCP protocol; report the error to the server's maintainer")
             }
-            _ => {
-                format!("the `{server}` server's connection failed (a server process is restarted); ask again shortly")
-            }
+            Failure::ConnectionLost { .. } => format!(
+                "the connection to the `{server}` server was lost (a server process is restarted); ask again shortly"
+            ),
+            _ => suggested_action(server, method, failure, &class),
         };
         self.push(json!({
             "id": self.new_id(now),
@@ -257,13 +259,16 @@ impl ErrorsLog {
                 format!("none if it comes back; if it keeps failing, {check}"),
                 true,
             ),
-            Next::Down { endings, retry_in } => (
+            Next::Down { endings, again, retry_in } => (
                 "mcp_server_down",
                 "critical",
-                format!(
-                    "it ended {endings} times in its crash window and is marked down, tried again every {} ms",
-                    retry_in.as_millis()
-                ),
+                match again {
+                    true => format!("it is still down, tried again every {} ms", retry_in.as_millis()),
+                    false => format!(
+                        "it ended {endings} times in its crash window and is marked down, tried again every {} ms",
+                        retry_in.as_millis()
+                    ),
+                },
                 format!("{check} (`rebound check`); calls to it fail at once until a start holds"),
                 false,
             ),
@@ -497,10 +502,10 @@ mod tests {
         log.server_trouble("mem", Some("sess_1"), &lost, SystemTime::UNIX_EPOCH);
         let failed = Trouble {
             ended: Ended::StartFailed("no such command".into()),
-            next: Next::Down { endings: 5, retry_in: ms(60_000) },
+            next: Next::Down { endings: 5, again: false, retry_in: ms(60_000) },
         };
         log.server_trouble("git", None, &failed, SystemTime::UNIX_EPOCH);
-        let asked = Trouble { ended: Ended::Asked, next: Next::Down { endings: 1, retry_in: ms(1000) } };
+        let asked = Trouble { ended: Ended::Asked, next: Next::Down { endings: 1, again: true, retry_in: ms(1000) } };
         log.server_trouble("git", None, &asked, SystemTime::UNIX_EPOCH);
         let entries = lines(&path, 3).await;
         let (crash, down, again) = (&entries[0], &entries[1], &entries[2]);
@@ -523,8 +528,9 @@ mod tests {
         assert_eq!(down["context"]["session_id"], Value::Null);
         assert_eq!(down["context"]["error"], "no such command");
         assert_eq!(down["recovery"]["auto_recoverable"], false);
-        assert!(
-            again["message"].as_str().unwrap().starts_with("MCP server git was restarted on request; it ended 1 times")
+        assert_eq!(
+            again["message"],
+            "MCP server git was restarted on request; it is still down, tried again every 1000 ms"
         );
         assert_eq!(log.recent_of("sess_1").len(), 1, "the owning session's own");
         assert_eq!(log.recent().len(), 3);

@@ -204,9 +204,8 @@ impl Gateway {
     pub fn errors_log(&self) -> Vec<Value> {
         let config: Value =
             serde_json::from_slice(&std::fs::read(self.dir.path().join("rebound.json")).expect("the config")).unwrap();
-        let path = config["rebound"]["errors_log"]
-            .as_str()
-            .map_or_else(|| self.dir.path().join("rebound-errors.jsonl"), std::path::PathBuf::from);
+        // A relative path is the config folder's, as the gateway reads it.
+        let path = self.dir.path().join(config["rebound"]["errors_log"].as_str().unwrap_or("rebound-errors.jsonl"));
         std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()

@@ -127,12 +127,16 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     assert!(report.contains("server is down") && report.contains("exited"), "{report}");
     assert!(gw.tool_names().await.contains(&"echo".to_owned()));
     assert_eq!(gw.state("a", "starts").len(), 3, "no restarts while down");
-    // The errors log has each ending (besides the calls that failed): two crashes, then
-    // the third, which marks it down.
+    // The errors log has each ending (besides the calls that failed): two crashes (or
+    // failed starts, on a machine so slow that it exits while starting), then the third,
+    // which marks it down.
     let of_server = || gw.errors_log().into_iter().filter(|e| e["context"]["tool_name"].is_null()).collect::<Vec<_>>();
     let kinds = || of_server().iter().map(|e| e["type"].as_str().unwrap().to_owned()).collect::<Vec<_>>();
     eventually("the marking down logged", || kinds().contains(&"mcp_server_down".to_owned())).await;
-    assert_eq!(kinds(), ["mcp_server_crash", "mcp_server_crash", "mcp_server_down"]);
+    let kinds = kinds();
+    assert_eq!(kinds.len(), 3, "{kinds:?}");
+    assert!(kinds[..2].iter().all(|k| k == "mcp_server_crash" || k == "mcp_server_start_failed"), "{kinds:?}");
+    assert_eq!(kinds[2], "mcp_server_down");
     let down = of_server().pop().unwrap();
     assert_eq!(down["context"]["server"], "a");
     assert!(down["message"].as_str().unwrap().contains("exited"), "{down}");

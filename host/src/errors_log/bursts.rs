@@ -99,8 +99,9 @@ impl Bursts {
     /// with the kind of failure when the session is to be counted apart from now on.
     fn kind(&self, entry: &Value) -> (String, Option<String>) {
         let c = &entry["context"];
-        let base =
-            [&c["server"], &c["tool_name"], &entry["type"], &entry["fix_status"]].map(Value::to_string).join("\u{0}");
+        let base = [&c["server"], &c["tool_name"], &c["method"], &entry["type"], &entry["fix_status"]]
+            .map(Value::to_string)
+            .join("\u{0}");
         let own = format!("{base}{SEPARATOR}{}", c["session_id"]);
         if self.by_kind.contains_key(&own) {
             return (own, None);

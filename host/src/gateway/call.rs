@@ -361,7 +361,7 @@ pub(super) fn unread(waited: Duration) -> String {
     format!("the server did not read its input for {} ms", waited.as_millis())
 }
 
-fn from_service_error(e: ServiceError) -> Failure {
+pub(super) fn from_service_error(e: ServiceError) -> Failure {
     match e {
         ServiceError::McpError(e) => Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data },
         ServiceError::Timeout { timeout: after } => Failure::Timeout { after },

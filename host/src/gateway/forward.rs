@@ -19,7 +19,7 @@ use rmcp::model::{ClientRequest, RequestId, RequestMetaObject, ServerResult};
 use rmcp::service::{PeerRequestOptions, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServiceError};
 
-use super::call::{cancel_upstream, hand_over, unread};
+use super::call::{cancel_upstream, from_service_error, hand_over, unread};
 use super::routing::{ProgressGuard, ProgressTo};
 use super::server::Gateway;
 use crate::recovery::Failure;
@@ -133,9 +133,11 @@ impl Gateway {
     }
 
     /// A request other than a tool call, to `server`, failed as the gateway saw it: the
-    /// errors log has it, as the client's.
+    /// errors log has it, as the client's; not while the gateway stops, which ends them.
     pub(super) fn request_failed(&self, server: &str, method: &str, failure: &Failure) {
-        self.hub.errors.request_failed(&self.own.client, server, method, failure, std::time::SystemTime::now());
+        if !self.hub.stopping().is_cancelled() {
+            self.hub.errors.request_failed(&self.own.client, server, method, failure, std::time::SystemTime::now());
+        }
     }
 
     async fn send_and_wait(
@@ -156,10 +158,7 @@ impl Gateway {
         // request over can wait forever.
         let sent = tokio::select! {
             r = hand_over(session, out.request, options, out.hand_over) => match r {
-                Some(sent) => sent.map_err(|e| {
-                    let failure = Failure::SendFailed { reason: e.to_string() };
-                    Failed::seen(upstream_error(server, e), failure)
-                })?,
+                Some(sent) => sent.map_err(|e| failed_with(server, e))?,
                 None => {
                     let reason = format!("{}; it is restarted", unread(out.hand_over));
                     let error = ErrorData::internal_error(format!("server `{server}`: {reason}"), None);
@@ -246,11 +245,7 @@ impl Abandoned<'_> {
                 let reason = format!("server `{}` answered `{method}` with something else", session.server);
                 Err(Failed::seen(ErrorData::internal_error(reason.clone(), None), Failure::Protocol { reason }))
             }
-            Err(ServiceError::McpError(e)) => Err(e.into()),
-            Err(e) => {
-                let failure = Failure::ConnectionLost { reason: e.to_string() };
-                Err(Failed::seen(upstream_error(&session.server, e), failure))
-            }
+            Err(e) => Err(failed_with(&session.server, e)),
         }
     }
 }
@@ -259,6 +254,20 @@ impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             cancel_upstream(self.session, id, self.reason);
+        }
+    }
+}
+
+/// An error from `server`'s session, as the client is told it ([`upstream_error`]) and as
+/// the gateway saw it fail (as a tool call's attempt would: a `url` server's refusal is its
+/// HTTP status); the server's own error, or a cancellation, is no failure it saw.
+fn failed_with(server: &str, e: ServiceError) -> Failed {
+    match e {
+        ServiceError::McpError(e) => e.into(),
+        ServiceError::Cancelled { .. } => upstream_error(server, e).into(),
+        e => {
+            let error = ErrorData::internal_error(format!("server `{server}`: {e}"), None);
+            Failed::seen(error, from_service_error(e))
         }
     }
 }

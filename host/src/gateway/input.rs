@@ -121,10 +121,13 @@ pub async fn settle<P: Asking>(
 ) -> Result<Answer<P::Done>, ErrorData> {
     let (session, server) = (&to.session, &*to.session.server);
     let late = || {
-        let after = limits.deadline;
-        gateway.request_failed(server, P::METHOD, &Failure::Timeout { after });
-        let ms = after.as_millis();
+        let ms = limits.deadline.as_millis();
         ErrorData::internal_error(format!("server `{server}`: `{}` took longer than its {ms} ms", P::METHOD), None)
+    };
+    let broken = |what: &str| {
+        let reason = format!("server `{server}` answered `{}` with {what}", P::METHOD);
+        gateway.request_failed(server, P::METHOD, &Failure::Protocol { reason: reason.clone() });
+        ErrorData::internal_error(reason, None)
     };
     let mut round = 0;
     loop {
@@ -141,17 +144,22 @@ pub async fn settle<P: Asking>(
             answer_within: Some(timeout),
             logged: true,
         };
-        // The round ends at the deadline, however its time was spent.
-        let answer = tokio::time::timeout(left, gateway.forward(to, out, cx)).await.map_err(|_| late())?;
+        // The round ends at the deadline, however its time was spent: the server's, when
+        // the deadline came while it had the request. (The time a client takes to answer
+        // the server's questions is not the server's failure.)
+        let answer = tokio::time::timeout(left, gateway.forward(to, out, cx)).await.map_err(|_| {
+            gateway.request_failed(server, P::METHOD, &Failure::Timeout { after: left });
+            late()
+        })?;
         let answer = answer.map_err(|f| f.into_error(server))?;
         let asked = match P::answer(answer) {
-            None => return Err(broken(server, P::METHOD, "something else")),
+            None => return Err(broken("something else")),
             Some(Answer::Asked(_)) if !server_asks(session) => {
-                return Err(broken(server, P::METHOD, "questions, which only a server on 2026-07-28 may ask"));
+                return Err(broken("questions, which only a server on 2026-07-28 may ask"));
             }
             Some(Answer::Asked(asked)) if client_is_asked(cx) => return Ok(Answer::Asked(asked)),
             Some(Answer::Asked(_)) if round == MAX_ROUNDS => {
-                return Err(broken(server, P::METHOD, &format!("questions still after {MAX_ROUNDS} rounds")));
+                return Err(broken(&format!("questions still after {MAX_ROUNDS} rounds")));
             }
             Some(Answer::Asked(asked)) => asked,
             Some(done) => return Ok(done),
@@ -165,10 +173,6 @@ pub async fn settle<P: Asking>(
         params.resume(answers, asked.request_state);
         round += 1;
     }
-}
-
-fn broken(server: &str, method: &str, what: &str) -> ErrorData {
-    ErrorData::internal_error(format!("server `{server}` answered `{method}` with {what}"), None)
 }
 
 /// The client's answers to every question of `asked`, put to the client of `cx` one by

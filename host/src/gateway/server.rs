@@ -72,10 +72,24 @@ impl Gateway {
     /// The instance of `server` this session's requests go to, with its live session,
     /// waiting up to `within` for one.
     pub(super) async fn upstream(&self, server: &str, within: Duration) -> Result<Instance, ErrorData> {
+        self.upstream_for(server, None, within).await
+    }
+
+    /// [`Gateway::upstream`] for a request `method` that, when its server is not running,
+    /// the errors log has (`prompts/get`, `resources/read`, `completion/complete`).
+    pub(super) async fn upstream_for(
+        &self,
+        server: &str,
+        method: Option<&str>,
+        within: Duration,
+    ) -> Result<Instance, ErrorData> {
         let handle =
             self.own.server(server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
         let session = handle.ready_session(within).await.map_err(|nr| {
             let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
+            if let Some(method) = method {
+                self.request_failed(server, method, &failure);
+            }
             ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
         })?;
         Ok(Instance { instance: handle.instance, session })
@@ -457,7 +471,7 @@ impl ServerHandler for Gateway {
             }
         };
         let limits = self.limits(&server);
-        let to = self.upstream(&server, limits.timeout).await?;
+        let to = self.upstream_for(&server, Some("completion/complete"), limits.timeout).await?;
         let out = Out {
             method: "completion/complete",
             request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
@@ -471,10 +485,11 @@ impl ServerHandler for Gateway {
                 result.result_type = Some(ResultType::COMPLETE);
                 Ok(result)
             }
-            _ => Err(ErrorData::internal_error(
-                format!("server `{server}` answered `completion/complete` with something else"),
-                None,
-            )),
+            _ => {
+                let reason = format!("server `{server}` answered `completion/complete` with something else");
+                self.request_failed(&server, "completion/complete", &Failure::Protocol { reason: reason.clone() });
+                Err(ErrorData::internal_error(reason, None))
+            }
         }
     }
 
@@ -553,7 +568,7 @@ impl Gateway {
             .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", request.name), None))?;
         // The deadline counts from here: waiting for a restart in progress is part of it.
         let limits = self.limits(&route.server);
-        let to = self.upstream(&route.server, limits.timeout).await?;
+        let to = self.upstream_for(&route.server, Some("prompts/get"), limits.timeout).await?;
         request.name = route.name;
         match input::settle(self, request, &to, &cx, limits).await? {
             Answer::Done(mut result) => {
@@ -579,7 +594,7 @@ impl Gateway {
         let exposed = request.uri.clone();
         let (server, uri) = self.resource(&exposed).await?;
         let limits = self.limits(&server);
-        let to = self.upstream(&server, limits.timeout).await?;
+        let to = self.upstream_for(&server, Some("resources/read"), limits.timeout).await?;
         request.uri = uri;
         match input::settle(self, request, &to, &cx, limits).await? {
             Answer::Done(mut result) => {

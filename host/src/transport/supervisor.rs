@@ -508,9 +508,9 @@ pub enum Ended {
 pub enum Next {
     /// After this backoff.
     Restart(Duration),
-    /// It ended `endings` times within the crash window (or again, once marked down): it
-    /// is marked down, and tried again after `retry_in`.
-    Down { endings: usize, retry_in: Duration },
+    /// It ended `endings` times within the crash window, or (`again`) once more while
+    /// marked down: it is marked down, and tried again after `retry_in`.
+    Down { endings: usize, again: bool, retry_in: Duration },
 }
 
 /// The recent failures that tell a crash loop, and the backoff so far.
@@ -660,12 +660,12 @@ impl Supervisor {
     fn next_start(&self, failures: &mut Failures, asked: bool) -> Next {
         let looping = note_crash(&mut failures.crashes, &self.how.policy);
         if looping || failures.down {
-            let endings = failures.crashes.len();
+            let (endings, again) = (failures.crashes.len(), failures.down);
             let retry_in = Duration::from_millis(self.how.policy.down_retry_ms);
             tracing::error!(server = %self.name, endings, "crash loop: marked down, next try in {} ms", retry_in.as_millis());
             self.tx.send_modify(|s| s.status = Status::Down);
             *failures = Failures { down: true, ..Failures::default() };
-            Next::Down { endings, retry_in }
+            Next::Down { endings, again, retry_in }
         } else if asked {
             Next::Restart(Duration::ZERO)
         } else {

@@ -45,18 +45,21 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
     if !trusts(client) {
         return client;
     }
-    // Lines in the order the proxies added them; within a line, hops left to right.
-    let mut hops = headers.get_all("x-forwarded-for").iter().rev().flat_map(|line| match line.to_str() {
-        Ok(line) => line.rsplit(',').map(hop_ip).collect::<Vec<_>>(),
-        Err(_) => vec![None],
-    });
-    for _ in 0..MAX_HOPS {
-        match hops.next() {
-            Some(Some(ip)) => client = ip,
-            Some(None) | None => break,
-        }
-        if !trusts(client) {
-            break;
+    // Lines in the order the proxies added them, and within a line hops left to right:
+    // read from the end, lazily, at most `MAX_HOPS`.
+    let mut read = 0;
+    'lines: for line in headers.get_all("x-forwarded-for").iter().rev() {
+        let Ok(line) = line.to_str() else { break };
+        for hop in line.rsplit(',') {
+            if read == MAX_HOPS {
+                break 'lines;
+            }
+            read += 1;
+            let Some(ip) = hop_ip(hop) else { break 'lines };
+            client = ip;
+            if !trusts(client) {
+                break 'lines;
+            }
         }
     }
     client
