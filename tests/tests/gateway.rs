@@ -141,6 +141,13 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     assert_eq!(down["context"]["server"], "a");
     assert!(down["message"].as_str().unwrap().contains("exited"), "{down}");
     assert!(down["message"].as_str().unwrap().contains("tried again every 600000 ms"), "{down}");
+    // A read of its resource while it is down fails at once, and is on record too.
+    let read = gw.client.peer().read_resource(ReadResourceRequestParams::new("faulty://a/readme")).await;
+    let error = format!("{:?}", read.expect_err("a server that is down reads nothing"));
+    assert!(error.contains("server is down"), "{error}");
+    let read_failed = || gw.errors_log().into_iter().find(|e| e["context"]["method"] == "resources/read");
+    eventually("the read logged", || read_failed().is_some()).await;
+    assert_eq!(read_failed().unwrap()["type"], "mcp_server_unavailable");
     gw.close().await;
 }
 
