@@ -629,12 +629,24 @@ impl Ctx<'_> {
             ));
         }
         for (i, proxy) in http.trusted_proxies.iter().enumerate() {
-            if proxy_block(proxy).is_none() {
-                return Err(self.err(
-                    format!("rebound.http.trusted_proxies[{i}]"),
-                    format!("\"{proxy}\" is not an IP address or a CIDR block"),
-                    "write a proxy's address or its network, e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
-                ));
+            let key = || format!("rebound.http.trusted_proxies[{i}]");
+            match proxy_block(proxy) {
+                None => {
+                    return Err(self.err(
+                        key(),
+                        format!("\"{proxy}\" is not an IP address or a CIDR block"),
+                        "write a proxy's address or its network, e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
+                    ));
+                }
+                // Whatever connects from a trusted address names the client it likes.
+                Some(block) if block.prefix_len() == 0 => {
+                    return Err(self.err(
+                        key(),
+                        format!("\"{proxy}\" trusts every address: any client could name itself any other"),
+                        "name only your proxies' addresses, or a network that holds nothing else",
+                    ));
+                }
+                Some(_) => {}
             }
         }
         let n = |v: usize| Some(v as u64);

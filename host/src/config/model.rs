@@ -351,9 +351,18 @@ impl HttpSettings {
 }
 
 /// A `trusted_proxies` entry: an address (`10.0.0.7`, `::1`) or a CIDR block (`10.0.0.0/8`).
+/// IPv4 written as IPv6 (`::ffff:10.0.0.7`) is the IPv4 address or block, as a peer's
+/// address is read.
 pub fn proxy_block(entry: &str) -> Option<ipnet::IpNet> {
     let entry = entry.trim();
-    entry.parse().ok().or_else(|| entry.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+    let block = entry.parse().ok().or_else(|| entry.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))?;
+    match block {
+        ipnet::IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96).ok().map(ipnet::IpNet::V4),
+            None => Some(block),
+        },
+        _ => Some(block),
+    }
 }
 
 impl Default for HttpSettings {

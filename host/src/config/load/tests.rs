@@ -332,6 +332,18 @@ fn trusted_proxies_are_addresses_or_blocks() {
         "is not an IP address or a CIDR block",
     );
     rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["::/0"]}}}"#,
+        "rebound.http.trusted_proxies[0]",
+        "trusts every address",
+    );
+    rejects(r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["0.0.0.0/0"]}}}"#, "", "trusts every");
+    // IPv4 written as IPv6 is IPv4, as a peer's address is read.
+    let c = ok(
+        r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["::ffff:10.0.0.1", "::ffff:10.0.0.0/104"]}}}"#,
+    );
+    let blocks: Vec<String> = c.settings.http.proxies().iter().map(ToString::to_string).collect();
+    assert_eq!(blocks, ["10.0.0.1/32", "10.0.0.0/8"]);
+    rejects(
         r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["10.0.0.0/33"]}}}"#,
         "rebound.http.trusted_proxies[0]",
         "e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",

@@ -46,16 +46,17 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
         return client;
     }
     // Lines in the order the proxies added them, and within a line hops left to right:
-    // read from the end, lazily, at most `MAX_HOPS`.
+    // read from the end, lazily, at most `MAX_HOPS`. Hop by hop, as bytes: what the client
+    // wrote before a proxy's hop (on the same line, as nginx joins them), text or not,
+    // cannot hide that hop.
     let mut read = 0;
     'lines: for line in headers.get_all("x-forwarded-for").iter().rev() {
-        let Ok(line) = line.to_str() else { break };
-        for hop in line.rsplit(',') {
+        for hop in line.as_bytes().rsplit(|b| *b == b',') {
             if read == MAX_HOPS {
                 break 'lines;
             }
             read += 1;
-            let Some(ip) = hop_ip(hop) else { break 'lines };
+            let Some(ip) = std::str::from_utf8(hop).ok().and_then(hop_ip) else { break 'lines };
             client = ip;
             if !trusts(client) {
                 break 'lines;
@@ -130,7 +131,13 @@ mod tests {
         assert_eq!(client_ip(ip("127.0.0.1"), &HeaderMap::new(), &trusted), ip("127.0.0.1"), "no header: the proxy");
         let mut opaque = HeaderMap::new();
         opaque.append("x-forwarded-for", HeaderValue::from_bytes(b"198.51.100.4, \xff").unwrap());
-        assert_eq!(client_ip(ip("127.0.0.1"), &opaque, &trusted), ip("127.0.0.1"), "a line that is not text");
+        assert_eq!(client_ip(ip("127.0.0.1"), &opaque, &trusted), ip("127.0.0.1"), "a hop that is not text");
+        // What the client wrote before the proxy's hop, text or not, leaves that hop its own.
+        let mut sneaky = HeaderMap::new();
+        sneaky.append("x-forwarded-for", HeaderValue::from_bytes(b"\x80, 198.51.100.4").unwrap());
+        assert_eq!(client_ip(ip("127.0.0.1"), &sneaky, &trusted), ip("198.51.100.4"));
+        let lines = headers(&["10.0.0.1, 10.0.0.2", "198.51.100.4"]);
+        assert_eq!(client_ip(ip("127.0.0.1"), &lines, &trusted), ip("198.51.100.4"), "what it claims is not read");
     }
 
     #[test]
