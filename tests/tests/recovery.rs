@@ -294,7 +294,10 @@ async fn an_outage_reported_as_tool_errors_is_shed_and_ends_when_the_server_reco
     assert!(shed >= 88, "{shed} calls answered by an open breaker");
     // Not timed as an assertion (this machine may be loaded); reported for the reader.
     eprintln!("slowest answer while open: {slowest_shed:?}");
-    assert_eq!(status(&gw).await["servers"][0]["breaker"]["state"], "open");
+    // Open, or already half-open when this machine is slow enough for `open_ms` to pass
+    // before the status is read: not closed, either way.
+    let state = status(&gw).await["servers"][0]["breaker"]["state"].clone();
+    assert!(state == "open" || state == "half-open", "{state}");
 
     std::fs::remove_file(&outage).unwrap();
     let recovered = Instant::now();
