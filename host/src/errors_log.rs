@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::recovery::Failure;
-use crate::recovery::classify::classify;
+use crate::recovery::classify::{Classification, classify};
 use crate::recovery::engine::{Record, Role};
 use crate::recovery::report::{auto_recoverable, suggested_action};
 use crate::redact::Secrets;
@@ -77,6 +77,11 @@ fn kept(entry: &Value) -> Value {
         entry["message"] = Value::String(cut);
     }
     entry
+}
+
+/// An entry's `type` for a failure of `class`: `mcp_` and its category.
+fn category_type(class: &Classification) -> String {
+    format!("mcp_{}", class.category.as_str().replace('-', "_"))
 }
 
 fn push_bounded(entries: &mut VecDeque<Value>, entry: Value, max: usize) {
@@ -157,7 +162,7 @@ impl ErrorsLog {
             };
             let kind = match failure {
                 Failure::Rpc { code: -32001, .. } => "mcp_abort_error".to_owned(),
-                _ => format!("mcp_{}", class.category.as_str().replace('-', "_")),
+                _ => category_type(class),
             };
             let entry = json!({
                 "id": id,
@@ -209,7 +214,7 @@ impl ErrorsLog {
         self.push(json!({
             "id": self.new_id(now),
             "timestamp": humantime::format_rfc3339_millis(now).to_string(),
-            "type": format!("mcp_{}", class.category.as_str().replace('-', "_")),
+            "type": category_type(&class),
             "severity": class.severity.as_str(),
             "message": format!("MCP request {method} on server {server} failed: {}", failure.message()),
             "context": {
