@@ -264,12 +264,19 @@ impl ErrorsLog {
                 format!("none if it comes back; if it keeps failing, {check}"),
                 true,
             ),
-            Next::Down { endings, again, retry_in } => (
+            Next::Down { endings, tries, retry_in } => (
                 "mcp_server_down",
                 "critical",
-                match again {
-                    true => format!("it is still down, tried again every {} ms", retry_in.as_millis()),
-                    false => format!(
+                match tries {
+                    1 => format!(
+                        "it is still down (1 try since it was marked down), tried again every {} ms",
+                        retry_in.as_millis()
+                    ),
+                    2.. => format!(
+                        "it is still down ({tries} tries since it was marked down), tried again every {} ms",
+                        retry_in.as_millis()
+                    ),
+                    0 => format!(
                         "it ended {endings} times in its crash window and is marked down, tried again every {} ms",
                         retry_in.as_millis()
                     ),
@@ -507,10 +514,10 @@ mod tests {
         log.server_trouble("mem", Some("sess_1"), &lost, SystemTime::UNIX_EPOCH);
         let failed = Trouble {
             ended: Ended::StartFailed("no such command".into()),
-            next: Next::Down { endings: 5, again: false, retry_in: ms(60_000) },
+            next: Next::Down { endings: 5, tries: 0, retry_in: ms(60_000) },
         };
         log.server_trouble("git", None, &failed, SystemTime::UNIX_EPOCH);
-        let asked = Trouble { ended: Ended::Asked, next: Next::Down { endings: 1, again: true, retry_in: ms(1000) } };
+        let asked = Trouble { ended: Ended::Asked, next: Next::Down { endings: 1, tries: 3, retry_in: ms(1000) } };
         log.server_trouble("git", None, &asked, SystemTime::UNIX_EPOCH);
         let entries = lines(&path, 3).await;
         let (crash, down, again) = (&entries[0], &entries[1], &entries[2]);
@@ -535,7 +542,7 @@ mod tests {
         assert_eq!(down["recovery"]["auto_recoverable"], false);
         assert_eq!(
             again["message"],
-            "MCP server git was restarted on request; it is still down, tried again every 1000 ms"
+            "MCP server git was restarted on request; it is still down (3 tries since it was marked down), tried again every 1000 ms"
         );
         assert_eq!(log.recent_of("sess_1").len(), 1, "the owning session's own");
         assert_eq!(log.recent().len(), 3);

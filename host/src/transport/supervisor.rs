@@ -508,10 +508,15 @@ pub enum Ended {
 pub enum Next {
     /// After this backoff.
     Restart(Duration),
-    /// It ended `endings` times within the crash window, or (`again`) once more while
-    /// marked down: it is marked down, and tried again after `retry_in`.
-    Down { endings: usize, again: bool, retry_in: Duration },
+    /// It ended `endings` times within the crash window, or once more while marked down
+    /// (`tries`: how many times it has been tried since it was marked down, 0 when it
+    /// has just been): it is marked down, and tried again after `retry_in`.
+    Down { endings: usize, tries: u32, retry_in: Duration },
 }
+
+/// How often a server that stays down is reported: each of its first tries, then ever
+/// fewer (the gap doubles), at least one an hour.
+const STILL_DOWN_EVERY: Duration = Duration::from_secs(3600);
 
 /// The recent failures that tell a crash loop, and the backoff so far.
 #[derive(Default)]
@@ -520,7 +525,30 @@ struct Failures {
     attempt: u32,
     /// Marked down, and not up for a whole crash window since: the next ending marks it
     /// down again, one start per `down_retry_ms`, not another burst of restarts.
-    down: bool,
+    down: Option<Downtime>,
+}
+
+/// A server marked down: how many times it has been tried since, and which of those
+/// tries was last reported.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Downtime {
+    tries: u32,
+    reported: u32,
+}
+
+impl Downtime {
+    /// Counts one more try, a `retry` after the last, and says whether it is reported:
+    /// the 1st, 2nd, 4th, 8th… (the gap doubles), and at least one per
+    /// [`STILL_DOWN_EVERY`].
+    fn tried(&mut self, retry: Duration) -> bool {
+        self.tries = self.tries.saturating_add(1);
+        let since = retry.saturating_mul(self.tries - self.reported);
+        let due = self.tries >= self.reported.saturating_mul(2) || since >= STILL_DOWN_EVERY;
+        if due {
+            self.reported = self.tries;
+        }
+        due
+    }
 }
 
 impl Supervisor {
@@ -634,14 +662,15 @@ impl Supervisor {
     }
 
     /// Waits before the next start (see [`Supervisor::next_start`]); an ending that was
-    /// not asked for, or that marks the server down, is reported to the relay first.
+    /// not asked for, or that marks the server down, is reported to the relay first (a
+    /// server that stays down, on the tries [`Downtime::tried`] picks).
     async fn pause(&self, failures: &mut Failures, ended: Ended) {
-        let next = self.next_start(failures, matches!(ended, Ended::Asked));
+        let (next, reported) = self.next_start(failures, matches!(ended, Ended::Asked));
         let wait = match next {
             Next::Restart(after) => after,
             Next::Down { retry_in, .. } => retry_in,
         };
-        if !matches!((&ended, next), (Ended::Asked, Next::Restart(_))) {
+        if reported {
             self.relay.trouble(&self.name, Trouble { ended, next });
         }
         if !wait.is_zero() {
@@ -657,21 +686,25 @@ impl Supervisor {
     /// down like any other loop), which marks the server down, to be tried after
     /// `down_retry_ms`, once: until it stays up for a crash window, each ending marks it
     /// down again. Otherwise after the backoff, but for a restart asked for, which is at once.
-    fn next_start(&self, failures: &mut Failures, asked: bool) -> Next {
+    /// With it, whether this ending is reported: a restart asked for and made is not
+    /// trouble, and a server that stays down is reported on some of its tries only.
+    fn next_start(&self, failures: &mut Failures, asked: bool) -> (Next, bool) {
         let looping = note_crash(&mut failures.crashes, &self.how.policy);
-        if looping || failures.down {
-            let (endings, again) = (failures.crashes.len(), failures.down);
+        if looping || failures.down.is_some() {
+            let endings = failures.crashes.len();
             let retry_in = Duration::from_millis(self.how.policy.down_retry_ms);
             tracing::error!(server = %self.name, endings, "crash loop: marked down, next try in {} ms", retry_in.as_millis());
             self.tx.send_modify(|s| s.status = Status::Down);
-            *failures = Failures { down: true, ..Failures::default() };
-            Next::Down { endings, again, retry_in }
+            let mut down = failures.down.unwrap_or_default();
+            let reported = failures.down.is_none() || down.tried(retry_in);
+            *failures = Failures { down: Some(down), ..Failures::default() };
+            (Next::Down { endings, tries: down.tries, retry_in }, reported)
         } else if asked {
-            Next::Restart(Duration::ZERO)
+            (Next::Restart(Duration::ZERO), false)
         } else {
             let delay = restart_delay(&self.how.policy, failures.attempt);
             failures.attempt = failures.attempt.saturating_add(1);
-            Next::Restart(delay)
+            (Next::Restart(delay), true)
         }
     }
 
@@ -1057,6 +1090,25 @@ mod tests {
         assert!(after(Some(old)));
         // One for the gateway: every instance of the server sees what one learned.
         assert!(known.clone().initialises(&name));
+    }
+
+    #[test]
+    fn a_server_that_stays_down_is_reported_ever_less_often_and_at_least_hourly() {
+        let reported = |retry: Duration, tries: u32| {
+            let mut down = Downtime::default();
+            (1..=tries).filter(|_| down.tried(retry)).collect::<Vec<_>>()
+        };
+        let minute = Duration::from_secs(60);
+        // The gap doubles up to an hour's worth of tries, then stays there.
+        assert_eq!(reported(minute, 300), [1, 2, 4, 8, 16, 32, 64, 124, 184, 244]);
+        // Tried once an hour or less often, every try is reported.
+        assert_eq!(reported(STILL_DOWN_EVERY, 5), [1, 2, 3, 4, 5]);
+        assert_eq!(reported(Duration::from_secs(7200), 3), [1, 2, 3]);
+        // A second between tries: a day of them writes few entries.
+        assert!(reported(Duration::from_secs(1), 86_400).len() < 40);
+        let mut down = Downtime { tries: u32::MAX - 1, reported: 1 };
+        assert!(down.tried(minute) && down.tried(minute), "past an hour since the last report");
+        assert_eq!(down.tries, u32::MAX, "counts saturate");
     }
 
     #[test]
