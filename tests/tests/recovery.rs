@@ -118,7 +118,8 @@ async fn a_total_outage_is_shed_by_the_breaker_which_closes_when_the_server_is_b
             json!({
                 "tools": {"outage": {"timeout_ms": 100}},
                 "retry": {"initial_delay_ms": 1, "max_delay_ms": 2},
-                "breaker": {"open_ms": 300, "max_open_ms": 300},
+                // Long enough that no slow hour reads it half-open after the storm.
+                "breaker": {"open_ms": 2000, "max_open_ms": 2000},
             }),
         )
     })
