@@ -619,36 +619,7 @@ impl Ctx<'_> {
                 ));
             }
         }
-        if http.trusted_proxies.len() > MAX_TRUSTED_PROXIES {
-            return Err(self.err(
-                "rebound.http.trusted_proxies",
-                format!("has {} entries", http.trusted_proxies.len()),
-                format!(
-                    "name at most {MAX_TRUSTED_PROXIES}: write a network's proxies as one block, e.g. \"10.0.0.0/8\""
-                ),
-            ));
-        }
-        for (i, proxy) in http.trusted_proxies.iter().enumerate() {
-            let key = || format!("rebound.http.trusted_proxies[{i}]");
-            match proxy_block(proxy) {
-                None => {
-                    return Err(self.err(
-                        key(),
-                        format!("\"{proxy}\" is not an IP address or a CIDR block"),
-                        "write a proxy's address or its network, e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
-                    ));
-                }
-                // Whatever connects from a trusted address names the client it likes.
-                Some(block) if block.prefix_len() == 0 => {
-                    return Err(self.err(
-                        key(),
-                        format!("\"{proxy}\" trusts every address: any client could name itself any other"),
-                        "name only your proxies' addresses, or a network that holds nothing else",
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
+        self.trusted_proxies(&http.trusted_proxies)?;
         let n = |v: usize| Some(v as u64);
         self.within(
             "http.max_body_bytes",
@@ -678,6 +649,42 @@ impl Ctx<'_> {
         let threads = http.worker_threads.and_then(n);
         self.within("http.worker_threads", threads, 1..=256, "1 to 256", "one thread per core; 1 for a single thread")?;
         Ok(http)
+    }
+
+    /// `rebound.http.trusted_proxies`: few enough, each an address or a block, none of
+    /// every address.
+    fn trusted_proxies(&self, proxies: &[String]) -> Result<(), ConfigError> {
+        if proxies.len() > MAX_TRUSTED_PROXIES {
+            return Err(self.err(
+                "rebound.http.trusted_proxies",
+                format!("has {} entries", proxies.len()),
+                format!(
+                    "name at most {MAX_TRUSTED_PROXIES}: write a network's proxies as one block, e.g. \"10.0.0.0/8\""
+                ),
+            ));
+        }
+        for (i, proxy) in proxies.iter().enumerate() {
+            let key = || format!("rebound.http.trusted_proxies[{i}]");
+            match proxy_block(proxy) {
+                None => {
+                    return Err(self.err(
+                        key(),
+                        format!("\"{proxy}\" is not an IP address or a CIDR block"),
+                        "write a proxy's address or its network, e.g. \"127.0.0.1\" or \"10.0.0.0/8\"",
+                    ));
+                }
+                // Whatever connects from a trusted address names the client it likes.
+                Some(block) if block.prefix_len() == 0 => {
+                    return Err(self.err(
+                        key(),
+                        format!("\"{proxy}\" trusts every address: any client could name itself any other"),
+                        "name only your proxies' addresses, or a network that holds nothing else",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
     }
 
     /// The bounds of the `rebound` settings that are numbers (those of `rebound.http` are

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{ClientRequest, RequestId, RequestMetaObject, ServerResult};
-use rmcp::service::{PeerRequestOptions, RequestContext};
-use rmcp::{ErrorData, RoleServer, ServiceError};
+use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
+use rmcp::{ErrorData, RoleClient, RoleServer, ServiceError};
 
 use super::call::{cancel_upstream, from_service_error, hand_over, unread};
 use super::routing::{ProgressGuard, ProgressTo};
@@ -154,20 +154,7 @@ impl Gateway {
             Some(meta) => PeerRequestOptions::no_options().with_meta(meta),
             None => PeerRequestOptions::no_options(),
         };
-        // A server that stops reading its input stops rmcp's writer, and then handing a
-        // request over can wait forever.
-        let sent = tokio::select! {
-            r = hand_over(session, out.request, options, out.hand_over) => match r {
-                Some(sent) => sent.map_err(|e| failed_with(server, e))?,
-                None => {
-                    let reason = format!("{}; it is restarted", unread(out.hand_over));
-                    let error = ErrorData::internal_error(format!("server `{server}`: {reason}"), None);
-                    return Err(Failed::seen(error, Failure::SendFailed { reason }));
-                }
-            },
-            () = cx.ct.cancelled() => return Err(cancelled().into()),
-            () = session.closed.cancelled() => return Err(Failed::lost()),
-        };
+        let sent = send(session, (out.request, options), out.hand_over, cx).await?;
         call.sent(session.id, sent.id.clone());
         let progress = ProgressTo::of(cx, client_token)
             .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), to));
@@ -198,15 +185,44 @@ impl Gateway {
                 }
             },
             None => {
-                let setup = self.hub.setup();
-                let ping = setup.config.servers.get(&**server).map_or(0, |s| s.recovery.ping_timeout_ms);
-                session.probe(Duration::from_millis(ping), call.others_in_flight(session.id));
+                // Whether the server still answers at all is asked of it (a ping).
+                session.probe(self.ping_timeout(server), call.others_in_flight(session.id));
                 let after = out.answer_within.unwrap_or_default();
                 let message =
                     format!("server `{server}` did not answer `{}` within {} ms", out.method, after.as_millis());
                 Err(Failed::seen(ErrorData::internal_error(message, None), Failure::Timeout { after }))
             }
         }
+    }
+
+    /// How long `server` gets to answer a ping (`recovery.ping_timeout_ms`).
+    fn ping_timeout(&self, server: &str) -> Duration {
+        let setup = self.hub.setup();
+        Duration::from_millis(setup.config.servers.get(server).map_or(0, |s| s.recovery.ping_timeout_ms))
+    }
+}
+
+/// `request` handed over to `session`'s writer within `hand_over`, unless the client
+/// cancels it or the connection ends first: a server that stops reading its input stops
+/// rmcp's writer, and then handing a request over can wait forever.
+async fn send(
+    session: &Session,
+    (request, options): (ClientRequest, PeerRequestOptions),
+    hand_over_within: Duration,
+    cx: &RequestContext<RoleServer>,
+) -> Result<RequestHandle<RoleClient>, Failed> {
+    let server = &session.server;
+    tokio::select! {
+        r = hand_over(session, request, options, hand_over_within) => match r {
+            Some(sent) => sent.map_err(|e| failed_with(server, e)),
+            None => {
+                let reason = format!("{}; it is restarted", unread(hand_over_within));
+                let error = ErrorData::internal_error(format!("server `{server}`: {reason}"), None);
+                Err(Failed::seen(error, Failure::SendFailed { reason }))
+            }
+        },
+        () = cx.ct.cancelled() => Err(cancelled().into()),
+        () = session.closed.cancelled() => Err(Failed::lost()),
     }
 }
 

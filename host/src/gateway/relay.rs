@@ -10,7 +10,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use rmcp::model::{ClientResult, CustomRequest, CustomResult, Notification, ServerNotification, ServerRequest};
+use rmcp::model::{
+    ClientResult, CustomNotification, CustomRequest, CustomResult, LoggingMessageNotificationParam, Notification,
+    ServerNotification, ServerRequest,
+};
 use rmcp::{ErrorData, Peer, RoleServer};
 use serde_json::{Value, json};
 
@@ -43,75 +46,87 @@ pub struct Owner {
 impl HubRelay {
     /// What a server said on its own (a notification): passed to the sessions it concerns.
     fn on_event(&self, hub: Arc<Hub>, server: &str, session: u64, event: UpstreamEvent) {
-        let owner = self.owner.as_ref();
         match event {
             UpstreamEvent::Progress(p) => hub.routing.progress(session, p),
-            UpstreamEvent::Log(mut log) => {
-                log.logger = Some(match log.logger.take() {
-                    Some(l) => format!("{server}/{l}"),
-                    None => server.to_owned(),
-                });
-                let (to, wants) = match owner {
-                    Some(o) => {
-                        let wants = hub.downstreams.wants_log(&o.client, log.level);
-                        (Some(ClientPeer { client: o.client.clone(), peer: o.peer.clone() }), wants)
-                    }
-                    // Over HTTP a shared server serves many clients: only the one its line
-                    // may concern (`Routing::log_reader`), if it set a level that takes it
-                    // (the server's level may be another client's).
-                    None if hub.downstreams.front() == Front::Http => {
-                        let task = log.meta.as_ref().and_then(|m| m.0.get(RELATED_TASK)?["taskId"].as_str());
-                        let to = hub.routing.log_reader(self.instance, session, task.map(str::to_owned));
-                        let wants = to.as_ref().is_some_and(|to| hub.downstreams.asked_for(&to.client, log.level));
-                        (to, wants)
-                    }
-                    None => return hub.downstreams.log(log),
-                };
-                match to.filter(|_| wants) {
-                    Some(to) => hub
-                        .downstreams
-                        .sending
-                        .send(&to, ServerNotification::LoggingMessageNotification(Notification::new(log))),
-                    None => tracing::debug!(server, "a log message for no client: {}", log.data),
-                }
-            }
+            UpstreamEvent::Log(log) => self.log(&hub, server, session, log),
             UpstreamEvent::ResourceUpdated(update) => hub.downstreams.resource_updated(self.instance, update),
-            UpstreamEvent::Custom(n) => {
-                // A task's status goes to the client that started it.
-                let task = (n.method == "notifications/tasks/status")
-                    .then(|| hub.routing.task_status(session, n.params.as_ref()?))
-                    .flatten();
-                let otherwise = || {
-                    let own = owner.map(|o| ClientPeer { client: o.client.clone(), peer: o.peer.clone() });
-                    own.or_else(|| hub.downstreams.only_stdio_client())
-                };
-                match task.or_else(otherwise) {
-                    Some(to) => hub.downstreams.sending.send(&to, ServerNotification::CustomNotification(n)),
-                    None => tracing::debug!(
-                        server,
-                        "a custom notification of a shared server concerns no one client; not passed on"
-                    ),
-                }
-            }
+            UpstreamEvent::Custom(n) => self.custom(&hub, server, session, n),
             UpstreamEvent::Cancelled(c) => {
                 // rmcp has already cancelled the request the server gave up on.
                 tracing::debug!(server, "server cancelled its request {:?}", c.request_id);
             }
             UpstreamEvent::ToolsChanged | UpstreamEvent::PromptsChanged | UpstreamEvent::ResourcesChanged => {
-                let owner = owner.cloned();
-                let server = server.to_owned();
-                tokio::spawn(async move {
-                    let handle = match owner.as_ref().and_then(|o| o.servers.upgrade()) {
-                        Some(servers) => servers.instance(&server),
-                        None => hub.setup().servers.get(server.as_str()).cloned(),
-                    };
-                    let Some(session) = handle.and_then(|h| h.state().session) else { return };
-                    let within = Duration::from_millis(hub.setup().config.settings.init_timeout_ms);
-                    // One re-listing at a time; the one under way lists again for this.
-                    session.refresh(within, || hub.rebuild_for(owner.as_ref(), false)).await;
-                });
+                self.relist(hub, server);
             }
         }
+    }
+
+    /// A server's log line, its logger prefixed with the server's name, to the client it
+    /// concerns if that client's level takes it.
+    fn log(&self, hub: &Hub, server: &str, session: u64, mut log: LoggingMessageNotificationParam) {
+        log.logger = Some(match log.logger.take() {
+            Some(l) => format!("{server}/{l}"),
+            None => server.to_owned(),
+        });
+        let (to, wants) = match self.owner.as_ref() {
+            Some(o) => {
+                let wants = hub.downstreams.wants_log(&o.client, log.level);
+                (Some(ClientPeer { client: o.client.clone(), peer: o.peer.clone() }), wants)
+            }
+            // Over HTTP a shared server serves many clients: only the one its line
+            // may concern (`Routing::log_reader`), if it set a level that takes it
+            // (the server's level may be another client's).
+            None if hub.downstreams.front() == Front::Http => {
+                let task = log.meta.as_ref().and_then(|m| m.0.get(RELATED_TASK)?["taskId"].as_str());
+                let to = hub.routing.log_reader(self.instance, session, task.map(str::to_owned));
+                let wants = to.as_ref().is_some_and(|to| hub.downstreams.asked_for(&to.client, log.level));
+                (to, wants)
+            }
+            None => return hub.downstreams.log(log),
+        };
+        match to.filter(|_| wants) {
+            Some(to) => hub
+                .downstreams
+                .sending
+                .send(&to, ServerNotification::LoggingMessageNotification(Notification::new(log))),
+            None => tracing::debug!(server, "a log message for no client: {}", log.data),
+        }
+    }
+
+    /// A notification Rebound does not know: a task's status to the client that started
+    /// the task; anything else to the instance's own client, or over stdio the client.
+    fn custom(&self, hub: &Hub, server: &str, session: u64, n: CustomNotification) {
+        let task = (n.method == "notifications/tasks/status")
+            .then(|| hub.routing.task_status(session, n.params.as_ref()?))
+            .flatten();
+        let otherwise = || {
+            let own = self.owner.as_ref().map(|o| ClientPeer { client: o.client.clone(), peer: o.peer.clone() });
+            own.or_else(|| hub.downstreams.only_stdio_client())
+        };
+        match task.or_else(otherwise) {
+            Some(to) => hub.downstreams.sending.send(&to, ServerNotification::CustomNotification(n)),
+            None => tracing::debug!(
+                server,
+                "a custom notification of a shared server concerns no one client; not passed on"
+            ),
+        }
+    }
+
+    /// A server's list changed: its instance lists again, off the event's path, and the
+    /// catalogue it is in is rebuilt.
+    fn relist(&self, hub: Arc<Hub>, server: &str) {
+        let owner = self.owner.clone();
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            let handle = match owner.as_ref().and_then(|o| o.servers.upgrade()) {
+                Some(servers) => servers.instance(&server),
+                None => hub.setup().servers.get(server.as_str()).cloned(),
+            };
+            let Some(session) = handle.and_then(|h| h.state().session) else { return };
+            let within = Duration::from_millis(hub.setup().config.settings.init_timeout_ms);
+            // One re-listing at a time; the one under way lists again for this.
+            session.refresh(within, || hub.rebuild_for(owner.as_ref(), false)).await;
+        });
     }
 
     /// What a server asked a client: passed to the one client `routing` names (about a

@@ -174,6 +174,23 @@ macro_rules! answer {
     }};
 }
 
+/// A fresh instance of `pre` in `store`, and its answer to `request`.
+async fn answer(pre: Pre, mut store: Store<State>, request: Request) -> wasmtime::Result<Reply> {
+    match pre {
+        Pre::V0_1(pre) => {
+            let plugin = pre.instantiate_async(&mut store).await?;
+            answer!(request, store, plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
+        }
+        Pre::V0_2(pre) => {
+            let plugin = pre.instantiate_async(&mut store).await?;
+            answer!(request, store, plugin.rebound_adapter_adapter(), |g| {
+                let m = g.call_declare(&mut store).await?;
+                Manifest { tools: m.tools, restart: m.restart, observes: m.observes }
+            })
+        }
+    }
+}
+
 impl Runtime {
     /// The engine and linker; `cache` is where compiled components are kept (none: always
     /// compile).
@@ -302,20 +319,7 @@ impl Runtime {
         // call (the other way round, that call found the pool's instances all taken).
         let call = async move {
             let _held = (instance, held, running);
-            let mut store = store;
-            match pre {
-                Pre::V0_1(pre) => {
-                    let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(request, store, plugin.rebound_adapter_adapter(), |_g| Manifest::of_v0_1())
-                }
-                Pre::V0_2(pre) => {
-                    let plugin = pre.instantiate_async(&mut store).await?;
-                    answer!(request, store, plugin.rebound_adapter_adapter(), |g| {
-                        let m = g.call_declare(&mut store).await?;
-                        Manifest { tools: m.tools, restart: m.restart, observes: m.observes }
-                    })
-                }
-            }
+            answer(pre, store, request).await
         };
         let remaining = end.saturating_duration_since(std::time::Instant::now());
         let queued = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -36,7 +36,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff;
-use super::breaker::{Breaker, Outcome, ToolBreakers};
+use super::breaker::{Breaker, Outcome, Permit, ToolBreakers};
 use super::budget::RetryBudget;
 use super::classify::{Category, Classification, classify};
 use super::clock::{Clock, Rng};
@@ -628,30 +628,8 @@ impl Engine {
             }
             match step {
                 Step::Retry(asked) => {
-                    let asked = asked.map(|d| d.min(retry_after::MAX));
-                    // An adapter's word that the call never ran (not the transport's)
-                    // buys a tool that is unsafe to replay one replay, no more.
-                    let on_adapters_word = !call.safe && !builtin.not_delivered && class.not_delivered;
-                    let replayable = call.safe
-                        || builtin.not_delivered
-                        || (class.not_delivered && spent.replays_on_adapters_word == 0);
-                    match self.retry_delay(call, spent, class, replayable, asked) {
-                        Ok(d) => {
-                            if on_adapters_word {
-                                spent.replays_on_adapters_word += 1;
-                            }
-                            call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
-                            tokio::select! {
-                                () = self.clock.sleep(d) => {}
-                                () = cancelled.cancelled() => {
-                                    record.stopped = Some(CANCELLED.into());
-                                    return Next::Done(Ending::GaveUp);
-                                }
-                            }
-                            spent.waited = d;
-                            return Next::Retry;
-                        }
-                        Err(why) => record.stopped = Some(why),
+                    if let Some(next) = self.retry(call, record, spent, asked, (class, builtin)).await {
+                        return next;
                     }
                 }
                 Step::SideCall { tool, arguments } => {
@@ -678,6 +656,45 @@ impl Engine {
             record.action = plan.give_up;
         }
         Next::Done(Ending::GaveUp)
+    }
+
+    /// A retry step, `asked` after a delay or not: after its wait, the next attempt, or the
+    /// end of a call cancelled meanwhile; `None` when no retry is allowed (the record says
+    /// why) and the plan goes on.
+    async fn retry(
+        &self,
+        call: &Call<'_>,
+        record: &mut Record,
+        spent: &mut Spent,
+        asked: Option<Duration>,
+        (class, builtin): (&Classification, &Classification),
+    ) -> Option<Next> {
+        let asked = asked.map(|d| d.min(retry_after::MAX));
+        // An adapter's word that the call never ran (not the transport's) buys a tool
+        // that is unsafe to replay one replay, no more.
+        let on_adapters_word = !call.safe && !builtin.not_delivered && class.not_delivered;
+        let replayable =
+            call.safe || builtin.not_delivered || (class.not_delivered && spent.replays_on_adapters_word == 0);
+        let delay = match self.retry_delay(call, spent, class, replayable, asked) {
+            Ok(delay) => delay,
+            Err(why) => {
+                record.stopped = Some(why);
+                return None;
+            }
+        };
+        if on_adapters_word {
+            spent.replays_on_adapters_word += 1;
+        }
+        call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::select! {
+            () = self.clock.sleep(delay) => {}
+            () = call.upstream.cancellation().cancelled() => {
+                record.stopped = Some(CANCELLED.into());
+                return Some(Next::Done(Ending::GaveUp));
+            }
+        }
+        spent.waited = delay;
+        Some(Next::Retry)
     }
 
     /// Whether a step an adapter asked for may call `server/tool`: inside its grant and its
@@ -854,18 +871,12 @@ impl Engine {
         if remaining.is_zero() {
             return Err(failed(Failure::Timeout { after: Duration::ZERO }));
         }
-        let shed = |retry_in, tool: Option<&str>| {
-            policy.counters.shed.fetch_add(1, Ordering::Relaxed);
-            failed(Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) })
-        };
-        let server_permit = match policy.breaker.admit() {
-            Ok(p) => p,
-            Err(retry_in) => return Err(shed(retry_in, None)),
-        };
-        let tool_permit = match policy.tools.get(tool).map(|b| b.admit()) {
-            Some(Err(retry_in)) => return Err(shed(retry_in, Some(tool))),
-            Some(Ok(p)) => Some(p),
-            None => None,
+        let (server_permit, tool_permit) = match admit(policy, tool) {
+            Ok(permits) => permits,
+            Err(open) => {
+                policy.counters.shed.fetch_add(1, Ordering::Relaxed);
+                return Err(failed(open));
+            }
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
         let started = self.clock.now();
@@ -879,35 +890,48 @@ impl Engine {
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                let outcome = if class.counts_for_breaker {
-                    Outcome::Failure
-                } else if matches!(failure, Failure::ToolError { .. }) && !class.retryable {
-                    Outcome::Success
-                } else {
-                    Outcome::Ignored
-                };
-                // An undelivered request says nothing about the tool. A tool that hangs or
-                // reports an outage (also as an HTTP server error for its request alone)
-                // while another tool of the server answered within the breaker's window is
-                // the tool's failure alone; a broken connection never is.
-                let tool_level = matches!(
-                    failure,
-                    Failure::Timeout { .. }
-                        | Failure::Rpc { .. }
-                        | Failure::ToolError { .. }
-                        | Failure::HttpStatus { status: 500..=599, .. }
-                );
-                let window = Duration::from_millis(policy.recovery.breaker.window_ms);
-                let now = self.clock.now();
-                let since = now.checked_sub(window).unwrap_or(started.min(now));
-                let confined = outcome == Outcome::Failure && tool_level && policy.tools.others_answered(tool, since);
-                if let Some(p) = tool_permit {
-                    p.record(if class.not_delivered { Outcome::Ignored } else { outcome });
-                }
-                server_permit.record(if confined { Outcome::Ignored } else { outcome });
+                self.record_failure(policy, tool, started, (server_permit, tool_permit), (&failure, &class));
                 Err((failure, class))
             }
         }
+    }
+
+    /// Records a failed attempt of `tool`, `started` then, on the breakers it was let
+    /// through (the server's and the tool's `permits`).
+    fn record_failure(
+        &self,
+        policy: &ServerPolicy,
+        tool: &str,
+        started: tokio::time::Instant,
+        (server_permit, tool_permit): (Permit, Option<Permit>),
+        (failure, class): (&Failure, &Classification),
+    ) {
+        let outcome = if class.counts_for_breaker {
+            Outcome::Failure
+        } else if matches!(failure, Failure::ToolError { .. }) && !class.retryable {
+            Outcome::Success
+        } else {
+            Outcome::Ignored
+        };
+        // An undelivered request says nothing about the tool. A tool that hangs or
+        // reports an outage (also as an HTTP server error for its request alone)
+        // while another tool of the server answered within the breaker's window is
+        // the tool's failure alone; a broken connection never is.
+        let tool_level = matches!(
+            failure,
+            Failure::Timeout { .. }
+                | Failure::Rpc { .. }
+                | Failure::ToolError { .. }
+                | Failure::HttpStatus { status: 500..=599, .. }
+        );
+        let window = Duration::from_millis(policy.recovery.breaker.window_ms);
+        let now = self.clock.now();
+        let since = now.checked_sub(window).unwrap_or(started.min(now));
+        let confined = outcome == Outcome::Failure && tool_level && policy.tools.others_answered(tool, since);
+        if let Some(p) = tool_permit {
+            p.record(if class.not_delivered { Outcome::Ignored } else { outcome });
+        }
+        server_permit.record(if confined { Outcome::Ignored } else { outcome });
     }
 
     /// An alternative `server/tool` that would be tried now, with its server's policy and
@@ -987,7 +1011,19 @@ impl Engine {
     }
 }
 
-/// A tool's own error result, with the adapter's note on it when it has one.
+/// Lets an attempt of `tool` through the server's breaker and then the tool's, or says
+/// which of them is open (a tool's permit not taken when the server's breaker is open).
+fn admit(policy: &ServerPolicy, tool: &str) -> Result<(Permit, Option<Permit>), Failure> {
+    let open = |retry_in, tool: Option<&str>| Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) };
+    let server = policy.breaker.admit().map_err(|retry_in| open(retry_in, None))?;
+    let tool_permit = match policy.tools.get(tool).map(|b| b.admit()) {
+        Some(Err(retry_in)) => return Err(open(retry_in, Some(tool))),
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
+    Ok((server, tool_permit))
+}
+
 /// Shows the advisor a successful call's result (an answer that is not one, it never sees).
 async fn observe(
     advisor: Option<&dyn Advisor>,
@@ -1017,6 +1053,7 @@ fn tried_instead(record: &Record) -> Option<String> {
     (!tried.is_empty()).then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", ")))
 }
 
+/// A tool's own error result, with the adapter's note on it when it has one.
 fn with_note(mut result: CallToolResult, note: Option<&str>) -> CallToolResult {
     if let Some(note) = note {
         result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));
