@@ -11,6 +11,7 @@
 pub mod adapter;
 mod bindings;
 pub mod compiler;
+mod kv;
 pub mod load;
 pub mod runtime;
 mod state;

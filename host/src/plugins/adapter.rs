@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::bindings::v0_1::rebound::adapter::types as wit;
+use super::kv::Kv;
 use super::load::{Info, Loaded, Needs};
 use super::runtime::{Fault, Pre, Reply, Request, Room, Runtime};
-use super::state::{CappedPipe, Kv, LogBudget, State, cap_text};
+use super::state::{CappedPipe, LogBudget, State, cap_text};
 use crate::config::AdapterGrant;
 
 mod lane;
@@ -143,7 +144,7 @@ impl Adapter {
     /// quarantine), its share of the instance pool, its log budget, the secrets hidden
     /// from it and its observe queue's bytes stay the original's.
     pub fn fork(&self) -> Arc<Self> {
-        Self::with_state(self, self, Kv::default())
+        Self::with_state(self, self, self.kv.sibling())
     }
 
     /// `code`'s adapter (its code, runtime and share of the pool) with `kv` for its store

@@ -1,7 +1,6 @@
 //! What one plugin call's store holds: a WASI context that grants nothing, captured
 //! output, resource limits, and the host side of the `host` and `store` imports.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use wasmtime::component::ResourceTable;
@@ -10,11 +9,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
 use super::bindings::v0_2::rebound::adapter as v0_2;
+use super::kv::Kv;
 
-/// Limits of the key-value store (documented in the WIT).
-const MAX_KEY: usize = 256;
-const MAX_VALUE: usize = 64 << 10;
-const MAX_KEYS: usize = 1024;
 /// The longest `host.log` line kept; the rest is cut.
 pub const MAX_LOG_LINE: usize = 4 << 10;
 /// `host.log` lines one adapter may write per [`LOG_WINDOW`]; the rest are dropped and
@@ -27,8 +23,6 @@ const MAX_TABLE_ELEMENTS: usize = 64 << 10;
 const MAX_RANDOM_BYTES: u64 = 64 << 10;
 /// The most WASI resources (streams, pollables) one instance may hold at once.
 const MAX_RESOURCES: usize = 1024;
-/// The most bytes, keys and values together, one adapter's store may hold for a server.
-const MAX_STORE_BYTES: usize = 4 << 20;
 
 /// What one store (one plugin call) may hold: at most `memory` bytes of linear memory in
 /// all (`StoreLimits` bounds each memory on its own, so a component with two would get
@@ -90,9 +84,6 @@ impl ResourceLimiter for Bounds {
         self.counts.memories()
     }
 }
-
-/// A plugin's key-value store for one server; outlives instances.
-pub type Kv = Arc<Mutex<BTreeMap<String, String>>>;
 
 pub struct State {
     wasi: WasiCtx,
@@ -192,34 +183,19 @@ impl host::Host for State {
 
 impl store::Host for State {
     fn get(&mut self, key: String) -> Option<String> {
-        self.kv.lock().expect("not poisoned").get(&key).cloned()
+        self.kv.get(&key)
     }
 
     fn set(&mut self, key: String, value: String) -> bool {
-        let mut kv = self.kv.lock().expect("not poisoned");
-        if key.len() > MAX_KEY || value.len() > MAX_VALUE || (kv.len() >= MAX_KEYS && !kv.contains_key(&key)) {
-            return false;
-        }
-        let held: usize = kv.iter().filter(|(k, _)| **k != key).map(|(k, v)| k.len() + v.len()).sum();
-        if held + key.len() + value.len() > MAX_STORE_BYTES {
-            return false;
-        }
-        kv.insert(key, value);
-        true
+        self.kv.set(key, value)
     }
 
     fn delete(&mut self, key: String) {
-        self.kv.lock().expect("not poisoned").remove(&key);
+        self.kv.delete(&key)
     }
 
     fn keys(&mut self, prefix: String) -> Vec<String> {
-        self.kv
-            .lock()
-            .expect("not poisoned")
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .map(|(k, _)| k.clone())
-            .collect()
+        self.kv.keys(&prefix)
     }
 }
 
