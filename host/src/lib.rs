@@ -5,6 +5,7 @@ pub mod config;
 pub mod errors_log;
 pub mod gateway;
 pub mod memory;
+pub mod pace;
 pub mod plugins;
 pub mod recovery;
 pub mod redact;

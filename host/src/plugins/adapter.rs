@@ -2,7 +2,7 @@
 //! caller's task until the guest first yields, then on the plugins' own thread); faults contained and counted, and a plugin that keeps faulting
 //! quarantined. [`Adapters`] is the recovery engine's [`Advisor`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,7 @@ const DENIAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Default, Clone)]
 struct Health {
-    faults: VecDeque<Instant>,
+    faults: crate::pace::Recent,
     total_faults: u64,
     quarantined_until: Option<Instant>,
     last_fault: Option<String>,
@@ -274,15 +274,12 @@ impl Adapter {
         let mut h = self.health.lock().expect("not poisoned");
         let now = Instant::now();
         h.total_faults += 1;
-        h.faults.push_back(now);
-        while h.faults.front().is_some_and(|t| now.duration_since(*t) > FAULT_WINDOW) {
-            h.faults.pop_front();
-        }
+        let quarantine = h.faults.reached(now.into(), FAULT_WINDOW, FAULT_LIMIT);
         let output = printed.as_deref().unwrap_or("(none)");
         tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; its output: {output}; the built-in classifier is used instead");
         h.last_fault = Some(cap_text(&format!("{what}: {message}"), 500));
         h.last_output = printed.map(|p| cap_text(&p, 500));
-        if h.faults.len() >= FAULT_LIMIT {
+        if quarantine {
             h.quarantined_until = Some(now + QUARANTINE);
             tracing::error!(adapter = %self.name, server = %self.server, "adapter quarantined for {} s after {} faults", QUARANTINE.as_secs(), h.faults.len());
         }

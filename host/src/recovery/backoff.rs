@@ -10,15 +10,9 @@ use std::time::Duration;
 use crate::config::RetryConfig;
 
 /// The upper bound of the wait before retry number `n` (0-based): `min(cap, initial ·
-/// multiplier^n)`, computed without overflow for every `n`.
+/// multiplier^n)`, computed without overflow for every `n` ([`crate::pace::grown`]).
 pub fn ceiling(config: &RetryConfig, n: u32) -> Duration {
-    let cap = config.max_delay_ms as f64;
-    // `powi` saturates to infinity for large n, and `min` then takes the cap; the
-    // exponent is clamped because powi takes an i32.
-    let grown = config.initial_delay_ms as f64 * config.multiplier.powi(n.min(i32::MAX as u32) as i32);
-    let ms = if grown.is_finite() { grown.min(cap) } else { cap };
-    // Above 2^53 an f64 rounds, possibly past the cap: clamp again in integers.
-    Duration::from_millis((ms.max(0.0) as u64).min(config.max_delay_ms))
+    crate::pace::grown(config.initial_delay_ms, config.multiplier, config.max_delay_ms, n)
 }
 
 /// The wait before retry number `n`, given `unit` drawn uniformly from `[0, 1)`.

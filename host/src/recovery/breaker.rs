@@ -208,13 +208,12 @@ impl Breaker {
 
     fn open(&self, s: &mut State, now: Instant) {
         s.openings = s.openings.saturating_add(1);
-        let base = self.config.open_ms as f64;
-        let grown = base * 2f64.powi(s.openings.saturating_sub(1).min(62) as i32);
-        let capped = grown.min(self.config.max_open_ms.max(self.config.open_ms) as f64);
+        let (open, cap) = (self.config.open_ms, self.config.max_open_ms.max(self.config.open_ms));
+        let grown = crate::pace::grown(open, 2.0, cap, s.openings.saturating_sub(1));
         // Jitter within the last fifth, so that breakers opened together in many
         // gateways do not all probe the server in the same instant.
-        let ms = capped * (0.8 + 0.2 * self.rng.unit());
-        s.phase = Phase::Open { until: super::clock::later(now, Duration::from_millis(ms as u64)) };
+        let for_ms = grown.mul_f64(0.8 + 0.2 * self.rng.unit());
+        s.phase = Phase::Open { until: super::clock::later(now, for_ms) };
         s.consecutive_failures = 0;
         s.window.clear();
     }

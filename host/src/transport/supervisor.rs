@@ -1,7 +1,7 @@
 //! Supervision of one upstream server: start it, list what it offers, watch it, and
 //! restart it with exponential backoff when it dies, marking it down after a crash loop.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,6 +26,7 @@ use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
 use super::upstream::{InOrder, Offered, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
+use crate::pace::Recent;
 use crate::redact::Secrets;
 
 /// Lines longer than this from a server are dropped (and the request they answer times
@@ -425,8 +426,7 @@ pub fn spawn_supervisor(
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
 pub fn restart_delay(policy: &RestartPolicy, attempt: u32) -> Duration {
-    let factor = 1u64.checked_shl(attempt.min(63)).unwrap_or(u64::MAX);
-    Duration::from_millis(policy.initial_delay_ms.saturating_mul(factor).min(policy.max_delay_ms))
+    crate::pace::grown(policy.initial_delay_ms, 2.0, policy.max_delay_ms, attempt)
 }
 
 struct Supervisor {
@@ -521,7 +521,7 @@ const STILL_DOWN_EVERY: Duration = Duration::from_secs(3600);
 /// The recent failures that tell a crash loop, and the backoff so far.
 #[derive(Default)]
 struct Failures {
-    crashes: VecDeque<Instant>,
+    crashes: Recent,
     attempt: u32,
     /// Marked down, and not up for a whole crash window since: the next ending marks it
     /// down again, one start per `down_retry_ms`, not another burst of restarts.
@@ -926,14 +926,9 @@ impl Connection {
 
 /// Counts a crash (or a requested restart) now; true when the crashes within the window
 /// make a loop.
-fn note_crash(crashes: &mut VecDeque<Instant>, policy: &RestartPolicy) -> bool {
-    let now = Instant::now();
-    crashes.push_back(now);
+fn note_crash(crashes: &mut Recent, policy: &RestartPolicy) -> bool {
     let window = Duration::from_millis(policy.crash_window_ms);
-    while crashes.front().is_some_and(|t| now.duration_since(*t) > window) {
-        crashes.pop_front();
-    }
-    crashes.len() >= policy.crash_loop_limit as usize
+    crashes.reached(Instant::now(), window, policy.crash_loop_limit as usize)
 }
 
 /// Why a server's process ended, when it does; never, for an HTTP server.
