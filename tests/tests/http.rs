@@ -158,6 +158,41 @@ async fn on_one_worker_thread_every_client_is_still_served_at_once() {
     assert!(log.contains("/mcp on 1 thread(s)"), "{log}");
 }
 
+/// A body within `max_body_bytes` that would take hundreds of MiB once read (4 MiB of
+/// `0,0,0…`, two million values) is refused before anything reads it, and counted; the
+/// gateway goes on serving, and a body as long made of one string is read.
+#[tokio::test]
+async fn a_body_too_heavy_to_read_is_refused_unread() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"auth_token": TOKEN}}}),
+        &[],
+    )
+    .await;
+    let zeros = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"echo","arguments":{{"a":[{}0]}}}}}}"#,
+        "0,".repeat(2_090_000)
+    );
+    let heavy = reqwest::Client::new()
+        .post(gw.url())
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(zeros)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heavy.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let said = heavy.text().await.unwrap();
+    assert!(said.contains("too many values") && said.contains("MiB once read"), "{said}");
+    // As long in one string, it is read (and then answered as any initialize is).
+    let mut long = initialize();
+    long["params"]["padding"] = json!("0,".repeat(1_500_000));
+    assert_eq!(post(&gw, &long).bearer_auth(TOKEN).send().await.unwrap().status(), StatusCode::OK);
+    let metrics = reqwest::Client::new().get(format!("{}/metrics", gw.base)).bearer_auth(TOKEN).send().await;
+    let metrics = metrics.unwrap().text().await.unwrap();
+    assert!(metrics.contains(r#"reason="too_many_values"} 1"#), "{metrics}");
+}
+
 #[tokio::test]
 async fn what_a_client_must_not_get_past() {
     let gw = HttpGateway::start(

@@ -27,6 +27,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 mod client_ip;
 mod limits;
 mod listens;
+mod parsed;
 mod tasks;
 
 pub use client_ip::ClientIp;

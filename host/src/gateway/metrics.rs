@@ -152,7 +152,8 @@ impl Metrics {
     }
 
     /// Counts an HTTP request refused for `reason` (`unauthorized`, `host`, `origin`,
-    /// `too_many_requests`).
+    /// `too_many_requests`, `malformed`, `duplicate_id`, and for what a body weighs once
+    /// read: `too_many_values`, `too_much_in_flight`, `gateway_full`).
     pub fn rejected(&self, reason: &str) {
         self.http_rejected.get_or_create(&RejectLabels { reason: reason.to_owned() }).inc();
     }

@@ -16,6 +16,7 @@ use http_body_util::BodyExt;
 use serde::de::IgnoredAny;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::parsed::{self, Past};
 use super::{ClientIp, Front, refuse};
 use crate::transport::malformed::Unreadable;
 use crate::transport::tasks::ClientTasks;
@@ -39,6 +40,8 @@ pub(super) struct ClientLimits {
     idle: tokio::sync::Notify,
     /// Set on shutdown: new requests are refused, those in flight finish.
     pub(super) draining: std::sync::atomic::AtomicBool,
+    /// What every POST in flight weighs once read (`parsed`), notifications and answers too.
+    parsed: Arc<parsed::Budget>,
 }
 
 /// One client's requests in flight: the permits, and the ids they carry.
@@ -258,6 +261,12 @@ pub(super) async fn limit(
         Ok(body) => body,
         Err(refused) => return refused,
     };
+    // Weighed before anything reads it, the probe included.
+    let weight = parsed::weight(&body);
+    let held = match front.limits.parsed.hold(super::address_client(client), weight) {
+        Ok(held) => held,
+        Err(past) => return too_heavy(&front, past, weight),
+    };
     let Some(probe) = probe(&body) else {
         front.hub.metrics.rejected("malformed");
         return unreadable(&body);
@@ -277,7 +286,7 @@ pub(super) async fn limit(
     let kept = is_json.then(|| body.clone());
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
-        return answer_unreadable(next.run(request).await, kept.as_deref(), &front);
+        return sent_holding(answer_unreadable(next.run(request).await, kept.as_deref(), &front), held);
     }
     let permit = match admit(&front, &request, (client, opens_session), id) {
         Ok(permit) => permit,
@@ -290,12 +299,53 @@ pub(super) async fn limit(
     if initialize {
         response = super::tasks::announce(response);
     }
+    sent_holding(response, (permit, held))
+}
+
+/// `response`, with `held` (a permit, a weight) kept until its body has been sent or the
+/// client is gone.
+fn sent_holding(response: Response, held: impl Send + Sync + 'static) -> Response {
     let (parts, body) = response.into_parts();
     let body = body.map_frame(move |frame| {
-        let _held = &permit;
+        let _held = &held;
         frame
     });
     Response::from_parts(parts, Body::new(body))
+}
+
+/// The answer to a body whose weight once read (`parsed`) could not be held.
+fn too_heavy(front: &Front, past: Past, weight: usize) -> Response {
+    let mib = |bytes: usize| bytes.div_ceil(1 << 20);
+    let (status, reason, message) = match past {
+        Past::Alone => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_many_values",
+            format!(
+                "the request's JSON holds too many values: about {} MiB once read, past the {} MiB one client may have in flight; send fewer, larger values (a string rather than an array of numbers)",
+                mib(weight),
+                mib(parsed::ADDRESS_SHARE)
+            ),
+        ),
+        Past::Address => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_much_in_flight",
+            format!(
+                "this client's requests in flight are too large together (past {} MiB once read); wait for one to finish",
+                mib(parsed::ADDRESS_SHARE)
+            ),
+        ),
+        Past::Gateway => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "gateway_full",
+            "the gateway holds as many large requests as it may; try again shortly".to_owned(),
+        ),
+    };
+    front.hub.metrics.rejected(reason);
+    let mut response = refuse(status, &message);
+    if status != StatusCode::PAYLOAD_TOO_LARGE {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// A request's body, at most `max` bytes.

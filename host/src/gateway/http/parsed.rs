@@ -1,0 +1,142 @@
+//! What the requests in flight cost the gateway once read. A body is at most
+//! `max_body_bytes`, but read into JSON values it takes far more: every value, a `0` of
+//! one byte and its comma included, becomes a node of about a hundred bytes (and a tool
+//! call keeps a copy of its arguments for its retries). A body of 4 MiB of `0,0,0…` is
+//! about 2 million values: hundreds of MiB once read. So every POST body is weighed
+//! before it is read ([`weight`]: its bytes, and [`PER_VALUE`] for each value in it), and
+//! the weights of the requests in flight are held against one budget for the gateway
+//! ([`GATEWAY_BUDGET`]), of which one client address (an IPv6 one by its /64) may hold a
+//! quarter; a weight is held until its response has been sent.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// About what one JSON value costs once read, with the copy a call keeps.
+pub const PER_VALUE: usize = 128;
+/// The most the requests in flight may weigh together.
+pub const GATEWAY_BUDGET: usize = 1 << 30;
+/// The most the requests in flight from one address may weigh together; a request
+/// heavier than this on its own is refused whatever else is in flight.
+pub const ADDRESS_SHARE: usize = GATEWAY_BUDGET / 4;
+
+/// The estimated cost of reading `body`: its bytes, and [`PER_VALUE`] for each JSON
+/// value in it, counted without reading it (each `[`, `{` and `,` outside a string
+/// starts one more value).
+pub fn weight(body: &[u8]) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        match (in_string, b) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (true, b'"') => in_string = false,
+            (true, _) => {}
+            (false, b'"') => in_string = true,
+            (false, b'[' | b'{' | b',') => values += 1,
+            (false, _) => {}
+        }
+    }
+    body.len().saturating_add(values.saturating_mul(PER_VALUE))
+}
+
+/// The weights held now: in all, and by address.
+#[derive(Debug, Default)]
+pub struct Budget {
+    held: Mutex<(usize, HashMap<String, usize>)>,
+}
+
+/// Why a request's weight could not be held.
+#[derive(Debug, PartialEq)]
+pub enum Past {
+    /// It alone weighs more than an address's share.
+    Alone,
+    /// Its address holds its share.
+    Address,
+    /// The gateway holds its budget.
+    Gateway,
+}
+
+/// A weight held until it is dropped.
+#[derive(Debug)]
+pub struct Held {
+    budget: Arc<Budget>,
+    address: String,
+    weight: usize,
+}
+
+impl Budget {
+    /// Holds `weight` for a request from `address`, if it fits.
+    pub fn hold(self: &Arc<Self>, address: String, weight: usize) -> Result<Held, Past> {
+        if weight > ADDRESS_SHARE {
+            return Err(Past::Alone);
+        }
+        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (total, by_address) = &mut *held;
+        let own = by_address.get(&address).copied().unwrap_or(0);
+        if own + weight > ADDRESS_SHARE {
+            return Err(Past::Address);
+        }
+        if *total + weight > GATEWAY_BUDGET {
+            return Err(Past::Gateway);
+        }
+        *total += weight;
+        by_address.insert(address.clone(), own + weight);
+        Ok(Held { budget: self.clone(), address, weight })
+    }
+
+    #[cfg(test)]
+    fn total(&self) -> (usize, usize) {
+        let held = self.held.lock().unwrap();
+        (held.0, held.1.len())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (total, by_address) = &mut *held;
+        *total -= self.weight;
+        if let Some(own) = by_address.get_mut(&self.address) {
+            *own -= self.weight;
+            // Forget an address that holds nothing, or the map would grow with every one seen.
+            if *own == 0 {
+                by_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_weighs_its_bytes_and_its_values() {
+        let values = |body: &str| (weight(body.as_bytes()) - body.len()) / PER_VALUE;
+        assert_eq!(values(r#"{"a":[0,0,0]}"#), 5, "the object, the array and three numbers");
+        assert_eq!(values(r#""one long string, with [brackets] and {braces}""#), 1);
+        assert_eq!(values(r#"["a \" quote, then", "b\\", "c"]"#), 4, "escapes end no string early");
+        assert_eq!(values(""), 1);
+        // A body of the most bytes allowed, all of it small values: far heavier than its bytes.
+        let zeros = "0,".repeat(2 << 20);
+        assert!(weight(zeros.as_bytes()) > ADDRESS_SHARE, "4 MiB of zeros is past any one address's share");
+        let text = format!(r#"{{"text":"{}"}}"#, "x".repeat(4 << 20));
+        assert!(weight(text.as_bytes()) < (4 << 20) + 1024, "4 MiB of text is about 4 MiB");
+    }
+
+    #[test]
+    fn weights_are_held_within_an_addresss_share_and_the_gateways_budget() {
+        let budget = Arc::new(Budget::default());
+        let quarter = ADDRESS_SHARE;
+        assert_eq!(budget.hold("a".into(), quarter + 1).unwrap_err(), Past::Alone);
+        let a = budget.hold("a".into(), quarter - 10).unwrap();
+        assert_eq!(budget.hold("a".into(), 11).unwrap_err(), Past::Address);
+        let a2 = budget.hold("a".into(), 10).unwrap();
+        // Other addresses have the rest, until the gateway's budget is held.
+        let others: Vec<Held> = ["b", "c", "d"].iter().map(|b| budget.hold((*b).into(), quarter).unwrap()).collect();
+        assert_eq!(budget.hold("e".into(), 1).unwrap_err(), Past::Gateway);
+        drop(a);
+        let e = budget.hold("e".into(), 1).expect("room made by a's request");
+        drop((a2, others, e));
+        assert_eq!(budget.total(), (0, 0), "everything given back, no address kept");
+    }
+}
