@@ -27,7 +27,10 @@ use crate::transport::supervisor::{Ended, Next, Trouble};
 const RECENT: usize = 100;
 /// Entries kept in memory for each client session's `rebound://errors`, and the most
 /// sessions kept (the one written to least recently is forgotten first): one client's
-/// failures never push another's out of its own view.
+/// failures never push another's out of its own view. Only a client that can read its
+/// view again has one (`open_view`): an MCP session, the stdio client; not a request of a
+/// 2026-07-28 client over HTTP, which has no session, so that a stream of such requests,
+/// each a new name, cannot push the sessions' views out.
 const RECENT_PER_SESSION: usize = 20;
 const SESSIONS_KEPT: usize = 128;
 /// The longest message an entry kept in memory has (the file has it whole).
@@ -42,6 +45,8 @@ mod bursts;
 struct Recent {
     all: VecDeque<Value>,
     by_session: indexmap::IndexMap<String, VecDeque<Value>>,
+    /// The sessions that can read their own view, from `open_view` to `close_view`.
+    readers: std::collections::HashSet<String>,
 }
 
 impl Recent {
@@ -59,6 +64,9 @@ impl Recent {
     /// is still its client's to see.
     fn keep_own(&mut self, entry: Value) {
         let Some(session) = entry["context"]["session_id"].as_str().map(str::to_owned) else { return };
+        if !self.readers.contains(&session) {
+            return;
+        }
         // Moved to the back: the session written to least recently is at the front.
         let mut own = self.by_session.shift_remove(&session).unwrap_or_default();
         push_bounded(&mut own, entry, RECENT_PER_SESSION);
@@ -362,6 +370,19 @@ impl ErrorsLog {
         self.recent.lock().expect("not poisoned").all.iter().cloned().collect()
     }
 
+    /// From now on `session` (an MCP session, the stdio client) keeps its own entries, to
+    /// read with [`Self::recent_of`].
+    pub fn open_view(&self, session: &str) {
+        self.recent.lock().expect("not poisoned").readers.insert(session.to_owned());
+    }
+
+    /// `session` has ended: its view is forgotten.
+    pub fn close_view(&self, session: &str) {
+        let mut recent = self.recent.lock().expect("not poisoned");
+        recent.readers.remove(session);
+        recent.by_session.shift_remove(session);
+    }
+
     /// The newest entries of client session `session`'s calls, oldest first.
     pub fn recent_of(&self, session: &str) -> Vec<Value> {
         let recent = self.recent.lock().expect("not poisoned");
@@ -506,6 +527,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("errors.jsonl");
         let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
+        log.open_view("sess_1");
         let ms = Duration::from_millis;
         let lost = Trouble {
             ended: Ended::Lost("the server process exited (exit status: 3)".into()),
@@ -569,6 +591,9 @@ mod tests {
     #[test]
     fn one_clients_failures_do_not_crowd_out_anothers() {
         let mut recent = Recent::default();
+        let readers =
+            ["alice", "bob", "big"].into_iter().map(String::from).chain((0..SESSIONS_KEPT).map(|i| format!("s{i}")));
+        recent.readers = readers.collect();
         let entry = |session: &str, i: usize| json!({"id": i, "context": {"session_id": session}});
         recent.keep(&entry("alice", 0));
         for i in 1..=RECENT * 2 {
@@ -587,12 +612,39 @@ mod tests {
         assert!(recent.by_session["big"][0]["message"].as_str().unwrap().len() < KEPT_MESSAGE_BYTES + 4, "kept short");
     }
 
+    /// Requests of clients without a session (each a name of its own, never read again)
+    /// keep no view, so however many come, a session's view stays; a session that ended
+    /// has none.
+    #[tokio::test]
+    async fn only_a_client_that_can_read_its_view_has_one() {
+        let mut recent = Recent::default();
+        recent.readers.insert("alice".into());
+        let entry = |session: &str| json!({"context": {"session_id": session}});
+        recent.keep(&entry("alice"));
+        for i in 0..SESSIONS_KEPT * 4 {
+            recent.keep(&entry(&format!("sess_stateless_{i}")));
+        }
+        assert_eq!(recent.by_session.len(), 1, "only alice's");
+        assert_eq!(recent.by_session["alice"].len(), 1);
+        assert_eq!(recent.all.len(), RECENT, "the operator's view has them all");
+        let dir = tempfile::tempdir().unwrap();
+        let log = ErrorsLog::start(dir.path().join("errors.jsonl"), 1 << 20, Secrets::default());
+        log.open_view("bob");
+        log.record(&record(false), "bob", SystemTime::UNIX_EPOCH);
+        assert_eq!(log.recent_of("bob").len(), 1);
+        log.close_view("bob");
+        assert!(log.recent_of("bob").is_empty());
+        log.record(&record(false), "bob", SystemTime::UNIX_EPOCH);
+        assert!(log.recent_of("bob").is_empty(), "an ended session keeps nothing");
+    }
+
     /// A flood's entries that are counted rather than written are still in their own
     /// client's view; its summary, which may count other clients' failures, is not.
     #[tokio::test]
     async fn a_clients_counted_failures_stay_in_its_own_view() {
         let dir = tempfile::tempdir().unwrap();
         let log = ErrorsLog::start(dir.path().join("errors.jsonl"), 1 << 20, Secrets::default());
+        log.open_view("alice");
         for _ in 0..25 {
             log.record(&record(false), "alice", SystemTime::UNIX_EPOCH);
         }
@@ -658,5 +710,34 @@ mod tests {
         let log = ErrorsLog::start("/proc/rebound-cannot-write-here/errors.jsonl".into(), 1 << 20, Secrets::default());
         log.record(&record(false), "s", SystemTime::UNIX_EPOCH);
         assert_eq!(log.recent().len(), 1);
+        // What it could not write is counted as dropped, once the writer has tried.
+        log.flush(Duration::from_secs(5)).await;
+        assert_eq!(log.dropped(), 1);
+    }
+
+    /// Past the entries queued for a writer that has fallen behind (here, one that takes
+    /// none), entries are dropped and counted, not held.
+    #[test]
+    fn entries_past_the_queue_are_dropped_and_counted() {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let log = ErrorsLog {
+            tx,
+            recent: Mutex::default(),
+            bursts: Mutex::default(),
+            dropped: Arc::default(),
+            queued: AtomicU64::new(0),
+            written: Arc::default(),
+            next_id: AtomicU64::new(0),
+            path: "unwritten.jsonl".into(),
+            secrets: std::sync::RwLock::new(Secrets::default()),
+        };
+        let lost = Trouble { ended: Ended::Lost("gone".into()), next: Next::Restart(Duration::from_millis(250)) };
+        // Each of another server: no flood to fold them into.
+        for i in 0..QUEUE + 100 {
+            log.server_trouble(&format!("s{i}"), None, &lost, SystemTime::UNIX_EPOCH);
+        }
+        assert_eq!(log.dropped(), 100);
+        assert_eq!(rx.len(), QUEUE, "the queue holds what it may");
+        assert_eq!(log.recent().len(), RECENT, "the recent ones are kept all the same");
     }
 }

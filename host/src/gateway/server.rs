@@ -61,6 +61,11 @@ impl Gateway {
         // restarts and replicas too, not only within this process and its clock.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let session: Arc<str> = format!("sess_{millis}_{n}_{:016x}", rand::random::<u64>()).into();
+        // The stdio client is one for the gateway's life, and reads its own view whether it
+        // initialises or not (2026-07-28); over HTTP, a client that opens a session does.
+        if hub.downstreams.front() == Front::Stdio {
+            hub.errors.open_view(&session);
+        }
         Self { own: SessionServers::new(hub.clone(), session), hub }
     }
 
@@ -273,6 +278,7 @@ impl ServerHandler for Gateway {
         // Here, not at `notifications/initialized`: rmcp handles that notification on a
         // task of its own, which the client's first requests can overtake.
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
+        self.hub.errors.open_view(&self.own.client);
         self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
         let mut answer = self.negotiate_initialize(&request)?;
         answer.capabilities.extensions = None;

@@ -241,6 +241,7 @@ impl Drop for SessionServers {
         if tokio::runtime::Handle::try_current().is_ok() {
             self.hub.session_ended(&self.client);
         }
+        self.hub.errors.close_view(&self.client);
         let Some(own) = self.own.take() else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
         let servers: Vec<_> = own.servers.into_values().collect();
