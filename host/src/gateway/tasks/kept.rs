@@ -15,6 +15,8 @@ use crate::transport::Session;
 /// The tasks one client session keeps through the gateway at once. Past it, tasks that
 /// ended or were lost make room, oldest first; when none has, a new one is refused.
 pub const MAX_TASKS: usize = 256;
+/// How long a task whose server gives it no `ttl` counts as running, unseen.
+const UNSETTLED_AT_MOST: Duration = Duration::from_secs(24 * 3600);
 
 /// One client session's tasks.
 #[derive(Default)]
@@ -40,8 +42,8 @@ pub(super) struct Started {
     /// Where its progress goes (under the client's token), until it ends.
     progress: Mutex<Option<ProgressGuard>>,
     /// Cancelled once the client has seen the task end (in an answer or a status
-    /// notification of the server's), or the task is forgotten: its
-    /// loss is then nobody's news.
+    /// notification of the server's), or the task is forgotten (by the client's session, or
+    /// by its server: its `ttl` is up): its loss is then nobody's news.
     pub settled: CancellationToken,
 }
 
@@ -98,6 +100,7 @@ impl Tasks {
         let settled = CancellationToken::new();
         let owner = owner(&origin, &settled);
         let task = Arc::new(Started::new(origin, created, owner, settled));
+        task.settle_when_expired();
         if let Some(previous) = started.insert(id.to_owned(), task.clone()) {
             previous.settled.cancel();
         }
@@ -121,6 +124,22 @@ impl Tasks {
         let mut all: Vec<_> = started.iter().map(|(id, t)| (id.clone(), t.clone())).collect();
         all.sort_by_key(|(_, t)| t.created);
         all
+    }
+}
+
+/// How long from `now` a task that `expires` then (or never) may count as running.
+fn unsettled_for(expires: Option<SystemTime>, now: SystemTime) -> Duration {
+    match expires {
+        Some(at) => at.duration_since(now).unwrap_or_default().min(UNSETTLED_AT_MOST),
+        None => UNSETTLED_AT_MOST,
+    }
+}
+
+/// Cancels `settled` after `left`, unless something settles it first.
+async fn settle_after(settled: CancellationToken, left: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(left) => settled.cancel(),
+        () = settled.cancelled() => {}
     }
 }
 
@@ -170,6 +189,14 @@ impl Started {
             progress: Mutex::new(progress),
             settled,
         }
+    }
+
+    /// Settles the task once its server has forgotten it (its `ttl`; with none, after
+    /// [`UNSETTLED_AT_MOST`]), seen or not: a task its client never asks about again does
+    /// not count as running (which holds its server's log lines and wedge restarts back
+    /// for everyone, `Routing`) for ever.
+    fn settle_when_expired(&self) {
+        tokio::spawn(settle_after(self.settled.clone(), unsettled_for(self.expires, SystemTime::now())));
     }
 
     /// Its progress no longer goes to the client: it ended, or its instance is gone.
@@ -241,4 +268,35 @@ impl Started {
 
 fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_counts_as_running_until_its_server_forgets_it_a_day_at_most() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ms = Duration::from_millis;
+        assert_eq!(unsettled_for(Some(now + ms(300)), now), ms(300));
+        assert_eq!(unsettled_for(Some(now - ms(300)), now), Duration::ZERO, "already forgotten");
+        assert_eq!(unsettled_for(None, now), UNSETTLED_AT_MOST, "no ttl: a day");
+        assert_eq!(unsettled_for(Some(now + UNSETTLED_AT_MOST * 30), now), UNSETTLED_AT_MOST);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unseen_task_is_settled_when_its_time_is_up_and_the_wait_ends_with_it() {
+        let settled = CancellationToken::new();
+        let waiting = tokio::spawn(settle_after(settled.clone(), Duration::from_secs(60)));
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert!(!settled.is_cancelled());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(settled.is_cancelled(), "its ttl is up");
+        waiting.await.unwrap();
+        // Seen to end first, the wait ends at once.
+        let seen = CancellationToken::new();
+        let waiting = tokio::spawn(settle_after(seen.clone(), UNSETTLED_AT_MOST));
+        seen.cancel();
+        waiting.await.unwrap();
+    }
 }

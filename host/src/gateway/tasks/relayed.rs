@@ -101,6 +101,16 @@ impl Table {
         for id in expired {
             self.remove(&id);
         }
+        // Still full: a client's task seen ended (kept only to be asked about again) makes
+        // room, the one whose time is nearest up first, so that tasks started and ended
+        // from one address, however many, cannot keep everyone else's from being relayed.
+        if self.by_id.len() >= MAX_RELAYED {
+            let seen_ended = |e: &Entry| e.owner.is_some() && !e.counted.load(Ordering::Acquire);
+            let oldest = self.by_id.iter().filter(|(_, e)| seen_ended(e)).min_by_key(|(_, e)| e.until);
+            if let Some(id) = oldest.map(|(id, _)| id.clone()) {
+                self.remove(&id);
+            }
+        }
     }
 
     /// Whether the table, or `owner`'s share of it (of the tasks that have not ended), is full.
@@ -485,5 +495,34 @@ mod tests {
         relayed.tasks.lock().unwrap().insert("g1b".into(), entry("greedy", later));
         assert!(!relayed.has_room(Some("greedy")), "ended twice, released once");
         assert!(relayed.has_room(None));
+    }
+
+    /// Tasks started and seen ended from one address fill the table only until another
+    /// client's task needs a place: each then makes room, the nearest its end first; a
+    /// table full of running tasks has none.
+    #[test]
+    fn tasks_seen_ended_make_room_for_everyone_elses() {
+        let relayed = Relayed::default();
+        let now = Instant::now();
+        for n in 0..MAX_RELAYED {
+            let until = now + Duration::from_secs(3600 + n as u64);
+            relayed.tasks.lock().unwrap().insert(format!("e{n}"), entry(&format!("churner{}", n % 16), until));
+            relayed.ended(&relayed.get(&format!("e{n}")).unwrap());
+        }
+        assert_eq!(relayed.len(), MAX_RELAYED);
+        assert!(relayed.has_room(Some("neighbour")), "an ended task made room");
+        assert!(relayed.get("e0").is_err() && relayed.get("e1").is_ok(), "the nearest its end went first");
+        relayed.tasks.lock().unwrap().insert("mine".into(), entry("neighbour", now + Duration::from_secs(60)));
+        // Running tasks are never made room by.
+        let running = Relayed::default();
+        for n in 0..MAX_RELAYED {
+            running
+                .tasks
+                .lock()
+                .unwrap()
+                .insert(format!("r{n}"), entry(&format!("c{}", n % 32), now + Duration::from_secs(60)));
+        }
+        assert!(!running.has_room(Some("neighbour")));
+        assert_eq!(running.len(), MAX_RELAYED);
     }
 }
