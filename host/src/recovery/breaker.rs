@@ -149,6 +149,8 @@ impl Breaker {
         let (calls, failures) = s.window.iter().fold((0, 0), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
         let (state, retry_in) = match s.phase {
             Phase::Closed => ("closed", None),
+            // Its open time is over: the next call is let through as a probe.
+            Phase::Open { until } if now >= until => ("half-open", None),
             Phase::Open { until } => ("open", Some(until.saturating_duration_since(now))),
             Phase::HalfOpen { .. } => ("half-open", None),
         };

@@ -172,9 +172,12 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         Failure::ConnectionLost { .. } => C::Transport.with(true, true, High, Bug),
         Failure::SendFailed { .. } => C::Connection.with(true, true, High, Bug).undelivered(),
         Failure::Unavailable { status, .. } => {
-            let kind = if *status == Status::Down { Config } else { Bug };
+            // A server marked down is tried again only after `down_retry_ms`: its calls
+            // fail at once, not after retries that could not find it up.
+            let down = *status == Status::Down;
+            let kind = if down { Config } else { Bug };
             // No traffic reached the server: nothing to count.
-            C::ServerUnavailable.with(true, false, High, kind).undelivered()
+            C::ServerUnavailable.with(!down, false, High, kind).undelivered()
         }
         Failure::CircuitOpen { retry_in, .. } => {
             let mut c = C::CircuitOpen.with(true, false, Medium, Bug).undelivered();
@@ -274,7 +277,16 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     use Kind::Bug;
     use Severity::{High, Medium};
     let t = text.to_ascii_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| t.contains(w));
+    // A status code is a number of its own, not digits of another ("row 15030").
+    let has = |words: &[&str]| {
+        words.iter().any(|w| match w.bytes().all(|b| b.is_ascii_digit()) {
+            true => t.match_indices(w).any(|(at, _)| {
+                let alone = |b: Option<&u8>| !b.is_some_and(u8::is_ascii_alphanumeric);
+                alone(at.checked_sub(1).and_then(|i| t.as_bytes().get(i))) && alone(t.as_bytes().get(at + w.len()))
+            }),
+            false => t.contains(w),
+        })
+    };
     let mut c = if has(&["429", "rate limit", "rate-limit", "ratelimit", "too many requests", "quota exceeded"]) {
         C::RateLimit.with(true, false, Medium, Bug)
     } else if has(&[
@@ -360,6 +372,12 @@ mod tests {
         check(Failure::ConnectionLost { reason: "eof".into() }, Transport, true, true, false);
         check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
+        check(Failure::Unavailable { status: Status::Down, reason: None }, ServerUnavailable, false, false, true);
+        // A code is a number of its own: digits inside another number are not one.
+        check(tool_error("no row with id 15030"), ToolExecution, false, false, false);
+        check(tool_error("out of range at line 4290"), ToolExecution, false, false, false);
+        check(tool_error("upstream said 503"), ServerUnavailable, true, true, false);
+        check(tool_error("HTTP/1.1 429"), RateLimit, true, false, false);
         check(Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None }, CircuitOpen, true, false, true);
         // A `url` server's refusals: none proves the request was not run.
         let http = |status, after: Option<&str>| Failure::HttpStatus { status, retry_after: after.map(str::to_owned) };

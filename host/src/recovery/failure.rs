@@ -46,10 +46,16 @@ impl Failure {
     /// Whether the attempt may have taken effect, in part or whole, although it failed:
     /// it timed out or lost its connection in flight (as `class`, the failure's
     /// classification, says, also of a timeout a server reports), its answer was dropped
-    /// for its size, or the gateway failed while handling it.
+    /// for its size, or the gateway failed while handling it. The gateway's own
+    /// classification decides too: an adapter's refinement can say it may have run, never
+    /// that it did not (the client would be told it may call again a tool that ran).
     pub fn may_have_run(&self, class: &Classification) -> bool {
         let dropped = |data: &Option<Value>| data.as_ref().is_some_and(|d| d.get(DROPPED_ANSWER).is_some());
-        matches!(class.category, Category::Timeout | Category::Transport)
+        // Only the category is read: any time will do.
+        let builtin = super::classify::classify(self, std::time::SystemTime::UNIX_EPOCH);
+        let ran = |c: &Classification| matches!(c.category, Category::Timeout | Category::Transport);
+        ran(class)
+            || ran(&builtin)
             || matches!(self, Self::Internal { .. })
             || matches!(self, Self::Rpc { data, .. } if dropped(data))
     }

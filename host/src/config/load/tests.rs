@@ -49,6 +49,22 @@ fn retry_and_breaker_defaults() {
     assert!((r.retry.multiplier - 2.0).abs() < f64::EPSILON);
     let b = r.breaker;
     assert_eq!((b.failure_threshold, b.success_threshold, b.open_ms, b.half_open_max_calls), (5, 2, 60_000, 1));
+    // The rest of what the README gives as defaults, as a config without them reads.
+    let c = ok(r#"{"mcpServers": {"a": {"command": "a"}}}"#);
+    let r = &c.servers["a"].recovery;
+    assert_eq!((r.timeout_ms, r.ping_timeout_ms), (60_000, 30_000));
+    assert!((r.retry.budget_ratio - 0.3).abs() < f64::EPSILON);
+    assert_eq!(r.retry.budget_reserve, 10);
+    let b = &r.breaker;
+    assert_eq!((b.max_open_ms, b.window_ms, b.min_calls), (600_000, 60_000, 20));
+    assert!((b.failure_rate - 0.5).abs() < f64::EPSILON);
+    let s = &c.settings;
+    let p = &s.restart;
+    assert_eq!(
+        (p.initial_delay_ms, p.max_delay_ms, p.crash_loop_limit, p.crash_window_ms, p.down_retry_ms),
+        (250, 30_000, 5, 60_000, 60_000)
+    );
+    assert_eq!((s.init_timeout_ms, s.startup_timeout_ms, s.errors_log_max_bytes), (60_000, 30_000, 10 << 20));
 }
 
 #[test]

@@ -378,6 +378,23 @@ async fn the_report_says_partial_when_any_attempt_may_have_run() {
     assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
 }
 
+/// An adapter that calls a timeout a tool's own failure (to stop its retries) cannot make
+/// the report say the call did not run: the gateway's own classification says it may have.
+#[tokio::test(start_paused = true)]
+async fn an_adapter_cannot_report_a_call_that_may_have_run_as_failed() {
+    let up = Script::new(&[("s/send", false)]).then("s/send", vec![timeout()]);
+    let e = engine(&[server("s", defaults())]);
+    let mut reclassify =
+        classify(&Failure::Timeout { after: Duration::from_secs(1) }, std::time::SystemTime::UNIX_EPOCH);
+    (reclassify.category, reclassify.retryable) = (Category::ToolExecution, false);
+    let a = Planner { reclassify: Some(reclassify), ..planner(vec![]) };
+    let (ending, record) = advised(&e, &up, &a, "send").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(record.attempts[0].classification.as_ref().unwrap().category, Category::ToolExecution, "it was asked");
+    let told = report::gave_up(&record, &crate::redact::Secrets::default());
+    assert_eq!(told.meta.unwrap().0["rebound"]["status"], "partial", "{record:?}");
+}
+
 /// A call the client cancels while its fallback runs ends cancelled, not answered with
 /// the tool's own error.
 #[tokio::test(start_paused = true)]
