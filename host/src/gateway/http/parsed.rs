@@ -6,7 +6,11 @@
 //! before it is read ([`weight`]: its bytes, and [`PER_VALUE`] for each value in it), and
 //! the weights of the requests in flight are held against one budget for the gateway
 //! ([`GATEWAY_BUDGET`]), of which one client address (an IPv6 one by its /64) may hold a
-//! quarter; a weight is held until its response has been sent.
+//! quarter; a weight is held until its response has been sent and its request handled.
+//! A body that weighs little ([`LIGHT`]: a cancellation, an answer to the server, most
+//! calls) is not held against the budget, so that a few clients holding all of it cannot
+//! keep everyone else from cancelling or answering; those are bounded by the count of
+//! requests in flight.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,8 @@ pub const GATEWAY_BUDGET: usize = 1 << 30;
 /// The most the requests in flight from one address may weigh together; a request
 /// heavier than this on its own is refused whatever else is in flight.
 pub const ADDRESS_SHARE: usize = GATEWAY_BUDGET / 4;
+/// A weight this small is not held.
+pub const LIGHT: usize = 64 << 10;
 
 /// The estimated cost of reading `body`: its bytes, and [`PER_VALUE`] for each JSON
 /// value in it, counted without reading it (each `[`, `{` and `,` outside a string
@@ -69,6 +75,9 @@ impl Budget {
         if weight > ADDRESS_SHARE {
             return Err(Past::Alone);
         }
+        if weight <= LIGHT {
+            return Ok(Held { budget: self.clone(), address, weight: 0 });
+        }
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
         let own = by_address.get(&address).copied().unwrap_or(0);
@@ -92,6 +101,9 @@ impl Budget {
 
 impl Drop for Held {
     fn drop(&mut self) {
+        if self.weight == 0 {
+            return;
+        }
         let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
         *total -= self.weight;
@@ -126,17 +138,20 @@ mod tests {
     #[test]
     fn weights_are_held_within_an_addresss_share_and_the_gateways_budget() {
         let budget = Arc::new(Budget::default());
-        let quarter = ADDRESS_SHARE;
+        let (quarter, heavy) = (ADDRESS_SHARE, LIGHT + 1);
         assert_eq!(budget.hold("a".into(), quarter + 1).unwrap_err(), Past::Alone);
-        let a = budget.hold("a".into(), quarter - 10).unwrap();
-        assert_eq!(budget.hold("a".into(), 11).unwrap_err(), Past::Address);
-        let a2 = budget.hold("a".into(), 10).unwrap();
+        let light = budget.hold("a".into(), LIGHT).unwrap();
+        assert_eq!(budget.total(), (0, 0), "a light body is not held");
+        let a = budget.hold("a".into(), quarter - heavy).unwrap();
+        assert_eq!(budget.hold("a".into(), heavy + 1).unwrap_err(), Past::Address);
+        let a2 = budget.hold("a".into(), heavy).unwrap();
         // Other addresses have the rest, until the gateway's budget is held.
         let others: Vec<Held> = ["b", "c", "d"].iter().map(|b| budget.hold((*b).into(), quarter).unwrap()).collect();
-        assert_eq!(budget.hold("e".into(), 1).unwrap_err(), Past::Gateway);
+        assert_eq!(budget.hold("e".into(), heavy).unwrap_err(), Past::Gateway);
+        let cancel = budget.hold("e".into(), 200).expect("a light body passes a full gateway");
         drop(a);
-        let e = budget.hold("e".into(), 1).expect("room made by a's request");
-        drop((a2, others, e));
+        let e = budget.hold("e".into(), heavy).expect("room made by a's request");
+        drop((a2, others, e, light, cancel));
         assert_eq!(budget.total(), (0, 0), "everything given back, no address kept");
     }
 }
