@@ -101,13 +101,22 @@ impl Table {
         for id in expired {
             self.remove(&id);
         }
-        // Still full: a client's task seen ended (kept only to be asked about again) makes
-        // room, the one whose time is nearest up first, so that tasks started and ended
-        // from one address, however many, cannot keep everyone else's from being relayed.
+        // Still full: a client's task seen ended (kept only to be asked about again, its
+        // result perhaps not fetched yet) makes room: one of the client holding the most
+        // tasks, the one whose time is nearest up, so that tasks started and ended from one
+        // address, however many, cannot keep everyone else's from being relayed, nor make
+        // room with theirs.
         if self.by_id.len() >= MAX_RELAYED {
+            let mut holds: HashMap<&str, usize> = HashMap::new();
+            for owner in self.by_id.values().filter_map(|e| e.owner.as_deref()) {
+                *holds.entry(owner).or_default() += 1;
+            }
             let seen_ended = |e: &Entry| e.owner.is_some() && !e.counted.load(Ordering::Acquire);
-            let oldest = self.by_id.iter().filter(|(_, e)| seen_ended(e)).min_by_key(|(_, e)| e.until);
-            if let Some(id) = oldest.map(|(id, _)| id.clone()) {
+            let first = self.by_id.iter().filter(|(_, e)| seen_ended(e)).max_by_key(|(_, e)| {
+                let held = e.owner.as_deref().map_or(0, |o| holds[o]);
+                (held, std::cmp::Reverse(e.until))
+            });
+            if let Some(id) = first.map(|(id, _)| id.clone()) {
                 self.remove(&id);
             }
         }
@@ -513,6 +522,12 @@ mod tests {
         assert!(relayed.has_room(Some("neighbour")), "an ended task made room");
         assert!(relayed.get("e0").is_err() && relayed.get("e1").is_ok(), "the nearest its end went first");
         relayed.tasks.lock().unwrap().insert("mine".into(), entry("neighbour", now + Duration::from_secs(60)));
+        relayed.ended(&relayed.get("mine").unwrap());
+        // The clients holding the most make room, not another whose ended task's end is
+        // nearer (its result perhaps not fetched yet).
+        assert!(relayed.has_room(Some("neighbour")));
+        assert!(relayed.get("mine").is_ok(), "the neighbour's ended task is kept");
+        assert!(relayed.get("e1").is_err(), "churner1 held the most: its nearest went");
         // Running tasks are never made room by.
         let running = Relayed::default();
         for n in 0..MAX_RELAYED {
