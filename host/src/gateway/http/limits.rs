@@ -263,13 +263,15 @@ pub(super) async fn limit(
     };
     // Weighed before anything reads it, the probe included.
     let weight = parsed::weight(&body);
-    let held = match front.limits.parsed.hold(super::address_client(client), weight) {
-        Ok(held) => Arc::new(held),
+    let held = match front.limits.parsed.hold(|| super::address_client(client), weight) {
+        Ok(held) => held.map(Arc::new),
         Err(past) => return too_heavy(&front, past, weight),
     };
     // Held as long as the request is handled, too: a call goes on when its client
     // disconnects, and so does what it read (rmcp keeps the request's parts with it).
-    parts.extensions.insert(held.clone());
+    if let Some(held) = &held {
+        parts.extensions.insert(held.clone());
+    }
     let Some(probe) = probe(&body) else {
         front.hub.metrics.rejected("malformed");
         return unreadable(&body);

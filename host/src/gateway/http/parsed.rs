@@ -71,13 +71,15 @@ pub struct Held {
 
 impl Budget {
     /// Holds `weight` for a request from `address`, if it fits.
-    pub fn hold(self: &Arc<Self>, address: String, weight: usize) -> Result<Held, Past> {
+    /// A light one holds nothing (`None`), and its address is not even named.
+    pub fn hold(self: &Arc<Self>, address: impl FnOnce() -> String, weight: usize) -> Result<Option<Held>, Past> {
         if weight > ADDRESS_SHARE {
             return Err(Past::Alone);
         }
         if weight <= LIGHT {
-            return Ok(Held { budget: self.clone(), address, weight: 0 });
+            return Ok(None);
         }
+        let address = address();
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
         let own = by_address.get(&address).copied().unwrap_or(0);
@@ -89,7 +91,7 @@ impl Budget {
         }
         *total += weight;
         by_address.insert(address.clone(), own + weight);
-        Ok(Held { budget: self.clone(), address, weight })
+        Ok(Some(Held { budget: self.clone(), address, weight }))
     }
 
     #[cfg(test)]
@@ -101,9 +103,6 @@ impl Budget {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if self.weight == 0 {
-            return;
-        }
         let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
         *total -= self.weight;
@@ -139,18 +138,20 @@ mod tests {
     fn weights_are_held_within_an_addresss_share_and_the_gateways_budget() {
         let budget = Arc::new(Budget::default());
         let (quarter, heavy) = (ADDRESS_SHARE, LIGHT + 1);
-        assert_eq!(budget.hold("a".into(), quarter + 1).unwrap_err(), Past::Alone);
-        let light = budget.hold("a".into(), LIGHT).unwrap();
+        assert_eq!(budget.hold(|| "a".into(), quarter + 1).unwrap_err(), Past::Alone);
+        let light = budget.hold(|| "a".into(), LIGHT).unwrap();
+        assert!(light.is_none(), "a light body holds nothing");
         assert_eq!(budget.total(), (0, 0), "a light body is not held");
-        let a = budget.hold("a".into(), quarter - heavy).unwrap();
-        assert_eq!(budget.hold("a".into(), heavy + 1).unwrap_err(), Past::Address);
-        let a2 = budget.hold("a".into(), heavy).unwrap();
+        let a = budget.hold(|| "a".into(), quarter - heavy).unwrap().unwrap();
+        assert_eq!(budget.hold(|| "a".into(), heavy + 1).unwrap_err(), Past::Address);
+        let a2 = budget.hold(|| "a".into(), heavy).unwrap().unwrap();
         // Other addresses have the rest, until the gateway's budget is held.
-        let others: Vec<Held> = ["b", "c", "d"].iter().map(|b| budget.hold((*b).into(), quarter).unwrap()).collect();
-        assert_eq!(budget.hold("e".into(), heavy).unwrap_err(), Past::Gateway);
-        let cancel = budget.hold("e".into(), 200).expect("a light body passes a full gateway");
+        let others: Vec<Held> =
+            ["b", "c", "d"].iter().map(|b| budget.hold(|| (*b).into(), quarter).unwrap().unwrap()).collect();
+        assert_eq!(budget.hold(|| "e".into(), heavy).unwrap_err(), Past::Gateway);
+        let cancel = budget.hold(|| "e".into(), 200).expect("a light body passes a full gateway");
         drop(a);
-        let e = budget.hold("e".into(), heavy).expect("room made by a's request");
+        let e = budget.hold(|| "e".into(), heavy).expect("room made by a's request").unwrap();
         drop((a2, others, e, light, cancel));
         assert_eq!(budget.total(), (0, 0), "everything given back, no address kept");
     }
