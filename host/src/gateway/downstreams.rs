@@ -14,7 +14,7 @@
 // Logging is deprecated by 2026-07-28 (SEP-2577) but live in every revision we speak.
 #![allow(deprecated)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
@@ -75,33 +75,43 @@ impl To {
     fn send(&self, sending: &Arc<Sending>, notification: ServerNotification) {
         match self.reach.clone() {
             Reach::Session(peer) => sending.send(&ClientPeer { client: self.counted.clone(), peer }, notification),
-            Reach::Listen { sink, .. } => sending.spawn(&self.counted, encoded_len(&notification), async move {
-                if let Err(e) = sink.send(notification).await {
-                    tracing::debug!("a notification was not delivered on a listen request: {e}");
-                }
-            }),
+            // A listen request's share is its address's: it counts as both.
+            Reach::Listen { sink, .. } => {
+                let to = Share { client: self.counted.clone(), address: Some(self.counted.clone()) };
+                sending.spawn(to, encoded_len(&notification), async move {
+                    if let Err(e) = sink.send(notification).await {
+                        tracing::debug!("a notification was not delivered on a listen request: {e}");
+                    }
+                })
+            }
         }
     }
 }
 
-/// The most notifications on their way to one client at once, and their bytes; the same
-/// for all clients together; and how long each may wait for its client. A client that
-/// never reads cannot make the gateway hold what servers keep saying, nor (unless eight
-/// do at once) keep another client from hearing: past the first four, a new notification
-/// is dropped and counted; past the last, one waiting is given up.
+/// The most notifications on their way to one client at once, and their bytes; to all
+/// the sessions of one address (an IPv6 one by its /64); to all clients together; and how
+/// long each may wait for its client. A client that never reads cannot make the gateway
+/// hold what servers keep saying, nor keep another client from hearing unless clients of
+/// four addresses do at once: past the first six, a new notification is dropped and
+/// counted; past the last, one waiting is given up.
 pub const MAX_SENDING_TO_ONE: usize = 512;
 pub const MAX_SENDING_BYTES_TO_ONE: usize = 8 << 20;
+pub const MAX_SENDING_TO_ADDRESS: usize = 1024;
+pub const MAX_SENDING_BYTES_TO_ADDRESS: usize = 16 << 20;
 pub const MAX_SENDING: usize = 4096;
 pub const MAX_SENDING_BYTES: usize = 64 << 20;
 pub const SEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Notifications on their way to clients, each on a task of its own so that a client
 /// that does not read never holds up the server that spoke; bounded by
-/// [`MAX_SENDING_TO_ONE`], [`MAX_SENDING`], their bytes and [`SEND_WITHIN`].
+/// [`MAX_SENDING_TO_ONE`], [`MAX_SENDING_TO_ADDRESS`], [`MAX_SENDING`], their bytes and
+/// [`SEND_WITHIN`].
 #[derive(Debug, Default)]
 pub struct Sending {
-    /// On their way: how many, and their bytes, in all and to each client.
+    /// On their way: how many, and their bytes, in all, to each client and each address.
     load: Mutex<Load>,
+    /// Each HTTP session's address, known from its `initialize` to its end.
+    addresses: Mutex<HashMap<Arc<str>, Arc<str>>>,
     dropped: std::sync::atomic::AtomicU64,
 }
 
@@ -111,53 +121,101 @@ type Count = (usize, usize);
 #[derive(Debug, Default)]
 struct Load {
     all: Count,
-    by_client: std::collections::HashMap<Arc<str>, Count>,
+    by_client: HashMap<Arc<str>, Count>,
+    by_address: HashMap<Arc<str>, Count>,
+}
+
+/// Whose shares a notification counts against: its client's, and its address's if it
+/// came over HTTP.
+struct Share {
+    client: Arc<str>,
+    address: Option<Arc<str>>,
+}
+
+impl Load {
+    /// Counts a notification of `bytes` to `to`, unless that is past a bound.
+    fn take(&mut self, to: &Share, bytes: usize) -> bool {
+        let past = |(n, b): Count, max, max_bytes| n >= max || b.saturating_add(bytes) > max_bytes;
+        let of = |map: &HashMap<Arc<str>, Count>, key: &Arc<str>| map.get(key).copied().unwrap_or_default();
+        if past(self.all, MAX_SENDING, MAX_SENDING_BYTES)
+            || past(of(&self.by_client, &to.client), MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE)
+            || to
+                .address
+                .as_ref()
+                .is_some_and(|a| past(of(&self.by_address, a), MAX_SENDING_TO_ADDRESS, MAX_SENDING_BYTES_TO_ADDRESS))
+        {
+            return false;
+        }
+        let add = |(n, b): &mut Count| (*n, *b) = (*n + 1, *b + bytes);
+        add(&mut self.all);
+        add(self.by_client.entry(to.client.clone()).or_default());
+        if let Some(address) = &to.address {
+            add(self.by_address.entry(address.clone()).or_default());
+        }
+        true
+    }
+
+    /// A notification counted by [`Load::take`] was delivered or given up.
+    fn give_back(&mut self, to: &Share, bytes: usize) {
+        fn less(map: &mut HashMap<Arc<str>, Count>, key: &Arc<str>, bytes: usize) {
+            if let Some(one) = map.get_mut(key) {
+                *one = (one.0 - 1, one.1 - bytes);
+                if one.0 == 0 {
+                    map.remove(key);
+                }
+            }
+        }
+        self.all = (self.all.0 - 1, self.all.1 - bytes);
+        less(&mut self.by_client, &to.client, bytes);
+        if let Some(address) = &to.address {
+            less(&mut self.by_address, address, bytes);
+        }
+    }
 }
 
 impl Sending {
     /// Sends `notification` to `to`.
     pub fn send(self: &Arc<Self>, to: &ClientPeer, notification: ServerNotification) {
         let peer = to.peer.clone();
-        self.spawn(&to.client, encoded_len(&notification), async move {
+        let address = self.addresses.lock().expect("not poisoned").get(&to.client).cloned();
+        let to = Share { client: to.client.clone(), address };
+        self.spawn(to, encoded_len(&notification), async move {
             if let Err(e) = peer.send_notification(notification).await {
                 tracing::debug!("a downstream notification was not delivered: {e}");
             }
         });
     }
 
-    /// Runs `delivery` of a notification `bytes` long to `client` on a task of its own,
+    /// The HTTP session `client` came from `address` (see [`super::http::address_client`]).
+    fn place(&self, client: Arc<str>, address: Arc<str>) {
+        self.addresses.lock().expect("not poisoned").insert(client, address);
+    }
+
+    /// The session `client` ended.
+    fn forget(&self, client: &str) {
+        self.addresses.lock().expect("not poisoned").remove(client);
+    }
+
+    /// Runs `delivery` of a notification `bytes` long to `to` on a task of its own,
     /// within the bounds.
-    fn spawn(self: &Arc<Self>, client: &Arc<str>, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
-        {
-            let mut load = self.load.lock().expect("not poisoned");
-            let (all, one) = (load.all, load.by_client.get(client).copied().unwrap_or_default());
-            let past = |(n, b): Count, max, max_bytes| n >= max || b.saturating_add(bytes) > max_bytes;
-            if past(all, MAX_SENDING, MAX_SENDING_BYTES) || past(one, MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE) {
-                let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if dropped.is_power_of_two() || dropped == 0 {
-                    tracing::warn!(
-                        "{} notifications dropped: clients read slower than servers speak ({MAX_SENDING} or {MAX_SENDING_BYTES} bytes on their way at most)",
-                        dropped + 1
-                    );
-                }
-                return;
+    fn spawn(self: &Arc<Self>, to: Share, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
+        let taken = self.load.lock().expect("not poisoned").take(&to, bytes);
+        if !taken {
+            let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if dropped.is_power_of_two() || dropped == 0 {
+                tracing::warn!(
+                    "{} notifications dropped: clients read slower than servers speak ({MAX_SENDING} or {MAX_SENDING_BYTES} bytes on their way at most)",
+                    dropped + 1
+                );
             }
-            load.all = (all.0 + 1, all.1 + bytes);
-            load.by_client.insert(client.clone(), (one.0 + 1, one.1 + bytes));
+            return;
         }
-        let (sending, client) = (self.clone(), client.clone());
+        let sending = self.clone();
         tokio::spawn(async move {
             if tokio::time::timeout(SEND_WITHIN, delivery).await.is_err() {
                 tracing::debug!("a notification waited {} s for its client; given up", SEND_WITHIN.as_secs());
             }
-            let mut load = sending.load.lock().expect("not poisoned");
-            load.all = (load.all.0 - 1, load.all.1 - bytes);
-            if let Some(one) = load.by_client.get_mut(&client) {
-                *one = (one.0 - 1, one.1 - bytes);
-                if one.0 == 0 {
-                    load.by_client.remove(&client);
-                }
-            }
+            sending.load.lock().expect("not poisoned").give_back(&to, bytes);
         });
     }
 
@@ -239,8 +297,12 @@ impl Downstreams {
         self.front
     }
 
-    /// `client` finished initialising: it hears notifications from now on.
-    pub fn add(&self, client: Arc<str>, peer: Peer<RoleServer>) {
+    /// `client` finished initialising: it hears notifications from now on. Over HTTP,
+    /// `address` is whose share (with its other sessions) they count against too.
+    pub fn add(&self, client: Arc<str>, peer: Peer<RoleServer>, address: Option<Arc<str>>) {
+        if let Some(address) = address {
+            self.sending.place(client.clone(), address);
+        }
         self.add_entry(client.clone(), client.clone(), client, Reach::Session(peer));
     }
 
@@ -451,6 +513,9 @@ impl Downstreams {
         let (gone, kept): (Vec<_>, Vec<_>) =
             list.drain(..).partition(|d| &*d.client == client || &*d.owner == client || d.reach.is_closed());
         *list = kept;
+        for session in gone.iter().filter(|d| d.reach.session().is_some()) {
+            self.sending.forget(&session.client);
+        }
         gone.into_iter()
             .flat_map(|d| {
                 let holder = d.client;
@@ -465,28 +530,43 @@ mod tests {
     use super::*;
 
     /// Notifications a client does not read are held within the bounds: past its own
-    /// count or bytes, new ones to it are dropped, and others still go; past all clients'
-    /// together, any new one; each is given up after its time.
+    /// count or bytes, new ones to it are dropped, and others still go; past its address's
+    /// (its other sessions together), new ones to any of them; past all clients' together,
+    /// any new one; each is given up after its time.
     #[tokio::test(start_paused = true)]
     async fn notifications_a_client_does_not_read_are_bounded() {
         let sending = Arc::new(Sending::default());
-        let (slow, other): (Arc<str>, Arc<str>) = ("slow".into(), "other".into());
+        let to =
+            |client: &str, address: Option<&str>| Share { client: client.into(), address: address.map(Into::into) };
         for _ in 0..MAX_SENDING_TO_ONE + 5 {
-            sending.spawn(&slow, 10, std::future::pending());
+            sending.spawn(to("slow", None), 10, std::future::pending());
         }
         assert_eq!(sending.load(), (MAX_SENDING_TO_ONE, MAX_SENDING_TO_ONE * 10));
         assert_eq!(sending.dropped.load(std::sync::atomic::Ordering::Relaxed), 5);
-        sending.spawn(&other, 10, std::future::pending());
+        sending.spawn(to("other", None), 10, std::future::pending());
         assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 1, "another client is still sent to");
+
+        // Sessions of one address that never read: their address's share, not everyone's.
+        for session in 0..8 {
+            for _ in 0..MAX_SENDING_TO_ONE {
+                sending.spawn(to(&format!("greedy {session}"), Some("address 10.0.0.9")), 10, std::future::pending());
+            }
+        }
+        assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 1 + MAX_SENDING_TO_ADDRESS, "one address's share");
+        sending.spawn(to("polite", Some("address 10.0.0.10")), 10, std::future::pending());
+        assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 2 + MAX_SENDING_TO_ADDRESS, "another address still heard");
+
         for i in 0..MAX_SENDING {
-            sending.spawn(&format!("client {i}").into(), 10, std::future::pending());
+            sending.spawn(to(&format!("client {i}"), None), 10, std::future::pending());
         }
         assert_eq!(sending.load().0, MAX_SENDING, "all together");
         tokio::time::sleep(SEND_WITHIN + std::time::Duration::from_millis(1)).await;
         assert_eq!(sending.load(), (0, 0), "given up on in time");
-        assert!(sending.load.lock().unwrap().by_client.is_empty());
-        sending.spawn(&slow, MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
-        sending.spawn(&slow, MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
+        let load = sending.load.lock().unwrap();
+        assert!(load.by_client.is_empty() && load.by_address.is_empty());
+        drop(load);
+        sending.spawn(to("slow", None), MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
+        sending.spawn(to("slow", None), MAX_SENDING_BYTES_TO_ONE / 2 + 1, std::future::pending());
         assert_eq!(sending.load().0, 1, "the second is past its bytes");
         let note = ServerNotification::ToolListChangedNotification(Default::default());
         assert_eq!(encoded_len(&note), serde_json::to_vec(&note).unwrap().len());

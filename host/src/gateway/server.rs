@@ -277,7 +277,8 @@ impl ServerHandler for Gateway {
         }
         // Here, not at `notifications/initialized`: rmcp handles that notification on a
         // task of its own, which the client's first requests can overtake.
-        self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone());
+        let address = http_address(&cx).map(|ip| super::http::address_client(ip).into());
+        self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone(), address);
         self.hub.errors.open_view(&self.own.client);
         self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
         let mut answer = self.negotiate_initialize(&request)?;
