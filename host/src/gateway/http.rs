@@ -156,16 +156,16 @@ async fn drain(front: &Front, grace: Duration) {
 /// A `subscriptions/listen` request waits for the servers' first start before rmcp reads
 /// it: rmcp decides its acknowledgement in a synchronous hook, which must see their
 /// resources (over stdio, `GatewayService` does the same); and its resources past the
-/// client's room are taken out of it (`listens`). rmcp checks that the `Mcp-Method`
-/// header is the body's method.
+/// client's room are taken out of it (`listens`). Known by its body (`limits` marks it),
+/// as rmcp knows it: this does not rest on rmcp refusing a request whose `Mcp-Method`
+/// header is missing or another method's.
 async fn settle_listen(
     State(front): State<Front>,
     Extension(ClientIp(client)): Extension<ClientIp>,
     request: Request,
     next: Next,
 ) -> Response {
-    let listen = request.headers().get("mcp-method").is_some_and(|m| m.as_bytes() == b"subscriptions/listen");
-    if !listen || request.method() != Method::POST {
+    if request.extensions().get::<limits::Listen>().is_none() {
         return next.run(request).await;
     }
     front.hub.settled().await;

@@ -225,6 +225,10 @@ impl Probe {
     }
 }
 
+/// Marks a POST whose body is one `subscriptions/listen` request (`http::settle_listen`).
+#[derive(Clone, Copy)]
+pub(super) struct Listen;
+
 /// Whether `body` carries a request, and the id of a single one; `None` for what rmcp
 /// cannot read as a message (not JSON, or not objects).
 #[cfg(test)]
@@ -278,6 +282,9 @@ pub(super) async fn limit(
     };
     let (counts, id) = (probe.is_request(), probe.id());
     let opens_session = matches!(probe.request(), Some(("initialize", _)));
+    if matches!(probe.request(), Some(("subscriptions/listen", _))) {
+        parts.extensions.insert(Listen); // by its body: the `Mcp-Method` header is optional
+    }
     if let Some(("initialize", params)) = probe.request()
         && let Some(tasks) = &params.client_tasks
     {
