@@ -1082,18 +1082,17 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
 
 /// A proxy before an HTTP upstream, refusing some tool calls with an HTTP error of its
 /// own: `flaky_write` with a 502 once the upstream has run it (a proxy that lost the
-/// answer), `echo` with a 429 and `Retry-After: 1` unless its last 429 was a second ago
+/// answer), every other `echo` (the first, the third…) with a 429 and `Retry-After: 1`
 /// (a rate limiter). Everything else passes through, streams and all.
 struct Proxy {
     upstream: String,
     client: reqwest::Client,
-    last_429: std::sync::Mutex<Option<std::time::Instant>>,
+    echoes: std::sync::atomic::AtomicU64,
 }
 
 impl Proxy {
     async fn start(upstream: String) -> String {
-        let proxy =
-            std::sync::Arc::new(Proxy { upstream, client: reqwest::Client::new(), last_429: Default::default() });
+        let proxy = std::sync::Arc::new(Proxy { upstream, client: reqwest::Client::new(), echoes: Default::default() });
         let app = axum::Router::new().fallback(Self::handle).with_state(proxy);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
@@ -1110,12 +1109,8 @@ impl Proxy {
         use axum::response::IntoResponse;
         let message: Value = serde_json::from_slice(&body).unwrap_or_default();
         let tool = (message["method"] == "tools/call").then(|| message["params"]["name"].as_str()).flatten();
-        if tool == Some("echo") {
-            let mut last = proxy.last_429.lock().unwrap();
-            if last.is_none_or(|at| at.elapsed() < Duration::from_secs(1)) {
-                *last = Some(std::time::Instant::now());
-                return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
-            }
+        if tool == Some("echo") && proxy.echoes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 2 == 0 {
+            return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
         }
         let mut request = proxy.client.request(method, &proxy.upstream).body(body.clone());
         for (name, value) in headers.iter().filter(|(n, _)| !matches!(n.as_str(), "host" | "content-length")) {

@@ -5,7 +5,7 @@
 //! As shipped: the first-party adapters are in `plugins_dir`, so the default adapter
 //! (`thanos-classify`) advises on every failure here.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rebound_tests::{Gateway, eventually, faulty, root, text};
 use serde_json::{Value, json};
@@ -280,28 +280,22 @@ async fn an_outage_reported_as_tool_errors_is_shed_and_ends_when_the_server_reco
     .await;
     let outage = touch(&gw, "unavailable");
     let mut shed = 0;
-    let mut slowest_shed = Duration::ZERO;
     for _ in 0..100 {
-        let started = Instant::now();
         let r = gw.call("echo", json!({"message": "hi"})).await;
         assert_eq!(r.is_error, Some(true));
         if text(&r).contains("circuit breaker") {
             shed += 1;
-            slowest_shed = slowest_shed.max(started.elapsed());
         }
     }
     let upstream = calls_of(&gw, "echo");
     assert!(upstream <= 12, "{upstream} upstream calls for 100 client calls");
     assert!(shed >= 88, "{shed} calls answered by an open breaker");
-    // Not timed as an assertion (this machine may be loaded); reported for the reader.
-    eprintln!("slowest answer while open: {slowest_shed:?}");
     // Still open: `open_ms` is long enough that no slow machine reads it half-open yet.
     assert_eq!(status(&gw).await["servers"][0]["breaker"]["state"], "open");
 
     std::fs::remove_file(&outage).unwrap();
-    let recovered = Instant::now();
     let mut back = false;
-    while recovered.elapsed() < Duration::from_secs(10) {
+    for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         if gw.call("echo", json!({"message": "hi"})).await.is_error != Some(true) {
             back = true;
