@@ -8,7 +8,7 @@ mod model;
 pub use error::ConfigError;
 pub use load::{followed, load, parse, within};
 pub use model::{
-    AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, Protocol, RecoveryConfig,
-    RestartPolicy, RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames, ToolPattern,
-    ToolRecovery, proxy_block,
+    AdapterGrant, Alternative, BreakerConfig, Config, HttpLaunch, HttpSettings, Launch, Protocol, ProxyHeader,
+    RecoveryConfig, RestartPolicy, RetryConfig, SESSION_VAR, Scope, ServerConfig, Settings, StdioLaunch, ToolNames,
+    ToolPattern, ToolRecovery, proxy_block,
 };

@@ -970,14 +970,15 @@ async fn listens_held_open_by_one_client_leave_its_neighbours_room_to_connect() 
 }
 
 /// Behind a proxy the operator trusts (`rebound.http.trusted_proxies`), each client its
-/// `X-Forwarded-For` names has a share of its own; from anyone else the header is only
-/// the client's word, and changes nothing.
+/// `X-Forwarded-For` (or, with `proxy_header: "forwarded"`, its `Forwarded`) names has a
+/// share of its own; from anyone else the header is only the client's word, and changes
+/// nothing.
 #[tokio::test]
 async fn the_clients_a_trusted_proxy_names_each_have_their_own_share() {
-    for trusted in [true, false] {
+    for (trusted, header) in [(true, "x-forwarded-for"), (false, "x-forwarded-for"), (true, "forwarded")] {
         let gw = HttpGateway::start(
             |dir| {
-                let mut http = json!({"max_concurrent_per_client": 2});
+                let mut http = json!({"max_concurrent_per_client": 2, "proxy_header": header});
                 if trusted {
                     http["trusted_proxies"] = json!(["127.0.0.1", "::1"]);
                 }
@@ -986,7 +987,10 @@ async fn the_clients_a_trusted_proxy_names_each_have_their_own_share() {
             &[],
         )
         .await;
-        let from = |client: &str, id| listen(&gw, id, "faulty://a/readme").header("x-forwarded-for", client);
+        let from = |client: &str, id| {
+            let named = if header == "forwarded" { format!("for={client};proto=http") } else { client.to_owned() };
+            listen(&gw, id, "faulty://a/readme").header(header, named)
+        };
         let mut held = Vec::new();
         for id in 1..=2 {
             let response = from("198.51.100.4", id).send().await.unwrap();
@@ -997,7 +1001,7 @@ async fn the_clients_a_trusted_proxy_names_each_have_their_own_share() {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "the first client's room is full");
         let other = from("203.0.113.9", 4).send().await.unwrap();
         let expected = if trusted { StatusCode::OK } else { StatusCode::TOO_MANY_REQUESTS };
-        assert_eq!(other.status(), expected, "trusted: {trusted}");
+        assert_eq!(other.status(), expected, "trusted: {trusted}, {header}");
         drop(held);
     }
 }

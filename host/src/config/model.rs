@@ -329,14 +329,28 @@ pub struct HttpSettings {
     /// On SIGTERM, how long requests in flight get to finish before their calls are ended
     /// with an error.
     pub shutdown_grace_ms: u64,
-    /// Proxies (addresses or CIDR blocks) whose `X-Forwarded-For` names the client: a
+    /// Proxies (addresses or CIDR blocks) whose `proxy_header` names the client: a
     /// request from one of them is counted against the client it names, not against the
     /// proxy. None by default: every request is its connection's address.
     pub trusted_proxies: Vec<String>,
+    /// The header the trusted proxies write the client's address in.
+    pub proxy_header: ProxyHeader,
     /// Threads serving HTTP: one per core when unset. `1` serves every client on one
     /// thread, with no hand-off between threads on a call's path: the lowest latency for
     /// one client calling one call at a time, at the cost of the other cores.
     pub worker_threads: Option<usize>,
+}
+
+/// The header trusted proxies name the client in (`rebound.http.proxy_header`). One only:
+/// a proxy passes on the other as the client wrote it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyHeader {
+    /// `X-Forwarded-For: 198.51.100.4, 10.0.0.2` (nginx, Caddy, Traefik, Envoy, most).
+    #[default]
+    XForwardedFor,
+    /// RFC 7239's `Forwarded: for=198.51.100.4, for="[2001:db8::7]:4711"`.
+    Forwarded,
 }
 
 /// The most entries `rebound.http.trusted_proxies` may have.
@@ -380,6 +394,7 @@ impl Default for HttpSettings {
             session_idle_ms: 30 * 60 * 1000,
             shutdown_grace_ms: 5_000,
             trusted_proxies: Vec::new(),
+            proxy_header: ProxyHeader::default(),
             worker_threads: None,
         }
     }

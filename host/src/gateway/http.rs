@@ -42,8 +42,8 @@ use crate::transport::Status;
 struct Front {
     hub: Arc<Hub>,
     settings: Arc<HttpSettings>,
-    /// `rebound.http.trusted_proxies`: whose `X-Forwarded-For` names the client.
-    proxies: Arc<[ipnet::IpNet]>,
+    /// `rebound.http.trusted_proxies`, whose `proxy_header` names the client.
+    proxies: client_ip::Proxies,
     limits: Arc<ClientLimits>,
     /// The MCP sessions: a request counts against the session it names only when that
     /// session is one of them.
@@ -68,7 +68,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
     let front = Front {
         hub: hub.clone(),
         limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
-        proxies: settings.proxies().into(),
+        proxies: client_ip::Proxies { trusted: settings.proxies().into(), header: settings.proxy_header },
         settings: Arc::new(settings),
         sessions,
     };

@@ -353,6 +353,13 @@ fn trusted_proxies_are_addresses_or_blocks() {
         "trusts every address",
     );
     rejects(r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["0.0.0.0/0"]}}}"#, "", "trusts every");
+    let c = ok(r#"{"mcpServers": {}, "rebound": {"http": {"proxy_header": "forwarded"}}}"#);
+    assert_eq!(c.settings.http.proxy_header, crate::config::ProxyHeader::Forwarded);
+    rejects(
+        r#"{"mcpServers": {}, "rebound": {"http": {"proxy_header": "x-real-ip"}}}"#,
+        "rebound.http.proxy_header",
+        "unknown variant",
+    );
     // IPv4 written as IPv6 is IPv4, as a peer's address is read.
     let c = ok(
         r#"{"mcpServers": {}, "rebound": {"http": {"trusted_proxies": ["::ffff:10.0.0.1", "::ffff:10.0.0.0/104"]}}}"#,

@@ -1,8 +1,9 @@
 //! Whom a request over HTTP is counted against: the address it came from, or, when that
 //! is a proxy the operator trusts (`rebound.http.trusted_proxies`), the client the proxies
-//! name in `X-Forwarded-For`. Each proxy appends the address it was reached from, so the
-//! header is read from its end: the first address that is no trusted proxy is the client
-//! (what came before it, the client may have written itself).
+//! name in `X-Forwarded-For` (or RFC 7239's `Forwarded`, `rebound.http.proxy_header`).
+//! Each proxy appends the address it was reached from, so the header is read from its
+//! end: the first address that is no trusted proxy is the client (what came before it,
+//! the client may have written itself).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -13,13 +14,21 @@ use axum::response::Response;
 use ipnet::IpNet;
 
 use super::Front;
+use crate::config::ProxyHeader;
+
+/// The proxies the operator trusts, and the header they name clients in.
+#[derive(Debug, Clone)]
+pub struct Proxies {
+    pub trusted: std::sync::Arc<[IpNet]>,
+    pub header: ProxyHeader,
+}
 
 /// The address a request's client is known by, in the request's extensions for what
 /// comes after (`limits`, `listens`, the gateway's per-address task shares).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientIp(pub IpAddr);
 
-/// At most this many hops of `X-Forwarded-For` are read, from its end; a chain of trusted
+/// At most this many hops of the header are read, from its end; a chain of trusted
 /// proxies longer than that is taken to end at the last one read.
 const MAX_HOPS: usize = 32;
 
@@ -36,21 +45,25 @@ pub async fn known(
 }
 
 /// The client of a request from `peer` with `headers`: `peer`, unless it is one of the
-/// `trusted` proxies; then the nearest address in `X-Forwarded-For` that is not (or the
+/// trusted `proxies`; then the nearest address in their header that is not (or the
 /// farthest read, when all are). A hop that is not an address ends the reading at the
 /// hop before it, which a trusted proxy wrote.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
-    let trusts = |ip: IpAddr| trusted.iter().any(|block| block.contains(&ip));
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, proxies: &Proxies) -> IpAddr {
+    let trusts = |ip: IpAddr| proxies.trusted.iter().any(|block| block.contains(&ip));
     let mut client = peer.to_canonical();
     if !trusts(client) {
         return client;
     }
     // Lines in the order the proxies added them, and within a line hops left to right:
     // read from the end, lazily, at most `MAX_HOPS`. Hop by hop, as bytes: what the client
-    // wrote before a proxy's hop (on the same line, as nginx joins them), text or not,
-    // cannot hide that hop.
+    // wrote before a proxy's hop (on the same line, as nginx joins them), text or not, a
+    // quote left open included, cannot hide that hop.
+    let (name, hop_ip): (_, fn(&str) -> Option<IpAddr>) = match proxies.header {
+        ProxyHeader::XForwardedFor => ("x-forwarded-for", hop_ip),
+        ProxyHeader::Forwarded => ("forwarded", forwarded_for),
+    };
     let mut read = 0;
-    'lines: for line in headers.get_all("x-forwarded-for").iter().rev() {
+    'lines: for line in headers.get_all(name).iter().rev() {
         for hop in line.as_bytes().rsplit(|b| *b == b',') {
             if read == MAX_HOPS {
                 break 'lines;
@@ -75,6 +88,22 @@ fn hop_ip(hop: &str) -> Option<IpAddr> {
     ip.map(|ip| ip.to_canonical())
 }
 
+/// One hop of `Forwarded` (RFC 7239): its `for=` parameter, a token or a quoted string
+/// (`for=192.0.2.60;proto=http`, `for="[2001:db8::7]:4711"`), read as an
+/// `X-Forwarded-For` hop. A hop without one, or whose `for` is no address (`unknown`, an
+/// obfuscated `_name`), is none.
+fn forwarded_for(hop: &str) -> Option<IpAddr> {
+    let value = hop.split(';').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        name.trim().eq_ignore_ascii_case("for").then_some(value.trim())
+    })?;
+    let value = match value.strip_prefix('"') {
+        Some(quoted) => quoted.strip_suffix('"')?,
+        None => value,
+    };
+    hop_ip(value)
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
@@ -93,8 +122,9 @@ mod tests {
         headers
     }
 
-    fn proxies(list: &[&str]) -> Vec<IpNet> {
-        list.iter().map(|p| crate::config::proxy_block(p).unwrap()).collect()
+    fn proxies(list: &[&str]) -> Proxies {
+        let trusted = list.iter().map(|p| crate::config::proxy_block(p).unwrap()).collect();
+        Proxies { trusted, header: ProxyHeader::XForwardedFor }
     }
 
     #[test]
@@ -102,7 +132,11 @@ mod tests {
         let trusted = proxies(&["10.0.0.0/8"]);
         let claims = headers(&["10.0.0.1, 192.0.2.9"]);
         assert_eq!(client_ip(ip("198.51.100.4"), &claims, &trusted), ip("198.51.100.4"));
-        assert_eq!(client_ip(ip("198.51.100.4"), &claims, &[]), ip("198.51.100.4"), "no proxy is trusted by default");
+        assert_eq!(
+            client_ip(ip("198.51.100.4"), &claims, &proxies(&[])),
+            ip("198.51.100.4"),
+            "no proxy is trusted by default"
+        );
     }
 
     #[test]
@@ -147,7 +181,34 @@ mod tests {
         hops.extend((0..100).map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1)));
         let chain = headers(&[&hops.join(", ")]);
         let client = client_ip(ip("10.9.9.9"), &chain, &trusted);
-        assert!(trusted[0].contains(&client), "the farthest hop read, not the client's own claim: {client}");
+        assert!(trusted.trusted[0].contains(&client), "the farthest hop read, not the client's own claim: {client}");
         assert_eq!(client, ip(&hops[hops.len() - MAX_HOPS]));
+    }
+
+    /// Behind proxies that write RFC 7239's `Forwarded`, that header names the client, read
+    /// as `X-Forwarded-For` is; the other header is then the client's word, never read.
+    #[test]
+    fn a_forwarded_header_names_the_client_when_the_proxies_write_that_one() {
+        let trusted = Proxies { header: ProxyHeader::Forwarded, ..proxies(&["127.0.0.1", "10.0.0.0/8"]) };
+        let forwarded = |lines: &[&str]| {
+            let mut headers = headers(&["203.0.113.66"]); // the client's own X-Forwarded-For
+            for line in lines {
+                headers.append("forwarded", HeaderValue::from_str(line).unwrap());
+            }
+            headers
+        };
+        let from = |lines: &[&str]| client_ip(ip("127.0.0.1"), &forwarded(lines), &trusted);
+        assert_eq!(from(&["for=203.0.113.66, for=198.51.100.4;proto=https, For=10.1.2.3"]), ip("198.51.100.4"));
+        assert_eq!(from(&["for=198.51.100.4", "by=10.0.0.1;for=\"10.1.2.3:8080\""]), ip("198.51.100.4"));
+        assert_eq!(from(&["for=\"[2001:db8:cafe::17]:4711\""]), ip("2001:db8:cafe::17"));
+        assert_eq!(from(&["FOR = 198.51.100.4"]), ip("198.51.100.4"), "names and spaces as proxies write them");
+        // No address: the reading ends at the proxy before it.
+        assert_eq!(from(&["for=198.51.100.4, for=unknown"]), ip("127.0.0.1"));
+        assert_eq!(from(&["for=198.51.100.4, for=_hidden, for=10.0.0.5"]), ip("10.0.0.5"));
+        assert_eq!(from(&["proto=https"]), ip("127.0.0.1"), "a hop without `for`");
+        assert_eq!(from(&[]), ip("127.0.0.1"), "only X-Forwarded-For: not read");
+        // A quote the client left open, before the proxy's hop on the same line, hides nothing.
+        assert_eq!(from(&["for=\"203.0.113.66, for=198.51.100.4"]), ip("198.51.100.4"));
+        assert_eq!(from(&["for=\"198.51.100.4"]), ip("127.0.0.1"), "a quote never closed is no address");
     }
 }
