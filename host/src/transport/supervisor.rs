@@ -504,7 +504,7 @@ pub enum Ended {
 }
 
 /// When the server is started next.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Next {
     /// After this backoff.
     Restart(Duration),
@@ -534,6 +534,43 @@ struct Failures {
 struct Downtime {
     tries: u32,
     reported: u32,
+}
+
+impl Failures {
+    /// The server ended at `now` (`asked`: a restart asked for): when it starts next.
+    /// Every ending counts towards the crash loop (a restart asked for too, so that
+    /// restarts on every call end with the server marked down like any other loop), which
+    /// marks the server down, to be tried after `down_retry_ms`, once: until it stays up
+    /// for a crash window, each ending marks it down again. Otherwise after the backoff,
+    /// but for a restart asked for, which is at once. With it, whether this ending is
+    /// reported: a restart asked for and made is not trouble, and a server that stays down
+    /// is reported on some of its tries only.
+    fn ended(&mut self, now: Instant, policy: &RestartPolicy, asked: bool) -> (Next, bool) {
+        let window = Duration::from_millis(policy.crash_window_ms);
+        let looping = self.crashes.reached(now, window, policy.crash_loop_limit as usize);
+        if looping || self.down.is_some() {
+            let endings = self.crashes.len();
+            let retry_in = Duration::from_millis(policy.down_retry_ms);
+            let mut down = self.down.unwrap_or_default();
+            let reported = self.down.is_none() || down.tried(retry_in);
+            *self = Failures { down: Some(down), ..Failures::default() };
+            (Next::Down { endings, tries: down.tries, retry_in }, reported)
+        } else if asked {
+            (Next::Restart(Duration::ZERO), false)
+        } else {
+            let delay = restart_delay(policy, self.attempt);
+            self.attempt = self.attempt.saturating_add(1);
+            (Next::Restart(delay), true)
+        }
+    }
+
+    /// The server served for `up_for` before it ended: up for a whole crash window, it
+    /// has not been looping (nor is it still down), however it ended.
+    fn served(&mut self, up_for: Duration, policy: &RestartPolicy) {
+        if up_for >= Duration::from_millis(policy.crash_window_ms) {
+            *self = Failures::default();
+        }
+    }
 }
 
 impl Downtime {
@@ -578,11 +615,7 @@ impl Supervisor {
                         Served::Restart { up_for } => (up_for, Ended::Asked),
                         Served::Lost { up_for, error } => (up_for, Ended::Lost(error)),
                     };
-                    // A server that stayed up for a whole window has not been looping (nor
-                    // is it still down), however it ended.
-                    if up_for >= Duration::from_millis(self.how.policy.crash_window_ms) {
-                        failures = Failures::default();
-                    }
+                    failures.served(up_for, &self.how.policy);
                     ended
                 }
                 Err(error) => Ended::StartFailed(self.failed_to_start(&error, first)),
@@ -681,31 +714,15 @@ impl Supervisor {
         }
     }
 
-    /// When the server starts next: every ending counts towards the crash loop (a restart
-    /// that was `asked` for too, so that restarts on every call end with the server marked
-    /// down like any other loop), which marks the server down, to be tried after
-    /// `down_retry_ms`, once: until it stays up for a crash window, each ending marks it
-    /// down again. Otherwise after the backoff, but for a restart asked for, which is at once.
-    /// With it, whether this ending is reported: a restart asked for and made is not
-    /// trouble, and a server that stays down is reported on some of its tries only.
+    /// When the server starts next ([`Failures::ended`]), with whether this ending is
+    /// reported; one that marks it down says so.
     fn next_start(&self, failures: &mut Failures, asked: bool) -> (Next, bool) {
-        let looping = note_crash(&mut failures.crashes, &self.how.policy);
-        if looping || failures.down.is_some() {
-            let endings = failures.crashes.len();
-            let retry_in = Duration::from_millis(self.how.policy.down_retry_ms);
+        let (next, reported) = failures.ended(Instant::now(), &self.how.policy, asked);
+        if let Next::Down { endings, retry_in, .. } = next {
             tracing::error!(server = %self.name, endings, "crash loop: marked down, next try in {} ms", retry_in.as_millis());
             self.tx.send_modify(|s| s.status = Status::Down);
-            let mut down = failures.down.unwrap_or_default();
-            let reported = failures.down.is_none() || down.tried(retry_in);
-            *failures = Failures { down: Some(down), ..Failures::default() };
-            (Next::Down { endings, tries: down.tries, retry_in }, reported)
-        } else if asked {
-            (Next::Restart(Duration::ZERO), false)
-        } else {
-            let delay = restart_delay(&self.how.policy, failures.attempt);
-            failures.attempt = failures.attempt.saturating_add(1);
-            (Next::Restart(delay), true)
         }
+        (next, reported)
     }
 
     async fn start(&self, caps: &Offered) -> Result<Connection, String> {
@@ -926,11 +943,6 @@ impl Connection {
 
 /// Counts a crash (or a requested restart) now; true when the crashes within the window
 /// make a loop.
-fn note_crash(crashes: &mut Recent, policy: &RestartPolicy) -> bool {
-    let window = Duration::from_millis(policy.crash_window_ms);
-    crashes.reached(Instant::now(), window, policy.crash_loop_limit as usize)
-}
-
 /// Why a server's process ended, when it does; never, for an HTTP server.
 async fn exited(process: &mut Option<ServerProcess>) -> String {
     match process {
@@ -1104,6 +1116,48 @@ mod tests {
         let mut down = Downtime { tries: u32::MAX - 1, reported: 1 };
         assert!(down.tried(minute) && down.tried(minute), "past an hour since the last report");
         assert_eq!(down.tries, u32::MAX, "counts saturate");
+    }
+
+    /// A server's endings, on an injected clock: restarts after a growing backoff (at once
+    /// when asked for) until `crash_loop_limit` endings fall within a crash window; then
+    /// marked down, tried once per `down_retry_ms`, and marked down again by its next
+    /// ending, until it stays up for a whole window.
+    #[test]
+    fn endings_back_off_then_mark_the_server_down_until_it_stays_up_a_window() {
+        let policy = RestartPolicy {
+            initial_delay_ms: 100,
+            max_delay_ms: 1000,
+            crash_loop_limit: 3,
+            crash_window_ms: 10_000,
+            down_retry_ms: 60_000,
+        };
+        let start = Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let restart = |ms| (Next::Restart(Duration::from_millis(ms)), true);
+        let down = |endings, tries| (Next::Down { endings, tries, retry_in: Duration::from_secs(60) }, true);
+        let mut failures = Failures::default();
+        assert_eq!(failures.ended(at(0), &policy, false), restart(100));
+        assert_eq!(failures.ended(at(1), &policy, true), (Next::Restart(Duration::ZERO), false), "asked for");
+        assert_eq!(failures.ended(at(2), &policy, false), down(3, 0), "three within the window");
+        // Tried again after a minute: ending once more, it is down again at once.
+        failures.served(Duration::from_secs(1), &policy);
+        assert_eq!(failures.ended(at(63), &policy, false), down(1, 1));
+        failures.served(Duration::from_secs(1), &policy);
+        assert_eq!(failures.ended(at(124), &policy, false), down(1, 2));
+        failures.served(Duration::from_secs(1), &policy);
+        assert_eq!(
+            failures.ended(at(185), &policy, false).0,
+            Next::Down { endings: 1, tries: 3, retry_in: Duration::from_secs(60) }
+        );
+        // Up for a whole window: no longer down, the backoff starts over.
+        failures.served(Duration::from_secs(10), &policy);
+        assert_eq!(failures.ended(at(300), &policy, false), restart(100));
+        assert_eq!(failures.ended(at(301), &policy, false), restart(200));
+        // Endings spread wider than the window never make a loop, and the backoff caps.
+        let mut spread = Failures::default();
+        let delays: Vec<Next> = (0..6).map(|i| spread.ended(at(20 * i), &policy, false).0).collect();
+        assert!(delays.iter().all(|n| matches!(n, Next::Restart(_))), "{delays:?}");
+        assert_eq!(delays[5], Next::Restart(Duration::from_millis(1000)));
     }
 
     #[test]
