@@ -188,6 +188,39 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
     assert_eq!(loads, 2, "loaded at start and again on the change");
 }
 
+/// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
+/// relaunches its server: nothing is in flight on the old process then, which stops; the
+/// next attempt goes to the new one, and the call is answered.
+#[tokio::test]
+async fn a_call_waiting_to_retry_through_a_relaunch_is_answered_by_the_new_process() {
+    let launch = |dir: &Path, args: &[&str]| {
+        let mut a = faulty("a", dir, args);
+        a["recovery"] = json!({"retry": {"max_attempts": 3}});
+        json!({"mcpServers": {"a": a}})
+    };
+    let gw = HttpGateway::start(|dir| launch(dir, &[]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let old = pid(&dir, "a");
+    let calls = || std::fs::read_to_string(dir.join("a/calls")).unwrap_or_default().lines().count();
+    let waiting = call(&client, "rate_limited", json!({"retry_after": 2}));
+    let relaunch = async {
+        eventually("the first attempt refused", || calls() >= 1).await;
+        rewrite_config(&dir, &launch(&dir, &["--start-delay", "10"]));
+        eventually("the old process stopped", move || !alive(old)).await;
+    };
+    let (answered, ()) = tokio::join!(waiting, relaunch);
+    assert_eq!(text(&answered), "a: waited as asked", "{answered:?}");
+    assert_ne!(pid(&dir, "a"), old);
+    let report = &answered.meta.as_ref().unwrap().0["rebound"];
+    assert_eq!(
+        report["attempts"].as_array().map(Vec::len),
+        Some(3),
+        "one on the old process, two on the new: {report}"
+    );
+    let _ = client.cancel().await;
+}
+
 /// A plugins folder that is not there when the gateway starts, nor the folder holding it
 /// (`target/plugins` before the first build), or is removed and made again (`cargo
 /// clean`), is watched once it is there: an adapter copied into it is loaded without a

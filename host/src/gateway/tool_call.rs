@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::call::{Attempt, Resume, attempt};
 use super::hub::Hub;
+use super::routing::CallGuard;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
@@ -22,6 +23,7 @@ use crate::recovery::engine::{Ending, Record, Role, Upstream};
 use crate::recovery::report;
 use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
+use crate::transport::ServerHandle;
 
 impl Gateway {
     /// A tool call, the catalogue's or one of the gateway's own, answered whatever
@@ -175,7 +177,7 @@ fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -
 struct Upstreams<'a> {
     hub: &'a Arc<Hub>,
     own: &'a Arc<SessionServers>,
-    /// The setup and policies the call started with: its attempts go to its servers.
+    /// The setup and policies the call started with (its engine, its adapters).
     recovery: &'a Recovery,
     cx: &'a RequestContext<RoleServer>,
     trace: Option<&'a CallTrace>,
@@ -186,6 +188,30 @@ struct Upstreams<'a> {
 }
 
 impl Upstreams<'_> {
+    /// The instance of `server` an attempt goes to now: the current setup's, else (a
+    /// server a reload removed, finishing its calls) the one the call started with. A
+    /// reload that relaunched the server stops the instance the call started on once
+    /// nothing is in flight on it, which is so between two attempts: the next goes to
+    /// its successor.
+    fn handle(&self, server: &str) -> Option<Arc<ServerHandle>> {
+        let current = self.own.server_in(&self.hub.setup(), server);
+        current.or_else(|| self.own.server_in(&self.recovery.setup, server))
+    }
+
+    /// [`Self::handle`], counted as in flight on it. A reload that swapped the setup
+    /// between the two may have found nothing in flight on that instance, and be stopping
+    /// it: then the current one is taken.
+    fn tracked(&self, server: &str) -> Option<(Arc<ServerHandle>, CallGuard)> {
+        loop {
+            let handle = self.handle(server)?;
+            let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
+            let now = self.own.server_in(&self.hub.setup(), server);
+            if now.is_none_or(|now| now.instance == handle.instance) {
+                return Some((handle, call));
+            }
+        }
+    }
+
     /// One attempt of `tool` on `server`'s instance for this session.
     #[allow(clippy::too_many_arguments, reason = "one attempt's worth of context")]
     async fn attempt(
@@ -198,13 +224,12 @@ impl Upstreams<'_> {
         max_total: Duration,
         traceparent: Option<&str>,
     ) -> Result<CallToolResponse, Failure> {
-        let Some(handle) = self.own.server_in(&self.recovery.setup, server) else {
+        let Some((handle, call)) = self.tracked(server) else {
             return Err(Failure::Unavailable {
                 status: crate::transport::Status::Stopped,
                 reason: Some(format!("no server `{server}`")),
             });
         };
-        let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
         let started = tokio::time::Instant::now();
         // Waiting for a restart in progress counts against the call's deadline, and ends
         // when the client cancels.
@@ -259,7 +284,7 @@ impl Upstream for Upstreams<'_> {
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
         let server = server.to_owned();
         Box::pin(async move {
-            let Some(handle) = self.own.server_in(&self.recovery.setup, &server) else { return };
+            let Some(handle) = self.handle(&server) else { return };
             if let Err(nr) = handle.restart(within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
@@ -271,7 +296,7 @@ impl Upstream for Upstreams<'_> {
     }
 
     fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        let session = self.own.server_in(&self.recovery.setup, server)?.state().session?;
+        let session = self.handle(server)?.state().session?;
         let listing = session.listing();
         listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
     }

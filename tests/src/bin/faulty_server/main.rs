@@ -462,8 +462,8 @@ impl Server {
             tool("outage", "Never answers while the file `outage` exists in the state folder", json!({}), ro.clone()),
             tool(
                 "rate_limited",
-                "Answers 429 with retry-after 1 s unless the last 429 was at least 1 s ago",
-                json!({}),
+                "Answers 429 with retry-after `retry_after` s (1 by default) unless the last 429 was that long ago",
+                json!({"retry_after": {"type": "integer"}}),
                 ro.clone(),
             ),
             tool(
@@ -522,16 +522,17 @@ impl Server {
             "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => std::future::pending().await,
             "outage" => Ok(text(format!("{}: up", self.name))),
             "rate_limited" => {
+                let after = args["retry_after"].as_u64().unwrap_or(1);
                 let mut last = self.last_429.lock().await;
                 match *last {
-                    Some(at) if at.elapsed() >= Duration::from_secs(1) => {
+                    Some(at) if at.elapsed() >= Duration::from_secs(after) => {
                         *last = None;
                         Ok(text(format!("{}: waited as asked", self.name)))
                     }
                     _ => {
                         *last = Some(std::time::Instant::now());
                         Ok(
-                            json!({"content": [{"type": "text", "text": "429 Too Many Requests: retry after 1 seconds"}], "isError": true}),
+                            json!({"content": [{"type": "text", "text": format!("429 Too Many Requests: retry after {after} seconds")}], "isError": true}),
                         )
                     }
                 }
