@@ -418,6 +418,8 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
         let hub = Hub::start(config, plugins, front);
         rebound::gateway::reload::watch(&hub, path.clone(), hangups);
         let outcome = run(&hub, http, max_in_flight).await;
+        // Calls still running (their client gone) end as shut down, in the errors log.
+        hub.stop_calls();
         hub.shutdown().await;
         tracing::info!("all servers stopped");
         outcome

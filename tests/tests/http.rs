@@ -744,6 +744,41 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     assert!(status.success(), "{status}");
 }
 
+/// A call whose client went away goes on; SIGTERM ends it as shut down, in the errors
+/// log, though no request is left in flight to wait for.
+#[tokio::test]
+async fn on_sigterm_a_call_its_client_left_is_ended_and_logged() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 60000, "retry": {"max_attempts": 1}});
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": dir.join("errors.jsonl")}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let calls = || std::fs::read_to_string(gw.dir.path().join("a/calls")).unwrap_or_default();
+    let hang = call(&client, "hang", json!({}));
+    let left = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::select! {
+            _ = hang => panic!("`hang` answered"),
+            () = eventually("the call reached the server", || calls().contains("hang")) => {}
+        }
+    });
+    left.await.unwrap();
+    drop(client); // its connection closes; the call goes on
+    let pid = gw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let mut gw = gw;
+    let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+    let log = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).unwrap_or_default();
+    let ended = log.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|e| e["type"] == "mcp_shutdown");
+    let ended = ended.unwrap_or_else(|| panic!("no mcp_shutdown entry: {log}"));
+    assert_eq!(ended["context"]["tool_name"], "hang", "{ended}");
+}
+
 #[tokio::test]
 async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() {
     let gw = HttpGateway::start(

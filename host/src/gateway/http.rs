@@ -135,7 +135,8 @@ fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
 
 /// Shutdown: new requests are refused (503), those in flight get `grace` to finish; the
 /// tool calls still running then are ended with an error result, which is sent before
-/// the streams close.
+/// the streams close, and written to the errors log. So are the calls whose client went
+/// away (a call goes on without its request), whether any request was left or not.
 async fn drain(front: &Front, grace: Duration) {
     front.limits.draining.store(true, Ordering::SeqCst);
     let waiting = front.limits.in_flight();
@@ -148,9 +149,15 @@ async fn drain(front: &Front, grace: Duration) {
             front.limits.in_flight(),
             grace.as_millis()
         );
-        front.hub.stop_calls();
-        let _ = tokio::time::timeout(Duration::from_secs(1), front.limits.drained()).await;
     }
+    front.hub.stop_calls();
+    let ended = async {
+        front.limits.drained().await;
+        while front.hub.routing.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
 }
 
 /// A `subscriptions/listen` request waits for the servers' first start before rmcp reads

@@ -405,6 +405,11 @@ impl Routing {
         self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len)
     }
 
+    /// Attempts in flight on any instance.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.lock().expect("not poisoned").values().map(Vec::len).sum()
+    }
+
     /// Sends progress of `session`'s `upstream` token where `to` says, in the order it
     /// arrives, until [`Routing::unmap_progress`].
     pub fn map_progress(&self, session: u64, upstream: ProgressToken, to: ProgressTo) {
