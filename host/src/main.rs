@@ -176,7 +176,8 @@ fn check(path: PathBuf) -> Result<()> {
             println!("  warning: {warning}");
         }
         let launch = match &server.launch {
-            Launch::Stdio(s) => format!("stdio: {} {}", s.command, s.args.join(" ")),
+            // A secret-named `${VAR}` may be in the arguments (`--token ${GITHUB_TOKEN}`).
+            Launch::Stdio(s) => format!("stdio: {}", secrets.redact(&format!("{} {}", s.command, s.args.join(" ")))),
             Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", secrets.redact(&h.url)),
             // Header values are often credentials: names only.
             Launch::Http(h) => format!(

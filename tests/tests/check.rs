@@ -20,6 +20,25 @@ fn a_good_config_is_summarised() {
     assert!(!out.contains("warning"), "{out}");
 }
 
+/// A secret put in the arguments through a variable is not printed (CI logs keep what
+/// `rebound check` prints).
+#[test]
+fn a_secret_in_the_arguments_is_not_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, r#"{"mcpServers": {"gh": {"command": "sh", "args": ["--token", "${GITHUB_TOKEN}"]}}}"#)
+        .unwrap();
+    let out = Command::new(bin("rebound"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("GITHUB_TOKEN", "ghp_not_for_ci_logs_123")
+        .output()
+        .unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.contains("gh: stdio: sh --token"), "{out}");
+    assert!(!out.contains("ghp_not_for_ci_logs_123"), "{out}");
+}
+
 #[test]
 fn a_command_that_is_not_installed_is_warned_about() {
     let (ok, out) = check(
