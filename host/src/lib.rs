@@ -11,3 +11,4 @@ pub mod recovery;
 pub mod redact;
 pub mod telemetry;
 pub mod transport;
+pub mod weight;

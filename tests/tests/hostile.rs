@@ -171,6 +171,31 @@ async fn an_adapter_that_sleeps_in_wasi_is_stopped_at_its_deadline_and_the_pool_
     gw.close().await;
 }
 
+/// A call that would weigh more than a quarter of the adapter's memory once read (its
+/// bytes, and about 128 for each JSON value: here a client's million zeros) is not shown
+/// to it: the built-in classification answers, and the adapter, which could not have
+/// held it, is not at fault, nor quarantined for what a client sent. A lighter one is
+/// shown.
+#[tokio::test]
+async fn a_call_too_heavy_for_the_adapters_memory_is_not_shown_to_it() {
+    let gw = hostile("parse", json!({}), json!({})).await;
+    let zeros = vec![0; 1 << 20];
+    for _ in 0..3 {
+        let r = gw.call("a__fail", json!({"message": "boom", "values": zeros})).await;
+        assert_eq!(r.is_error, Some(true));
+    }
+    let a = server_status(&gw, "a").await;
+    assert_eq!(a["adapter"]["faults"], 0, "{}", a["adapter"]);
+    assert_eq!(a["adapter"]["quarantined_for_ms"], Value::Null, "{}", a["adapter"]);
+    assert_eq!(a["adapter"]["too_heavy"], 6, "neither its classify nor its plan: {}", a["adapter"]);
+    // 40,000 zeros weigh about 5 MiB read: shown (and read within its 32 MiB).
+    let r = gw.call("a__fail", json!({"message": "boom", "values": vec![0; 40_000]})).await;
+    assert_eq!(r.is_error, Some(true));
+    let a = server_status(&gw, "a").await;
+    assert_eq!((&a["adapter"]["too_heavy"], &a["adapter"]["faults"]), (&json!(6), &json!(0)), "{}", a["adapter"]);
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_log_flood_is_capped_and_counted() {
     let gw = hostile("log-flood", json!({}), json!({"plugin_timeout_ms": 500})).await;

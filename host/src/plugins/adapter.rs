@@ -68,6 +68,8 @@ struct Health {
     last_output: Option<String>,
     /// Calls not made because no instance was free in time.
     busy: u64,
+    /// Calls not shown because they weigh too much for its memory ([`SHOWN_OF_MEMORY`]).
+    too_heavy: u64,
     /// When each kind of refused step was last logged.
     denials_logged: HashMap<Denial, Instant>,
 }
@@ -92,7 +94,14 @@ pub struct HealthReport {
     /// was busy past its deadline or most of it (no fault: the built-in classification
     /// answered).
     pub busy: u64,
+    /// Calls it was not shown because, read as JSON, they would weigh more than a quarter
+    /// of its memory (no fault: the built-in classification answered).
+    pub too_heavy: u64,
 }
+
+/// An adapter is shown a call (its arguments, messages, result) that weighs, read as
+/// JSON ([`crate::weight::json`]), at most this fraction of its memory.
+pub const SHOWN_OF_MEMORY: usize = 4;
 
 impl Adapter {
     /// The adapter `loaded` serving `server` with its `config`. Asks the adapter what it
@@ -194,18 +203,19 @@ impl Adapter {
         Self::with_state(fresh, self, self.kv.clone())
     }
 
-    /// Takes up the counts (faults, busy calls, dropped log lines and observed calls) of
+    /// Takes up the counts (faults, busy and too heavy calls, dropped log lines and observed calls) of
     /// `old`, the adapter this one replaces for its server; not its quarantine, since new
     /// code or settings may be what fixed it.
     pub fn count_on_from(&self, old: &Adapter) {
-        let (faults, busy) = {
+        let (faults, busy, too_heavy) = {
             let h = old.health.lock().expect("not poisoned");
-            (h.total_faults, h.busy)
+            (h.total_faults, h.busy, h.too_heavy)
         };
         {
             let mut h = self.health.lock().expect("not poisoned");
             h.total_faults += faults;
             h.busy += busy;
+            h.too_heavy += too_heavy;
         }
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         self.lane.dropped.fetch_add(old.lane.dropped.load(relaxed), relaxed);
@@ -252,6 +262,7 @@ impl Adapter {
             log_lines_dropped: self.log.dropped.load(std::sync::atomic::Ordering::Relaxed),
             observe_dropped: self.lane.dropped.load(std::sync::atomic::Ordering::Relaxed),
             busy: h.busy,
+            too_heavy: h.too_heavy,
         }
     }
 
@@ -295,6 +306,14 @@ impl Adapter {
     /// [`Self::call`], everything (its share of the pool, an instance, the run) by `end`.
     async fn call_by(&self, what: &'static str, request: Request, end: std::time::Instant) -> Option<Reply> {
         if self.quarantined() {
+            return None;
+        }
+        // What a client or a server sent may take more than the adapter's memory once the
+        // adapter reads it: a call it could not hold is not its fault, nor shown to it.
+        let weight = request.weight();
+        if weight > self.runtime.limits.memory / SHOWN_OF_MEMORY {
+            self.health.lock().expect("not poisoned").too_heavy += 1;
+            tracing::debug!(adapter = %self.name, server = %self.server, "{what}: not asked: the call would weigh {weight} bytes once read, more than a quarter of the adapter's memory");
             return None;
         }
         let output = CappedPipe::new(OUTPUT_CAP);

@@ -52,6 +52,29 @@ pub enum Request {
     Observe(wit::CompletedCall),
 }
 
+impl Request {
+    /// What the texts it shows the adapter (arguments, messages, a result) cost once read
+    /// as JSON ([`crate::weight::json`]), as an adapter may read them.
+    pub fn weight(&self) -> usize {
+        let json = |text: &str| crate::weight::json(text.as_bytes());
+        match self {
+            Request::Info | Request::Declare => 0,
+            Request::Classify(failure, _) | Request::Plan(failure, _) => {
+                let outcome = match &failure.outcome {
+                    wit::Outcome::Rpc(e) => json(&e.message).saturating_add(e.data.as_deref().map_or(0, json)),
+                    wit::Outcome::ToolError(t)
+                    | wit::Outcome::ConnectionLost(t)
+                    | wit::Outcome::NotDelivered(t)
+                    | wit::Outcome::Other(t) => json(t),
+                    wit::Outcome::Timeout => 0,
+                };
+                json(&failure.arguments).saturating_add(outcome)
+            }
+            Request::Observe(call) => json(&call.arguments).saturating_add(json(&call.call_result)),
+        }
+    }
+}
+
 /// A pre-instantiated adapter, of whichever contract version it speaks.
 #[derive(Clone)]
 pub enum Pre {

@@ -3,7 +3,7 @@
 //! one byte and its comma included, becomes a node of about a hundred bytes (and a tool
 //! call keeps a copy of its arguments for its retries). A body of 4 MiB of `0,0,0…` is
 //! about 2 million values: hundreds of MiB once read. So every POST body is weighed
-//! before it is read ([`weight`]: its bytes, and [`PER_VALUE`] for each value in it), and
+//! before it is read ([`weight`]: its bytes, and [`crate::weight::PER_VALUE`] for each value in it), and
 //! the weights of the requests in flight are held against one budget for the gateway
 //! ([`GATEWAY_BUDGET`]), of which one client address (an IPv6 one by its /64) may hold a
 //! quarter; a weight is held until its response has been sent and its request handled.
@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// About what one JSON value costs once read, with the copy a call keeps.
-pub const PER_VALUE: usize = 128;
+pub use crate::weight::json as weight;
+
 /// The most the requests in flight may weigh together.
 pub const GATEWAY_BUDGET: usize = 1 << 30;
 /// The most the requests in flight from one address may weigh together; a request
@@ -24,25 +24,6 @@ pub const GATEWAY_BUDGET: usize = 1 << 30;
 pub const ADDRESS_SHARE: usize = GATEWAY_BUDGET / 4;
 /// A weight this small is not held.
 pub const LIGHT: usize = 64 << 10;
-
-/// The estimated cost of reading `body`: its bytes, and [`PER_VALUE`] for each JSON
-/// value in it, counted without reading it (each `[`, `{` and `,` outside a string
-/// starts one more value).
-pub fn weight(body: &[u8]) -> usize {
-    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
-    for &b in body {
-        match (in_string, b) {
-            (true, _) if escaped => escaped = false,
-            (true, b'\\') => escaped = true,
-            (true, b'"') => in_string = false,
-            (true, _) => {}
-            (false, b'"') => in_string = true,
-            (false, b'[' | b'{' | b',') => values += 1,
-            (false, _) => {}
-        }
-    }
-    body.len().saturating_add(values.saturating_mul(PER_VALUE))
-}
 
 /// The weights held now: in all, and by address.
 #[derive(Debug, Default)]
@@ -119,6 +100,7 @@ impl Drop for Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::weight::PER_VALUE;
 
     #[test]
     fn a_body_weighs_its_bytes_and_its_values() {

@@ -14,6 +14,9 @@
 //! - `launder`: gives up with the failure's text and arguments reversed and `-` turned
 //!   into `_`, to smuggle a secret past redaction.
 //! - `label`: classifies every failure as `other` with text that would break a metric.
+//! - `parse`: not hostile: reads the failure's arguments as a JSON parser might, taking
+//!   two bytes of memory for each of theirs and 64 for each value (each `[`, `{` and
+//!   `,`), so that a call of many small values exhausts its memory.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit/since_v0.2.0" });
 
@@ -57,7 +60,7 @@ impl Guest for Hostile {
         }
     }
 
-    fn classify(_failure: Failure, builtin: Classification) -> Option<Classification> {
+    fn classify(failure: Failure, builtin: Classification) -> Option<Classification> {
         match mode().as_str() {
             "sleep" => {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -69,6 +72,12 @@ impl Guest for Hostile {
                     host::log(host::Level::Error, &line);
                 }
                 None
+            }
+            "parse" => {
+                let text = failure.arguments.as_bytes();
+                let values = text.iter().filter(|b| matches!(b, b'[' | b'{' | b',')).count();
+                let read = vec![0u8; text.len() * 2 + values * 64];
+                Some(Classification { retryable: read.iter().any(|b| *b != 0), ..builtin })
             }
             "label" => Some(Classification {
                 category: Category::Other("evil\"} 1\nrebound_forged_total 99\n# EOF".into()),
