@@ -116,7 +116,7 @@ impl Adapter {
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
         let mut adapter = Self {
-            room: runtime.room(),
+            room: runtime.room(name),
             runtime,
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),

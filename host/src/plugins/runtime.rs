@@ -149,6 +149,8 @@ pub struct Runtime {
     /// How long compiling one component may take, in ms: set by each (re)load.
     compile_timeout_ms: AtomicU64,
     driver: driver::Driver,
+    /// Each adapter's room, by its name ([`Runtime::room`]).
+    rooms: std::sync::Mutex<std::collections::HashMap<Arc<str>, Room>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -268,7 +270,8 @@ impl Runtime {
             None => remove_stale_compiles(&std::env::temp_dir()),
         }
         let compile_timeout_ms = AtomicU64::new(COMPILE_TIMEOUT_MS);
-        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, driver }))
+        let rooms = std::sync::Mutex::default();
+        Ok(Arc::new(Self { engine, linker, limits, pooling, pool, cache, compile_timeout_ms, driver, rooms }))
     }
 
     /// The default cache folder: `$XDG_CACHE_HOME/rebound/plugins`, else
@@ -298,8 +301,16 @@ impl Runtime {
         self.driver.running()
     }
 
-    /// An adapter's room: its share of the pool's instances and of the plugins' threads.
-    pub fn room(&self) -> Room {
+    /// The adapter `name`'s room: its share of the pool's instances and of the plugins'
+    /// threads, one for every server it serves (and every copy of it), so that an adapter
+    /// configured for many servers takes no more than one.
+    pub fn room(&self, name: &str) -> Room {
+        let mut rooms = self.rooms.lock().expect("not poisoned");
+        rooms.entry(name.into()).or_insert_with(|| self.new_room()).clone()
+    }
+
+    /// A room of its own, for a call no adapter's room bounds.
+    fn new_room(&self) -> Room {
         let share = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize / 2));
         Room { share, turns: Arc::new(tokio::sync::Semaphore::new(self.driver.per_adapter())) }
     }
@@ -311,7 +322,7 @@ impl Runtime {
     /// fault log.
     pub async fn invoke(&self, pre: &Pre, state: State, request: Request) -> Result<Reply, Fault> {
         let end = std::time::Instant::now() + self.limits.timeout;
-        self.invoke_by(pre, state, request, (end, Duration::ZERO), ((), &self.room())).await
+        self.invoke_by(pre, state, request, (end, Duration::ZERO), ((), &self.new_room())).await
     }
 
     /// [`Self::invoke`], with `end` for its deadline: what a caller waited for before
@@ -354,7 +365,7 @@ impl Runtime {
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
         if remaining.is_zero() {
-            return Err(past()); // an instance given at the deadline runs nothing
+            return Err(Fault::Busy); // an instance given at the deadline runs nothing: no fault
         }
         match tokio::time::timeout(remaining, self.driver.run(call, room.turns.clone(), queued.clone())).await {
             Ok(Some(ended)) => ended.map_err(|e| fault_of(&e, past)),
@@ -514,6 +525,19 @@ mod tests {
             h.finish()
         };
         assert_eq!(hash(&runtime.engine), hash(&apart));
+    }
+
+    /// One adapter's calls share one room (of the pool, of the threads) whatever servers
+    /// it serves: configured for two, it still takes at most half of the pool.
+    #[test]
+    fn an_adapter_has_one_room_for_all_its_servers() {
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let (first, again, other) = (runtime.room("lean"), runtime.room("lean"), runtime.room("hol"));
+        assert!(
+            std::sync::Arc::ptr_eq(&first.share, &again.share) && std::sync::Arc::ptr_eq(&first.turns, &again.turns)
+        );
+        assert!(!std::sync::Arc::ptr_eq(&first.share, &other.share));
+        assert_eq!(first.share.available_permits(), super::POOL_INSTANCES as usize / 2);
     }
 
     /// What a gateway killed while compiling left behind is removed once old; a folder in

@@ -105,10 +105,13 @@ fn start(adapter: Weak<Adapter>, queued: Arc<AtomicUsize>) -> mpsc::Sender<Job> 
     tokio::spawn(async move {
         while let Some(job) = rx.recv().await {
             match job {
+                // Its bytes count until the adapter has been shown it: a call on its way
+                // into the adapter is held as much as one waiting.
                 Job::Observe(call, bytes) => {
+                    if let Some(adapter) = adapter.upgrade() {
+                        adapter.call("observe", Request::Observe(call)).await;
+                    }
                     queued.fetch_sub(bytes, Ordering::AcqRel);
-                    let Some(adapter) = adapter.upgrade() else { break };
-                    adapter.call("observe", Request::Observe(call)).await;
                 }
                 Job::Flush(done) => {
                     let _ = done.send(());
