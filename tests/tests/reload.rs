@@ -188,6 +188,35 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
     assert_eq!(loads, 2, "loaded at start and again on the change");
 }
 
+/// A reload that relaunches a running server with a launch that cannot start (a typo in
+/// its `command`) leaves the running process serving, says so, and tries the new launch
+/// again when the file is saved again.
+#[tokio::test]
+async fn a_relaunch_that_cannot_start_leaves_the_running_server_serving() {
+    let (gw, dir, client) = serving_a_and_b().await;
+    let old = pid(&dir, "a");
+    let mut broken = config(&dir, 60000, &[]);
+    broken["mcpServers"]["a"]["command"] = json!("/nonexistent/faulty-server");
+    rewrite_config(&dir, &broken);
+    let log = gw.log.clone();
+    eventually("the reload applied", move || {
+        log.lock().unwrap().contains("kept running (the new launch did not start) a")
+    })
+    .await;
+    assert!(gw.log.lock().unwrap().contains("fix `mcpServers.a` and save again"));
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "still"})).await), "a: still");
+    assert!(client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "a__echo"));
+    assert_eq!(pid(&dir, "a"), old);
+    assert!(alive(old));
+    // Fixed: the file differs from what runs, so a's new launch is tried, and holds.
+    let mut fixed = config(&dir, 60000, &[]);
+    fixed["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("10")]);
+    rewrite_config(&dir, &fixed);
+    eventually("a relaunched", move || !alive(old)).await;
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "new"})).await), "a: new");
+    let _ = client.cancel().await;
+}
+
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
 /// relaunches its server: nothing is in flight on the old process then, which stops; the
 /// next attempt goes to the new one, and the call is answered.

@@ -123,7 +123,7 @@ impl Hub {
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
         let current = self.setup();
         let how = supervision(&config, &Secrets::of(&config), &self.life.revisions);
-        let (mut next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
+        let (mut next, mut changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
         // What was secret stays hidden: it may be in text written before the reload.
         let secrets = current.secrets.union(&next.secrets);
         crate::redact::redact_logs(secrets.clone());
@@ -138,6 +138,7 @@ impl Hub {
         // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
         if self.offer.borrow().is_some() {
             settle(changes.started.iter(), Instant::now() + how.init_timeout).await;
+            self.keep_what_did_not_relaunch(&current, &mut next, &mut changes);
         }
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
@@ -157,6 +158,35 @@ impl Hub {
             });
         }
         changes
+    }
+
+    /// A relaunched server whose new process did not come up while its old one serves
+    /// keeps the old one (and its subscriptions), which a typo in `command` would
+    /// otherwise take down with its tools; the new one is stopped.
+    fn keep_what_did_not_relaunch(&self, current: &Setup, next: &mut Setup, changes: &mut Changes) {
+        let find = |list: &[Arc<ServerHandle>], instance: u64| list.iter().find(|h| h.instance == instance).cloned();
+        for (old, new) in changes.moved.clone() {
+            let (Some(running), Some(failed)) = (find(&changes.retired, old), find(&changes.started, new)) else {
+                continue;
+            };
+            let (was, is) = (running.state(), failed.state());
+            if is.status == Status::Ready || was.status != Status::Ready {
+                continue;
+            }
+            tracing::error!(
+                server = %running.name,
+                "reload: the new launch did not start ({}); the running process keeps serving with its old launch: fix `mcpServers.{}` and save again",
+                is.last_error.as_deref().unwrap_or("not ready in time"),
+                running.name
+            );
+            next.keep_running(current, &running.name, running.clone());
+            self.downstreams.reinstance(new, Some(old));
+            changes.moved.retain(|m| *m != (old, new));
+            changes.retired.retain(|h| h.instance != old);
+            changes.restarted.retain(|n| **n != *running.name);
+            changes.kept_running.push(running.name.to_string());
+            tokio::spawn(async move { failed.shutdown().await });
+        }
     }
 
     /// How every server of this gateway is supervised.

@@ -44,6 +44,8 @@ pub struct Changes {
     pub started: Vec<Arc<ServerHandle>>,
     /// (old instance, new instance) of each relaunched server.
     pub moved: Vec<(u64, u64)>,
+    /// Relaunched servers whose new process did not come up: the old one keeps serving.
+    pub kept_running: Vec<String>,
 }
 
 impl Changes {
@@ -64,6 +66,7 @@ impl Changes {
             part("restarted", &self.restarted),
             part("reconfigured", &self.reconfigured),
             part("new adapter code for", &self.new_adapter_code),
+            part("kept running (the new launch did not start)", &self.kept_running),
         ]
         .into_iter()
         .flatten()
@@ -73,6 +76,16 @@ impl Changes {
 }
 
 impl Setup {
+    /// `name` keeps `running`, the instance `current` has, with `current`'s entry for it:
+    /// its new launch did not come up. The next reload compares against that entry, so
+    /// the same new launch is tried again then.
+    pub fn keep_running(&mut self, current: &Setup, name: &str, running: Arc<ServerHandle>) {
+        if let Some(entry) = current.config.servers.get(name) {
+            self.config.servers.insert(name.to_owned(), entry.clone());
+        }
+        self.servers.insert(name.into(), running);
+    }
+
     /// The first setup: every shared server started with `spawn`.
     pub fn first(config: Config, plugins: Prepared, spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>) -> Self {
         let servers = shared(&config).map(|s| (Arc::from(s.name.as_str()), spawn(s))).collect();
