@@ -143,6 +143,8 @@ impl Hub {
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
         for handle in changes.retired.iter().cloned() {
+            // Still running its calls: stopped at shutdown like the rest.
+            self.keep_instance(&handle);
             let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
             let longest = current.config.longest_deadline(&handle.name);
             let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
@@ -271,7 +273,8 @@ impl Hub {
         })
     }
 
-    /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
+    /// Keeps `handle` (a per-session instance, or one a reload retired that finishes its
+    /// calls) to be stopped on shutdown.
     pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
         let mut list = self.instances.lock().expect("not poisoned");
         list.retain(|w| w.strong_count() > 0);
@@ -452,12 +455,13 @@ impl Hub {
         Catalogue::build(&listings, setup.config.settings.tool_names)
     }
 
-    /// Stops every server in parallel, the sessions' own instances too, and waits until
-    /// their processes are gone.
+    /// Stops every server in parallel, the sessions' own instances and those a reload
+    /// retired (still finishing calls) too, and waits until their processes are gone.
     pub async fn shutdown(&self) {
         let instances: Vec<_> = self.instances.lock().expect("not poisoned").iter().filter_map(Weak::upgrade).collect();
         let setup = self.setup();
-        let all = setup.servers.values().chain(&instances);
+        let shared = |h: &&Arc<ServerHandle>| setup.servers.values().any(|s| s.instance == h.instance);
+        let all = setup.servers.values().chain(instances.iter().filter(|h| !shared(h)));
         futures::future::join_all(all.map(|h| h.shutdown())).await;
         self.errors.flush(std::time::Duration::from_secs(1)).await;
     }
