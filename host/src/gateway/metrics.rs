@@ -97,6 +97,8 @@ pub struct Metrics {
     /// Counted as they happen, not read from the instances: a relaunched server, or a
     /// session's own that ended, takes its restarts with it.
     restarts: Family<ServerLabel, Counter>,
+    /// The tool names each server's calls are counted under.
+    tools: ToolNames,
     /// The last calls of each server, for the status page.
     pub recent: super::recent::RecentCalls,
 }
@@ -127,7 +129,8 @@ impl Default for Metrics {
         registry.register("config_reloads", "Configuration reloads, applied or refused", reloads.clone());
         let restarts = Family::<ServerLabel, Counter>::default();
         registry.register("server_restarts", "Restarts after a crash or on request", restarts.clone());
-        Self { registry, calls, failures, latency, http_rejected, reloads, restarts, recent: Default::default() }
+        let (tools, recent) = Default::default();
+        Self { registry, calls, failures, latency, http_rejected, reloads, restarts, tools, recent }
     }
 }
 
@@ -141,7 +144,7 @@ impl Metrics {
             Ending::Answered(_) => Outcome::ok,
         };
         let server = record.server.to_string();
-        let tool = label(&record.tool);
+        let tool = self.tools.label(&server, &record.tool);
         self.calls.get_or_create(&CallLabels { server: server.clone(), tool, outcome }).inc();
         for (attempt, _, class) in record.failures() {
             let labels = FailureLabels { server: attempt.server.to_string(), category: class.category.label().into() };
@@ -176,6 +179,31 @@ impl Metrics {
         let _ = encode_registry(&mut out, &state_registry(now));
         let _ = encode_eof(&mut out);
         out
+    }
+}
+
+/// The most tool names one server's calls are counted under; the calls of any other
+/// are counted as tool `other`. A server's names come from it (and change with its
+/// `list_changed`): a server that renames its tools does not grow `/metrics` for ever.
+pub const MAX_TOOL_LABELS: usize = 256;
+
+/// Each server's tool names seen so far, as label values.
+#[derive(Debug, Default)]
+struct ToolNames {
+    seen: std::sync::Mutex<std::collections::HashMap<String, std::collections::HashSet<String>>>,
+}
+
+impl ToolNames {
+    /// `tool`'s label among `server`'s: its own name, or `other` past [`MAX_TOOL_LABELS`].
+    fn label(&self, server: &str, tool: &str) -> String {
+        let name = label(tool);
+        let mut seen = self.seen.lock().expect("not poisoned");
+        let names = seen.entry(server.to_owned()).or_default();
+        if names.contains(&name) || names.len() < MAX_TOOL_LABELS && names.insert(name.clone()) {
+            name
+        } else {
+            "other".to_owned()
+        }
     }
 }
 
@@ -264,6 +292,17 @@ fn state_registry(now: &Snapshot) -> Registry {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_servers_tool_names_are_labels_up_to_a_bound() {
+        let tools = super::ToolNames::default();
+        for i in 0..super::MAX_TOOL_LABELS {
+            assert_eq!(tools.label("a", &format!("t{i}")), format!("t{i}"));
+        }
+        assert_eq!(tools.label("a", "renamed"), "other");
+        assert_eq!(tools.label("a", "t7"), "t7", "a name seen keeps its label");
+        assert_eq!(tools.label("b", "renamed"), "renamed", "each server has its own");
+    }
+
     #[test]
     fn label_values_cannot_break_the_exposition() {
         assert_eq!(super::label("lean_goal"), "lean_goal");
