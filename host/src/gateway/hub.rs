@@ -122,6 +122,12 @@ impl Hub {
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
         let current = self.setup();
+        // A server launched anew (added, or its launch changed) is asked what it speaks.
+        for (name, server) in &config.servers {
+            if current.config.servers.get(name).is_none_or(|was| was.launch != server.launch) {
+                self.life.revisions.forget(name);
+            }
+        }
         let how = supervision(&config, &Secrets::of(&config), &self.life.revisions);
         let (mut next, mut changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
         // What was secret stays hidden: it may be in text written before the reload.

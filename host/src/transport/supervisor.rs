@@ -67,6 +67,12 @@ impl Revisions {
         self.0.lock().expect("not poisoned").contains(server)
     }
 
+    /// `server` is launched anew (a reload changed its launch, or added it): what its
+    /// old process spoke says nothing of the new one's.
+    pub fn forget(&self, server: &str) {
+        self.0.lock().expect("not poisoned").remove(server);
+    }
+
     /// `server`'s start ended: initialised on `revision`, or (`None`) failed.
     fn learn(&self, server: &Arc<str>, revision: Option<&ProtocolVersion>) {
         let mut known = self.0.lock().expect("not poisoned");
@@ -1097,6 +1103,9 @@ mod tests {
         assert!(after(Some(old)));
         // One for the gateway: every instance of the server sees what one learned.
         assert!(known.clone().initialises(&name));
+        // Launched anew by a reload: asked again.
+        known.forget(&name);
+        assert!(!known.initialises(&name));
     }
 
     #[test]
