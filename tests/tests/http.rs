@@ -744,6 +744,26 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     assert!(status.success(), "{status}");
 }
 
+/// An open `subscriptions/listen` (held by its client for as long as it likes) ends at
+/// SIGTERM: it does not hold the shutdown for its whole grace period.
+#[tokio::test]
+async fn on_sigterm_open_listens_end_and_do_not_hold_the_shutdown() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"shutdown_grace_ms": 600000}}}),
+        &[],
+    )
+    .await;
+    let mut open = listen(&gw, 1, "faulty://a/readme").send().await.unwrap();
+    assert_eq!(open.status(), StatusCode::OK);
+    let pid = gw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let mut gw = gw;
+    let status =
+        tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await.expect("exits, not after ten minutes");
+    assert!(status.unwrap().success());
+    while let Ok(Some(_)) = open.chunk().await {} // the stream ended
+}
+
 /// A call whose client went away goes on; SIGTERM ends it as shut down, in the errors
 /// log, though no request is left in flight to wait for.
 #[tokio::test]

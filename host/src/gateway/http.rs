@@ -139,6 +139,7 @@ fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
 /// away (a call goes on without its request), whether any request was left or not.
 async fn drain(front: &Front, grace: Duration) {
     front.limits.draining.store(true, Ordering::SeqCst);
+    front.hub.close();
     let waiting = front.limits.in_flight();
     if waiting > 0 {
         tracing::info!("shutting down: waiting up to {} ms for {waiting} request(s) in flight", grace.as_millis());

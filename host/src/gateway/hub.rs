@@ -58,6 +58,9 @@ struct Life {
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
     stopping: tokio_util::sync::CancellationToken,
+    /// Cancelled when shutdown begins: open `subscriptions/listen` requests end then,
+    /// rather than hold the drain for its whole grace period.
+    closing: tokio_util::sync::CancellationToken,
     /// What each server's starts showed of the revisions it speaks, for all its instances.
     revisions: Revisions,
 }
@@ -96,6 +99,7 @@ impl Hub {
                     started: Default::default(),
                     settled: Default::default(),
                     stopping: Default::default(),
+                    closing: Default::default(),
                     revisions,
                 },
             }
@@ -332,6 +336,17 @@ impl Hub {
     /// Cancelled when the calls in flight are to end.
     pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
         &self.life.stopping
+    }
+
+    /// Shutdown begins: requests that would stay open until their client leaves (a
+    /// `subscriptions/listen`) end now.
+    pub fn close(&self) {
+        self.life.closing.cancel();
+    }
+
+    /// Cancelled when shutdown begins.
+    pub fn closing(&self) -> &tokio_util::sync::CancellationToken {
+        &self.life.closing
     }
 
     /// Whether the start-up wait is over: every shared server finished its first start

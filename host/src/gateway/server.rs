@@ -258,9 +258,17 @@ impl ServerHandler for Gateway {
                 }
             }
         };
+        // Open until the client cancels it, or the gateway shuts down.
+        let open = async {
+            tokio::select! {
+                () = context.cancelled() => {}
+                () = self.hub.closing().cancelled() => {}
+            }
+        };
         tokio::select! {
-            () = subscribe => context.cancelled().await,
+            () = subscribe => open.await,
             () = context.cancelled() => {}
+            () = self.hub.closing().cancelled() => {}
         }
         Ok(())
     }
