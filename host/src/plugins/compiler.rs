@@ -144,8 +144,11 @@ fn failure(status: ExitStatus, said: &str) -> String {
 }
 
 /// The compiler process itself: the component on stdin, its compiled code into the new
-/// file `out`; `parent` is the gateway's pid. Only the compiling is the adapter's doing:
-/// anything else that fails (its limits, its input, the file) exits with [`SETUP_FAILED`].
+/// file `out`; `parent` is the gateway's pid. What fails before the compiling (its
+/// limits, its input, making the file) exits with [`SETUP_FAILED`], and the gateway may
+/// compile without this process; what fails from the compiling on, the writing included
+/// (the component decides how much code it compiles to: enough to fill a small `/tmp`),
+/// is the adapter's, and it is not loaded.
 pub fn run(out: &Path, parent: &str) -> ExitCode {
     let setup = |e: anyhow::Error| {
         eprintln!("{e:#}");
@@ -162,9 +165,16 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match create_private(out).and_then(|mut file| file.write_all(&compiled)) {
+    let mut file = match create_private(out) {
+        Ok(file) => file,
+        Err(e) => return setup(anyhow::Error::new(e).context(format!("cannot create {}", out.display()))),
+    };
+    match file.write_all(&compiled) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display()))),
+        Err(e) => {
+            eprintln!("cannot write its compiled code ({} bytes) to {}: {e}", compiled.len(), out.display());
+            ExitCode::FAILURE
+        }
     }
 }
 
