@@ -381,6 +381,23 @@ mod tests {
         assert_eq!(pipe.text(), "line one\\nline two");
     }
 
+    /// A guest asks the host to allocate randomness and resources for it: both bounded,
+    /// past which the call fails (inside the guest), and a log line is cut.
+    #[test]
+    fn what_a_guest_has_the_host_hold_is_bounded() {
+        use wasmtime_wasi::p2::bindings::random::random::Host as _;
+        let (kv, log) = (Kv::default(), Arc::new(LogBudget::default()));
+        let mut state = State::new("a".into(), "s".into(), "{}".into(), kv, log, CappedPipe::new(64), 1 << 20);
+        let random = state.wasi.random();
+        assert_eq!(random.get_random_bytes(MAX_RANDOM_BYTES).unwrap().len(), MAX_RANDOM_BYTES as usize);
+        assert!(random.get_random_bytes(MAX_RANDOM_BYTES + 1).is_err(), "more randomness than a call may ask");
+        for _ in 0..MAX_RESOURCES {
+            state.table.push(0u8).unwrap();
+        }
+        assert!(state.table.push(0u8).is_err(), "one resource more than an instance may hold");
+        assert!(shown(&"y".repeat(MAX_LOG_LINE * 4), MAX_LOG_LINE).len() <= MAX_LOG_LINE + 4, "a line is cut");
+    }
+
     #[test]
     fn a_growth_that_failed_is_not_counted() {
         let mut limits = Bounds::new(10 << 20);
