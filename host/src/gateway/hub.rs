@@ -44,9 +44,19 @@ pub struct Hub {
     /// What the shared servers are told the client can do: over stdio the client's own
     /// capabilities (they start once it has said), over HTTP nothing (see [`Hub::start`]).
     offer: watch::Sender<Option<Offered>>,
-    /// Every per-session server instance still running, to stop on shutdown.
-    instances: Mutex<Vec<Weak<ServerHandle>>>,
+    /// Every per-session server instance still running, and every shared one a reload
+    /// retired that still finishes its calls, to stop on shutdown.
+    instances: Mutex<Vec<(Weak<ServerHandle>, Kept)>>,
     life: Life,
+}
+
+/// Why [`Hub`] keeps an instance that is not in its setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// A `scope: session` server's, for one session.
+    Session,
+    /// A shared server's, replaced or removed by a reload, finishing its calls.
+    Retired,
 }
 
 /// The gateway's start and end.
@@ -126,9 +136,11 @@ impl Hub {
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
         let current = self.setup();
-        // A server launched anew (added, or its launch changed) is asked what it speaks.
+        // A server launched anew (added, or its launch or protocol changed) is asked what
+        // it speaks.
         for (name, server) in &config.servers {
-            if current.config.servers.get(name).is_none_or(|was| was.launch != server.launch) {
+            let was = current.config.servers.get(name);
+            if was.is_none_or(|was| was.launch != server.launch || was.protocol != server.protocol) {
                 self.life.revisions.forget(name);
             }
         }
@@ -148,13 +160,13 @@ impl Hub {
         // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
         if self.offer.borrow().is_some() {
             settle(changes.started.iter(), Instant::now() + how.init_timeout).await;
-            self.keep_what_did_not_relaunch(&current, &mut next, &mut changes);
+            self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
         }
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
         for handle in changes.retired.iter().cloned() {
             // Still running its calls: stopped at shutdown like the rest.
-            self.keep_instance(&handle);
+            self.keep(&handle, Kept::Retired);
             let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
             let longest = current.config.longest_deadline(&handle.name);
             let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
@@ -175,7 +187,7 @@ impl Hub {
     /// A relaunched server whose new process did not come up while its old one serves
     /// keeps the old one (and its subscriptions), which a typo in `command` would
     /// otherwise take down with its tools; the new one is stopped.
-    fn keep_what_did_not_relaunch(&self, current: &Setup, next: &mut Setup, changes: &mut Changes) {
+    async fn keep_what_did_not_relaunch(&self, current: &Setup, next: &mut Setup, changes: &mut Changes) {
         let find = |list: &[Arc<ServerHandle>], instance: u64| list.iter().find(|h| h.instance == instance).cloned();
         for (old, new) in changes.moved.clone() {
             let (Some(running), Some(failed)) = (find(&changes.retired, old), find(&changes.started, new)) else {
@@ -197,7 +209,10 @@ impl Hub {
             changes.retired.retain(|h| h.instance != old);
             changes.restarted.retain(|n| **n != *running.name);
             changes.kept_running.push(running.name.to_string());
-            tokio::spawn(async move { failed.shutdown().await });
+            failed.shutdown().await;
+            // What the running process speaks, which the failed launch made forgotten.
+            let spoken = was.session.as_ref().and_then(|s| s.info.as_ref()).map(|i| i.protocol_version.clone());
+            self.life.revisions.learn(&running.name, spoken.as_ref());
         }
     }
 
@@ -271,7 +286,8 @@ impl Hub {
     /// The running instances of `scope: session` server `name`, one per session using it.
     pub fn instances_of(&self, name: &str) -> Vec<Arc<ServerHandle>> {
         let list = self.instances.lock().expect("not poisoned");
-        list.iter().filter_map(Weak::upgrade).filter(|h| &*h.name == name && !h.is_stopped()).collect()
+        let sessions = list.iter().filter(|(_, kept)| *kept == Kept::Session).filter_map(|(h, _)| h.upgrade());
+        sessions.filter(|h| &*h.name == name && !h.is_stopped()).collect()
     }
 
     /// Server instance `instance`, shared or a session's own, while it runs.
@@ -279,16 +295,19 @@ impl Hub {
         let shared = self.setup().servers.values().find(|h| h.instance == instance).cloned();
         shared.or_else(|| {
             let own = self.instances.lock().expect("not poisoned");
-            own.iter().filter_map(Weak::upgrade).find(|h| h.instance == instance)
+            own.iter().filter_map(|(h, _)| h.upgrade()).find(|h| h.instance == instance)
         })
     }
 
-    /// Keeps `handle` (a per-session instance, or one a reload retired that finishes its
-    /// calls) to be stopped on shutdown.
+    /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
     pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
+        self.keep(handle, Kept::Session);
+    }
+
+    fn keep(&self, handle: &Arc<ServerHandle>, why: Kept) {
         let mut list = self.instances.lock().expect("not poisoned");
-        list.retain(|w| w.strong_count() > 0);
-        list.push(Arc::downgrade(handle));
+        list.retain(|(w, _)| w.strong_count() > 0);
+        list.push((Arc::downgrade(handle), why));
     }
 
     pub fn catalogue(&self) -> Arc<Catalogue> {
@@ -479,7 +498,8 @@ impl Hub {
     /// Stops every server in parallel, the sessions' own instances and those a reload
     /// retired (still finishing calls) too, and waits until their processes are gone.
     pub async fn shutdown(&self) {
-        let instances: Vec<_> = self.instances.lock().expect("not poisoned").iter().filter_map(Weak::upgrade).collect();
+        let instances: Vec<_> =
+            self.instances.lock().expect("not poisoned").iter().filter_map(|(h, _)| h.upgrade()).collect();
         let setup = self.setup();
         let shared = |h: &&Arc<ServerHandle>| setup.servers.values().any(|s| s.instance == h.instance);
         let all = setup.servers.values().chain(instances.iter().filter(|h| !shared(h)));

@@ -2,7 +2,8 @@
 //! policies, the adapters. A reload builds the next `Setup` from the previous one, as a
 //! diff: a server whose launch is unchanged keeps its process (and its sessions); one
 //! whose whole entry is unchanged keeps its breakers, retry budget and adapter state too;
-//! counters carry over by name. Calls in flight finish on the `Setup` they started with.
+//! counters carry over by name. Calls in flight keep the engine and adapters of the
+//! `Setup` they started with; each attempt goes to its server's current instance.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -76,12 +77,14 @@ impl Changes {
 }
 
 impl Setup {
-    /// `name` keeps `running`, the instance `current` has, with `current`'s entry for it:
-    /// its new launch did not come up. The next reload compares against that entry, so
-    /// the same new launch is tried again then.
+    /// `name` keeps `running`, the instance `current` has: its new launch did not come
+    /// up. Its entry keeps the new file's settings (its policy and adapter were made
+    /// from them) but `current`'s launch and protocol, which `running` was started with:
+    /// the next reload compares against those, so the same new launch is tried again then.
     pub fn keep_running(&mut self, current: &Setup, name: &str, running: Arc<ServerHandle>) {
-        if let Some(entry) = current.config.servers.get(name) {
-            self.config.servers.insert(name.to_owned(), entry.clone());
+        if let (Some(entry), Some(was)) = (self.config.servers.get_mut(name), current.config.servers.get(name)) {
+            entry.launch = was.launch.clone();
+            entry.protocol = was.protocol;
         }
         self.servers.insert(name.into(), running);
     }

@@ -74,7 +74,7 @@ impl Revisions {
     }
 
     /// `server`'s start ended: initialised on `revision`, or (`None`) failed.
-    fn learn(&self, server: &Arc<str>, revision: Option<&ProtocolVersion>) {
+    pub fn learn(&self, server: &Arc<str>, revision: Option<&ProtocolVersion>) {
         let mut known = self.0.lock().expect("not poisoned");
         if revision.is_some_and(ProtocolVersion::has_initialize) {
             known.insert(server.clone());
@@ -947,8 +947,6 @@ impl Connection {
     }
 }
 
-/// Counts a crash (or a requested restart) now; true when the crashes within the window
-/// make a loop.
 /// Why a server's process ended, when it does; never, for an HTTP server.
 async fn exited(process: &mut Option<ServerProcess>) -> String {
     match process {

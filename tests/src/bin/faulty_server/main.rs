@@ -521,6 +521,10 @@ impl Server {
             // A server that stops answering: the outage a breaker is for.
             "outage" if self.state.as_ref().is_some_and(|d| d.join("outage").exists()) => std::future::pending().await,
             "outage" => Ok(text(format!("{}: up", self.name))),
+            // Under `FAULTY_NO_LIMITS`, a server with no rate limit.
+            "rate_limited" if std::env::var_os("FAULTY_NO_LIMITS").is_some() => {
+                Ok(text(format!("{}: not limited", self.name)))
+            }
             "rate_limited" => {
                 let after = args["retry_after"].as_u64().unwrap_or(1);
                 let mut last = self.last_429.lock().await;
