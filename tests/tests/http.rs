@@ -772,7 +772,8 @@ async fn on_sigterm_a_call_its_client_left_is_ended_and_logged() {
         |dir| {
             let mut a = faulty("a", dir, &[]);
             a["recovery"] = json!({"timeout_ms": 60000, "retry": {"max_attempts": 1}});
-            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": dir.join("errors.jsonl")}})
+            let http = json!({"shutdown_grace_ms": 500});
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": dir.join("errors.jsonl"), "http": http}})
         },
         &[],
     )

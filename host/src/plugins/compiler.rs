@@ -34,6 +34,9 @@ const ERROR_BYTES: u64 = 4 << 10;
 /// The exit code of a compiler process that could not get ready (not the adapter's fault).
 const SETUP_FAILED: i32 = 2;
 
+/// The most compiled code one component may make: eight times the largest component.
+pub const MAX_COMPILED_BYTES: usize = 8 * MAX_COMPONENT_BYTES as usize;
+
 /// The most threads a compiler process compiles on.
 const MAX_THREADS: usize = 4;
 
@@ -144,11 +147,11 @@ fn failure(status: ExitStatus, said: &str) -> String {
 }
 
 /// The compiler process itself: the component on stdin, its compiled code into the new
-/// file `out`; `parent` is the gateway's pid. What fails before the compiling (its
-/// limits, its input, making the file) exits with [`SETUP_FAILED`], and the gateway may
-/// compile without this process; what fails from the compiling on, the writing included
-/// (the component decides how much code it compiles to: enough to fill a small `/tmp`),
-/// is the adapter's, and it is not loaded.
+/// file `out`; `parent` is the gateway's pid. Only the compiling is the adapter's doing,
+/// and how much code it compiles to (at most [`MAX_COMPILED_BYTES`], so that no
+/// component can fill a small `/tmp` and so send the gateway to compile it in memory):
+/// anything else that fails (its limits, its input, the file) exits with
+/// [`SETUP_FAILED`].
 pub fn run(out: &Path, parent: &str) -> ExitCode {
     let setup = |e: anyhow::Error| {
         eprintln!("{e:#}");
@@ -165,16 +168,13 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut file = match create_private(out) {
-        Ok(file) => file,
-        Err(e) => return setup(anyhow::Error::new(e).context(format!("cannot create {}", out.display()))),
-    };
-    match file.write_all(&compiled) {
+    if compiled.len() > MAX_COMPILED_BYTES {
+        eprintln!("it compiles to {} MiB of code, more than {} MiB", compiled.len() >> 20, MAX_COMPILED_BYTES >> 20);
+        return ExitCode::FAILURE;
+    }
+    match create_private(out).and_then(|mut file| file.write_all(&compiled)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cannot write its compiled code ({} bytes) to {}: {e}", compiled.len(), out.display());
-            ExitCode::FAILURE
-        }
+        Err(e) => setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display()))),
     }
 }
 

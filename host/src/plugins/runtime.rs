@@ -365,7 +365,7 @@ impl Runtime {
             false => Fault::Failed(format!("it ran past its {} ms deadline", limit.as_millis())),
         };
         if remaining.is_zero() {
-            return Err(Fault::Busy); // an instance given at the deadline runs nothing: no fault
+            return Err(past()); // an instance given at the deadline runs nothing
         }
         match tokio::time::timeout(remaining, self.driver.run(call, room.turns.clone(), queued.clone())).await {
             Ok(Some(ended)) => ended.map_err(|e| fault_of(&e, past)),
