@@ -12,17 +12,70 @@ pub const PER_VALUE: usize = 128;
 /// value in it, counted without reading it (each `[`, `{` and `,` outside a string
 /// starts one more value). Text that is not JSON weighs as much as the JSON it resembles.
 pub fn json(text: &[u8]) -> usize {
-    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
-    for &b in text {
-        match (in_string, b) {
-            (true, _) if escaped => escaped = false,
-            (true, b'\\') => escaped = true,
-            (true, b'"') => in_string = false,
-            (true, _) => {}
-            (false, b'"') => in_string = true,
-            (false, b'[' | b'{' | b',') => values += 1,
-            (false, _) => {}
+    let mut weigher = Weigher::default();
+    weigher.feed(text);
+    weigher.weight()
+}
+
+/// [`json`] over text that comes in pieces (as a serializer writes it): fed piece by
+/// piece, it weighs as the whole would.
+#[derive(Debug, Default)]
+pub struct Weigher {
+    bytes: usize,
+    /// Values begun after the first.
+    more: usize,
+    in_string: bool,
+    escaped: bool,
+}
+
+impl Weigher {
+    /// Weighs the next piece of the text.
+    pub fn feed(&mut self, text: &[u8]) {
+        self.bytes = self.bytes.saturating_add(text.len());
+        for &b in text {
+            match (self.in_string, b) {
+                (true, _) if self.escaped => self.escaped = false,
+                (true, b'\\') => self.escaped = true,
+                (true, b'"') => self.in_string = false,
+                (true, _) => {}
+                (false, b'"') => self.in_string = true,
+                (false, b'[' | b'{' | b',') => self.more += 1,
+                (false, _) => {}
+            }
         }
     }
-    text.len().saturating_add(values.saturating_mul(PER_VALUE))
+
+    /// What the text fed so far weighs.
+    pub fn weight(&self) -> usize {
+        self.bytes.saturating_add(self.more.saturating_add(1).saturating_mul(PER_VALUE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Text weighed in pieces weighs as the whole does, wherever it is cut (inside a
+        /// string, between a backslash and what it escapes).
+        #[test]
+        fn text_in_pieces_weighs_as_the_whole(text in r#"[\[\]{},:"\\a0 ]{0,64}"#, cuts in proptest::collection::vec(0usize..64, 0..4)) {
+            let bytes = text.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort_unstable();
+            let mut weigher = Weigher::default();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([bytes.len()]) {
+                weigher.feed(&bytes[from..cut]);
+                from = cut;
+            }
+            proptest::prop_assert_eq!(weigher.weight(), json(bytes));
+        }
+    }
+
+    #[test]
+    fn values_weigh_outside_strings_only() {
+        assert_eq!(json(b"[0,0,0]"), 7 + 4 * PER_VALUE);
+        assert_eq!(json(br#""[0,\"0,0]""#), 11 + PER_VALUE);
+    }
 }

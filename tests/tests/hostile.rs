@@ -188,11 +188,23 @@ async fn a_call_too_heavy_for_the_adapters_memory_is_not_shown_to_it() {
     assert_eq!(a["adapter"]["faults"], 0, "{}", a["adapter"]);
     assert_eq!(a["adapter"]["quarantined_for_ms"], Value::Null, "{}", a["adapter"]);
     assert_eq!(a["adapter"]["too_heavy"], 6, "neither its classify nor its plan: {}", a["adapter"]);
+    // Nor is it shown a successful call as heavy (found so before the call is copied).
+    let r = gw.call("a__echo", json!({"message": "heavy", "values": zeros})).await;
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let mut a = server_status(&gw, "a").await;
+    for _ in 0..100 {
+        if a["adapter"]["too_heavy"] != 6 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        a = server_status(&gw, "a").await;
+    }
+    assert_eq!((&a["adapter"]["too_heavy"], &a["adapter"]["faults"]), (&json!(7), &json!(0)), "{}", a["adapter"]);
     // 40,000 zeros weigh about 5 MiB read: shown (and read within its 32 MiB).
     let r = gw.call("a__fail", json!({"message": "boom", "values": vec![0; 40_000]})).await;
     assert_eq!(r.is_error, Some(true));
     let a = server_status(&gw, "a").await;
-    assert_eq!((&a["adapter"]["too_heavy"], &a["adapter"]["faults"]), (&json!(6), &json!(0)), "{}", a["adapter"]);
+    assert_eq!((&a["adapter"]["too_heavy"], &a["adapter"]["faults"]), (&json!(7), &json!(0)), "{}", a["adapter"]);
     gw.close().await;
 }
 

@@ -20,7 +20,7 @@ use crate::recovery::engine::{Denial, Denied};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
 use crate::redact::Secrets;
 use futures::future::BoxFuture;
-use lane::Lane;
+use lane::{Admission, Lane};
 use rmcp::model::{CallToolResult, JsonObject};
 
 /// Faults within [`FAULT_WINDOW`] that quarantine a plugin.
@@ -296,6 +296,18 @@ impl Adapter {
         }
     }
 
+    /// The most a call may weigh once read ([`crate::weight`]) to be shown to the adapter.
+    fn heaviest(&self) -> usize {
+        self.runtime.limits.memory / SHOWN_OF_MEMORY
+    }
+
+    /// Counts a call not shown to the adapter because it weighs more than [`Self::heaviest`].
+    fn not_shown(&self, what: &str, weight: Option<usize>) {
+        self.health.lock().expect("not poisoned").too_heavy += 1;
+        let weight = weight.map_or_else(String::new, |w| format!(" {w} bytes"));
+        tracing::debug!(adapter = %self.name, server = %self.server, "{what}: not asked: the call would weigh{weight} once read, more than a quarter of the adapter's memory");
+    }
+
     /// Runs `request` in a fresh instance, within the runtime's limits. Any fault (trap,
     /// deadline, limit, panic, a broken contract) is logged with the plugin's output,
     /// counted, and answered with `None`.
@@ -310,10 +322,11 @@ impl Adapter {
         }
         // What a client or a server sent may take more than the adapter's memory once the
         // adapter reads it: a call it could not hold is not its fault, nor shown to it.
+        // (An observed call was weighed before it was copied; redacting a secret can make
+        // it heavier since.)
         let weight = request.weight();
-        if weight > self.runtime.limits.memory / SHOWN_OF_MEMORY {
-            self.health.lock().expect("not poisoned").too_heavy += 1;
-            tracing::debug!(adapter = %self.name, server = %self.server, "{what}: not asked: the call would weigh {weight} bytes once read, more than a quarter of the adapter's memory");
+        if weight > self.heaviest() {
+            self.not_shown(what, Some(weight));
             return None;
         }
         let output = CappedPipe::new(OUTPUT_CAP);
@@ -471,13 +484,15 @@ impl Advisor for Adapters {
     ) -> BoxFuture<'static, ()> {
         // An adapter that does not observe this tool costs a successful call nothing; one
         // that does sees it after the client has its answer.
-        // Nor does one quarantined, or whose queue has no room for it: both found before
-        // the call is copied for it.
-        if let Some(a) = self.by_server.get(server).filter(|a| a.info.needs.observes(tool))
-            && !a.quarantined()
-            && a.lane.admits(arguments, result)
-        {
-            a.lane.push(a, a.completed(tool, arguments, result));
+        // Nor does one quarantined, one whose queue has no room for it, or one that could
+        // not hold it: all found before the call is copied for it.
+        let Some(a) = self.by_server.get(server).filter(|a| a.info.needs.observes(tool) && !a.quarantined()) else {
+            return Box::pin(async {});
+        };
+        match a.lane.admits(arguments, result, a.heaviest()) {
+            Admission::Fits => a.lane.push(a, a.completed(tool, arguments, result)),
+            Admission::TooHeavy => a.not_shown("observe", None),
+            Admission::NoRoom => {}
         }
         Box::pin(async {})
     }

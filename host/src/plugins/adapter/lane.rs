@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::super::bindings::v0_1::rebound::adapter::types as wit;
 use super::super::runtime::Request;
 use super::Adapter;
+use crate::weight::Weigher;
 
 /// Successful calls waiting to be shown; past this they are dropped and counted.
 const QUEUE: usize = 256;
@@ -43,18 +44,29 @@ impl Lane {
         Self { tx: OnceLock::new(), queued: self.queued.clone(), dropped: self.dropped.clone() }
     }
 
-    /// Whether a call of `arguments` and `result` may still fit: measured without being
-    /// copied, and no further than the room left, so that a large answer costs nothing
-    /// when it would be dropped anyway. One that may not is counted as dropped.
-    pub fn admits(&self, arguments: Option<&impl serde::Serialize>, result: &impl serde::Serialize) -> bool {
+    /// Whether a call of `arguments` and `result` may still fit, and may be shown to an
+    /// adapter that reads at most `heaviest` ([`crate::weight`]): measured and weighed in
+    /// one pass without being copied, and no further than the room left or the weight
+    /// allowed, so that a large answer costs nothing when it would be dropped anyway. One
+    /// without room is counted as dropped.
+    pub fn admits(
+        &self,
+        arguments: Option<&impl serde::Serialize>,
+        result: &impl serde::Serialize,
+        heaviest: usize,
+    ) -> Admission {
         let room = QUEUE_BYTES.saturating_sub(self.queued.load(Ordering::Acquire));
-        let mut counted = Counted { left: room };
+        let mut counted = Counted { left: room, heaviest, weigher: Weigher::default() };
         let fits = serde_json::to_writer(&mut counted, &arguments).is_ok()
             && serde_json::to_writer(&mut counted, result).is_ok();
-        if !fits {
+        if fits {
+            Admission::Fits
+        } else if counted.weigher.weight() > heaviest {
+            Admission::TooHeavy
+        } else {
             self.dropped.fetch_add(1, Ordering::Relaxed);
+            Admission::NoRoom
         }
-        fits
     }
 
     /// Queues `call` for `adapter` to observe, without waiting.
@@ -83,14 +95,30 @@ impl Lane {
     }
 }
 
-/// A sink that takes `left` bytes more, then fails.
+/// Whether a successful call may be queued for an adapter to observe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    Fits,
+    /// The queue's bytes are taken (counted as dropped).
+    NoRoom,
+    /// It weighs more than the adapter may be shown.
+    TooHeavy,
+}
+
+/// A sink that takes `left` bytes more, and text weighing up to `heaviest`, then fails.
 struct Counted {
     left: usize,
+    heaviest: usize,
+    weigher: Weigher,
 }
 
 impl std::io::Write for Counted {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.left = self.left.checked_sub(bytes.len()).ok_or_else(|| std::io::Error::other("past the room left"))?;
+        self.weigher.feed(bytes);
+        if self.weigher.weight() > self.heaviest {
+            return Err(std::io::Error::other("past the weight allowed"));
+        }
         Ok(bytes.len())
     }
 
@@ -162,10 +190,40 @@ mod tests {
     fn a_call_past_the_room_left_is_not_copied() {
         let lane = Lane::default();
         let small = serde_json::json!({"text": "x".repeat(1 << 10)});
-        assert!(lane.admits(None::<&serde_json::Value>, &small));
+        let any = usize::MAX;
+        assert_eq!(lane.admits(None::<&serde_json::Value>, &small, any), Admission::Fits);
         lane.queued.store(QUEUE_BYTES - 100, Ordering::Release);
-        assert!(!lane.admits(None::<&serde_json::Value>, &small));
-        assert!(!lane.admits(Some(&small), &serde_json::json!({})), "its arguments count too");
+        assert_eq!(lane.admits(None::<&serde_json::Value>, &small, any), Admission::NoRoom);
+        assert_eq!(
+            lane.admits(Some(&small), &serde_json::json!({}), any),
+            Admission::NoRoom,
+            "its arguments count too"
+        );
         assert_eq!(lane.dropped.load(Ordering::Relaxed), 2);
+    }
+
+    /// A call heavier than the adapter may be shown is found so in the same pass, before
+    /// it is copied, by its values as well as its bytes; it is not counted as dropped.
+    #[test]
+    fn a_call_too_heavy_to_show_is_found_before_it_is_copied() {
+        let lane = Lane::default();
+        let zeros = serde_json::json!({"values": vec![0; 1000]});
+        let text = serde_json::to_string(&zeros).unwrap();
+        let weight = crate::weight::json(text.as_bytes()) + crate::weight::json(b"null");
+        assert!(
+            text.len() < 3000 && weight > 1000 * crate::weight::PER_VALUE,
+            "a thousand values weigh more than their bytes"
+        );
+        assert_eq!(lane.admits(None::<&serde_json::Value>, &zeros, weight), Admission::Fits);
+        assert_eq!(
+            lane.admits(None::<&serde_json::Value>, &zeros, weight - 2 * crate::weight::PER_VALUE),
+            Admission::TooHeavy
+        );
+        assert_eq!(
+            lane.admits(Some(&zeros), &serde_json::json!({}), 64 << 10),
+            Admission::TooHeavy,
+            "its arguments weigh too"
+        );
+        assert_eq!(lane.dropped.load(Ordering::Relaxed), 0);
     }
 }
