@@ -168,14 +168,38 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if compiled.len() > MAX_COMPILED_BYTES {
-        eprintln!("it compiles to {} MiB of code, more than {} MiB", compiled.len() >> 20, MAX_COMPILED_BYTES >> 20);
-        return ExitCode::FAILURE;
-    }
-    match create_private(out).and_then(|mut file| file.write_all(&compiled)) {
+    match deliver(&compiled, out, MAX_COMPILED_BYTES) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display()))),
+        Err(Undelivered::TooLarge(why)) => {
+            eprintln!("{why}");
+            ExitCode::FAILURE
+        }
+        Err(Undelivered::Unwritten(e)) => {
+            setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display())))
+        }
     }
+}
+
+/// Why compiled code was not written.
+#[derive(Debug)]
+enum Undelivered {
+    /// More than the most one component may make: the component's doing.
+    TooLarge(String),
+    /// The file could not be made or written: not the component's doing.
+    Unwritten(std::io::Error),
+}
+
+/// Writes `compiled` into the new file `out` if it is at most `most` bytes.
+fn deliver(compiled: &[u8], out: &Path, most: usize) -> Result<(), Undelivered> {
+    if compiled.len() > most {
+        let mib = |n: usize| n.div_ceil(1 << 20);
+        return Err(Undelivered::TooLarge(format!(
+            "it compiles to {} MiB of code, more than {} MiB",
+            mib(compiled.len()),
+            mib(most)
+        )));
+    }
+    create_private(out).and_then(|mut file| file.write_all(compiled)).map_err(Undelivered::Unwritten)
 }
 
 /// Ends with the gateway (even one killed while it compiles, or before this ran) and
@@ -221,4 +245,24 @@ fn limit_memory() -> anyhow::Result<()> {
     let limit = COMPILER_MEMORY.min(hard);
     setrlimit(Resource::RLIMIT_DATA, limit, hard)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Code past the most a component may make is refused as the component's doing, and
+    /// nothing is written; a file that cannot be made is not its doing.
+    #[test]
+    fn compiled_code_is_written_only_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("code");
+        let code = vec![7u8; 3 << 20];
+        let Err(Undelivered::TooLarge(why)) = deliver(&code, &out, 2 << 20) else { panic!("past the bound") };
+        assert_eq!(why, "it compiles to 3 MiB of code, more than 2 MiB");
+        assert!(!out.exists(), "nothing written");
+        deliver(&code, &out, code.len()).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), code);
+        assert!(matches!(deliver(&code, &out, code.len()), Err(Undelivered::Unwritten(_))), "never over a file");
+    }
 }
