@@ -183,9 +183,14 @@ impl Metrics {
 }
 
 /// The most tool names one server's calls are counted under; the calls of any other
-/// are counted as tool `other`. A server's names come from it (and change with its
-/// `list_changed`): a server that renames its tools does not grow `/metrics` for ever.
+/// are counted as tool [`OTHER_TOOLS`]. A server's names come from it (and change with
+/// its `list_changed`): a server that renames its tools does not grow `/metrics` for ever.
 pub const MAX_TOOL_LABELS: usize = 256;
+
+/// The label of the tools past [`MAX_TOOL_LABELS`]: parenthesised, which no tool name is
+/// (MCP names are letters, digits, `_`, `-`, `.` and `/`), so that a tool called `other`
+/// keeps its own count.
+pub const OTHER_TOOLS: &str = "(other)";
 
 /// Each server's tool names seen so far, as label values.
 #[derive(Debug, Default)]
@@ -194,7 +199,7 @@ struct ToolNames {
 }
 
 impl ToolNames {
-    /// `tool`'s label among `server`'s: its own name, or `other` past [`MAX_TOOL_LABELS`].
+    /// `tool`'s label among `server`'s: its own name, or [`OTHER_TOOLS`] past [`MAX_TOOL_LABELS`].
     fn label(&self, server: &str, tool: &str) -> String {
         let name = label(tool);
         let mut seen = self.seen.lock().expect("not poisoned");
@@ -202,15 +207,17 @@ impl ToolNames {
         if names.contains(&name) || names.len() < MAX_TOOL_LABELS && names.insert(name.clone()) {
             name
         } else {
-            "other".to_owned()
+            OTHER_TOOLS.to_owned()
         }
     }
 }
 
 /// A tool name as a label value. prometheus-client writes label values as they are, and
 /// tool names come from the servers: a quote or a line break would break the exposition.
+/// Parentheses go too, so that no server's tool is labelled [`OTHER_TOOLS`].
 fn label(name: &str) -> String {
-    name.chars().map(|c| if c == '"' || c == '\\' || c.is_control() { '_' } else { c }).collect()
+    let kept = |c: char| !matches!(c, '"' | '\\' | '(' | ')') && !c.is_control();
+    name.chars().map(|c| if kept(c) { c } else { '_' }).collect()
 }
 
 fn breaker_value(state: &str) -> i64 {
@@ -298,9 +305,12 @@ mod tests {
         for i in 0..super::MAX_TOOL_LABELS {
             assert_eq!(tools.label("a", &format!("t{i}")), format!("t{i}"));
         }
-        assert_eq!(tools.label("a", "renamed"), "other");
+        assert_eq!(tools.label("a", "renamed"), super::OTHER_TOOLS);
+        assert_eq!(tools.label("a", "(other)"), super::OTHER_TOOLS, "a server naming one so gets no label of its own");
         assert_eq!(tools.label("a", "t7"), "t7", "a name seen keeps its label");
         assert_eq!(tools.label("b", "renamed"), "renamed", "each server has its own");
+        assert_eq!(tools.label("b", "other"), "other", "a tool called `other` is not the rest");
+        assert_eq!(tools.label("b", "(other)"), "_other_");
     }
 
     #[test]
