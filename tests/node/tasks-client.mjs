@@ -150,6 +150,11 @@ if (mode === "run" || mode === "quiet") {
   process.kill(everything(), "SIGKILL");
   await new Promise((resolve) => setTimeout(resolve, 1000));
   try {
+    out.result = await client.experimental.tasks.getTaskResult(id, CallToolResultSchema);
+  } catch (error) {
+    out.resultError = error.message;
+  }
+  try {
     out.task = await client.experimental.tasks.getTask(id);
   } catch (error) {
     out.error = error.message;

@@ -140,11 +140,14 @@ def test_over_http_a_session_scoped_servers_task_asks_its_own_client(tmp_path):
 
 def test_a_task_the_client_heard_end_is_not_reported_failed_when_its_server_is_lost(tmp_path):
     """An ended task stays ended: once the server's notification said so, the loss of
-    its server makes it unknown, not `failed`, and the client is told nothing more."""
+    its server makes it unknown, not `failed`, and the client is told nothing more: its
+    `tasks/result` is the error `tasks/get` would give, not a result saying it was lost."""
     seen = drive("heard", *gateway(tmp_path))
     assert seen["heard"][-1] == "completed", seen["heard"]
+    assert "result" not in seen, seen["result"]
+    assert "it ended, and then its server stopped" in seen["resultError"]
     assert "task" not in seen, seen["task"]
-    assert "it ended, and then its server stopped" in seen["error"]
+    assert "unknown task" in seen["error"], seen["error"]
     assert "failed" not in [s["status"] for s in seen["statuses"]]
 
 

@@ -380,10 +380,7 @@ impl Gateway {
         }
         match (method, self.task_lost(&id, &task, cx.peer.clone())) {
             ("tasks/get", Some(status)) => Ok(status),
-            ("tasks/get", None) => Err(ErrorData::invalid_params(
-                format!("unknown task `{id}`: it ended, and then its server stopped"),
-                None,
-            )),
+            ("tasks/get", None) => Err(ended_then_stopped(&id)),
             _ => Err(ErrorData::invalid_params(
                 format!("task `{id}` has already ended or failed: it cannot be cancelled"),
                 None,
@@ -407,7 +404,11 @@ impl Gateway {
                 Err(Fault::Error(e)) => return Err(e),
             }
         }
-        self.task_lost(&id, &task, cx.peer.clone());
+        // One the client saw end before its server stopped is unknown now, as `tasks/get`
+        // says: its result went with the server.
+        if self.task_lost(&id, &task, cx.peer.clone()).is_none() {
+            return Err(ended_then_stopped(&id));
+        }
         let why = task.lost().map(|(why, _)| why).unwrap_or_default();
         Ok(json!({
             "content": [{"type": "text", "text": format!("rebound: {why}")}],
@@ -432,6 +433,12 @@ impl Gateway {
             .await;
         json!({"tasks": tasks})
     }
+}
+
+/// The answer about task `id`, which the client saw end before its server stopped: its
+/// status and result went with the server.
+fn ended_then_stopped(id: &str) -> ErrorData {
+    ErrorData::invalid_params(format!("unknown task `{id}`: it ended, and then its server stopped"), None)
 }
 
 /// The errors log's record of task `id` (a call of `tool` on `server`), lost with its

@@ -577,7 +577,8 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
         | Failure::Protocol { .. }
         | Failure::Cancelled
         | Failure::Unanswered { .. }
-        | Failure::Internal { .. } => wit::Outcome::Other(clean(&f.failure.message())),
+        | Failure::Internal { .. }
+        | Failure::GatewayLimit { .. } => wit::Outcome::Other(clean(&f.failure.message())),
     };
     wit::Failure {
         server: f.server.to_owned(),

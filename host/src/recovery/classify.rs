@@ -205,6 +205,8 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         }
         Failure::Cancelled => C::Cancelled.with(false, false, Low, User),
         Failure::Unanswered { .. } => C::Capability.with(false, false, Low, User),
+        // The client's load, not the server's fault: it may call again once it has less.
+        Failure::GatewayLimit { .. } => C::RateLimit.with(false, false, Medium, User),
         // The gateway's own bug: nothing to retry, nothing against the server.
         Failure::Internal { .. } => C::Other("internal".into()).with(false, false, Severity::Critical, Bug),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
@@ -398,6 +400,8 @@ mod tests {
         check(Failure::Cancelled, Cancelled, false, false, false);
         check(Failure::Unanswered { reason: "declined".into() }, Capability, false, false, false);
         check(Failure::Protocol { reason: "odd".into() }, Protocol, false, true, false);
+        // A task past the client's share, refused by the gateway: no mark on the server.
+        check(Failure::GatewayLimit { reason: "full".into() }, RateLimit, false, false, false);
     }
 
     #[test]

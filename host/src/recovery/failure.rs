@@ -40,13 +40,18 @@ pub enum Failure {
     Unanswered { reason: String },
     /// The gateway itself failed while handling the call (a panic, caught): a bug.
     Internal { reason: String },
+    /// What the server made for the client was past a limit of the gateway's (a task
+    /// past the tasks it relays, in all or for this client) and undone upstream: nothing
+    /// against the server, which did as asked.
+    GatewayLimit { reason: String },
 }
 
 impl Failure {
     /// Whether the attempt may have taken effect, in part or whole, although it failed:
     /// it timed out or lost its connection in flight (as `class`, the failure's
     /// classification, says, also of a timeout a server reports), its answer was dropped
-    /// for its size, or the gateway failed while handling it. The gateway's own
+    /// for its size, the gateway failed while handling it, or cancelled what the server
+    /// had started for it. The gateway's own
     /// classification decides too: an adapter's refinement can say it may have run, never
     /// that it did not (the client would be told it may call again a tool that ran).
     pub fn may_have_run(&self, class: &Classification) -> bool {
@@ -56,7 +61,7 @@ impl Failure {
         let ran = |c: &Classification| matches!(c.category, Category::Timeout | Category::Transport);
         ran(class)
             || ran(&builtin)
-            || matches!(self, Self::Internal { .. })
+            || matches!(self, Self::Internal { .. } | Self::GatewayLimit { .. })
             || matches!(self, Self::Rpc { data, .. } if dropped(data))
     }
 
@@ -75,6 +80,7 @@ impl Failure {
             Self::Cancelled => "cancelled",
             Self::Unanswered { .. } => "unanswered",
             Self::Internal { .. } => "internal",
+            Self::GatewayLimit { .. } => "gateway_limit",
         }
     }
 
@@ -113,6 +119,7 @@ impl Failure {
             Self::Cancelled => "cancelled by the client".to_owned(),
             Self::Unanswered { reason } => format!("the server asked the client for input, with no answer: {reason}"),
             Self::Internal { reason } => format!("Rebound failed internally while handling the call: {reason}"),
+            Self::GatewayLimit { reason } => reason.clone(),
         }
     }
 }

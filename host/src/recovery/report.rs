@@ -59,6 +59,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (Category::ToolNotFound, _) => {
             format!("the `{server}` server no longer offers `{tool}`; call tools/list and pick another tool")
         }
+        (_, Failure::GatewayLimit { .. }) => {
+            "wait for this client's tasks to end, or cancel one (`tasks/cancel`), then call again".to_owned()
+        }
         (_, Failure::Unanswered { .. }) => format!(
             "`{tool}` needs an answer from this client (sampling, elicitation or roots) that it did not give; answer it, or use a client that supports what the server asks"
         ),

@@ -178,12 +178,13 @@ impl Relayed {
     /// own; one that cannot be kept is cancelled upstream.
     pub fn keep(&self, mut created: CreateTaskResult, origin: Origin<'_>) -> Result<CreateTaskResult, Failure> {
         let upstream = std::mem::take(&mut created.task.task_id);
-        let refuse = |reason: String| {
+        let refuse = |failure: Failure| {
             cancel_upstream(origin.session, &upstream);
-            Err(Failure::Protocol { reason })
+            Err(failure)
         };
         if upstream.len() > MAX_ID_BYTES {
-            return refuse(format!("the server created a task whose id is longer than {MAX_ID_BYTES} bytes"));
+            let reason = format!("the server created a task whose id is longer than {MAX_ID_BYTES} bytes");
+            return refuse(Failure::Protocol { reason });
         }
         let ttl = created.task.ttl_ms.map_or(DEFAULT_TTL, Duration::from_millis).min(MAX_TTL);
         let id = format!("rebound-{:032x}", rand::random::<u128>());
@@ -205,9 +206,13 @@ impl Relayed {
         let mut tasks = self.tasks.lock().expect("not poisoned");
         if !tasks.has_room(origin.owner.as_deref()) {
             drop(tasks);
-            return refuse(format!(
-                "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's; the task was cancelled"
-            ));
+            // Concurrent calls may all have found room when they were sent: the client's
+            // load, which must not open the server's breaker for every client.
+            return refuse(Failure::GatewayLimit {
+                reason: format!(
+                    "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's; the task was cancelled"
+                ),
+            });
         }
         tasks.insert(id.clone(), entry);
         created.task.task_id = id;
