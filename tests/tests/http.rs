@@ -1273,3 +1273,36 @@ async fn over_http_a_2026_clients_task_is_followed_across_its_requests() {
     let got = modern_with_tasks(&gw, 102, "tasks/get", &long, json!({"taskId": long})).await;
     assert_eq!(got["result"]["status"], "cancelled", "{got}");
 }
+
+/// A client's session that ends (here by `DELETE`) takes its tasks with it: nobody can
+/// reach them through the gateway any more, so those still running are cancelled on their
+/// (shared) server; another session's run on.
+#[tokio::test]
+async fn a_sessions_running_tasks_are_cancelled_upstream_when_it_ends() {
+    let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--tasks"])}}), &[]).await;
+    let open = || async {
+        let init = post(&gw, &initialize()).send().await.unwrap();
+        let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        drop(init);
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(&gw, &note).header("mcp-session-id", &session).send().await.unwrap();
+        session
+    };
+    let start_task = |session: String| {
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "slow", "arguments": {"ms": 60000}, "task": {"ttl": 600000}}});
+        let sent = post(&gw, &call).header("mcp-session-id", session).header("mcp-protocol-version", "2025-11-25");
+        async move { sent.send().await.unwrap().text().await.unwrap() }
+    };
+    let (leaving, staying) = (open().await, open().await);
+    let first = start_task(leaving.clone()).await;
+    assert!(first.contains(r#""taskId":"task-1""#), "{first}");
+    let second = start_task(staying.clone()).await;
+    assert!(second.contains(r#""taskId":"task-2""#), "{second}");
+    let cancelled = || std::fs::read_to_string(gw.dir.path().join("a/tasks_cancelled")).unwrap_or_default();
+    assert_eq!(cancelled(), "", "nothing cancelled while both sessions last");
+    let deleted = reqwest::Client::new().delete(gw.url()).header("mcp-session-id", &leaving).send().await.unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    eventually("the ended session's task is cancelled upstream", || !cancelled().is_empty()).await;
+    assert_eq!(cancelled(), "task-1\n", "only the ended session's");
+}

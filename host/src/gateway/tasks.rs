@@ -150,11 +150,12 @@ fn as_value(answer: ServerResult) -> Result<Value, ErrorData> {
 }
 
 /// Asks `session`'s server to cancel task `id`, which the gateway will not keep: nobody
-/// could reach it. Off the caller's path, bounded.
+/// could reach it. Off the caller's path, bounded; not at all once the runtime is gone.
 fn cancel_upstream(session: &Session, id: &str) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let request = CustomRequest::new("tasks/cancel", Some(json!({"taskId": id})));
     let peer = session.peer.clone();
-    tokio::spawn(async move {
+    runtime.spawn(async move {
         let sent = peer.send_request(ClientRequest::CustomRequest(request));
         let _ = tokio::time::timeout(Duration::from_secs(5), sent).await;
     });

@@ -161,9 +161,17 @@ fn make_room(started: &mut HashMap<String, Arc<Started>>) -> Result<(), ErrorDat
     Ok(())
 }
 
+/// The session is gone, and nobody can reach its tasks any more: those still running are
+/// cancelled on their servers (a client could otherwise leave any number running on a
+/// shared server, 256 a session at a time).
 impl Drop for Tasks {
     fn drop(&mut self) {
-        for task in self.started.get_mut().expect("not poisoned").values() {
+        for (id, task) in self.started.get_mut().expect("not poisoned") {
+            if !task.is_over()
+                && let Some(session) = task.live_session()
+            {
+                super::cancel_upstream(&session, id);
+            }
             task.settled.cancel();
         }
     }

@@ -342,6 +342,14 @@ impl Server {
             "tasks/result" if self.tasks.is_some() => {
                 self.tasks.as_ref().unwrap().result(params["taskId"].as_str().unwrap_or_default()).await
             }
+            // Noted in `tasks_cancelled`; the task itself runs on.
+            "tasks/cancel" if self.tasks.is_some() => {
+                let task = params["taskId"].as_str().unwrap_or_default();
+                if let Some(dir) = &self.state {
+                    append(&dir.join("tasks_cancelled"), task);
+                }
+                Ok(tasks::task(task, "cancelled"))
+            }
             "notifications/cancelled" => {
                 if let Some(dir) = &self.state {
                     append(&dir.join("cancelled"), &params["requestId"].to_string());

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 
 /// What the server says it takes, in its answer to `initialize`: task-augmented calls
-/// (it answers `tasks/get` and `tasks/result`; it does not list or cancel tasks).
+/// (it answers `tasks/get` and `tasks/result`; it does not list tasks, and a
+/// `tasks/cancel` is only noted).
 pub fn capability() -> Value {
     json!({"requests": {"tools": {"call": {}}}})
 }
