@@ -64,12 +64,34 @@ struct RawDefaults {
     recovery: Map<String, Value>,
 }
 
+/// The largest configuration file read: a thousand servers' entries fit many times over.
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
 /// Reads and validates the configuration at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    let text = read(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     parse(&text, &absolute, &|name| std::env::var(name).ok())
+}
+
+/// The text of the regular file at `path`, of at most [`MAX_CONFIG_BYTES`]. Opened without
+/// waiting (a FIFO put where the file was, as a reload may find, would hold the open until
+/// someone writes to it), and read no further than one byte past the bound.
+fn read(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NONBLOCK).open(path)?;
+    let kind = file.metadata()?.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() { "a folder" } else { "not a regular file (a FIFO, a socket or a device)" };
+        return Err(std::io::Error::other(format!("it is {what}")));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(std::io::Error::other(format!("it is larger than {} MiB", MAX_CONFIG_BYTES >> 20)));
+    }
+    Ok(text)
 }
 
 /// Validates configuration text as if read from `path`, expanding `${VAR}` and

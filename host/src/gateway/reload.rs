@@ -50,7 +50,12 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
 }
 
 async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
-    let config = config::load(path)?;
+    // Off the runtime's threads (over stdio it has one): reading a file can wait on a disk.
+    let file = path.to_path_buf();
+    let loaded = tokio::task::spawn_blocking(move || config::load(&file)).await;
+    let failed =
+        |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
+    let config = loaded.map_err(failed)??;
     let current = hub.setup();
     if config.settings.http != current.config.settings.http
         || config.settings.errors_log != current.config.settings.errors_log

@@ -465,3 +465,26 @@ fn protocol_is_auto_unless_pinned_to_initialize() {
         "not a way to start a connection",
     );
 }
+
+/// What is at the path must be a regular file of at most `MAX_CONFIG_BYTES`: a FIFO is
+/// refused without waiting for a writer, a folder is named as one, and a huge file is
+/// read no further than its bound.
+#[test]
+fn only_a_regular_file_within_its_bound_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |path: &Path| {
+        let text = load(path).expect_err("refused").to_string();
+        assert!(text.contains(&path.display().to_string()) && text.contains("hint: "), "{text}");
+        text
+    };
+    let fifo = dir.path().join("fifo.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    assert!(refused(&fifo).contains("not a regular file"));
+    assert!(refused(dir.path()).contains("a folder"));
+    let huge = dir.path().join("huge.json");
+    let file = std::fs::File::create(&huge).unwrap();
+    file.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+    assert!(refused(&huge).contains("larger than 4 MiB"));
+    file.set_len(MAX_CONFIG_BYTES).unwrap();
+    assert!(matches!(load(&huge), Err(ConfigError::Syntax { .. })), "one at the bound is read");
+}
