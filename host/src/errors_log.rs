@@ -81,8 +81,7 @@ impl Recent {
 fn kept(entry: &Value) -> Value {
     let mut entry = entry.clone();
     if let Some(message) = entry["message"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
-        let cut = format!("{}…", &message[..message.floor_char_boundary(KEPT_MESSAGE_BYTES)]);
-        entry["message"] = Value::String(cut);
+        entry["message"] = Value::String(crate::text::capped(message, KEPT_MESSAGE_BYTES));
     }
     entry
 }

@@ -10,5 +10,6 @@ pub mod plugins;
 pub mod recovery;
 pub mod redact;
 pub mod telemetry;
+pub mod text;
 pub mod transport;
 pub mod weight;

@@ -198,10 +198,7 @@ impl CallTrace {
     /// `text` without secrets, at most `TEXT_MAX` bytes.
     fn text(&self, text: &str) -> String {
         let mut text = self.secrets.redact(text).into_owned();
-        if text.len() > TEXT_MAX {
-            text.truncate(text.floor_char_boundary(TEXT_MAX));
-            text.push('…');
-        }
+        crate::text::cap(&mut text, TEXT_MAX);
         text
     }
 

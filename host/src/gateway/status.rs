@@ -244,10 +244,7 @@ fn cap(value: &mut Value) {
 }
 
 fn capped(text: &str) -> String {
-    if text.len() <= TEXT_MAX {
-        return text.to_owned();
-    }
-    format!("{}…", &text[..text.floor_char_boundary(TEXT_MAX)])
+    crate::text::capped(text, TEXT_MAX)
 }
 
 /// A server's health at a glance: `red` when it cannot serve now (crashed and restarting,

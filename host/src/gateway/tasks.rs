@@ -476,14 +476,8 @@ fn task_fields(answer: &Value) -> Option<Value> {
     answer.get("taskId")?.as_str()?;
     let mut task: serde_json::Map<String, Value> =
         FIELDS.iter().filter_map(|k| Some(((*k).to_owned(), answer.get(*k)?.clone()))).collect();
-    if let Some(Value::String(message)) = task.get_mut("statusMessage")
-        && message.len() > 4096
-    {
-        let mut end = 4096;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        message.truncate(end);
+    if let Some(Value::String(message)) = task.get_mut("statusMessage") {
+        crate::text::cap(message, 4096);
     }
     Some(Value::Object(task))
 }

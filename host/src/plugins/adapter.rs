@@ -10,8 +10,9 @@ use super::bindings::v0_1::rebound::adapter::types as wit;
 use super::kv::Kv;
 use super::load::{Info, Loaded, Needs};
 use super::runtime::{Fault, Pre, Reply, Request, Room, Runtime};
-use super::state::{CappedPipe, LogBudget, State, cap_text};
+use super::state::{CappedPipe, LogBudget, State};
 use crate::config::AdapterGrant;
+use crate::text::capped;
 
 mod lane;
 use crate::recovery::Failure;
@@ -232,7 +233,7 @@ impl Adapter {
             let due = logged.get(&d.denial).is_none_or(|at| now.duration_since(*at) >= DENIAL_LOG_EVERY);
             if due {
                 logged.insert(d.denial, now);
-                let target = cap_text(&d.target, 200);
+                let target = capped(&d.target, 200);
                 tracing::warn!(adapter = %self.name, server = %self.server, denial = d.denial.as_str(), "refused a step of the adapter's plan ({target}): {}", d.denial.explain());
             }
         }
@@ -288,8 +289,8 @@ impl Adapter {
         let quarantine = h.faults.reached(now.into(), FAULT_WINDOW, FAULT_LIMIT);
         let output = printed.as_deref().unwrap_or("(none)");
         tracing::error!(adapter = %self.name, server = %self.server, "adapter fault in {what}: {message}; its output: {output}; the built-in classifier is used instead");
-        h.last_fault = Some(cap_text(&format!("{what}: {message}"), 500));
-        h.last_output = printed.map(|p| cap_text(&p, 500));
+        h.last_fault = Some(capped(&format!("{what}: {message}"), 500));
+        h.last_output = printed.map(|p| capped(&p, 500));
         if quarantine {
             h.quarantined_until = Some(now + QUARANTINE);
             tracing::error!(adapter = %self.name, server = %self.server, "adapter quarantined for {} s after {} faults", QUARANTINE.as_secs(), h.faults.len());
@@ -739,7 +740,7 @@ mod tests {
 
     #[test]
     fn text_is_capped_on_a_character_boundary() {
-        assert_eq!(cap_text("héllo", 2), "h…");
-        assert_eq!(cap_text("hello", 5), "hello");
+        assert_eq!(capped("héllo", 2), "h…");
+        assert_eq!(capped("hello", 5), "hello");
     }
 }

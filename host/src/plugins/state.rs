@@ -10,6 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
 use super::bindings::v0_2::rebound::adapter as v0_2;
 use super::kv::Kv;
+use crate::text::capped;
 
 /// The longest `host.log` line kept; the rest is cut.
 pub const MAX_LOG_LINE: usize = 4 << 10;
@@ -240,18 +241,11 @@ impl v0_2::store::Host for State {
 /// escapes) written out, not obeyed, so that it can neither forge the gateway's own
 /// lines nor drive the terminal of whoever reads them.
 pub fn shown(text: &str, max: usize) -> String {
-    let text = cap_text(text, max);
+    let text = capped(text, max);
     if !text.chars().any(char::is_control) {
         return text;
     }
     text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
-}
-
-pub fn cap_text(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    format!("{}…", &text[..text.floor_char_boundary(max)])
 }
 
 /// A plugin's stdout and stderr: kept up to a cap, the rest dropped. (A pipe that

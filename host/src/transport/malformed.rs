@@ -9,6 +9,8 @@
 
 use serde_json::{Value, json};
 
+use crate::text::capped;
+
 pub const PARSE_ERROR: i64 = -32700;
 pub const INVALID_REQUEST: i64 = -32600;
 pub const INVALID_PARAMS: i64 = -32602;
@@ -30,6 +32,9 @@ pub const CLIENT_METHODS: &[&str] = &[
     "completion/complete",
     "logging/setLevel",
 ];
+
+/// The most bytes of a sender's `method` or `id` quoted in an error's message.
+const QUOTED_BYTES: usize = 256;
 
 /// Why a message could not be read, and whether JSON-RPC wants it answered.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,10 +87,18 @@ impl Unreadable {
         // serde's untagged enums say only "did not match any variant": say what is wrong.
         let structured = matches!(object.get("params"), Some(Value::Object(_) | Value::Array(_)));
         let bad_id = object.get("id").filter(|_| id.is_none());
-        let (code, why) = match object.get("method") {
+        // What the sender wrote is quoted only in part: it goes into log lines.
+        let method = object.get("method").map(|m| match m {
+            Value::String(method) => Value::String(capped(method, QUOTED_BYTES)),
+            other => other.clone(),
+        });
+        let (code, why) = match method.as_ref() {
             Some(Value::String(method)) if let Some(bad) = bad_id => (
                 INVALID_REQUEST,
-                format!("Invalid Request: the id of `{method}` must be a string or an integer, not {bad}"),
+                format!(
+                    "Invalid Request: the id of `{method}` must be a string or an integer, not {}",
+                    capped(&bad.to_string(), QUOTED_BYTES)
+                ),
             ),
             Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
                 (INVALID_REQUEST, format!("Invalid Request: `{method}` needs \"jsonrpc\": \"2.0\""))
@@ -145,6 +158,12 @@ mod tests {
             assert_eq!((u.code, &u.id), (INVALID_REQUEST, &Value::Null));
             assert!(u.message.contains("the id of `ping` must be a string or an integer"), "{}", u.message);
         }
+        // What the sender wrote is quoted in part: the message goes into log lines.
+        let long = "m".repeat(1 << 20);
+        let u = Unreadable::of(format!(r#"{{"jsonrpc":"2.0","id":{{"x":"{long}"}},"method":"{long}"}}"#).as_bytes());
+        assert!(u.message.len() < 3 * QUOTED_BYTES, "{} bytes", u.message.len());
+        let u = Unreadable::of(format!(r#"{{"jsonrpc":"1.0","id":1,"method":"{long}"}}"#).as_bytes());
+        assert!(u.message.len() < 2 * QUOTED_BYTES && u.message.contains("needs"), "{}", u.message);
         // A request of the wrong shape keeps its id, string or number.
         assert_eq!(
             of(r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":"x"}"#),
