@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::transport::id_scan::Scanned;
-use crate::transport::lines::{Line, Lines, Out, Refusals};
+use crate::transport::lines::{Line, Lines, Out, Past, Refusals};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::typed;
@@ -48,6 +48,10 @@ const FLUSH: Duration = Duration::from_millis(200);
 /// The longest message a stdio client may send: 16 MiB, as rmcp's own stdio transport
 /// (and its bound on an SSE event).
 pub const MAX_LINE: usize = 16 << 20;
+
+/// The most a stdio client's message may weigh once read (`crate::weight`), as much as
+/// one HTTP client's requests in flight together: 16 MiB of `0,0,0…` would take 1 GiB.
+pub const MAX_WEIGHT: usize = 256 << 20;
 
 /// The client on the gateway's stdin and stdout, as an rmcp transport.
 pub struct StdioClient<R, W> {
@@ -67,13 +71,14 @@ pub struct StdioClient<R, W> {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R, W> {
-    /// Reads lines of at most `max_line` bytes and admits at most `max` requests in flight.
+    /// Reads lines of at most `max_line` bytes and [`MAX_WEIGHT`] once read, and admits
+    /// at most `max` requests in flight.
     pub fn new(read: R, write: W, max_line: usize, max: usize) -> Self {
         let out = Out::new(write);
         Self {
             // Large reads: where stdin is not a pipe (a socket under Node clients) each
             // read is a hop to tokio's blocking pool.
-            lines: Lines::new(BufReader::with_capacity(64 << 10, read), max_line),
+            lines: Lines::new(BufReader::with_capacity(64 << 10, read), max_line, MAX_WEIGHT),
             refusals: Refusals::new(out.clone()),
             out,
             admission: Admission::new(max),
@@ -109,17 +114,13 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
     /// gateway's (a server's question relayed) fails that request now, for the server that
     /// asked, and is never answered back (its id is the gateway's, not one of the
     /// client's requests); one before the gateway asked anything is skipped.
-    fn too_long(&mut self, scanned: Scanned) -> Option<ClientJsonRpcMessage> {
-        let limit = self.lines.max;
+    fn too_long(&mut self, scanned: Scanned, past: Past) -> Option<ClientJsonRpcMessage> {
         if let Some(id) = scanned.answers() {
             let id = id.filter(|_| self.asked)?;
-            let why =
-                format!("the client's answer is longer than {limit} bytes, the most one message over stdio may be");
+            let why = format!("the client's answer is {past}, past what one message over stdio may be");
             return Some(JsonRpcMessage::error(ErrorData::invalid_request(why, None), Some(id)));
         }
-        let why = format!(
-            "Invalid Request: the message is longer than {limit} bytes, the most one message over stdio may be"
-        );
+        let why = format!("Invalid Request: the message is {past}, past what one message over stdio may be");
         let id = scanned.id.unwrap_or(serde_json::Value::Null);
         self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, id).to_json());
         None
@@ -196,7 +197,7 @@ where
             // `select!` loses no line (`Lines` keeps a partial one).
             match self.lines.next().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong(scanned)) => match self.too_long(scanned) {
+                Ok(Line::TooLong(scanned, past)) => match self.too_long(scanned, past) {
                     Some(failed) => return Some(failed),
                     None => continue,
                 },

@@ -1,7 +1,9 @@
 //! Newline-delimited JSON-RPC, the stdio transport of MCP, framed by Rebound on both of
 //! its sides (the client on the gateway's stdin, each server on its child's stdout):
 //!
-//! - a line is bounded as it is read: one past the bound is skipped, never buffered;
+//! - a line is bounded as it is read, in bytes and in what it would weigh once read
+//!   (`crate::weight`: a line of `0,0,0…` takes a hundred times its bytes as JSON
+//!   values): one past either bound is skipped, never buffered;
 //! - a large line's buffer is given back once the line is handled, not kept at its
 //!   high-water mark for the life of the connection (rmcp's transport keeps it, so a
 //!   burst of large calls left their size resident per server);
@@ -22,6 +24,7 @@ use super::id_scan::{IdScan, Scanned};
 use super::malformed::{INVALID_REQUEST, PARSE_ERROR, Unreadable};
 use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
+use crate::weight::Weigher;
 
 /// Output: one JSON message a line, written whole under a lock.
 pub struct Out<W> {
@@ -103,26 +106,55 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
 pub enum Line {
     /// A whole line is in the buffer.
     Complete,
-    /// A line longer than the bound was skipped: what it was (`super::id_scan`).
-    TooLong(Scanned),
+    /// A line past a bound was skipped: what it was (`super::id_scan`), and which bound.
+    TooLong(Scanned, Past),
     /// The input ended.
     End,
 }
 
-/// Newline-delimited lines of at most `max` bytes, read without ever buffering more.
-/// Cancel-safe: a partial line stays in the buffer for the next call.
+/// The bound a skipped line was past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Past {
+    /// Longer than this many bytes.
+    Length(usize),
+    /// Heavier than this once read ([`crate::weight`]).
+    Weight(usize),
+}
+
+impl std::fmt::Display for Past {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Length(max) => write!(f, "longer than {max} bytes"),
+            Self::Weight(max) => write!(
+                f,
+                "heavier than {} MiB once read (its bytes, and {} for each JSON value in it)",
+                max >> 20,
+                crate::weight::PER_VALUE
+            ),
+        }
+    }
+}
+
+/// Newline-delimited lines of at most `max` bytes, and of at most `max_weight` once read,
+/// read without ever buffering more. Cancel-safe: a partial line stays in the buffer for
+/// the next call.
 pub struct Lines<R> {
     read: R,
     buf: Vec<u8>,
     /// The longest line taken, in bytes.
     pub max: usize,
-    /// Set while skipping the rest of a line found too long: its id, read as it goes by.
-    skipping: Option<Box<IdScan>>,
+    /// The most a line taken may weigh once read.
+    max_weight: usize,
+    /// What the line in the buffer weighs so far.
+    weigher: Weigher,
+    /// Set while skipping the rest of a line found past a bound: its id, read as it goes
+    /// by, and the bound.
+    skipping: Option<(Box<IdScan>, Past)>,
 }
 
 impl<R: AsyncBufRead + Unpin> Lines<R> {
-    pub fn new(read: R, max: usize) -> Self {
-        Self { read, buf: Vec::new(), max, skipping: None }
+    pub fn new(read: R, max: usize, max_weight: usize) -> Self {
+        Self { read, buf: Vec::new(), max, max_weight, weigher: Weigher::default(), skipping: None }
     }
 
     pub async fn next(&mut self) -> std::io::Result<Line> {
@@ -134,22 +166,32 @@ impl<R: AsyncBufRead + Unpin> Lines<R> {
             let newline = available.iter().position(|b| *b == b'\n');
             let take = newline.map_or(available.len(), |at| at + 1);
             let piece = &available[..take];
-            if self.skipping.is_none() && self.buf.len() + take > self.max.saturating_add(1) {
-                // Too long: what was kept is read for its id and let go; the rest is read
-                // as it comes, never kept.
+            // (The line so far, without this piece, was within both bounds.)
+            let past = if self.skipping.is_some() {
+                None
+            } else if self.buf.len() + take > self.max.saturating_add(1) {
+                Some(Past::Length(self.max))
+            } else {
+                self.weigher.feed(piece);
+                (self.weigher.weight() > self.max_weight).then_some(Past::Weight(self.max_weight))
+            };
+            if let Some(past) = past {
+                // Past a bound: what was kept is read for its id and let go; the rest is
+                // read as it comes, never kept.
                 let mut scan = Box::<IdScan>::default();
                 scan.feed(&self.buf);
                 self.buf = Vec::new();
-                self.skipping = Some(scan);
+                self.skipping = Some((scan, past));
             }
             match self.skipping.as_mut() {
-                Some(scan) => scan.feed(piece),
+                Some((scan, _)) => scan.feed(piece),
                 None => self.buf.extend_from_slice(piece),
             }
             self.read.consume(take);
             if newline.is_some() {
+                self.weigher = Weigher::default();
                 return Ok(match self.skipping.take() {
-                    Some(scan) => Line::TooLong(scan.finish()),
+                    Some((scan, past)) => Line::TooLong(scan.finish(), past),
                     None => Line::Complete,
                 });
             }
@@ -208,11 +250,18 @@ pub struct ServerLines<R, W> {
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
-    /// A server told, when initialised, that the client runs `tasks` as tasks.
-    pub fn new(read: R, write: W, max_line: usize, dropped: Arc<Dropped>, tasks: Option<ClientTasks>) -> Self {
+    /// A server told, when initialised, that the client runs `tasks` as tasks; its lines
+    /// of at most `max_line` bytes and `max_weight` once read.
+    pub fn new(
+        read: R,
+        write: W,
+        (max_line, max_weight): (usize, usize),
+        dropped: Arc<Dropped>,
+        tasks: Option<ClientTasks>,
+    ) -> Self {
         let out = Out::new(write);
         Self {
-            lines: Lines::new(BufReader::new(read), max_line),
+            lines: Lines::new(BufReader::new(read), max_line, max_weight),
             refusals: Refusals::new(out.clone()),
             out,
             awaited: Awaited::default(),
@@ -261,17 +310,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     /// A message of the server's too long to read: a request of its own is refused (the
     /// server waits on it), and an answer fails the gateway's request it answered now,
     /// rather than at its timeout.
-    fn too_long(&mut self, scanned: Scanned) -> Option<RxJsonRpcMessage<RoleClient>> {
-        let max = self.lines.max;
+    fn too_long(&mut self, scanned: Scanned, past: Past) -> Option<RxJsonRpcMessage<RoleClient>> {
         if let Some(id) = scanned.answers() {
             let id = id?;
             self.awaited.forget(&id);
-            let why =
-                format!("the server's answer is longer than {max} bytes, the most the gateway reads; it was dropped");
-            let data = serde_json::json!({ DROPPED_ANSWER: max });
+            let why = format!("the server's answer is {past}, past what the gateway reads; it was dropped");
+            let data = serde_json::json!({ DROPPED_ANSWER: self.lines.max });
             return Some(JsonRpcMessage::error(ErrorData::internal_error(why, Some(data)), Some(id)));
         }
-        let why = format!("Invalid Request: the request is longer than {max} bytes, the most the gateway reads");
+        let why = format!("Invalid Request: the request is {past}, past what the gateway reads");
         self.refusals.send(Unreadable::answered(INVALID_REQUEST, why, scanned.id?).to_json());
         None
     }
@@ -298,9 +345,9 @@ where
         loop {
             match self.lines.next().await {
                 Ok(Line::Complete) => {}
-                Ok(Line::TooLong(scanned)) => {
-                    tracing::warn!("the server sent a message longer than {} bytes; it was skipped", self.lines.max);
-                    match self.too_long(scanned) {
+                Ok(Line::TooLong(scanned, past)) => {
+                    tracing::warn!("the server sent a message {past}; it was skipped");
+                    match self.too_long(scanned, past) {
                         Some(failed) => return Some(failed),
                         None => continue,
                     }
@@ -328,13 +375,39 @@ where
 mod tests {
     use super::*;
 
+    /// A line short enough but of many values is skipped once it would weigh too much
+    /// read, unkept, its id read as it went by; the weighing starts over on each line.
+    #[tokio::test]
+    async fn a_line_too_heavy_to_read_is_skipped_as_one_too_long() {
+        let zeros = vec!["0"; 10_000].join(",");
+        let heavy = format!(r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"v":[{zeros}]}}}}"#);
+        let light = format!(r#"{{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{{"v":"{zeros}"}}}}"#);
+        let input = format!(
+            "{heavy}
+{light}
+{light}
+"
+        );
+        let max_weight = 100 * crate::weight::PER_VALUE + 100_000;
+        let mut lines = Lines::new(tokio::io::BufReader::with_capacity(1000, input.as_bytes()), 1 << 20, max_weight);
+        let Line::TooLong(scanned, past) = lines.next().await.unwrap() else { panic!("not skipped") };
+        assert_eq!((scanned.id, past), (Some(serde_json::json!(7)), Past::Weight(max_weight)));
+        assert!(lines.buf.capacity() < 64 << 10, "the heavy line was kept");
+        assert!(past.to_string().contains("for each JSON value"), "{past}");
+        for _ in 0..2 {
+            assert_eq!(lines.next().await.unwrap(), Line::Complete, "its one value is a long string: light");
+            assert_eq!(lines.line(), light.as_bytes());
+            lines.clear();
+        }
+    }
+
     #[tokio::test]
     async fn a_line_past_the_bound_is_skipped_and_a_large_one_gives_its_buffer_back() {
         let big = "x".repeat(200 << 10);
         let input = format!("{big}{big}\n{big}\nsmall\r\n\nlast");
         // A small read buffer, so that lines arrive in many pieces.
-        let mut lines = Lines::new(tokio::io::BufReader::with_capacity(1000, input.as_bytes()), 300 << 10);
-        assert_eq!(lines.next().await.unwrap(), Line::TooLong(Scanned::default()));
+        let mut lines = Lines::new(tokio::io::BufReader::with_capacity(1000, input.as_bytes()), 300 << 10, usize::MAX);
+        assert_eq!(lines.next().await.unwrap(), Line::TooLong(Scanned::default(), Past::Length(300 << 10)));
         assert!(lines.buf.capacity() <= 300 << 10, "the long line was buffered");
         assert_eq!(lines.next().await.unwrap(), Line::Complete);
         assert_eq!(lines.line().len(), 200 << 10);
@@ -355,7 +428,7 @@ mod tests {
         use tokio::io::AsyncBufReadExt as _;
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(ours);
-        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default(), None);
+        let mut transport = ServerLines::new(read, write, (1 << 16, usize::MAX), Arc::default(), None);
         let (their_read, mut their_write) = tokio::io::split(theirs);
         let input = concat!(
             "Starting server...\n",
@@ -385,7 +458,7 @@ mod tests {
         let tasks = ClientTasks::of(&serde_json::json!({"requests": {"sampling": {"createMessage": {}}}})).unwrap();
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let (read, write) = tokio::io::split(ours);
-        let mut transport = ServerLines::new(read, write, 1 << 16, Arc::default(), Some(tasks.clone()));
+        let mut transport = ServerLines::new(read, write, (1 << 16, usize::MAX), Arc::default(), Some(tasks.clone()));
         let init = ClientRequest::InitializeRequest(InitializeRequest::new(Default::default()));
         let list = ClientRequest::ListToolsRequest(Default::default());
         for (n, request) in [(1, init), (2, list)] {

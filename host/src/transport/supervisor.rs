@@ -33,6 +33,10 @@ use crate::redact::Secrets;
 /// out). rmcp's default is 16 MiB; tools that return whole files deserve more.
 pub(super) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
+/// Lines that would weigh more than this once read (`crate::weight`) are dropped as
+/// those too long are: 64 MiB of `0,0,0…` would take some 4 GiB as JSON values.
+pub(super) const MAX_MESSAGE_WEIGHT: usize = 1 << 30;
+
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
@@ -859,7 +863,13 @@ impl Supervisor {
             ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
         })?;
         let tasks = handler.offered.tasks.clone();
-        let transport = super::lines::ServerLines::new(pipes.stdout, pipes.stdin, MAX_MESSAGE_BYTES, dropped, tasks);
+        let transport = super::lines::ServerLines::new(
+            pipes.stdout,
+            pipes.stdin,
+            (MAX_MESSAGE_BYTES, MAX_MESSAGE_WEIGHT),
+            dropped,
+            tasks,
+        );
         let transport = self.in_order(transport, &handler, None);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,
