@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::transport::id_scan::Scanned;
-use crate::transport::lines::{Line, Lines, Out, Past, Refusals};
+use crate::transport::lines::{Line, Lines, Out, Past, Queued, Refusals, Unsent};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::typed;
@@ -53,6 +53,10 @@ pub const MAX_LINE: usize = 16 << 20;
 /// one HTTP client's requests in flight together: 16 MiB of `0,0,0…` would take 1 GiB.
 pub const MAX_WEIGHT: usize = 256 << 20;
 
+/// Past this many bytes of notifications waiting to be written to the client, more are
+/// dropped: the client has stopped reading its output.
+pub const NOTIFICATIONS_QUEUED: usize = 8 << 20;
+
 /// The client on the gateway's stdin and stdout, as an rmcp transport.
 pub struct StdioClient<R, W> {
     lines: Lines<BufReader<R>>,
@@ -68,6 +72,10 @@ pub struct StdioClient<R, W> {
     /// When the input ended, the last refusals have until then to be written. (rmcp
     /// starts a new `receive` whenever it sends something: the wait must not restart.)
     flush_until: Option<tokio::time::Instant>,
+    /// Notifications on their way to the client.
+    notifications: Queued,
+    /// Notifications dropped because the client was not reading.
+    unread: Unsent,
 }
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R, W> {
@@ -85,6 +93,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
             ended: CancellationToken::new(),
             asked: false,
             flush_until: None,
+            notifications: Queued::default(),
+            unread: Unsent::new("notifications"),
         }
     }
 
@@ -174,10 +184,21 @@ where
             }
             _ => None,
         };
+        // A notification waits for nobody: with the client not reading its output, it is
+        // dropped rather than held (with each before it) for as long as the client stops.
+        let notification = matches!(item, ServerJsonRpcMessage::Notification(_));
+        if notification && self.notifications.bytes() > NOTIFICATIONS_QUEUED {
+            self.unread.one();
+            return futures::future::Either::Left(std::future::ready(Err(std::io::Error::other(
+                "the client is not reading its output; the notification was dropped",
+            ))));
+        }
         let answered = answered.and_then(|id| Some((self.admission.holder(&id)?, id)));
         let encoded = serde_json::to_vec(&with_tasks(item)).map_err(std::io::Error::from);
         let (out, admission) = (self.out.clone(), self.admission.clone());
-        async move {
+        let held = encoded.as_ref().ok().filter(|_| notification).map(|line| self.notifications.hold(line.len()));
+        futures::future::Either::Right(async move {
+            let _held = held;
             let written = match encoded {
                 Ok(line) => out.write(line).await,
                 Err(e) => Err(e),
@@ -188,7 +209,7 @@ where
                 admission.done(&id, holder);
             }
             written
-        }
+        })
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -388,6 +409,49 @@ mod tests {
                 }
             });
         }
+    }
+
+    /// A client that stops reading its output has notifications dropped once a bound of
+    /// them waits, not held for as long as it does not read; answers still wait to be
+    /// written, and notifications flow again once it reads.
+    #[tokio::test(start_paused = true)]
+    async fn notifications_to_a_client_not_reading_are_dropped_past_a_bound() {
+        use rmcp::model::{CustomNotification, ServerNotification};
+        let (ours, theirs) = tokio::io::duplex(1 << 10);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = StdioClient::new(read, write, MAX_LINE, 10);
+        let note = || {
+            let data = serde_json::json!({"text": "n".repeat(256 << 10)});
+            let note = CustomNotification::new("notifications/message", Some(data));
+            ServerJsonRpcMessage::notification(ServerNotification::CustomNotification(note))
+        };
+        let mut waiting = Vec::new();
+        while transport.notifications.bytes() <= NOTIFICATIONS_QUEUED {
+            waiting.push(tokio::spawn(transport.send(note())));
+            tokio::task::yield_now().await;
+        }
+        assert!(waiting.len() <= 40, "{} notifications of 256 KiB held", waiting.len());
+        // (On a paused clock: were it held, the wait would end at once, and fail.)
+        let refused = tokio::time::timeout(Duration::from_secs(10), transport.send(note()));
+        let refused = refused.await.expect("not held").expect_err("dropped");
+        assert!(refused.to_string().contains("not reading"), "{refused}");
+        let answer = ServerJsonRpcMessage::response(rmcp::model::ServerResult::empty(()), RequestId::Number(1));
+        let answered = tokio::spawn(transport.send(answer));
+        tokio::task::yield_now().await;
+        assert!(!answered.is_finished(), "an answer waits for the client instead");
+        // The client reads again: everything held is written, and notifications flow.
+        let (their_read, _their_write) = tokio::io::split(theirs);
+        let reading = tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(their_read).lines();
+            while lines.next_line().await.unwrap().is_some() {}
+        });
+        for sent in waiting {
+            sent.await.unwrap().unwrap();
+        }
+        answered.await.unwrap().unwrap();
+        assert_eq!(transport.notifications.bytes(), 0);
+        transport.send(note()).await.unwrap();
+        reading.abort();
     }
 
     /// A client on one end of a pipe, the transport on the other.

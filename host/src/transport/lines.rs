@@ -11,7 +11,7 @@
 
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use rmcp::ErrorData;
 use rmcp::RoleClient;
@@ -63,29 +63,74 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
     }
 }
 
+/// Bytes of lines on their way out, counted until written or given up.
+#[derive(Debug, Default, Clone)]
+pub struct Queued(Arc<AtomicUsize>);
+
+impl Queued {
+    /// The bytes counted now.
+    pub fn bytes(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Counts `bytes` until the guard is dropped.
+    pub fn hold(&self, bytes: usize) -> QueuedBytes {
+        self.0.fetch_add(bytes, Ordering::AcqRel);
+        QueuedBytes(self.0.clone(), bytes)
+    }
+}
+
+/// Bytes counted in a [`Queued`] while it lives.
+pub struct QueuedBytes(Arc<AtomicUsize>, usize);
+
+impl Drop for QueuedBytes {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::AcqRel);
+    }
+}
+
 /// Refusals written at once; past it, a refusal is counted and dropped.
 pub const REFUSALS_PENDING: usize = 64;
+
+/// Messages of one kind not sent because the other side was not reading, counted and
+/// logged at each power of two.
+pub struct Unsent {
+    what: &'static str,
+    count: AtomicU64,
+}
+
+impl Unsent {
+    /// `what`: the messages, as the log line names them.
+    pub const fn new(what: &'static str) -> Self {
+        Self { what, count: AtomicU64::new(0) }
+    }
+
+    /// One more not sent.
+    pub fn one(&self) {
+        let count = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        if count.is_power_of_two() {
+            tracing::warn!("{count} {} not sent: the other side is not reading what it is sent", self.what);
+        }
+    }
+}
 
 /// Refusals written on tasks of their own, at most [`REFUSALS_PENDING`] at once.
 pub struct Refusals<W> {
     out: Out<W>,
     pending: Arc<tokio::sync::Semaphore>,
-    dropped: AtomicU64,
+    dropped: Unsent,
 }
 
 impl<W: AsyncWrite + Unpin + Send + 'static> Refusals<W> {
     pub fn new(out: Out<W>) -> Self {
-        Self { out, pending: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)), dropped: AtomicU64::new(0) }
+        Self { out, pending: Arc::new(tokio::sync::Semaphore::new(REFUSALS_PENDING)), dropped: Unsent::new("refusals") }
     }
 
     /// Sends `message` on a task of its own: `receive` may be dropped at any await, and the
     /// refusal must not be lost with it.
     pub fn send(&self, message: serde_json::Value) {
         let Ok(permit) = self.pending.clone().try_acquire_owned() else {
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-            if dropped.is_power_of_two() {
-                tracing::warn!("{dropped} refusals not sent: the other side is not reading what it is sent");
-            }
+            self.dropped.one();
             return;
         };
         let out = self.out.clone();
