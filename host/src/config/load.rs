@@ -141,6 +141,16 @@ fn squashed(key: &str) -> String {
     key.chars().filter(|c| !matches!(c, '_' | '-')).flat_map(char::to_lowercase).collect()
 }
 
+/// The server key `key` was surely meant to be: one written in another case or with other
+/// separators (`adapterConfig`), or one letter off (`arg`, `adpater`, `uri`).
+fn meant_server_key(key: &str) -> Option<&'static str> {
+    let key = squashed(key);
+    SERVER_KEYS.iter().copied().find(|known| {
+        let known = squashed(known);
+        key == known || (key.len() >= 3 && strsim::damerau_levenshtein(&key, &known) <= 1)
+    })
+}
+
 /// The file's JSON, which must be an object.
 fn object(text: &str, path: &Path) -> Result<serde_json::Map<String, Value>, ConfigError> {
     let root: Value = serde_json::from_str(text).map_err(|e| ConfigError::Syntax {
@@ -204,7 +214,22 @@ impl Ctx<'_> {
                 ));
             };
             for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
+                // A known key misspelt would leave its setting unseen (`arg`, `adpater`):
+                // refused. Anything else may be another client's, passed over.
+                if let Some(meant) = meant_server_key(k) {
+                    let hint = format!("write it `{meant}`");
+                    return Err(ConfigError::invalid(path, format!("{key}.{k}"), "is not a key Rebound knows", hint));
+                }
                 warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
+            }
+            if let Some(disabled) = entry.get("disabled").filter(|d| !d.is_boolean()) {
+                let message = format!("must be true or false, not {disabled}");
+                return Err(ConfigError::invalid(
+                    path,
+                    format!("{key}.disabled"),
+                    message,
+                    r#"write "disabled": true"#,
+                ));
             }
             if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
                 warnings.push(format!("{}: `{key}` is disabled", path.display()));

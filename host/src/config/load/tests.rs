@@ -114,6 +114,19 @@ fn disabled_servers_and_unknown_keys_are_warnings() {
         r#"{"Rebound": {"http": {"operator_token": "0123456789abcdef0"}}, "mcpServers": {"a": {"command": "a"}}}"#;
     rejects(misspelt, "Rebound", "`rebound` is");
     rejects(r#"{"mcp_servers": {"a": {"command": "a"}}}"#, "mcp_servers", "`mcpServers` is");
+    // So is a server's key spelt almost right, and a `disabled` that is not a boolean.
+    rejects(r#"{"mcpServers": {"a": {"command": "a", "arg": ["x"]}}}"#, "mcpServers.a.arg", "write it `args`");
+    rejects(r#"{"mcpServers": {"a": {"command": "a", "adpater": "x"}}}"#, "mcpServers.a.adpater", "`adapter`");
+    rejects(
+        r#"{"mcpServers": {"a": {"url": "http://h", "adapterConfig": {}}}}"#,
+        "mcpServers.a.adapterConfig",
+        "`adapter_config`",
+    );
+    rejects(r#"{"mcpServers": {"a": {"command": "a", "disabled": "true"}}}"#, "mcpServers.a.disabled", "true or false");
+    // Other clients' keys are passed over, however short.
+    let c =
+        ok(r#"{"mcpServers": {"a": {"command": "a", "alwaysAllow": [], "timeout": 60, "description": "d", "id": 1}}}"#);
+    assert_eq!(c.warnings.len(), 4, "{:?}", c.warnings);
 }
 
 /// A number that would stop the gateway from working, or is past what it holds, is
