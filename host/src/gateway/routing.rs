@@ -266,6 +266,15 @@ impl Routing {
         (!owner.peer.is_transport_closed()).then_some(owner)
     }
 
+    /// Whether a client has task `id` on upstream `session` running (not seen ended, nor
+    /// forgotten, nor expired), while that client is there.
+    pub fn task_running(&self, session: u64, id: &str) -> bool {
+        let tasks = self.tasks.lock().expect("not poisoned");
+        tasks
+            .get(&(session, id.to_owned()))
+            .is_some_and(|t| !t.ended.is_cancelled() && !t.owner.peer.is_transport_closed())
+    }
+
     /// A task's status from upstream `session` (a `notifications/tasks/status`'s params):
     /// noted if it says the task ended, and the client it goes to.
     pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<ClientPeer> {
@@ -914,12 +923,15 @@ mod tests {
         let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
         let ended = CancellationToken::new();
         let task = routing.own_task(0, "t1", bob, ended.clone());
+        assert!(routing.task_running(0, "t1"), "a new task of that id on that connection would be refused");
+        assert!(!routing.task_running(1, "t1"), "on another connection it is another task");
         assert_eq!(reader(), None, "a line of his task's, perhaps");
         let tagged = routing.log_reader(1, 0, Some("t1".into())).map(|to| to.client.to_string());
         assert_eq!(tagged.as_deref(), Some("bob"));
         assert!(routing.log_reader(1, 0, Some("t2".into())).is_none(), "no task of anyone's");
         ended.cancel();
         assert_eq!(reader().as_deref(), Some("alice"), "his task ended");
+        assert!(!routing.task_running(0, "t1"), "its id may be used again");
         drop(task);
     }
 }

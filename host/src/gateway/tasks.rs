@@ -278,6 +278,16 @@ impl Gateway {
                 None,
             ));
         }
+        // An id a task on this connection already has (a server that reuses ids): whose
+        // task it is could not be told, and cancelling it would cancel that one too.
+        if self.hub.routing.task_running(to.session.id, id) {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "server `{server}` created task `{id}`, an id one of its running tasks already has; the gateway cannot tell them apart, so it does not keep the new one"
+                ),
+                None,
+            ));
+        }
         let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
         if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
             cancel_upstream(&to.session, id);
