@@ -166,6 +166,14 @@ impl HubRelay {
         let (server, routing) = (server.to_owned(), hub.routing.clone());
         Box::pin(async move {
             let request = if plain { untasked(request)? } else { request };
+            // About a task whose creation the gateway has not read yet, perhaps.
+            let caller = match (caller, &asker.task) {
+                (Caller::Nobody(why), Some(task)) => match routing.task_owner_soon(asker.session, task).await {
+                    Some(to) => Caller::Client { to, during: None },
+                    None => Caller::Nobody(why),
+                },
+                (caller, _) => caller,
+            };
             let (to, originating) = match caller {
                 Caller::Client { to, during } => (to, during),
                 // That client takes no tasks: it is asked the question itself.

@@ -119,6 +119,10 @@ pub struct Routing {
     /// of its `TaskOwner` (a later owner of the same key is not removed by an earlier one).
     tasks: Mutex<HashMap<TaskKey, TaskEntry>>,
     next_task: AtomicU64,
+    /// Woken whenever a task is owned, for the server requests waiting for their task's
+    /// owner ([`Routing::task_owner_soon`]), and how many wait.
+    owned: tokio::sync::Notify,
+    waiting_for_owners: std::sync::atomic::AtomicUsize,
     /// Per server instance, the clients whose calls ended there unanswered in the last
     /// [`ENDED_COUNTS`], and when (see rule 3).
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
@@ -133,6 +137,11 @@ pub struct Routing {
     /// answer.
     asked: Arc<Mutex<AskedCounts>>,
 }
+
+/// How long a server's request about a task no client owns yet waits for its owner.
+pub const OWNER_WAIT: Duration = Duration::from_secs(2);
+/// The most server requests waiting for their task's owner at once.
+pub const OWNER_WAITERS: usize = 64;
 
 /// The longest progress message passed on (a status line, not a payload: progress waiting
 /// for a slow client, or for its call to be mapped, is held in memory), in bytes.
@@ -257,7 +266,35 @@ impl Routing {
         let key = (session, id.to_owned());
         let number = self.next_task.fetch_add(1, Ordering::Relaxed);
         self.tasks.lock().expect("not poisoned").insert(key.clone(), TaskEntry { number, owner, ended });
+        self.owned.notify_waiters();
         TaskOwner { routing: self.clone(), key, number }
+    }
+
+    /// [`Self::task_owner`], or the one that is noted within [`OWNER_WAIT`]: a server may
+    /// ask about a task it has just created before the gateway has read its answer
+    /// creating it. At most [`OWNER_WAITERS`] requests wait at once; others are answered
+    /// at once.
+    pub async fn task_owner_soon(&self, session: u64, id: &str) -> Option<ClientPeer> {
+        if let Some(owner) = self.task_owner(session, id) {
+            return Some(owner);
+        }
+        let waiters = &self.waiting_for_owners;
+        if waiters.fetch_add(1, Ordering::AcqRel) >= OWNER_WAITERS {
+            waiters.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let waited = tokio::time::timeout(OWNER_WAIT, async {
+            loop {
+                let owned = self.owned.notified();
+                if let Some(owner) = self.task_owner(session, id) {
+                    return owner;
+                }
+                owned.await;
+            }
+        });
+        let owner = waited.await.ok();
+        waiters.fetch_sub(1, Ordering::AcqRel);
+        owner
     }
 
     /// The client that started task `id` on upstream `session`, while it is there.
@@ -933,5 +970,30 @@ mod tests {
         assert_eq!(reader().as_deref(), Some("alice"), "his task ended");
         assert!(!routing.task_running(0, "t1"), "its id may be used again");
         drop(task);
+    }
+
+    /// A server's request about a task it has just created waits, briefly, for the
+    /// gateway to note whose task it is; one about a task nobody owns is refused after
+    /// that wait, and only so many wait at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_about_a_task_just_created_waits_for_its_owner() {
+        let routing = Arc::new(Routing::default());
+        let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
+        let ended = CancellationToken::new();
+        let asking = {
+            let routing = routing.clone();
+            tokio::spawn(async move { routing.task_owner_soon(0, "t1").await.map(|to| to.client.to_string()) })
+        };
+        tokio::time::sleep(OWNER_WAIT / 2).await;
+        let _task = routing.own_task(0, "t1", bob, ended);
+        assert_eq!(asking.await.unwrap().as_deref(), Some("bob"));
+        let started = Instant::now();
+        assert!(routing.task_owner_soon(0, "t2").await.is_none());
+        assert_eq!(started.elapsed(), OWNER_WAIT, "nobody's, once the wait is over");
+        routing.waiting_for_owners.store(OWNER_WAITERS, Ordering::Release);
+        let started = Instant::now();
+        assert!(routing.task_owner_soon(0, "t2").await.is_none());
+        assert_eq!(started.elapsed(), Duration::ZERO, "too many wait: at once");
+        assert_eq!(routing.task_owner_soon(0, "t1").await.map(|to| to.client.to_string()).as_deref(), Some("bob"));
     }
 }
