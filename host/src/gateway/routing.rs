@@ -388,11 +388,15 @@ impl Routing {
         gone.at.get(&(session, request.clone())).is_some_and(|at| at.elapsed() < ENDED_COUNTS)
     }
 
-    /// Whether a task of a client other than `client` runs on upstream `session`: what
-    /// the server says without naming a task may be that task's.
+    /// Whether a task of a client other than `client` runs on upstream `session` (one a
+    /// client on 2025-11-25 started, or one relayed for a client on 2026-07-28): what the
+    /// server says without naming a task may be that task's.
     fn another_runs_a_task(&self, session: u64, client: &str) -> bool {
-        let tasks = self.tasks.lock().expect("not poisoned");
-        tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
+        let started = {
+            let tasks = self.tasks.lock().expect("not poisoned");
+            tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
+        };
+        started || self.relayed.another_runs(session, client)
     }
 
     /// A call of `client` on `instance` ended unanswered now.

@@ -429,20 +429,30 @@ impl Gateway {
     }
 
     /// `tasks/list`: this session's tasks, each as its instance reports it now (one page),
-    /// asked a few at a time, each kept to a `Task`'s fields.
+    /// asked a few at a time, each kept to a `Task`'s fields, all within [`LIST_WITHIN`]
+    /// (one server that answers slowly would otherwise hold the list for 256 of its
+    /// timeouts, 8 at a time): those not known by then are left out, and said to be.
     async fn list_tasks(&self, cx: &RequestContext<RoleServer>) -> Value {
         use futures::StreamExt as _;
         let ids: Vec<String> = self.own.tasks.all().into_iter().map(|(id, _)| id).collect();
-        let tasks: Vec<Value> = futures::stream::iter(ids)
+        let asked = ids.len();
+        let answers: Vec<Option<Value>> = futures::stream::iter(ids)
             .map(|id| async move {
                 let answer = self.about_task("tasks/get", json!({"taskId": id}), cx).await;
                 answer.ok().and_then(|t| task_fields(&t))
             })
             .buffered(LIST_AT_ONCE)
-            .filter_map(std::future::ready)
+            .take_until(tokio::time::sleep(LIST_WITHIN))
             .collect()
             .await;
-        json!({"tasks": tasks})
+        if answers.len() < asked {
+            tracing::warn!(
+                "tasks/list: {} of the session's {asked} tasks left out, their servers not answering within {} s",
+                asked - answers.len(),
+                LIST_WITHIN.as_secs()
+            );
+        }
+        json!({"tasks": answers.into_iter().flatten().collect::<Vec<_>>()})
     }
 }
 
@@ -476,6 +486,8 @@ fn lost_record(server: &Arc<str>, tool: &str, id: &str, why: &str) -> Record {
 
 /// How many `tasks/get` one `tasks/list` has out at once.
 const LIST_AT_ONCE: usize = 8;
+/// How long one `tasks/list` asks its tasks' servers.
+const LIST_WITHIN: Duration = Duration::from_secs(30);
 
 /// A `Task`'s fields of `answer` (a `tasks/get` answer), its status message at most
 /// 4 KiB; `None` if it is not a task.
