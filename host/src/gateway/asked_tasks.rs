@@ -133,6 +133,11 @@ impl AskedTasks {
         let now = Instant::now();
         let ttl = task["ttl"].as_u64().map_or(LONGEST, |ms| Duration::from_millis(ms).min(LONGEST));
         let mut connections = self.connections.lock().expect("not poisoned");
+        // A connection's first task: those whose tasks have all run their time go, one
+        // forgotten before an answer on its way was noted among them.
+        if !connections.contains_key(&session) {
+            connections.retain(|_, tasks| tasks.values().any(|runner| runner.is_live(now)));
+        }
         let tasks = connections.entry(session).or_default();
         if let Some(kept) = tasks.get(id).filter(|runner| runner.is_live(now)) {
             let why = format!("a task with id `{id}` already runs for this server");
@@ -331,6 +336,12 @@ pub(super) mod tests {
         asked.created(3, &json!({"task": {"taskId": "forever"}}), &alice, None).unwrap();
         tokio::time::advance(LONGEST).await;
         assert_eq!(runs(&asked, 3, "forever"), None);
+        // A connection noted after it was forgotten (an answer on its way as it ended) is
+        // not kept past its tasks' time: the next new connection's first task sweeps it.
+        asked.forget_connection(1);
+        asked.forget_connection(2);
+        asked.created(4, &created("t", 60_000), &alice, None).unwrap();
+        assert_eq!(asked.connections.lock().unwrap().keys().collect::<Vec<_>>(), [&4]);
     }
 
     #[tokio::test]
