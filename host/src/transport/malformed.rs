@@ -79,8 +79,8 @@ impl Unreadable {
         let is_notification = object.contains_key("method") && !object.contains_key("id");
         let is_answer =
             !object.contains_key("method") && (object.contains_key("result") || object.contains_key("error"));
-        // An id MCP takes: a string or an integer.
-        let id = object.get("id").filter(|id| id.is_string() || id.is_i64() || id.is_u64()).cloned();
+        // An id MCP takes: a string or an integer (a signed 64-bit one, as SDKs read it).
+        let id = object.get("id").filter(|id| id.is_string() || id.is_i64()).cloned();
         let is_request = id.is_some()
             && object.get("jsonrpc") == Some(&json!("2.0"))
             && object.get("method").is_some_and(Value::is_string);
@@ -96,7 +96,7 @@ impl Unreadable {
             Some(Value::String(method)) if let Some(bad) = bad_id => (
                 INVALID_REQUEST,
                 format!(
-                    "Invalid Request: the id of `{method}` must be a string or an integer, not {}",
+                    "Invalid Request: the id of `{method}` must be a string or an integer (of 64 bits, signed), not {}",
                     capped(&bad.to_string(), QUOTED_BYTES)
                 ),
             ),
@@ -153,7 +153,7 @@ mod tests {
         assert_eq!(of("42"), (INVALID_REQUEST, Value::Null, true));
         assert_eq!(of(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#), (INVALID_REQUEST, Value::Null, true));
         // An id MCP does not take is named, not the params.
-        for id in [r#"{"a":1}"#, "null", "1.5", "true"] {
+        for id in [r#"{"a":1}"#, "null", "1.5", "true", "18446744073709551615"] {
             let u = Unreadable::of(format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#).as_bytes());
             assert_eq!((u.code, &u.id), (INVALID_REQUEST, &Value::Null));
             assert!(u.message.contains("the id of `ping` must be a string or an integer"), "{}", u.message);
