@@ -164,6 +164,59 @@ pub const ABORTED: i32 = -32001;
 
 /// Classifies `failure`; `now` is the wall clock, for HTTP-date retry hints.
 pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
+    classify_sent(failure, None, now)
+}
+
+/// [`classify`] of the failure of a call whose arguments were `sent`: what the caller
+/// wrote is taken out of the failure's text first. A tool that echoes its arguments in
+/// its error ("no such file: /x/503 service unavailable") could otherwise be made to
+/// report an outage, which counts against the breakers of a server every client shares.
+pub fn classify_sent(
+    failure: &Failure,
+    sent: Option<&serde_json::Map<String, serde_json::Value>>,
+    now: SystemTime,
+) -> Classification {
+    let echoes = sent.map(echoes).unwrap_or_default();
+    let clean = |text: String| without(text, &echoes);
+    classified(failure, now, &clean)
+}
+
+/// The most pieces of a call's arguments taken out of its failure's text.
+const MAX_ECHOES: usize = 256;
+
+/// The strings and numbers in `sent` long enough to say something (3 bytes or more), at
+/// most [`MAX_ECHOES`] of them, longest first.
+fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+    use serde_json::Value;
+    let mut found = Vec::new();
+    let mut pending: Vec<&Value> = sent.values().collect();
+    while let Some(value) = pending.pop() {
+        if found.len() >= MAX_ECHOES {
+            break;
+        }
+        match value {
+            Value::String(s) if s.len() >= 3 => found.push(s.clone()),
+            Value::Number(n) if n.to_string().len() >= 3 => found.push(n.to_string()),
+            Value::Array(items) => pending.extend(items),
+            Value::Object(map) => pending.extend(map.values()),
+            _ => {}
+        }
+    }
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    found
+}
+
+/// `text` with each of `echoes` taken out.
+fn without(mut text: String, echoes: &[String]) -> String {
+    for echo in echoes {
+        if text.contains(echo.as_str()) {
+            text = text.replace(echo.as_str(), " ");
+        }
+    }
+    text
+}
+
+fn classified(failure: &Failure, now: SystemTime, clean: &dyn Fn(String) -> String) -> Classification {
     use Category as C;
     use Kind::{Bug, Config, User};
     use Severity::{High, Low, Medium};
@@ -211,7 +264,7 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
         Failure::Internal { .. } => C::Other("internal".into()).with(false, false, Severity::Critical, Bug),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
         Failure::Rpc { code, message, data } => {
-            let text = format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default());
+            let text = clean(format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default()));
             match *code {
                 // The server answered that the request timed out behind it.
                 ABORTED => C::Timeout.with(true, true, High, Bug),
@@ -225,8 +278,8 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
             }
         }
         Failure::ToolError { result } => {
-            let text = failure_text(failure, result);
-            if refuses_arguments(&failure.message()) {
+            let text = clean(failure_text(failure, result));
+            if refuses_arguments(&clean(failure.message())) {
                 return C::ToolValidation.with(false, false, Low, User);
             }
             // A tool that reports its own error is a healthy server saying no, unless
@@ -353,6 +406,27 @@ mod tests {
 
     fn tool_error(text: &str) -> Failure {
         Failure::ToolError { result: Box::new(CallToolResult::error(vec![ContentBlock::text(text)])) }
+    }
+
+    /// What the caller sent, echoed in a tool's error, says nothing of the server: it
+    /// cannot make a failure an outage (which counts against the breakers every client of
+    /// a shared server shares), nor an unknown tool; the tool's own words still can.
+    #[test]
+    fn what_the_caller_sent_does_not_classify_its_failure() {
+        let sent = serde_json::json!({"path": "/x/503 service unavailable", "n": [12345], "o": {"q": "timed out"}});
+        let sent = sent.as_object().unwrap();
+        let now = SystemTime::UNIX_EPOCH;
+        let echoed = tool_error("ENOENT: no such file /x/503 service unavailable");
+        assert_eq!(classify(&echoed, now).category, Category::ServerUnavailable, "as read without the arguments");
+        let c = classify_sent(&echoed, Some(sent), now);
+        assert_eq!((c.category, c.counts_for_breaker), (Category::ToolExecution, false));
+        let nested = tool_error("query 'timed out' matched nothing");
+        assert!(!classify_sent(&nested, Some(sent), now).counts_for_breaker, "nested arguments too");
+        let own = tool_error("upstream answered 503 service unavailable");
+        assert!(classify_sent(&own, Some(sent), now).counts_for_breaker, "the tool's own words count");
+        let unknown = serde_json::json!({"name": "unknown tool"});
+        let c = classify_sent(&rpc(-32602, "bad value: unknown tool"), unknown.as_object(), now);
+        assert_eq!(c.category, Category::ToolValidation);
     }
 
     #[test]

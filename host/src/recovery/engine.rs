@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff;
 use super::breaker::{Breaker, Outcome, Permit, ToolBreakers};
 use super::budget::RetryBudget;
-use super::classify::{Category, Classification, classify};
+use super::classify::{Category, Classification, classify, classify_sent};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
 use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
@@ -505,7 +505,7 @@ impl Engine {
                     call.upstream,
                     call.policy,
                     (&call.server, &call.tool, Role::Primary),
-                    call.arguments.clone(),
+                    &call.arguments,
                     timeout,
                     call.deadline,
                 )
@@ -773,7 +773,7 @@ impl Engine {
         let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&tool));
         let args = Some(arguments);
         let outcome = self
-            .attempt(call.upstream, call.policy, (&server, &tool, Role::SideCall), args.clone(), timeout, call.deadline)
+            .attempt(call.upstream, call.policy, (&server, &tool, Role::SideCall), &args, timeout, call.deadline)
             .await;
         match outcome {
             Ok(result) => {
@@ -811,7 +811,7 @@ impl Engine {
             .or_else(|| call.arguments.clone());
         let timeout = Duration::from_millis(policy.recovery.timeout_for(&tool));
         let target = (&*server, tool.as_str(), Role::Alternative);
-        match self.attempt(call.upstream, policy, target, args.clone(), timeout, call.deadline).await {
+        match self.attempt(call.upstream, policy, target, &args, timeout, call.deadline).await {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
                 call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
@@ -855,12 +855,12 @@ impl Engine {
         upstream: &dyn Upstream,
         policy: &ServerPolicy,
         (server, tool, role): (&str, &str, Role),
-        arguments: Option<JsonObject>,
+        arguments: &Option<JsonObject>,
         timeout: Duration,
         deadline: tokio::time::Instant,
     ) -> Result<CallToolResponse, (Failure, Classification)> {
         let failed = |f: Failure| {
-            let c = classify(&f, self.clock.wall());
+            let c = classify_sent(&f, arguments.as_ref(), self.clock.wall());
             policy.counters.failures.fetch_add(1, Ordering::Relaxed);
             (f, c)
         };
@@ -880,7 +880,7 @@ impl Engine {
         };
         policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
         let started = self.clock.now();
-        match upstream.call(server, tool, role, arguments, timeout.min(remaining), remaining).await {
+        match upstream.call(server, tool, role, arguments.clone(), timeout.min(remaining), remaining).await {
             Ok(result) => {
                 server_permit.record(Outcome::Success);
                 if let Some(p) = tool_permit {

@@ -587,13 +587,8 @@ impl Server {
                 Ok(text(format!("{}: survived garbage", self.name)))
             }
             "huge" => Ok(text("x".repeat(usize::try_from(args["bytes"].as_u64().unwrap_or(1 << 20)).unwrap_or(0)))),
-            "fail" => Ok(
-                json!({"content": [{"type": "text", "text": args["message"].as_str().unwrap_or("tool failed")}], "isError": true}),
-            ),
-            "rpc_error" => Err((
-                args["code"].as_i64().unwrap_or(-32603),
-                args["message"].as_str().unwrap_or("internal error").to_owned(),
-            )),
+            "fail" => Ok(json!({"content": [{"type": "text", "text": said(args, "tool failed")}], "isError": true})),
+            "rpc_error" => Err((args["code"].as_i64().unwrap_or(-32603), said(args, "internal error"))),
             // With `"times": N`, it asks N times at once.
             "sample" => {
                 let params = json!({"messages": [{"role": "user", "content": {"type": "text", "text": args["prompt"].as_str().unwrap_or("hi")}}], "maxTokens": 16});
@@ -649,6 +644,14 @@ impl Server {
             other => Err((-32602, format!("unknown tool: {other}"))),
         }
     }
+}
+
+/// What a failing tool says: its `message`, or `default`; with `"reversed": true` the
+/// message read backwards, so that what it says is its own words and not an echo of its
+/// arguments (which the gateway does not classify a failure by).
+fn said(args: &Value, default: &str) -> String {
+    let message = args["message"].as_str().unwrap_or(default);
+    if args["reversed"] == true { message.chars().rev().collect() } else { message.to_owned() }
 }
 
 fn append(path: &std::path::Path, line: &str) {
