@@ -805,7 +805,7 @@ impl Engine {
         policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
         let args = arguments
             .or_else(|| {
-                let configured = plan::configured(&call.policy.recovery, &call.tool, &tool)?;
+                let configured = plan::configured(&call.policy.recovery, (&call.server, &call.tool), (&server, &tool))?;
                 map_arguments(configured, call.arguments.as_ref())
             })
             .or_else(|| call.arguments.clone());

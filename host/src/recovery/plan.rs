@@ -140,9 +140,15 @@ pub fn compose(
     plan
 }
 
-/// The configured fallback for `tool` on its server, to map its arguments.
-pub fn configured<'a>(recovery: &'a RecoveryConfig, tool: &str, alt_tool: &str) -> Option<&'a Alternative> {
-    recovery.fallbacks.get(tool)?.iter().find(|a| a.tool == alt_tool)
+/// The fallback configured for `tool` of server `own` that is `alt_tool` of `alt_server`,
+/// to map its arguments: two fallbacks of one name on two servers each have their own.
+pub fn configured<'a>(
+    recovery: &'a RecoveryConfig,
+    (own, tool): (&str, &str),
+    (alt_server, alt_tool): (&str, &str),
+) -> Option<&'a Alternative> {
+    let on = |a: &Alternative| a.server.as_deref().unwrap_or(own) == alt_server;
+    recovery.fallbacks.get(tool)?.iter().find(|a| a.tool == alt_tool && on(a))
 }
 
 #[cfg(test)]
@@ -167,6 +173,23 @@ mod tests {
 
     fn alt(tool: &str) -> Step {
         Step::Alternative { server: None, tool: tool.into(), arguments: None }
+    }
+
+    /// Fallbacks of one tool name on two servers each map the arguments their own way.
+    #[test]
+    fn a_fallbacks_arguments_are_its_own_servers() {
+        let mut r = RecoveryConfig::default();
+        let q = serde_json::json!({"q": "$query"}).as_object().cloned();
+        let on = |server: Option<&str>, arguments| Alternative {
+            tool: "search".into(),
+            server: server.map(Into::into),
+            arguments,
+        };
+        r.fallbacks.insert("find".into(), vec![on(Some("m1"), q.clone()), on(Some("m2"), None), on(None, q.clone())]);
+        assert_eq!(configured(&r, ("a", "find"), ("m1", "search")).unwrap().arguments, q);
+        assert_eq!(configured(&r, ("a", "find"), ("m2", "search")).unwrap().arguments, None);
+        assert_eq!(configured(&r, ("a", "find"), ("a", "search")).unwrap().arguments, q, "its own server's");
+        assert!(configured(&r, ("a", "find"), ("m3", "search")).is_none());
     }
 
     #[test]
