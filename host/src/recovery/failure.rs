@@ -50,8 +50,9 @@ impl Failure {
     /// Whether the attempt may have taken effect, in part or whole, although it failed:
     /// it timed out or lost its connection in flight (as `class`, the failure's
     /// classification, says, also of a timeout a server reports), its answer was dropped
-    /// for its size, the gateway failed while handling it, or cancelled what the server
-    /// had started for it. The gateway's own
+    /// for its size, the server answered it with what is not a tool's result (it had the
+    /// request), the gateway failed while handling it, or cancelled what the server had
+    /// started for it. The gateway's own
     /// classification decides too: an adapter's refinement can say it may have run, never
     /// that it did not (the client would be told it may call again a tool that ran).
     pub fn may_have_run(&self, class: &Classification) -> bool {
@@ -61,7 +62,7 @@ impl Failure {
         let ran = |c: &Classification| matches!(c.category, Category::Timeout | Category::Transport);
         ran(class)
             || ran(&builtin)
-            || matches!(self, Self::Internal { .. } | Self::GatewayLimit { .. })
+            || matches!(self, Self::Internal { .. } | Self::GatewayLimit { .. } | Self::Protocol { .. })
             || matches!(self, Self::Rpc { data, .. } if dropped(data))
     }
 

@@ -376,6 +376,10 @@ async fn the_report_says_partial_when_any_attempt_may_have_run() {
     let up = Script::new(&[("s/read", true)])
         .then("s/read", vec![Err(Failure::Rpc { code: -32603, message: "too long".into(), data: dropped })]);
     assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
+    // Answered with what is not a tool's result: the server had the request.
+    let odd = Err(Failure::Protocol { reason: "answered with a task nobody asked for".into() });
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![odd]);
+    assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
 }
 
 /// An adapter that calls a timeout a tool's own failure (to stop its retries) cannot make
