@@ -57,8 +57,9 @@ struct State {
     /// Buckets of (start, successes, failures), oldest first, covering the window.
     window: VecDeque<(Instant, u32, u32)>,
     last_success: Option<Instant>,
-    /// Counts the half-open periods (and resets): a probe's verdict counts only in the
-    /// period that admitted it, not in a later one it outlived.
+    /// Counts the half-open periods (and resets): a verdict counts only in the period that
+    /// admitted it, not in a later one it outlived (a probe's in a later half-open period,
+    /// a call's from before an opening once the breaker has closed again).
     cycle: u64,
 }
 
@@ -184,7 +185,9 @@ impl Breaker {
                 Outcome::Failure => self.open(&mut s, now),
                 Outcome::Ignored => s.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes },
             },
-            (Phase::Closed, false) => match outcome {
+            // (Admitted while closed before an opening, and come back after the breaker
+            // closed again: of a period that is over.)
+            (Phase::Closed, false) if cycle == s.cycle => match outcome {
                 Outcome::Success => {
                     s.consecutive_failures = 0;
                     self.tally(&mut s, now, false);

@@ -30,6 +30,28 @@ async fn opens_after_consecutive_failures_and_rejects_without_calling() {
     assert!(retry_in >= Duration::from_secs(48) && retry_in <= Duration::from_secs(60), "{retry_in:?}");
 }
 
+/// Calls admitted before the breaker opened that fail after it has closed again (a hung
+/// call timing out late) are of the period before: they do not count towards opening it
+/// again on a server that has recovered.
+#[tokio::test(start_paused = true)]
+async fn a_verdict_from_before_an_opening_does_not_count_after_the_breaker_closed() {
+    let b = defaults();
+    let hung: Vec<Permit> = (0..5).map(|_| b.admit().unwrap()).collect();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    for _ in 0..BreakerConfig::default().success_threshold {
+        b.admit().expect("a probe").record(Outcome::Success);
+    }
+    assert_eq!(b.phase(), Phase::Closed);
+    for permit in hung {
+        permit.record(Outcome::Failure);
+    }
+    assert_eq!(b.phase(), Phase::Closed, "the late failures were of the period before");
+    assert_eq!(b.snapshot().consecutive_failures, 0);
+    fail(&b, 5);
+    assert!(b.admit().is_err(), "this period's own failures still open it");
+}
+
 #[tokio::test(start_paused = true)]
 async fn ignored_outcomes_do_not_count() {
     let b = defaults();
