@@ -307,13 +307,25 @@ pub async fn http_client_as(
     url: &str,
     token: Option<&str>,
 ) -> Result<RunningService<RoleClient, TestClient>, String> {
+    http_client_from(client, None, url, token).await
+}
+
+/// [`http_client_as`], connecting from the local address `from` (another loopback
+/// address, `127.0.0.2`, is another client's address to the gateway).
+pub async fn http_client_from(
+    client: TestClient,
+    from: Option<std::net::IpAddr>,
+    url: &str,
+    token: Option<&str>,
+) -> Result<RunningService<RoleClient, TestClient>, String> {
     use rmcp::transport::StreamableHttpClientTransport;
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     let mut config = StreamableHttpClientTransportConfig::with_uri(url);
     if let Some(token) = token {
         config = config.auth_header(token);
     }
-    let transport = StreamableHttpClientTransport::from_config(config);
+    let http = reqwest::Client::builder().local_address(from).build().map_err(|e| e.to_string())?;
+    let transport = StreamableHttpClientTransport::with_client(http, config);
     tokio::time::timeout(Duration::from_secs(30), client.serve(transport))
         .await
         .map_err(|_| "no answer to initialize within 30 s".to_owned())?

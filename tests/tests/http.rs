@@ -1106,8 +1106,9 @@ async fn a_question_asked_while_serving_a_prompt_goes_to_the_client_that_asked_f
 }
 
 /// One client of a shared server cannot take all the resources the gateway follows on it:
-/// past its half, it is refused; another client still follows what it asks for. A server
-/// of the client's own (`scope: session`) is all its own.
+/// past its half, it is refused, however many sessions it opens; another client (another
+/// address) still follows what it asks for. A server of the client's own (`scope:
+/// session`) is all its own.
 #[tokio::test]
 async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others() {
     use rmcp::model::SubscribeRequestParams;
@@ -1120,13 +1121,17 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
         &[],
     )
     .await;
-    let (ada, bob) = (gw.client(Some(TOKEN)).await.unwrap(), gw.client(Some(TOKEN)).await.unwrap());
+    let elsewhere = Some(std::net::IpAddr::from([127, 0, 0, 2]));
+    let bob = rebound_tests::http_client_from(Default::default(), elsewhere, &gw.url(), Some(TOKEN)).await.unwrap();
+    let (ada, ada_again) = (gw.client(Some(TOKEN)).await.unwrap(), gw.client(Some(TOKEN)).await.unwrap());
     let item = |i: &str| SubscribeRequestParams::new(format!("faulty://a/items/{i}"));
     for i in 0..128 {
         ada.peer().subscribe(item(&i.to_string())).await.unwrap_or_else(|e| panic!("subscription {i}: {e}"));
     }
     let refused = format!("{:?}", ada.peer().subscribe(item("more")).await.expect_err("past the client's half"));
     assert!(refused.contains("at most 128 resources of server `a`"), "{refused}");
+    let refused = ada_again.peer().subscribe(item("again")).await.expect_err("another session of that address");
+    assert!(format!("{refused:?}").contains("at most 128 resources of server `a`"), "{refused:?}");
     for i in 0..200 {
         let own = SubscribeRequestParams::new(format!("faulty://own/items/{i}"));
         ada.peer().subscribe(own).await.unwrap_or_else(|e| panic!("subscription {i} to its own server: {e}"));
@@ -1137,6 +1142,7 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
     ada.peer().unsubscribe(rmcp::model::UnsubscribeRequestParams::new("faulty://a/items/1")).await.unwrap();
     ada.peer().subscribe(item("more")).await.unwrap();
     let _ = ada.cancel().await;
+    let _ = ada_again.cancel().await;
     let _ = bob.cancel().await;
 }
 

@@ -435,8 +435,14 @@ impl ServerHandler for Gateway {
         .await
     }
 
-    async fn subscribe(&self, request: SubscribeRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.subscribe_to(&self.own.client, &self.own.client, &request.uri).await.map(drop)
+    /// Held by the session, counted (over HTTP) against its address: a client opening
+    /// more sessions gets no more of a shared server's follows.
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscribe_to(&self.own.client, &self.counted(&cx), &request.uri).await.map(drop)
     }
 
     async fn unsubscribe(
@@ -661,8 +667,9 @@ impl Gateway {
         self.times(server.as_deref().unwrap_or_default(), name.unwrap_or_default()).1
     }
 
-    /// Whom a request of `cx` counts against where a client's share is bounded: its
-    /// session, or for a 2026-07-28 client over HTTP (which has none) its address.
+    /// Whom a request of `cx` counts against where a client's share is bounded: over HTTP
+    /// its address (a 2026-07-28 client has no session, and one with sessions may open
+    /// many), over stdio the one client.
     fn counted(&self, cx: &RequestContext<RoleServer>) -> Arc<str> {
         http_address(cx).map_or_else(|| self.own.client.clone(), |ip| super::http::address_client(ip).into())
     }
