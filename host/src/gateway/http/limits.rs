@@ -44,12 +44,17 @@ pub(super) struct ClientLimits {
     parsed: Arc<parsed::Budget>,
 }
 
-/// One client's requests in flight: the permits, and the ids they carry.
+/// One client's requests in flight: the permits (of `most`), and the ids they carry.
 #[derive(Debug)]
 struct InFlight {
     permits: Arc<Semaphore>,
+    most: usize,
     ids: std::collections::HashSet<String>,
 }
+
+/// How many times a client's share one address has in flight in all its sessions (and
+/// without one): opening sessions gives no more than this.
+pub(super) const SESSIONS_OF_ADDRESS: usize = 8;
 
 /// Why a request may not go on.
 enum Refusal {
@@ -63,22 +68,50 @@ impl ClientLimits {
         Self { per_client, ..Default::default() }
     }
 
-    fn try_acquire(self: &Arc<Self>, client: String, id: Option<String>) -> Result<ClientPermit, Refusal> {
+    /// A permit for `client`'s request `id`, within its share and within `address`'s
+    /// (all its clients' together, [`SESSIONS_OF_ADDRESS`] shares), when it has one.
+    fn try_acquire(
+        self: &Arc<Self>,
+        client: String,
+        id: Option<String>,
+        address: Option<String>,
+    ) -> Result<ClientPermit, Refusal> {
         // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
         let mut clients = self.clients.lock().expect("not poisoned");
-        let entry = clients.entry(client.clone()).or_insert_with(|| InFlight {
-            permits: Arc::new(Semaphore::new(self.per_client)),
-            ids: Default::default(),
-        });
-        if id.as_ref().is_some_and(|id| entry.ids.contains(id)) {
-            return Err(Refusal::DuplicateId);
-        }
-        let permit = entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany)?;
+        let mut take = |key: &str, most: usize| {
+            let entry = clients.entry(key.to_owned()).or_insert_with(|| InFlight {
+                permits: Arc::new(Semaphore::new(most)),
+                most,
+                ids: Default::default(),
+            });
+            if id.as_ref().is_some_and(|id| entry.ids.contains(id)) {
+                return Err(Refusal::DuplicateId);
+            }
+            entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany)
+        };
+        let in_all = match &address {
+            Some(address) => Some(take(address, self.per_client.saturating_mul(SESSIONS_OF_ADDRESS))?),
+            None => None,
+        };
+        let permit = match take(&client, self.per_client) {
+            Ok(permit) => permit,
+            Err(refusal) => {
+                // The address's permit goes back, and its entry with it when idle.
+                drop(in_all);
+                if let Some(address) = &address
+                    && clients.get(address).is_some_and(|e| e.permits.available_permits() == e.most)
+                {
+                    clients.remove(address);
+                }
+                return Err(refusal);
+            }
+        };
         if let Some(id) = &id {
-            entry.ids.insert(id.clone());
+            clients.get_mut(&client).expect("just taken").ids.insert(id.clone());
         }
         self.total.fetch_add(1, Ordering::SeqCst);
-        Ok(ClientPermit { limits: self.clone(), client, id, permit: Some(permit) })
+        let permits = [Some((client, permit)), address.zip(in_all)];
+        Ok(ClientPermit { limits: self.clone(), id, permits })
     }
 
     pub(super) fn in_flight(&self) -> usize {
@@ -99,9 +132,9 @@ impl ClientLimits {
 
 struct ClientPermit {
     limits: Arc<ClientLimits>,
-    client: String,
     id: Option<String>,
-    permit: Option<OwnedSemaphorePermit>,
+    /// The client's permit, and its address's.
+    permits: [Option<(String, OwnedSemaphorePermit)>; 2],
 }
 
 impl Drop for ClientPermit {
@@ -110,14 +143,16 @@ impl Drop for ClientPermit {
             self.limits.idle.notify_waiters();
         }
         let mut clients = self.limits.clients.lock().expect("not poisoned");
-        drop(self.permit.take());
-        let Some(entry) = clients.get_mut(&self.client) else { return };
-        if let Some(id) = &self.id {
-            entry.ids.remove(id);
-        }
-        // Forget idle clients, or the map would grow with every session ever seen.
-        if entry.permits.available_permits() == self.limits.per_client {
-            clients.remove(&self.client);
+        for (n, (client, permit)) in self.permits.iter_mut().filter_map(Option::take).enumerate() {
+            drop(permit);
+            let Some(entry) = clients.get_mut(&client) else { continue };
+            if let Some(id) = self.id.as_ref().filter(|_| n == 0) {
+                entry.ids.remove(id);
+            }
+            // Forget idle clients, or the map would grow with every session ever seen.
+            if entry.permits.available_permits() == entry.most {
+                clients.remove(&client);
+            }
         }
     }
 }
@@ -392,9 +427,11 @@ fn admit(
         None if opening => format!("{} opening sessions", super::address_client(address)),
         None => super::address_client(address),
     };
+    // All of an address's requests but its `initialize`s count together too.
+    let in_all = (!opening).then(|| format!("{} in all", super::address_client(address)));
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
     let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
-    let permit = match front.limits.try_acquire(client, key) {
+    let permit = match front.limits.try_acquire(client, key, in_all) {
         Ok(permit) => permit,
         Err(Refusal::TooMany) => {
             front.hub.metrics.rejected("too_many_requests");
@@ -438,6 +475,30 @@ fn answer_unreadable(response: Response, json_body: Option<&[u8]>, front: &Front
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each session has its share of requests in flight, and all the sessions of one
+    /// address (and its requests without one) have eight shares together: opening more
+    /// sessions gives no more. Permits given back leave nothing behind.
+    #[test]
+    fn an_address_has_so_many_shares_in_flight_whatever_its_sessions() {
+        let limits = Arc::new(ClientLimits::new(2));
+        let all = || Some("address 10.0.0.1 in all".to_owned());
+        let mut held = Vec::new();
+        for session in 0..SESSIONS_OF_ADDRESS {
+            for n in 0..2 {
+                held.push(limits.try_acquire(format!("session {session}"), Some(n.to_string()), all()).ok().unwrap());
+            }
+        }
+        assert!(matches!(limits.try_acquire("session 0".into(), None, all()), Err(Refusal::TooMany)), "its own share");
+        let more = limits.try_acquire("session new".into(), None, all());
+        assert!(matches!(more, Err(Refusal::TooMany)), "the address's shares are taken");
+        assert!(limits.try_acquire("session other".into(), None, Some("address 10.0.0.2 in all".into())).is_ok());
+        assert!(matches!(limits.try_acquire("session 1".into(), Some("1".into()), None), Err(Refusal::DuplicateId)));
+        held.pop();
+        assert!(limits.try_acquire("session new".into(), None, all()).is_ok(), "one given back is room");
+        drop(held);
+        assert!(limits.clients.lock().unwrap().is_empty(), "{:?}", limits.clients.lock().unwrap().keys());
+    }
 
     #[test]
     fn an_initializes_tasks_capability_is_read_and_odd_capabilities_are_no_harm() {
