@@ -130,6 +130,13 @@ fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
             "no bearer token set (REBOUND_AUTH_TOKEN or rebound.http.auth_token): any process on this machine may connect"
         );
     }
+    // With the one token every client has, `/status` shows each one the others' recent
+    // failures (their text may quote what they sent).
+    if !local.ip().is_loopback() && settings.operator_token.is_none() {
+        tracing::warn!(
+            "no operator token set: every client with the gateway's token may read /status and /metrics, whose recent errors are all clients'; set rebound.http.operator_token (REBOUND_OPERATOR_TOKEN) where clients are not all yours"
+        );
+    }
     Ok(())
 }
 
