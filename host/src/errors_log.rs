@@ -240,14 +240,37 @@ impl ErrorsLog {
     /// A call of `tool` on `server` still running when the gateway shut down: the
     /// record of its attempts ended with it, and it may or may not have taken effect.
     pub fn cut_short(&self, session: &str, server: &str, tool: &str, now: SystemTime) {
+        let message = format!(
+            "MCP tool {tool} on server {server} was still running when the gateway shut down; it may or may not have taken effect"
+        );
+        self.unfinished(("mcp_shutdown", "high", "shutdown"), message, (session, server, tool), now);
+    }
+
+    /// Rebound failed (a panic, caught) while answering a call of `tool` on `server`
+    /// outside the recovery engine, which logs its own.
+    pub fn failed_internally(&self, session: &str, server: &str, tool: &str, now: SystemTime) {
+        let message = format!(
+            "Rebound failed while answering a call of MCP tool {tool} on server {server} (a bug, in its log); it may or may not have taken effect"
+        );
+        self.unfinished(("mcp_internal_error", "critical", "internal"), message, (session, server, tool), now);
+    }
+
+    /// An entry of a call that ended without its answer, which may have taken effect.
+    fn unfinished(
+        &self,
+        (kind, severity, category): (&str, &str, &str),
+        message: String,
+        (session, server, tool): (&str, &str, &str),
+        now: SystemTime,
+    ) {
         let action = format!("check whether the call of `{tool}` took effect, then call it again");
         self.push(json!({
             "id": self.new_id(now),
             "timestamp": humantime::format_rfc3339_millis(now).to_string(),
-            "type": "mcp_shutdown",
-            "severity": "high",
-            "message": format!("MCP tool {tool} on server {server} was still running when the gateway shut down; it may or may not have taken effect"),
-            "context": {"session_id": session, "server": server, "tool_name": tool, "requested_tool": tool, "category": "shutdown"},
+            "type": kind,
+            "severity": severity,
+            "message": message,
+            "context": {"session_id": session, "server": server, "tool_name": tool, "requested_tool": tool, "category": category},
             "recovery": {"suggested_action": action, "auto_recoverable": false},
             "fix_status": "unfixed",
         }));
@@ -584,6 +607,13 @@ mod tests {
         let written = std::fs::read_to_string(&path).unwrap_or_default();
         assert_eq!(written.lines().count(), 2000);
         assert!(written.lines().all(|l| l.contains(r#""type":"mcp_shutdown""#)), "{written}");
+        // A call Rebound failed to answer (a bug, caught) is on record too.
+        log.failed_internally("sess_1", "lean", "lean_goal", SystemTime::UNIX_EPOCH);
+        log.flush(Duration::from_secs(10)).await;
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        let last: Value = serde_json::from_str(written.lines().last().unwrap()).unwrap();
+        assert_eq!((last["type"].as_str(), last["severity"].as_str()), (Some("mcp_internal_error"), Some("critical")));
+        assert_eq!(last["context"]["tool_name"], "lean_goal");
     }
 
     /// A client's own view keeps its entries however many another client makes.

@@ -38,13 +38,15 @@ impl Gateway {
         // The engine catches a panic inside a call; this catches one anywhere else on the
         // call's path (reporting, logging, metrics), so that no call goes unanswered.
         let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
+        let logged = |log: fn(&crate::errors_log::ErrorsLog, &str, &str, &str, std::time::SystemTime)| {
+            if let Some((route, _)) = self.own.catalogue().tool(&name) {
+                log(&self.hub.errors, &self.own.client, &route.server, &route.name, std::time::SystemTime::now());
+            }
+        };
         let answer = tokio::select! {
             answer = answer => answer,
             () = self.hub.stopping().cancelled() => {
-                if let Some((route, _)) = self.own.catalogue().tool(&name) {
-                    let now = std::time::SystemTime::now();
-                    self.hub.errors.cut_short(&self.own.client, &route.server, &route.name, now);
-                }
+                logged(crate::errors_log::ErrorsLog::cut_short);
                 let text = format!(
                     "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
                 );
@@ -55,6 +57,7 @@ impl Gateway {
             Ok(answer) => answer,
             Err(_) => {
                 tracing::error!(tool = %name, "Rebound failed while answering a call (a bug); the client is told so");
+                logged(crate::errors_log::ErrorsLog::failed_internally);
                 let text = format!(
                     "rebound: Rebound failed while answering this call of `{name}` (a bug, in its log); check whether the call took effect, then call it again"
                 );

@@ -732,11 +732,24 @@ impl Engine {
         let a_fallback = |alt: &crate::config::Alternative| {
             alt.tool == tool && alt.server.as_deref().unwrap_or(&call.server) == &**server
         };
+        let is_fallback = call.policy.recovery.fallbacks.get(&call.tool).into_iter().flatten().any(a_fallback);
         let ran = (**server == *call.server && tool == call.tool)
             || spent.called.contains(&(server.clone(), tool.to_owned()))
-            || call.policy.recovery.fallbacks.get(&call.tool).into_iter().flatten().any(a_fallback);
+            || is_fallback;
         if ran && !is_idempotent(&target.recovery, tool, annotations) {
             return deny(record, Denial::Replay);
+        }
+        // Configured fallbacks have their time, whatever an adapter plans: a step of its
+        // own (its whole timeout) must leave the next one its timeout before the deadline.
+        if !is_fallback && let Some((fallback, needs)) = self.fallback_reserve(call, spent) {
+            let step = Duration::from_millis(target.recovery.timeout_for(tool));
+            let remaining = call.deadline.saturating_duration_since(self.clock.now());
+            if step.saturating_add(needs) > remaining {
+                record.stopped = Some(format!(
+                    "the plan's call of `{server}/{tool}` was skipped: it could take the time the fallback `{fallback}` needs before the call's deadline"
+                ));
+                return false;
+            }
         }
         if !call.policy.budget.withdraw() {
             record.stopped = Some(format!(

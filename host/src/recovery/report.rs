@@ -178,11 +178,22 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
 
 /// Notes on a successful result how it was obtained, when that took recovery. The
 /// result itself is the server's and passes as it is; what Rebound adds is redacted.
+/// A tool's own error answered after other attempts failed says what was tried too, and
+/// whether any of it may have run.
 pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets) -> CallToolResult {
-    let Some(by) = record.answered_by() else { return result };
     if record.attempts.len() < 2 {
         return result;
     }
+    let Some(by) = record.answered_by() else {
+        let mut data = json!({
+            "status": status(record),
+            "attempts": attempts_data(record),
+            "retries": record.attempts.iter().filter(|a| a.role == Role::Primary).count().saturating_sub(1),
+        });
+        secrets.redact_json(&mut data);
+        result.meta.get_or_insert_default().insert("rebound".to_owned(), data);
+        return result;
+    };
     let failures: Vec<&Failure> = record.attempts.iter().filter_map(|a| a.failure.as_ref()).collect();
     let mut data = json!({
         "status": "recovered",

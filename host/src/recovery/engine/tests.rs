@@ -382,6 +382,21 @@ async fn the_report_says_partial_when_any_attempt_may_have_run() {
     assert_eq!(status(&run(&e, &up, "read").await.1), "partial");
 }
 
+/// A tool's own error answered after an earlier attempt failed carries the report too:
+/// what was tried, and that the timed-out attempt may have run.
+#[tokio::test(start_paused = true)]
+async fn a_tools_own_error_after_a_failed_attempt_says_what_was_tried() {
+    let e = engine(&[server("s", defaults())]);
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(), tool_error("no such page")]);
+    let (ending, record) = run(&e, &up, "read").await;
+    let Ending::Answered(CallToolResponse::Complete(own)) = ending else { panic!("the tool's own answer") };
+    let told = report::recovered(own, &record, &crate::redact::Secrets::default());
+    assert_eq!(told.is_error, Some(true));
+    let meta = &told.meta.unwrap().0["rebound"];
+    assert_eq!((meta["status"].as_str(), meta["retries"].as_u64()), (Some("partial"), Some(1)), "{meta}");
+    assert_eq!(meta["attempts"].as_array().map(Vec::len), Some(2), "{meta}");
+}
+
 /// An adapter that calls a timeout a tool's own failure (to stop its retries) cannot make
 /// the report say the call did not run: the gateway's own classification says it may have.
 #[tokio::test(start_paused = true)]
@@ -814,6 +829,23 @@ async fn configured_fallbacks_run_after_an_adapters_plan_and_before_its_give_up(
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/b").len(), 1, "the fallback ran before the give-up");
     assert_eq!(record.action.as_deref(), Some("check the server's log"));
+}
+
+/// A step of an adapter's own (here a side call of its whole timeout) is skipped when it
+/// could take the time the configured fallback needs before the call's deadline: the
+/// fallback still runs and answers.
+#[tokio::test(start_paused = true)]
+async fn an_adapters_step_leaves_the_configured_fallback_its_time() {
+    let mut r = defaults();
+    (r.timeout_ms, r.deadline_ms, r.retry.max_attempts) = (60_000, Some(100_000), 1);
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/b", true), ("s/poke", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    let a = planner(vec![Step::SideCall { tool: "poke".into(), arguments: JsonObject::new() }]);
+    let (ending, record) = advised(&e, &up, &a, "a").await;
+    assert_eq!(answered(&ending), "ok", "{record:?}");
+    assert_eq!(record.answered_by().unwrap().tool, "b");
+    assert_eq!(up.calls("s/poke").len(), 0, "60 s for it and 60 s for the fallback do not fit in 100 s");
 }
 
 /// An upstream whose every call panics.
