@@ -25,6 +25,7 @@ mod tests {
     fn text_is_cut_on_a_character_boundary_and_marked() {
         assert_eq!(capped("short", 5), "short");
         assert_eq!(capped("ééé", 3), "é…", "not inside the second é");
+        assert_eq!(capped("héllo", 2), "h…");
         let mut text = "abcdef".to_owned();
         cap(&mut text, 4);
         assert_eq!(text, "abcd…");

@@ -145,6 +145,10 @@ fn squashed(key: &str) -> String {
 /// separators (`adapterConfig`), or one letter off (`arg`, `adpater`, `uri`).
 fn meant_server_key(key: &str) -> Option<&'static str> {
     let key = squashed(key);
+    // Short for one key, one letter off another.
+    if key == "cmd" {
+        return Some("command");
+    }
     SERVER_KEYS.iter().copied().find(|known| {
         let known = squashed(known);
         key == known || (key.len() >= 3 && strsim::damerau_levenshtein(&key, &known) <= 1)
@@ -222,7 +226,7 @@ impl Ctx<'_> {
                 }
                 warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
             }
-            if let Some(disabled) = entry.get("disabled").filter(|d| !d.is_boolean()) {
+            if let Some(disabled) = entry.get("disabled").filter(|d| !d.is_boolean() && !d.is_null()) {
                 let message = format!("must be true or false, not {disabled}");
                 return Err(ConfigError::invalid(
                     path,

@@ -168,10 +168,13 @@ impl HubRelay {
             let request = if plain { untasked(request)? } else { request };
             // About a task whose creation the gateway has not read yet, perhaps.
             let caller = match (caller, &asker.task) {
-                (Caller::Nobody(why), Some(task)) => match routing.task_owner_soon(asker.session, task).await {
-                    Some(to) => Caller::Client { to, during: None },
-                    None => Caller::Nobody(why),
-                },
+                (Caller::Nobody(why), Some(task)) => {
+                    let owner = tokio::select! {
+                        owner = routing.task_owner_soon(asker.session, task) => owner,
+                        () = asker.cancel.cancelled() => None,
+                    };
+                    owner.map_or(Caller::Nobody(why), |to| Caller::Client { to, during: None })
+                }
                 (caller, _) => caller,
             };
             let (to, originating) = match caller {

@@ -278,9 +278,15 @@ impl Routing {
         if let Some(owner) = self.task_owner(session, id) {
             return Some(owner);
         }
-        let waiters = &self.waiting_for_owners;
-        if waiters.fetch_add(1, Ordering::AcqRel) >= OWNER_WAITERS {
-            waiters.fetch_sub(1, Ordering::AcqRel);
+        // Counted while it waits, however the wait ends (its request given up included).
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let _waiting = Waiting(&self.waiting_for_owners);
+        if self.waiting_for_owners.fetch_add(1, Ordering::AcqRel) >= OWNER_WAITERS {
             return None;
         }
         let waited = tokio::time::timeout(OWNER_WAIT, async {
@@ -292,9 +298,7 @@ impl Routing {
                 owned.await;
             }
         });
-        let owner = waited.await.ok();
-        waiters.fetch_sub(1, Ordering::AcqRel);
-        owner
+        waited.await.ok()
     }
 
     /// The client that started task `id` on upstream `session`, while it is there.
@@ -388,15 +392,11 @@ impl Routing {
         gone.at.get(&(session, request.clone())).is_some_and(|at| at.elapsed() < ENDED_COUNTS)
     }
 
-    /// Whether a task of a client other than `client` runs on upstream `session` (one a
-    /// client on 2025-11-25 started, or one relayed for a client on 2026-07-28): what the
-    /// server says without naming a task may be that task's.
+    /// Whether a task of a client other than `client` runs on upstream `session`: what
+    /// the server says without naming a task may be that task's.
     fn another_runs_a_task(&self, session: u64, client: &str) -> bool {
-        let started = {
-            let tasks = self.tasks.lock().expect("not poisoned");
-            tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
-        };
-        started || self.relayed.another_runs(session, client)
+        let tasks = self.tasks.lock().expect("not poisoned");
+        tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
     }
 
     /// A call of `client` on `instance` ended unanswered now.
@@ -507,11 +507,8 @@ fn bounded(mut p: ProgressNotificationParam) -> Option<ProgressNotificationParam
     {
         return None;
     }
-    if let Some(message) = p.message.as_mut()
-        && message.len() > MAX_PROGRESS_MESSAGE
-    {
-        message.truncate(message.floor_char_boundary(MAX_PROGRESS_MESSAGE));
-        message.push('…');
+    if let Some(message) = p.message.as_mut() {
+        crate::text::cap(message, MAX_PROGRESS_MESSAGE);
     }
     Some(p)
 }

@@ -152,12 +152,17 @@ fn as_value(answer: ServerResult) -> Result<Value, ErrorData> {
 /// Asks `session`'s server to cancel task `id`, which the gateway will not keep: nobody
 /// could reach it. Off the caller's path, bounded; not at all once the runtime is gone.
 fn cancel_upstream(session: &Session, id: &str) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let request = CustomRequest::new("tasks/cancel", Some(json!({"taskId": id})));
+    send_apart(session, ClientRequest::CustomRequest(request));
+}
+
+/// Sends `request` to `session`'s server on a task of its own, its answer waited for at
+/// most 5 s and not read; not at all once the runtime is gone.
+fn send_apart(session: &Session, request: ClientRequest) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let peer = session.peer.clone();
     runtime.spawn(async move {
-        let sent = peer.send_request(ClientRequest::CustomRequest(request));
-        let _ = tokio::time::timeout(Duration::from_secs(5), sent).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), peer.send_request(request)).await;
     });
 }
 
@@ -436,15 +441,17 @@ impl Gateway {
         use futures::StreamExt as _;
         let ids: Vec<String> = self.own.tasks.all().into_iter().map(|(id, _)| id).collect();
         let asked = ids.len();
-        let answers: Vec<Option<Value>> = futures::stream::iter(ids)
-            .map(|id| async move {
+        // As they come (one slow server does not hold back the others'), in order after.
+        let mut answers: Vec<(usize, Option<Value>)> = futures::stream::iter(ids.into_iter().enumerate())
+            .map(|(n, id)| async move {
                 let answer = self.about_task("tasks/get", json!({"taskId": id}), cx).await;
-                answer.ok().and_then(|t| task_fields(&t))
+                (n, answer.ok().and_then(|t| task_fields(&t)))
             })
-            .buffered(LIST_AT_ONCE)
+            .buffer_unordered(LIST_AT_ONCE)
             .take_until(tokio::time::sleep(LIST_WITHIN))
             .collect()
             .await;
+        answers.sort_unstable_by_key(|(n, _)| *n);
         if answers.len() < asked {
             tracing::warn!(
                 "tasks/list: {} of the session's {asked} tasks left out, their servers not answering within {} s",
@@ -452,7 +459,7 @@ impl Gateway {
                 LIST_WITHIN.as_secs()
             );
         }
-        json!({"tasks": answers.into_iter().flatten().collect::<Vec<_>>()})
+        json!({"tasks": answers.into_iter().filter_map(|(_, task)| task).collect::<Vec<_>>()})
     }
 }
 

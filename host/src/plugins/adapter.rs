@@ -737,10 +737,4 @@ mod tests {
         assert!(check_class(class(wit::Category::Other("c".repeat(MAX_CATEGORY_BYTES)), None)).is_ok());
         assert!(check_class(class(wit::Category::Other("c".repeat(MAX_CATEGORY_BYTES + 1)), None)).is_err());
     }
-
-    #[test]
-    fn text_is_capped_on_a_character_boundary() {
-        assert_eq!(capped("héllo", 2), "h…");
-        assert_eq!(capped("hello", 5), "hello");
-    }
 }

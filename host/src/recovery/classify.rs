@@ -168,9 +168,11 @@ pub fn classify(failure: &Failure, now: SystemTime) -> Classification {
 }
 
 /// [`classify`] of the failure of a call whose arguments were `sent`: what the caller
-/// wrote is taken out of the failure's text first. A tool that echoes its arguments in
-/// its error ("no such file: /x/503 service unavailable") could otherwise be made to
-/// report an outage, which counts against the breakers of a server every client shares.
+/// wrote that would classify a failure on its own is taken out of the failure's text
+/// first. A tool that echoes its arguments in its error ("no such file: /x/503 service
+/// unavailable") could otherwise be made to report an outage, which counts against the
+/// breakers of a server every client shares. Arguments that say nothing on their own
+/// ("out", "rate", "error") stay: the tool's own words around them still classify.
 pub fn classify_sent(
     failure: &Failure,
     sent: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -181,22 +183,26 @@ pub fn classify_sent(
     classified(failure, now, &clean)
 }
 
-/// The most pieces of a call's arguments taken out of its failure's text.
+/// The most of a call's argument values read for [`echoes`], and the most taken out.
+const MAX_READ: usize = 10_000;
 const MAX_ECHOES: usize = 256;
 
-/// The strings and numbers in `sent` long enough to say something (3 bytes or more), at
-/// most [`MAX_ECHOES`] of them, longest first.
+/// The strings in `sent` that would classify a failure on their own (an outage, a rate
+/// limit, an unknown tool, refused arguments), longest first.
 fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
     use serde_json::Value;
+    let says =
+        |s: &str| from_text(s, SystemTime::UNIX_EPOCH).is_some() || mentions_unknown_tool(s) || refuses_arguments(s);
     let mut found = Vec::new();
     let mut pending: Vec<&Value> = sent.values().collect();
+    let mut read = 0;
     while let Some(value) = pending.pop() {
-        if found.len() >= MAX_ECHOES {
+        read += 1;
+        if found.len() >= MAX_ECHOES || read > MAX_READ {
             break;
         }
         match value {
-            Value::String(s) if s.len() >= 3 => found.push(s.clone()),
-            Value::Number(n) if n.to_string().len() >= 3 => found.push(n.to_string()),
+            Value::String(s) if says(s) => found.push(s.clone()),
             Value::Array(items) => pending.extend(items),
             Value::Object(map) => pending.extend(map.values()),
             _ => {}
@@ -413,7 +419,7 @@ mod tests {
     /// a shared server shares), nor an unknown tool; the tool's own words still can.
     #[test]
     fn what_the_caller_sent_does_not_classify_its_failure() {
-        let sent = serde_json::json!({"path": "/x/503 service unavailable", "n": [12345], "o": {"q": "timed out"}});
+        let sent = serde_json::json!({"path": "/x/503 service unavailable", "o": {"q": "timed out"}});
         let sent = sent.as_object().unwrap();
         let now = SystemTime::UNIX_EPOCH;
         let echoed = tool_error("ENOENT: no such file /x/503 service unavailable");
@@ -427,6 +433,14 @@ mod tests {
         let unknown = serde_json::json!({"name": "unknown tool"});
         let c = classify_sent(&rpc(-32602, "bad value: unknown tool"), unknown.as_object(), now);
         assert_eq!(c.category, Category::ToolValidation);
+        // What says nothing on its own stays, and the tool's words around it classify.
+        let sent = serde_json::json!({"dir": "out", "level": "error", "q": "rate"});
+        let sent = sent.as_object().unwrap();
+        let c = classify_sent(&tool_error("request timed out"), Some(sent), now);
+        assert_eq!(c.category, Category::Timeout, "`out` is no outage, `timed out` is");
+        assert_eq!(classify_sent(&tool_error("rate limit exceeded"), Some(sent), now).category, Category::RateLimit);
+        let refused = tool_error("Input validation error: Invalid arguments for tool t: level");
+        assert_eq!(classify_sent(&refused, Some(sent), now).category, Category::ToolValidation);
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         (Category::CircuitOpen, _) => format!(
             "the `{server}` server failed repeatedly and is being given time to recover; try again later or use another tool"
         ),
+        (_, Failure::GatewayLimit { .. }) => {
+            "wait for this client's tasks to end, or cancel one (`tasks/cancel`), then call again".to_owned()
+        }
         (Category::RateLimit, _) => match class.retry_after {
             Some(after) => format!(
                 "`{tool}` is rate-limited; wait {} s before calling it again, or use another tool",
@@ -58,9 +61,6 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
         }
         (Category::ToolNotFound, _) => {
             format!("the `{server}` server no longer offers `{tool}`; call tools/list and pick another tool")
-        }
-        (_, Failure::GatewayLimit { .. }) => {
-            "wait for this client's tasks to end, or cancel one (`tasks/cancel`), then call again".to_owned()
         }
         (_, Failure::Unanswered { .. }) => format!(
             "`{tool}` needs an answer from this client (sampling, elicitation or roots) that it did not give; answer it, or use a client that supports what the server asks"
@@ -221,4 +221,20 @@ pub fn meta(report: Value) -> MetaObject {
     let mut m = MetaObject::new();
     m.insert("rebound".to_owned(), report);
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recovery::classify::classify;
+
+    /// A task past the client's share is the client's to make room for, not a rate limit
+    /// to wait out elsewhere, though it is classified as one.
+    #[test]
+    fn a_task_past_the_clients_share_is_told_what_to_do() {
+        let failure = Failure::GatewayLimit { reason: "full".into() };
+        let class = classify(&failure, std::time::SystemTime::UNIX_EPOCH);
+        assert_eq!(class.category, Category::RateLimit);
+        assert!(suggested_action("s", "t", &failure, &class).contains("tasks/cancel"));
+    }
 }

@@ -123,6 +123,8 @@ fn disabled_servers_and_unknown_keys_are_warnings() {
         "`adapter_config`",
     );
     rejects(r#"{"mcpServers": {"a": {"command": "a", "disabled": "true"}}}"#, "mcpServers.a.disabled", "true or false");
+    rejects(r#"{"mcpServers": {"a": {"cmd": "a"}}}"#, "mcpServers.a.cmd", "write it `command`");
+    ok(r#"{"mcpServers": {"a": {"command": "a", "disabled": null}}}"#);
     // Other clients' keys are passed over, however short.
     let c =
         ok(r#"{"mcpServers": {"a": {"command": "a", "alwaysAllow": [], "timeout": 60, "description": "d", "id": 1}}}"#);

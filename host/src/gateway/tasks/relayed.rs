@@ -140,8 +140,6 @@ pub struct Entry {
     tool: String,
     instance: u64,
     session: Weak<Session>,
-    /// That session's id (`Session::id`).
-    session_id: u64,
     /// The client whose share it takes while it runs (none over stdio).
     owner: Option<Arc<str>>,
     /// Whether it takes that share now: until it is seen ended.
@@ -195,7 +193,6 @@ impl Relayed {
             tool: origin.tool.to_owned(),
             instance: origin.instance,
             session: Arc::downgrade(origin.session),
-            session_id: origin.session.id,
             owner: origin.owner.clone(),
             counted: AtomicBool::new(false),
             legacy: origin.legacy,
@@ -224,20 +221,6 @@ impl Relayed {
 
     /// Whether there is room for one more task of `owner`'s: a call is made a task only
     /// then, so that one is not refused once its server has started it.
-    /// Whether a task of a client other than `client` runs on upstream `session` (not
-    /// seen ended, its time not up): what that server says without naming a task may be
-    /// that task's (`Routing`).
-    pub fn another_runs(&self, session: u64, client: &str) -> bool {
-        let now = Instant::now();
-        let tasks = self.tasks.lock().expect("not poisoned");
-        tasks.by_id.values().any(|e| {
-            e.owner.as_deref().is_some_and(|owner| owner != client)
-                && e.counted.load(Ordering::Acquire)
-                && e.until > now
-                && e.session_id == session
-        })
-    }
-
     pub fn has_room(&self, owner: Option<&str>) -> bool {
         self.tasks.lock().expect("not poisoned").has_room(owner)
     }
@@ -295,12 +278,8 @@ fn unknown(id: &str) -> ErrorData {
 /// Asks `session`'s server to cancel its task `id`, which nobody could reach. Off the
 /// caller's path, bounded.
 pub(in crate::gateway) fn cancel_upstream(session: &Session, id: &str) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(id)));
-    let peer = session.peer.clone();
-    runtime.spawn(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(5), peer.send_request(request)).await;
-    });
+    super::send_apart(session, request);
 }
 
 impl Gateway {
@@ -476,7 +455,6 @@ mod tests {
             tool: "t".into(),
             instance: 1,
             session: Weak::new(),
-            session_id: 1,
             owner: Some(owner.into()),
             counted: AtomicBool::new(false),
             legacy: false,
@@ -487,23 +465,6 @@ mod tests {
             ended_as: std::sync::OnceLock::new(),
             result_misses: std::sync::atomic::AtomicU32::new(0),
         }
-    }
-
-    /// What a server says without naming a task may be another client's running task's
-    /// on that connection: not once that task is seen ended or its time is up.
-    #[test]
-    fn a_running_task_is_known_as_another_clients_on_its_connection() {
-        let relayed = Relayed::default();
-        let later = Instant::now() + Duration::from_secs(60);
-        relayed.tasks.lock().unwrap().insert("a1".into(), entry("alice", later));
-        assert!(relayed.another_runs(1, "bob"));
-        assert!(!relayed.another_runs(1, "alice"), "her own");
-        assert!(!relayed.another_runs(2, "bob"), "on another connection");
-        let ended = relayed.get("a1").unwrap();
-        relayed.ended(&ended);
-        assert!(!relayed.another_runs(1, "bob"), "seen ended");
-        relayed.tasks.lock().unwrap().insert("a2".into(), entry("alice", Instant::now()));
-        assert!(!relayed.another_runs(1, "bob"), "its time is up");
     }
 
     #[test]
