@@ -496,7 +496,7 @@ const LIST_AT_ONCE: usize = 8;
 /// How long one `tasks/list` asks its tasks' servers.
 const LIST_WITHIN: Duration = Duration::from_secs(30);
 
-/// A `Task`'s fields of `answer` (a `tasks/get` answer), its status message at most
+/// A `Task`'s fields of `answer` (a `tasks/get` answer), its status message cut at
 /// 4 KiB; `None` if it is not a task.
 fn task_fields(answer: &Value) -> Option<Value> {
     const FIELDS: [&str; 7] =

@@ -360,7 +360,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             let id = id?;
             self.awaited.forget(&id);
             let why = format!("the server's answer is {past}, past what the gateway reads; it was dropped");
-            let data = serde_json::json!({ DROPPED_ANSWER: self.lines.max });
+            // The bound it was past, in bytes of text or of what it would weigh once read.
+            let (Past::Length(bound) | Past::Weight(bound)) = past;
+            let data = serde_json::json!({ DROPPED_ANSWER: bound });
             return Some(JsonRpcMessage::error(ErrorData::internal_error(why, Some(data)), Some(id)));
         }
         let why = format!("Invalid Request: the request is {past}, past what the gateway reads");
