@@ -12,7 +12,7 @@ use rebound::config::{BreakerConfig, Launch, RecoveryConfig, ServerConfig, Stdio
 use rebound::recovery::Failure;
 use rebound::recovery::breaker::{Breaker, Outcome};
 use rebound::recovery::clock::{Rng, TokioClock};
-use rebound::recovery::engine::{Engine, Role, Upstream};
+use rebound::recovery::engine::{Engine, Role, Unoffered, Upstream};
 use rmcp::model::{CallToolResponse, JsonObject, ToolAnnotations};
 use tokio_util::sync::CancellationToken;
 
@@ -47,8 +47,8 @@ impl Upstream for Down {
         Box::pin(async {})
     }
 
-    fn annotations(&self, _: &str, _: &str) -> Option<Option<ToolAnnotations>> {
-        Some(Some(ToolAnnotations::new().read_only(true)))
+    fn annotations(&self, _: &str, _: &str) -> Result<Option<ToolAnnotations>, Unoffered> {
+        Ok(Some(ToolAnnotations::new().read_only(true)))
     }
 
     fn cancellation(&self) -> &CancellationToken {

@@ -499,6 +499,7 @@ mod tests {
             stopped: None,
             action: None,
             denied: Vec::new(),
+            not_tried: Vec::new(),
         }
     }
 

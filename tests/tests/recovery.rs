@@ -195,6 +195,31 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
     gw.close().await;
 }
 
+/// A fallback on a server that never starts is not tried, and the report says which and
+/// why, instead of leaving it out.
+#[tokio::test]
+async fn a_fallback_on_a_server_that_never_started_is_reported_not_tried() {
+    let gw = Gateway::start(|d| {
+        let recovery =
+            json!({"retry": {"max_attempts": 1}, "fallbacks": {"search": [{"server": "b", "tool": "echo"}]}});
+        let mut c = config(d, recovery);
+        c["mcpServers"]["b"] = json!({"command": d.join("no-such-server").to_str().unwrap()});
+        c
+    })
+    .await;
+    let r = gw.call("search", json!({"query": "Nat.add_comm"})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    let t = text(&r);
+    assert!(t.contains("Not tried: `echo` on `b` (the server is "), "{t}");
+    let not_tried = &r.meta.as_ref().unwrap().0["rebound"]["not_tried"];
+    assert_eq!(
+        (not_tried[0]["server"].as_str(), not_tried[0]["tool"].as_str()),
+        (Some("b"), Some("echo")),
+        "{not_tried}"
+    );
+    gw.close().await;
+}
+
 /// A server of the session's own (`scope: session`) has the session's own breakers, and a
 /// reset closes those (the server's and its tools'), so the next call gets through.
 #[tokio::test]

@@ -488,6 +488,7 @@ fn lost_record(server: &Arc<str>, tool: &str, id: &str, why: &str) -> Record {
         stopped: Some(format!("task `{id}` was lost with its server instance")),
         action: None,
         denied: Vec::new(),
+        not_tried: Vec::new(),
     }
 }
 

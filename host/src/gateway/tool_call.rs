@@ -19,7 +19,7 @@ use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
 use crate::recovery::Failure;
-use crate::recovery::engine::{Ending, Record, Role, Upstream};
+use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
 use crate::recovery::report;
 use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
@@ -298,10 +298,12 @@ impl Upstream for Upstreams<'_> {
         &self.cx.ct
     }
 
-    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        let session = self.handle(server)?.state().session?;
+    fn annotations(&self, server: &str, tool: &str) -> Result<Option<ToolAnnotations>, Unoffered> {
+        let state = self.handle(server).ok_or(Unoffered::Unknown)?.state();
+        let session = state.session.ok_or(Unoffered::NotRunning(state.status))?;
         let listing = session.listing();
-        listing.tools.iter().find(|t| t.name == tool).map(|t| t.annotations.clone())
+        let found = listing.tools.iter().find(|t| t.name == tool);
+        found.map(|t| t.annotations.clone()).ok_or(Unoffered::NoSuchTool)
     }
 }
 

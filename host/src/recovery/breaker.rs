@@ -139,6 +139,11 @@ impl Breaker {
         s.cycle += 1;
     }
 
+    /// Whether the breaker is open and will still be `at`, refusing every call till then.
+    pub fn open_at(&self, at: Instant) -> bool {
+        matches!(self.phase(), Phase::Open { until } if at < until)
+    }
+
     pub fn phase(&self) -> Phase {
         self.state.lock().expect("not poisoned").phase
     }

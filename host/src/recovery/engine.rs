@@ -65,14 +65,43 @@ pub trait Upstream: Send + Sync {
         timeout: Duration,
         max_total: Duration,
     ) -> BoxFuture<'_, Result<CallToolResponse, Failure>>;
-    /// The annotations of a tool as its server publishes it, or `None` if it has no
-    /// such tool (right now).
-    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>>;
+    /// The annotations of a tool as its server publishes it, or why the server does not
+    /// offer it right now.
+    fn annotations(&self, server: &str, tool: &str) -> Result<Option<ToolAnnotations>, Unoffered>;
     /// Restarts `server` and waits (up to `within`) until it is ready again.
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()>;
     /// Cancelled once the client no longer wants the call: nothing more starts for it (no
     /// retry, no step of a plan), and a wait in progress ends.
     fn cancellation(&self) -> &CancellationToken;
+}
+
+/// Why a server does not offer a tool right now, so that a step naming it is not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unoffered {
+    /// No such server is configured.
+    Unknown,
+    /// The server has no session to call: starting, restarting, down or stopped.
+    NotRunning(Status),
+    /// The server is running and does not list the tool.
+    NoSuchTool,
+}
+
+impl std::fmt::Display for Unoffered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unknown => f.write_str("no such server is configured"),
+            Self::NotRunning(status) => write!(f, "the server is {}", status.as_str()),
+            Self::NoSuchTool => f.write_str("the server does not offer it"),
+        }
+    }
+}
+
+/// A step of a plan that named a tool its server does not offer now, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotTried {
+    pub server: Arc<str>,
+    pub tool: String,
+    pub why: Unoffered,
 }
 
 /// A server's counters, for `rebound_status`.
@@ -168,6 +197,9 @@ pub struct Record {
     pub action: Option<String>,
     /// Steps of the adapter's plans that were refused, in order.
     pub denied: Vec<Denied>,
+    /// Alternatives and side calls not made because their server does not offer them
+    /// now (a fallback's server that never started, or is restarting), in order.
+    pub not_tried: Vec<NotTried>,
 }
 
 /// Why a step an adapter asked for was not taken.
@@ -264,7 +296,16 @@ impl Record {
     }
 
     fn new(server: Arc<str>, tool: String, safe: bool) -> Self {
-        Self { server, tool, attempts: Vec::new(), safe, stopped: None, action: None, denied: Vec::new() }
+        Self {
+            server,
+            tool,
+            attempts: Vec::new(),
+            safe,
+            stopped: None,
+            action: None,
+            denied: Vec::new(),
+            not_tried: Vec::new(),
+        }
     }
 
     fn push(
@@ -751,6 +792,10 @@ impl Engine {
                 return false;
             }
         }
+        if let Some(open) = refused_at(target, tool, self.clock.now()) {
+            record.stopped = Some(format!("the plan's call of `{server}/{tool}` was skipped: {open}"));
+            return false;
+        }
         if !call.policy.budget.withdraw() {
             record.stopped = Some(format!(
                 "`{}`'s retry budget is spent, so the plan's call of `{server}/{tool}` was skipped",
@@ -775,10 +820,11 @@ impl Engine {
         if self.clock.now() >= call.deadline {
             return;
         }
-        let Some(annotations) = call.upstream.annotations(&call.server, &tool) else {
-            return; // the server has no such tool
-        };
         let server = call.server.clone();
+        let annotations = match call.upstream.annotations(&server, &tool) {
+            Ok(annotations) => annotations,
+            Err(why) => return record.not_tried.push(NotTried { server, tool, why }),
+        };
         if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return;
         }
@@ -809,7 +855,13 @@ impl Engine {
         tool: String,
         arguments: Option<JsonObject>,
     ) -> Option<CallToolResponse> {
-        let (policy, annotations) = self.untried_alternative(call, spent, &server, &tool)?;
+        let (policy, annotations) = match self.untried_alternative(call, spent, &server, &tool) {
+            Ok(untried) => untried?,
+            Err(why) => {
+                record.not_tried.push(NotTried { server, tool, why });
+                return None;
+            }
+        };
         if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return None;
         }
@@ -948,19 +1000,21 @@ impl Engine {
     }
 
     /// An alternative `server/tool` that would be tried now, with its server's policy and
-    /// the tool's annotations: its server configured, the tool offered there (or a version
-    /// of the server has no such tool), and not tried already in this call.
+    /// the tool's annotations: its server configured, the tool offered there now (else
+    /// why not), and not tried already in this call (else `None`).
     fn untried_alternative(
         &self,
         call: &Call<'_>,
         spent: &Spent,
         server: &str,
         tool: &str,
-    ) -> Option<(&ServerPolicy, Option<ToolAnnotations>)> {
-        let policy = self.servers.get(server)?;
+    ) -> Result<Option<(&ServerPolicy, Option<ToolAnnotations>)>, Unoffered> {
+        if spent.alternatives.iter().any(|(s, t)| **s == *server && t == tool) {
+            return Ok(None);
+        }
+        let policy = self.servers.get(server).ok_or(Unoffered::Unknown)?;
         let annotations = call.upstream.annotations(server, tool)?;
-        let tried = spent.alternatives.iter().any(|(s, t)| **s == *server && t == tool);
-        (!tried).then_some((policy, annotations))
+        Ok(Some((policy, annotations)))
     }
 
     /// The time a retry must leave before the call's deadline: what the next configured
@@ -970,7 +1024,7 @@ impl Engine {
         let fallbacks = call.policy.recovery.fallbacks.get(&call.tool)?;
         fallbacks.iter().find_map(|alt| {
             let server = alt.server.as_deref().unwrap_or(&call.server);
-            let (policy, _) = self.untried_alternative(call, spent, server, &alt.tool)?;
+            let (policy, _) = self.untried_alternative(call, spent, server, &alt.tool).ok().flatten()?;
             Some((alt.tool.clone(), Duration::from_millis(policy.recovery.timeout_for(&alt.tool))))
         })
     }
@@ -1017,6 +1071,10 @@ impl Engine {
                 ));
             }
         }
+        // A breaker the last attempt opened would shed the next one: no budget for it.
+        if let Some(open) = refused_at(policy, &call.tool, self.clock.now() + delay) {
+            return Err(format!("{open}, so another attempt would be refused"));
+        }
         if !policy.budget.withdraw() {
             return Err("the server's retry budget is spent (too many failures recently)".into());
         }
@@ -1035,6 +1093,16 @@ fn admit(policy: &ServerPolicy, tool: &str) -> Result<(Permit, Option<Permit>), 
         None => None,
     };
     Ok((server, tool_permit))
+}
+
+/// Which of the breakers an attempt of `tool` goes through (the server's, the tool's) will
+/// still be open `at`, if one will: spending retry budget on an attempt it sheds is
+/// waste. A half-open breaker whose probes are out may admit by then, and is not counted.
+fn refused_at(policy: &ServerPolicy, tool: &str, at: tokio::time::Instant) -> Option<&'static str> {
+    if policy.breaker.open_at(at) {
+        return Some("the server's circuit breaker is open");
+    }
+    policy.tools.existing(tool).filter(|b| b.open_at(at)).map(|_| "the tool's circuit breaker is open")
 }
 
 /// Shows the advisor a successful call's result (an answer that is not one, it never sees).

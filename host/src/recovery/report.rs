@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::Failure;
 use super::classify::{Category, Classification};
-use super::engine::{Record, Role};
+use super::engine::{NotTried, Record, Role, Unoffered};
 use crate::redact::Secrets;
 use crate::transport::Status;
 
@@ -114,6 +114,16 @@ fn attempts_data(record: &Record) -> Vec<Value> {
         .collect()
 }
 
+/// The steps not taken because their server did not offer the tool, and why.
+fn not_tried_data(record: &Record) -> Vec<Value> {
+    let why = |n: &NotTried| match n.why {
+        Unoffered::Unknown => "unknown_server".to_owned(),
+        Unoffered::NotRunning(status) => format!("server_{}", status.as_str()),
+        Unoffered::NoSuchTool => "no_such_tool".to_owned(),
+    };
+    record.not_tried.iter().map(|n| json!({ "server": &*n.server, "tool": n.tool, "why": why(n) })).collect()
+}
+
 /// The `isError` result for a call where nothing worked. It quotes failures, which may
 /// quote a server's configuration: `secrets` are taken out.
 pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
@@ -151,6 +161,11 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
         text.push_str(&format!(", then {}", alternatives.join(", then ")));
     }
     text.push('.');
+    if !record.not_tried.is_empty() {
+        let skipped: Vec<String> =
+            record.not_tried.iter().map(|n| format!("`{}` on `{}` ({})", n.tool, n.server, n.why)).collect();
+        text.push_str(&format!(" Not tried: {}.", skipped.join(", ")));
+    }
     if let Some(why) = &record.stopped {
         text.push_str(&format!(" Stopped because {why}."));
     }
@@ -165,6 +180,7 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
         "failure": { "kind": failure.kind(), "message": failure.message() },
         "attempts": attempts_data(record),
         "alternatives_tried": record.attempts.iter().filter(|a| a.role == Role::Alternative).map(|a| a.tool.clone()).collect::<Vec<_>>(),
+        "not_tried": not_tried_data(record),
         "retry_after_ms": class.retry_after.map(|d| d.as_millis() as u64),
         "suggested_action": action,
         "auto_recoverable": auto_recoverable(class),

@@ -87,8 +87,8 @@ impl Upstream for Script {
         Box::pin(async {})
     }
 
-    fn annotations(&self, server: &str, tool: &str) -> Option<Option<ToolAnnotations>> {
-        self.tools.get(&format!("{server}/{tool}")).cloned()
+    fn annotations(&self, server: &str, tool: &str) -> Result<Option<ToolAnnotations>, Unoffered> {
+        self.tools.get(&format!("{server}/{tool}")).cloned().ok_or(Unoffered::NoSuchTool)
     }
 
     fn cancellation(&self) -> &CancellationToken {
@@ -124,7 +124,7 @@ fn defaults() -> RecoveryConfig {
 }
 
 async fn run(e: &Engine, up: &Script, tool: &str) -> (Ending, Record) {
-    let annotations = up.annotations("s", tool).flatten();
+    let annotations = up.annotations("s", tool).ok().flatten();
     e.run(
         up,
         None,
@@ -504,6 +504,56 @@ async fn the_budget_keeps_an_outage_from_multiplying_load() {
     assert!(calls <= 100 + 10 + 30, "{calls} upstream calls for 100 client calls");
 }
 
+/// A failure that opens the server's breaker ends the call's retries there: the next
+/// attempt would be shed, and no retry budget is spent on it.
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_spent_on_an_attempt_a_breaker_would_refuse() {
+    let mut r = defaults();
+    r.breaker.failure_threshold = 1;
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(), ok("second time")]);
+    let e = engine(&[server("s", r)]);
+    let (ending, record) = run(&e, &up, "read").await;
+    assert_eq!(answered(&ending), "gave up");
+    assert_eq!(up.calls("s/read").len(), 1);
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.budget.tokens(), f64::from(RecoveryConfig::default().retry.budget_reserve.max(1)));
+    assert_eq!(policy.counters.shed.load(Ordering::Relaxed), 0, "no attempt was shed");
+    assert_eq!(policy.counters.retries.load(Ordering::Relaxed), 0);
+    let stopped = record.stopped.unwrap();
+    assert!(stopped.contains("the server's circuit breaker is open"), "{stopped}");
+    // An adapter's step on the server is skipped as well, before it takes a token.
+    let mut r = defaults();
+    r.breaker.failure_threshold = 1;
+    let up = Script::new(&[("s/read", true), ("s/b", true)]).then("s/read", vec![timeout()]);
+    let e = engine(&[server("s", r)]);
+    let side = Step::SideCall { tool: "b".into(), arguments: JsonObject::new() };
+    let (_, record) = advised(&e, &up, &planner(vec![side]), "read").await;
+    assert!(up.calls("s/b").is_empty());
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.budget.tokens(), f64::from(RecoveryConfig::default().retry.budget_reserve.max(1)));
+    let stopped = record.stopped.unwrap();
+    assert!(stopped.contains("`s/b` was skipped: the server's circuit breaker is open"), "{stopped}");
+}
+
+/// A configured fallback its server does not offer now (one that never started, or is
+/// restarting) is not tried, and the report says so and why.
+#[tokio::test(start_paused = true)]
+async fn a_fallback_its_server_does_not_offer_is_reported_not_tried() {
+    let mut r = one_attempt();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: Some("t".into()), arguments: None }]);
+    let up = Script::new(&[("s/a", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", r), server("t", defaults())]);
+    let (ending, record) = run(&e, &up, "a").await;
+    assert_eq!(answered(&ending), "gave up");
+    let expected = NotTried { server: "t".into(), tool: "b".into(), why: Unoffered::NoSuchTool };
+    assert_eq!(record.not_tried, vec![expected]);
+    let result = report::gave_up(&record, &crate::redact::Secrets::default());
+    let text = &result.content[0].as_text().unwrap().text;
+    assert!(text.contains("Not tried: `b` on `t` (the server does not offer it)."), "{text}");
+    let data = &result.meta.unwrap()["rebound"];
+    assert_eq!(data["not_tried"], json!([{"server": "t", "tool": "b", "why": "no_such_tool"}]));
+}
+
 /// An advisor with a fixed plan, recording what it observed.
 struct Planner {
     plan: Vec<Step>,
@@ -534,7 +584,7 @@ fn planner(plan: Vec<Step>) -> Planner {
 }
 
 async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (Ending, Record) {
-    let annotations = up.annotations("s", tool).flatten();
+    let annotations = up.annotations("s", tool).ok().flatten();
     e.run(
         up,
         Some(advisor),
@@ -864,8 +914,8 @@ impl Upstream for Panics {
         Box::pin(async { panic!("a bug in the call path") })
     }
 
-    fn annotations(&self, _: &str, _: &str) -> Option<Option<ToolAnnotations>> {
-        Some(None)
+    fn annotations(&self, _: &str, _: &str) -> Result<Option<ToolAnnotations>, Unoffered> {
+        Ok(None)
     }
 
     fn restart(&self, _: &str, _: Duration) -> BoxFuture<'_, ()> {
@@ -1048,7 +1098,7 @@ async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
             Box::pin(async {})
         }
     }
-    let annotations = up.annotations("s", "write").flatten();
+    let annotations = up.annotations("s", "write").ok().flatten();
     let (ending, _) = e.run(&up, Some(&Always(a)), "s".into(), "write".into(), annotations.as_ref(), None).await;
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/write").len(), 2, "one replay on the adapter's word, not max_attempts");
@@ -1159,7 +1209,7 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
         let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(); 10]);
         let e = engine(&[server("s", defaults())]);
         let started = tokio::time::Instant::now();
-        let annotations = up.annotations("s", "read").flatten();
+        let annotations = up.annotations("s", "read").ok().flatten();
         let (ending, _) =
             e.run(&up, Some(&Slow { in_plan }), "s".into(), "read".into(), annotations.as_ref(), None).await;
         assert!(!matches!(ending, Ending::Answered(..)));
