@@ -23,10 +23,18 @@ fn named_secret(name: &str) -> bool {
     SECRET_NAMES.iter().any(|n| lower.contains(n))
 }
 
-/// The values to hide, longest first so that a secret containing another goes whole.
+/// Of the secrets of earlier configurations, at most this many values, and bytes, stay
+/// hidden beside the current ones (the newest first): each reload that rotates a token
+/// adds one, and every text the gateway lets out is searched for all of them.
+const MAX_EARLIER: (usize, usize) = (512, 1 << 20);
+
+/// The values to hide: `values` longest first, so that a secret containing another goes
+/// whole; `newest_first` the same values, the current configuration's first and then
+/// earlier ones' by age, for [`Secrets::union`] to know which to let go of.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
     values: Arc<[String]>,
+    newest_first: Arc<[String]>,
 }
 
 impl Secrets {
@@ -77,18 +85,39 @@ impl Secrets {
                 }
             }
         }
-        values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        values.dedup();
-        Self { values: values.into() }
+        Self::in_order(values, usize::MAX)
     }
 
-    /// Both sets of secrets (a reload keeps hiding the old ones: they may be in text
-    /// written before it).
-    pub fn union(&self, other: &Secrets) -> Secrets {
-        let mut values: Vec<String> = self.values.iter().chain(other.values.iter()).cloned().collect();
+    /// `newest_first` as secrets, without repeats, keeping the first `own` values whole and
+    /// of the rest (earlier configurations') what fits in [`MAX_EARLIER`].
+    fn in_order(newest_first: Vec<String>, own: usize) -> Self {
+        let mut seen = std::collections::HashSet::new();
+        let (mut earlier, mut bytes) = (0, 0);
+        let mut kept = Vec::new();
+        for (i, value) in newest_first.into_iter().enumerate() {
+            if seen.contains(&value) {
+                continue;
+            }
+            if i >= own {
+                if earlier == MAX_EARLIER.0 || bytes + value.len() > MAX_EARLIER.1 {
+                    continue;
+                }
+                (earlier, bytes) = (earlier + 1, bytes + value.len());
+            }
+            seen.insert(value.clone());
+            kept.push(value);
+        }
+        let mut values = kept.clone();
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        values.dedup();
-        Self { values: values.into() }
+        Self { values: values.into(), newest_first: kept.into() }
+    }
+
+    /// `newer`'s secrets, and this set's too, as earlier ones: a reload keeps hiding the
+    /// old secrets, which may be in text written before it, up to [`MAX_EARLIER`] (the
+    /// most recent first).
+    pub fn union(&self, newer: &Secrets) -> Secrets {
+        let all = newer.newest_first.iter().chain(self.newest_first.iter()).cloned().collect();
+        Self::in_order(all, newer.newest_first.len())
     }
 
     /// The length of the longest secret, in bytes.
@@ -182,6 +211,30 @@ mod tests {
     use std::path::Path;
 
     use super::*;
+
+    /// Each reload that rotates a token keeps the old one hidden, but not for ever: past
+    /// the bound, the oldest go first, and the current configuration's never do.
+    #[test]
+    fn earlier_secrets_are_kept_up_to_a_bound_newest_first() {
+        let config =
+            |n: usize| Secrets::in_order(vec![format!("token-number-{n:04}"), "shared-secret".into()], usize::MAX);
+        let mut hidden = config(0);
+        for n in 1..=2 * MAX_EARLIER.0 {
+            hidden = hidden.union(&config(n));
+        }
+        let newest = 2 * MAX_EARLIER.0;
+        assert_eq!(hidden.values.len(), 2 + MAX_EARLIER.0);
+        assert_eq!(hidden.redact(&format!("token-number-{newest:04}")), MASK);
+        assert_eq!(hidden.redact("shared-secret"), MASK);
+        assert_eq!(hidden.redact(&format!("token-number-{:04}", newest - MAX_EARLIER.0)), MASK);
+        let oldest = format!("token-number-{:04}", newest - MAX_EARLIER.0 - 1);
+        assert_eq!(hidden.redact(&oldest), oldest, "past the bound");
+        // In bytes too: one huge earlier value does not crowd out the current ones.
+        let huge = Secrets::in_order(vec!["x".repeat(MAX_EARLIER.1 + 1)], usize::MAX);
+        let hidden = huge.union(&config(1));
+        assert_eq!(hidden.values.len(), 2);
+        assert_eq!(config(1).union(&huge).values.len(), 3, "a current value is kept whatever its size");
+    }
 
     fn secrets(json: &str) -> Secrets {
         Secrets::of(&crate::config::parse(json, Path::new("/x/rebound.json"), &|_| None).unwrap())
