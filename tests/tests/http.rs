@@ -419,6 +419,49 @@ async fn an_operator_token_keeps_every_clients_errors_from_the_clients() {
     let _ = client.cancel().await;
 }
 
+/// A shared server's breakers are every client's: a client cannot close them (it would
+/// send everyone's calls at a server still recovering); the operator can.
+#[tokio::test]
+async fn only_the_operator_resets_a_shared_servers_breakers() {
+    const OPERATOR: &str = "operator-token-0123456789";
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"tools": {"outage": {"timeout_ms": 100}}, "retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}});
+            json!({
+                "mcpServers": {"a": a},
+                "rebound": {"http": {"auth_token": TOKEN, "operator_token": OPERATOR}},
+            })
+        },
+        &[],
+    )
+    .await;
+    std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
+    std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
+    let client = gw.client(Some(TOKEN)).await.unwrap();
+    call(&client, "outage", json!({})).await;
+    call(&client, "outage", json!({})).await;
+    let breaker = |status: CallToolResult| status.structured_content.unwrap()["servers"][0]["breaker"]["state"].clone();
+    assert_eq!(breaker(call(&client, "rebound_status", json!({})).await), "open");
+    let refused = call(&client, "rebound_reset_breaker", json!({"server": "a"})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(text(&refused).contains("shared by every client of this gateway"), "{}", text(&refused));
+    assert_eq!(breaker(call(&client, "rebound_status", json!({})).await), "open");
+    let post = |query: &str, token: &str| {
+        reqwest::Client::new().post(format!("{}/reset-breaker?{query}", gw.base)).bearer_auth(token).send()
+    };
+    assert_eq!(post("server=a", TOKEN).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let unknown = post("server=zz", OPERATOR).await.unwrap();
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    assert!(unknown.text().await.unwrap().contains("the servers are: a"));
+    let reset = post("server=a", OPERATOR).await.unwrap();
+    assert_eq!(reset.status(), StatusCode::OK);
+    let said: Value = reset.json().await.unwrap();
+    assert_eq!(said["reset"], "the circuit breaker of `a` is closed, and those of its tools");
+    assert_eq!(breaker(call(&client, "rebound_status", json!({})).await), "closed");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn health_readiness_and_metrics() {
     let gw = HttpGateway::start(

@@ -15,7 +15,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use rmcp::transport::StreamableHttpServerConfig;
 use rmcp::transport::StreamableHttpService;
@@ -212,6 +212,8 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .layer(middleware::from_fn(session_ended))
         .layer(middleware::from_fn_with_state(front.clone(), settle_listen))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
+        // The operator's (not an MCP message: outside `limit`, which reads every POST as one).
+        .route("/reset-breaker", post(reset_breaker))
         .layer(middleware::from_fn_with_state(front.clone(), authorize))
         .layer(middleware::from_fn_with_state(front.clone(), client_ip::known));
     // Browser pages on an allowed Origin may call /mcp: their preflight is answered here,
@@ -282,7 +284,7 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
 /// The bearer token, when one is configured.
 async fn authorize(State(front): State<Front>, request: Request, next: Next) -> Response {
     // What every client and server did is the operator's, when the gateway has one.
-    let operators = matches!(request.uri().path(), "/status" | "/metrics");
+    let operators = matches!(request.uri().path(), "/status" | "/metrics" | "/reset-breaker");
     if front.opens(request.headers(), operators) {
         return next.run(request).await;
     }
@@ -388,6 +390,42 @@ async fn status_document(State(front): State<Front>) -> Response {
     // What adapters printed only where no client can read it: behind an operator token.
     let operators = front.settings.operator_token.is_some();
     axum::Json(super::status::document(&front.hub, operators)).into_response()
+}
+
+/// Which breakers `POST /reset-breaker` closes: a server's (and its tools'), or one tool's.
+#[derive(serde::Deserialize)]
+struct ResetBreaker {
+    server: String,
+    tool: Option<String>,
+}
+
+/// The operator's breaker reset, of a shared server's breakers (a client's
+/// `rebound_reset_breaker` resets only its session's own servers' over HTTP).
+async fn reset_breaker(
+    State(front): State<Front>,
+    axum::extract::Query(asked): axum::extract::Query<ResetBreaker>,
+) -> Response {
+    use super::status::{Unreset, reset_breakers};
+    let setup = front.hub.setup();
+    let (server, tool) = (asked.server.as_str(), asked.tool.as_deref());
+    let shared = setup.servers.contains_key(server);
+    let reset = match setup.config.servers.contains_key(server) && !shared {
+        true => Err(Unreset::PerSession),
+        false => reset_breakers(&setup, &setup.engine, server, tool),
+    };
+    match reset {
+        Ok(done) => {
+            tracing::info!(server, tool, "circuit breakers reset by the operator");
+            axum::Json(json!({"reset": done})).into_response()
+        }
+        Err(why) => {
+            let status = match why {
+                Unreset::NoServer | Unreset::NoBreaker => StatusCode::NOT_FOUND,
+                Unreset::Shared | Unreset::PerSession => StatusCode::CONFLICT,
+            };
+            (status, axum::Json(json!({"error": why.explain(&setup, server, tool)}))).into_response()
+        }
+    }
 }
 
 async fn metrics(State(front): State<Front>) -> Response {

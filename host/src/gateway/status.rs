@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceContents, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
+use super::downstreams::Front;
 use super::hub::Hub;
 use super::recent::quantile;
 use super::session_servers::Recovery;
@@ -307,39 +308,79 @@ pub fn call(
         RESET_TOOL => {
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
-            let recovery = recovery();
-            Some(match (recovery.engine().policy(server), arg("tool")) {
-                (Some(policy), None) => {
-                    policy.breaker.reset();
-                    policy.tools.reset_all();
-                    tracing::info!(server, "circuit breakers reset by a client");
-                    CallToolResult::success(vec![ContentBlock::text(format!(
-                        "the circuit breaker of `{server}` is closed, and those of its tools"
-                    ))])
+            // Over HTTP a shared server's breakers are every client's: one client closing
+            // them would send everyone's calls at a server still recovering.
+            let shared = setup.servers.contains_key(server);
+            let reset = if shared && hub.downstreams.front() == Front::Http {
+                Err(Unreset::Shared)
+            } else {
+                reset_breakers(&setup, recovery().engine(), server, arg("tool"))
+            };
+            Some(match reset {
+                Ok(done) => {
+                    tracing::info!(server, tool = arg("tool"), "circuit breakers reset by a client");
+                    CallToolResult::success(vec![ContentBlock::text(done)])
                 }
-                (Some(policy), Some(tool)) => match policy.tools.existing(tool) {
-                    Some(b) => {
-                        b.reset();
-                        tracing::info!(server, tool, "tool circuit breaker reset by a client");
-                        CallToolResult::success(vec![ContentBlock::text(format!(
-                            "the circuit breaker of `{tool}` on `{server}` is closed"
-                        ))])
-                    }
-                    None => CallToolResult::error(vec![ContentBlock::text(format!(
-                        "`{tool}` on `{server}` has no circuit breaker yet (it has not been called); nothing to reset"
-                    ))]),
-                },
-                (None, _) => {
-                    let known: Vec<&str> = setup.servers.keys().map(|k| &**k).collect();
-                    CallToolResult::error(vec![ContentBlock::text(format!(
-                        "no server `{server}`; the servers are: {}",
-                        known.join(", ")
-                    ))])
-                }
+                Err(why) => CallToolResult::error(vec![ContentBlock::text(why.explain(&setup, server, arg("tool")))]),
             })
         }
         _ => None,
     }
+}
+
+/// Why a breaker reset did nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreset {
+    /// No such server is configured.
+    NoServer,
+    /// The tool has no breaker yet: it has not been called.
+    NoBreaker,
+    /// Over HTTP, a client asked to reset a shared server's breakers.
+    Shared,
+    /// The operator asked to reset a `scope: session` server's, which are each session's.
+    PerSession,
+}
+
+impl Unreset {
+    /// What to tell whoever asked.
+    pub fn explain(self, setup: &Setup, server: &str, tool: Option<&str>) -> String {
+        match self {
+            Self::NoServer => {
+                let known: Vec<&str> = setup.config.servers.keys().map(|k| &**k).collect();
+                format!("no server `{server}`; the servers are: {}", known.join(", "))
+            }
+            Self::NoBreaker => format!(
+                "`{}` on `{server}` has no circuit breaker yet (it has not been called); nothing to reset",
+                tool.unwrap_or_default()
+            ),
+            Self::Shared => format!(
+                "`{server}` is shared by every client of this gateway, and so are its circuit breakers: the gateway's operator resets them (POST /reset-breaker?server={server} with the operator's token)"
+            ),
+            Self::PerSession => format!(
+                "`{server}` has an instance per client session, each with its own breakers: a client resets its own with the `{RESET_TOOL}` tool"
+            ),
+        }
+    }
+}
+
+/// Closes `server`'s breakers as `engine` has them (a session's view, or the shared one):
+/// the server's and its tools', or with `tool` that tool's alone. Says what it did.
+pub fn reset_breakers(
+    setup: &Setup,
+    engine: &crate::recovery::engine::Engine,
+    server: &str,
+    tool: Option<&str>,
+) -> Result<String, Unreset> {
+    let policy =
+        engine.policy(server).filter(|_| setup.config.servers.contains_key(server)).ok_or(Unreset::NoServer)?;
+    let Some(tool) = tool else {
+        policy.breaker.reset();
+        policy.tools.reset_all();
+        return Ok(format!("the circuit breaker of `{server}` is closed, and those of its tools"));
+    };
+    let breaker = policy.tools.existing(tool).ok_or(Unreset::NoBreaker)?;
+    breaker.reset();
+    Ok(format!("the circuit breaker of `{tool}` on `{server}` is closed"))
 }
 
 /// Reads one of the gateway's own resources for client session `client`, or `None` if
