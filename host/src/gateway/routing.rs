@@ -371,6 +371,13 @@ impl Routing {
                 "a task of another client runs on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
+        // (Over stdio a relayed task takes no client's share, and a session's own instance,
+        // which has a client to fall back on, serves that client alone.)
+        if otherwise.is_none() && self.relayed.may_run_on(instance) {
+            return Caller::Nobody(
+                "a task a client on MCP 2026-07-28 had relayed may run on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
+            );
+        }
         if asker.during.is_none() && self.another_ended(instance, &newest.client) {
             return Caller::Nobody(
                 "a call of another client ended unanswered on this shared server a moment ago, and this request may still be that call's (give the server \"scope\": \"session\" in Rebound's configuration)",
@@ -971,6 +978,13 @@ mod tests {
         assert_eq!(reader().as_deref(), Some("alice"), "his task ended");
         assert!(!routing.task_running(0, "t1"), "its id may be used again");
         drop(task);
+        // A task a client on 2026-07-28 had relayed there (known by its address alone)
+        // may be what a line says, whoever's call is in flight.
+        super::super::tasks::relayed::tests::running(&routing.relayed, "kept", "127.0.0.2", 1);
+        assert_eq!(reader(), None, "a line of the relayed task's, perhaps");
+        assert!(routing.log_reader(2, 0, None).is_none());
+        super::super::tasks::relayed::tests::forget(&routing.relayed, "kept");
+        assert_eq!(reader().as_deref(), Some("alice"));
     }
 
     /// A server's request about a task it has just created waits, briefly, for the

@@ -62,12 +62,17 @@ struct Table {
     by_id: HashMap<String, Arc<Entry>>,
     /// How many each client has.
     per_client: HashMap<Arc<str>, usize>,
+    /// Of the tasks that take a client's share (over HTTP), how many each server instance
+    /// holds, and the latest time one of them may still run.
+    per_instance: HashMap<u64, (usize, Instant)>,
 }
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
         if let Some(owner) = &entry.owner {
             *self.per_client.entry(owner.clone()).or_default() += 1;
+            let (n, until) = self.per_instance.entry(entry.instance).or_insert((0, entry.until));
+            (*n, *until) = (*n + 1, entry.until.max(*until));
             entry.counted.store(true, Ordering::Release);
         }
         self.by_id.insert(id, Arc::new(entry));
@@ -86,6 +91,12 @@ impl Table {
             *n -= 1;
             if *n == 0 {
                 self.per_client.remove(owner);
+            }
+        }
+        if let Some((n, _)) = self.per_instance.get_mut(&entry.instance) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_instance.remove(&entry.instance);
             }
         }
     }
@@ -223,6 +234,15 @@ impl Relayed {
     /// then, so that one is not refused once its server has started it.
     pub fn has_room(&self, owner: Option<&str>) -> bool {
         self.tasks.lock().expect("not poisoned").has_room(owner)
+    }
+
+    /// Whether a task an HTTP client had relayed may still run on server instance
+    /// `instance` (not seen ended, its time not up): what a shared server says or asks
+    /// without naming a task may be that task's, and so any client's, since a client on
+    /// 2026-07-28 is known only by its address.
+    pub fn may_run_on(&self, instance: u64) -> bool {
+        let tasks = self.tasks.lock().expect("not poisoned");
+        tasks.per_instance.get(&instance).is_some_and(|(_, until)| *until > Instant::now())
     }
 
     /// The task the gateway's id `id` stands for, while it is kept.
@@ -446,8 +466,19 @@ impl Gateway {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::gateway) mod tests {
     use super::*;
+
+    /// Keeps, as `id`, a running task of `owner`'s on server instance `instance`, for a
+    /// minute.
+    pub(in crate::gateway) fn running(relayed: &Relayed, id: &str, owner: &str, instance: u64) {
+        let entry = Entry { instance, ..entry(owner, Instant::now() + Duration::from_secs(60)) };
+        relayed.tasks.lock().unwrap().insert(id.into(), entry);
+    }
+
+    pub(in crate::gateway) fn forget(relayed: &Relayed, id: &str) {
+        relayed.forget(id);
+    }
 
     fn entry(owner: &str, until: Instant) -> Entry {
         Entry {
@@ -477,6 +508,27 @@ mod tests {
         assert!(relayed.get("new").is_ok());
         assert!(relayed.get("other").err().unwrap().message.contains("unknown task"));
         assert_eq!(relayed.len(), 1);
+    }
+
+    /// A server instance may run a client's relayed task while one has not been seen
+    /// ended and its time is not up; over stdio (no owner) none counts.
+    #[test]
+    fn an_instance_may_run_a_relayed_task_until_it_ended_or_its_time_is_up() {
+        let relayed = Relayed::default();
+        let soon = Instant::now() + Duration::from_secs(60);
+        assert!(!relayed.may_run_on(1));
+        relayed.tasks.lock().unwrap().insert("a".into(), entry("c", soon));
+        relayed.tasks.lock().unwrap().insert("b".into(), entry("c", soon + Duration::from_secs(60)));
+        assert!(relayed.may_run_on(1) && !relayed.may_run_on(2));
+        relayed.ended(&relayed.get("a").unwrap());
+        assert!(relayed.may_run_on(1), "b still runs");
+        relayed.forget("b");
+        assert!(!relayed.may_run_on(1), "both seen ended or forgotten");
+        relayed.tasks.lock().unwrap().insert("c".into(), entry("c", Instant::now()));
+        assert!(!relayed.may_run_on(1), "its time is up, unseen");
+        let stdio = Entry { owner: None, ..entry("c", soon + Duration::from_secs(60)) };
+        relayed.tasks.lock().unwrap().insert("d".into(), stdio);
+        assert!(!relayed.may_run_on(1), "a stdio gateway has one client");
     }
 
     /// One client's tasks take at most its share; expired ones make room again.
