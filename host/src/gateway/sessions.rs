@@ -1,9 +1,11 @@
 //! HTTP sessions, capped. Every MCP session holds a gateway handler and rmcp's buffers;
 //! clients that open sessions and walk away would grow memory without bound. At
-//! `rebound.http.max_sessions`, a new session first closes the idle session (no stream
-//! open: no call in flight, no GET stream) used least recently; only when every session
-//! is busy does the least recently used busy one go. Its client gets 404 and, as the
-//! protocol says, starts a new session.
+//! `rebound.http.max_sessions`, a new session closes one of the network holding the most
+//! sessions (an IPv4 /24, an IPv6 /48), of its address holding the most (an IPv6 one by
+//! its /64): so that sessions opened from many addresses of one network cannot push out
+//! everyone else's. Among those, the idle session (no stream open: no call in flight, no
+//! GET stream) used least recently goes first; a busy one only when none is idle. Its
+//! client gets 404 and, as the protocol says, starts a new session.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,12 +29,36 @@ pub struct CappedSessions {
 }
 
 /// How a session is used: when last, how many of its streams are open, and who made it
-/// (its client's address, once known).
+/// (once known).
 #[derive(Debug, Clone)]
 struct Use {
     at: Instant,
     streams: usize,
-    owner: Option<Arc<str>>,
+    owner: Option<Maker>,
+}
+
+/// Who made a session: its client's address (an IPv6 one by its /64, as every share per
+/// address is counted) and the network around it.
+#[derive(Debug, Clone)]
+struct Maker {
+    address: Arc<str>,
+    network: Arc<str>,
+}
+
+impl Maker {
+    fn of(ip: std::net::IpAddr) -> Self {
+        let network = match ip.to_canonical() {
+            std::net::IpAddr::V4(v4) => {
+                let [a, b, c, _] = v4.octets();
+                format!("network {a}.{b}.{c}.0/24")
+            }
+            std::net::IpAddr::V6(v6) => {
+                let [a, b, c, ..] = v6.segments();
+                format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0))
+            }
+        };
+        Self { address: super::http::address_client(ip).into(), network: network.into() }
+    }
 }
 
 /// Counts a stream as open while it lives.
@@ -95,10 +121,10 @@ impl CappedSessions {
         });
     }
 
-    /// Session `id` was made by `owner` (its client's address).
-    pub fn made_by(&self, id: &str, owner: &str) {
+    /// Session `id` was made by a client at `ip`.
+    pub fn made_by(&self, id: &str, ip: std::net::IpAddr) {
         if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
-            u.owner = Some(owner.into());
+            u.owner = Some(Maker::of(ip));
         }
     }
 
@@ -123,32 +149,48 @@ impl CappedSessions {
     }
 
     /// Makes room for one more session, under one lock so that two new sessions cannot
-    /// both take the last place: the sessions to close, already forgotten here. They are
-    /// taken from the address that holds the most sessions, so that a client opening
-    /// session after session closes its own, not others'; among equals, idle ones (least
-    /// recently used first) before busy ones.
+    /// both take the last place: the sessions to close (see [`eviction_order`]), already
+    /// forgotten here.
     fn make_room(&self) -> Vec<SessionId> {
         let mut used = self.used.lock().expect("not poisoned");
         let over = (used.len() + 1).saturating_sub(self.max);
         if over == 0 {
             return Vec::new();
         }
-        let owner = |id: &SessionId, u: &Use| u.owner.clone().unwrap_or_else(|| id.clone());
-        let mut held: HashMap<Arc<str>, usize> = HashMap::new();
-        for (id, u) in used.iter() {
-            *held.entry(owner(id, u)).or_default() += 1;
-        }
-        let mut order: Vec<_> = used
-            .iter()
-            .map(|(id, u)| (id.clone(), (std::cmp::Reverse(held[&owner(id, u)]), u.streams > 0, u.at)))
-            .collect();
-        order.sort_by_key(|(_, key)| *key);
-        let evicted: Vec<SessionId> = order.into_iter().take(over).map(|(id, _)| id).collect();
+        let evicted: Vec<SessionId> = eviction_order(&used).into_iter().take(over).collect();
         for id in &evicted {
             used.remove(id);
         }
         evicted
     }
+}
+
+/// The sessions in the order they are closed to make room: first those of the network
+/// holding the most sessions, within it of the address holding the most, so that a
+/// client opening session after session closes its own, not others', however many
+/// addresses of one network it has; among equals, idle ones (least recently used first)
+/// before busy ones. A session whose maker is not known yet counts as its own.
+fn eviction_order(used: &HashMap<SessionId, Use>) -> Vec<SessionId> {
+    let keys = |id: &SessionId, u: &Use| match &u.owner {
+        Some(m) => (m.network.clone(), m.address.clone()),
+        None => (id.clone(), id.clone()),
+    };
+    let (mut networks, mut addresses) = (HashMap::<Arc<str>, usize>::new(), HashMap::<Arc<str>, usize>::new());
+    for (id, u) in used {
+        let (network, address) = keys(id, u);
+        *networks.entry(network).or_default() += 1;
+        *addresses.entry(address).or_default() += 1;
+    }
+    let mut order: Vec<_> = used
+        .iter()
+        .map(|(id, u)| {
+            let (network, address) = keys(id, u);
+            let held = (std::cmp::Reverse(networks[&network]), std::cmp::Reverse(addresses[&address]));
+            (id.clone(), (held, u.streams > 0, u.at))
+        })
+        .collect();
+    order.sort_by_key(|a| a.1);
+    order.into_iter().map(|(id, _)| id).collect()
 }
 
 /// `stream`, counted as open (by `open`) for as long as it lives.
@@ -233,5 +275,45 @@ impl SessionManager for CappedSessions {
 
     fn event_store(&self) -> Option<std::sync::Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
         self.inner.event_store()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(ip: &str, streams: usize, at: Instant) -> Use {
+        Use { at, streams, owner: Some(Maker::of(ip.parse().unwrap())) }
+    }
+
+    /// Sessions opened from many addresses of one network close one another, not the
+    /// sessions of clients elsewhere; within a network, the address holding the most goes
+    /// first, and idle sessions before busy ones.
+    #[tokio::test(start_paused = true)]
+    async fn room_is_made_from_the_network_and_address_holding_the_most() {
+        let t0 = Instant::now();
+        let later = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let mut used = HashMap::new();
+        used.insert(SessionId::from("alice"), session("192.0.2.7", 0, t0));
+        used.insert(SessionId::from("bob"), session("2001:db8:aaaa:1::5", 0, later(1)));
+        // One /48, three /64s: one session each, all newer and busy.
+        for n in 0..3u16 {
+            let ip = format!("2001:db8:bbbb:{n:x}::1");
+            used.insert(SessionId::from(format!("spray{n}")), session(&ip, 1, later(10 + u64::from(n))));
+        }
+        let order = eviction_order(&used);
+        assert!(order[..3].iter().all(|id| id.starts_with("spray")), "{order:?}");
+        assert_eq!(&*order[3], "alice", "least recently used of the rest");
+        // Within the network, the address holding the most, then idle before busy.
+        used.insert(SessionId::from("spray0b"), session("2001:db8:bbbb:0::2", 1, later(20)));
+        used.insert(SessionId::from("spray0c"), session("2001:db8:bbbb:0::3", 0, later(30)));
+        let order = eviction_order(&used);
+        assert_eq!(order[..3].iter().map(|id| &**id).collect::<Vec<_>>(), ["spray0c", "spray0", "spray0b"]);
+        // An IPv4 /24 is one network too.
+        let mut used = HashMap::new();
+        used.insert(SessionId::from("carol"), session("198.51.100.9", 0, t0));
+        used.insert(SessionId::from("x1"), session("203.0.113.1", 1, later(5)));
+        used.insert(SessionId::from("x2"), session("203.0.113.2", 1, later(6)));
+        assert_eq!(&*eviction_order(&used)[2], "carol");
     }
 }

@@ -341,7 +341,7 @@ pub(super) async fn limit(
     };
     let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     if opens_session && let Some(session) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
-        front.sessions.made_by(session, &super::address_client(client));
+        front.sessions.made_by(session, client);
     }
     if initialize {
         response = super::tasks::announce(response);
