@@ -73,6 +73,9 @@ struct Life {
     closing: tokio_util::sync::CancellationToken,
     /// What each server's starts showed of the revisions it speaks, for all its instances.
     revisions: Revisions,
+    /// Over HTTP with an operator token (as the gateway started): the clients are not its
+    /// operators, and what is every client's is not theirs to change.
+    operated: bool,
 }
 
 impl Hub {
@@ -85,6 +88,7 @@ impl Hub {
     /// answer. Servers that need them get `"scope": "session"`.
     pub fn start(config: Config, plugins: Prepared, front: Front) -> Arc<Self> {
         let offer = watch::Sender::new(None);
+        let operated = front == Front::Http && config.settings.http.operator_token.is_some();
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let secrets = Secrets::of(&config);
             let revisions = Revisions::default();
@@ -111,6 +115,7 @@ impl Hub {
                     stopping: Default::default(),
                     closing: Default::default(),
                     revisions,
+                    operated,
                 },
             }
         });
@@ -244,6 +249,7 @@ impl Hub {
         let weak = Arc::downgrade(self);
         let name = handle.name.clone();
         self.metrics.restarted(&name, 0); // every server has its series, from zero
+        let instance = handle.instance;
         let handle = Arc::downgrade(handle);
         let connection = |state: &ServerState| state.session.as_ref().map(|s| s.id);
         tokio::spawn(async move {
@@ -255,6 +261,7 @@ impl Hub {
             let forget = |id: Option<u64>| {
                 if let (Some(id), Some(hub)) = (id, weak.upgrade()) {
                     hub.routing.run_by_clients.forget_connection(id);
+                    hub.routing.relayed.connection_lost(instance);
                 }
             };
             while rx.changed().await.is_ok() {
@@ -366,6 +373,13 @@ impl Hub {
     /// Cancelled when shutdown begins.
     pub fn closing(&self) -> &tokio_util::sync::CancellationToken {
         &self.life.closing
+    }
+
+    /// Whether the gateway has an operator apart from its clients: over HTTP, with an
+    /// operator token. Without one, whoever holds the clients' token is the operator
+    /// (`/status`, `/metrics`, `POST /reset-breaker`).
+    pub fn operated(&self) -> bool {
+        self.life.operated
     }
 
     /// Whether the start-up wait is over: every shared server finished its first start

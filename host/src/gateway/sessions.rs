@@ -1,9 +1,10 @@
 //! HTTP sessions, capped. Every MCP session holds a gateway handler and rmcp's buffers;
 //! clients that open sessions and walk away would grow memory without bound. At
 //! `rebound.http.max_sessions`, a new session closes one of the network holding the most
-//! sessions (an IPv4 /24, an IPv6 /48), of its address holding the most (an IPv6 one by
-//! its /64): so that sessions opened from many addresses of one network cannot push out
-//! everyone else's. Among those, the idle session (no stream open: no call in flight, no
+//! sessions (an IPv6 /48; an IPv4 address is its own), of its address holding the most
+//! (an IPv6 one by its /64): so that sessions opened from the many /64s one IPv6 site
+//! has cannot push out everyone else's. (IPv4 addresses are not grouped: many users
+//! share one behind NAT, and a /24 may be a carrier's pool of unrelated users.) Among those, the idle session (no stream open: no call in flight, no
 //! GET stream) used least recently goes first; a busy one only when none is idle. Its
 //! client gets 404 and, as the protocol says, starts a new session.
 
@@ -38,7 +39,7 @@ struct Use {
 }
 
 /// Who made a session: its client's address (an IPv6 one by its /64, as every share per
-/// address is counted) and the network around it.
+/// address is counted) and the network around it (an IPv6 /48; an IPv4 address alone).
 #[derive(Debug, Clone)]
 struct Maker {
     address: Arc<str>,
@@ -47,17 +48,15 @@ struct Maker {
 
 impl Maker {
     fn of(ip: std::net::IpAddr) -> Self {
+        let address: Arc<str> = super::http::address_client(ip).into();
         let network = match ip.to_canonical() {
-            std::net::IpAddr::V4(v4) => {
-                let [a, b, c, _] = v4.octets();
-                format!("network {a}.{b}.{c}.0/24")
-            }
+            std::net::IpAddr::V4(_) => address.clone(),
             std::net::IpAddr::V6(v6) => {
                 let [a, b, c, ..] = v6.segments();
-                format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0))
+                format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0)).into()
             }
         };
-        Self { address: super::http::address_client(ip).into(), network: network.into() }
+        Self { address, network }
     }
 }
 
@@ -309,11 +308,15 @@ mod tests {
         used.insert(SessionId::from("spray0c"), session("2001:db8:bbbb:0::3", 0, later(30)));
         let order = eviction_order(&used);
         assert_eq!(order[..3].iter().map(|id| &**id).collect::<Vec<_>>(), ["spray0c", "spray0", "spray0b"]);
-        // An IPv4 /24 is one network too.
+        // IPv4 addresses are their own: users of one /24 (a carrier's NAT pool) are not
+        // closed for the sake of one address holding more.
         let mut used = HashMap::new();
-        used.insert(SessionId::from("carol"), session("198.51.100.9", 0, t0));
-        used.insert(SessionId::from("x1"), session("203.0.113.1", 1, later(5)));
-        used.insert(SessionId::from("x2"), session("203.0.113.2", 1, later(6)));
-        assert_eq!(&*eviction_order(&used)[2], "carol");
+        for n in 0..3 {
+            used.insert(SessionId::from(format!("pool{n}")), session(&format!("203.0.113.{n}"), 0, later(n)));
+        }
+        used.insert(SessionId::from("heavy1"), session("198.51.100.9", 1, later(5)));
+        used.insert(SessionId::from("heavy2"), session("198.51.100.9", 1, later(6)));
+        let order = eviction_order(&used);
+        assert!(order[..2].iter().all(|id| id.starts_with("heavy")), "{order:?}");
     }
 }

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceContents, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
-use super::downstreams::Front;
 use super::hub::Hub;
 use super::recent::quantile;
 use super::session_servers::Recovery;
@@ -309,9 +308,10 @@ pub fn call(
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
             // Over HTTP a shared server's breakers are every client's: one client closing
-            // them would send everyone's calls at a server still recovering.
+            // them would send everyone's calls at a server still recovering. The operator
+            // closes them (without an operator token, whoever holds the clients' token is it).
             let shared = setup.servers.contains_key(server);
-            let reset = if shared && hub.downstreams.front() == Front::Http {
+            let reset = if shared && hub.operated() {
                 Err(Unreset::Shared)
             } else {
                 reset_breakers(&setup, recovery().engine(), server, arg("tool"))
@@ -354,7 +354,7 @@ impl Unreset {
                 tool.unwrap_or_default()
             ),
             Self::Shared => format!(
-                "`{server}` is shared by every client of this gateway, and so are its circuit breakers: the gateway's operator resets them (POST /reset-breaker?server={server} with the operator's token)"
+                "`{server}` is shared by every client of this gateway, and so are its circuit breakers: the gateway's operator resets them (POST /reset-breaker?server={server}, with the operator token)"
             ),
             Self::PerSession => format!(
                 "`{server}` has an instance per client session, each with its own breakers: a client resets its own with the `{RESET_TOOL}` tool"

@@ -761,11 +761,8 @@ impl Engine {
             record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
             false
         };
-        if !call.policy.grant.allows_tool(server, tool) {
-            return deny(record, Denial::Grant);
-        }
-        if !call.policy.declared.allows_tool(server, tool) {
-            return deny(record, Denial::Undeclared);
+        if !self.permitted(call, record, origin, (server, tool)) {
+            return false;
         }
         if spent.plan_calls >= self.max_plan_calls {
             return deny(record, Denial::Calls);
@@ -807,6 +804,32 @@ impl Engine {
         true
     }
 
+    /// Whether `server/tool` is inside the grant and the declaration of the adapter whose
+    /// step names it (else the denial is recorded); a configured step always is.
+    fn permitted(&self, call: &Call<'_>, record: &mut Record, origin: Origin, (server, tool): (&str, &str)) -> bool {
+        if origin != Origin::Adapter {
+            return true;
+        }
+        let denial = if !call.policy.grant.allows_tool(server, tool) {
+            Denial::Grant
+        } else if !call.policy.declared.allows_tool(server, tool) {
+            Denial::Undeclared
+        } else {
+            return true;
+        };
+        call.policy.counters.deny(denial);
+        record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
+        false
+    }
+
+    /// A step naming `server/tool`, which its server does not offer now: noted once as not
+    /// tried, and why; an adapter's step outside its grant is denied as such instead.
+    fn not_offered(&self, call: &Call<'_>, record: &mut Record, origin: Origin, step: NotTried) {
+        if self.permitted(call, record, origin, (&step.server, &step.tool)) && !record.not_tried.contains(&step) {
+            record.not_tried.push(step);
+        }
+    }
+
     /// A call for its effect on the failed tool's server; its result is not the answer.
     async fn side_call(
         &self,
@@ -823,7 +846,7 @@ impl Engine {
         let server = call.server.clone();
         let annotations = match call.upstream.annotations(&server, &tool) {
             Ok(annotations) => annotations,
-            Err(why) => return record.not_tried.push(NotTried { server, tool, why }),
+            Err(why) => return self.not_offered(call, record, origin, NotTried { server, tool, why }),
         };
         if !self.admit_call(call, record, spent, origin, (&server, &tool, annotations.as_ref())) {
             return;
@@ -858,7 +881,7 @@ impl Engine {
         let (policy, annotations) = match self.untried_alternative(call, spent, &server, &tool) {
             Ok(untried) => untried?,
             Err(why) => {
-                record.not_tried.push(NotTried { server, tool, why });
+                self.not_offered(call, record, origin, NotTried { server, tool, why });
                 return None;
             }
         };
@@ -1131,7 +1154,15 @@ fn tried_instead(record: &Record) -> Option<String> {
             _ => format!("`{}` on `{}`", a.tool, a.server),
         })
         .collect();
-    (!tried.is_empty()).then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", ")))
+    let untried: Vec<String> =
+        record.not_tried.iter().map(|n| format!("`{}` on `{}` ({})", n.tool, n.server, n.why)).collect();
+    let said = [
+        (!tried.is_empty())
+            .then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", "))),
+        (!untried.is_empty()).then(|| format!("not tried: {}", untried.join(", "))),
+    ];
+    let said: Vec<String> = said.into_iter().flatten().collect();
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// A tool's own error result, with the adapter's note on it when it has one.

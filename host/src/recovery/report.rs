@@ -124,6 +124,13 @@ fn not_tried_data(record: &Record) -> Vec<Value> {
     record.not_tried.iter().map(|n| json!({ "server": &*n.server, "tool": n.tool, "why": why(n) })).collect()
 }
 
+/// `data` with the steps not taken, when there were any.
+fn with_not_tried(data: &mut Value, record: &Record) {
+    if !record.not_tried.is_empty() {
+        data["not_tried"] = Value::Array(not_tried_data(record));
+    }
+}
+
 /// The `isError` result for a call where nothing worked. It quotes failures, which may
 /// quote a server's configuration: `secrets` are taken out.
 pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
@@ -197,7 +204,7 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
 /// A tool's own error answered after other attempts failed says what was tried too, and
 /// whether any of it may have run.
 pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets) -> CallToolResult {
-    if record.attempts.len() < 2 {
+    if record.attempts.len() < 2 && record.not_tried.is_empty() {
         return result;
     }
     let Some(by) = record.answered_by() else {
@@ -206,6 +213,7 @@ pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets)
             "attempts": attempts_data(record),
             "retries": record.attempts.iter().filter(|a| a.role == Role::Primary).count().saturating_sub(1),
         });
+        with_not_tried(&mut data, record);
         secrets.redact_json(&mut data);
         result.meta.get_or_insert_default().insert("rebound".to_owned(), data);
         return result;
@@ -217,6 +225,7 @@ pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets)
         "attempts": attempts_data(record),
         "retries": record.attempts.iter().filter(|a| a.role == Role::Primary).count().saturating_sub(1),
     });
+    with_not_tried(&mut data, record);
     secrets.redact_json(&mut data);
     if by.role == Role::Alternative {
         // Agents read content more than `_meta`: say in words which tool answered.

@@ -20,7 +20,7 @@
 //! [`MAX_RELAYED_PER_CLIENT`] running of one address's over HTTP: a call is declared able
 //! to become a task only while there is room.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -63,16 +63,15 @@ struct Table {
     /// How many each client has.
     per_client: HashMap<Arc<str>, usize>,
     /// Of the tasks that take a client's share (over HTTP), how many each server instance
-    /// holds, and the latest time one of them may still run.
-    per_instance: HashMap<u64, (usize, Instant)>,
+    /// holds by the time each is kept until.
+    per_instance: HashMap<u64, BTreeMap<Instant, usize>>,
 }
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
         if let Some(owner) = &entry.owner {
             *self.per_client.entry(owner.clone()).or_default() += 1;
-            let (n, until) = self.per_instance.entry(entry.instance).or_insert((0, entry.until));
-            (*n, *until) = (*n + 1, entry.until.max(*until));
+            *self.per_instance.entry(entry.instance).or_default().entry(entry.until).or_default() += 1;
             entry.counted.store(true, Ordering::Release);
         }
         self.by_id.insert(id, Arc::new(entry));
@@ -93,9 +92,14 @@ impl Table {
                 self.per_client.remove(owner);
             }
         }
-        if let Some((n, _)) = self.per_instance.get_mut(&entry.instance) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(deadlines) = self.per_instance.get_mut(&entry.instance) {
+            if let Some(n) = deadlines.get_mut(&entry.until) {
+                *n -= 1;
+                if *n == 0 {
+                    deadlines.remove(&entry.until);
+                }
+            }
+            if deadlines.is_empty() {
                 self.per_instance.remove(&entry.instance);
             }
         }
@@ -242,7 +246,24 @@ impl Relayed {
     /// 2026-07-28 is known only by its address.
     pub fn may_run_on(&self, instance: u64) -> bool {
         let tasks = self.tasks.lock().expect("not poisoned");
-        tasks.per_instance.get(&instance).is_some_and(|(_, until)| *until > Instant::now())
+        let last = tasks.per_instance.get(&instance).and_then(|deadlines| deadlines.last_key_value());
+        last.is_some_and(|(until, _)| *until > Instant::now())
+    }
+
+    /// Server instance `instance` lost a connection: the tasks its process held on it are
+    /// lost with it (each answered failed when next asked about) and take no share, nor
+    /// count as running there, from now on.
+    pub fn connection_lost(&self, instance: u64) {
+        let mut tasks = self.tasks.lock().expect("not poisoned");
+        let lost: Vec<Arc<Entry>> = tasks
+            .by_id
+            .values()
+            .filter(|e| e.instance == instance && e.process && e.live().is_none())
+            .cloned()
+            .collect();
+        for entry in lost {
+            tasks.release(&entry);
+        }
     }
 
     /// The task the gateway's id `id` stands for, while it is kept.
@@ -529,6 +550,26 @@ pub(in crate::gateway) mod tests {
         let stdio = Entry { owner: None, ..entry("c", soon + Duration::from_secs(60)) };
         relayed.tasks.lock().unwrap().insert("d".into(), stdio);
         assert!(!relayed.may_run_on(1), "a stdio gateway has one client");
+        // The latest time counts only while its task does: a long task seen ended leaves
+        // the others' times.
+        let relayed = Relayed::default();
+        relayed.tasks.lock().unwrap().insert("long".into(), entry("c", soon + Duration::from_secs(86_400)));
+        relayed.tasks.lock().unwrap().insert("over".into(), entry("c", Instant::now()));
+        assert!(relayed.may_run_on(1));
+        relayed.ended(&relayed.get("long").unwrap());
+        assert!(!relayed.may_run_on(1), "only a task whose time is up is left");
+        // A task its server's process held is lost with the connection; one a `url`
+        // server holds is not.
+        let relayed = Relayed::default();
+        relayed.tasks.lock().unwrap().insert("held".into(), entry("c", soon));
+        relayed.connection_lost(2);
+        assert!(relayed.may_run_on(1), "another instance's connection");
+        relayed.connection_lost(1);
+        assert!(!relayed.may_run_on(1) && relayed.has_room(Some("c")));
+        assert!(relayed.get("held").is_ok(), "kept, to be answered failed");
+        relayed.tasks.lock().unwrap().insert("remote".into(), Entry { process: false, ..entry("c", soon) });
+        relayed.connection_lost(1);
+        assert!(relayed.may_run_on(1));
     }
 
     /// One client's tasks take at most its share; expired ones make room again.

@@ -552,6 +552,44 @@ async fn a_fallback_its_server_does_not_offer_is_reported_not_tried() {
     assert!(text.contains("Not tried: `b` on `t` (the server does not offer it)."), "{text}");
     let data = &result.meta.unwrap()["rebound"];
     assert_eq!(data["not_tried"], json!([{"server": "t", "tool": "b", "why": "no_such_tool"}]));
+    // The next fallback answers: the report of the recovered call names the one skipped.
+    let mut r = one_attempt();
+    let skipped = Alternative { tool: "b".into(), server: Some("t".into()), arguments: None };
+    r.fallbacks.insert("a".into(), vec![skipped, Alternative { tool: "c".into(), server: None, arguments: None }]);
+    let up = Script::new(&[("s/a", true), ("s/c", true)]).then("s/a", vec![timeout()]);
+    let e = engine(&[server("s", r), server("t", defaults())]);
+    let (ending, record) = run(&e, &up, "a").await;
+    let Ending::Answered(CallToolResponse::Complete(result)) = ending else { panic!("answered") };
+    let told = report::recovered(result, &record, &crate::redact::Secrets::default());
+    assert_eq!(told.meta.unwrap()["rebound"]["not_tried"][0]["tool"], "b");
+    // A tool's own error, its fallback not offered: the note on it says so.
+    let mut r = one_attempt();
+    r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: Some("t".into()), arguments: None }]);
+    let up = Script::new(&[("s/a", true)]).then("s/a", vec![tool_error("no such file")]);
+    let e = engine(&[server("s", r), server("t", defaults())]);
+    let (ending, record) = run(&e, &up, "a").await;
+    let Ending::Answered(CallToolResponse::Complete(own)) = ending else { panic!("answered") };
+    let note = own.content.iter().filter_map(|c| c.as_text()).map(|t| t.text.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(note.contains("not tried: `b` on `t` (the server does not offer it)"), "{note}");
+    let told = report::recovered(own, &record, &crate::redact::Secrets::default());
+    assert_eq!(told.meta.unwrap()["rebound"]["not_tried"][0]["server"], "t");
+}
+
+/// An adapter's step naming a tool outside its grant is denied as such, whether or not
+/// the tool is offered now; one it may take but that is not offered is noted once,
+/// however many times a plan names it.
+#[tokio::test(start_paused = true)]
+async fn an_adapters_step_not_offered_is_denied_first_and_noted_once() {
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(); 3]);
+    let e = engine(&[server("s", defaults()), server("t", defaults())]);
+    let outside = Step::Alternative { server: Some("t".into()), tool: "x".into(), arguments: None };
+    let gone = Step::Alternative { server: None, tool: "gone".into(), arguments: None };
+    let plan = vec![outside, gone.clone(), gone, Step::Retry(None)];
+    let a = Planner { plan, reclassify: None, observed: Mutex::default() };
+    let (_, record) = advised(&e, &up, &a, "read").await;
+    assert_eq!(record.denied, [Denied { denial: Denial::Grant, target: "t/x".into() }]);
+    let expected = NotTried { server: "s".into(), tool: "gone".into(), why: Unoffered::NoSuchTool };
+    assert_eq!(record.not_tried, [expected]);
 }
 
 /// An advisor with a fixed plan, recording what it observed.
