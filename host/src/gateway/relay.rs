@@ -78,7 +78,7 @@ impl HubRelay {
             // (the server's level may be another client's).
             None if hub.downstreams.front() == Front::Http => {
                 let task = log.meta.as_ref().and_then(|m| m.0.get(RELATED_TASK)?["taskId"].as_str());
-                let to = hub.routing.log_reader(self.instance, session, task.map(str::to_owned));
+                let to = hub.routing.log_reader((server, self.instance), session, task.map(str::to_owned));
                 let wants = to.as_ref().is_some_and(|to| hub.downstreams.asked_for(&to.client, log.level));
                 (to, wants)
             }
@@ -160,7 +160,7 @@ impl HubRelay {
                     Some(owner) => Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }),
                     None => hub.downstreams.only_stdio_client(),
                 };
-                hub.routing.caller(self.instance, &asker, otherwise)
+                hub.routing.caller((server, self.instance), &asker, otherwise)
             }
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());

@@ -328,9 +328,9 @@ impl Routing {
         self.task_owner(session, id)
     }
 
-    /// Who should answer `asker`'s request to `instance` (see the module's rule).
-    /// `otherwise` is the client asked when no call is in flight.
-    pub fn caller(&self, instance: u64, asker: &Asker, otherwise: Option<ClientPeer>) -> Caller {
+    /// Who should answer `asker`'s request to `instance` of `server` (see the module's
+    /// rule). `otherwise` is the client asked when no call is in flight.
+    pub fn caller(&self, (server, instance): (&str, u64), asker: &Asker, otherwise: Option<ClientPeer>) -> Caller {
         if let Some(task) = &asker.task {
             return match self.task_owner(asker.session, task) {
                 Some(to) => Caller::Client { to, during: None },
@@ -373,7 +373,7 @@ impl Routing {
         }
         // (Over stdio a relayed task takes no client's share, and a session's own instance,
         // which has a client to fall back on, serves that client alone.)
-        if otherwise.is_none() && self.relayed.may_run_on(instance) {
+        if otherwise.is_none() && self.relayed.may_run_on(server) {
             return Caller::Nobody(
                 "a task a client on MCP 2026-07-28 had relayed may run on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
@@ -439,12 +439,17 @@ impl Routing {
     /// a server writes about a call after answering it can only be told from one about
     /// the calls in flight then by the server itself: `scope: session` for such servers.)
     /// A line that names its task (`task`) goes to that task's client alone.
-    pub fn log_reader(&self, instance: u64, session: u64, task: Option<String>) -> Option<ClientPeer> {
+    pub fn log_reader(
+        &self,
+        (server, instance): (&str, u64),
+        session: u64,
+        task: Option<String>,
+    ) -> Option<ClientPeer> {
         if let Some(task) = task {
             return self.task_owner(session, &task);
         }
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
-        match self.caller(instance, &asker, None) {
+        match self.caller((server, instance), &asker, None) {
             Caller::Client { to, .. } => Some(to),
             Caller::Held(_) | Caller::Nobody(_) => None,
         }
@@ -925,7 +930,7 @@ mod tests {
         let asking = |during: i64| {
             let asker =
                 Asker { session: 0, during: Some(RequestId::Number(during)), cancel: Default::default(), task: None };
-            match routing.caller(1, &asker, None) {
+            match routing.caller(("a", 1), &asker, None) {
                 Caller::Client { to, .. } => Some(to.client.to_string()),
                 Caller::Held(_) | Caller::Nobody(_) => None,
             }
@@ -956,13 +961,13 @@ mod tests {
             bridge: None,
         };
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
-        let reader = || routing.log_reader(1, 0, None).map(|to| to.client.to_string());
+        let reader = || routing.log_reader(("a", 1), 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
         routing.call_ended(1, "bob".into());
         assert_eq!(reader(), None, "bob's call ended unanswered a moment ago: it may be his");
         tokio::time::sleep(ENDED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
-        assert!(routing.log_reader(2, 0, None).is_none(), "nobody's call is in flight on another instance");
+        assert!(routing.log_reader(("a", 2), 0, None).is_none(), "nobody's call is in flight on another instance");
         // While a task of Bob's runs there, a line that names no task may be his; one that
         // names his task is his alone.
         let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
@@ -971,9 +976,9 @@ mod tests {
         assert!(routing.task_running(0, "t1"), "a new task of that id on that connection would be refused");
         assert!(!routing.task_running(1, "t1"), "on another connection it is another task");
         assert_eq!(reader(), None, "a line of his task's, perhaps");
-        let tagged = routing.log_reader(1, 0, Some("t1".into())).map(|to| to.client.to_string());
+        let tagged = routing.log_reader(("a", 1), 0, Some("t1".into())).map(|to| to.client.to_string());
         assert_eq!(tagged.as_deref(), Some("bob"));
-        assert!(routing.log_reader(1, 0, Some("t2".into())).is_none(), "no task of anyone's");
+        assert!(routing.log_reader(("a", 1), 0, Some("t2".into())).is_none(), "no task of anyone's");
         ended.cancel();
         assert_eq!(reader().as_deref(), Some("alice"), "his task ended");
         assert!(!routing.task_running(0, "t1"), "its id may be used again");

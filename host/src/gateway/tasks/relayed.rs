@@ -62,16 +62,17 @@ struct Table {
     by_id: HashMap<String, Arc<Entry>>,
     /// How many each client has.
     per_client: HashMap<Arc<str>, usize>,
-    /// Of the tasks that take a client's share (over HTTP), how many each server instance
-    /// holds by the time each is kept until.
-    per_instance: HashMap<u64, BTreeMap<Instant, usize>>,
+    /// Of the tasks that take a client's share (over HTTP), how many each server holds
+    /// (on any of its instances: a `url` server's tasks outlive a relaunch), by the time
+    /// each is kept until.
+    per_server: HashMap<Arc<str>, BTreeMap<Instant, usize>>,
 }
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
         if let Some(owner) = &entry.owner {
             *self.per_client.entry(owner.clone()).or_default() += 1;
-            *self.per_instance.entry(entry.instance).or_default().entry(entry.until).or_default() += 1;
+            *self.per_server.entry(entry.server.clone()).or_default().entry(entry.until).or_default() += 1;
             entry.counted.store(true, Ordering::Release);
         }
         self.by_id.insert(id, Arc::new(entry));
@@ -92,7 +93,7 @@ impl Table {
                 self.per_client.remove(owner);
             }
         }
-        if let Some(deadlines) = self.per_instance.get_mut(&entry.instance) {
+        if let Some(deadlines) = self.per_server.get_mut(&entry.server) {
             if let Some(n) = deadlines.get_mut(&entry.until) {
                 *n -= 1;
                 if *n == 0 {
@@ -100,7 +101,7 @@ impl Table {
                 }
             }
             if deadlines.is_empty() {
-                self.per_instance.remove(&entry.instance);
+                self.per_server.remove(&entry.server);
             }
         }
     }
@@ -240,13 +241,13 @@ impl Relayed {
         self.tasks.lock().expect("not poisoned").has_room(owner)
     }
 
-    /// Whether a task an HTTP client had relayed may still run on server instance
-    /// `instance` (not seen ended, its time not up): what a shared server says or asks
-    /// without naming a task may be that task's, and so any client's, since a client on
-    /// 2026-07-28 is known only by its address.
-    pub fn may_run_on(&self, instance: u64) -> bool {
+    /// Whether a task an HTTP client had relayed may still run on `server` (not seen
+    /// ended, nor lost with its connection, its time not up): what a shared server says or
+    /// asks without naming a task may be that task's, and so any client's, since a client
+    /// on 2026-07-28 is known only by its address.
+    pub fn may_run_on(&self, server: &str) -> bool {
         let tasks = self.tasks.lock().expect("not poisoned");
-        let last = tasks.per_instance.get(&instance).and_then(|deadlines| deadlines.last_key_value());
+        let last = tasks.per_server.get(server).and_then(|deadlines| deadlines.last_key_value());
         last.is_some_and(|(until, _)| *until > Instant::now())
     }
 
@@ -537,39 +538,39 @@ pub(in crate::gateway) mod tests {
     fn an_instance_may_run_a_relayed_task_until_it_ended_or_its_time_is_up() {
         let relayed = Relayed::default();
         let soon = Instant::now() + Duration::from_secs(60);
-        assert!(!relayed.may_run_on(1));
+        assert!(!relayed.may_run_on("a"));
         relayed.tasks.lock().unwrap().insert("a".into(), entry("c", soon));
         relayed.tasks.lock().unwrap().insert("b".into(), entry("c", soon + Duration::from_secs(60)));
-        assert!(relayed.may_run_on(1) && !relayed.may_run_on(2));
+        assert!(relayed.may_run_on("a") && !relayed.may_run_on("b"));
         relayed.ended(&relayed.get("a").unwrap());
-        assert!(relayed.may_run_on(1), "b still runs");
+        assert!(relayed.may_run_on("a"), "b still runs");
         relayed.forget("b");
-        assert!(!relayed.may_run_on(1), "both seen ended or forgotten");
+        assert!(!relayed.may_run_on("a"), "both seen ended or forgotten");
         relayed.tasks.lock().unwrap().insert("c".into(), entry("c", Instant::now()));
-        assert!(!relayed.may_run_on(1), "its time is up, unseen");
+        assert!(!relayed.may_run_on("a"), "its time is up, unseen");
         let stdio = Entry { owner: None, ..entry("c", soon + Duration::from_secs(60)) };
         relayed.tasks.lock().unwrap().insert("d".into(), stdio);
-        assert!(!relayed.may_run_on(1), "a stdio gateway has one client");
+        assert!(!relayed.may_run_on("a"), "a stdio gateway has one client");
         // The latest time counts only while its task does: a long task seen ended leaves
         // the others' times.
         let relayed = Relayed::default();
         relayed.tasks.lock().unwrap().insert("long".into(), entry("c", soon + Duration::from_secs(86_400)));
         relayed.tasks.lock().unwrap().insert("over".into(), entry("c", Instant::now()));
-        assert!(relayed.may_run_on(1));
+        assert!(relayed.may_run_on("a"));
         relayed.ended(&relayed.get("long").unwrap());
-        assert!(!relayed.may_run_on(1), "only a task whose time is up is left");
+        assert!(!relayed.may_run_on("a"), "only a task whose time is up is left");
         // A task its server's process held is lost with the connection; one a `url`
         // server holds is not.
         let relayed = Relayed::default();
         relayed.tasks.lock().unwrap().insert("held".into(), entry("c", soon));
         relayed.connection_lost(2);
-        assert!(relayed.may_run_on(1), "another instance's connection");
+        assert!(relayed.may_run_on("a"), "another instance's connection");
         relayed.connection_lost(1);
-        assert!(!relayed.may_run_on(1) && relayed.has_room(Some("c")));
+        assert!(!relayed.may_run_on("a") && relayed.has_room(Some("c")));
         assert!(relayed.get("held").is_ok(), "kept, to be answered failed");
         relayed.tasks.lock().unwrap().insert("remote".into(), Entry { process: false, ..entry("c", soon) });
         relayed.connection_lost(1);
-        assert!(relayed.may_run_on(1));
+        assert!(relayed.may_run_on("a"));
     }
 
     /// One client's tasks take at most its share; expired ones make room again.
