@@ -32,9 +32,15 @@ const RECENT: usize = 100;
 /// 2026-07-28 client over HTTP, which has no session, so that a stream of such requests,
 /// each a new name, cannot push the sessions' views out.
 const RECENT_PER_SESSION: usize = 20;
-const SESSIONS_KEPT: usize = 128;
-/// The longest message an entry kept in memory has (the file has it whole).
+/// Four times the default `rebound.http.max_sessions`, so that one client's sessions
+/// cannot push out the others' views.
+const SESSIONS_KEPT: usize = 1024;
+/// The longest message (and error) an entry kept in memory has.
 const KEPT_MESSAGE_BYTES: usize = 2 << 10;
+/// The longest text of an entry in the file: a tool whose error quotes its input, or a
+/// server's long answer, must not make one entry the size of the file (and rotate away
+/// everyone's history).
+pub const MAX_TEXT_BYTES: usize = 16 << 10;
 /// Entries queued for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 4096;
 
@@ -77,11 +83,14 @@ impl Recent {
     }
 }
 
-/// `entry` as kept in memory: its message cut at [`KEPT_MESSAGE_BYTES`].
+/// `entry` as kept in memory: its message and error cut at [`KEPT_MESSAGE_BYTES`].
 fn kept(entry: &Value) -> Value {
     let mut entry = entry.clone();
     if let Some(message) = entry["message"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
         entry["message"] = Value::String(crate::text::capped(message, KEPT_MESSAGE_BYTES));
+    }
+    if let Some(error) = entry["context"]["error"].as_str().filter(|m| m.len() > KEPT_MESSAGE_BYTES) {
+        entry["context"]["error"] = Value::String(crate::text::capped(error, KEPT_MESSAGE_BYTES));
     }
     entry
 }
@@ -334,7 +343,8 @@ impl ErrorsLog {
     }
 
     fn push(&self, mut entry: Value) {
-        self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).redact_json(&mut entry);
+        let secrets = self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        secrets.redact_json_within(&mut entry, MAX_TEXT_BYTES);
         let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());
         if let Some(summary) = summary {
             self.send(summary);
@@ -436,7 +446,7 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
         let mut line = entry.to_string();
         line.push('\n');
         if let Err(e) = append(path, line.as_bytes(), max_bytes) {
-            dropped.fetch_add(1, Ordering::Relaxed);
+            dropped.fetch_add(entry["repeated"]["count"].as_u64().unwrap_or(1), Ordering::Relaxed);
             // Logged once: a read-only disk must not flood the log either.
             if !warned {
                 tracing::warn!("cannot write the errors log {}: {e}", path.display());
@@ -448,18 +458,34 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
     }
 }
 
+/// Appends `line` to the log at `path`, first moving a log it would take past
+/// `max_bytes` to `PATH.1`. Gateways sharing one log (two stdio clients of one
+/// configuration) take turns: each holds the file's lock from its size check to its
+/// write, and one that finds the file moved while it waited writes to the new one. The
+/// log is readable by its owner alone: it quotes every client's failures.
 fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    if size > 0 && size + line.len() as u64 > max_bytes {
-        let mut rotated = path.as_os_str().to_owned();
-        rotated.push(".1");
-        std::fs::rename(path, rotated)?;
+    for _ in 0..8 {
+        let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+        let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, errno)| std::io::Error::from(errno))?;
+        let ours = file.metadata()?;
+        let current = std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+        if current != Some((ours.dev(), ours.ino())) {
+            continue; // moved by another gateway while this one waited for the lock
+        }
+        if ours.len() > 0 && ours.len() + line.len() as u64 > max_bytes {
+            let mut rotated = path.as_os_str().to_owned();
+            rotated.push(".1");
+            std::fs::rename(path, rotated)?;
+            continue;
+        }
+        return (&*file).write_all(line);
     }
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-    f.write_all(line)
+    Err(std::io::Error::other("the log kept being moved by another process"))
 }
 
 #[cfg(test)]
@@ -733,6 +759,48 @@ mod tests {
         }
         assert!(dir.path().join("errors.jsonl.1").exists());
         assert!(std::fs::metadata(&path).unwrap().len() <= 2_000);
+    }
+
+    /// A failure that quotes a huge text (a tool echoing its input) is one entry of a
+    /// bounded size, its secret hidden however the cut falls; the file is its owner's.
+    #[tokio::test]
+    async fn an_entry_is_bounded_whatever_the_failure_says() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let secrets = Secrets::in_order(vec!["sekrit-value-123".into()], usize::MAX);
+        let log = ErrorsLog::start(path.clone(), 1 << 20, secrets);
+        let said = format!("{}sekrit-value-123{}", "x".repeat(MAX_TEXT_BYTES - 40), "y".repeat(1 << 20));
+        log.request_failed("s", "a", "prompts/get", &Failure::Protocol { reason: said }, SystemTime::UNIX_EPOCH);
+        log.flush(Duration::from_secs(5)).await;
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1);
+        assert!(text.len() < MAX_TEXT_BYTES + 4096, "{}", text.len());
+        assert!(!text.contains("sekrit"), "the secret is hidden");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    /// Gateways sharing one log take turns: each finds the file another moved, and no
+    /// entry is written into the file that was moved away.
+    #[test]
+    fn gateways_sharing_a_log_lose_no_entry_when_it_is_rotated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let line = |w: usize, n: usize| format!("{{\"w\":{w},\"n\":{n:04}}}\n");
+        let size = line(0, 0).len() as u64;
+        std::thread::scope(|scope| {
+            for w in 0..4 {
+                let path = &path;
+                scope.spawn(move || {
+                    for n in 0..100 {
+                        append(path, line(w, n).as_bytes(), size * 300).unwrap();
+                    }
+                });
+            }
+        });
+        // 400 lines, rotated once at 300: every one is in one file or the other.
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().lines().count();
+        assert_eq!(read(&path) + read(&dir.path().join("errors.jsonl.1")), 400);
     }
 
     #[tokio::test]

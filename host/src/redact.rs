@@ -15,7 +15,8 @@ use crate::config::{Config, Launch};
 const MASK: &str = "[redacted]";
 
 /// Names that mark a value as secret whatever its length.
-const SECRET_NAMES: &[&str] = &["token", "key", "secret", "pass", "auth", "credential", "cookie"];
+const SECRET_NAMES: &[&str] =
+    &["token", "key", "secret", "pass", "pw", "auth", "credential", "cookie", "private", "dsn", "jwt", "signature"];
 
 /// Whether `name` (a variable's, a header's) sounds like it holds a secret.
 fn named_secret(name: &str) -> bool {
@@ -57,6 +58,11 @@ impl Secrets {
             {
                 values.push(credential.to_owned());
             }
+            // A URL's credentials alone (`postgres://me:PASSWORD@db/app`): a server may
+            // print the URL's parts, not the whole.
+            if value.contains("://") {
+                values.extend(url_credentials(value).into_iter().filter(|c| c.len() >= 3).map(str::to_owned));
+            }
         };
         for server in config.servers.values() {
             match &server.launch {
@@ -89,8 +95,11 @@ impl Secrets {
     }
 
     /// `newest_first` as secrets, without repeats, keeping the first `own` values whole and
-    /// of the rest (earlier configurations') what fits in [`MAX_EARLIER`].
-    fn in_order(newest_first: Vec<String>, own: usize) -> Self {
+    /// of the rest (earlier configurations') what fits in [`MAX_EARLIER`]. Each is hidden
+    /// also as it reads once escaped: inside a JSON string (`\"`, `\\`, and `\u00e9` as
+    /// Python writes what is not ASCII) and percent-decoded (a URL's password as a server
+    /// that parsed the URL prints it).
+    pub(crate) fn in_order(newest_first: Vec<String>, own: usize) -> Self {
         let mut seen = std::collections::HashSet::new();
         let (mut earlier, mut bytes) = (0, 0);
         let mut kept = Vec::new();
@@ -107,8 +116,9 @@ impl Secrets {
             seen.insert(value.clone());
             kept.push(value);
         }
-        let mut values = kept.clone();
+        let mut values: Vec<String> = kept.iter().flat_map(|v| as_written(v)).collect();
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        values.dedup();
         Self { values: values.into(), newest_first: kept.into() }
     }
 
@@ -138,25 +148,49 @@ impl Secrets {
 
     /// Redacts every string (and object key) inside `value`.
     pub fn redact_json(&self, value: &mut Value) {
-        if self.values.is_empty() {
-            return;
+        if !self.values.is_empty() {
+            self.redact_json_within(value, usize::MAX);
         }
+    }
+
+    /// [`Self::redact_json`], each string also cut to at most `max` bytes
+    /// ([`Self::redact_capped`]).
+    pub fn redact_json_within(&self, value: &mut Value, max: usize) {
         match value {
             Value::String(s) => {
-                if let Cow::Owned(r) = self.redact(s) {
+                if s.len() > max {
+                    *s = self.redact_capped(s, max);
+                } else if let Cow::Owned(r) = self.redact(s) {
                     *s = r;
                 }
             }
-            Value::Array(items) => items.iter_mut().for_each(|v| self.redact_json(v)),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.redact_json_within(v, max)),
             Value::Object(map) => {
                 let entries = std::mem::take(map);
                 for (k, mut v) in entries {
-                    self.redact_json(&mut v);
+                    self.redact_json_within(&mut v, max);
                     map.insert(self.redact(&k).into_owned(), v);
                 }
             }
             _ => {}
         }
+    }
+
+    /// `text` redacted and cut to at most `max` bytes (and `…`), searching only what may
+    /// be kept: no secret is left, nor the start of one the cut goes through.
+    pub fn redact_capped(&self, text: &str, max: usize) -> String {
+        let longest = self.longest();
+        let window = text.floor_char_boundary(max.saturating_add(longest));
+        let mut kept = self.redact(&text[..window]).into_owned();
+        if window < text.len() {
+            // A secret the window ends inside left its first bytes, unmatched, at the end.
+            kept.truncate(kept.floor_char_boundary(kept.len().saturating_sub(longest.saturating_sub(1))));
+        }
+        if kept.len() > max || window < text.len() {
+            kept.truncate(kept.floor_char_boundary(max));
+            kept.push('…');
+        }
+        kept
     }
 }
 
@@ -188,6 +222,31 @@ impl Write for RedactedStderr {
     fn flush(&mut self) -> std::io::Result<()> {
         std::io::stderr().flush()
     }
+}
+
+/// `secret` as it reads written plainly and written escaped (see [`Secrets::in_order`]).
+fn as_written(secret: &str) -> Vec<String> {
+    let mut forms = vec![secret.to_owned()];
+    let json = serde_json::to_string(secret).unwrap_or_default();
+    let json = json.get(1..json.len().saturating_sub(1)).unwrap_or_default().to_owned();
+    if !json.is_ascii() {
+        let mut ascii = String::new();
+        for c in json.chars() {
+            match c {
+                ' '..='~' => ascii.push(c),
+                _ => c.encode_utf16(&mut [0; 2]).iter().for_each(|u| ascii.push_str(&format!("\\u{u:04x}"))),
+            }
+        }
+        forms.push(ascii);
+    }
+    forms.push(json);
+    if let Ok(decoded) = percent_encoding::percent_decode_str(secret).decode_utf8() {
+        forms.push(decoded.into_owned());
+    }
+    forms.retain(|f| f.len() >= 3);
+    forms.sort();
+    forms.dedup();
+    forms
 }
 
 /// The user, password and query values of `url`.
@@ -234,6 +293,39 @@ mod tests {
         let hidden = huge.union(&config(1));
         assert_eq!(hidden.values.len(), 2);
         assert_eq!(config(1).union(&huge).values.len(), 3, "a current value is kept whatever its size");
+    }
+
+    /// A secret reads as a server may print it: escaped inside JSON (Python escapes what
+    /// is not ASCII too), or percent-decoded from the URL it came in.
+    #[test]
+    fn a_secret_is_hidden_as_written_escaped_or_decoded() {
+        let s = Secrets::in_order(vec!["pa\"ss-wörd".into(), "p%40ssw0rd".into()], usize::MAX);
+        assert_eq!(s.redact(r#"{"pw": "pa\"ss-wörd"}"#), r#"{"pw": "[redacted]"}"#);
+        assert_eq!(s.redact(r#"{"pw": "pa\"ss-w\u00f6rd"}"#), r#"{"pw": "[redacted]"}"#);
+        assert_eq!(s.redact("login with p@ssw0rd"), "login with [redacted]");
+        // A URL in an `env` value, and short passwords by their name.
+        let s = secrets(
+            r#"{"mcpServers": {"a": {"command": "a", "env": {"DATABASE_URL": "postgres://me:hunter22@db/app", "DB_PW": "hunter2"}}}}"#,
+        );
+        assert_eq!(s.redact("auth failed for me:hunter22 at db:5432"), "auth failed for me:[redacted] at db:5432");
+        assert_eq!(s.redact("bad password hunter2"), "bad password [redacted]");
+    }
+
+    /// Cut to a size, a text is searched only as far as it is kept, and a secret the cut
+    /// goes through leaves none of its start.
+    #[test]
+    fn a_long_text_is_cut_without_leaving_part_of_a_secret() {
+        let secret = "abcdefghijkl";
+        let s = Secrets::in_order(vec![secret.into()], usize::MAX);
+        let inside = format!("{secret}{}", "y".repeat(200));
+        assert!(s.redact_capped(&inside, 100).starts_with("[redacted]y"));
+        for at in 90..110 {
+            let text = format!("{}{secret}{}", "x".repeat(at), "y".repeat(200));
+            let cut = s.redact_capped(&text, 100);
+            assert!(cut.len() <= 100 + '…'.len_utf8() && cut.ends_with('…'), "{at}: {cut}");
+            assert!(!cut.contains("abc"), "{at}: {cut}");
+        }
+        assert_eq!(s.redact_capped("short abcdefghijkl", 100), "short [redacted]");
     }
 
     fn secrets(json: &str) -> Secrets {

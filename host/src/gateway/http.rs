@@ -376,8 +376,7 @@ async fn readyz(State(front): State<Front>, headers: HeaderMap) -> Response {
 
 /// The status page: one self-contained file, no CDN, nothing to build.
 async fn status_page() -> Response {
-    let csp =
-        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:";
+    let csp = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'";
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CONTENT_SECURITY_POLICY, csp)],
         include_str!("status_page.html"),

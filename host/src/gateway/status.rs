@@ -50,15 +50,22 @@ pub fn resources() -> Vec<Resource> {
 /// quote any client's call (the operator's `GET /status` has it).
 pub fn status(hub: &Hub) -> Value {
     let mut status = full_status(hub);
+    without_adapter_output(&mut status);
+    hub.setup().secrets.redact_json(&mut status);
+    status
+}
+
+/// `status` without what adapters printed.
+fn without_adapter_output(status: &mut Value) {
     for server in status["servers"].as_array_mut().into_iter().flatten() {
         if let Some(adapter) = server["adapter"].as_object_mut() {
             adapter.remove("last_output");
         }
     }
-    status
 }
 
-/// [`status`], and what adapters printed.
+/// [`status`], and what adapters printed, not yet redacted (what is looked up by a
+/// server's name must be looked up before its name may read `[redacted]`).
 fn full_status(hub: &Hub) -> Value {
     let setup = hub.setup();
     let servers: Vec<Value> = setup
@@ -71,12 +78,10 @@ fn full_status(hub: &Hub) -> Value {
             None => None,
         })
         .collect();
-    let mut status = json!({
+    json!({
         "gateway": {"version": env!("CARGO_PKG_VERSION"), "errors_log": hub.errors.path(), "errors_dropped": hub.errors.dropped()},
         "servers": servers,
-    });
-    setup.secrets.redact_json(&mut status);
-    status
+    })
 }
 
 /// A shared server: its one instance's state, breakers, budget and counters.
@@ -163,7 +168,10 @@ const RECENT_ERRORS: usize = 20;
 /// (no client may read it), what adapters printed when they faulted.
 pub fn document(hub: &Hub, operators: bool) -> Value {
     let setup = hub.setup();
-    let mut doc = if operators { full_status(hub) } else { status(hub) };
+    let mut doc = full_status(hub);
+    if !operators {
+        without_adapter_output(&mut doc);
+    }
     doc["schema"] = json!(STATUS_SCHEMA);
     doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty());
     if let Some(servers) = doc["servers"].as_array_mut() {
@@ -214,6 +222,11 @@ pub fn table(doc: &Value) -> String {
             adapter,
         ]);
     }
+    // The document is a server's (names, adapter names): no escape sequence reaches the
+    // operator's terminal.
+    for cell in rows.iter_mut().flatten() {
+        *cell = cell.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    }
     let widths: Vec<usize> =
         (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
     let mut out = String::new();
@@ -226,7 +239,7 @@ pub fn table(doc: &Value) -> String {
     let g = &doc["gateway"];
     out.push_str(&format!(
         "rebound {} ({}), status schema {}; {errors} recent errors-log entries (--json shows them)\n",
-        g["version"].as_str().unwrap_or("?"),
+        g["version"].as_str().unwrap_or("?").replace(char::is_control, "?"),
         if g["ready"].as_bool() == Some(true) { "ready" } else { "starting" },
         doc["schema"],
     ));
@@ -444,5 +457,24 @@ fn counts(c: &Counters) -> Counts {
         recovered: load(&c.recovered),
         shed: load(&c.shed),
         failures: load(&c.failures),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names in the document are a server's and an adapter's words: no escape sequence
+    /// in them reaches the operator's terminal.
+    #[test]
+    fn the_table_prints_no_control_character() {
+        let doc = json!({
+            "schema": 1,
+            "gateway": {"version": "1\u{1b}]0;owned\u{7}", "ready": true},
+            "servers": [{"name": "a\u{1b}[2J", "adapter": {"name": "x\u{1b}[31m", "faults": 0}, "counters": {}}],
+        });
+        let table = table(&doc);
+        assert!(!table.chars().any(|c| c.is_control() && c != '\n'), "{table:?}");
+        assert!(table.contains("a?[2J") && table.contains("x?[31m"), "{table}");
     }
 }
