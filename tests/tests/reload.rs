@@ -358,3 +358,24 @@ async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_i
     assert!(found, "the swapped configuration was not applied: {}", gw.log.lock().unwrap());
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "swapped"})).await), "c: swapped");
 }
+
+/// A configuration linked from elsewhere (a dotfiles checkout) is edited there, where
+/// the link's own folder sees nothing: that folder is watched too.
+#[tokio::test]
+async fn a_configuration_linked_from_elsewhere_reloads_when_edited_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let dotfiles = dir.path().join("dotfiles");
+    std::fs::create_dir(&dotfiles).unwrap();
+    let first = json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}});
+    std::fs::write(dotfiles.join("rebound.json"), serde_json::to_vec(&first).unwrap()).unwrap();
+    let link = dir.path().join("rebound.json");
+    std::os::unix::fs::symlink(dotfiles.join("rebound.json"), &link).unwrap();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let (_child, base) = HttpGateway::spawn(&link, "127.0.0.1:0", &[], log).await;
+    let client = rebound_tests::http_client(&format!("{base}/mcp"), None).await.unwrap();
+    assert!(until_offered(client.peer(), "echo", true).await);
+    let second = json!({"mcpServers": {"a": faulty("a", dir.path(), &[]), "b": faulty("b", dir.path(), &[])}});
+    rewrite_config(&dotfiles, &second);
+    assert!(until_offered(client.peer(), "b__echo", true).await, "the edit was seen");
+    let _ = client.cancel().await;
+}

@@ -57,6 +57,9 @@ enum Kept {
     Session,
     /// A shared server's, replaced or removed by a reload, finishing its calls.
     Retired,
+    /// A shared server's, started by a reload not yet in place (which shutdown may
+    /// interrupt): stopped at shutdown like the rest.
+    Starting,
 }
 
 /// The gateway's start and end.
@@ -161,6 +164,7 @@ impl Hub {
         }
         for handle in &changes.started {
             self.watch(handle, None);
+            self.keep(handle, Kept::Starting);
         }
         // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
         if self.offer.borrow().is_some() {

@@ -104,6 +104,10 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
                 else => break,
             }
             let Some(hub) = hub.upgrade() else { break };
+            // Shutting down: what a reload would start, nothing would stop.
+            if hub.closing().is_cancelled() {
+                break;
+            }
             // A plugins folder made (again) since it was watched is watched from now on,
             // before it is read.
             watched.rewatch();
@@ -130,14 +134,24 @@ struct Watched {
 }
 
 impl Watched {
-    /// Watches `file`'s folder and `plugins_dir`, and sends on `tx` at each change that
-    /// may matter: to `file`, to a `.wasm` file, or an atomic swap of either folder.
+    /// Watches `file`'s folder (and, for a file that is a link, its target's) and
+    /// `plugins_dir`, and sends on `tx` at each change that may matter: to `file` or its
+    /// target, to a `.wasm` file, or an atomic swap of either folder; and when the
+    /// watcher lost events (its queue overflowed), since one may have been the file's.
     fn start(file: &Path, plugins_dir: PathBuf, tx: mpsc::Sender<()>) -> Self {
         let folder = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
         let plugins_now = Arc::new(std::sync::RwLock::new(absolute(&plugins_dir)));
+        let target = std::fs::canonicalize(file).ok().filter(|t| t != file);
         let (plugins_seen, file, watched_folder) = (plugins_now.clone(), file.to_path_buf(), folder.clone());
+        let seen_target = target.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            let Ok(event) = event else { return };
+            let event = match event {
+                Ok(event) if !event.need_rescan() => event,
+                _ => {
+                    let _ = tx.try_send(());
+                    return;
+                }
+            };
             let plugins = plugins_seen.read().expect("not poisoned");
             // The plugins folder, or a folder on its way, made, removed or renamed.
             let made = matches!(
@@ -147,6 +161,7 @@ impl Watched {
             let relevant = !matches!(event.kind, EventKind::Access(_))
                 && event.paths.iter().any(|p| {
                     p == &file
+                        || seen_target.as_ref() == Some(p)
                         || (made && plugins.starts_with(p))
                         || is_wasm(p)
                         || is_atomic_swap(p, &watched_folder)
@@ -165,6 +180,12 @@ impl Watched {
         };
         if let Some(w) = watcher.as_mut() {
             watch_folder(w, &folder);
+            // A configuration linked from elsewhere (dotfiles) is edited there.
+            if let Some(dir) =
+                target.as_deref().and_then(Path::parent).filter(|d| config::followed(d) != config::followed(&folder))
+            {
+                watch_folder(w, dir);
+            }
         }
         let mut watched = Watched { watcher, folder, plugins_dir, plugins_now, plugin_watches: Vec::new() };
         watched.rewatch();

@@ -171,10 +171,28 @@ impl ServerProcess {
             self.forget_group();
             return;
         }
+        self.terminate().await;
+    }
+
+    /// SIGTERM to the child's group, a grace period, then SIGKILL; reaps it: for a child
+    /// whose stdin could not be closed (a write to it blocked), which a grace period
+    /// would not end.
+    pub async fn terminate(mut self) {
         self.signal_group(Signal::SIGTERM);
         if tokio::time::timeout(GRACE, self.child.wait()).await.is_err() {
             self.signal_group(Signal::SIGKILL);
-            let _ = self.child.kill().await;
+            let _ = self.child.start_kill();
+            // A process stuck in the kernel (a hung network mount) dies only when it
+            // leaves it: the stop does not wait for that. Its group stays listed with the
+            // watchdog, and tokio reaps it when it exits.
+            if tokio::time::timeout(GRACE, self.child.wait()).await.is_err() {
+                tracing::warn!(
+                    pid = self.child.id(),
+                    "a server process did not exit on SIGKILL within a second; left to exit"
+                );
+                self.pgid = None;
+                return;
+            }
         }
         self.signal_group(Signal::SIGKILL);
         self.forget_group();

@@ -395,12 +395,15 @@ impl ServerHandle {
         self.ready_session(Duration::ZERO).await
     }
 
-    /// Stops the server and waits for its process to be gone.
+    /// Stops the server and waits for its process to be gone, whoever else waits too.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         let task = self.task.lock().expect("not poisoned").take();
-        if let Some(task) = task {
-            let _ = task.await;
+        match task {
+            Some(task) => _ = task.await,
+            // Another caller awaits the supervisor: `Stopped` is published once the
+            // process is gone (or the supervisor ended, which closes the channel).
+            None => _ = self.state.clone().wait_for(|s| s.status == Status::Stopped).await,
         }
     }
 }
@@ -950,9 +953,13 @@ impl Connection {
     async fn stop(self) {
         self.session.closed.cancel();
         self.stop.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.service).await;
-        if let Some(process) = self.process {
-            process.stop().await;
+        let closed = tokio::time::timeout(Duration::from_secs(1), self.service).await.is_ok();
+        match self.process {
+            Some(process) if closed => process.stop().await,
+            // rmcp could not close its stdin in that second (a write to it blocked): so
+            // that the whole stop stays within about 2 s, no grace for a close not made.
+            Some(process) => process.terminate().await,
+            None => {}
         }
     }
 }
