@@ -464,15 +464,26 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
 /// write, and one that finds the file moved while it waited writes to the new one. The
 /// log is readable by its owner alone: it quotes every client's failures.
 fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    for _ in 0..8 {
+    for _ in 0..LOCK_TRIES {
         let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
-        let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, errno)| std::io::Error::from(errno))?;
+        // Another gateway stopped (Ctrl-Z) or hung while holding the lock must not stop
+        // this one's writer: a turn is waited for a while, then the entry is dropped.
+        let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(file) => file,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+            Err((_, errno)) => return Err(errno.into()),
+        };
         let ours = file.metadata()?;
+        if ours.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?; // a log made before
+        }
         let current = std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
         if current != Some((ours.dev(), ours.ino())) {
             continue; // moved by another gateway while this one waited for the lock
@@ -485,8 +496,11 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
         }
         return (&*file).write_all(line);
     }
-    Err(std::io::Error::other("the log kept being moved by another process"))
+    Err(std::io::Error::other("another process kept the log locked, or kept moving it"))
 }
+
+/// Turns at the errors log's lock, 10 ms apart, before an entry is dropped.
+const LOCK_TRIES: usize = 200;
 
 #[cfg(test)]
 mod tests {
@@ -770,7 +784,8 @@ mod tests {
         let path = dir.path().join("errors.jsonl");
         let secrets = Secrets::in_order(vec!["sekrit-value-123".into()], usize::MAX);
         let log = ErrorsLog::start(path.clone(), 1 << 20, secrets);
-        let said = format!("{}sekrit-value-123{}", "x".repeat(MAX_TEXT_BYTES - 40), "y".repeat(1 << 20));
+        // The message's own words before it take 60 bytes: the cut goes through the secret.
+        let said = format!("{}sekrit-value-123{}", "x".repeat(MAX_TEXT_BYTES - 60 - 8), "y".repeat(1 << 20));
         log.request_failed("s", "a", "prompts/get", &Failure::Protocol { reason: said }, SystemTime::UNIX_EPOCH);
         log.flush(Duration::from_secs(5)).await;
         let text = std::fs::read_to_string(&path).unwrap();

@@ -16,12 +16,20 @@ const MASK: &str = "[redacted]";
 
 /// Names that mark a value as secret whatever its length.
 const SECRET_NAMES: &[&str] =
-    &["token", "key", "secret", "pass", "pw", "auth", "credential", "cookie", "private", "dsn", "jwt", "signature"];
+    &["token", "key", "secret", "pass", "pw", "auth", "credential", "cookie", "private", "dsn", "jwt"];
+
+/// Names that contain one of [`SECRET_NAMES`] and hold no secret: the shell's folders.
+const NOT_SECRET_NAMES: &[&str] = &["pwd", "oldpwd"];
 
 /// Whether `name` (a variable's, a header's) sounds like it holds a secret.
 fn named_secret(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    SECRET_NAMES.iter().any(|n| lower.contains(n))
+    SECRET_NAMES.iter().any(|n| lower.contains(n)) && !NOT_SECRET_NAMES.contains(&lower.as_str())
+}
+
+/// A setting's value rather than a secret, whatever its name (`PRIVATE_MODE=true`).
+fn a_flag(value: &str) -> bool {
+    ["true", "false", "yes", "no", "on", "off", "none", "null"].iter().any(|f| value.eq_ignore_ascii_case(f))
 }
 
 /// Of the secrets of earlier configurations, at most this many values, and bytes, stay
@@ -48,7 +56,7 @@ impl Secrets {
         let mut add = |name: &str, value: &str| {
             let named = named_secret(name);
             let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
-            if (named && value.len() >= 3) || (value.len() >= 8 && !plain) {
+            if (named && value.len() >= 3 && !a_flag(value)) || (value.len() >= 8 && !plain) {
                 values.push(value.to_owned());
             }
             // `Bearer TOKEN`, `Basic CREDENTIALS`: the credential alone is secret too.
@@ -58,10 +66,10 @@ impl Secrets {
             {
                 values.push(credential.to_owned());
             }
-            // A URL's credentials alone (`postgres://me:PASSWORD@db/app`): a server may
-            // print the URL's parts, not the whole.
+            // A URL's secrets alone (`postgres://me:PASSWORD@db/app`): a server may print
+            // the URL's parts, not the whole.
             if value.contains("://") {
-                values.extend(url_credentials(value).into_iter().filter(|c| c.len() >= 3).map(str::to_owned));
+                values.extend(url_secrets(value).into_iter().map(str::to_owned));
             }
         };
         for server in config.servers.values() {
@@ -86,7 +94,7 @@ impl Secrets {
             if named_secret(name) {
                 add(name, value);
             } else if value.contains("://") {
-                for credential in url_credentials(value) {
+                for credential in url_secrets(value) {
                     add("url-secret", credential);
                 }
             }
@@ -177,14 +185,34 @@ impl Secrets {
     }
 
     /// `text` redacted and cut to at most `max` bytes (and `…`), searching only what may
-    /// be kept: no secret is left, nor the start of one the cut goes through.
+    /// be kept: no secret is left, nor the start of one the cut goes through. What is
+    /// hidden is found on the text as it is (each secret's every occurrence, and at the
+    /// cut the longest end that starts a secret), then each run of it is masked once, so
+    /// that no replacement moves what the cut is measured on.
     pub fn redact_capped(&self, text: &str, max: usize) -> String {
-        let longest = self.longest();
-        let window = text.floor_char_boundary(max.saturating_add(longest));
-        let mut kept = self.redact(&text[..window]).into_owned();
+        let window = text.floor_char_boundary(max.saturating_add(self.longest()));
+        let head = &text[..window];
+        let mut hidden = vec![false; head.len()];
+        for secret in self.values.iter() {
+            for (at, _) in head.match_indices(secret.as_str()) {
+                hidden[at..at + secret.len()].fill(true);
+            }
+        }
         if window < text.len() {
-            // A secret the window ends inside left its first bytes, unmatched, at the end.
-            kept.truncate(kept.floor_char_boundary(kept.len().saturating_sub(longest.saturating_sub(1))));
+            let cut_through = (window.saturating_sub(self.longest())..window).find(|&at| {
+                let end = &head.as_bytes()[at..];
+                self.values.iter().any(|secret| secret.len() > end.len() && secret.as_bytes().starts_with(end))
+            });
+            if let Some(at) = cut_through {
+                hidden[at..].fill(true);
+            }
+        }
+        let mut kept = String::with_capacity(head.len());
+        let mut at = 0;
+        while at < head.len() {
+            let run = hidden[at..].iter().position(|h| *h != hidden[at]).map_or(head.len(), |n| at + n);
+            kept.push_str(if hidden[at] { MASK } else { &head[at..run] });
+            at = run;
         }
         if kept.len() > max || window < text.len() {
             kept.truncate(kept.floor_char_boundary(max));
@@ -249,6 +277,31 @@ fn as_written(secret: &str) -> Vec<String> {
     forms
 }
 
+/// What is secret in a URL that is not an upstream's own (a database's in a variable):
+/// its password, and its query values named like secrets or long and no path or number
+/// (not its user name, nor `?sslmode=disable`, which would garble every text they are in).
+fn url_secrets(url: &str) -> Vec<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut found = Vec::new();
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+        && password.len() >= 3
+    {
+        found.push(password);
+    }
+    if let Some((_, query)) = path.split_once('?') {
+        let query = query.split('#').next().unwrap_or_default();
+        for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
+            let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
+            if (named_secret(key) && value.len() >= 3) || (value.len() >= 8 && !plain) {
+                found.push(value);
+            }
+        }
+    }
+    found
+}
+
 /// The user, password and query values of `url`.
 fn url_credentials(url: &str) -> Vec<&str> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -309,6 +362,13 @@ mod tests {
         );
         assert_eq!(s.redact("auth failed for me:hunter22 at db:5432"), "auth failed for me:[redacted] at db:5432");
         assert_eq!(s.redact("bad password hunter2"), "bad password [redacted]");
+        // Not the URL's user or plain settings, nor the shell's folder or a flag.
+        let s = secrets(
+            r#"{"mcpServers": {"postgres": {"command": "a", "env": {"DATABASE_URL": "postgres://postgres:hunter22@db/app?sslmode=disable",
+                "PWD": "/home/me/project", "PRIVATE_MODE": "true"}}}}"#,
+        );
+        let said = "postgres at /home/me/project with sslmode=disable, private mode true";
+        assert_eq!(s.redact(said), said);
     }
 
     /// Cut to a size, a text is searched only as far as it is kept, and a secret the cut
@@ -326,6 +386,15 @@ mod tests {
             assert!(!cut.contains("abc"), "{at}: {cut}");
         }
         assert_eq!(s.redact_capped("short abcdefghijkl", 100), "short [redacted]");
+        // A short secret inside the start of a long one that the cut goes through, the
+        // long one also earlier in the text: nothing that is measured moves.
+        let s = Secrets::in_order(vec![secret.into(), "ghi".into()], usize::MAX);
+        for at in 90..112 {
+            let text = format!("{secret}{}{secret}{}", "x".repeat(at - secret.len()), "y".repeat(200));
+            let cut = s.redact_capped(&text, 100);
+            assert!(!cut.contains("abc") && !cut.contains("ghi"), "{at}: {cut}");
+            assert!(cut.starts_with("[redacted]x"), "{at}: {cut}");
+        }
     }
 
     fn secrets(json: &str) -> Secrets {

@@ -144,6 +144,10 @@ impl Hub {
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
         let current = self.setup();
+        // Shutting down: what this would start, nothing would stop.
+        if self.life.closing.is_cancelled() {
+            return Changes::default();
+        }
         // A server launched anew (added, or its launch or protocol changed) is asked what
         // it speaks.
         for (name, server) in &config.servers {

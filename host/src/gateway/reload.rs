@@ -147,10 +147,11 @@ impl Watched {
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let event = match event {
                 Ok(event) if !event.need_rescan() => event,
-                _ => {
-                    let _ = tx.try_send(());
+                Ok(_) => {
+                    let _ = tx.try_send(()); // events were lost: one may have been the file's
                     return;
                 }
+                Err(e) => return tracing::debug!("the configuration's watcher: {e}"),
             };
             let plugins = plugins_seen.read().expect("not poisoned");
             // The plugins folder, or a folder on its way, made, removed or renamed.

@@ -183,14 +183,17 @@ impl ServerProcess {
             self.signal_group(Signal::SIGKILL);
             let _ = self.child.start_kill();
             // A process stuck in the kernel (a hung network mount) dies only when it
-            // leaves it: the stop does not wait for that. Its group stays listed with the
-            // watchdog, and tokio reaps it when it exits.
+            // leaves it: the stop does not wait for that. It is reaped, and its group
+            // forgotten by the watchdog, on a task of its own when it does.
             if tokio::time::timeout(GRACE, self.child.wait()).await.is_err() {
                 tracing::warn!(
                     pid = self.child.id(),
                     "a server process did not exit on SIGKILL within a second; left to exit"
                 );
-                self.pgid = None;
+                tokio::spawn(async move {
+                    let _ = self.child.wait().await;
+                    self.forget_group();
+                });
                 return;
             }
         }

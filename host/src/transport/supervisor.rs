@@ -957,7 +957,7 @@ impl Connection {
         match self.process {
             Some(process) if closed => process.stop().await,
             // rmcp could not close its stdin in that second (a write to it blocked): so
-            // that the whole stop stays within about 2 s, no grace for a close not made.
+            // that the whole stop stays within about 3 s, no grace for a close not made.
             Some(process) => process.terminate().await,
             None => {}
         }
