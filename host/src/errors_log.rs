@@ -481,8 +481,12 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
             Err((_, errno)) => return Err(errno.into()),
         };
         let ours = file.metadata()?;
-        if ours.permissions().mode() & 0o077 != 0 {
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))?; // a log made before
+        // A log made before, or by another user: made the owner's where the file system
+        // lets it be, and written all the same where it does not.
+        if ours.permissions().mode() & 0o077 != 0
+            && let Err(e) = file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        {
+            tracing::debug!("the errors log {} keeps its permissions: {e}", path.display());
         }
         let current = std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
         if current != Some((ours.dev(), ours.ino())) {

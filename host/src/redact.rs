@@ -281,8 +281,7 @@ fn as_written(secret: &str) -> Vec<String> {
 /// its password, and its query values named like secrets or long and no path or number
 /// (not its user name, nor `?sslmode=disable`, which would garble every text they are in).
 fn url_secrets(url: &str) -> Vec<&str> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (authority, path) = authority_and_rest(url);
     let mut found = Vec::new();
     if let Some((userinfo, _)) = authority.rsplit_once('@')
         && let Some((_, password)) = userinfo.split_once(':')
@@ -294,7 +293,7 @@ fn url_secrets(url: &str) -> Vec<&str> {
         let query = query.split('#').next().unwrap_or_default();
         for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
             let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
-            if (named_secret(key) && value.len() >= 3) || (value.len() >= 8 && !plain) {
+            if (named_secret(key) && value.len() >= 3 && !a_flag(value)) || (value.len() >= 8 && !plain) {
                 found.push(value);
             }
         }
@@ -302,10 +301,16 @@ fn url_secrets(url: &str) -> Vec<&str> {
     found
 }
 
+/// `url`'s authority (`user:password@host:port`) and what follows it (`/path?query`, or
+/// `?query` alone: `https://host?key=…` has no path).
+fn authority_and_rest(url: &str) -> (&str, &str) {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()))
+}
+
 /// The user, password and query values of `url`.
 fn url_credentials(url: &str) -> Vec<&str> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (authority, path) = authority_and_rest(url);
     let mut found = Vec::new();
     if let Some((userinfo, _)) = authority.rsplit_once('@') {
         found.extend(userinfo.split(':').filter(|s| !s.is_empty()));
@@ -369,6 +374,16 @@ mod tests {
         );
         let said = "postgres at /home/me/project with sslmode=disable, private mode true";
         assert_eq!(s.redact(said), said);
+        // A query with no path before it; a flag under a secret-sounding key is no secret.
+        let s = secrets(
+            r#"{"mcpServers": {"a": {"url": "https://mcp.example.com?api_key=S3CR3T"},
+                "b": {"command": "b", "env": {"DB": "mysql://u:p4ss@db/app?allowPublicKeyRetrieval=true"}}}}"#,
+        );
+        assert_eq!(
+            s.redact("GET https://mcp.example.com/?api_key=S3CR3T"),
+            "GET https://mcp.example.com/?api_key=[redacted]"
+        );
+        assert_eq!(s.redact("p4ss true"), "[redacted] true");
     }
 
     /// Cut to a size, a text is searched only as far as it is kept, and a secret the cut

@@ -31,6 +31,8 @@ pub enum Refused {
     Plugin { server: String, adapter: String, reason: String },
     #[error("loading the plugins failed: {0}")]
     Loading(String),
+    #[error("the gateway is shutting down")]
+    ShuttingDown,
 }
 
 /// Reloads the configuration at `path` now. On success, what changed.
@@ -80,6 +82,10 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     .map_err(|e| Refused::Loading(e.to_string()))?;
     if let Some((server, adapter, reason)) = plugins.failures.first() {
         return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason: reason.clone() });
+    }
+    // Loading may take a while: shutdown may have begun meanwhile.
+    if hub.closing().is_cancelled() {
+        return Err(Refused::ShuttingDown);
     }
     Ok(hub.apply(config, plugins).await)
 }

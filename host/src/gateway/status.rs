@@ -174,22 +174,25 @@ pub fn document(hub: &Hub, operators: bool) -> Value {
     }
     doc["schema"] = json!(STATUS_SCHEMA);
     doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty());
-    // Looked up by name before a name may read `[redacted]`; cut after redaction, so that
+    // Read before a name or a state may read `[redacted]`; cut after redaction, so that
     // no cut leaves the start of a secret.
-    let servers = doc["servers"].as_array().into_iter().flatten();
-    let calls: Vec<_> = servers.map(|s| hub.metrics.recent.of(s["name"].as_str().unwrap_or_default())).collect();
-    let errors = hub.errors.recent();
-    doc["recent_errors"] = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
-    setup.secrets.redact_json(&mut doc);
-    for (server, calls) in doc["servers"].as_array_mut().into_iter().flatten().zip(calls) {
+    for server in doc["servers"].as_array_mut().into_iter().flatten() {
+        let calls = hub.metrics.recent.of(server["name"].as_str().unwrap_or_default());
         server["health"] = json!(health(server));
         server["latency_ms"] = json!({"p50": quantile(&calls, 0.5), "p99": quantile(&calls, 0.99)});
         server["recent_calls"] = json!(calls);
+    }
+    let errors = hub.errors.recent();
+    let mut recent = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
+    setup.secrets.redact_json(&mut doc);
+    setup.secrets.redact_json(&mut recent);
+    for server in doc["servers"].as_array_mut().into_iter().flatten() {
         cap(&mut server["last_error"]);
     }
-    for entry in doc["recent_errors"].as_array_mut().into_iter().flatten() {
+    for entry in recent.as_array_mut().into_iter().flatten() {
         cap(&mut entry["message"]);
     }
+    doc["recent_errors"] = recent;
     doc
 }
 
