@@ -27,6 +27,13 @@ fn named_secret(name: &str) -> bool {
     SECRET_NAMES.iter().any(|n| lower.contains(n)) && !NOT_SECRET_NAMES.contains(&lower.as_str())
 }
 
+/// Whether `value`, under `name`, is a secret: named like one, 3 characters or more and
+/// no flag; or, whatever its name, 8 or more and no path or number.
+fn looks_secret(name: &str, value: &str) -> bool {
+    let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
+    (named_secret(name) && value.len() >= 3 && !a_flag(value)) || (value.len() >= 8 && !plain)
+}
+
 /// A setting's value rather than a secret, whatever its name (`PRIVATE_MODE=true`).
 fn a_flag(value: &str) -> bool {
     ["true", "false", "yes", "no", "on", "off", "none", "null"].iter().any(|f| value.eq_ignore_ascii_case(f))
@@ -55,8 +62,7 @@ impl Secrets {
         let mut values = Vec::new();
         let mut add = |name: &str, value: &str| {
             let named = named_secret(name);
-            let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
-            if (named && value.len() >= 3 && !a_flag(value)) || (value.len() >= 8 && !plain) {
+            if looks_secret(name, value) {
                 values.push(value.to_owned());
             }
             // `Bearer TOKEN`, `Basic CREDENTIALS`: the credential alone is secret too.
@@ -289,16 +295,14 @@ fn url_secrets(url: &str) -> Vec<&str> {
     {
         found.push(password);
     }
-    if let Some((_, query)) = path.split_once('?') {
-        let query = query.split('#').next().unwrap_or_default();
-        for (key, value) in query.split('&').filter_map(|pair| pair.split_once('=')) {
-            let plain = value.starts_with(['/', '.', '~']) || value.parse::<f64>().is_ok();
-            if (named_secret(key) && value.len() >= 3 && !a_flag(value)) || (value.len() >= 8 && !plain) {
-                found.push(value);
-            }
-        }
-    }
+    found.extend(query_pairs(path).filter(|(key, value)| looks_secret(key, value)).map(|(_, value)| value));
     found
+}
+
+/// The `key=value` pairs of the query in `rest` (what follows a URL's authority).
+fn query_pairs(rest: &str) -> impl Iterator<Item = (&str, &str)> {
+    let query = rest.split_once('?').map(|(_, q)| q.split('#').next().unwrap_or_default()).unwrap_or_default();
+    query.split('&').filter_map(|pair| pair.split_once('='))
 }
 
 /// `url`'s authority (`user:password@host:port`) and what follows it (`/path?query`, or
@@ -315,11 +319,7 @@ fn url_credentials(url: &str) -> Vec<&str> {
     if let Some((userinfo, _)) = authority.rsplit_once('@') {
         found.extend(userinfo.split(':').filter(|s| !s.is_empty()));
     }
-    if let Some((_, query)) = path.split_once('?') {
-        let query = query.split('#').next().unwrap_or_default();
-        found
-            .extend(query.split('&').filter_map(|pair| pair.split_once('=').map(|(_, v)| v)).filter(|v| !v.is_empty()));
-    }
+    found.extend(query_pairs(path).map(|(_, value)| value).filter(|v| !v.is_empty()));
     found
 }
 

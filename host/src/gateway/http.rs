@@ -404,15 +404,10 @@ async fn reset_breaker(
     State(front): State<Front>,
     axum::extract::Query(asked): axum::extract::Query<ResetBreaker>,
 ) -> Response {
-    use super::status::{Unreset, reset_breakers};
+    use super::status::{Resetter, Unreset, reset_breakers};
     let setup = front.hub.setup();
     let (server, tool) = (asked.server.as_str(), asked.tool.as_deref());
-    let shared = setup.servers.contains_key(server);
-    let reset = match setup.config.servers.contains_key(server) && !shared {
-        true => Err(Unreset::PerSession),
-        false => reset_breakers(&setup, &setup.engine, server, tool),
-    };
-    match reset {
+    match reset_breakers(&setup, Resetter::Operator, server, tool) {
         Ok(done) => {
             tracing::info!(server, tool, "circuit breakers reset by the operator");
             axum::Json(json!({"reset": done})).into_response()

@@ -323,16 +323,9 @@ pub fn call(
         RESET_TOOL => {
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
-            // Over HTTP a shared server's breakers are every client's: one client closing
-            // them would send everyone's calls at a server still recovering. The operator
-            // closes them (without an operator token, whoever holds the clients' token is it).
-            let shared = setup.servers.contains_key(server);
-            let reset = if shared && hub.operated() {
-                Err(Unreset::Shared)
-            } else {
-                reset_breakers(&setup, recovery().engine(), server, arg("tool"))
-            };
-            Some(match reset {
+            let recovery = recovery();
+            let by = Resetter::Client { engine: recovery.engine(), operated: hub.operated() };
+            Some(match reset_breakers(&setup, by, server, arg("tool")) {
                 Ok(done) => {
                     tracing::info!(server, tool = arg("tool"), "circuit breakers reset by a client");
                     CallToolResult::success(vec![ContentBlock::text(done)])
@@ -379,14 +372,32 @@ impl Unreset {
     }
 }
 
-/// Closes `server`'s breakers as `engine` has them (a session's view, or the shared one):
-/// the server's and its tools', or with `tool` that tool's alone. Says what it did.
-pub fn reset_breakers(
-    setup: &Setup,
-    engine: &crate::recovery::engine::Engine,
-    server: &str,
-    tool: Option<&str>,
-) -> Result<String, Unreset> {
+/// Who asks for a breaker reset.
+pub enum Resetter<'a> {
+    /// A client, through `rebound_reset_breaker`: its session's view of the servers
+    /// (`engine`), and whether the gateway has an operator apart from its clients
+    /// ([`Hub::operated`]).
+    Client { engine: &'a crate::recovery::engine::Engine, operated: bool },
+    /// The operator, through `POST /reset-breaker`: the shared servers.
+    Operator,
+}
+
+/// Closes `server`'s breakers as `by` sees them: the server's and its tools', or with
+/// `tool` that tool's alone. Says what it did. A shared server's breakers are every
+/// client's: one client closing them would send everyone's calls at a server still
+/// recovering, so where the gateway has an operator, the operator closes them (without
+/// one, whoever holds the clients' token is it). A `scope: session` server's are each
+/// session's own, for its client to close.
+pub fn reset_breakers(setup: &Setup, by: Resetter<'_>, server: &str, tool: Option<&str>) -> Result<String, Unreset> {
+    let shared = setup.servers.contains_key(server);
+    let engine = match by {
+        Resetter::Client { operated: true, .. } if shared => return Err(Unreset::Shared),
+        Resetter::Client { engine, .. } => engine,
+        Resetter::Operator if !shared && setup.config.servers.contains_key(server) => {
+            return Err(Unreset::PerSession);
+        }
+        Resetter::Operator => &setup.engine,
+    };
     let policy =
         engine.policy(server).filter(|_| setup.config.servers.contains_key(server)).ok_or(Unreset::NoServer)?;
     let Some(tool) = tool else {

@@ -104,6 +104,12 @@ pub struct NotTried {
     pub why: Unoffered,
 }
 
+impl std::fmt::Display for NotTried {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` on `{}` ({})", self.tool, self.server, self.why)
+    }
+}
+
 /// A server's counters, for `rebound_status`.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -756,16 +762,11 @@ impl Engine {
             return true;
         }
         let Some(target) = self.servers.get(server) else { return false };
-        let deny = |record: &mut Record, denial: Denial| {
-            call.policy.counters.deny(denial);
-            record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
-            false
-        };
         if !self.permitted(call, record, origin, (server, tool)) {
             return false;
         }
         if spent.plan_calls >= self.max_plan_calls {
-            return deny(record, Denial::Calls);
+            return deny(call, record, Denial::Calls, (server, tool));
         }
         let a_fallback = |alt: &crate::config::Alternative| {
             alt.tool == tool && alt.server.as_deref().unwrap_or(&call.server) == &**server
@@ -775,7 +776,7 @@ impl Engine {
             || spent.called.contains(&(server.clone(), tool.to_owned()))
             || is_fallback;
         if ran && !is_idempotent(&target.recovery, tool, annotations) {
-            return deny(record, Denial::Replay);
+            return deny(call, record, Denial::Replay, (server, tool));
         }
         // Configured fallbacks have their time, whatever an adapter plans: a step of its
         // own (its whole timeout) must leave the next one its timeout before the deadline.
@@ -817,9 +818,7 @@ impl Engine {
         } else {
             return true;
         };
-        call.policy.counters.deny(denial);
-        record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
-        false
+        deny(call, record, denial, (server, tool))
     }
 
     /// A step naming `server/tool`, which its server does not offer now: noted once as not
@@ -1118,6 +1117,14 @@ fn admit(policy: &ServerPolicy, tool: &str) -> Result<(Permit, Option<Permit>), 
     Ok((server, tool_permit))
 }
 
+/// Refuses an adapter's step naming `server/tool` for `denial`: counted, and on record.
+/// Always `false`, the step's admission.
+fn deny(call: &Call<'_>, record: &mut Record, denial: Denial, (server, tool): (&str, &str)) -> bool {
+    call.policy.counters.deny(denial);
+    record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
+    false
+}
+
 /// Which of the breakers an attempt of `tool` goes through (the server's, the tool's) will
 /// still be open `at`, if one will: spending retry budget on an attempt it sheds is
 /// waste. A half-open breaker whose probes are out may admit by then, and is not counted.
@@ -1154,8 +1161,7 @@ fn tried_instead(record: &Record) -> Option<String> {
             _ => format!("`{}` on `{}`", a.tool, a.server),
         })
         .collect();
-    let untried: Vec<String> =
-        record.not_tried.iter().map(|n| format!("`{}` on `{}` ({})", n.tool, n.server, n.why)).collect();
+    let untried: Vec<String> = record.not_tried.iter().map(NotTried::to_string).collect();
     let said = [
         (!tried.is_empty())
             .then(|| format!("the configured fallbacks were tried too, and failed: {}", tried.join(", "))),

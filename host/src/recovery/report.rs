@@ -169,8 +169,7 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
     }
     text.push('.');
     if !record.not_tried.is_empty() {
-        let skipped: Vec<String> =
-            record.not_tried.iter().map(|n| format!("`{}` on `{}` ({})", n.tool, n.server, n.why)).collect();
+        let skipped: Vec<String> = record.not_tried.iter().map(NotTried::to_string).collect();
         text.push_str(&format!(" Not tried: {}.", skipped.join(", ")));
     }
     if let Some(why) = &record.stopped {
