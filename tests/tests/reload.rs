@@ -259,6 +259,74 @@ async fn a_call_waiting_to_retry_through_a_relaunch_is_answered_by_the_new_proce
     let _ = client.cancel().await;
 }
 
+/// A process a reload replaced, still finishing a call, that crashes meanwhile is not
+/// started again with its old launch: its call fails, and the new process serves.
+#[tokio::test]
+async fn a_replaced_process_that_crashes_while_finishing_its_calls_is_not_started_again() {
+    let (gw, dir, client) = serving_a_and_b().await;
+    let old = pid(&dir, "a");
+    let lines = |file: &str| std::fs::read_to_string(dir.join("a").join(file)).unwrap_or_default().lines().count();
+    let (starts, calls) = (|| lines("starts"), || lines("calls"));
+    // In flight on the old process for as long as it runs (a's timeout is a minute).
+    let hanging = call(&client, "a__hang", json!({}));
+    let relaunch = async {
+        eventually("the call reached a", || calls() >= 2).await;
+        let mut anew = config(&dir, 60000, &[]);
+        anew["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("10")]);
+        rewrite_config(&dir, &anew);
+        let log = gw.log.clone();
+        eventually("a relaunched", move || log.lock().unwrap().contains("restarted a")).await;
+        assert!(alive(old), "the old process finishes its call");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+        let log = gw.log.clone();
+        eventually("the old instance given up", move || log.lock().unwrap().contains("not started again")).await;
+    };
+    let (hung, ()) = tokio::join!(hanging, relaunch);
+    assert_eq!(hung.is_error, Some(true), "{hung:?}");
+    assert_eq!(starts(), 2, "the first launch and the new one, no restart of the old");
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "new"})).await), "a: new");
+    let _ = client.cancel().await;
+}
+
+/// Requests waiting for a server that is restarting (after a long backoff) when a reload
+/// relaunches it: the old instance is not started again, and the requests, a prompt and
+/// a tool call, are answered by the new process.
+#[tokio::test]
+async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_launches() {
+    let launch = |dir: &Path, anew: bool| {
+        let mut c = config(dir, 60000, &[]);
+        c["rebound"]["restart"] = json!({"initial_delay_ms": 600000, "max_delay_ms": 600000});
+        if anew {
+            c["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--name"), json!("anew")]);
+        }
+        c
+    };
+    let gw = HttpGateway::start(|dir| launch(dir, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let old = pid(&dir, "a");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let log = gw.log.clone();
+    eventually("a restarting", move || log.lock().unwrap().contains("connection lost")).await;
+    let mut greet = rmcp::model::GetPromptRequestParams::new("a__greet");
+    greet.arguments = json!({"who": "ada"}).as_object().cloned();
+    let prompt = tokio::time::timeout(Duration::from_secs(30), client.peer().get_prompt(greet));
+    let echo = call(&client, "a__echo", json!({"message": "2"}));
+    let relaunch = async {
+        // (Time for both requests to reach the gateway and wait for a.)
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rewrite_config(&dir, &launch(&dir, true));
+    };
+    let (prompt, echo, ()) = tokio::join!(prompt, echo, relaunch);
+    let prompt = serde_json::to_string(&prompt.unwrap().unwrap()).unwrap();
+    assert!(prompt.contains("hello ada from anew"), "{prompt}");
+    assert_eq!(text(&echo), "anew: 2", "{echo:?}");
+    let log = gw.log.clone();
+    eventually("the old instance given up", move || log.lock().unwrap().contains("not started again")).await;
+    let _ = client.cancel().await;
+}
+
 /// A plugins folder that is not there when the gateway starts, nor the folder holding it
 /// (`target/plugins` before the first build), or is removed and made again (`cargo
 /// clean`), is watched once it is there: an adapter copied into it is loaded without a

@@ -20,6 +20,7 @@ use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
 use rmcp::{ErrorData, RoleClient, RoleServer, ServiceError};
 
 use super::call::{cancel_upstream, from_service_error, hand_over, unread};
+use super::pins::Pin;
 use super::routing::{ProgressGuard, ProgressTo};
 use super::server::Gateway;
 use crate::recovery::Failure;
@@ -31,6 +32,9 @@ pub struct Instance {
     /// The server instance (`ServerHandle::instance`): whose calls in flight it counts in.
     pub instance: u64,
     pub session: Arc<Session>,
+    /// Held for the request's whole life, all its rounds, once it was bound to the
+    /// instance (a task's requests go to where the task lives, held by the task).
+    pub held: Option<Arc<Pin>>,
 }
 
 /// One request to forward.
@@ -146,7 +150,7 @@ impl Gateway {
         out: Out<'_>,
         cx: &RequestContext<RoleServer>,
     ) -> Result<(ServerResult, Option<ProgressGuard>), Failed> {
-        let Instance { instance, session } = to;
+        let Instance { instance, session, .. } = to;
         let server = &session.server;
         let call = self.hub.routing.track_call(*instance, &self.own.client, cx);
         let client_token = out.meta.as_ref().and_then(RequestMetaObject::get_progress_token);

@@ -178,7 +178,9 @@ impl Hub {
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
         for handle in changes.retired.iter().cloned() {
-            // Still running its calls: stopped at shutdown like the rest.
+            // Still running its calls: stopped at shutdown like the rest, and not started
+            // again with its old launch if it ends meanwhile.
+            handle.retire();
             self.keep(&handle, Kept::Retired);
             let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
             let longest = current.config.longest_deadline(&handle.name);

@@ -136,6 +136,8 @@ pub struct Routing {
     /// Per upstream session and client, the session's requests waiting for the client's
     /// answer.
     asked: Arc<Mutex<AskedCounts>>,
+    /// Requests bound for an instance, not yet (or between rounds not) in flight on it.
+    pub pins: super::pins::Pins,
 }
 
 /// How long a server's request about a task no client owns yet waits for its owner.
@@ -462,9 +464,10 @@ impl Routing {
         calls.iter().any(|c| *c.client == *client && c.request == *request)
     }
 
-    /// Calls in flight on `instance`.
+    /// Calls in flight on `instance`, and requests that hold it ([`Self::pins`]).
     pub fn in_flight_on(&self, instance: u64) -> usize {
-        self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len)
+        let calls = self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len);
+        calls + self.pins.on(instance)
     }
 
     /// Attempts in flight on any instance.

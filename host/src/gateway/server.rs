@@ -81,23 +81,35 @@ impl Gateway {
     }
 
     /// [`Gateway::upstream`] for a request `method` that, when its server is not running,
-    /// the errors log has (`prompts/get`, `resources/read`, `completion/complete`).
+    /// the errors log has (`prompts/get`, `resources/read`, `completion/complete`). The
+    /// instance is held from here for as long as the request lives ([`Instance::held`]);
+    /// one that a reload replaced while the request waited for it (restarting) is not
+    /// started again, and the request waits for its successor instead.
     pub(super) async fn upstream_for(
         &self,
         server: &str,
         method: Option<&str>,
         within: Duration,
     ) -> Result<Instance, ErrorData> {
-        let handle =
-            self.own.server(server).ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
-        let session = handle.ready_session(within).await.map_err(|nr| {
+        let until = tokio::time::Instant::now() + within;
+        let pin = |instance| self.hub.routing.pins.pin(instance);
+        loop {
+            let (handle, held) = (self.own.holding(server, || self.own.server(server), pin))
+                .ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let nr = match handle.ready_session(left).await {
+                Ok(session) => return Ok(Instance { instance: handle.instance, session, held: Some(Arc::new(held)) }),
+                Err(nr) => nr,
+            };
+            if self.own.replaced(server, &handle) && !left.is_zero() {
+                continue;
+            }
             let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
             if let Some(method) = method {
                 self.request_failed(server, method, &failure);
             }
-            ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None)
-        })?;
-        Ok(Instance { instance: handle.instance, session })
+            return Err(ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None));
+        }
     }
 
     fn wait_for(&self, server: &str) -> Duration {

@@ -202,6 +202,29 @@ impl SessionServers {
         self.server_in(&self.hub.setup(), server)
     }
 
+    /// `find()`'s instance of `server` with `hold` (the request's count on it) taken on
+    /// it. A reload that swapped the setup between the two may have found nothing in
+    /// flight on that instance, and be stopping it: then the current one is taken.
+    pub fn holding<H>(
+        &self,
+        server: &str,
+        find: impl Fn() -> Option<Arc<ServerHandle>>,
+        hold: impl Fn(u64) -> H,
+    ) -> Option<(Arc<ServerHandle>, H)> {
+        loop {
+            let handle = find()?;
+            let held = hold(handle.instance);
+            if self.server(server).is_none_or(|now| now.instance == handle.instance) {
+                return Some((handle, held));
+            }
+        }
+    }
+
+    /// Whether a reload replaced `handle`, an instance of `server`, with another.
+    pub fn replaced(&self, server: &str, handle: &ServerHandle) -> bool {
+        self.server(server).is_some_and(|now| now.instance != handle.instance)
+    }
+
     /// The instance of `server` a call that started on `setup` goes to: this session's
     /// own, else `setup`'s shared one.
     pub fn server_in(&self, setup: &Setup, server: &str) -> Option<Arc<ServerHandle>> {

@@ -378,7 +378,7 @@ impl Gateway {
         let id = task_id(&params)?;
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
-            let to = Instance { instance: task.instance, session };
+            let to = Instance { instance: task.instance, session, held: None };
             match forward(self, &to, method, params, false, cx).await {
                 Ok(answer) => {
                     task.saw(&answer["status"]);
@@ -410,7 +410,7 @@ impl Gateway {
         let id = task_id(&params)?;
         let task = self.own.tasks.get(&id)?;
         if let Some(session) = task.live_session() {
-            let to = Instance { instance: task.instance, session };
+            let to = Instance { instance: task.instance, session, held: None };
             match forward(self, &to, "tasks/result", params, true, cx).await {
                 Ok(answer) => {
                     task.settled.cancel();

@@ -201,18 +201,10 @@ impl Upstreams<'_> {
         current.or_else(|| self.own.server_in(&self.recovery.setup, server))
     }
 
-    /// [`Self::handle`], counted as in flight on it. A reload that swapped the setup
-    /// between the two may have found nothing in flight on that instance, and be stopping
-    /// it: then the current one is taken.
+    /// [`Self::handle`], counted as in flight on it ([`SessionServers::holding`]).
     fn tracked(&self, server: &str) -> Option<(Arc<ServerHandle>, CallGuard)> {
-        loop {
-            let handle = self.handle(server)?;
-            let call = self.hub.routing.track_call(handle.instance, &self.own.client, self.cx);
-            let now = self.own.server_in(&self.hub.setup(), server);
-            if now.is_none_or(|now| now.instance == handle.instance) {
-                return Some((handle, call));
-            }
-        }
+        let track = |instance| self.hub.routing.track_call(instance, &self.own.client, self.cx);
+        self.own.holding(server, || self.handle(server), track)
     }
 
     /// One attempt of `tool` on `server`'s instance for this session.
@@ -227,20 +219,27 @@ impl Upstreams<'_> {
         max_total: Duration,
         traceparent: Option<&str>,
     ) -> Result<CallToolResponse, Failure> {
-        let Some((handle, call)) = self.tracked(server) else {
-            return Err(Failure::Unavailable {
-                status: crate::transport::Status::Stopped,
-                reason: Some(format!("no server `{server}`")),
-            });
-        };
         let started = tokio::time::Instant::now();
         // Waiting for a restart in progress counts against the call's deadline, and ends
-        // when the client cancels.
-        let session = tokio::select! {
-            ready = handle.ready_session(timeout) => {
-                ready.map_err(|nr| Failure::Unavailable { status: nr.status, reason: nr.last_error })?
+        // when the client cancels. An instance a reload replaced meanwhile is not started
+        // again: its successor is waited for.
+        let (handle, call, session) = loop {
+            let Some((handle, call)) = self.tracked(server) else {
+                return Err(Failure::Unavailable {
+                    status: crate::transport::Status::Stopped,
+                    reason: Some(format!("no server `{server}`")),
+                });
+            };
+            let left = timeout.saturating_sub(started.elapsed());
+            let ready = tokio::select! {
+                ready = handle.ready_session(left) => ready,
+                () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
+            };
+            match ready {
+                Ok(session) => break (handle, call, session),
+                Err(_) if self.own.replaced(server, &handle) && !left.is_zero() => continue,
+                Err(nr) => return Err(Failure::Unavailable { status: nr.status, reason: nr.last_error }),
             }
-            () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
         };
         let spent = started.elapsed();
         // From the call's policy (a session's own server keeps the configuration its

@@ -334,6 +334,9 @@ pub struct ServerHandle {
     pub config: ServerConfig,
     state: watch::Receiver<ServerState>,
     shutdown: CancellationToken,
+    /// Cancelled when a reload replaced or removed it: it finishes its calls, and is not
+    /// started again when it ends.
+    retired: CancellationToken,
     restart: Restart,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -395,6 +398,14 @@ impl ServerHandle {
         self.ready_session(Duration::ZERO).await
     }
 
+    /// A reload replaced or removed the server: this instance serves the calls it has
+    /// until it is stopped, but if it ends meanwhile (it crashed, an adapter asked for a
+    /// restart) it is not started again with its old launch, nor is a start in progress
+    /// finished. Its calls' next attempts go to its successor.
+    pub fn retire(&self) {
+        self.retired.cancel();
+    }
+
     /// Stops the server and waits for its process to be gone, whoever else waits too.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
@@ -418,7 +429,7 @@ pub fn spawn_supervisor(
 ) -> ServerHandle {
     let (tx, rx) =
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
-    let shutdown = CancellationToken::new();
+    let (shutdown, retired) = (CancellationToken::new(), CancellationToken::new());
     // No session is numbered 0.
     let restart = Arc::new(watch::Sender::new(0));
     let name: Arc<str> = config.name.as_str().into();
@@ -431,10 +442,12 @@ pub fn spawn_supervisor(
         how: how.clone(),
         tx,
         shutdown: shutdown.clone(),
+        retired: retired.clone(),
         restart: restart.clone(),
     };
     let task = tokio::spawn(sup.run());
-    ServerHandle { name, instance, config, state: rx, shutdown, restart, task: std::sync::Mutex::new(Some(task)) }
+    let task = std::sync::Mutex::new(Some(task));
+    ServerHandle { name, instance, config, state: rx, shutdown, retired, restart, task }
 }
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
@@ -450,6 +463,8 @@ struct Supervisor {
     how: Supervision,
     tx: watch::Sender<ServerState>,
     shutdown: CancellationToken,
+    /// See [`ServerHandle::retire`].
+    retired: CancellationToken,
     restart: Restart,
 }
 
@@ -604,7 +619,7 @@ impl Downtime {
 impl Supervisor {
     /// Starts the server once it is told what its client can do, and keeps it running:
     /// restarted with backoff when it goes away, marked down in a crash loop, stopped at
-    /// shutdown.
+    /// shutdown; once retired by a reload, not started again.
     async fn run(mut self) {
         let caps = tokio::select! {
             caps = self.offer.wait_for(Option::is_some) => caps.ok().and_then(|c| c.clone()),
@@ -620,6 +635,10 @@ impl Supervisor {
             let started = tokio::select! {
                 r = self.start(&caps) => r,
                 () = self.shutdown.cancelled() => break,
+                () = self.retired.cancelled() => {
+                    self.retired();
+                    break;
+                }
             };
             let ended = match started {
                 Ok(conn) => {
@@ -634,8 +653,11 @@ impl Supervisor {
                 Err(error) => Ended::StartFailed(self.failed_to_start(&error, first)),
             };
             first = false;
+            if self.retired() {
+                break;
+            }
             self.pause(&mut failures, ended).await;
-            if self.shutdown.is_cancelled() {
+            if self.shutdown.is_cancelled() || self.retired() {
                 break;
             }
         }
@@ -645,6 +667,15 @@ impl Supervisor {
                 session.closed.cancel();
             }
         });
+    }
+
+    /// Whether a reload replaced or removed this instance, which is then not started again.
+    fn retired(&self) -> bool {
+        let retired = self.retired.is_cancelled();
+        if retired {
+            tracing::info!(server = %self.name, "a reload replaced or removed this instance: not started again");
+        }
+        retired
     }
 
     /// Publishes `conn` as the server's session and serves until it ends; a `restarted`
@@ -723,6 +754,7 @@ impl Supervisor {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
                 () = self.shutdown.cancelled() => {}
+                () = self.retired.cancelled() => {}
             }
         }
     }

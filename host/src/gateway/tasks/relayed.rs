@@ -435,7 +435,7 @@ impl Gateway {
     ) -> Option<Result<ServerResult, ErrorData>> {
         let timeout = self.limits(&entry.server).timeout;
         let to = match entry.live() {
-            Some(session) => Instance { instance: entry.instance, session },
+            Some(session) => Instance { instance: entry.instance, session, held: None },
             None if entry.process => return None,
             // A `url` server's task outlives the connection it was made on: it is asked
             // for on the server's current one, or later.
