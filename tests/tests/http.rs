@@ -462,6 +462,53 @@ async fn only_the_operator_resets_a_shared_servers_breakers() {
     let _ = client.cancel().await;
 }
 
+/// A client's `rebound_status` shows a `scope: session` server as its own instance of it:
+/// its breaker and its counters, nothing of how the other sessions' instances fare, and
+/// over HTTP not where the gateway writes its errors log. The operator sees them all.
+#[tokio::test]
+async fn a_clients_status_shows_its_own_instance_of_a_session_server_only() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["scope"] = json!("session");
+            a["recovery"] = json!({"tools": {"outage": {"timeout_ms": 100}}, "retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}});
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": dir.join("errors.jsonl")}})
+        },
+        &[],
+    )
+    .await;
+    std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
+    std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
+    let (alice, bob) = (gw.client(None).await.unwrap(), gw.client(None).await.unwrap());
+    call(&alice, "outage", json!({})).await;
+    call(&alice, "outage", json!({})).await;
+    call(&bob, "echo", json!({"message": "m"})).await;
+    let status = |client| async move { call(client, "rebound_status", json!({})).await.structured_content.unwrap() };
+    let (of_alice, of_bob) = (status(&alice).await, status(&bob).await);
+    let a = |doc: &Value| doc["servers"][0].clone();
+    for (doc, breaker, calls) in [(&of_alice, "open", 2), (&of_bob, "closed", 1)] {
+        let a = a(doc);
+        assert_eq!(
+            (
+                a["scope"].as_str(),
+                a["status"].as_str(),
+                a["breaker"]["state"].as_str(),
+                a["counters"]["calls"].as_u64()
+            ),
+            (Some("session"), Some("ready"), Some(breaker), Some(calls)),
+            "{a}"
+        );
+        assert!(a.get("instances").is_none(), "{a}");
+        assert!(doc["gateway"].get("errors_log").is_none(), "{doc}");
+        assert!(!doc.to_string().contains("errors.jsonl"), "{doc}");
+    }
+    let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    let every = &doc["servers"][0];
+    assert_eq!((every["instances"].as_u64(), every["counters"]["calls"].as_u64()), (Some(2), Some(3)), "{every}");
+    assert!(doc["gateway"]["errors_log"].as_str().is_some_and(|p| p.ends_with("errors.jsonl")), "{doc}");
+    let _ = (alice.cancel().await, bob.cancel().await);
+}
+
 #[tokio::test]
 async fn health_readiness_and_metrics() {
     let gw = HttpGateway::start(

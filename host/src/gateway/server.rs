@@ -620,7 +620,7 @@ impl Gateway {
     ) -> Result<ReadResourceResponse, ErrorData> {
         self.attach(&cx);
         if self.hub.setup().config.settings.gateway_tools
-            && let Some(contents) = status::read(&self.hub, &request.uri, &self.own.client)
+            && let Some(contents) = status::read(&self.hub, &request.uri, &self.own)
         {
             return Ok(ReadResourceResult::new(vec![contents]).into());
         }

@@ -71,8 +71,12 @@ impl Recovery {
         self.own.as_ref().map_or(&*self.setup.engine, |o| &o.0)
     }
 
+    pub fn adapters(&self) -> &Adapters {
+        self.own.as_ref().map_or(&self.setup.plugins.adapters, |o| &o.1)
+    }
+
     pub fn advisor(&self) -> Option<&dyn Advisor> {
-        let adapters = self.own.as_ref().map_or(&self.setup.plugins.adapters, |o| &o.1);
+        let adapters = self.adapters();
         (!adapters.is_empty()).then_some(adapters as _)
     }
 }

@@ -8,14 +8,16 @@ use std::sync::atomic::Ordering;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceContents, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
+use super::downstreams::Front;
 use super::hub::Hub;
 use super::recent::quantile;
-use super::session_servers::Recovery;
+use super::session_servers::SessionServers;
 use super::setup::Setup;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
 use crate::config::Scope;
+use crate::plugins::Adapters;
 use crate::recovery::breaker::Snapshot as BreakerSnapshot;
-use crate::recovery::engine::Counters;
+use crate::recovery::engine::{Counters, Engine};
 use crate::transport::Status;
 use crate::transport::supervisor::ServerHandle;
 
@@ -45,11 +47,22 @@ pub fn resources() -> Vec<Resource> {
     vec![status, errors]
 }
 
-/// Everything `rebound_status` reports. Server `env` and `headers` never appear here, not
-/// even inside a server's own error text; nor does what an adapter printed, which may
-/// quote any client's call (the operator's `GET /status` has it).
-pub fn status(hub: &Hub) -> Value {
-    let mut status = full_status(hub);
+/// Who reads the status.
+pub enum Reader<'a> {
+    /// A client, through `rebound_status` or `rebound://status`: a `scope: session`
+    /// server is its own instance of it (how other sessions' fare is theirs alone), and
+    /// over HTTP the gateway's files are not shown.
+    Client(&'a SessionServers),
+    /// The operator (`GET /status`): a `scope: session` server as all its instances.
+    Operator,
+}
+
+/// Everything `rebound_status` reports to the client of `own`. Server `env` and
+/// `headers` never appear here, not even inside a server's own error text; nor does what
+/// an adapter printed, which may quote any client's call (the operator's `GET /status`
+/// has it).
+pub fn status(hub: &Hub, own: &SessionServers) -> Value {
+    let mut status = full_status(hub, &Reader::Client(own));
     without_adapter_output(&mut status);
     hub.setup().secrets.redact_json(&mut status);
     status
@@ -64,45 +77,62 @@ fn without_adapter_output(status: &mut Value) {
     }
 }
 
-/// [`status`], and what adapters printed, not yet redacted (what is looked up by a
-/// server's name must be looked up before its name may read `[redacted]`).
-fn full_status(hub: &Hub) -> Value {
+/// [`status`] as `reader` sees it, and what adapters printed, not yet redacted (what is
+/// looked up by a server's name must be looked up before its name may read `[redacted]`).
+fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
     let setup = hub.setup();
+    let own = match reader {
+        Reader::Client(own) => Some((*own, own.recovery())),
+        Reader::Operator => None,
+    };
     let servers: Vec<Value> = setup
         .config
         .servers
         .values()
-        .filter_map(|server| match setup.servers.get(server.name.as_str()) {
-            Some(handle) => Some(shared_status(&setup, handle)),
-            None if server.scope == Scope::Session => Some(session_status(hub, &setup, &server.name)),
-            None => None,
+        .filter_map(|server| {
+            let name = server.name.as_str();
+            match (setup.servers.get(name), &own) {
+                (Some(handle), _) => Some(instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle)),
+                (None, _) if server.scope != Scope::Session => None,
+                (None, Some((own, recovery))) => Some(match own.instance(name) {
+                    Some(handle) => instance_status(&setup, recovery.engine(), recovery.adapters(), &handle),
+                    None => json!({"name": name, "scope": "session", "status": "not started"}),
+                }),
+                (None, None) => Some(session_status(hub, &setup, name)),
+            }
         })
         .collect();
-    json!({
-        "gateway": {"version": env!("CARGO_PKG_VERSION"), "errors_log": hub.errors.path(), "errors_dropped": hub.errors.dropped()},
-        "servers": servers,
-    })
+    let mut gateway = json!({"version": env!("CARGO_PKG_VERSION")});
+    // Over HTTP the clients are not the operator: where the gateway writes its errors
+    // log, and how many entries it dropped, are the operator's to know.
+    if own.is_none() || hub.downstreams.front() == Front::Stdio {
+        gateway["errors_log"] = json!(hub.errors.path());
+        gateway["errors_dropped"] = json!(hub.errors.dropped());
+    }
+    json!({"gateway": gateway, "servers": servers})
 }
 
-/// A shared server: its one instance's state, breakers, budget and counters.
-fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
+/// One server instance (a shared server's, or a session's own), with the breakers,
+/// budget, counters and adapter of `engine` and `adapters`.
+fn instance_status(setup: &Setup, engine: &Engine, adapters: &Adapters, handle: &ServerHandle) -> Value {
     let state = handle.state();
     let tools = state.session.as_ref().map_or(0, |s| s.listing().tools.len());
+    let scope = if handle.config.scope == Scope::Session { "session" } else { "shared" };
     let mut entry = json!({
         "name": &*handle.name,
-        "scope": "shared",
+        "scope": scope,
         "status": state.status.as_str(),
         "restarts": state.restarts,
         "last_error": state.last_error.as_deref().map(capped),
         "tools": tools,
         // The revision its current connection negotiated (2026-07-28, 2025-11-25, ...).
         "protocol": state.session.as_ref().and_then(|s| s.info.as_ref()).map(|i| i.protocol_version.to_string()),
-        "adapter": setup.plugins.adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
+        "adapter": adapters.get(&handle.name).map(|a| serde_json::to_value(a.health()).unwrap_or_default()),
     });
     if let Some((_, name, e)) = setup.plugins.failures.iter().find(|(s, _, _)| s.as_str() == &*handle.name) {
         entry["adapter_error"] = json!(format!("{name}: {e}"));
     }
-    if let Some(policy) = setup.engine.policy(&handle.name) {
+    if let Some(policy) = engine.policy(&handle.name) {
         entry["breaker"] = breaker_json(&policy.breaker.snapshot());
         let tools: serde_json::Map<String, Value> =
             policy.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
@@ -113,8 +143,8 @@ fn shared_status(setup: &Setup, handle: &ServerHandle) -> Value {
     entry
 }
 
-/// A `scope: session` server: how many sessions run an instance of it, how many of
-/// those are ready, their restarts, and the counters all of them add to.
+/// A `scope: session` server, for the operator: how many sessions run an instance of
+/// it, how many of those are ready, their restarts, and the counters all of them add to.
 fn session_status(hub: &Hub, setup: &Setup, name: &str) -> Value {
     let instances = hub.instances_of(name);
     let states: Vec<_> = instances.iter().map(|h| h.state()).collect();
@@ -168,7 +198,7 @@ const RECENT_ERRORS: usize = 20;
 /// (no client may read it), what adapters printed when they faulted.
 pub fn document(hub: &Hub, operators: bool) -> Value {
     let setup = hub.setup();
-    let mut doc = full_status(hub);
+    let mut doc = full_status(hub, &Reader::Operator);
     if !operators {
         without_adapter_output(&mut doc);
     }
@@ -305,16 +335,11 @@ fn breaker_json(b: &BreakerSnapshot) -> Value {
 /// Answers a call of one of the gateway's own tools, or `None` if `name` is not one.
 /// `recovery` is the calling session's: a breaker reset closes the breakers its calls
 /// meet, its own for a server of its own (`scope: session`).
-pub fn call(
-    hub: &Hub,
-    recovery: impl FnOnce() -> Recovery,
-    name: &str,
-    arguments: Option<&JsonObject>,
-) -> Option<CallToolResult> {
+pub fn call(hub: &Hub, own: &SessionServers, name: &str, arguments: Option<&JsonObject>) -> Option<CallToolResult> {
     let setup = hub.setup();
     match name {
         STATUS_TOOL => {
-            let s = status(hub);
+            let s = status(hub, own);
             let text = serde_json::to_string_pretty(&s).unwrap_or_default();
             let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
             r.structured_content = Some(s);
@@ -323,7 +348,7 @@ pub fn call(
         RESET_TOOL => {
             let arg = |k: &str| arguments.and_then(|a| a.get(k)).and_then(Value::as_str);
             let server = arg("server").unwrap_or_default();
-            let recovery = recovery();
+            let recovery = own.recovery();
             let by = Resetter::Client { engine: recovery.engine(), operated: hub.operated() };
             Some(match reset_breakers(&setup, by, server, arg("tool")) {
                 Ok(done) => {
@@ -412,10 +437,10 @@ pub fn reset_breakers(setup: &Setup, by: Resetter<'_>, server: &str, tool: Optio
 
 /// Reads one of the gateway's own resources for client session `client`, or `None` if
 /// `uri` is not one. The errors log shows a client its own calls' entries only.
-pub fn read(hub: &Hub, uri: &str, client: &str) -> Option<ResourceContents> {
+pub fn read(hub: &Hub, uri: &str, own: &SessionServers) -> Option<ResourceContents> {
     let text = match uri {
-        STATUS_URI => serde_json::to_string_pretty(&status(hub)).unwrap_or_default(),
-        ERRORS_URI => hub.errors.recent_of(client).iter().map(|e| format!("{e}\n")).collect(),
+        STATUS_URI => serde_json::to_string_pretty(&status(hub, own)).unwrap_or_default(),
+        ERRORS_URI => hub.errors.recent_of(&own.client).iter().map(|e| format!("{e}\n")).collect(),
         _ => return None,
     };
     let mime = if uri == STATUS_URI { "application/json" } else { "application/x-ndjson" };

@@ -74,8 +74,7 @@ impl Gateway {
     ) -> Result<CallToolResponse, ErrorData> {
         self.attach(&cx);
         if self.hub.setup().config.settings.gateway_tools
-            && let Some(result) =
-                status::call(&self.hub, || self.own.recovery(), &request.name, request.arguments.as_ref())
+            && let Some(result) = status::call(&self.hub, &self.own, &request.name, request.arguments.as_ref())
         {
             return Ok(result.into());
         }

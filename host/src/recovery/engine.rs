@@ -110,7 +110,7 @@ impl std::fmt::Display for NotTried {
     }
 }
 
-/// A server's counters, for `rebound_status`.
+/// A server's counters, for `rebound_status` and the metrics.
 #[derive(Debug, Default)]
 pub struct Counters {
     pub calls: AtomicU64,
@@ -122,11 +122,25 @@ pub struct Counters {
     pub shed: AtomicU64,
     /// Steps of this server's adapter's plans that were refused, by [`Denial`].
     pub denied: [AtomicU64; Denial::ALL.len()],
+    /// For one session's own instance, the server's: every count adds to both.
+    total: Option<Arc<Counters>>,
 }
 
 impl Counters {
+    /// The counters of one session's own instance of a server whose counters are `total`.
+    pub fn within(total: Arc<Counters>) -> Self {
+        Self { total: Some(total), ..Self::default() }
+    }
+
+    fn add(&self, counter: impl Fn(&Self) -> &AtomicU64) {
+        counter(self).fetch_add(1, Ordering::Relaxed);
+        if let Some(total) = &self.total {
+            total.add(counter);
+        }
+    }
+
     fn deny(&self, denial: Denial) {
-        self.denied[denial as usize].fetch_add(1, Ordering::Relaxed);
+        self.add(|c| &c.denied[denial as usize]);
     }
 }
 
@@ -138,7 +152,8 @@ pub struct ServerPolicy {
     /// One breaker per tool, for failures confined to one tool.
     pub tools: ToolBreakers,
     pub budget: RetryBudget,
-    /// Shared by every instance of the server (see [`Engine::for_instances`]).
+    /// The server's; a session's own instance's count for it and for the server
+    /// ([`Counters::within`], [`Engine::fresh_policies`]).
     pub counters: Arc<Counters>,
     /// What this server's adapter may make the gateway do (the configuration's grant).
     pub grant: AdapterGrant,
@@ -412,8 +427,8 @@ impl Engine {
     }
 
     /// Policies for server instances of their own (one client session's): fresh
-    /// breakers and retry budgets for `servers`, sharing only their counters with this
-    /// engine's.
+    /// breakers, retry budgets and counters for `servers`, whose counts add to this
+    /// engine's counters too.
     pub fn fresh_policies<'a>(
         &self,
         servers: impl IntoIterator<Item = &'a str>,
@@ -429,7 +444,7 @@ impl Engine {
                     &self.clock,
                     &self.rng,
                 );
-                own.counters = shared.counters.clone();
+                own.counters = Arc::new(Counters::within(shared.counters.clone()));
                 Some((Arc::from(name), Arc::new(own)))
             })
             .collect()
@@ -523,7 +538,7 @@ impl Engine {
         let deadline = policy.recovery.deadline_for(&tool, elsewhere);
         let deadline = super::clock::later(started, Duration::from_millis(deadline));
         let mut record = Record::new(server.clone(), tool.clone(), safe);
-        policy.counters.calls.fetch_add(1, Ordering::Relaxed);
+        policy.counters.add(|c| &c.calls);
         policy.budget.deposit();
         let call = Call { upstream, advisor, policy, server, tool, arguments, safe, started, deadline };
         let driven = AssertUnwindSafe(self.drive(&call, &mut record)).catch_unwind().await;
@@ -561,7 +576,7 @@ impl Engine {
                 Ok(result) => {
                     record.push(&call.server, &call.tool, Role::Primary, None, spent.waited);
                     if spent.primary > 1 {
-                        call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                        call.policy.counters.add(|c| &c.recovered);
                     }
                     observe(call.advisor, &call.server, &call.tool, call.arguments.as_ref(), &result).await;
                     return Ending::Answered(result);
@@ -732,7 +747,7 @@ impl Engine {
         if on_adapters_word {
             spent.replays_on_adapters_word += 1;
         }
-        call.policy.counters.retries.fetch_add(1, Ordering::Relaxed);
+        call.policy.counters.add(|c| &c.retries);
         tokio::select! {
             () = self.clock.sleep(delay) => {}
             () = call.upstream.cancellation().cancelled() => {
@@ -889,7 +904,7 @@ impl Engine {
         }
         spent.alternatives.insert((server.clone(), tool.clone()));
         spent.called.insert((server.clone(), tool.clone()));
-        policy.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+        policy.counters.add(|c| &c.fallbacks);
         let args = arguments
             .or_else(|| {
                 let configured = plan::configured(&call.policy.recovery, (&call.server, &call.tool), (&server, &tool))?;
@@ -901,7 +916,7 @@ impl Engine {
         match self.attempt(call.upstream, policy, target, &args, timeout, call.deadline).await {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
-                call.policy.counters.recovered.fetch_add(1, Ordering::Relaxed);
+                call.policy.counters.add(|c| &c.recovered);
                 observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
                 Some(result)
             }
@@ -948,7 +963,7 @@ impl Engine {
     ) -> Result<CallToolResponse, (Failure, Classification)> {
         let failed = |f: Failure| {
             let c = classify_sent(&f, arguments.as_ref(), self.clock.wall());
-            policy.counters.failures.fetch_add(1, Ordering::Relaxed);
+            policy.counters.add(|c| &c.failures);
             (f, c)
         };
         if upstream.cancellation().is_cancelled() {
@@ -961,11 +976,11 @@ impl Engine {
         let (server_permit, tool_permit) = match admit(policy, tool) {
             Ok(permits) => permits,
             Err(open) => {
-                policy.counters.shed.fetch_add(1, Ordering::Relaxed);
+                policy.counters.add(|c| &c.shed);
                 return Err(failed(open));
             }
         };
-        policy.counters.attempts.fetch_add(1, Ordering::Relaxed);
+        policy.counters.add(|c| &c.attempts);
         let started = self.clock.now();
         match upstream.call(server, tool, role, arguments.clone(), timeout.min(remaining), remaining).await {
             Ok(result) => {
