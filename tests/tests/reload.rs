@@ -372,6 +372,34 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
     let _ = client.cancel().await;
 }
 
+/// A relaunched server's subscriptions move to its new process once it serves, those
+/// made while it was starting (which went to the old one) included, and each resource is
+/// announced as updated, since what changed meanwhile was not heard.
+#[tokio::test]
+#[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
+async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
+    let dir = gw.dir.path().to_owned();
+    let subscribe = |uri: &'static str| gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri));
+    let (readme, item) = ("faulty://a/readme", "faulty://a/items/2");
+    subscribe(readme).await.unwrap();
+    let anew = json!({"mcpServers": {"a": faulty("a", &dir, &["--start-delay", "1500"])}});
+    rewrite_config(&dir, &anew);
+    eventually("the new process started", || {
+        std::fs::read_to_string(dir.join("a/starts")).unwrap().lines().count() == 2
+    })
+    .await;
+    // The new process does not answer yet: this goes to the old one.
+    subscribe(item).await.unwrap();
+    assert_eq!(gw.state("a", "subscribes"), [readme, item]);
+    eventually("both followed on the new process", || gw.state("a", "subscribes").len() == 4).await;
+    let mut followed = gw.state("a", "subscribes").split_off(2);
+    followed.sort();
+    assert_eq!(followed, [item, readme]);
+    eventually("both announced", || gw.heard.lock().unwrap().updated.len() == 2).await;
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;

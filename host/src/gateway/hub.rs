@@ -163,9 +163,6 @@ impl Hub {
         crate::redact::redact_logs(secrets.clone());
         self.errors.set_secrets(secrets.clone());
         next.secrets = secrets;
-        for (old, new) in &changes.moved {
-            self.downstreams.reinstance(*old, Some(*new));
-        }
         for handle in &changes.started {
             self.watch(handle, None);
             self.keep(handle, Kept::Starting);
@@ -177,6 +174,7 @@ impl Hub {
         }
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
+        self.move_subscriptions(&changes);
         for handle in changes.retired.iter().cloned() {
             // Still running its calls: stopped at shutdown like the rest, and not started
             // again with its old launch if it ends meanwhile.
@@ -199,6 +197,21 @@ impl Hub {
         changes
     }
 
+    /// The clients' subscriptions to each relaunched server move to its new instance once
+    /// it serves in place of the old one (those made until then went to the old one);
+    /// followed there as soon as it is ready (now, or when it becomes ready), and each
+    /// resource announced as updated, since what changed meanwhile was not heard.
+    fn move_subscriptions(self: &Arc<Self>, changes: &Changes) {
+        for (old, new) in &changes.moved {
+            self.downstreams.reinstance(*old, Some(*new));
+            if let Some(handle) = changes.started.iter().find(|h| h.instance == *new)
+                && handle.state().status == Status::Ready
+            {
+                self.on_ready(handle, None, true);
+            }
+        }
+    }
+
     /// A relaunched server whose new process did not come up while its old one serves
     /// keeps the old one (and its subscriptions), which a typo in `command` would
     /// otherwise take down with its tools; the new one is stopped.
@@ -219,7 +232,6 @@ impl Hub {
                 running.name
             );
             next.keep_running(current, &running.name, running.clone());
-            self.downstreams.reinstance(new, Some(old));
             changes.moved.retain(|m| *m != (old, new));
             changes.retired.retain(|h| h.instance != old);
             changes.restarted.retain(|n| **n != *running.name);
