@@ -297,7 +297,9 @@ async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_lau
         let mut c = config(dir, 60000, &[]);
         c["rebound"]["restart"] = json!({"initial_delay_ms": 600000, "max_delay_ms": 600000});
         if anew {
-            c["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--name"), json!("anew")]);
+            // Slow to start: the requests below are sent while it starts.
+            let args = ["--name", "anew", "--start-delay", "1500"].map(|a| json!(a));
+            c["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend(args);
         }
         c
     };
@@ -311,14 +313,10 @@ async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_lau
     eventually("a restarting", move || log.lock().unwrap().contains("connection lost")).await;
     let mut greet = rmcp::model::GetPromptRequestParams::new("a__greet");
     greet.arguments = json!({"who": "ada"}).as_object().cloned();
+    rewrite_config(&dir, &launch(&dir, true));
     let prompt = tokio::time::timeout(Duration::from_secs(30), client.peer().get_prompt(greet));
     let echo = call(&client, "a__echo", json!({"message": "2"}));
-    let relaunch = async {
-        // (Time for both requests to reach the gateway and wait for a.)
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        rewrite_config(&dir, &launch(&dir, true));
-    };
-    let (prompt, echo, ()) = tokio::join!(prompt, echo, relaunch);
+    let (prompt, echo) = tokio::join!(prompt, echo);
     let prompt = serde_json::to_string(&prompt.unwrap().unwrap()).unwrap();
     assert!(prompt.contains("hello ada from anew"), "{prompt}");
     assert_eq!(text(&echo), "anew: 2", "{echo:?}");
