@@ -471,5 +471,19 @@ async fn a_configuration_linked_from_elsewhere_reloads_when_edited_there() {
     let second = json!({"mcpServers": {"a": faulty("a", dir.path(), &[]), "b": faulty("b", dir.path(), &[])}});
     rewrite_config(&dotfiles, &second);
     assert!(until_offered(client.peer(), "b__echo", true).await, "the edit was seen");
+    // The link pointed elsewhere (`ln -sfn`): read, and edits there seen from then on.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let servers = |names: &[&str]| {
+        let servers: serde_json::Map<_, _> =
+            names.iter().map(|n| (n.to_string(), faulty(n, dir.path(), &[]))).collect();
+        json!({"mcpServers": servers})
+    };
+    std::fs::write(elsewhere.join("rebound.json"), serde_json::to_vec(&servers(&["a", "c"])).unwrap()).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("rebound.json"), dir.path().join("link.new")).unwrap();
+    std::fs::rename(dir.path().join("link.new"), &link).unwrap();
+    assert!(until_offered(client.peer(), "c__echo", true).await, "the link's new target was read");
+    rewrite_config(&elsewhere, &servers(&["a", "c", "d"]));
+    assert!(until_offered(client.peer(), "d__echo", true).await, "an edit at the new target was seen");
     let _ = client.cancel().await;
 }

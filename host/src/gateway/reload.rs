@@ -115,8 +115,9 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
                 break;
             }
             // A plugins folder made (again) since it was watched is watched from now on,
-            // before it is read.
+            // before it is read; so is a link's new target.
             watched.rewatch();
+            watched.follow_link();
             if reload(&hub, &path).await.is_ok() {
                 watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
             }
@@ -137,6 +138,11 @@ struct Watched {
     plugins_now: Arc<std::sync::RwLock<PathBuf>>,
     /// The folders watched for `plugins_dir`'s sake.
     plugin_watches: Vec<PathBuf>,
+    /// The configuration file, and for a link, where it points now (read by the
+    /// watcher's thread) and the folder watched for it.
+    file: PathBuf,
+    target: Arc<std::sync::RwLock<Option<PathBuf>>>,
+    target_watch: Option<PathBuf>,
 }
 
 impl Watched {
@@ -147,9 +153,9 @@ impl Watched {
     fn start(file: &Path, plugins_dir: PathBuf, tx: mpsc::Sender<()>) -> Self {
         let folder = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
         let plugins_now = Arc::new(std::sync::RwLock::new(absolute(&plugins_dir)));
-        let target = std::fs::canonicalize(file).ok().filter(|t| t != file);
-        let (plugins_seen, file, watched_folder) = (plugins_now.clone(), file.to_path_buf(), folder.clone());
-        let seen_target = target.clone();
+        let target = Arc::new(std::sync::RwLock::new(None));
+        let (plugins_seen, seen_target) = (plugins_now.clone(), target.clone());
+        let (config_file, file, watched_folder) = (file.to_path_buf(), file.to_path_buf(), folder.clone());
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             let event = match event {
                 Ok(event) if !event.need_rescan() => event,
@@ -160,6 +166,7 @@ impl Watched {
                 Err(e) => return tracing::debug!("the configuration's watcher: {e}"),
             };
             let plugins = plugins_seen.read().expect("not poisoned");
+            let target = seen_target.read().expect("not poisoned");
             // The plugins folder, or a folder on its way, made, removed or renamed.
             let made = matches!(
                 event.kind,
@@ -168,7 +175,7 @@ impl Watched {
             let relevant = !matches!(event.kind, EventKind::Access(_))
                 && event.paths.iter().any(|p| {
                     p == &file
-                        || seen_target.as_ref() == Some(p)
+                        || target.as_ref() == Some(p)
                         || (made && plugins.starts_with(p))
                         || is_wasm(p)
                         || is_atomic_swap(p, &watched_folder)
@@ -187,16 +194,44 @@ impl Watched {
         };
         if let Some(w) = watcher.as_mut() {
             watch_folder(w, &folder);
-            // A configuration linked from elsewhere (dotfiles) is edited there.
-            if let Some(dir) =
-                target.as_deref().and_then(Path::parent).filter(|d| config::followed(d) != config::followed(&folder))
-            {
-                watch_folder(w, dir);
-            }
         }
-        let mut watched = Watched { watcher, folder, plugins_dir, plugins_now, plugin_watches: Vec::new() };
+        let mut watched = Watched {
+            watcher,
+            folder,
+            plugins_dir,
+            plugins_now,
+            plugin_watches: Vec::new(),
+            file: config_file,
+            target,
+            target_watch: None,
+        };
+        watched.follow_link();
         watched.rewatch();
         watched
+    }
+
+    /// A configuration linked from elsewhere (dotfiles) is edited there: the folder of
+    /// the file the link points to is watched, and when the link is pointed elsewhere
+    /// (`ln -sfn`), the new one's instead.
+    fn follow_link(&mut self) {
+        let target = std::fs::canonicalize(&self.file).ok().filter(|t| *t != self.file);
+        if *self.target.read().expect("not poisoned") == target {
+            return;
+        }
+        let dir = target.as_deref().and_then(Path::parent).map(Path::to_path_buf);
+        let dir = dir.filter(|d| config::followed(d) != config::followed(&self.folder));
+        if let Some(w) = self.watcher.as_mut()
+            && self.target_watch != dir
+        {
+            if let Some(old) = self.target_watch.take().filter(|old| !self.plugin_watches.contains(old)) {
+                let _ = w.unwatch(&old);
+            }
+            if let Some(dir) = &dir {
+                watch_folder(w, dir);
+            }
+            self.target_watch = dir;
+        }
+        *self.target.write().expect("not poisoned") = target;
     }
 
     /// Watches `plugins_dir`, and the folder holding it or, while that is not there, the
@@ -227,7 +262,7 @@ impl Watched {
             return;
         }
         if let Some(w) = self.watcher.as_mut() {
-            for dir in self.plugin_watches.drain(..) {
+            for dir in self.plugin_watches.drain(..).filter(|d| self.target_watch.as_ref() != Some(d)) {
                 let _ = w.unwatch(&dir);
             }
         }
