@@ -325,6 +325,43 @@ async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_lau
     let _ = client.cancel().await;
 }
 
+/// A subscription waiting for a restarting server that a reload relaunches is made on,
+/// and kept as, the new process's: when that one restarts in turn, it is made again there
+/// and announced.
+#[tokio::test]
+#[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
+async fn a_subscription_waiting_for_a_restart_through_a_relaunch_belongs_to_the_new_process() {
+    let launch = |dir: &Path, anew: bool| {
+        let mut c = config(dir, 60000, &[]);
+        // The old process restarts only after a long backoff; the new one at once.
+        let delay = if anew { 50 } else { 600000 };
+        c["rebound"]["restart"] = json!({"initial_delay_ms": delay, "max_delay_ms": 600000});
+        if anew {
+            let args = ["--start-delay", "1500"].map(|a| json!(a));
+            c["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend(args);
+        }
+        c
+    };
+    let gw = HttpGateway::start(|dir| launch(dir, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let uri = "faulty://a/readme";
+    let subscribed = || std::fs::read_to_string(dir.join("a/subscribes")).unwrap_or_default().lines().count();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let old = pid(&dir, "a");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let log = gw.log.clone();
+    eventually("a restarting", move || log.lock().unwrap().contains("connection lost")).await;
+    rewrite_config(&dir, &launch(&dir, true));
+    client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
+    assert_eq!(subscribed(), 1, "made on the new process");
+    assert!(call(&client, "a__crash", json!({})).await.is_error == Some(true));
+    eventually("made again after the new process restarted", || subscribed() == 2).await;
+    let heard = client.service().heard.clone();
+    eventually("announced", move || heard.lock().unwrap().updated == [uri]).await;
+    let _ = client.cancel().await;
+}
+
 /// A plugins folder that is not there when the gateway starts, nor the folder holding it
 /// (`target/plugins` before the first build), or is removed and made again (`cargo
 /// clean`), is watched once it is there: an adapter copied into it is loaded without a

@@ -431,14 +431,17 @@ impl Downstreams {
     }
 
     /// Records `client`'s (un)subscription; returns whether `client` is still here (a
-    /// subscription made for a client gone meanwhile is to be ended upstream).
+    /// subscription made for a client gone meanwhile is to be ended upstream). An
+    /// unsubscription ends the client's subscription to the resource it knows as
+    /// `subscription.exposed` on whichever instance holds it now: a reload may have moved
+    /// it to a relaunched server's new one.
     pub fn subscribe(&self, client: &str, subscription: Subscription, on: bool) -> bool {
         let mut list = self.list.lock().expect("not poisoned");
         let Some(d) = list.iter_mut().find(|d| &*d.client == client) else { return false };
         if on {
             d.subscriptions.insert(subscription);
         } else {
-            d.subscriptions.remove(&subscription);
+            d.subscriptions.retain(|s| s.exposed != subscription.exposed || s.uri != subscription.uri);
         }
         true
     }

@@ -199,16 +199,22 @@ impl Hub {
 
     /// The clients' subscriptions to each relaunched server move to its new instance once
     /// it serves in place of the old one (those made until then went to the old one);
-    /// followed there as soon as it is ready (now, or when it becomes ready), and each
-    /// resource announced as updated, since what changed meanwhile was not heard.
+    /// followed there once it is ready (now, or when it becomes ready), and each resource
+    /// announced as updated, since what changed meanwhile was not heard.
     fn move_subscriptions(self: &Arc<Self>, changes: &Changes) {
         for (old, new) in &changes.moved {
             self.downstreams.reinstance(*old, Some(*new));
-            if let Some(handle) = changes.started.iter().find(|h| h.instance == *new)
-                && handle.state().status == Status::Ready
-            {
-                self.on_ready(handle, None, true);
-            }
+            let Some(handle) = changes.started.iter().find(|h| h.instance == *new).cloned() else { continue };
+            let (hub, mut state) = (Arc::downgrade(self), handle.subscribe());
+            tokio::spawn(async move {
+                // Ends when the instance stops (its supervisor drops the sender).
+                let ready = state.wait_for(|s| matches!(s.status, Status::Ready | Status::Stopped)).await;
+                if ready.is_ok_and(|s| s.status == Status::Ready)
+                    && let Some(hub) = hub.upgrade()
+                {
+                    hub.on_ready(&handle, None, true);
+                }
+            });
         }
     }
 

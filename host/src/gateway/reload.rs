@@ -223,7 +223,10 @@ impl Watched {
         if let Some(w) = self.watcher.as_mut()
             && self.target_watch != dir
         {
-            if let Some(old) = self.target_watch.take().filter(|old| !self.plugin_watches.contains(old)) {
+            // (One folder is one watch, by whatever path it was watched.)
+            let same = |a: &Path, b: &Path| config::followed(a) == config::followed(b);
+            if let Some(old) = self.target_watch.take().filter(|old| !self.plugin_watches.iter().any(|p| same(p, old)))
+            {
                 let _ = w.unwatch(&old);
             }
             if let Some(dir) = &dir {
@@ -262,7 +265,8 @@ impl Watched {
             return;
         }
         if let Some(w) = self.watcher.as_mut() {
-            for dir in self.plugin_watches.drain(..).filter(|d| self.target_watch.as_ref() != Some(d)) {
+            let target = self.target_watch.as_deref().map(config::followed);
+            for dir in self.plugin_watches.drain(..).filter(|d| target.as_ref() != Some(&config::followed(d))) {
                 let _ = w.unwatch(&dir);
             }
         }

@@ -780,15 +780,26 @@ impl Gateway {
         counted: &Arc<str>,
         exposed: &str,
     ) -> Result<(u64, String), ErrorData> {
-        let (subscription, server) = self.subscription(exposed).await?;
+        let (subscription, server, session) = loop {
+            let (mut subscription, server) = self.subscription(exposed).await?;
+            let to = self.upstream(&server, self.wait_for(&server)).await?;
+            subscription.instance = to.instance;
+            // Recorded first, so that an unsubscribe (or the client's end) while it is
+            // being made takes the record back, which is seen below. A client gone:
+            // nothing to do.
+            if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
+                return Ok((subscription.instance, subscription.uri));
+            }
+            // A reload that replaced the instance since moved its subscriptions to the
+            // new one, without this: it is made there instead. (Recorded before such a
+            // move, it moves with the rest.)
+            if self.own.server(&server).is_none_or(|now| now.instance == to.instance) {
+                break (subscription, server, to.session);
+            }
+            self.hub.downstreams.subscribe(client, subscription, false);
+        };
         let within = self.wait_for(&server);
-        let session = self.session(&server, within).await?;
         let (instance, uri) = (subscription.instance, subscription.uri.clone());
-        // Recorded first, so that an unsubscribe (or the client's end) while it is being
-        // made takes the record back, which is seen below. A client gone: nothing to do.
-        if !self.hub.downstreams.subscribe(client, subscription.clone(), true) {
-            return Ok((instance, uri));
-        }
         let who = Follower { holder: client.clone(), client: counted.clone(), share: self.share(&server) };
         let followed = self.hub.follow_for(&session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());

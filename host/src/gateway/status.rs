@@ -95,7 +95,11 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
                 (Some(handle), _) => Some(instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle)),
                 (None, _) if server.scope != Scope::Session => None,
                 (None, Some((own, recovery))) => Some(match own.instance(name) {
-                    Some(handle) => instance_status(&setup, recovery.engine(), recovery.adapters(), &handle),
+                    Some(handle) => {
+                        let mut entry = instance_status(&setup, recovery.engine(), recovery.adapters(), &handle);
+                        only_what_is_its_own(&mut entry["adapter"]);
+                        entry
+                    }
                     None => json!({"name": name, "scope": "session", "status": "not started"}),
                 }),
                 (None, None) => Some(session_status(hub, &setup, name)),
@@ -110,6 +114,16 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
         gateway["errors_dropped"] = json!(hub.errors.dropped());
     }
     json!({"gateway": gateway, "servers": servers})
+}
+
+/// Of a session's own instance's adapter, what is not every session's: its copies share
+/// one health (faults, the last of them, what was dropped, how busy it was), which tells
+/// of the other sessions' calls. Its name and version, and whether it is quarantined
+/// (which holds for this session's calls too), are kept.
+fn only_what_is_its_own(adapter: &mut Value) {
+    if let Some(health) = adapter.as_object_mut() {
+        health.retain(|k, _| matches!(k.as_str(), "name" | "version" | "quarantined_for_ms"));
+    }
 }
 
 /// One server instance (a shared server's, or a session's own), with the breakers,
@@ -515,5 +529,29 @@ mod tests {
         let table = table(&doc);
         assert!(!table.chars().any(|c| c.is_control() && c != '\n'), "{table:?}");
         assert!(table.contains("a?[2J") && table.contains("x?[31m"), "{table}");
+    }
+
+    /// A client is shown of its own instance's adapter nothing its copies in other
+    /// sessions share: how they fared tells of those sessions' calls.
+    #[test]
+    fn a_sessions_adapter_shows_its_client_only_what_is_its_own() {
+        let health = crate::plugins::adapter::HealthReport {
+            name: "hol4".into(),
+            version: "0.1.0".into(),
+            faults: 3,
+            quarantined_for_ms: Some(500),
+            last_fault: Some("trap".into()),
+            last_output: Some("another session's call".into()),
+            log_lines_dropped: 1,
+            observe_dropped: 2,
+            busy: 4,
+            too_heavy: 5,
+        };
+        let mut adapter = serde_json::to_value(health).unwrap();
+        only_what_is_its_own(&mut adapter);
+        assert_eq!(adapter, json!({"name": "hol4", "version": "0.1.0", "quarantined_for_ms": 500}));
+        let mut none = Value::Null;
+        only_what_is_its_own(&mut none);
+        assert_eq!(none, Value::Null);
     }
 }
