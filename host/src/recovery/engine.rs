@@ -351,6 +351,10 @@ impl Record {
 
 pub struct Engine {
     servers: HashMap<Arc<str>, Arc<ServerPolicy>>,
+    /// Every server's counters by name, for the gateway's life: a server removed by a
+    /// reload and added again counts on where it was, and so do the sessions' own
+    /// instances started before.
+    tallies: Arc<std::sync::Mutex<HashMap<Arc<str>, Arc<Counters>>>>,
     clock: Arc<dyn Clock>,
     rng: Arc<Rng>,
     /// `rebound.plugin_max_calls`.
@@ -361,6 +365,11 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("servers", &self.servers.keys().collect::<Vec<_>>()).finish()
     }
+}
+
+/// `name`'s counters in `tallies`, made on first use.
+fn tally(tallies: &std::sync::Mutex<HashMap<Arc<str>, Arc<Counters>>>, name: &Arc<str>) -> Arc<Counters> {
+    tallies.lock().expect("not poisoned").entry(name.clone()).or_default().clone()
 }
 
 /// Whether `tool` may be replayed: config says so, or its annotations do.
@@ -415,15 +424,18 @@ enum Next {
 
 impl Engine {
     pub fn new<'a>(servers: impl IntoIterator<Item = &'a ServerConfig>, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
+        let tallies = Arc::default();
         let servers = servers
             .into_iter()
             .map(|s| {
-                let policy =
+                let name: Arc<str> = s.name.as_str().into();
+                let mut policy =
                     ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), AdapterGrant::own(&s.name), &clock, &rng);
-                (Arc::from(s.name.as_str()), Arc::new(policy))
+                policy.counters = tally(&tallies, &name);
+                (name, Arc::new(policy))
             })
             .collect();
-        Self { servers, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
+        Self { servers, tallies, clock, rng, max_plan_calls: DEFAULT_PLAN_CALLS }
     }
 
     /// Policies for server instances of their own (one client session's): fresh
@@ -454,7 +466,8 @@ impl Engine {
     pub fn overlay(&self, policies: &HashMap<Arc<str>, Arc<ServerPolicy>>) -> Self {
         let mut servers = self.servers.clone();
         servers.extend(policies.iter().map(|(k, v)| (k.clone(), v.clone())));
-        Self { servers, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls: self.max_plan_calls }
+        let (tallies, clock, rng) = (self.tallies.clone(), self.clock.clone(), self.rng.clone());
+        Self { servers, tallies, clock, rng, max_plan_calls: self.max_plan_calls }
     }
 
     /// The engine of a new configuration: a server that `keep` names keeps its policy
@@ -478,16 +491,20 @@ impl Engine {
                         let declared = declared(&s.name).unwrap_or_else(|| AdapterGrant::own(&s.name));
                         let mut fresh =
                             ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), declared, &self.clock, &self.rng);
-                        if let Some(old) = old {
-                            fresh.counters = old.counters.clone();
-                        }
+                        fresh.counters = tally(&self.tallies, &name);
                         Arc::new(fresh)
                     }
                 };
                 (name, policy)
             })
             .collect();
-        Self { servers, clock: self.clock.clone(), rng: self.rng.clone(), max_plan_calls }
+        Self {
+            servers,
+            tallies: self.tallies.clone(),
+            clock: self.clock.clone(),
+            rng: self.rng.clone(),
+            max_plan_calls,
+        }
     }
 
     pub fn declare(&mut self, server: &str, declared: AdapterGrant) {

@@ -1255,3 +1255,24 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
         assert!(started.elapsed() <= deadline, "in_plan {in_plan}: {:?} past {deadline:?}", started.elapsed());
     }
 }
+
+/// A server's counters are its name's for the gateway's life: carried over a reload, kept
+/// while it is removed and found again when it is added back; a session's own instance
+/// counts for itself and for the server.
+#[tokio::test(start_paused = true)]
+async fn counters_carry_over_by_name_and_a_sessions_add_to_the_servers() {
+    let up = Script::new(&[("s/read", true)]);
+    let e = engine(&[server("s", defaults())]);
+    run(&e, &up, "read").await;
+    let calls = |e: &Engine| e.policy("s").map(|p| p.counters.calls.load(Ordering::Relaxed));
+    let reconfigure = |e: &Engine, servers: &[ServerConfig]| e.reconfigure(servers, &|_| false, &|_| None, 8);
+    let changed = reconfigure(&e, &[server("s", RecoveryConfig { timeout_ms: 2_000, ..defaults() })]);
+    assert_eq!(calls(&changed), Some(1), "a changed policy keeps its counts");
+    let removed = reconfigure(&changed, &[server("t", defaults())]);
+    assert_eq!(calls(&removed), None);
+    let back = reconfigure(&removed, &[server("s", defaults())]);
+    assert_eq!(calls(&back), Some(1), "added back, it counts on");
+    let own = back.overlay(&back.fresh_policies(["s"]));
+    run(&own, &up, "read").await;
+    assert_eq!((calls(&own), calls(&back)), (Some(1), Some(2)), "the session's own, and the server's");
+}
