@@ -356,12 +356,13 @@ impl Hub {
     /// A client session (or a listen request) ended: it is forgotten, and its
     /// subscriptions given up (each ends upstream with its last follower), on the shared
     /// servers and on a session's own instances alike.
-    pub fn session_ended(&self, client: &str) {
+    pub fn session_ended(self: &Arc<Self>, client: &str) {
         for (instance, uri, holder) in self.downstreams.remove(client) {
             let Some(handle) = self.instance(instance) else { continue };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
+                let hub = self.clone();
                 tokio::spawn(async move {
-                    let _ = session.unfollow(&uri, &holder).await;
+                    let _ = hub.unfollow_for(&session, instance, &uri, &holder).await;
                 });
             }
         }
@@ -455,7 +456,12 @@ impl Hub {
         let (server, instance, hub) = (handle.name.clone(), handle.instance, self.clone());
         tokio::spawn(async move {
             if let Some(level) = level {
-                let _ = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
+                // Every session's level: what the server says meanwhile is no one client's.
+                let aside = hub.routing.aside(instance);
+                let set = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
+                if set.is_ok() {
+                    aside.answered();
+                }
             }
             let (session, server, hub) = (&session, &server, &hub);
             let follows = subscriptions.iter().map(|(who, uri)| async move {
@@ -485,11 +491,31 @@ impl Hub {
         uri: &str,
         within: Duration,
     ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
+        let aside = self.routing.aside(instance);
         let followed = tokio::time::timeout(within, session.follow(uri, who)).await;
         if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(&who.holder, instance, uri) {
             let _ = session.unfollow(uri, &who.holder).await;
         }
+        if followed.is_ok() {
+            aside.answered();
+        }
         followed
+    }
+
+    /// `holder` lets `uri` of server instance `instance` go on `session` (upstream, with
+    /// its last follower). What the server says meanwhile is no one client's: a
+    /// subscription may be several clients', and its URI tells of them.
+    pub(super) async fn unfollow_for(
+        &self,
+        session: &Arc<Session>,
+        instance: u64,
+        uri: &str,
+        holder: &str,
+    ) -> Result<(), rmcp::ServiceError> {
+        let aside = self.routing.aside(instance);
+        let unfollowed = session.unfollow(uri, holder).await;
+        aside.answered();
+        unfollowed
     }
 
     /// Rebuilds the catalogue `owner` sees (the shared one when none); after a restart

@@ -18,6 +18,12 @@
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
+//! On a shared server over HTTP, a request the gateway makes of its own accord or about
+//! what several clients share (a subscription made, made again or given up, the log
+//! level, a task of a client gone cancelled) counts as another client's call, while it is
+//! out, and for 5 s after unless it was answered (`Routing::aside`): what the server says
+//! then may be about it.
+//!
 //! A call here is any request a client sent on to the server while it is out: a tool
 //! call (`super::call`), and every other request forwarded (`super::forward`), a task's
 //! included. A request that says it belongs to a task (MCP 2025-11-25's related task)
@@ -60,9 +66,10 @@ use crate::transport::{Asker, UpstreamRequest};
 /// sent on (`super::forward`).
 struct InFlight {
     id: u64,
-    /// The downstream session that made it.
+    /// The downstream session that made it ([`GATEWAY`] for the gateway's own).
     client: Arc<str>,
-    peer: Peer<RoleServer>,
+    /// None for the gateway's own request ([`Routing::aside`]): nobody to ask.
+    peer: Option<Peer<RoleServer>>,
     /// The client's id for the call.
     request: RequestId,
     /// The upstream session and our request id there, and when it was sent, once the
@@ -92,15 +99,23 @@ pub enum Caller {
     Nobody(&'static str),
 }
 
+/// Who the gateway's own requests are of, among the clients' calls in flight.
+pub const GATEWAY: &str = "the gateway";
+
 /// `call`'s client, unless its session is gone.
 fn client_of(call: &InFlight) -> Caller {
     if let Some(bridge) = &call.bridge {
         return Caller::Held(bridge.clone());
     }
-    if call.peer.is_transport_closed() {
+    let Some(peer) = &call.peer else {
+        return Caller::Nobody(
+            "the request this belongs to is one the gateway made of its own accord, for no one client",
+        );
+    };
+    if peer.is_transport_closed() {
         return Caller::Nobody("the client whose call this request belongs to is gone");
     }
-    let to = ClientPeer { client: call.client.clone(), peer: call.peer.clone() };
+    let to = ClientPeer { client: call.client.clone(), peer: peer.clone() };
     Caller::Client { to, during: Some(call.request.clone()) }
 }
 
@@ -243,15 +258,36 @@ impl Routing {
         client: &Arc<str>,
         cx: &RequestContext<RoleServer>,
     ) -> CallGuard {
-        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let call = InFlight {
-            id,
+            id: self.next_call.fetch_add(1, Ordering::Relaxed),
             client: client.clone(),
-            peer: cx.peer.clone(),
+            peer: Some(cx.peer.clone()),
             request: cx.id.clone(),
             upstream: None,
             bridge: cx.extensions.get::<Bridge>().cloned(),
         };
+        self.track(instance, call)
+    }
+
+    /// Registers a request the gateway sends `instance` of its own accord, or for a
+    /// client but about what several share (a subscription, the log level, a task of a
+    /// client gone cancelled), until the guard is dropped, and unless it was answered
+    /// ([`CallGuard::answered`]) for a moment after (rule 3): what the server asks or logs
+    /// without naming a call meanwhile may be about it, and so reaches no client.
+    pub fn aside(self: &Arc<Self>, instance: u64) -> CallGuard {
+        let call = InFlight {
+            id: self.next_call.fetch_add(1, Ordering::Relaxed),
+            client: GATEWAY.into(),
+            peer: None,
+            request: RequestId::Number(0),
+            upstream: None,
+            bridge: None,
+        };
+        self.track(instance, call)
+    }
+
+    fn track(self: &Arc<Self>, instance: u64, call: InFlight) -> CallGuard {
+        let id = call.id;
         self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
         CallGuard { routing: self.clone(), instance, id, answered: AtomicBool::new(false) }
     }
@@ -341,7 +377,10 @@ impl Routing {
         }
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
-        let mut candidates: Vec<&InFlight> = calls.iter().collect();
+        // The gateway's own requests count where the server serves several clients; one
+        // with a client of its own (`otherwise`) says nothing but to that client.
+        let shared = otherwise.is_none();
+        let mut candidates: Vec<&InFlight> = calls.iter().filter(|c| shared || c.peer.is_some()).collect();
         if let Some(during) = &asker.during {
             let exact = calls
                 .iter()
@@ -380,7 +419,7 @@ impl Routing {
                 "a task a client on MCP 2026-07-28 had relayed may run on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
-        if asker.during.is_none() && self.another_ended(instance, &newest.client) {
+        if asker.during.is_none() && self.another_ended(instance, &newest.client, shared) {
             return Caller::Nobody(
                 "a call of another client ended unanswered on this shared server a moment ago, and this request may still be that call's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
@@ -427,12 +466,13 @@ impl Routing {
         clients.push((client, now));
     }
 
-    /// Whether a call of a client other than `client` ended unanswered on `instance` a
-    /// moment ago.
-    fn another_ended(&self, instance: u64, client: &str) -> bool {
+    /// Whether a call of a client other than `client` (or, on a `shared` instance, a
+    /// request of the gateway's own) ended unanswered on `instance` a moment ago.
+    fn another_ended(&self, instance: u64, client: &str, shared: bool) -> bool {
         let now = Instant::now();
         let ended = self.ended.lock().expect("not poisoned");
-        ended.get(&instance).is_some_and(|clients| clients.iter().any(|e| *e.0 != *client && still_counts(e, now)))
+        let another = |e: &Ended| *e.0 != *client && (shared || &*e.0 != GATEWAY) && still_counts(e, now);
+        ended.get(&instance).is_some_and(|clients| clients.iter().any(another))
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
@@ -697,6 +737,13 @@ pub struct TaskOwner {
     number: u64,
 }
 
+impl TaskOwner {
+    /// [`Routing::aside`]: for a request about the task that is no longer its client's.
+    pub fn aside(&self, instance: u64) -> CallGuard {
+        self.routing.aside(instance)
+    }
+}
+
 impl Drop for TaskOwner {
     fn drop(&mut self) {
         let mut tasks = self.routing.tasks.lock().expect("not poisoned");
@@ -896,11 +943,11 @@ mod tests {
     async fn a_call_of_another_client_that_just_ended_still_counts_for_a_moment() {
         let routing = Routing::default();
         routing.call_ended(1, "x".into());
-        assert!(routing.another_ended(1, "y"), "x's call may still be served");
-        assert!(!routing.another_ended(1, "x"), "a client's own ended call is no other client's");
-        assert!(!routing.another_ended(2, "y"), "on another instance");
+        assert!(routing.another_ended(1, "y", true), "x's call may still be served");
+        assert!(!routing.another_ended(1, "x", true), "a client's own ended call is no other client's");
+        assert!(!routing.another_ended(2, "y", true), "on another instance");
         tokio::time::sleep(ENDED_COUNTS).await;
-        assert!(!routing.another_ended(1, "y"));
+        assert!(!routing.another_ended(1, "y", true));
         // Remembered within bounds: the stale are swept once many instances are known.
         for n in 0..1000 {
             routing.call_ended(n, format!("c{n}").into());
@@ -923,7 +970,7 @@ mod tests {
         let call = InFlight {
             id: 1,
             client: bob.client.clone(),
-            peer: bob.peer.clone(),
+            peer: Some(bob.peer.clone()),
             request: RequestId::Number(1),
             upstream: None,
             bridge: None,
@@ -949,6 +996,55 @@ mod tests {
         assert_eq!((gone.order.len(), gone.at.len()), (GONE_KEPT, GONE_KEPT));
     }
 
+    /// While the gateway has a request of its own out on an instance (a subscription made
+    /// again, the log level, a task of a client gone cancelled), and a moment after, what
+    /// the server says without naming a call reaches no client: it may be about another's.
+    #[tokio::test(start_paused = true)]
+    async fn what_a_server_says_during_the_gateways_own_request_reaches_no_client() {
+        let routing = Arc::new(Routing::default());
+        let (alice, _server, _client) = super::super::asked_tasks::tests::session("alice").await;
+        let call = InFlight {
+            id: 1000, // (apart from the ids `aside` takes)
+            client: alice.client.clone(),
+            peer: Some(alice.peer.clone()),
+            request: RequestId::Number(1),
+            upstream: None,
+            bridge: None,
+        };
+        routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
+        let reader = || routing.log_reader(("a", 1), 0, None).map(|to| to.client.to_string());
+        assert_eq!(reader().as_deref(), Some("alice"));
+        let aside = routing.aside(1);
+        assert_eq!(reader(), None, "the gateway's request is out");
+        let asker = Asker { session: 0, during: None, cancel: Default::default(), task: None };
+        assert!(matches!(routing.caller(("a", 1), &asker, None), Caller::Nobody(_)));
+        drop(aside);
+        assert_eq!(reader(), None, "the server may still speak of it");
+        tokio::time::sleep(ENDED_COUNTS).await;
+        assert_eq!(reader().as_deref(), Some("alice"));
+        let answered = routing.aside(1);
+        answered.answered();
+        drop(answered);
+        assert_eq!(reader().as_deref(), Some("alice"), "one the server answered holds nothing back");
+        // Alone on a shared instance, it is nobody's either. On an instance with a client
+        // of its own (the stdio client's, a session's), everything is that client's.
+        let alone = routing.aside(2);
+        assert!(matches!(routing.caller(("a", 2), &asker, None), Caller::Nobody(_)));
+        let own = || Some(ClientPeer { client: alice.client.clone(), peer: alice.peer.clone() });
+        assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }));
+        let call = InFlight {
+            id: 1001,
+            client: alice.client.clone(),
+            peer: Some(alice.peer.clone()),
+            request: RequestId::Number(2),
+            upstream: None,
+            bridge: None,
+        };
+        routing.in_flight.lock().unwrap().entry(2).or_default().push(call);
+        drop(alone);
+        assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }), "its end holds nothing back");
+    }
+
     /// A shared server's log line goes to the one client with calls in flight there, and
     /// to nobody while another client's call there may still be served.
     #[tokio::test(start_paused = true)]
@@ -958,7 +1054,7 @@ mod tests {
         let call = InFlight {
             id: 1,
             client: alice.client.clone(),
-            peer: alice.peer.clone(),
+            peer: Some(alice.peer.clone()),
             request: RequestId::Number(1),
             upstream: None,
             bridge: None,

@@ -69,11 +69,6 @@ impl Gateway {
         Self { own: SessionServers::new(hub.clone(), session), hub }
     }
 
-    /// The live session of `server`, waiting for a start in progress up to `within`.
-    pub(super) async fn session(&self, server: &str, within: Duration) -> Result<Arc<Session>, ErrorData> {
-        Ok(self.upstream(server, within).await?.session)
-    }
-
     /// The instance of `server` this session's requests go to, with its live session,
     /// waiting up to `within` for one.
     pub(super) async fn upstream(&self, server: &str, within: Duration) -> Result<Instance, ErrorData> {
@@ -467,8 +462,9 @@ impl ServerHandler for Gateway {
         self.hub.downstreams.subscribe(&self.own.client, subscription, false);
         // The server keeps the subscription while another session still has it.
         let within = self.wait_for(&server);
-        let session = self.session(&server, within).await?;
-        match tokio::time::timeout(within, session.unfollow(&request.uri, &self.own.client)).await {
+        let to = self.upstream(&server, within).await?;
+        let unfollowed = self.hub.unfollow_for(&to.session, to.instance, &request.uri, &self.own.client);
+        match tokio::time::timeout(within, unfollowed).await {
             Ok(done) => done.map_err(|e| upstream_error(&server, e)),
             // The gateway holds it no longer (a new follower subscribes afresh, after this
             // request on the wire), and this client hears nothing more of it.
@@ -540,8 +536,15 @@ impl ServerHandler for Gateway {
             let session = handle.state().session.filter(|s| s.is_live())?;
             session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
             let within = self.limits(&handle.name).timeout;
+            // Every session's level, on a shared server: what it says meanwhile is no
+            // one client's.
+            let aside = self.hub.routing.aside(handle.instance);
             Some(async move {
-                match tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await {
+                let set = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
+                if set.is_ok() {
+                    aside.answered();
+                }
+                match set {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
                     Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),

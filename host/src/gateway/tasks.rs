@@ -28,7 +28,7 @@ use self::kept::{Origin, Started};
 use super::call::PROTOCOL_KEYS;
 use super::catalogue::Catalogue;
 use super::forward::{Fault, Instance, Out};
-use super::routing::ClientPeer;
+use super::routing::{CallGuard, ClientPeer};
 use super::server::Gateway;
 use crate::recovery::engine::{AttemptRecord, Record, Role};
 use crate::recovery::{Failure, classify::classify};
@@ -151,18 +151,23 @@ fn as_value(answer: ServerResult) -> Result<Value, ErrorData> {
 
 /// Asks `session`'s server to cancel task `id`, which the gateway will not keep: nobody
 /// could reach it. Off the caller's path, bounded; not at all once the runtime is gone.
-fn cancel_upstream(session: &Session, id: &str) {
+/// `aside` keeps what the server says meanwhile from any client
+/// ([`super::routing::Routing::aside`]).
+fn cancel_upstream(session: &Session, id: &str, aside: Option<CallGuard>) {
     let request = CustomRequest::new("tasks/cancel", Some(json!({"taskId": id})));
-    send_apart(session, ClientRequest::CustomRequest(request));
+    send_apart(session, ClientRequest::CustomRequest(request), aside);
 }
 
 /// Sends `request` to `session`'s server on a task of its own, its answer waited for at
-/// most 5 s and not read; not at all once the runtime is gone.
-fn send_apart(session: &Session, request: ClientRequest) {
+/// most 5 s and not read; not at all once the runtime is gone. `aside` is held as long.
+fn send_apart(session: &Session, request: ClientRequest, aside: Option<CallGuard>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
     let peer = session.peer.clone();
     runtime.spawn(async move {
-        let _ = tokio::time::timeout(Duration::from_secs(5), peer.send_request(request)).await;
+        let sent = tokio::time::timeout(Duration::from_secs(5), peer.send_request(request)).await;
+        if let (Ok(_), Some(aside)) = (sent, aside) {
+            aside.answered();
+        }
     });
 }
 
@@ -275,7 +280,7 @@ impl Gateway {
             return Ok(answer);
         };
         if id.len() > MAX_ID_BYTES {
-            cancel_upstream(&to.session, id);
+            cancel_upstream(&to.session, id, Some(self.hub.routing.aside(to.instance)));
             return Err(ErrorData::internal_error(
                 format!(
                     "server `{server}` created a task whose id is longer than {MAX_ID_BYTES} bytes, which the gateway does not keep"
@@ -295,7 +300,7 @@ impl Gateway {
         }
         let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
         if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
-            cancel_upstream(&to.session, id);
+            cancel_upstream(&to.session, id, Some(self.hub.routing.aside(to.instance)));
             return Err(refused);
         }
         Ok(answer)

@@ -170,7 +170,7 @@ impl Drop for Tasks {
             if !task.is_over()
                 && let Some(session) = task.live_session()
             {
-                super::cancel_upstream(&session, id);
+                super::cancel_upstream(&session, id, Some(task._owner.aside(task.instance)));
             }
             task.settled.cancel();
         }

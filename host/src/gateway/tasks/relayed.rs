@@ -321,7 +321,9 @@ fn unknown(id: &str) -> ErrorData {
 /// caller's path, bounded.
 pub(in crate::gateway) fn cancel_upstream(session: &Session, id: &str) {
     let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(CancelTaskParams::new(id)));
-    super::send_apart(session, request);
+    // (While a relayed task may run on a shared server, what it says without naming a
+    // task reaches no client anyway: `Routing::caller`.)
+    super::send_apart(session, request, None);
 }
 
 impl Gateway {
