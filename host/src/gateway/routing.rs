@@ -742,6 +742,13 @@ impl TaskOwner {
     pub fn aside(&self, instance: u64) -> CallGuard {
         self.routing.aside(instance)
     }
+
+    /// Whether the task's id on its connection is still this task's: a server may give
+    /// it to a new task (after a restart, or its time to live), whose owner it is then.
+    pub fn owns(&self) -> bool {
+        let tasks = self.routing.tasks.lock().expect("not poisoned");
+        tasks.get(&self.key).is_some_and(|entry| entry.number == self.number)
+    }
 }
 
 impl Drop for TaskOwner {
@@ -1043,6 +1050,22 @@ mod tests {
         routing.in_flight.lock().unwrap().entry(2).or_default().push(call);
         drop(alone);
         assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }), "its end holds nothing back");
+    }
+
+    /// A task id a server gives again (after a restart, or the first task's time to live)
+    /// is the new task's: the first task's owner owns it no more.
+    #[tokio::test]
+    async fn a_task_id_given_again_is_owned_by_the_new_tasks_client() {
+        let routing = Arc::new(Routing::default());
+        let (alice, _s1, _c1) = super::super::asked_tasks::tests::session("alice").await;
+        let (bob, _s2, _c2) = super::super::asked_tasks::tests::session("bob").await;
+        let alices = routing.own_task(3, "1", alice, CancellationToken::new());
+        assert!(alices.owns());
+        let bobs = routing.own_task(3, "1", bob, CancellationToken::new());
+        assert!(!alices.owns() && bobs.owns());
+        assert_eq!(routing.task_owner(3, "1").map(|o| o.client.to_string()).as_deref(), Some("bob"));
+        drop(alices);
+        assert!(bobs.owns(), "the first owner's end takes nothing of the new one's");
     }
 
     /// A shared server's log line goes to the one client with calls in flight there, and

@@ -38,7 +38,7 @@ pub(super) struct Started {
     created_at: String,
     state: Mutex<Held>,
     /// The task's entry in `Routing` (its status and questions go to this client).
-    _owner: TaskOwner,
+    owner: TaskOwner,
     /// Where its progress goes (under the client's token), until it ends.
     progress: Mutex<Option<ProgressGuard>>,
     /// Cancelled once the client has seen the task end (in an answer or a status
@@ -107,8 +107,11 @@ impl Tasks {
         Ok(task)
     }
 
+    /// The session's task `id`; not one whose server has since given its id to another
+    /// task (after a restart, or its time to live), which may be another client's.
     pub(super) fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
-        self.started.lock().expect("not poisoned").get(id).cloned().ok_or_else(|| {
+        let task = self.started.lock().expect("not poisoned").get(id).cloned();
+        task.filter(|t| t.owner.owns()).ok_or_else(|| {
             ErrorData::invalid_params(format!("unknown task `{id}`: no task of this session has that id"), None)
         })
     }
@@ -121,7 +124,8 @@ impl Tasks {
 
     pub(super) fn all(&self) -> Vec<(String, Arc<Started>)> {
         let started = self.started.lock().expect("not poisoned");
-        let mut all: Vec<_> = started.iter().map(|(id, t)| (id.clone(), t.clone())).collect();
+        let owned = started.iter().filter(|(_, t)| t.owner.owns());
+        let mut all: Vec<_> = owned.map(|(id, t)| (id.clone(), t.clone())).collect();
         all.sort_by_key(|(_, t)| t.created);
         all
     }
@@ -167,10 +171,12 @@ fn make_room(started: &mut HashMap<String, Arc<Started>>) -> Result<(), ErrorDat
 impl Drop for Tasks {
     fn drop(&mut self) {
         for (id, task) in self.started.get_mut().expect("not poisoned") {
+            // (Not one whose id the server has since given to another task.)
             if !task.is_over()
+                && task.owner.owns()
                 && let Some(session) = task.live_session()
             {
-                super::cancel_upstream(&session, id, Some(task._owner.aside(task.instance)));
+                super::cancel_upstream(&session, id, Some(task.owner.aside(task.instance)));
             }
             task.settled.cancel();
         }
@@ -193,7 +199,7 @@ impl Started {
             expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
             created_at,
             state: Mutex::new(Held::By(session)),
-            _owner: owner,
+            owner,
             progress: Mutex::new(progress),
             settled,
         }

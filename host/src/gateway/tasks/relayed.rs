@@ -70,6 +70,16 @@ struct Table {
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
+        // A server that gives an id again (after a restart, or its time to live) means its
+        // new task by it: the older task of that id is forgotten, so that its client, who
+        // may be another, cannot reach the new one through it.
+        let reused: Vec<String> = (self.by_id.iter())
+            .filter(|(_, e)| e.server == entry.server && e.upstream == entry.upstream)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in reused {
+            self.remove(&id);
+        }
         if let Some(owner) = &entry.owner {
             *self.per_client.entry(owner.clone()).or_default() += 1;
             *self.per_server.entry(entry.server.clone()).or_default().entry(entry.until).or_default() += 1;
@@ -504,7 +514,9 @@ pub(in crate::gateway) mod tests {
         relayed.forget(id);
     }
 
+    /// A task of `owner`'s on server `a`, under an upstream id of its own.
     fn entry(owner: &str, until: Instant) -> Entry {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Entry {
             server: "a".into(),
             tool: "t".into(),
@@ -514,12 +526,31 @@ pub(in crate::gateway) mod tests {
             counted: AtomicBool::new(false),
             legacy: false,
             process: true,
-            upstream: "u".into(),
+            upstream: format!("u{}", NEXT.fetch_add(1, Ordering::Relaxed)),
             created_at: String::new(),
             until,
             ended_as: std::sync::OnceLock::new(),
             result_misses: std::sync::atomic::AtomicU32::new(0),
         }
+    }
+
+    /// A server that gives a task's id to a new task (after a restart, or the first's
+    /// time to live): the first is forgotten, so that its client cannot reach the new
+    /// one, another's, through it.
+    #[test]
+    fn an_id_a_server_gives_again_is_the_new_tasks_alone() {
+        let relayed = Relayed::default();
+        let soon = Instant::now() + Duration::from_secs(60);
+        let reused = |owner| Entry { upstream: "7".into(), ..entry(owner, soon) };
+        relayed.tasks.lock().unwrap().insert("alices".into(), reused("alice"));
+        relayed.tasks.lock().unwrap().insert("other".into(), entry("alice", soon));
+        relayed.tasks.lock().unwrap().insert("bobs".into(), reused("bob"));
+        assert!(relayed.get("alices").is_err(), "alice's id no longer reaches task 7");
+        assert!(relayed.get("bobs").is_ok() && relayed.get("other").is_ok());
+        let elsewhere = Entry { server: "b".into(), ..reused("carol") };
+        relayed.tasks.lock().unwrap().insert("carols".into(), elsewhere);
+        assert!(relayed.get("bobs").is_ok(), "another server's task 7 is another task");
+        assert_eq!(relayed.tasks.lock().unwrap().per_client.get("alice"), Some(&1), "alice's share freed");
     }
 
     #[test]
