@@ -349,6 +349,12 @@ impl Hub {
         self.catalogue.read().expect("not poisoned").clone()
     }
 
+    /// `server`'s `recovery.timeout_ms` (30 s for one no longer configured).
+    fn timeout_of(&self, server: &str) -> Duration {
+        let setup = self.setup();
+        Duration::from_millis(setup.config.servers.get(server).map_or(30_000, |s| s.recovery.timeout_ms))
+    }
+
     fn startup_timeout(&self) -> Duration {
         Duration::from_millis(self.setup().config.settings.startup_timeout_ms)
     }
@@ -360,9 +366,9 @@ impl Hub {
         for (instance, uri, holder) in self.downstreams.remove(client) {
             let Some(handle) = self.instance(instance) else { continue };
             if let Some(session) = handle.state().session.filter(|s| s.is_live()) {
-                let hub = self.clone();
+                let (hub, within) = (self.clone(), self.timeout_of(&handle.name));
                 tokio::spawn(async move {
-                    let _ = hub.unfollow_for(&session, instance, &uri, &holder).await;
+                    let _ = hub.unfollow_for(&session, instance, &uri, &holder, within).await;
                 });
             }
         }
@@ -493,28 +499,32 @@ impl Hub {
     ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
         let aside = self.routing.aside(instance);
         let followed = tokio::time::timeout(within, session.follow(uri, who)).await;
-        if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(&who.holder, instance, uri) {
-            let _ = session.unfollow(uri, &who.holder).await;
-        }
         if followed.is_ok() {
             aside.answered();
+        }
+        drop(aside);
+        if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(&who.holder, instance, uri) {
+            let _ = self.unfollow_for(session, instance, uri, &who.holder, within).await;
         }
         followed
     }
 
     /// `holder` lets `uri` of server instance `instance` go on `session` (upstream, with
-    /// its last follower). What the server says meanwhile is no one client's: a
-    /// subscription may be several clients', and its URI tells of them.
+    /// its last follower), within `within`. What the server says meanwhile is no one
+    /// client's: a subscription may be several clients', and its URI tells of them.
     pub(super) async fn unfollow_for(
         &self,
         session: &Arc<Session>,
         instance: u64,
         uri: &str,
         holder: &str,
-    ) -> Result<(), rmcp::ServiceError> {
+        within: Duration,
+    ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
         let aside = self.routing.aside(instance);
-        let unfollowed = session.unfollow(uri, holder).await;
-        aside.answered();
+        let unfollowed = tokio::time::timeout(within, session.unfollow(uri, holder)).await;
+        if unfollowed.is_ok() {
+            aside.answered();
+        }
         unfollowed
     }
 

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
 use super::downstreams::Front;
 use super::hub::Hub;
-use super::routing::{Caller, ClientPeer, MAX_ASKED, ask, to_client};
+use super::routing::{Caller, ClientPeer, MAX_ASKED, Serves, ask, to_client};
 use crate::transport::supervisor::Trouble;
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::upstream::RELATED_TASK;
@@ -156,11 +156,14 @@ impl HubRelay {
             },
             Kind::AboutTask { id: None, .. } => Caller::Nobody("it names no task (`taskId`, a string, is required)"),
             _ => {
-                let otherwise = match &self.owner {
-                    Some(owner) => Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }),
-                    None => hub.downstreams.only_stdio_client(),
+                let serves = match &self.owner {
+                    Some(owner) => {
+                        Serves::One(Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }))
+                    }
+                    None if hub.downstreams.front() == Front::Http => Serves::Many,
+                    None => Serves::One(hub.downstreams.only_stdio_client()),
                 };
-                hub.routing.caller((server, self.instance), &asker, otherwise)
+                hub.routing.caller((server, self.instance), &asker, serves)
             }
         };
         let (server, routing) = (server.to_owned(), hub.routing.clone());

@@ -88,6 +88,16 @@ pub struct ClientPeer {
     pub peer: Peer<RoleServer>,
 }
 
+/// Whom a server instance serves, as its requests are routed.
+pub enum Serves {
+    /// Many clients, none of its own: a shared server over HTTP.
+    Many,
+    /// One client: a session's own instance's, or over stdio the gateway's client (`None`
+    /// while there is none that takes requests, a client on 2026-07-28), asked about what
+    /// belongs to no call.
+    One(Option<ClientPeer>),
+}
+
 /// Who should answer a server's request.
 pub enum Caller {
     /// This client, about its request `during` (if known: over HTTP the request then
@@ -366,9 +376,9 @@ impl Routing {
         self.task_owner(session, id)
     }
 
-    /// Who should answer `asker`'s request to `instance` of `server` (see the module's
-    /// rule). `otherwise` is the client asked when no call is in flight.
-    pub fn caller(&self, (server, instance): (&str, u64), asker: &Asker, otherwise: Option<ClientPeer>) -> Caller {
+    /// Who should answer `asker`'s request to `instance` of `server`, which `serves` (see
+    /// the module's rule).
+    pub fn caller(&self, (server, instance): (&str, u64), asker: &Asker, serves: Serves) -> Caller {
         if let Some(task) = &asker.task {
             return match self.task_owner(asker.session, task) {
                 Some(to) => Caller::Client { to, during: None },
@@ -378,8 +388,11 @@ impl Routing {
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         // The gateway's own requests count where the server serves several clients; one
-        // with a client of its own (`otherwise`) says nothing but to that client.
-        let shared = otherwise.is_none();
+        // with a client of its own says nothing but to that client.
+        let (shared, otherwise) = match serves {
+            Serves::Many => (true, None),
+            Serves::One(client) => (false, client),
+        };
         let mut candidates: Vec<&InFlight> = calls.iter().filter(|c| shared || c.peer.is_some()).collect();
         if let Some(during) = &asker.during {
             let exact = calls
@@ -412,9 +425,9 @@ impl Routing {
                 "a task of another client runs on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
         }
-        // (Over stdio a relayed task takes no client's share, and a session's own instance,
-        // which has a client to fall back on, serves that client alone.)
-        if otherwise.is_none() && self.relayed.may_run_on(server) {
+        // (A session's own instance, and a server over stdio, serve one client: a task
+        // relayed there is that client's.)
+        if shared && self.relayed.may_run_on(server) {
             return Caller::Nobody(
                 "a task a client on MCP 2026-07-28 had relayed may run on this shared server, and this request may be that task's (give the server \"scope\": \"session\" in Rebound's configuration)",
             );
@@ -491,7 +504,7 @@ impl Routing {
             return self.task_owner(session, &task);
         }
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
-        match self.caller((server, instance), &asker, None) {
+        match self.caller((server, instance), &asker, Serves::Many) {
             Caller::Client { to, .. } => Some(to),
             Caller::Held(_) | Caller::Nobody(_) => None,
         }
@@ -504,15 +517,18 @@ impl Routing {
         calls.iter().any(|c| *c.client == *client && c.request == *request)
     }
 
-    /// Calls in flight on `instance`, and requests that hold it ([`Self::pins`]).
+    /// Clients' calls in flight on `instance` (not the gateway's own requests, which a
+    /// stop ends), and requests that hold it ([`Self::pins`]).
     pub fn in_flight_on(&self, instance: u64) -> usize {
-        let calls = self.in_flight.lock().expect("not poisoned").get(&instance).map_or(0, Vec::len);
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let calls = in_flight.get(&instance).map_or(0, |calls| calls.iter().filter(|c| c.peer.is_some()).count());
         calls + self.pins.on(instance)
     }
 
-    /// Attempts in flight on any instance.
+    /// Clients' calls in flight on any instance.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.lock().expect("not poisoned").values().map(Vec::len).sum()
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        in_flight.values().flatten().filter(|c| c.peer.is_some()).count()
     }
 
     /// Sends progress of `session`'s `upstream` token where `to` says, in the order it
@@ -744,7 +760,7 @@ impl TaskOwner {
     }
 
     /// Whether the task's id on its connection is still this task's: a server may give
-    /// it to a new task (after a restart, or its time to live), whose owner it is then.
+    /// it to a new task (once its time to live is up, say), whose owner it is then.
     pub fn owns(&self) -> bool {
         let tasks = self.routing.tasks.lock().expect("not poisoned");
         tasks.get(&self.key).is_some_and(|entry| entry.number == self.number)
@@ -987,7 +1003,7 @@ mod tests {
         let asking = |during: i64| {
             let asker =
                 Asker { session: 0, during: Some(RequestId::Number(during)), cancel: Default::default(), task: None };
-            match routing.caller(("a", 1), &asker, None) {
+            match routing.caller(("a", 1), &asker, Serves::Many) {
                 Caller::Client { to, .. } => Some(to.client.to_string()),
                 Caller::Held(_) | Caller::Nobody(_) => None,
             }
@@ -1024,7 +1040,7 @@ mod tests {
         let aside = routing.aside(1);
         assert_eq!(reader(), None, "the gateway's request is out");
         let asker = Asker { session: 0, during: None, cancel: Default::default(), task: None };
-        assert!(matches!(routing.caller(("a", 1), &asker, None), Caller::Nobody(_)));
+        assert!(matches!(routing.caller(("a", 1), &asker, Serves::Many), Caller::Nobody(_)));
         drop(aside);
         assert_eq!(reader(), None, "the server may still speak of it");
         tokio::time::sleep(ENDED_COUNTS).await;
@@ -1036,8 +1052,8 @@ mod tests {
         // Alone on a shared instance, it is nobody's either. On an instance with a client
         // of its own (the stdio client's, a session's), everything is that client's.
         let alone = routing.aside(2);
-        assert!(matches!(routing.caller(("a", 2), &asker, None), Caller::Nobody(_)));
-        let own = || Some(ClientPeer { client: alice.client.clone(), peer: alice.peer.clone() });
+        assert!(matches!(routing.caller(("a", 2), &asker, Serves::Many), Caller::Nobody(_)));
+        let own = || Serves::One(Some(ClientPeer { client: alice.client.clone(), peer: alice.peer.clone() }));
         assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }));
         let call = InFlight {
             id: 1001,
@@ -1048,11 +1064,13 @@ mod tests {
             bridge: None,
         };
         routing.in_flight.lock().unwrap().entry(2).or_default().push(call);
+        // Over stdio with no client that takes requests besides its calls' (2026-07-28).
+        assert!(matches!(routing.caller(("a", 2), &asker, Serves::One(None)), Caller::Client { .. }));
         drop(alone);
         assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }), "its end holds nothing back");
     }
 
-    /// A task id a server gives again (after a restart, or the first task's time to live)
+    /// A task id a server gives again (once the first task's time to live is up, say)
     /// is the new task's: the first task's owner owns it no more.
     #[tokio::test]
     async fn a_task_id_given_again_is_owned_by_the_new_tasks_client() {

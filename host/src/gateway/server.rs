@@ -463,8 +463,7 @@ impl ServerHandler for Gateway {
         // The server keeps the subscription while another session still has it.
         let within = self.wait_for(&server);
         let to = self.upstream(&server, within).await?;
-        let unfollowed = self.hub.unfollow_for(&to.session, to.instance, &request.uri, &self.own.client);
-        match tokio::time::timeout(within, unfollowed).await {
+        match self.hub.unfollow_for(&to.session, to.instance, &request.uri, &self.own.client, within).await {
             Ok(done) => done.map_err(|e| upstream_error(&server, e)),
             // The gateway holds it no longer (a new follower subscribes afresh, after this
             // request on the wire), and this client hears nothing more of it.

@@ -363,6 +363,10 @@ impl Gateway {
     }
 
     fn report_lost(&self, id: &str, task: &Started, peer: Peer<RoleServer>) {
+        // Its id given to another task since, the loss may be of that one.
+        if !task.owner.owns() {
+            return;
+        }
         let Some(status) = task.lost_task(id) else { return };
         let why = status["statusMessage"].as_str().unwrap_or_default().to_owned();
         tracing::warn!(server = %task.server, tool = %task.tool, task = id, "{why}");

@@ -38,7 +38,7 @@ pub(super) struct Started {
     created_at: String,
     state: Mutex<Held>,
     /// The task's entry in `Routing` (its status and questions go to this client).
-    owner: TaskOwner,
+    pub owner: TaskOwner,
     /// Where its progress goes (under the client's token), until it ends.
     progress: Mutex<Option<ProgressGuard>>,
     /// Cancelled once the client has seen the task end (in an answer or a status
@@ -84,7 +84,7 @@ impl Tasks {
         owner: impl FnOnce(&Origin, &CancellationToken) -> TaskOwner,
     ) -> Result<Arc<Started>, ErrorData> {
         let mut started = self.started.lock().expect("not poisoned");
-        if let Some(other) = started.get(id).filter(|t| !t.is_over()) {
+        if let Some(other) = started.get(id).filter(|t| !t.is_over() && t.owner.owns()) {
             return Err(ErrorData::internal_error(
                 format!(
                     "server `{}` created task `{id}`, an id this session's task on server `{}` already has; the gateway cannot tell them apart, so it does not keep the new one",
@@ -108,7 +108,7 @@ impl Tasks {
     }
 
     /// The session's task `id`; not one whose server has since given its id to another
-    /// task (after a restart, or its time to live), which may be another client's.
+    /// task (once its time to live is up, say), which may be another client's.
     pub(super) fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
         let task = self.started.lock().expect("not poisoned").get(id).cloned();
         task.filter(|t| t.owner.owns()).ok_or_else(|| {

@@ -70,13 +70,18 @@ struct Table {
 
 impl Table {
     fn insert(&mut self, id: String, entry: Entry) {
-        // A server that gives an id again (after a restart, or its time to live) means its
+        // A server that gives an id again (once its time to live is up, say) means its
         // new task by it: the older task of that id is forgotten, so that its client, who
         // may be another, cannot reach the new one through it.
-        let reused: Vec<String> = (self.by_id.iter())
-            .filter(|(_, e)| e.server == entry.server && e.upstream == entry.upstream)
-            .map(|(id, _)| id.clone())
-            .collect();
+        // (A process's task is its connection's: another connection's of that id is
+        // another task already, which its own connection's loss reports.)
+        let same_task_id = |e: &Entry| {
+            e.server == entry.server
+                && e.upstream == entry.upstream
+                && (!entry.process || e.session.ptr_eq(&entry.session))
+        };
+        let reused: Vec<String> =
+            (self.by_id.iter()).filter(|(_, e)| same_task_id(e)).map(|(id, _)| id.clone()).collect();
         for id in reused {
             self.remove(&id);
         }
@@ -534,9 +539,9 @@ pub(in crate::gateway) mod tests {
         }
     }
 
-    /// A server that gives a task's id to a new task (after a restart, or the first's
-    /// time to live): the first is forgotten, so that its client cannot reach the new
-    /// one, another's, through it.
+    /// A server that gives a task's id to a new task (once the first's time to live is
+    /// up, say): the first is forgotten, so that its client cannot reach the new one,
+    /// another's, through it.
     #[test]
     fn an_id_a_server_gives_again_is_the_new_tasks_alone() {
         let relayed = Relayed::default();
