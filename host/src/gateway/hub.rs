@@ -463,11 +463,7 @@ impl Hub {
         tokio::spawn(async move {
             if let Some(level) = level {
                 // Every session's level: what the server says meanwhile is no one client's.
-                let aside = hub.routing.aside(instance);
-                let set = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
-                if set.is_ok() {
-                    aside.answered();
-                }
+                let _ = hub.aside(instance, within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             }
             let (session, server, hub) = (&session, &server, &hub);
             let follows = subscriptions.iter().map(|(who, uri)| async move {
@@ -497,12 +493,7 @@ impl Hub {
         uri: &str,
         within: Duration,
     ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
-        let aside = self.routing.aside(instance);
-        let followed = tokio::time::timeout(within, session.follow(uri, who)).await;
-        if followed.is_ok() {
-            aside.answered();
-        }
-        drop(aside);
+        let followed = self.aside(instance, within, session.follow(uri, who)).await;
         if matches!(followed, Ok(Ok(()))) && !self.downstreams.holds(&who.holder, instance, uri) {
             let _ = self.unfollow_for(session, instance, uri, &who.holder, within).await;
         }
@@ -520,12 +511,23 @@ impl Hub {
         holder: &str,
         within: Duration,
     ) -> Result<Result<(), rmcp::ServiceError>, tokio::time::error::Elapsed> {
+        self.aside(instance, within, session.unfollow(uri, holder)).await
+    }
+
+    /// `request`, one the gateway makes to `instance` about what several clients share
+    /// ([`super::routing::Routing::aside`]), answered within `within`.
+    pub(super) async fn aside<T>(
+        &self,
+        instance: u64,
+        within: Duration,
+        request: impl Future<Output = T>,
+    ) -> Result<T, tokio::time::error::Elapsed> {
         let aside = self.routing.aside(instance);
-        let unfollowed = tokio::time::timeout(within, session.unfollow(uri, holder)).await;
-        if unfollowed.is_ok() {
+        let done = tokio::time::timeout(within, request).await;
+        if done.is_ok() {
             aside.answered();
         }
-        unfollowed
+        done
     }
 
     /// Rebuilds the catalogue `owner` sees (the shared one when none); after a restart

@@ -952,6 +952,19 @@ pub async fn ask(
 mod tests {
     use super::*;
 
+    /// A call of `client`'s in flight, as `track_call` registers one (its `id` apart from
+    /// those `Routing` gives).
+    fn call_of(id: u64, client: &ClientPeer, request: i64) -> InFlight {
+        InFlight {
+            id,
+            client: client.client.clone(),
+            peer: Some(client.peer.clone()),
+            request: RequestId::Number(request),
+            upstream: None,
+            bridge: None,
+        }
+    }
+
     #[test]
     fn progress_is_kept_to_a_status_line_under_a_token_of_the_gateways() {
         let token = |t: &str| ProgressToken(rmcp::model::NumberOrString::String(t.into()));
@@ -990,14 +1003,7 @@ mod tests {
     async fn a_request_naming_an_ended_call_goes_to_nobody() {
         let routing = Arc::new(Routing::default());
         let (bob, _server, _client) = super::super::asked_tasks::tests::session("bob").await;
-        let call = InFlight {
-            id: 1,
-            client: bob.client.clone(),
-            peer: Some(bob.peer.clone()),
-            request: RequestId::Number(1),
-            upstream: None,
-            bridge: None,
-        };
+        let call = call_of(1, &bob, 1);
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         routing.gone(0, RequestId::Number(7));
         let asking = |during: i64| {
@@ -1026,14 +1032,7 @@ mod tests {
     async fn what_a_server_says_during_the_gateways_own_request_reaches_no_client() {
         let routing = Arc::new(Routing::default());
         let (alice, _server, _client) = super::super::asked_tasks::tests::session("alice").await;
-        let call = InFlight {
-            id: 1000, // (apart from the ids `aside` takes)
-            client: alice.client.clone(),
-            peer: Some(alice.peer.clone()),
-            request: RequestId::Number(1),
-            upstream: None,
-            bridge: None,
-        };
+        let call = call_of(1000, &alice, 1);
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         let reader = || routing.log_reader(("a", 1), 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
@@ -1055,14 +1054,7 @@ mod tests {
         assert!(matches!(routing.caller(("a", 2), &asker, Serves::Many), Caller::Nobody(_)));
         let own = || Serves::One(Some(ClientPeer { client: alice.client.clone(), peer: alice.peer.clone() }));
         assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }));
-        let call = InFlight {
-            id: 1001,
-            client: alice.client.clone(),
-            peer: Some(alice.peer.clone()),
-            request: RequestId::Number(2),
-            upstream: None,
-            bridge: None,
-        };
+        let call = call_of(1001, &alice, 2);
         routing.in_flight.lock().unwrap().entry(2).or_default().push(call);
         // Over stdio with no client that takes requests besides its calls' (2026-07-28).
         assert!(matches!(routing.caller(("a", 2), &asker, Serves::One(None)), Caller::Client { .. }));
@@ -1092,14 +1084,7 @@ mod tests {
     async fn a_log_line_goes_to_the_one_client_in_flight() {
         let routing = Arc::new(Routing::default());
         let (alice, _server, _client) = super::super::asked_tasks::tests::session("alice").await;
-        let call = InFlight {
-            id: 1,
-            client: alice.client.clone(),
-            peer: Some(alice.peer.clone()),
-            request: RequestId::Number(1),
-            upstream: None,
-            bridge: None,
-        };
+        let call = call_of(1, &alice, 1);
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         let reader = || routing.log_reader(("a", 1), 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));

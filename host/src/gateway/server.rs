@@ -535,15 +535,11 @@ impl ServerHandler for Gateway {
             let session = handle.state().session.filter(|s| s.is_live())?;
             session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
             let within = self.limits(&handle.name).timeout;
-            // Every session's level, on a shared server: what it says meanwhile is no
-            // one client's.
-            let aside = self.hub.routing.aside(handle.instance);
             Some(async move {
-                let set = tokio::time::timeout(within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
-                if set.is_ok() {
-                    aside.answered();
-                }
-                match set {
+                // Every session's level, on a shared server: what it says meanwhile is no
+                // one client's.
+                let set = session.peer.set_level(SetLevelRequestParams::new(level));
+                match self.hub.aside(handle.instance, within, set).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
                     Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),
