@@ -33,7 +33,8 @@ pub struct Instance {
     pub instance: u64,
     pub session: Arc<Session>,
     /// Held for the request's whole life, all its rounds, once it was bound to the
-    /// instance (a task's requests go to where the task lives, held by the task).
+    /// instance; none for a task's requests, which go to where the task lives, whatever
+    /// the current setup.
     pub held: Option<Arc<Pin>>,
 }
 

@@ -1,9 +1,10 @@
 //! Requests on their way to a server instance. A client's request other than a tool call
 //! is bound to an instance before it is sent, and may take several rounds (a server on
-//! 2026-07-28 asking its client questions in between); for all that time the instance is
-//! held, so that a reload replacing it waits for the request as it waits for the calls in
-//! flight ([`super::routing::Routing::in_flight_on`]), instead of stopping it under the
-//! request.
+//! 2026-07-28 asking questions the gateway has its client answer in between); for all
+//! that time the instance is held, so that a reload replacing it waits for the request
+//! as it waits for the calls in flight ([`super::routing::Routing::in_flight_on`]),
+//! instead of stopping it under the request. (A client on 2026-07-28 answers questions
+//! in a request of its own: each is bound anew.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -778,7 +778,8 @@ impl Gateway {
         counted: &Arc<str>,
         exposed: &str,
     ) -> Result<(u64, String), ErrorData> {
-        let (subscription, server, session) = loop {
+        // `to` holds the instance until the subscription is made on it.
+        let (subscription, server, to) = loop {
             let (mut subscription, server) = self.subscription(exposed).await?;
             let to = self.upstream(&server, self.wait_for(&server)).await?;
             subscription.instance = to.instance;
@@ -792,14 +793,14 @@ impl Gateway {
             // new one, without this: it is made there instead. (Recorded before such a
             // move, it moves with the rest.)
             if self.own.server(&server).is_none_or(|now| now.instance == to.instance) {
-                break (subscription, server, to.session);
+                break (subscription, server, to);
             }
             self.hub.downstreams.subscribe(client, subscription, false);
         };
         let within = self.wait_for(&server);
         let (instance, uri) = (subscription.instance, subscription.uri.clone());
         let who = Follower { holder: client.clone(), client: counted.clone(), share: self.share(&server) };
-        let followed = self.hub.follow_for(&session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
+        let followed = self.hub.follow_for(&to.session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
             Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))
         });

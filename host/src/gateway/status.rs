@@ -91,17 +91,19 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
         .values()
         .filter_map(|server| {
             let name = server.name.as_str();
+            // A client's own instance first, as its calls go (a reload may have made the
+            // server shared since its session started).
+            if let Some((own, recovery)) = &own
+                && let Some(handle) = own.instance(name)
+            {
+                let mut entry = instance_status(&setup, recovery.engine(), recovery.adapters(), &handle);
+                only_what_is_its_own(&mut entry["adapter"]);
+                return Some(entry);
+            }
             match (setup.servers.get(name), &own) {
                 (Some(handle), _) => Some(instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle)),
                 (None, _) if server.scope != Scope::Session => None,
-                (None, Some((own, recovery))) => Some(match own.instance(name) {
-                    Some(handle) => {
-                        let mut entry = instance_status(&setup, recovery.engine(), recovery.adapters(), &handle);
-                        only_what_is_its_own(&mut entry["adapter"]);
-                        entry
-                    }
-                    None => json!({"name": name, "scope": "session", "status": "not started"}),
-                }),
+                (None, Some(_)) => Some(json!({"name": name, "scope": "session", "status": "not started"})),
                 (None, None) => Some(session_status(hub, &setup, name)),
             }
         })

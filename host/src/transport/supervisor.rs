@@ -399,9 +399,9 @@ impl ServerHandle {
     }
 
     /// A reload replaced or removed the server: this instance serves the calls it has
-    /// until it is stopped, but if it ends meanwhile (it crashed, an adapter asked for a
-    /// restart) it is not started again with its old launch, nor is a start in progress
-    /// finished. Its calls' next attempts go to its successor.
+    /// until it is stopped, but if it ends meanwhile (it crashed, or stopped answering and
+    /// was to be restarted) it is not started again with its old launch, nor is a start in
+    /// progress finished. Its calls' next attempts go to its successor.
     pub fn retire(&self) {
         self.retired.cancel();
     }
