@@ -456,9 +456,8 @@ impl Hub {
             .level(only)
             .filter(|_| session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()));
         let subscriptions = self.downstreams.subscriptions(handle.instance);
-        let setup = self.setup();
-        let timeout_ms = setup.config.servers.get(&*handle.name).map_or(30_000, |s| s.recovery.timeout_ms);
-        let within = Duration::from_millis(timeout_ms);
+        let within = self.timeout_of(&handle.name);
+        let timeout_ms = within.as_millis();
         let (server, instance, hub) = (handle.name.clone(), handle.instance, self.clone());
         tokio::spawn(async move {
             if let Some(level) = level {

@@ -1,44 +1,69 @@
-//! Requests on their way to a server instance. A client's request other than a tool call
-//! is bound to an instance before it is sent, and may take several rounds (a server on
-//! 2026-07-28 asking questions the gateway has its client answer in between); for all
-//! that time the instance is held, so that a reload replacing it waits for the request
-//! as it waits for the calls in flight ([`super::routing::Routing::in_flight_on`]),
-//! instead of stopping it under the request. (A client on 2026-07-28 answers questions
-//! in a request of its own: each is bound anew.)
+//! Counts by key of what is out, each counted until its guard is dropped: the requests on
+//! their way to a server instance ([`Pins`]), and a server's requests waiting for one
+//! client's answers (`Routing::asked_by`).
+//!
+//! A client's request other than a tool call is bound to an instance before it is sent,
+//! and may take several rounds (a server on 2026-07-28 asking questions the gateway has
+//! its client answer in between); for all that time the instance is held, so that a
+//! reload replacing it waits for the request as it waits for the calls in flight
+//! ([`super::routing::Routing::in_flight_on`]), instead of stopping it under the request.
+//! (A client on 2026-07-28 answers questions in a request of its own: each is bound anew.)
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
-/// How many requests hold each server instance.
-#[derive(Default)]
-pub struct Pins(Arc<Mutex<HashMap<u64, usize>>>);
+/// How many of something are out, by key.
+pub struct Counts<K>(Arc<Mutex<HashMap<K, usize>>>);
 
-/// One request's hold on an instance, released when dropped.
+/// One counted under its key, until dropped.
 #[derive(Debug)]
-pub struct Pin {
-    pins: Arc<Mutex<HashMap<u64, usize>>>,
-    instance: u64,
+pub struct Counted<K: Eq + Hash> {
+    counts: Arc<Mutex<HashMap<K, usize>>>,
+    key: K,
 }
 
-impl Pins {
-    pub fn pin(&self, instance: u64) -> Pin {
-        *self.0.lock().expect("not poisoned").entry(instance).or_default() += 1;
-        Pin { pins: self.0.clone(), instance }
-    }
+/// How many requests hold each server instance.
+pub type Pins = Counts<u64>;
+/// One request's hold on an instance.
+pub type Pin = Counted<u64>;
 
-    /// How many requests hold `instance`.
-    pub fn on(&self, instance: u64) -> usize {
-        self.0.lock().expect("not poisoned").get(&instance).copied().unwrap_or(0)
+impl<K> Default for Counts<K> {
+    fn default() -> Self {
+        Self(Arc::default())
     }
 }
 
-impl Drop for Pin {
+impl<K: Eq + Hash + Clone> Counts<K> {
+    pub fn count(&self, key: K) -> Counted<K> {
+        self.count_below(key, usize::MAX).expect("no count reaches usize::MAX")
+    }
+
+    /// Counts one more under `key`, unless `max` are counted there already.
+    pub fn count_below(&self, key: K, max: usize) -> Option<Counted<K>> {
+        let mut counts = self.0.lock().expect("not poisoned");
+        let n = counts.entry(key.clone()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Counted { counts: self.0.clone(), key })
+    }
+
+    /// How many are counted under `key`.
+    pub fn on(&self, key: &K) -> usize {
+        self.0.lock().expect("not poisoned").get(key).copied().unwrap_or(0)
+    }
+}
+
+impl<K: Eq + Hash> Drop for Counted<K> {
     fn drop(&mut self) {
-        let mut pins = self.pins.lock().expect("not poisoned");
-        if let Some(n) = pins.get_mut(&self.instance) {
+        let mut counts = self.counts.lock().expect("not poisoned");
+        if let Some(n) = counts.get_mut(&self.key) {
             *n -= 1;
+            // A key counting nothing is forgotten, or the map would grow with every one seen.
             if *n == 0 {
-                pins.remove(&self.instance);
+                counts.remove(&self.key);
             }
         }
     }
@@ -49,15 +74,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_instance_is_held_while_any_pin_on_it_lives() {
+    fn a_key_is_counted_while_any_guard_on_it_lives() {
         let pins = Pins::default();
-        let (a, b) = (pins.pin(1), pins.pin(1));
-        let other = pins.pin(2);
-        assert_eq!((pins.on(1), pins.on(2), pins.on(3)), (2, 1, 0));
+        let (a, b) = (pins.count(1), pins.count(1));
+        let other = pins.count(2);
+        assert_eq!((pins.on(&1), pins.on(&2), pins.on(&3)), (2, 1, 0));
         drop(a);
-        assert_eq!(pins.on(1), 1);
+        assert_eq!(pins.on(&1), 1);
         drop((b, other));
-        assert_eq!((pins.on(1), pins.on(2)), (0, 0));
-        assert!(pins.0.lock().unwrap().is_empty(), "nothing kept for instances no longer held");
+        assert_eq!((pins.on(&1), pins.on(&2)), (0, 0));
+        assert!(pins.0.lock().unwrap().is_empty(), "nothing kept for keys no longer counted");
+        let asked = Counts::default();
+        let first = asked.count_below("c", 1).unwrap();
+        assert!(asked.count_below("c", 1).is_none(), "at most one");
+        drop(first);
+        assert!(asked.count_below("c", 1).is_some(), "room again");
     }
 }

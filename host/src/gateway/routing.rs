@@ -160,7 +160,7 @@ pub struct Routing {
     pub relayed: super::tasks::Relayed,
     /// Per upstream session and client, the session's requests waiting for the client's
     /// answer.
-    asked: Arc<Mutex<AskedCounts>>,
+    asked: super::pins::Counts<(u64, Arc<str>)>,
     /// Requests bound for an instance, not yet (or between rounds not) in flight on it.
     pub pins: super::pins::Pins,
 }
@@ -183,26 +183,9 @@ const MAX_PROGRESS_TOKEN: usize = 256;
 /// unanswered keeps no other client from being asked).
 pub const MAX_ASKED: usize = 64;
 
-/// Per (upstream session, client), the requests waiting for the client's answer.
-type AskedCounts = HashMap<(u64, Arc<str>), usize>;
-
-/// One request of a server's waiting for a client's answer, counted until dropped.
-pub struct Asked {
-    asked: Arc<Mutex<AskedCounts>>,
-    key: (u64, Arc<str>),
-}
-
-impl Drop for Asked {
-    fn drop(&mut self) {
-        let mut asked = self.asked.lock().expect("not poisoned");
-        if let Some(n) = asked.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                asked.remove(&self.key);
-            }
-        }
-    }
-}
+/// One request of a server's waiting for a client's answer, counted by (upstream
+/// session, client) until dropped.
+pub type Asked = super::pins::Counted<(u64, Arc<str>)>;
 
 /// A client whose call ended unanswered, and when.
 type Ended = (Arc<str>, Instant);
@@ -250,14 +233,7 @@ impl Routing {
     /// Counts a request of upstream session `session` waiting for `client`'s answer;
     /// `None` when [`MAX_ASKED`] of its requests wait for that client already.
     pub fn asked_by(&self, session: u64, client: &Arc<str>) -> Option<Asked> {
-        let key = (session, client.clone());
-        let mut asked = self.asked.lock().expect("not poisoned");
-        let n = asked.entry(key.clone()).or_default();
-        if *n >= MAX_ASKED {
-            return None;
-        }
-        *n += 1;
-        Some(Asked { asked: self.asked.clone(), key })
+        self.asked.count_below((session, client.clone()), MAX_ASKED)
     }
 
     /// Registers the request of `cx`, a call of `client`, in flight on `instance`;
@@ -522,7 +498,7 @@ impl Routing {
     pub fn in_flight_on(&self, instance: u64) -> usize {
         let in_flight = self.in_flight.lock().expect("not poisoned");
         let calls = in_flight.get(&instance).map_or(0, |calls| calls.iter().filter(|c| c.peer.is_some()).count());
-        calls + self.pins.on(instance)
+        calls + self.pins.on(&instance)
     }
 
     /// Clients' calls in flight on any instance.

@@ -86,24 +86,19 @@ impl Gateway {
         method: Option<&str>,
         within: Duration,
     ) -> Result<Instance, ErrorData> {
-        let until = tokio::time::Instant::now() + within;
-        let pin = |instance| self.hub.routing.pins.pin(instance);
-        loop {
-            let (handle, held) = (self.own.holding(server, || self.own.server(server), pin))
-                .ok_or_else(|| ErrorData::internal_error(format!("no server `{server}`"), None))?;
-            let left = until.saturating_duration_since(tokio::time::Instant::now());
-            let nr = match handle.ready_session(left).await {
-                Ok(session) => return Ok(Instance { instance: handle.instance, session, held: Some(Arc::new(held)) }),
-                Err(nr) => nr,
-            };
-            if self.own.replaced(server, &handle) && !left.is_zero() {
-                continue;
+        let pin = |instance| self.hub.routing.pins.count(instance);
+        match self.own.ready(server, || self.own.server(server), pin, within).await {
+            Ok((handle, held, session)) => {
+                Ok(Instance { instance: handle.instance, session, held: Some(Arc::new(held)) })
             }
-            let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
-            if let Some(method) = method {
-                self.request_failed(server, method, &failure);
+            Err(None) => Err(ErrorData::internal_error(format!("no server `{server}`"), None)),
+            Err(Some(nr)) => {
+                let failure = Failure::Unavailable { status: nr.status, reason: nr.last_error };
+                if let Some(method) = method {
+                    self.request_failed(server, method, &failure);
+                }
+                Err(ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None))
             }
-            return Err(ErrorData::internal_error(format!("server `{server}`: {}", failure.message()), None));
         }
     }
 
@@ -792,7 +787,7 @@ impl Gateway {
             // A reload that replaced the instance since moved its subscriptions to the
             // new one, without this: it is made there instead. (Recorded before such a
             // move, it moves with the rest.)
-            if self.own.server(&server).is_none_or(|now| now.instance == to.instance) {
+            if !self.own.replaced(&server, to.instance) {
                 break (subscription, server, to);
             }
             self.hub.downstreams.subscribe(client, subscription, false);

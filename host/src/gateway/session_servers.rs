@@ -25,7 +25,8 @@ use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters};
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
-use crate::transport::supervisor::{ServerHandle, spawn_supervisor};
+use crate::transport::Session;
+use crate::transport::supervisor::{NotReady, ServerHandle, spawn_supervisor};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
 
@@ -207,26 +208,37 @@ impl SessionServers {
     }
 
     /// `find()`'s instance of `server` with `hold` (the request's count on it) taken on
-    /// it. A reload that swapped the setup between the two may have found nothing in
-    /// flight on that instance, and be stopping it: then the current one is taken.
-    pub fn holding<H>(
+    /// it, and its live session, waiting up to `within` for a start in progress. A reload
+    /// that swapped the setup between the find and the hold may have found nothing in
+    /// flight on that instance, and be stopping it; one that replaced it while the request
+    /// waited does not start it again: either way the current one is taken. `Err(None)`:
+    /// no such server.
+    pub async fn ready<H>(
         &self,
         server: &str,
         find: impl Fn() -> Option<Arc<ServerHandle>>,
         hold: impl Fn(u64) -> H,
-    ) -> Option<(Arc<ServerHandle>, H)> {
+        within: Duration,
+    ) -> Result<(Arc<ServerHandle>, H, Arc<Session>), Option<NotReady>> {
+        let until = Instant::now() + within;
         loop {
-            let handle = find()?;
+            let handle = find().ok_or(None)?;
             let held = hold(handle.instance);
-            if self.server(server).is_none_or(|now| now.instance == handle.instance) {
-                return Some((handle, held));
+            if self.replaced(server, handle.instance) {
+                continue;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            match handle.ready_session(left).await {
+                Ok(session) => return Ok((handle, held, session)),
+                Err(_) if self.replaced(server, handle.instance) && !left.is_zero() => continue,
+                Err(nr) => return Err(Some(nr)),
             }
         }
     }
 
-    /// Whether a reload replaced `handle`, an instance of `server`, with another.
-    pub fn replaced(&self, server: &str, handle: &ServerHandle) -> bool {
-        self.server(server).is_some_and(|now| now.instance != handle.instance)
+    /// Whether a reload replaced `instance` of `server` with another.
+    pub fn replaced(&self, server: &str, instance: u64) -> bool {
+        self.server(server).is_some_and(|now| now.instance != instance)
     }
 
     /// The instance of `server` a call that started on `setup` goes to: this session's

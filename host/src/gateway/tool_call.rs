@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::call::{Attempt, Resume, attempt};
 use super::hub::Hub;
-use super::routing::CallGuard;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
@@ -200,12 +199,6 @@ impl Upstreams<'_> {
         current.or_else(|| self.own.server_in(&self.recovery.setup, server))
     }
 
-    /// [`Self::handle`], counted as in flight on it ([`SessionServers::holding`]).
-    fn tracked(&self, server: &str) -> Option<(Arc<ServerHandle>, CallGuard)> {
-        let track = |instance| self.hub.routing.track_call(instance, &self.own.client, self.cx);
-        self.own.holding(server, || self.handle(server), track)
-    }
-
     /// One attempt of `tool` on `server`'s instance for this session.
     #[allow(clippy::too_many_arguments, reason = "one attempt's worth of context")]
     async fn attempt(
@@ -222,24 +215,19 @@ impl Upstreams<'_> {
         // Waiting for a restart in progress counts against the call's deadline, and ends
         // when the client cancels. An instance a reload replaced meanwhile is not started
         // again: its successor is waited for.
-        let (handle, call, session) = loop {
-            let Some((handle, call)) = self.tracked(server) else {
-                return Err(Failure::Unavailable {
-                    status: crate::transport::Status::Stopped,
-                    reason: Some(format!("no server `{server}`")),
-                });
-            };
-            let left = timeout.saturating_sub(started.elapsed());
-            let ready = tokio::select! {
-                ready = handle.ready_session(left) => ready,
-                () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
-            };
-            match ready {
-                Ok(session) => break (handle, call, session),
-                Err(_) if self.own.replaced(server, &handle) && !left.is_zero() => continue,
-                Err(nr) => return Err(Failure::Unavailable { status: nr.status, reason: nr.last_error }),
-            }
+        // Counted as in flight on the instance from the start.
+        let track = |instance| self.hub.routing.track_call(instance, &self.own.client, self.cx);
+        let ready = tokio::select! {
+            ready = self.own.ready(server, || self.handle(server), track, timeout) => ready,
+            () = self.cx.ct.cancelled() => return Err(Failure::Cancelled),
         };
+        let (handle, call, session) = ready.map_err(|nr| match nr {
+            Some(nr) => Failure::Unavailable { status: nr.status, reason: nr.last_error },
+            None => Failure::Unavailable {
+                status: crate::transport::Status::Stopped,
+                reason: Some(format!("no server `{server}`")),
+            },
+        })?;
         let spent = started.elapsed();
         // From the call's policy (a session's own server keeps the configuration its
         // session started with): a reload may have changed it, not the process.
