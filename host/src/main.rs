@@ -309,6 +309,8 @@ async fn serve_stdio(hub: Arc<Hub>, max_in_flight: usize, shutdown: Cancellation
     // tokio's `stdin()` hands each read to a blocking thread, which cost a quarter of the
     // round trip (cargo xtask bench).
     let (read, write) = rmcp::transport::stdio_pipes();
+    // (After `run` took the signals: from here on, one ends the gateway cleanly.)
+    tracing::info!("serving one client over stdio");
     use rebound::gateway::stdio_client;
     let transport = stdio_client::StdioClient::new(read, write, stdio_client::MAX_LINE, max_in_flight);
     let (ended, all_answered) = (transport.ended(), transport.all_answered());

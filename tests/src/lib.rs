@@ -134,6 +134,8 @@ pub struct Gateway {
     pub heard: Arc<Mutex<Heard>>,
     pub child: Child,
     pub dir: tempfile::TempDir,
+    /// Everything the gateway has logged so far.
+    pub log: Arc<Mutex<String>>,
 }
 
 impl Gateway {
@@ -153,10 +155,11 @@ impl Gateway {
             .arg(path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("rebound starts");
+        let log = keep_log(child.stderr.take().unwrap());
         let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
         let handler = TestClient::default();
         let heard = handler.heard.clone();
@@ -167,7 +170,12 @@ impl Gateway {
             .await
             .expect("initialises in time")
             .expect("initialises");
-        Gateway { client, heard, child, dir }
+        Gateway { client, heard, child, dir, log }
+    }
+
+    /// Waits until the gateway has logged a line containing `what`.
+    pub async fn logged(&self, what: &str) {
+        logged(&self.log, what).await;
     }
 
     pub async fn call(&self, tool: &str, args: Value) -> CallToolResult {
@@ -192,11 +200,7 @@ impl Gateway {
 
     /// Lines of a faulty server's state file (`starts`, `cancelled`).
     pub fn state(&self, server: &str, file: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join(server).join(file))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        state_in(self.dir.path(), server, file)
     }
 
     /// The entries of the errors log so far: the config's `rebound.errors_log`, else the
@@ -260,12 +264,7 @@ impl HttpGateway {
             .spawn()
             .expect("rebound starts");
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let keep = move |line: &str| {
-            eprintln!("{line}");
-            let mut log = log.lock().unwrap();
-            log.push_str(line);
-            log.push('\n');
-        };
+        let keep = move |line: &str| kept(&log, line);
         let base = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(line) = lines.next_line().await.expect("stderr") {
                 keep(&line);
@@ -290,10 +289,51 @@ impl HttpGateway {
         format!("{}/mcp", self.base)
     }
 
+    /// Lines of a faulty server's state file (`starts`, `calls`).
+    pub fn state(&self, server: &str, file: &str) -> Vec<String> {
+        state_in(self.dir.path(), server, file)
+    }
+
+    /// Waits until the gateway has logged a line containing `what`.
+    pub async fn logged(&self, what: &str) {
+        logged(&self.log, what).await;
+    }
+
     /// An rmcp client over streamable HTTP, sending `token` as its bearer token.
     pub async fn client(&self, token: Option<&str>) -> Result<RunningService<RoleClient, TestClient>, String> {
         http_client(&self.url(), token).await
     }
+}
+
+/// Lines of the state file `file` of the faulty server `server` in `dir`.
+pub fn state_in(dir: &Path, server: &str, file: &str) -> Vec<String> {
+    std::fs::read_to_string(dir.join(server).join(file)).unwrap_or_default().lines().map(str::to_owned).collect()
+}
+
+/// Waits until `log` has a line containing `what`.
+pub async fn logged(log: &Mutex<String>, what: &str) {
+    eventually(what, || log.lock().unwrap().contains(what)).await;
+}
+
+/// A process's log, as it writes it on `stderr`: kept, and shown with the test's output.
+pub fn keep_log(stderr: tokio::process::ChildStderr) -> Arc<Mutex<String>> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut lines = BufReader::new(stderr).lines();
+    let kept_in = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            kept(&kept_in, &line);
+        }
+    });
+    log
+}
+
+fn kept(log: &Mutex<String>, line: &str) {
+    eprintln!("{line}");
+    let mut log = log.lock().unwrap();
+    log.push_str(line);
+    log.push('\n');
 }
 
 /// An rmcp client of the streamable HTTP server at `url`.

@@ -336,7 +336,6 @@ async fn server_to_client_requests_and_notifications_are_relayed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(!gw.tool_names().await.contains(&"extra".to_owned()), "the last change is shown");
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let relisted = listed() - before;
     assert!((1..=10).contains(&relisted), "{relisted} listings for 300 announcements");
     gw.close().await;
@@ -550,7 +549,8 @@ async fn sigterm_stops_every_child_with_no_orphans() {
 #[tokio::test]
 async fn sigterm_before_the_handshake_ends_the_gateway() {
     let mut raw = RawStdio::spawn(&[], json!({}));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Its signals are handled from the moment it serves.
+    raw.logged("serving one client over stdio").await;
     let pid = raw.child.id().unwrap().to_string();
     std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let status = tokio::time::timeout(Duration::from_secs(10), raw.child.wait()).await.expect("exits").unwrap();
@@ -708,14 +708,15 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
     // `slow` is read, then nothing more: the echo times out while `slow` is in flight.
     let slow = gw.call("a__slow", json!({"ms": 2500}));
     let meanwhile = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        eventually("slow in flight", || gw.state("a", "calls").contains(&"slow".to_owned())).await;
         let r = gw.call("a__echo", json!({"message": "unheard"})).await;
         assert_eq!(r.is_error, Some(true), "{}", text(&r));
-        tokio::time::sleep(Duration::from_millis(1500)).await; // past the ping's second
-        assert_eq!(gw.state("a", "starts").len(), 1, "restarted while it served a call");
+        gw.logged("not pinged, kept running server=a").await;
     };
     let (slow, ()) = tokio::join!(slow, meanwhile);
+    // Had it been restarted under `slow`, that call would have failed.
     assert!(text(&slow).contains("slept 2500 ms"), "{}", text(&slow));
+    assert_eq!(gw.state("a", "starts").len(), 1, "restarted while it served a call");
     // Now it serves nothing: the next timeout's ping goes unanswered, and it is restarted.
     let r = gw.call("a__echo", json!({"message": "unheard"})).await;
     assert_eq!(r.is_error, Some(true), "{}", text(&r));
@@ -731,7 +732,7 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
     assert!(answered, "the restarted server answers");
     // `hang` never answers, but the server answers its ping: it keeps its process.
     assert_eq!(gw.call("b__hang", json!({})).await.is_error, Some(true));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    gw.logged("it answered a ping: kept running server=b").await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "same"})).await), "b: same");
     assert_eq!(gw.state("b", "starts").len(), 1, "a slow server was restarted");
     // The call's own retry, sent after the ping, is not what keeps the server from
@@ -776,6 +777,7 @@ struct RawStdio {
     stdin: tokio::process::ChildStdin,
     lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
     _dir: tempfile::TempDir,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl RawStdio {
@@ -810,12 +812,25 @@ impl RawStdio {
             .arg(&path)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        Self { child, stdin, lines, _dir: dir }
+        let log = rebound_tests::keep_log(child.stderr.take().unwrap());
+        Self { child, stdin, lines, _dir: dir, log }
+    }
+
+    /// Waits until the gateway has logged a line containing `what`.
+    async fn logged(&self, what: &str) {
+        rebound_tests::logged(&self.log, what).await;
+    }
+
+    /// Waits until the faulty server has been called `tool`.
+    async fn called(&self, tool: &str) {
+        let dir = self._dir.path();
+        eventually(tool, || rebound_tests::state_in(dir, "a", "calls").iter().any(|l| l == tool)).await;
     }
 
     async fn send(&mut self, message: Value) {
@@ -909,7 +924,8 @@ async fn a_server_running_a_task_is_not_taken_for_wedged() {
     raw.call(2, "echo", json!({"message": "unheard"})).await;
     let timed_out = raw.answers(1).await.remove(0);
     assert_eq!(timed_out["result"]["isError"], true, "{timed_out}");
-    tokio::time::sleep(Duration::from_millis(2000)).await; // past the ping's time and a restart
+    // The gateway's verdict on the timeout: it does not ping a server busy with a task.
+    raw.logged("not pinged, kept running server=a").await;
     let starts = std::fs::read_to_string(raw._dir.path().join("a/starts")).unwrap();
     assert_eq!(starts.lines().count(), 1, "restarted while its task ran");
     let _ = raw.child.kill().await;
@@ -919,7 +935,7 @@ async fn a_server_running_a_task_is_not_taken_for_wedged() {
 async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
     let mut raw = RawStdio::start(json!({})).await;
     raw.call(5, "slow", json!({"ms": 500})).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    raw.called("slow").await;
     raw.call(5, "echo", json!({"message": "second"})).await;
     let answers = raw.answers(2).await;
     assert_eq!(

@@ -368,7 +368,7 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
     eventually("her call's log line", move || said(&heard, "plan.txt")).await;
     // With Bob's call in flight on the same server, a line could be his or hers: neither.
     let (_, ()) = tokio::join!(call(&bob, "a__slow", json!({"ms": 4000})), async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        eventually("his call in flight", || gw.state("a", "calls").contains(&"slow".to_owned())).await;
         call(&alice, "a__log", json!({"level": "warning", "message": "reading /home/alice/diary.txt"})).await;
     });
     call(&alice, "s__log", json!({"level": "warning", "message": "alice's own"})).await;
@@ -807,10 +807,11 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     let slow = call(&client, "slow", json!({"ms": 800}));
     let hang = call(&client, "hang", json!({}));
     let term = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let in_flight = || ["slow", "hang"].iter().all(|t| gw.state("a", "calls").contains(&t.to_string()));
+        eventually("both calls in flight", in_flight).await;
         let pid = gw.child.id().unwrap().to_string();
         std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        gw.logged("shutting down: waiting up to").await;
         // Taken no more: a new call is refused, not left hanging; a new connection is
         // still answered, 503, and so is a readiness probe.
         let mut params = CallToolRequestParams::new("echo");

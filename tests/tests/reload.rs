@@ -166,7 +166,9 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Calls going, some of them consulting the adapter (every fifth `flaky` call).
+    let calls = || answered.load(Ordering::Relaxed);
+    eventually("calls before the change", || calls() >= 20).await;
     // A new build of the adapter: other bytes (the file's tail padded with a custom
     // section would do; another first-party adapter's code is simpler to come by).
     let replacement = plugins.join("lean-fallback.wasm");
@@ -175,12 +177,12 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
     std::fs::rename(dir.join("plugins/next.tmp"), &target).unwrap();
     let log = gw.log.clone();
     eventually("the adapter reloaded", move || log.lock().unwrap().contains("new adapter code for a")).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reloaded = calls();
+    eventually("calls after the change", || calls() >= reloaded + 20).await;
     stop.store(true, Ordering::Relaxed);
     for caller in callers {
         caller.await.expect("every call answered, and well");
     }
-    assert!(answered.load(Ordering::Relaxed) > 20);
     // The new code serves: its faults (none) are its own, and `flaky` still recovers.
     let status = call(&client, "rebound_status", json!({})).await.structured_content.unwrap();
     assert_eq!(status["servers"][0]["adapter"]["faults"], 0, "{status}");

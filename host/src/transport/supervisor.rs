@@ -215,13 +215,21 @@ impl Session {
     pub fn probe(&self, within: Duration, busy: impl Fn(tokio::time::Instant) -> bool + Send + 'static) {
         use std::sync::atomic::Ordering::{AcqRel, Release};
         use tokio::time::{Instant, timeout};
-        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() || busy(Instant::now()) {
+        if within.is_zero() || self.restart.is_none() || self.closed.is_cancelled() {
+            return;
+        }
+        if busy(Instant::now()) {
+            tracing::info!(
+                server = %self.server,
+                "a request to it timed out while it serves one sent before: not pinged, kept running"
+            );
             return;
         }
         if self.probing.swap(true, AcqRel) {
             return;
         }
         let (peer, kicker, probing) = (self.peer.clone(), self.kicker(), self.probing.clone());
+        let server = self.server.clone();
         tokio::spawn(async move {
             let started = Instant::now();
             let ping = rmcp::model::ClientRequest::PingRequest(Default::default());
@@ -240,7 +248,14 @@ impl Session {
                 Err(_) => false,
             };
             probing.store(false, Release);
-            if !answered && !busy(asked) {
+            if answered {
+                tracing::info!(server = %server, "a request to it timed out, but it answered a ping: kept running");
+            } else if busy(asked) {
+                tracing::info!(
+                    server = %server,
+                    "it answered no ping, but it serves a request sent before the ping: kept running"
+                );
+            } else {
                 kicker.kick(&format!(
                     "it answered no ping within {} ms, after a request to it timed out",
                     within.as_millis()
