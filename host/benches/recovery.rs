@@ -76,7 +76,7 @@ fn open_breaker_answer(c: &mut Criterion) {
     // Open it: five failures (with retries disabled by the open breaker thereafter).
     let policy = engine.policy("s").unwrap();
     for _ in 0..5 {
-        policy.breaker.admit().unwrap().record(Outcome::Failure);
+        policy.breakers.server.admit().unwrap().record(Outcome::Failure);
     }
     c.bench_function("engine answer while the breaker is open", |bench| {
         bench.iter(|| rt.block_on(engine.run(&down, None, "s".into(), "t".into(), None, None)))

@@ -439,8 +439,12 @@ async fn only_the_operator_resets_a_shared_servers_breakers() {
     std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
     std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
     let client = gw.client(Some(TOKEN)).await.unwrap();
-    call(&client, "outage", json!({})).await;
-    call(&client, "outage", json!({})).await;
+    // Two clients' failures: one client's alone would open only breakers of its own.
+    let other = gw.client(Some(TOKEN)).await.unwrap();
+    for _ in 0..2 {
+        call(&client, "outage", json!({})).await;
+        call(&other, "outage", json!({})).await;
+    }
     let breaker = |status: CallToolResult| status.structured_content.unwrap()["servers"][0]["breaker"]["state"].clone();
     assert_eq!(breaker(call(&client, "rebound_status", json!({})).await), "open");
     let refused = call(&client, "rebound_reset_breaker", json!({"server": "a"})).await;
@@ -460,6 +464,50 @@ async fn only_the_operator_resets_a_shared_servers_breakers() {
     assert_eq!(said["reset"], "the circuit breaker of `a` is closed, and those of its tools");
     assert_eq!(breaker(call(&client, "rebound_status", json!({})).await), "closed");
     let _ = client.cancel().await;
+}
+
+/// One client whose calls fail as an outage (its arguments make the tool hang, say) is
+/// shed alone, by breakers of its own; the other clients' calls go on. A shared breaker
+/// opens on failures of two clients.
+#[tokio::test]
+async fn one_clients_failures_shed_its_own_calls_alone() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"tools": {"outage": {"timeout_ms": 100}}, "retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}});
+            json!({"mcpServers": {"a": a}})
+        },
+        &[],
+    )
+    .await;
+    std::fs::create_dir_all(gw.dir.path().join("a")).unwrap();
+    std::fs::write(gw.dir.path().join("a/outage"), "").unwrap();
+    let (alice, bob, carol) =
+        (gw.client(None).await.unwrap(), gw.client(None).await.unwrap(), gw.client(None).await.unwrap());
+    call(&alice, "outage", json!({})).await;
+    call(&alice, "outage", json!({})).await;
+    let shed = call(&alice, "outage", json!({})).await;
+    assert_eq!(shed.is_error, Some(true));
+    assert!(text(&shed).contains("this client's calls to the server failed repeatedly"), "{}", text(&shed));
+    let status = |client| async move { call(client, "rebound_status", json!({})).await.structured_content.unwrap() };
+    let of_alice = status(&alice).await["servers"][0].clone();
+    assert_eq!(
+        (of_alice["breaker"]["state"].as_str(), of_alice["own_breaker"]["state"].as_str()),
+        (Some("closed"), Some("open")),
+        "{of_alice}"
+    );
+    assert_eq!(text(&call(&bob, "echo", json!({"message": "m"})).await), "a: m");
+    assert!(status(&bob).await["servers"][0].get("own_breaker").is_none());
+    // Bob's failure and Carol's: two failures of the tool without Alice's, the client that
+    // failed most. It is shed for everyone (the server's other tool answered, so the
+    // tool's breaker).
+    call(&bob, "outage", json!({})).await;
+    call(&carol, "outage", json!({})).await;
+    let of_bob = status(&bob).await["servers"][0].clone();
+    assert_eq!(of_bob["tool_breakers"]["outage"]["state"], "open", "{of_bob}");
+    let shed = call(&bob, "outage", json!({})).await;
+    assert!(text(&shed).contains("the circuit breaker of tool `outage` is open"), "{}", text(&shed));
+    let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
 }
 
 /// A client's `rebound_status` shows a `scope: session` server as its own instance of it:

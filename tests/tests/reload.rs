@@ -23,7 +23,7 @@ fn config(dir: &Path, a_timeout: u64, extra: &[(&str, Value)]) -> Value {
     let mut a = faulty("a", dir, &[]);
     a["recovery"] = json!({"timeout_ms": a_timeout, "retry": {"max_attempts": 1}});
     let mut b = faulty("b", dir, &[]);
-    // One timeout opens b's breaker, for a long time.
+    // Timeouts of two clients open b's breaker, for a long time.
     b["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
         "breaker": {"failure_threshold": 1, "open_ms": 600000}});
     let mut servers = serde_json::Map::new();
@@ -62,7 +62,10 @@ fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
 #[tokio::test]
 async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refused() {
     let (gw, dir, client) = serving_a_and_b().await;
+    // Two clients' timeouts: one client's alone would open only breakers of its own.
+    let other = gw.client(None).await.unwrap();
     assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
+    assert_eq!(call(&other, "b__hang", json!({})).await.is_error, Some(true));
     let before = status(&client).await;
     assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
     let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));

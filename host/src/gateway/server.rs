@@ -287,7 +287,11 @@ impl ServerHandler for Gateway {
         }
         // Here, not at `notifications/initialized`: rmcp handles that notification on a
         // task of its own, which the client's first requests can overtake.
-        let address = http_address(&cx).map(|ip| super::http::address_client(ip).into());
+        let ip = http_address(&cx);
+        if ip.is_some() {
+            let _ = self.own.blamed.set(super::tool_call::blame_of(Some(&self.own.client), ip));
+        }
+        let address = ip.map(|ip| super::http::address_client(ip).into());
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone(), address);
         self.hub.errors.open_view(&self.own.client);
         self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
@@ -715,7 +719,7 @@ fn client_tasks(cx: &RequestContext<RoleServer>) -> Option<ClientTasks> {
 
 /// The address of the client whose request `cx` is, when it came over HTTP (its
 /// connection's, or the one a trusted proxy names).
-fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
+pub(super) fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
     let parts = cx.extensions.get::<axum::http::request::Parts>()?;
     parts.extensions.get::<super::http::ClientIp>().map(|client| client.0)
 }

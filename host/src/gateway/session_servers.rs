@@ -23,6 +23,7 @@ use super::setup::Setup;
 use super::tasks::Tasks;
 use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters};
+use crate::recovery::breaker::Blame;
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
 use crate::transport::Session;
@@ -43,6 +44,9 @@ pub struct SessionServers {
     catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
     /// The tasks the session started (MCP 2025-11-25), and where each lives.
     pub tasks: Tasks,
+    /// Whom its failures on a shared server are blamed on, over HTTP, from its
+    /// `initialize` (see `tool_call::blame_of`).
+    pub blamed: OnceLock<Blame>,
 }
 
 /// The session's own server instances, with the recovery state that is theirs alone.
@@ -91,6 +95,7 @@ impl SessionServers {
             own: OnceLock::new(),
             catalogue: Mutex::default(),
             tasks: Tasks::default(),
+            blamed: OnceLock::new(),
         })
     }
 

@@ -16,7 +16,8 @@ use super::setup::Setup;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
 use crate::config::Scope;
 use crate::plugins::Adapters;
-use crate::recovery::breaker::Snapshot as BreakerSnapshot;
+use crate::recovery::breaker::levels::troubled;
+use crate::recovery::breaker::{Blame, Snapshot as BreakerSnapshot};
 use crate::recovery::engine::{Counters, Engine};
 use crate::transport::Status;
 use crate::transport::supervisor::ServerHandle;
@@ -101,7 +102,20 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
                 return Some(entry);
             }
             match (setup.servers.get(name), &own) {
-                (Some(handle), _) => Some(instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle)),
+                (Some(handle), Some((own, _))) => {
+                    let mut entry = instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle);
+                    if let Some(own) = own_breaker(&setup, name, own) {
+                        entry["own_breaker"] = own;
+                    }
+                    Some(entry)
+                }
+                (Some(handle), None) => {
+                    let mut entry = instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle);
+                    if let Some(policy) = setup.engine.policy(name) {
+                        entry["clients_shed"] = json!(policy.breakers.clients_shed());
+                    }
+                    Some(entry)
+                }
                 (None, _) if server.scope != Scope::Session => None,
                 (None, Some(_)) => Some(json!({"name": name, "scope": "session", "status": "not started"})),
                 (None, None) => Some(session_status(hub, &setup, name)),
@@ -116,6 +130,15 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
         gateway["errors_dropped"] = json!(hub.errors.dropped());
     }
     json!({"gateway": gateway, "servers": servers})
+}
+
+/// The breaker of one client's own calls to a shared server (made on its first failure
+/// there), unless it is closed and clean. (Its breakers of the server's tools, by a hash
+/// of their names, are not listed: a call they shed says which tool.)
+fn own_breaker(setup: &Setup, server: &str, own: &SessionServers) -> Option<Value> {
+    let Some(Blame::Client(key)) = own.blamed.get() else { return None };
+    let snapshot = setup.engine.policy(server)?.breakers.own(*key)?.snapshot();
+    troubled(&snapshot).then(|| breaker_json(&snapshot))
 }
 
 /// Of a session's own instance's adapter, what is not every session's: its copies share
@@ -149,9 +172,9 @@ fn instance_status(setup: &Setup, engine: &Engine, adapters: &Adapters, handle: 
         entry["adapter_error"] = json!(format!("{name}: {e}"));
     }
     if let Some(policy) = engine.policy(&handle.name) {
-        entry["breaker"] = breaker_json(&policy.breaker.snapshot());
+        entry["breaker"] = breaker_json(&policy.breakers.server.snapshot());
         let tools: serde_json::Map<String, Value> =
-            policy.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
+            policy.breakers.tools.troubled().iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
         entry["tool_breakers"] = Value::Object(tools);
         entry["counters"] = counters_json(&policy.counters);
         entry["retry_budget"] = json!(policy.budget.tokens());
@@ -442,12 +465,12 @@ pub fn reset_breakers(setup: &Setup, by: Resetter<'_>, server: &str, tool: Optio
     let policy =
         engine.policy(server).filter(|_| setup.config.servers.contains_key(server)).ok_or(Unreset::NoServer)?;
     let Some(tool) = tool else {
-        policy.breaker.reset();
-        policy.tools.reset_all();
+        policy.breakers.reset_all();
         return Ok(format!("the circuit breaker of `{server}` is closed, and those of its tools"));
     };
-    let breaker = policy.tools.existing(tool).ok_or(Unreset::NoBreaker)?;
-    breaker.reset();
+    if !policy.breakers.reset_tool(tool) {
+        return Err(Unreset::NoBreaker);
+    }
     Ok(format!("the circuit breaker of `{tool}` on `{server}` is closed"))
 }
 
@@ -485,9 +508,9 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
             Some(ServerSnapshot {
                 name: name.to_owned(),
                 statuses: states.iter().map(|s| s.status).collect(),
-                breaker: own.map(|p| p.breaker.snapshot().state),
+                breaker: own.map(|p| p.breakers.server.snapshot().state),
                 tool_breakers: own
-                    .map(|p| p.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
+                    .map(|p| p.breakers.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
                     .unwrap_or_default(),
                 counters: policy.map(|p| counts(&p.counters)).unwrap_or_default(),
                 denied: policy

@@ -13,11 +13,13 @@ use rmcp::{ErrorData, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 use super::call::{Attempt, Resume, attempt};
+use super::downstreams::Front;
 use super::hub::Hub;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
 use crate::recovery::Failure;
+use crate::recovery::breaker::Blame;
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
 use crate::recovery::report;
 use crate::redact::Secrets;
@@ -284,6 +286,19 @@ impl Upstream for Upstreams<'_> {
         &self.cx.ct
     }
 
+    /// A shared server over HTTP serves many clients: a failure there is blamed on this
+    /// one ([`blame_of`]). A session's own instance serves it alone, as does every server
+    /// over stdio.
+    fn blame(&self, server: &str) -> Blame {
+        let shared = self.own.instance(server).is_none() && self.handle(server).is_some();
+        if !shared || self.hub.downstreams.front() != Front::Http {
+            return Blame::Server;
+        }
+        let blamed = self.own.blamed.get().copied();
+        // A 2026-07-28 client has no session: by the address of its request.
+        blamed.unwrap_or_else(|| blame_of(None, super::server::http_address(self.cx)))
+    }
+
     fn annotations(&self, server: &str, tool: &str) -> Result<Option<ToolAnnotations>, Unoffered> {
         let state = self.handle(server).ok_or(Unoffered::Unknown)?.state();
         let session = state.session.ok_or(Unoffered::NotRunning(state.status))?;
@@ -291,6 +306,23 @@ impl Upstream for Upstreams<'_> {
         let found = listing.tools.iter().find(|t| t.name == tool);
         found.map(|t| t.annotations.clone()).ok_or(Unoffered::NoSuchTool)
     }
+}
+
+/// Whom a client's failures on a shared server are blamed on: its address (an IPv6 one by
+/// its /64, as every share per address), so that a client cannot open a shared breaker
+/// for everyone by opening a second session; a session on this machine (loopback) by the
+/// session, since local clients all share one address. (A client with no session, on
+/// 2026-07-28, by its address wherever it is.)
+pub fn blame_of(session: Option<&str>, address: Option<std::net::IpAddr>) -> Blame {
+    static KEYS: std::sync::LazyLock<std::hash::RandomState> = std::sync::LazyLock::new(Default::default);
+    use std::hash::BuildHasher as _;
+    let by_session = session.filter(|_| address.is_none_or(|ip| ip.to_canonical().is_loopback()));
+    let key = match (by_session, address) {
+        (Some(session), _) => KEYS.hash_one(("session", session)),
+        (None, Some(ip)) => KEYS.hash_one(("address", super::http::address_client(ip))),
+        (None, None) => return Blame::Server,
+    };
+    Blame::Client(key)
 }
 
 fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, message: &str, attempts: usize) {
@@ -312,4 +344,34 @@ fn response(ending: Ending, record: &Record, secrets: &Secrets) -> CallToolRespo
     };
     result.result_type = Some(ResultType::COMPLETE);
     result.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Option<std::net::IpAddr> {
+        Some(s.parse().unwrap())
+    }
+
+    /// A client is its address, an IPv6 one by its /64, however many sessions it opens;
+    /// on this machine, where every client has the same address, its session.
+    #[test]
+    fn whom_a_clients_failures_are_blamed_on() {
+        let (one, two) = (Some("session one"), Some("session two"));
+        assert_eq!(blame_of(one, ip("203.0.113.7")), blame_of(two, ip("203.0.113.7")));
+        assert_ne!(blame_of(one, ip("203.0.113.7")), blame_of(one, ip("203.0.113.8")));
+        assert_eq!(blame_of(one, ip("2001:db8:1:2::1")), blame_of(two, ip("2001:db8:1:2:ffff::9")));
+        assert_ne!(blame_of(one, ip("2001:db8:1:2::1")), blame_of(one, ip("2001:db8:1:3::1")));
+        assert_eq!(blame_of(one, ip("::ffff:203.0.113.7")), blame_of(two, ip("203.0.113.7")));
+        for local in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            assert_ne!(blame_of(one, ip(local)), blame_of(two, ip(local)), "{local}");
+            assert_eq!(blame_of(one, ip(local)), blame_of(one, ip("127.0.0.1")), "{local}");
+        }
+        // With no session (2026-07-28), by the address wherever it is.
+        assert_eq!(blame_of(None, ip("127.0.0.1")), blame_of(None, ip("127.0.0.1")));
+        assert_ne!(blame_of(None, ip("127.0.0.1")), blame_of(one, ip("127.0.0.1")));
+        assert!(matches!(blame_of(one, ip("::1")), Blame::Client(_)));
+        assert_eq!(blame_of(None, None), Blame::Server);
+    }
 }

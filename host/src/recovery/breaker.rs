@@ -1,18 +1,26 @@
 //! A circuit breaker per server: it opens on consecutive failures or on a failure rate
 //! over a window, stays open for a time that grows with repeated openings (capped,
 //! jittered), then admits exactly `half_open_max_calls` probes, and closes after
-//! `success_threshold` successes. A failed probe reopens it.
+//! `success_threshold` successes. A failed probe reopens it (on a breaker many clients
+//! share, a second client's: see below).
 //!
 //! Only failures that say something about the server's health count (see
 //! `Classification::counts_for_breaker`): invalid arguments, a tool's own error from a
 //! healthy server and cancellations leave the breaker alone, or one bad caller could
 //! shut a good server off for everybody.
 //!
+//! Nor can one client's failures open a breaker that many clients' calls go through (a
+//! shared server's, over HTTP): each failure says whom it is blamed on ([`Blame`]), and
+//! the thresholds are met (and, half-open, a failed probe reopens it) without the
+//! failures of the one client that failed most. One client whose calls fail (its
+//! arguments make a tool hang, say) is shed by breakers of its own ([`levels`]); a failed
+//! probe of its refuses it the next probes of that half-open period.
+//!
 //! Breakers come at two levels, as Envoy's outlier detection ejects one host and not the
 //! cluster: one per server, and one per tool ([`ToolBreakers`]). The engine decides which
 //! failure goes where.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +45,14 @@ pub enum Phase {
     HalfOpen { in_flight: u32, successes: u32 },
 }
 
+/// A stretch of the window: its calls' verdicts, its failures by whom they are blamed on.
+#[derive(Debug)]
+struct Bucket {
+    start: Instant,
+    successes: u32,
+    failures: Failures,
+}
+
 /// A point-in-time view, for `rebound_status`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
@@ -51,12 +67,15 @@ pub struct Snapshot {
 #[derive(Debug)]
 struct State {
     phase: Phase,
-    consecutive_failures: u32,
+    /// The consecutive failures (half-open, the failed probes), by whom they are blamed on.
+    run: Failures,
     /// Openings since the breaker last closed; grows the open time.
     openings: u32,
-    /// Buckets of (start, successes, failures), oldest first, covering the window.
-    window: VecDeque<(Instant, u32, u32)>,
+    /// Oldest first, covering the window.
+    window: VecDeque<Bucket>,
     last_success: Option<Instant>,
+    /// When a call was last admitted or its verdict recorded.
+    last_used: Option<Instant>,
     /// Counts the half-open periods (and resets): a verdict counts only in the period that
     /// admitted it, not in a later one it outlived (a probe's in a later half-open period,
     /// a call's from before an opening once the breaker has closed again).
@@ -94,10 +113,11 @@ impl Breaker {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Arc<Self> {
         let state = State {
             phase: Phase::Closed,
-            consecutive_failures: 0,
+            run: Failures::default(),
             openings: 0,
             window: VecDeque::new(),
             last_success: None,
+            last_used: None,
             cycle: 0,
         };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
@@ -105,19 +125,27 @@ impl Breaker {
 
     /// Admits a call, or says how long until the breaker will try the server again.
     pub fn admit(self: &Arc<Self>) -> Result<Permit, Duration> {
+        self.admit_for(Blame::Server)
+    }
+
+    /// Admits a call whose failure would be blamed on `blame`: half-open, not a client
+    /// whose probe already failed in this period.
+    pub fn admit_for(self: &Arc<Self>, blame: Blame) -> Result<Permit, Duration> {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
+        s.last_used = Some(now);
         let probe = match s.phase {
             Phase::Closed => false,
             Phase::Open { until } if now < until => return Err(until - now),
             Phase::Open { .. } => {
                 s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
+                s.run.clear();
                 s.cycle += 1;
                 true
             }
             Phase::HalfOpen { in_flight, successes } => {
-                if in_flight >= self.config.half_open_max_calls {
-                    // Probes are out; their verdict comes soon.
+                // Probes are out, whose verdict comes soon; or this client's failed.
+                if in_flight >= self.config.half_open_max_calls || s.run.blames(blame) {
                     return Err(Duration::ZERO);
                 }
                 s.phase = Phase::HalfOpen { in_flight: in_flight + 1, successes };
@@ -133,7 +161,7 @@ impl Breaker {
     pub fn reset(&self) {
         let mut s = self.state.lock().expect("not poisoned");
         s.phase = Phase::Closed;
-        s.consecutive_failures = 0;
+        s.run.clear();
         s.openings = 0;
         s.window.clear();
         s.cycle += 1;
@@ -152,7 +180,7 @@ impl Breaker {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
         self.prune(&mut s, now);
-        let (calls, failures) = s.window.iter().fold((0, 0), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
+        let (calls, failures) = window_totals(&s.window);
         let (state, retry_in) = match s.phase {
             Phase::Closed => ("closed", None),
             // Its open time is over: the next call is let through as a probe.
@@ -162,45 +190,55 @@ impl Breaker {
         };
         Snapshot {
             state,
-            consecutive_failures: s.consecutive_failures,
+            consecutive_failures: s.run.total(),
             openings: s.openings,
             retry_in,
             window_calls: calls,
-            window_failures: failures,
+            window_failures: failures.total(),
         }
     }
 
-    fn record(&self, probe: bool, cycle: u64, outcome: Outcome) {
+    fn record(&self, probe: bool, cycle: u64, outcome: Outcome, blame: Blame) {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
+        s.last_used = Some(now);
         if outcome == Outcome::Success {
             s.last_success = Some(now);
         }
         match (s.phase, probe) {
-            (Phase::HalfOpen { in_flight, successes }, true) if cycle == s.cycle => match outcome {
-                Outcome::Success if successes + 1 >= self.config.success_threshold => {
-                    s.phase = Phase::Closed;
-                    s.consecutive_failures = 0;
-                    s.openings = 0;
-                    s.window.clear();
+            (Phase::HalfOpen { in_flight, successes }, true) if cycle == s.cycle => {
+                let in_flight = in_flight.saturating_sub(1);
+                match outcome {
+                    Outcome::Success if successes + 1 >= self.config.success_threshold => {
+                        s.phase = Phase::Closed;
+                        s.run.clear();
+                        s.openings = 0;
+                        s.window.clear();
+                    }
+                    Outcome::Success => s.phase = Phase::HalfOpen { in_flight, successes: successes + 1 },
+                    Outcome::Failure => {
+                        s.run.add(blame);
+                        if s.run.of_others() > 0 {
+                            self.open(&mut s, now);
+                        } else {
+                            // One client's failed probe: the next probe, another's, decides.
+                            s.phase = Phase::HalfOpen { in_flight, successes };
+                        }
+                    }
+                    Outcome::Ignored => s.phase = Phase::HalfOpen { in_flight, successes },
                 }
-                Outcome::Success => {
-                    s.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes: successes + 1 }
-                }
-                Outcome::Failure => self.open(&mut s, now),
-                Outcome::Ignored => s.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes },
-            },
+            }
             // (Admitted while closed before an opening, and come back after the breaker
             // closed again: of a period that is over.)
             (Phase::Closed, false) if cycle == s.cycle => match outcome {
                 Outcome::Success => {
-                    s.consecutive_failures = 0;
-                    self.tally(&mut s, now, false);
+                    s.run.clear();
+                    self.tally(&mut s, now, None);
                 }
                 Outcome::Failure => {
-                    s.consecutive_failures += 1;
-                    self.tally(&mut s, now, true);
-                    if s.consecutive_failures >= self.config.failure_threshold || self.rate_tripped(&s) {
+                    s.run.add(blame);
+                    self.tally(&mut s, now, Some(blame));
+                    if s.run.of_others() >= self.config.failure_threshold || self.rate_tripped(&s) {
                         self.open(&mut s, now);
                     }
                 }
@@ -224,7 +262,7 @@ impl Breaker {
         // gateways do not all probe the server in the same instant.
         let for_ms = grown.mul_f64(0.8 + 0.2 * self.rng.unit());
         s.phase = Phase::Open { until: super::clock::later(now, for_ms) };
-        s.consecutive_failures = 0;
+        s.run.clear();
         s.window.clear();
     }
 
@@ -234,117 +272,85 @@ impl Breaker {
 
     fn prune(&self, s: &mut State, now: Instant) {
         let window = Duration::from_millis(self.config.window_ms);
-        while s.window.front().is_some_and(|(start, _, _)| now.saturating_duration_since(*start) >= window) {
+        while s.window.front().is_some_and(|b| now.saturating_duration_since(b.start) >= window) {
             s.window.pop_front();
         }
     }
 
-    fn tally(&self, s: &mut State, now: Instant, failed: bool) {
+    /// Counts a verdict in the window: a failure (blamed on someone) or a success.
+    fn tally(&self, s: &mut State, now: Instant, failed: Option<Blame>) {
         self.prune(s, now);
-        let fresh =
-            s.window.back().is_some_and(|(start, _, _)| now.saturating_duration_since(*start) < self.bucket_len());
+        let fresh = s.window.back().is_some_and(|b| now.saturating_duration_since(b.start) < self.bucket_len());
         if !fresh {
-            s.window.push_back((now, 0, 0));
+            s.window.push_back(Bucket { start: now, successes: 0, failures: Failures::default() });
         }
         let bucket = s.window.back_mut().expect("just pushed");
-        if failed {
-            bucket.2 += 1;
-        } else {
-            bucket.1 += 1;
+        match failed {
+            Some(blame) => bucket.failures.add(blame),
+            None => bucket.successes += 1,
         }
     }
 
+    /// Whether the window's failure rate trips it, without the failed calls of the one
+    /// client that failed most (its successes stay in: the rate only falls for them).
     fn rate_tripped(&self, s: &State) -> bool {
-        let (calls, failures) = s.window.iter().fold((0u32, 0u32), |(c, f), (_, ok, bad)| (c + ok + bad, f + bad));
-        calls >= self.config.min_calls && f64::from(failures) >= self.config.failure_rate * f64::from(calls)
+        let (calls, failures) = window_totals(&s.window);
+        let calls = calls - failures.most_of_one();
+        calls >= self.config.min_calls && f64::from(failures.of_others()) >= self.config.failure_rate * f64::from(calls)
     }
+
+    /// Whether it has not been used for a whole window and sheds no call now: what it
+    /// knows is stale, and nothing would be lost with it.
+    pub fn idle(&self) -> bool {
+        let now = self.clock.now();
+        let s = self.state.lock().expect("not poisoned");
+        let window = Duration::from_millis(self.config.window_ms);
+        let unused = s.last_used.is_none_or(|t| now.saturating_duration_since(t) >= window);
+        let sheds = match s.phase {
+            Phase::Closed => false,
+            Phase::Open { until } => now < until,
+            Phase::HalfOpen { in_flight, .. } => in_flight > 0,
+        };
+        unused && !sheds
+    }
+}
+
+/// The calls, and the failures by whom they are blamed on, over `window`.
+fn window_totals(window: &VecDeque<Bucket>) -> (u32, Failures) {
+    window.iter().fold((0, Failures::default()), |(calls, mut failures), b| {
+        failures.merge(&b.failures);
+        (calls + b.successes + b.failures.total(), failures)
+    })
 }
 
 impl Permit {
-    pub fn record(mut self, outcome: Outcome) {
+    /// Records the call's outcome, a failure blamed on the server.
+    pub fn record(self, outcome: Outcome) {
+        self.record_blaming(outcome, Blame::Server);
+    }
+
+    /// Records the call's outcome, a failure blamed on `blame`.
+    pub fn record_blaming(mut self, outcome: Outcome, blame: Blame) {
         self.recorded = true;
-        self.breaker.record(self.probe, self.cycle, outcome);
-    }
-}
-
-/// The most tools of one server that get a breaker of their own; calls of further tools
-/// are guarded by the server's breaker alone. Tool names come from the server's listing
-/// and from adapters' plans, so their number needs a bound.
-pub const MAX_TOOL_BREAKERS: usize = 1024;
-
-/// The breakers of one server's tools, each made on the tool's first call with the
-/// server's breaker settings.
-pub struct ToolBreakers {
-    config: BreakerConfig,
-    clock: Arc<dyn Clock>,
-    rng: Arc<Rng>,
-    by_tool: Mutex<HashMap<String, Arc<Breaker>>>,
-}
-
-impl std::fmt::Debug for ToolBreakers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ToolBreakers").field("tools", &self.by_tool.lock().map(|m| m.len()).unwrap_or(0)).finish()
-    }
-}
-
-impl ToolBreakers {
-    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
-        Self { config, clock, rng, by_tool: Mutex::default() }
-    }
-
-    /// The breaker of `tool`, made on first use; none past [`MAX_TOOL_BREAKERS`].
-    pub fn get(&self, tool: &str) -> Option<Arc<Breaker>> {
-        let mut map = self.by_tool.lock().expect("not poisoned");
-        if let Some(b) = map.get(tool) {
-            return Some(b.clone());
-        }
-        if map.len() >= MAX_TOOL_BREAKERS {
-            return None;
-        }
-        let b = Breaker::new(self.config, self.clock.clone(), self.rng.clone());
-        map.insert(tool.to_owned(), b.clone());
-        Some(b)
-    }
-
-    /// The breaker of `tool` if it has one already.
-    pub fn existing(&self, tool: &str) -> Option<Arc<Breaker>> {
-        self.by_tool.lock().expect("not poisoned").get(tool).cloned()
-    }
-
-    /// Every tool's breaker that is not closed and clean, by name.
-    pub fn troubled(&self) -> Vec<(String, Snapshot)> {
-        let map = self.by_tool.lock().expect("not poisoned");
-        let mut out: Vec<(String, Snapshot)> = map
-            .iter()
-            .map(|(t, b)| (t.clone(), b.snapshot()))
-            .filter(|(_, s)| s.state != "closed" || s.consecutive_failures > 0 || s.window_failures > 0)
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-
-    /// Whether a tool other than `tool` answered at `since` or later: evidence that the
-    /// server is up and a failure of `tool` is confined to it.
-    pub fn others_answered(&self, tool: &str, since: Instant) -> bool {
-        let map = self.by_tool.lock().expect("not poisoned");
-        map.iter().any(|(t, b)| t != tool && b.answered_since(since))
-    }
-
-    /// Closes every tool's breaker.
-    pub fn reset_all(&self) {
-        for b in self.by_tool.lock().expect("not poisoned").values() {
-            b.reset();
-        }
+        self.breaker.record(self.probe, self.cycle, outcome, blame);
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.recorded {
-            self.breaker.record(self.probe, self.cycle, Outcome::Ignored);
+            self.breaker.record(self.probe, self.cycle, Outcome::Ignored, Blame::Server);
         }
     }
 }
+
+mod blame;
+pub mod levels;
+
+pub use blame::Blame;
+use blame::Failures;
+
+pub use levels::{MAX_TOOL_BREAKERS, Permits, ServerBreakers, Shed, ToolBreakers};
 
 #[cfg(test)]
 mod tests;

@@ -468,7 +468,13 @@ mod tests {
         check(tool_error("out of range at line 4290"), ToolExecution, false, false, false);
         check(tool_error("upstream said 503"), ServerUnavailable, true, true, false);
         check(tool_error("HTTP/1.1 429"), RateLimit, true, false, false);
-        check(Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None }, CircuitOpen, true, false, true);
+        check(
+            Failure::CircuitOpen { retry_in: Duration::from_secs(3), tool: None, own: false },
+            CircuitOpen,
+            true,
+            false,
+            true,
+        );
         // A `url` server's refusals: none proves the request was not run.
         let http = |status, after: Option<&str>| Failure::HttpStatus { status, retry_after: after.map(str::to_owned) };
         check(http(429, Some("2")), RateLimit, true, false, false);

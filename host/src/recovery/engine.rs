@@ -18,7 +18,9 @@
 //! only the tool is shed (as Envoy's outlier detection ejects one host, not the cluster).
 //! Without that evidence, the server's breaker counts it too and sheds the server as a
 //! whole. A failure that proves the call never reached the server counts for the server
-//! alone.
+//! alone. On a server many clients share, a failure is blamed on the client whose call it
+//! was ([`Upstream::blame`]): it counts on that client's own breakers, and on the shared
+//! ones without the client that failed most (see [`breaker::levels`](super::breaker::levels)).
 //!
 //! Architecture invariant: the engine does no I/O. Upstream calls go through the
 //! [`Upstream`] it is handed; time and randomness through [`Clock`] and [`Rng`].
@@ -36,7 +38,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff;
-use super::breaker::{Breaker, Outcome, Permit, ToolBreakers};
+use super::breaker::levels::Failed;
+use super::breaker::{Blame, Outcome, Permits, ServerBreakers};
 use super::budget::RetryBudget;
 use super::classify::{Category, Classification, classify, classify_sent};
 use super::clock::{Clock, Rng};
@@ -73,6 +76,11 @@ pub trait Upstream: Send + Sync {
     /// Cancelled once the client no longer wants the call: nothing more starts for it (no
     /// retry, no step of a plan), and a wait in progress ends.
     fn cancellation(&self) -> &CancellationToken;
+    /// Whom a failure of this call on `server` is blamed on: the server, unless the server
+    /// serves many clients (then the client, by a key of its own).
+    fn blame(&self, _server: &str) -> Blame {
+        Blame::Server
+    }
 }
 
 /// Why a server does not offer a tool right now, so that a step naming it is not taken.
@@ -148,9 +156,9 @@ impl Counters {
 #[derive(Debug)]
 pub struct ServerPolicy {
     pub recovery: RecoveryConfig,
-    pub breaker: Arc<Breaker>,
-    /// One breaker per tool, for failures confined to one tool.
-    pub tools: ToolBreakers,
+    /// The server's, one per tool (for failures confined to one tool), and each client's
+    /// own when many share the server.
+    pub breakers: ServerBreakers,
     pub budget: RetryBudget,
     /// The server's; a session's own instance's count for it and for the server
     /// ([`Counters::within`], [`Engine::fresh_policies`]).
@@ -171,8 +179,7 @@ impl ServerPolicy {
     ) -> Self {
         Self {
             recovery: recovery.clone(),
-            breaker: Breaker::new(recovery.breaker, clock.clone(), rng.clone()),
-            tools: ToolBreakers::new(recovery.breaker, clock.clone(), rng.clone()),
+            breakers: ServerBreakers::new(recovery.breaker, clock.clone(), rng.clone()),
             budget: RetryBudget::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve),
             counters: Arc::default(),
             grant,
@@ -822,7 +829,7 @@ impl Engine {
                 return false;
             }
         }
-        if let Some(open) = refused_at(target, tool, self.clock.now()) {
+        if let Some(open) = target.breakers.refused_at(tool, call.upstream.blame(server), self.clock.now()) {
             record.stopped = Some(format!("the plan's call of `{server}/{tool}` was skipped: {open}"));
             return false;
         }
@@ -990,39 +997,35 @@ impl Engine {
         if remaining.is_zero() {
             return Err(failed(Failure::Timeout { after: Duration::ZERO }));
         }
-        let (server_permit, tool_permit) = match admit(policy, tool) {
+        let permits = match policy.breakers.admit(tool, upstream.blame(server)) {
             Ok(permits) => permits,
-            Err(open) => {
+            Err(shed) => {
                 policy.counters.add(|c| &c.shed);
-                return Err(failed(open));
+                let tool = shed.tool.then(|| tool.to_owned());
+                return Err(failed(Failure::CircuitOpen { retry_in: shed.retry_in, tool, own: shed.own }));
             }
         };
         policy.counters.add(|c| &c.attempts);
         let started = self.clock.now();
         match upstream.call(server, tool, role, arguments.clone(), timeout.min(remaining), remaining).await {
             Ok(result) => {
-                server_permit.record(Outcome::Success);
-                if let Some(p) = tool_permit {
-                    p.record(Outcome::Success);
-                }
+                policy.breakers.succeeded(permits);
                 Ok(result)
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                self.record_failure(policy, tool, started, (server_permit, tool_permit), (&failure, &class));
+                self.record_failure(policy, started, permits, (&failure, &class));
                 Err((failure, class))
             }
         }
     }
 
-    /// Records a failed attempt of `tool`, `started` then, on the breakers it was let
-    /// through (the server's and the tool's `permits`).
+    /// Records a failed attempt, `started` then, on the breakers it was let through.
     fn record_failure(
         &self,
         policy: &ServerPolicy,
-        tool: &str,
         started: tokio::time::Instant,
-        (server_permit, tool_permit): (Permit, Option<Permit>),
+        permits: Permits,
         (failure, class): (&Failure, &Classification),
     ) {
         let outcome = if class.counts_for_breaker {
@@ -1032,10 +1035,8 @@ impl Engine {
         } else {
             Outcome::Ignored
         };
-        // An undelivered request says nothing about the tool. A tool that hangs or
-        // reports an outage (also as an HTTP server error for its request alone)
-        // while another tool of the server answered within the breaker's window is
-        // the tool's failure alone; a broken connection never is.
+        // A broken connection is never the tool's alone; which level the others count
+        // at, the breakers decide (`ServerBreakers::failed`).
         let tool_level = matches!(
             failure,
             Failure::Timeout { .. }
@@ -1046,11 +1047,7 @@ impl Engine {
         let window = Duration::from_millis(policy.recovery.breaker.window_ms);
         let now = self.clock.now();
         let since = now.checked_sub(window).unwrap_or(started.min(now));
-        let confined = outcome == Outcome::Failure && tool_level && policy.tools.others_answered(tool, since);
-        if let Some(p) = tool_permit {
-            p.record(if class.not_delivered { Outcome::Ignored } else { outcome });
-        }
-        server_permit.record(if confined { Outcome::Ignored } else { outcome });
+        policy.breakers.failed(permits, Failed { outcome, tool_level, undelivered: class.not_delivered, since });
     }
 
     /// An alternative `server/tool` that would be tried now, with its server's policy and
@@ -1126,7 +1123,8 @@ impl Engine {
             }
         }
         // A breaker the last attempt opened would shed the next one: no budget for it.
-        if let Some(open) = refused_at(policy, &call.tool, self.clock.now() + delay) {
+        let blame = call.upstream.blame(&call.server);
+        if let Some(open) = policy.breakers.refused_at(&call.tool, blame, self.clock.now() + delay) {
             return Err(format!("{open}, so another attempt would be refused"));
         }
         if !policy.budget.withdraw() {
@@ -1136,35 +1134,12 @@ impl Engine {
     }
 }
 
-/// Lets an attempt of `tool` through the server's breaker and then the tool's, or says
-/// which of them is open (a tool's permit not taken when the server's breaker is open).
-fn admit(policy: &ServerPolicy, tool: &str) -> Result<(Permit, Option<Permit>), Failure> {
-    let open = |retry_in, tool: Option<&str>| Failure::CircuitOpen { retry_in, tool: tool.map(str::to_owned) };
-    let server = policy.breaker.admit().map_err(|retry_in| open(retry_in, None))?;
-    let tool_permit = match policy.tools.get(tool).map(|b| b.admit()) {
-        Some(Err(retry_in)) => return Err(open(retry_in, Some(tool))),
-        Some(Ok(p)) => Some(p),
-        None => None,
-    };
-    Ok((server, tool_permit))
-}
-
 /// Refuses an adapter's step naming `server/tool` for `denial`: counted, and on record.
 /// Always `false`, the step's admission.
 fn deny(call: &Call<'_>, record: &mut Record, denial: Denial, (server, tool): (&str, &str)) -> bool {
     call.policy.counters.deny(denial);
     record.denied.push(Denied { denial, target: format!("{server}/{tool}") });
     false
-}
-
-/// Which of the breakers an attempt of `tool` goes through (the server's, the tool's) will
-/// still be open `at`, if one will: spending retry budget on an attempt it sheds is
-/// waste. A half-open breaker whose probes are out may admit by then, and is not counted.
-fn refused_at(policy: &ServerPolicy, tool: &str, at: tokio::time::Instant) -> Option<&'static str> {
-    if policy.breaker.open_at(at) {
-        return Some("the server's circuit breaker is open");
-    }
-    policy.tools.existing(tool).filter(|b| b.open_at(at)).map(|_| "the tool's circuit breaker is open")
 }
 
 /// Shows the advisor a successful call's result (an answer that is not one, it never sees).

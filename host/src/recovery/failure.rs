@@ -30,7 +30,9 @@ pub enum Failure {
     HttpStatus { status: u16, retry_after: Option<String> },
     /// A breaker is open, the server's or (`tool`) that tool's alone: the call was not
     /// made.
-    CircuitOpen { retry_in: Duration, tool: Option<String> },
+    /// `tool`: the tool's breaker, not the server's; `own`: the breaker of this client's
+    /// calls alone (the server serves many, and only this one's calls failed).
+    CircuitOpen { retry_in: Duration, tool: Option<String>, own: bool },
     /// The server answered with something that is not a tool result.
     Protocol { reason: String },
     /// The client cancelled the call.
@@ -108,11 +110,16 @@ impl Failure {
             Self::HttpStatus { status, retry_after: Some(after) } => {
                 format!("the server's HTTP endpoint answered HTTP {status} (Retry-After: {after})")
             }
-            Self::CircuitOpen { retry_in, tool: None } => format!(
+            Self::CircuitOpen { retry_in, tool, own: true } => format!(
+                "this client's calls to {} failed repeatedly, so its circuit breaker for them is open; other clients' calls still go through (next probe in {} ms)",
+                tool.as_ref().map_or("the server".to_owned(), |t| format!("tool `{t}`")),
+                retry_in.as_millis()
+            ),
+            Self::CircuitOpen { retry_in, tool: None, .. } => format!(
                 "the server's circuit breaker is open after repeated failures (next probe in {} ms)",
                 retry_in.as_millis()
             ),
-            Self::CircuitOpen { retry_in, tool: Some(tool) } => format!(
+            Self::CircuitOpen { retry_in, tool: Some(tool), .. } => format!(
                 "the circuit breaker of tool `{tool}` is open after repeated failures; the server's other tools still answer (next probe in {} ms)",
                 retry_in.as_millis()
             ),

@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn an_open_breaker_is_not_retried_but_falls_back() {
-        let open = class(Failure::CircuitOpen { retry_in: Duration::from_secs(1), tool: None });
+        let open = class(Failure::CircuitOpen { retry_in: Duration::from_secs(1), tool: None, own: false });
         let p = compose(None, &recovery(), "search", &open, &open);
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
     }

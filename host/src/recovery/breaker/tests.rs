@@ -178,3 +178,214 @@ async fn a_probe_from_an_earlier_half_open_period_has_no_say() {
     second.record(Outcome::Success);
     assert_eq!(b.phase(), Phase::Closed);
 }
+
+fn fail_as(b: &Arc<Breaker>, client: u64, n: u32) {
+    for _ in 0..n {
+        b.admit().expect("admitted").record_blaming(Outcome::Failure, Blame::Client(client));
+    }
+}
+
+/// One client's failures never open a breaker many clients share, however many: its
+/// thresholds are met by the others' failures, without those of the client that failed
+/// most.
+#[tokio::test(start_paused = true)]
+async fn one_clients_failures_alone_do_not_open_it() {
+    let b = defaults();
+    fail_as(&b, 1, 50);
+    assert_eq!(b.phase(), Phase::Closed, "one client's failures");
+    assert_eq!(b.snapshot().consecutive_failures, 50);
+    fail_as(&b, 2, 4);
+    assert_eq!(b.phase(), Phase::Closed, "four of the others'");
+    fail_as(&b, 3, 1);
+    assert!(matches!(b.phase(), Phase::Open { .. }), "five of the others', in a row");
+
+    let b = defaults();
+    fail_as(&b, 1, 4);
+    fail(&b, 4);
+    assert_eq!(b.phase(), Phase::Closed);
+    fail(&b, 1);
+    assert!(matches!(b.phase(), Phase::Open { .. }), "the server's own failures count in full");
+
+    // Another client's success ends the run.
+    let b = defaults();
+    fail_as(&b, 1, 10);
+    b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(2));
+    fail_as(&b, 2, 4);
+    fail_as(&b, 3, 4);
+    assert_eq!(b.phase(), Phase::Closed, "four of the others' since");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_failure_rate_leaves_out_the_client_that_failed_most() {
+    let b = breaker(BreakerConfig {
+        min_calls: 10,
+        failure_rate: 0.5,
+        failure_threshold: u32::MAX,
+        ..BreakerConfig::default()
+    });
+    // Client 1 always fails, client 2 always answers: all of the failures are one's.
+    for _ in 0..20 {
+        fail_as(&b, 1, 1);
+        b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(2));
+    }
+    assert_eq!(b.phase(), Phase::Closed, "half the calls failed, all of them one client's");
+    // Without client 1's 20 failed calls: 20 answered; the others' failures must reach half.
+    for n in 1..20 {
+        fail_as(&b, 2 + n % 2, 1);
+        assert_eq!(b.phase(), Phase::Closed, "{n} of the others' failures");
+    }
+    fail_as(&b, 2, 1);
+    assert!(matches!(b.phase(), Phase::Open { .. }), "20 of 40 of the others' calls failed");
+}
+
+/// Half-open, a probe one client failed frees its slot, and that client gets no other
+/// probe in the period: the next probe, another client's, decides.
+#[tokio::test(start_paused = true)]
+async fn one_clients_failed_probe_does_not_reopen_it() {
+    let b = defaults();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    b.admit_for(Blame::Client(1)).expect("a probe").record_blaming(Outcome::Failure, Blame::Client(1));
+    assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, successes: 0 }), "{:?}", b.phase());
+    assert_eq!(b.admit_for(Blame::Client(1)).expect_err("not its probe again"), Duration::ZERO);
+    b.admit_for(Blame::Client(2)).expect("another's probe").record_blaming(Outcome::Failure, Blame::Client(2));
+    assert!(matches!(b.phase(), Phase::Open { .. }));
+}
+
+/// Unused for a whole window and shedding nothing, a breaker is idle: what it knows is
+/// stale (a failure long ago, or an open time that has passed).
+#[tokio::test(start_paused = true)]
+async fn a_breaker_left_alone_for_a_window_is_idle() {
+    // Open for longer than a window.
+    let b = breaker(BreakerConfig { open_ms: 120_000, ..BreakerConfig::default() });
+    assert!(b.idle());
+    fail(&b, 1);
+    assert!(!b.idle(), "just used");
+    tokio::time::advance(Duration::from_millis(BreakerConfig::default().window_ms)).await;
+    assert!(b.idle(), "a failure a window ago, nothing since");
+    fail(&b, 4); // five in a row, with that one
+    tokio::time::advance(Duration::from_millis(BreakerConfig::default().window_ms)).await;
+    assert!(!b.idle(), "open: it sheds calls");
+    tokio::time::advance(Duration::from_millis(BreakerConfig::default().max_open_ms)).await;
+    assert!(b.idle(), "its open time has passed, unused since");
+}
+
+mod levels {
+    use super::*;
+    use crate::recovery::breaker::levels::{Failed, MAX_CLIENT_BREAKERS};
+
+    fn breakers() -> ServerBreakers {
+        breakers_with(BreakerConfig::default())
+    }
+
+    fn breakers_with(config: BreakerConfig) -> ServerBreakers {
+        ServerBreakers::new(config, Arc::new(TokioClock), Arc::new(Rng::seeded(7)))
+    }
+
+    fn failed(outcome: Outcome, tool_level: bool, undelivered: bool) -> Failed {
+        let since = tokio::time::Instant::now() - Duration::from_millis(BreakerConfig::default().window_ms);
+        Failed { outcome, tool_level, undelivered, since }
+    }
+
+    fn fail_as(b: &ServerBreakers, tool: &str, client: u64, n: u32) {
+        for _ in 0..n {
+            let permits = b.admit(tool, Blame::Client(client)).expect("admitted");
+            b.failed(permits, failed(Outcome::Failure, true, false));
+        }
+    }
+
+    /// A client whose calls keep failing is shed by breakers of its own; the others' calls
+    /// go on. Once another client fails too, the server is shed for everyone.
+    #[tokio::test(start_paused = true)]
+    async fn one_client_is_shed_alone_until_another_fails_too() {
+        let b = breakers();
+        fail_as(&b, "fetch", 1, 5);
+        let shed = b.admit("fetch", Blame::Client(1)).expect_err("its own breaker is open");
+        assert!(shed.own && !shed.tool, "{shed:?}");
+        assert_eq!(b.own(1).unwrap().snapshot().state, "open");
+        assert_eq!(b.server.snapshot().state, "closed");
+        let other = b.admit("fetch", Blame::Client(2)).expect("another client's call goes through");
+        b.succeeded(other);
+        assert!(b.own(2).is_none(), "no breaker of its own without a failure");
+        let now = tokio::time::Instant::now();
+        assert!(b.refused_at("fetch", Blame::Client(1), now).is_some_and(|w| w.contains("this client")));
+        assert_eq!(b.refused_at("fetch", Blame::Client(2), now), None);
+
+        // (Client 2's success above ended client 1's run.) The others' failures open
+        // the shared breaker for everyone: five in a row, without those of the client
+        // that failed most.
+        for client in 2..=6 {
+            fail_as(&b, "fetch", client, 1);
+        }
+        assert_eq!(b.server.snapshot().state, "closed", "four of the others'");
+        fail_as(&b, "fetch", 7, 1);
+        let shed = b.admit("fetch", Blame::Client(3)).expect_err("the server's breaker is open");
+        assert!(!shed.own, "{shed:?}");
+    }
+
+    /// A request that never reached the server is the server's failure, whoever sent it.
+    #[tokio::test(start_paused = true)]
+    async fn an_undelivered_request_counts_for_everyone() {
+        let b = breakers();
+        for _ in 0..5 {
+            let permits = b.admit("fetch", Blame::Client(1)).unwrap();
+            b.failed(permits, failed(Outcome::Failure, false, true));
+        }
+        assert_eq!(b.server.snapshot().state, "open");
+        assert!(b.own(1).is_none(), "nothing of its own to blame");
+    }
+
+    /// Over stdio, and on a session's own instance, every failure is the server's: the
+    /// breaker opens as it always did, and there are no breakers of a client's own.
+    #[tokio::test(start_paused = true)]
+    async fn the_one_client_of_a_server_opens_its_breaker() {
+        let b = breakers();
+        for _ in 0..5 {
+            let permits = b.admit("fetch", Blame::Server).unwrap();
+            b.failed(permits, failed(Outcome::Failure, true, false));
+        }
+        assert!(!b.admit("fetch", Blame::Server).expect_err("open").own);
+    }
+
+    /// Past the most breakers clients may hold, idle ones make room; a client that finds
+    /// none has no breaker of its own, and the shared ones still hold.
+    #[tokio::test(start_paused = true)]
+    async fn clients_breakers_are_bounded() {
+        // The shared breaker never opens here: this is about the clients' own.
+        let b = breakers_with(BreakerConfig {
+            failure_threshold: u32::MAX,
+            min_calls: u32::MAX,
+            ..BreakerConfig::default()
+        });
+        let window = Duration::from_millis(BreakerConfig::default().window_ms);
+        // A server-level and a tool-level breaker each.
+        for client in 0..(MAX_CLIENT_BREAKERS as u64 / 2) {
+            fail_as(&b, "fetch", client, 1);
+        }
+        fail_as(&b, "fetch", u64::MAX, 1);
+        assert!(b.own(u64::MAX).is_none(), "all taken and busy");
+        tokio::time::advance(window / 20).await;
+        fail_as(&b, "fetch", u64::MAX, 1);
+        assert!(b.own(u64::MAX).is_none(), "not looked for again so soon");
+        // A window later the clients that failed once, and left, have stale breakers.
+        tokio::time::advance(window).await;
+        fail_as(&b, "fetch", u64::MAX, 1);
+        assert_eq!(b.own(u64::MAX).unwrap().snapshot().consecutive_failures, 1, "room was made");
+        assert!(b.own(0).is_none(), "the stale ones went");
+    }
+
+    /// A client failing a tool that answers other clients is shed from that tool alone:
+    /// the server and the tool are up.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_failing_a_tool_that_answers_others_is_shed_from_it_alone() {
+        let b = breakers();
+        b.succeeded(b.admit("fetch", Blame::Client(2)).unwrap());
+        fail_as(&b, "fetch", 1, 5);
+        let shed = b.admit("fetch", Blame::Client(1)).expect_err("its own breaker of the tool");
+        assert!(shed.own && shed.tool, "{shed:?}");
+        assert!(b.own(1).is_none(), "no breaker of the server of its own: its failures were the tool's");
+        b.succeeded(b.admit("other", Blame::Client(1)).expect("its calls of other tools go on"));
+        assert!(b.reset_tool("fetch"));
+        assert!(b.admit("fetch", Blame::Client(1)).is_ok(), "reset with the tool's");
+    }
+}

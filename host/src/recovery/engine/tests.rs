@@ -26,6 +26,9 @@ struct Script {
     tools: HashMap<String, Option<ToolAnnotations>>,
     /// The client's cancellation of the call.
     cancelled: CancellationToken,
+    /// Whom the calls are from, when the server serves many clients (by default it
+    /// serves one).
+    client: Mutex<Option<u64>>,
 }
 
 fn ok(text: &str) -> Result<CallToolResponse, Failure> {
@@ -93,6 +96,10 @@ impl Upstream for Script {
 
     fn cancellation(&self) -> &CancellationToken {
         &self.cancelled
+    }
+
+    fn blame(&self, _server: &str) -> Blame {
+        self.client.lock().unwrap().map_or(Blame::Server, Blame::Client)
     }
 }
 
@@ -302,7 +309,7 @@ async fn a_tools_own_error_is_passed_through_untouched() {
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "no such file: a.lean");
     assert_eq!(record.attempts.len(), 1);
-    assert_eq!(e.policy("s").unwrap().breaker.snapshot().consecutive_failures, 0);
+    assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().consecutive_failures, 0);
 }
 
 /// A tool's own error is a failure of the tool: its configured fallbacks run, with no
@@ -485,7 +492,7 @@ async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_th
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
     assert_eq!(answered(&run(&e, &up, "read").await.0), "ok");
-    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "closed");
+    assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().state, "closed");
 }
 
 #[tokio::test(start_paused = true)]
@@ -755,7 +762,7 @@ async fn an_outage_reported_as_tool_errors_opens_the_servers_breaker() {
     }
     assert_eq!(up.calls("s/a").len(), 5, "shed after the threshold");
     let policy = e.policy("s").unwrap();
-    assert_eq!(policy.breaker.snapshot().state, "open", "nothing showed the server was up");
+    assert_eq!(policy.breakers.server.snapshot().state, "open", "nothing showed the server was up");
     // Shed at once, without a call, for every tool of the server.
     let (_, record) = run(&e, &up, "b").await;
     assert!(matches!(record.last_failure(), Some((Failure::CircuitOpen { tool: None, .. }, _))));
@@ -765,7 +772,33 @@ async fn an_outage_reported_as_tool_errors_opens_the_servers_breaker() {
     up.answers.lock().unwrap().clear();
     assert_eq!(answered(&run(&e, &up, "a").await.0), "ok");
     assert_eq!(answered(&run(&e, &up, "a").await.0), "ok");
-    assert_eq!(policy.breaker.snapshot().state, "closed");
+    assert_eq!(policy.breakers.server.snapshot().state, "closed");
+}
+
+/// On a server many clients share, one client whose calls fail as an outage (its
+/// arguments make the server report one, say) is shed alone; the others' calls go on.
+#[tokio::test(start_paused = true)]
+async fn one_clients_outage_sheds_its_own_calls_alone() {
+    let up = Script::new(&[("s/a", true)]).then("s/a", (0..100).map(|_| unavailable()).collect());
+    let e = engine(&[server("s", one_attempt())]);
+    *up.client.lock().unwrap() = Some(1);
+    for _ in 0..20 {
+        run(&e, &up, "a").await;
+    }
+    assert_eq!(up.calls("s/a").len(), 5, "shed after the threshold");
+    let (_, record) = run(&e, &up, "a").await;
+    let (failure, class) = record.last_failure().unwrap();
+    assert!(matches!(failure, Failure::CircuitOpen { own: true, .. }), "{failure:?}");
+    let advice = report::suggested_action(&record.server, &record.tool, failure, class);
+    assert!(advice.contains("other clients' calls still answer"), "{advice}");
+    let policy = e.policy("s").unwrap();
+    assert_eq!(policy.breakers.server.snapshot().state, "closed");
+    assert_eq!(policy.breakers.own(1).unwrap().snapshot().state, "open");
+    // Another client's call is made, and answered.
+    up.answers.lock().unwrap().clear();
+    *up.client.lock().unwrap() = Some(2);
+    assert_eq!(answered(&run(&e, &up, "a").await.0), "ok");
+    assert_eq!(up.calls("s/a").len(), 6);
 }
 
 #[tokio::test(start_paused = true)]
@@ -781,8 +814,8 @@ async fn a_failure_confined_to_one_tool_trips_only_that_tools_breaker() {
     assert_eq!(up.calls("s/a").len(), 5);
     assert_eq!(up.calls("s/b").len(), 21);
     let policy = e.policy("s").unwrap();
-    assert_eq!(policy.breaker.snapshot().state, "closed");
-    let troubled = policy.tools.troubled();
+    assert_eq!(policy.breakers.server.snapshot().state, "closed");
+    let troubled = policy.breakers.tools.troubled();
     assert_eq!((troubled[0].0.as_str(), troubled[0].1.state), ("a", "open"));
     let (_, record) = run(&e, &up, "a").await;
     assert!(
@@ -805,7 +838,7 @@ async fn another_tools_answer_within_the_window_confines_a_failure() {
     for _ in 0..5 {
         run(&e, &up, "a").await; // 5 s each: the last ends 35 s after `b` answered
     }
-    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "closed", "`b` answered within the window");
+    assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().state, "closed", "`b` answered within the window");
     // Past the window, nothing shows the server is up: the failures count for it.
     let e = engine(&[server("s", r)]);
     assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
@@ -813,7 +846,7 @@ async fn another_tools_answer_within_the_window_confines_a_failure() {
     for _ in 0..5 {
         run(&e, &up, "a").await;
     }
-    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "open");
+    assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().state, "open");
 }
 
 #[tokio::test(start_paused = true)]
@@ -825,7 +858,7 @@ async fn failures_across_tools_shed_the_server() {
     for tool in ["a", "b", "a", "b", "a"] {
         run(&e, &up, tool).await;
     }
-    assert_eq!(e.policy("s").unwrap().breaker.snapshot().state, "open");
+    assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().state, "open");
     run(&e, &up, "c").await;
     assert!(up.calls("s/c").is_empty());
 }
@@ -841,8 +874,8 @@ async fn undelivered_calls_count_for_the_server_not_the_tool() {
         run(&e, &up, "a").await;
     }
     let policy = e.policy("s").unwrap();
-    assert_eq!(policy.breaker.snapshot().state, "open");
-    assert!(policy.tools.troubled().is_empty(), "{:?}", policy.tools.troubled());
+    assert_eq!(policy.breakers.server.snapshot().state, "open");
+    assert!(policy.breakers.tools.troubled().is_empty(), "{:?}", policy.breakers.tools.troubled());
 }
 
 /// Retries that could use up the deadline give way to the fallback, which always runs:
@@ -1179,9 +1212,9 @@ async fn an_http_server_error_for_one_tool_is_confined_to_it() {
             run(&e, &up, "a").await;
         }
         let policy = e.policy("s").unwrap();
-        let server = policy.breaker.snapshot();
+        let server = policy.breakers.server.snapshot();
         assert_eq!((server.state, server.window_failures), ("closed", 0), "HTTP {status}: none counted for the server");
-        assert_eq!(policy.tools.troubled()[0].1.state, "open", "HTTP {status}");
+        assert_eq!(policy.breakers.tools.troubled()[0].1.state, "open", "HTTP {status}");
         assert_eq!(answered(&run(&e, &up, "b").await.0), "ok", "HTTP {status}: the server's other tools serve");
     }
 }
@@ -1197,7 +1230,7 @@ async fn a_broken_connection_is_never_confined_to_one_tool() {
     }
     // Every one counted for the server although b had just answered (a timeout would
     // have been confined to `a`, as in the test above).
-    let server = e.policy("s").unwrap().breaker.snapshot();
+    let server = e.policy("s").unwrap().breakers.server.snapshot();
     assert_eq!((server.consecutive_failures, server.window_failures), (1, 5));
 }
 
