@@ -526,7 +526,7 @@ async fn sigterm_stops_every_child_with_no_orphans() {
     let pids: Vec<u32> = ["a", "b"].iter().flat_map(|s| gw.state(s, "starts")).map(|p| p.parse().unwrap()).collect();
     let gateway_pid = gw.child.id().unwrap();
     let term = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        eventually("the call in flight", || gw.state("a", "calls").contains(&"slow".to_owned())).await;
         std::process::Command::new("kill").args(["-TERM", &gateway_pid.to_string()]).status().unwrap();
     };
     let (running, ()) = tokio::join!(gw.call("a__slow", json!({"ms": 20000})), term);

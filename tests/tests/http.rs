@@ -275,7 +275,9 @@ async fn what_a_client_must_not_get_past() {
     let (a, b) = (first.text().await.unwrap(), second.text().await.unwrap());
     assert!(a.contains("slept 1500 ms") && b.contains("slept 1500 ms"), "{a}\n{b}");
     // Finished answers give the permits back.
-    assert_eq!(slow(4).await.unwrap().status(), StatusCode::OK);
+    let fourth = slow(4).await.unwrap();
+    assert_eq!(fourth.status(), StatusCode::OK);
+    assert!(fourth.text().await.unwrap().contains("slept 1500 ms"));
 
     // A client on 2026-07-28 has no session, and counts by its address: naming a session
     // of its own making does not make each request a new client.
@@ -290,8 +292,10 @@ async fn what_a_client_must_not_get_past() {
             .header("mcp-name", "slow")
             .send()
     };
+    let slow_calls = || gw.state("a", "calls").iter().filter(|t| *t == "slow").count();
+    let before = slow_calls();
     let (first, second, third) = tokio::join!(modern(11), modern(12), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        eventually("two calls in flight", || slow_calls() == before + 2).await;
         modern(13).await
     });
     let statuses = [first.unwrap(), second.unwrap(), third.unwrap()].map(|r| r.status());
@@ -323,8 +327,9 @@ async fn what_a_client_must_not_get_past() {
 
     // A second request with an id still in flight is refused at once, as JSON-RPC, and
     // the first is answered as usual.
+    let before = slow_calls();
     let (first, again) = tokio::join!(slow(5), async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        eventually("the first in flight", || slow_calls() == before + 1).await;
         slow(5).await
     });
     let again = again.unwrap();

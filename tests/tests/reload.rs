@@ -100,7 +100,8 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     fixed["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend([json!("--start-delay"), json!("300")]);
     let in_flight = call(&client, "a__slow", json!({"ms": 1500}));
     let meanwhile = async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let calls = || std::fs::read_to_string(dir.join("a/calls")).unwrap_or_default();
+        eventually("the call in flight", || calls().lines().any(|t| t == "slow")).await;
         rewrite_config(&dir, &fixed);
         for i in 0..20 {
             let r = call(&client, "a__echo", json!({"message": i.to_string()})).await;
