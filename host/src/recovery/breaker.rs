@@ -17,8 +17,9 @@
 //! probe of its refuses it the next probes of that half-open period.
 //!
 //! Breakers come at two levels, as Envoy's outlier detection ejects one host and not the
-//! cluster: one per server, and one per tool ([`ToolBreakers`]). The engine decides which
-//! failure goes where.
+//! cluster: one per server, and one per tool ([`ToolBreakers`]); and on a server many
+//! clients share, each failing client has its own of both. [`ServerBreakers::failed`]
+//! decides which failure goes where.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -69,6 +70,9 @@ struct State {
     phase: Phase,
     /// The consecutive failures (half-open, the failed probes), by whom they are blamed on.
     run: Failures,
+    /// Half-open, until when a client whose probe failed gets no other: as long as the
+    /// breaker would have opened again for it.
+    refused_until: Option<Instant>,
     /// Openings since the breaker last closed; grows the open time.
     openings: u32,
     /// Oldest first, covering the window.
@@ -114,6 +118,7 @@ impl Breaker {
         let state = State {
             phase: Phase::Closed,
             run: Failures::default(),
+            refused_until: None,
             openings: 0,
             window: VecDeque::new(),
             last_success: None,
@@ -140,12 +145,24 @@ impl Breaker {
             Phase::Open { .. } => {
                 s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
                 s.run.clear();
+                s.refused_until = None;
                 s.cycle += 1;
                 true
             }
+            Phase::HalfOpen { .. } if s.run.blames(blame) => match s.refused_until {
+                Some(until) if now < until => return Err(until - now),
+                // Its wait is over: a new half-open period, which it may probe.
+                _ => {
+                    s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
+                    s.run.clear();
+                    s.refused_until = None;
+                    s.cycle += 1;
+                    true
+                }
+            },
             Phase::HalfOpen { in_flight, successes } => {
-                // Probes are out, whose verdict comes soon; or this client's failed.
-                if in_flight >= self.config.half_open_max_calls || s.run.blames(blame) {
+                // Probes are out, whose verdict comes soon.
+                if in_flight >= self.config.half_open_max_calls {
                     return Err(Duration::ZERO);
                 }
                 s.phase = Phase::HalfOpen { in_flight: in_flight + 1, successes };
@@ -162,6 +179,7 @@ impl Breaker {
         let mut s = self.state.lock().expect("not poisoned");
         s.phase = Phase::Closed;
         s.run.clear();
+        s.refused_until = None;
         s.openings = 0;
         s.window.clear();
         s.cycle += 1;
@@ -169,7 +187,18 @@ impl Breaker {
 
     /// Whether the breaker is open and will still be `at`, refusing every call till then.
     pub fn open_at(&self, at: Instant) -> bool {
-        matches!(self.phase(), Phase::Open { until } if at < until)
+        self.refuses_at(Blame::Server, at)
+    }
+
+    /// Whether it will still refuse a call blamed on `blame` at `at`: open, or half-open
+    /// with that client's probe failed and its wait not over.
+    pub fn refuses_at(&self, blame: Blame, at: Instant) -> bool {
+        let s = self.state.lock().expect("not poisoned");
+        match s.phase {
+            Phase::Closed => false,
+            Phase::Open { until } => at < until,
+            Phase::HalfOpen { .. } => s.run.blames(blame) && s.refused_until.is_some_and(|t| at < t),
+        }
     }
 
     pub fn phase(&self) -> Phase {
@@ -212,6 +241,7 @@ impl Breaker {
                     Outcome::Success if successes + 1 >= self.config.success_threshold => {
                         s.phase = Phase::Closed;
                         s.run.clear();
+                        s.refused_until = None;
                         s.openings = 0;
                         s.window.clear();
                     }
@@ -221,8 +251,10 @@ impl Breaker {
                         if s.run.of_others() > 0 {
                             self.open(&mut s, now);
                         } else {
-                            // One client's failed probe: the next probe, another's, decides.
+                            // One client's failed probe: the next probe, another's, decides;
+                            // this one waits as long as the breaker would have reopened.
                             s.phase = Phase::HalfOpen { in_flight, successes };
+                            s.refused_until = Some(super::clock::later(now, self.open_time(s.openings + 1)));
                         }
                     }
                     Outcome::Ignored => s.phase = Phase::HalfOpen { in_flight, successes },
@@ -256,14 +288,19 @@ impl Breaker {
 
     fn open(&self, s: &mut State, now: Instant) {
         s.openings = s.openings.saturating_add(1);
-        let (open, cap) = (self.config.open_ms, self.config.max_open_ms.max(self.config.open_ms));
-        let grown = crate::pace::grown(open, 2.0, cap, s.openings.saturating_sub(1));
-        // Jitter within the last fifth, so that breakers opened together in many
-        // gateways do not all probe the server in the same instant.
-        let for_ms = grown.mul_f64(0.8 + 0.2 * self.rng.unit());
-        s.phase = Phase::Open { until: super::clock::later(now, for_ms) };
+        s.phase = Phase::Open { until: super::clock::later(now, self.open_time(s.openings)) };
         s.run.clear();
+        s.refused_until = None;
         s.window.clear();
+    }
+
+    /// How long its `openings`th opening lasts: grown with each, capped, and jittered
+    /// within the last fifth, so that breakers opened together in many gateways do not
+    /// all probe the server in the same instant.
+    fn open_time(&self, openings: u32) -> Duration {
+        let (open, cap) = (self.config.open_ms, self.config.max_open_ms.max(self.config.open_ms));
+        let grown = crate::pace::grown(open, 2.0, cap, openings.saturating_sub(1));
+        grown.mul_f64(0.8 + 0.2 * self.rng.unit())
     }
 
     fn bucket_len(&self) -> Duration {
@@ -306,12 +343,14 @@ impl Breaker {
         let s = self.state.lock().expect("not poisoned");
         let window = Duration::from_millis(self.config.window_ms);
         let unused = s.last_used.is_none_or(|t| now.saturating_duration_since(t) >= window);
-        let sheds = match s.phase {
+        // An opening is remembered for a window after it ended, so that the next one of
+        // a client that came back lasts longer.
+        let busy = match s.phase {
             Phase::Closed => false,
-            Phase::Open { until } => now < until,
-            Phase::HalfOpen { in_flight, .. } => in_flight > 0,
+            Phase::Open { until } => now < super::clock::later(until, window),
+            Phase::HalfOpen { in_flight, .. } => in_flight > 0 || s.refused_until.is_some_and(|t| now < t),
         };
-        unused && !sheds
+        unused && !busy
     }
 }
 

@@ -975,7 +975,8 @@ impl Engine {
     }
 
     /// One attempt (of a tool on a server, as a role in the client's call) through the
-    /// server's breaker and the tool's, classified when it fails.
+    /// client's own breakers (if it has any there), the server's and the tool's,
+    /// classified when it fails.
     async fn attempt(
         &self,
         upstream: &dyn Upstream,

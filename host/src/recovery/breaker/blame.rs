@@ -13,8 +13,10 @@ pub enum Blame {
     Client(u64),
 }
 
-/// The most clients one tally tells apart; the failures of further ones count as the
-/// server's (so many clients failing at once say the server is failing).
+/// The most clients one tally tells apart. A client past them takes the place of the one
+/// with the fewest failures, whose failures then count as the server's: any client with
+/// more than a sixteenth of the failures stays told apart, the one that failed most
+/// above all.
 const MAX_CLIENTS: usize = 16;
 
 /// Failures by whom they are blamed on.
@@ -38,8 +40,9 @@ impl Failures {
             *count += n;
         } else if self.clients.len() < MAX_CLIENTS {
             self.clients.push((key, n));
-        } else {
-            self.server += n;
+        } else if let Some(fewest) = self.clients.iter_mut().min_by_key(|(_, count)| *count) {
+            self.server += fewest.1;
+            *fewest = (key, n);
         }
     }
 
@@ -92,16 +95,22 @@ mod tests {
         assert!(f.blames(Blame::Client(2)) && !f.blames(Blame::Client(3)) && !f.blames(Blame::Server));
     }
 
+    /// Past the clients it tells apart, the one with the fewest failures makes room: a
+    /// client that starts failing after many failed once is still told apart.
     #[test]
-    fn past_the_clients_it_tells_apart_failures_are_the_servers() {
+    fn past_the_clients_it_tells_apart_the_fewest_failures_are_the_servers() {
         let mut f = Failures::default();
         for key in 0..(MAX_CLIENTS as u64 + 4) {
             f.add(Blame::Client(key));
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (20, 1, 19));
+        for _ in 0..30 {
+            f.add(Blame::Client(99));
+        }
+        assert_eq!((f.total(), f.most_of_one(), f.of_others()), (50, 30, 20));
         let mut sum = Failures::default();
         sum.merge(&f);
         sum.merge(&f);
-        assert_eq!((sum.total(), sum.most_of_one()), (40, 2));
+        assert_eq!((sum.total(), sum.most_of_one()), (100, 60));
     }
 }

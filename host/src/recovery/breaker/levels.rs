@@ -11,8 +11,8 @@
 //! Which level a failure counts at is decided here too ([`Failed`]): a tool that hangs
 //! or reports an outage while another tool of the server answered within the window is
 //! the tool's failure alone; for a client's own breakers, so is one while the same tool
-//! answered (another client): the server and the tool are up, and only this client's
-//! calls of it fail.
+//! answered within the window (mostly other clients' calls): the server and the tool are
+//! up, and this client's calls of it fail.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -286,10 +286,11 @@ impl ServerBreakers {
                 return Some("the circuit breaker of this client's calls to the tool is open");
             }
         }
-        if self.server.open_at(at) {
+        if self.server.refuses_at(blame, at) {
             return Some("the server's circuit breaker is open");
         }
-        self.tools.existing(tool).filter(|b| b.open_at(at)).map(|_| "the tool's circuit breaker is open")
+        let tool_refuses = self.tools.existing(tool).is_some_and(|b| b.refuses_at(blame, at));
+        tool_refuses.then_some("the tool's circuit breaker is open")
     }
 
     /// The breaker of `client`'s own calls to the server, when it has one.

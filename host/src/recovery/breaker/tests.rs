@@ -247,9 +247,29 @@ async fn one_clients_failed_probe_does_not_reopen_it() {
     tokio::time::advance(Duration::from_secs(61)).await;
     b.admit_for(Blame::Client(1)).expect("a probe").record_blaming(Outcome::Failure, Blame::Client(1));
     assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, successes: 0 }), "{:?}", b.phase());
-    assert_eq!(b.admit_for(Blame::Client(1)).expect_err("not its probe again"), Duration::ZERO);
+    // It waits as long as the breaker would have reopened for it (its second opening).
+    let wait = b.admit_for(Blame::Client(1)).expect_err("not its probe again");
+    assert!(wait >= Duration::from_secs(96) && wait <= Duration::from_secs(120), "{wait:?}");
+    let now = tokio::time::Instant::now();
+    assert!(b.refuses_at(Blame::Client(1), now) && !b.refuses_at(Blame::Client(2), now));
     b.admit_for(Blame::Client(2)).expect("another's probe").record_blaming(Outcome::Failure, Blame::Client(2));
     assert!(matches!(b.phase(), Phase::Open { .. }));
+}
+
+/// A client alone on a shared server, its probe failed, probes again once it has waited:
+/// it is not locked out of a half-open breaker no other client probes.
+#[tokio::test(start_paused = true)]
+async fn a_client_alone_probes_again_after_its_wait() {
+    let b = defaults();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    b.admit_for(Blame::Client(1)).unwrap().record_blaming(Outcome::Failure, Blame::Client(1));
+    let wait = b.admit_for(Blame::Client(1)).expect_err("waits");
+    tokio::time::advance(wait).await;
+    let probe = b.admit_for(Blame::Client(1)).expect("a probe of a new half-open period");
+    probe.record_blaming(Outcome::Success, Blame::Client(1));
+    b.admit_for(Blame::Client(1)).unwrap().record_blaming(Outcome::Success, Blame::Client(1));
+    assert_eq!(b.phase(), Phase::Closed);
 }
 
 /// Unused for a whole window and shedding nothing, a breaker is idle: what it knows is
