@@ -290,8 +290,8 @@ impl Upstream for Upstreams<'_> {
     /// one ([`blame_of`]). A session's own instance serves it alone, as does every server
     /// over stdio.
     fn blame(&self, server: &str) -> Blame {
-        let shared = self.own.instance(server).is_none() && self.handle(server).is_some();
-        if !shared || self.hub.downstreams.front() != Front::Http {
+        let http = self.hub.downstreams.front() == Front::Http;
+        if !http || self.own.instance(server).is_some() || self.handle(server).is_none() {
             return Blame::Server;
         }
         let blamed = self.own.blamed.get().copied();

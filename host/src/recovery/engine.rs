@@ -1015,17 +1015,18 @@ impl Engine {
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                self.record_failure(policy, started, permits, (&failure, &class));
+                self.record_failure(policy, (tool, started), permits, (&failure, &class));
                 Err((failure, class))
             }
         }
     }
 
-    /// Records a failed attempt, `started` then, on the breakers it was let through.
+    /// Records a failed attempt of `tool`, `started` then, on the breakers it was let
+    /// through.
     fn record_failure(
         &self,
         policy: &ServerPolicy,
-        started: tokio::time::Instant,
+        (tool, started): (&str, tokio::time::Instant),
         permits: Permits,
         (failure, class): (&Failure, &Classification),
     ) {
@@ -1048,7 +1049,8 @@ impl Engine {
         let window = Duration::from_millis(policy.recovery.breaker.window_ms);
         let now = self.clock.now();
         let since = now.checked_sub(window).unwrap_or(started.min(now));
-        policy.breakers.failed(permits, Failed { outcome, tool_level, undelivered: class.not_delivered, since });
+        let failed = Failed { outcome, tool_level, undelivered: class.not_delivered, since };
+        policy.breakers.failed(permits, tool, failed);
     }
 
     /// An alternative `server/tool` that would be tried now, with its server's policy and

@@ -172,7 +172,6 @@ pub struct Shed {
 /// The permits of one call, one per breaker it went through.
 #[derive(Debug)]
 pub struct Permits {
-    tool_name: String,
     server: Permit,
     tool: Option<Permit>,
     own: Option<Own>,
@@ -225,27 +224,27 @@ impl ServerBreakers {
             Some(Ok(p)) => Some(p),
             None => None,
         };
-        Ok(Permits { tool_name: tool.to_owned(), server, tool: tool_permit, own })
+        Ok(Permits { server, tool: tool_permit, own })
     }
 
     /// A call let through by `permits` answered.
     pub fn succeeded(&self, permits: Permits) {
-        let Permits { server, tool, own, .. } = permits;
+        let Permits { server, tool, own } = permits;
         let own = own.map(|o| [o.server, o.tool]).into_iter().flatten();
         for p in [Some(server), tool].into_iter().chain(own).flatten() {
             p.record(Outcome::Success);
         }
     }
 
-    /// A call let through by `permits` failed: at the server's level unless confined to
-    /// the tool (see the module's doc), at the tool's unless undelivered (then it is the
-    /// server's, whoever sent it). A client's own breakers are made on its first failure
-    /// that counts.
-    pub fn failed(&self, permits: Permits, failed: Failed) {
+    /// A call of `tool_name` let through by `permits` failed: at the server's level unless
+    /// confined to the tool (see the module's doc), at the tool's unless undelivered (then
+    /// it is the server's, whoever sent it). A client's own breakers are made on its first
+    /// failure that counts.
+    pub fn failed(&self, permits: Permits, tool_name: &str, failed: Failed) {
         let Failed { outcome, tool_level, undelivered, since } = failed;
-        let Permits { tool_name, server, tool, own } = permits;
+        let Permits { server, tool, own } = permits;
         let may_be_confined = outcome == Outcome::Failure && tool_level;
-        let confined = may_be_confined && self.tools.others_answered(&tool_name, since);
+        let confined = may_be_confined && self.tools.others_answered(tool_name, since);
         let at = |confined: bool| if confined { Outcome::Ignored } else { outcome };
         let tool_outcome = if undelivered { Outcome::Ignored } else { outcome };
         let blame = match &own {
@@ -258,7 +257,7 @@ impl ServerBreakers {
         }
         let Some(own) = own.filter(|_| !undelivered) else { return };
         // Its own breakers count its failures as they come: they serve it alone.
-        let tool_answered = || self.tools.existing(&tool_name).is_some_and(|b| b.answered_since(since));
+        let tool_answered = || self.tools.existing(tool_name).is_some_and(|b| b.answered_since(since));
         let own_confined = confined || (may_be_confined && tool_answered());
         let levels = [(own.server, own.keys.0, at(own_confined)), (own.tool, own.keys.1, tool_outcome)];
         for (permit, key, outcome) in levels {

@@ -310,7 +310,7 @@ mod levels {
     fn fail_as(b: &ServerBreakers, tool: &str, client: u64, n: u32) {
         for _ in 0..n {
             let permits = b.admit(tool, Blame::Client(client)).expect("admitted");
-            b.failed(permits, failed(Outcome::Failure, true, false));
+            b.failed(permits, tool, failed(Outcome::Failure, true, false));
         }
     }
 
@@ -349,7 +349,7 @@ mod levels {
         let b = breakers();
         for _ in 0..5 {
             let permits = b.admit("fetch", Blame::Client(1)).unwrap();
-            b.failed(permits, failed(Outcome::Failure, false, true));
+            b.failed(permits, "fetch", failed(Outcome::Failure, false, true));
         }
         assert_eq!(b.server.snapshot().state, "open");
         assert!(b.own(1).is_none(), "nothing of its own to blame");
@@ -362,7 +362,7 @@ mod levels {
         let b = breakers();
         for _ in 0..5 {
             let permits = b.admit("fetch", Blame::Server).unwrap();
-            b.failed(permits, failed(Outcome::Failure, true, false));
+            b.failed(permits, "fetch", failed(Outcome::Failure, true, false));
         }
         assert!(!b.admit("fetch", Blame::Server).expect_err("open").own);
     }
