@@ -530,3 +530,28 @@ async fn a_configuration_linked_from_elsewhere_reloads_when_edited_there() {
     assert!(until_offered(client.peer(), "d__echo", true).await, "an edit at the new target was seen");
     let _ = client.cancel().await;
 }
+
+/// A relaunch whose start takes longer than `init_timeout_ms` in all, each of its steps
+/// within it (the handshake, then the first listing), is applied: the new process takes
+/// over.
+#[tokio::test]
+async fn a_slow_relaunch_whose_every_step_is_in_time_takes_over() {
+    let with_init = |mut config: Value| {
+        config["rebound"]["init_timeout_ms"] = json!(1000);
+        config
+    };
+    let gw = HttpGateway::start(|dir| with_init(config(dir, 60000, &[])), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "old"})).await), "a: old");
+    let old = pid(&dir, "a");
+    let mut slow = with_init(config(&dir, 60000, &[]));
+    let args = ["--start-delay", "700", "--list-delay", "700"];
+    slow["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend(args.map(|a| json!(a)));
+    rewrite_config(&dir, &slow);
+    eventually("a relaunched", move || !alive(old)).await;
+    assert!(!gw.log.lock().unwrap().contains("the new launch did not start"));
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "new"})).await), "a: new");
+    assert_ne!(pid(&dir, "a"), old);
+    let _ = client.cancel().await;
+}

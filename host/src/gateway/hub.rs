@@ -169,7 +169,10 @@ impl Hub {
         }
         // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
         if self.offer.borrow().is_some() {
-            settle(changes.started.iter(), Instant::now() + how.init_timeout).await;
+            // A start's steps each have `init_timeout`: the handshake (twice, when the
+            // server answers `server/discover` with an error and is initialised instead),
+            // then the first listing.
+            settle(changes.started.iter(), Instant::now() + how.init_timeout * 3).await;
             self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
         }
         *self.setup.write().expect("not poisoned") = Arc::new(next);

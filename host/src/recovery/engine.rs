@@ -607,14 +607,16 @@ impl Engine {
                 }
                 Err(failed) => failed,
             };
-            let (class, advised) = self.consult(call, spent.primary, &failure, &builtin).await;
-            record.push(&call.server, &call.tool, Role::Primary, Some((failure.clone(), class.clone())), spent.waited);
             // What only the gateway can know is decided on its own classification, so that
             // no adapter can end a call early or keep the configured fallbacks from running.
-            if builtin.category == Category::Cancelled {
+            // A call the client cancelled ends here, without asking its adapter anything.
+            if builtin.category == Category::Cancelled || call.upstream.cancellation().is_cancelled() {
+                record.push(&call.server, &call.tool, Role::Primary, Some((failure, builtin)), spent.waited);
                 record.stopped = Some(CANCELLED.into());
                 return Ending::GaveUp;
             }
+            let (class, advised) = self.consult(call, spent.primary, &failure, &builtin).await;
+            record.push(&call.server, &call.tool, Role::Primary, Some((failure.clone(), class.clone())), spent.waited);
             // A healthy server said no and nobody knows better: unless a configured
             // fallback answers, the agent gets the tool's own answer (its structured
             // content and all), with the adapter's word on it (which log to read).

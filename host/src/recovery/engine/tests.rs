@@ -592,7 +592,7 @@ async fn an_adapters_step_not_offered_is_denied_first_and_noted_once() {
     let outside = Step::Alternative { server: Some("t".into()), tool: "x".into(), arguments: None };
     let gone = Step::Alternative { server: None, tool: "gone".into(), arguments: None };
     let plan = vec![outside, gone.clone(), gone, Step::Retry(None)];
-    let a = Planner { plan, reclassify: None, observed: Mutex::default() };
+    let a = Planner { plan, reclassify: None, observed: Mutex::default(), consulted: Default::default() };
     let (_, record) = advised(&e, &up, &a, "read").await;
     assert_eq!(record.denied, [Denied { denial: Denial::Grant, target: "t/x".into() }]);
     let expected = NotTried { server: "s".into(), tool: "gone".into(), why: Unoffered::NoSuchTool };
@@ -604,10 +604,13 @@ struct Planner {
     plan: Vec<Step>,
     reclassify: Option<Classification>,
     observed: Mutex<Vec<String>>,
+    /// How many failures it was asked to classify.
+    consulted: std::sync::atomic::AtomicU32,
 }
 
 impl Advisor for Planner {
     fn classify(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Classification>> {
+        self.consulted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let c = self.reclassify.clone();
         Box::pin(async move { c })
     }
@@ -625,7 +628,25 @@ impl Advisor for Planner {
 }
 
 fn planner(plan: Vec<Step>) -> Planner {
-    Planner { plan, reclassify: None, observed: Mutex::default() }
+    Planner { plan, reclassify: None, observed: Mutex::default(), consulted: Default::default() }
+}
+
+/// A call the client cancelled ends without its adapter being asked anything: no
+/// classification, no plan, however the attempt failed.
+#[tokio::test(start_paused = true)]
+async fn a_call_the_client_cancelled_does_not_consult_its_adapter() {
+    let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout()]);
+    let e = engine(&[server("s", defaults())]);
+    let advisor = planner(vec![Step::Retry(None)]);
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        up.cancelled.cancel();
+    };
+    let ((ending, record), ()) = tokio::join!(advised(&e, &up, &advisor, "read"), cancel);
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(record.stopped.as_deref(), Some(CANCELLED));
+    assert_eq!(advisor.consulted.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(up.calls("s/read").len(), 1);
 }
 
 async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (Ending, Record) {
@@ -700,6 +721,7 @@ async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
         ],
         reclassify: Some(lost),
         observed: Mutex::default(),
+        consulted: Default::default(),
     };
     let (ending, record) = advised(&e, &up, &a, "hol_send").await;
     assert_eq!(answered(&ending), "ok");
@@ -936,7 +958,12 @@ async fn configured_fallbacks_run_after_an_adapters_plan_and_before_its_give_up(
     let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout(); 3]);
     let e = engine(&[server("s", r.clone())]);
     // The default adapter's kind of plan: retry, then give up with advice.
-    let a = Planner { plan: vec![Step::Retry(None)], reclassify: None, observed: Mutex::default() };
+    let a = Planner {
+        plan: vec![Step::Retry(None)],
+        reclassify: None,
+        observed: Mutex::default(),
+        consulted: Default::default(),
+    };
     let (ending, record) = advised(&e, &up, &a, "a").await;
     assert_eq!(answered(&ending), "ok", "{record:?}");
     assert_eq!(record.answered_by().unwrap().tool, "b");
@@ -1107,8 +1134,12 @@ async fn config_that_forbids_a_replay_wins_over_an_adapter() {
     let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
     lost.retryable = true;
     lost.not_delivered = true;
-    let a =
-        Planner { plan: vec![Step::Retry(Some(Duration::ZERO))], reclassify: Some(lost), observed: Mutex::default() };
+    let a = Planner {
+        plan: vec![Step::Retry(Some(Duration::ZERO))],
+        reclassify: Some(lost),
+        observed: Mutex::default(),
+        consulted: Default::default(),
+    };
     let (ending, _) = advised(&e, &up, &a, "hol_send").await;
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/hol_send").len(), 1);
@@ -1120,7 +1151,12 @@ async fn an_adapters_absurd_waits_are_clamped() {
     let e = engine(&[server("s", defaults())]);
     let mut c = classify(&Failure::Timeout { after: Duration::ZERO }, std::time::SystemTime::UNIX_EPOCH);
     c.retry_after = Some(Duration::MAX);
-    let a = Planner { plan: vec![Step::Retry(Some(Duration::MAX))], reclassify: Some(c), observed: Mutex::default() };
+    let a = Planner {
+        plan: vec![Step::Retry(Some(Duration::MAX))],
+        reclassify: Some(c),
+        observed: Mutex::default(),
+        consulted: Default::default(),
+    };
     let start = Instant::now();
     let (ending, record) = advised(&e, &up, &a, "a").await;
     assert!(matches!(ending, Ending::GaveUp));
@@ -1154,8 +1190,12 @@ async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
     lost.retryable = true;
     lost.not_delivered = true;
     // Claims non-delivery on every failure, and asks for a retry every time.
-    let a =
-        Planner { plan: vec![Step::Retry(Some(Duration::ZERO))], reclassify: Some(lost), observed: Mutex::default() };
+    let a = Planner {
+        plan: vec![Step::Retry(Some(Duration::ZERO))],
+        reclassify: Some(lost),
+        observed: Mutex::default(),
+        consulted: Default::default(),
+    };
     struct Always(Planner);
     impl Advisor for Always {
         fn classify(&self, f: &FailureContext<'_>, c: &Classification) -> BoxFuture<'static, Option<Classification>> {
@@ -1188,7 +1228,7 @@ async fn an_adapter_cannot_keep_the_configured_fallbacks_from_running() {
     plan.push(Step::Alternative { server: None, tool: "b".into(), arguments: Some(JsonObject::new()) });
     let mut cancelled = classify(&Failure::Cancelled, std::time::SystemTime::UNIX_EPOCH);
     cancelled.retryable = false;
-    let a = Planner { plan, reclassify: Some(cancelled), observed: Mutex::default() };
+    let a = Planner { plan, reclassify: Some(cancelled), observed: Mutex::default(), consulted: Default::default() };
     let (ending, record) = advised(&e, &up, &a, "a").await;
     assert_eq!(answered(&ending), "ok", "{record:?}");
     assert_eq!(record.answered_by().unwrap().tool, "b");

@@ -10,7 +10,7 @@
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
 //! `DIR/calls` with the name of every tool called, `DIR/late` with what `sample_late` was answered, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
-//! way the real servers do, see `emulate`), `--start-delay MS` (reads nothing
+//! way the real servers do, see `emulate`), `--list-delay MS` (answers `tools/list` that late), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop), `--tasks` (runs a call as an MCP 2025-11-25 task when the
 //! call asks, see `tasks`; and lists `research`, which runs only as one).
@@ -36,6 +36,8 @@ struct Server {
     crash_after: Option<u64>,
     /// Never answer `tools/list`.
     mute_lists: bool,
+    /// Answer `tools/list` this late.
+    list_delay: Duration,
     /// Answer `server/discover` as a server of 2025-11-25 and older that knows the
     /// request does: "unsupported protocol version" (-32022), listing only those.
     refuse_discover: bool,
@@ -61,6 +63,7 @@ async fn main() {
     let mut start_delay = 0;
     let mut emulate = None;
     let mut mute_lists = false;
+    let mut list_delay = Duration::ZERO;
     let mut refuse_discover = false;
     let mut stubborn = false;
     let mut deaf_after_calls = None;
@@ -100,6 +103,9 @@ async fn main() {
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             // Initialises, then never answers `tools/list`: a start that never completes.
             "--mute-lists" => mute_lists = true,
+            "--list-delay" => {
+                list_delay = Duration::from_millis(value().parse().expect("--list-delay takes milliseconds"))
+            }
             "--refuse-discover" => refuse_discover = true,
             // Ignores SIGTERM and the end of its input: only SIGKILL stops it.
             "--stubborn" => stubborn = true,
@@ -141,6 +147,7 @@ async fn main() {
         extra_tools,
         crash_after,
         mute_lists,
+        list_delay,
         refuse_discover,
         calls: AtomicU64::new(0),
         per_tool: Mutex::default(),
@@ -287,6 +294,7 @@ impl Server {
                 return;
             }
             "tools/list" => {
+                tokio::time::sleep(self.list_delay).await;
                 if let Some(dir) = &self.state {
                     append(&dir.join("lists"), "tools");
                 }
