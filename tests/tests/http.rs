@@ -865,6 +865,9 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         let pid = gw.child.id().unwrap().to_string();
         std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         gw.logged("shutting down: waiting up to").await;
+        // Nor a new event stream.
+        let stream = reqwest::Client::new().get(gw.url()).header("accept", "text/event-stream").send().await.unwrap();
+        assert_eq!(stream.status(), StatusCode::SERVICE_UNAVAILABLE);
         // Taken no more: a new call is refused, not left hanging; a new connection is
         // still answered, 503, and so is a readiness probe.
         let mut params = CallToolRequestParams::new("echo");

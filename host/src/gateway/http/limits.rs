@@ -285,13 +285,18 @@ fn unreadable(body: &[u8]) -> Response {
 /// Every POST: its body read within `max_body_bytes`, a body that is no client message
 /// answered with the protocol's error, a request counted against its client's
 /// `max_concurrent_per_client` (and refused while the gateway drains) until its response
-/// has been sent.
+/// has been sent. A new event stream (`GET /mcp`) is refused while the gateway drains
+/// too; what the operator reads (`/status`, `/metrics`) is not.
 pub(super) async fn limit(
     State(front): State<Front>,
     Extension(ClientIp(client)): Extension<ClientIp>,
     request: Request,
     next: Next,
 ) -> Response {
+    if request.method() == Method::GET && request.uri().path() == "/mcp" && front.limits.draining.load(Ordering::SeqCst)
+    {
+        return shutting_down();
+    }
     if request.method() != Method::POST {
         return next.run(request).await;
     }
@@ -454,11 +459,15 @@ fn admit(
     // has already refused it.
     if front.limits.draining.load(Ordering::SeqCst) {
         drop(permit);
-        let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return Err(Box::new(response));
+        return Err(Box::new(shutting_down()));
     }
     Ok(permit)
+}
+
+fn shutting_down() -> Response {
+    let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, "the gateway is shutting down; try again shortly");
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// `response`, or the protocol's error in its place when rmcp could not read the JSON body.
