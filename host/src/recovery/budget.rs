@@ -2,8 +2,96 @@
 //! whole one. When a server fails completely, retries stop once the reserve is spent,
 //! so an outage never multiplies the load on it; when it fails now and then, there is
 //! always budget for the retries that make those calls succeed.
+//!
+//! On a server many clients share, a retry also costs the client a token of its own
+//! ([`Budgets`]): a client's budget starts at half the reserve and grows with its calls,
+//! so one client whose calls keep failing spends its own deposits and half a reserve of
+//! the server's, and leaves the rest to the others.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
+
+use super::breaker::Blame;
+
+/// The most clients of one server with a budget of their own; past it, full ones make
+/// room, and a client that finds none retries on the server's budget alone.
+pub const MAX_CLIENT_BUDGETS: usize = 4096;
+
+/// Whose retry budget is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spent {
+    Server,
+    /// The client's own: its calls failed too often recently, whatever the others' did.
+    Client,
+}
+
+impl std::fmt::Display for Spent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Server => "the server's retry budget is spent (too many failures recently)",
+            Self::Client => {
+                "this client's retry budget for the server is spent (too many of its calls failed recently)"
+            }
+        })
+    }
+}
+
+/// A server's retry budget, and each retrying client's own when many share the server.
+#[derive(Debug)]
+pub struct Budgets {
+    server: RetryBudget,
+    /// Tokens by client, made on its first retry.
+    clients: Mutex<HashMap<u64, f64>>,
+}
+
+impl Budgets {
+    pub fn new(ratio: f64, reserve: u32) -> Self {
+        Self { server: RetryBudget::new(ratio, reserve), clients: Mutex::default() }
+    }
+
+    /// The most a client's own budget holds, and what it starts with.
+    fn own_max(&self) -> f64 {
+        (self.server.max / 2.0).max(1.0)
+    }
+
+    /// A call was made, by `blame`'s client if many share the server.
+    pub fn deposit(&self, blame: Blame) {
+        self.server.deposit();
+        if let Blame::Client(client) = blame {
+            let own_max = self.own_max();
+            if let Some(tokens) = self.clients.lock().expect("not poisoned").get_mut(&client) {
+                *tokens = (*tokens + self.server.ratio).min(own_max);
+            }
+        }
+    }
+
+    /// Takes the tokens for one retry of `blame`'s call, if there are: the server's, and
+    /// the client's own when many share the server. Else says whose budget is spent.
+    pub fn withdraw(&self, blame: Blame) -> Result<(), Spent> {
+        let server = || if self.server.withdraw() { Ok(()) } else { Err(Spent::Server) };
+        let Blame::Client(client) = blame else { return server() };
+        let own_max = self.own_max();
+        let mut clients = self.clients.lock().expect("not poisoned");
+        if !clients.contains_key(&client) && clients.len() >= MAX_CLIENT_BUDGETS {
+            clients.retain(|_, tokens| *tokens < own_max);
+        }
+        if !clients.contains_key(&client) && clients.len() >= MAX_CLIENT_BUDGETS {
+            return server();
+        }
+        let own = clients.entry(client).or_insert(own_max);
+        if *own < 1.0 {
+            return Err(Spent::Client);
+        }
+        server()?;
+        *own -= 1.0;
+        Ok(())
+    }
+
+    /// The server's tokens.
+    pub fn tokens(&self) -> f64 {
+        self.server.tokens()
+    }
+}
 
 #[derive(Debug)]
 pub struct RetryBudget {
@@ -57,6 +145,29 @@ mod tests {
         // The reserve plus 20% of the calls, never 2× the calls.
         assert!(retries <= 10 + 200, "{retries}");
         assert!(retries >= 200, "{retries}");
+    }
+
+    /// One client whose calls keep failing spends its own budget and half the reserve of
+    /// the server's: another client's occasional failures still find budget.
+    #[test]
+    fn one_failing_client_leaves_the_others_their_retries() {
+        let b = Budgets::new(0.2, 10);
+        let (failing, other) = (Blame::Client(1), Blame::Client(2));
+        let mut retries = 0;
+        for i in 0..1000 {
+            b.deposit(failing);
+            retries += u32::from(b.withdraw(failing).is_ok()) + u32::from(b.withdraw(failing).is_ok());
+            b.deposit(other);
+            if i % 10 == 0 {
+                assert_eq!(b.withdraw(other), Ok(()), "call {i}");
+            }
+        }
+        assert!(retries <= 5 + 200, "{retries}");
+        assert_eq!(b.withdraw(failing), Err(Spent::Client));
+        // Over stdio, the server's budget alone, as ever.
+        let b = Budgets::new(0.2, 10);
+        assert_eq!((0..20).filter(|_| b.withdraw(Blame::Server).is_ok()).count(), 10);
+        assert_eq!(b.withdraw(Blame::Server), Err(Spent::Server));
     }
 
     #[test]

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff;
 use super::breaker::levels::Failed;
 use super::breaker::{Blame, Outcome, Permits, ServerBreakers};
-use super::budget::RetryBudget;
+use super::budget::Budgets;
 use super::classify::{Category, Classification, classify, classify_sent};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
@@ -159,7 +159,7 @@ pub struct ServerPolicy {
     /// The server's, one per tool (for failures confined to one tool), and each client's
     /// own when many share the server.
     pub breakers: ServerBreakers,
-    pub budget: RetryBudget,
+    pub budget: Budgets,
     /// The server's; a session's own instance's count for it and for the server
     /// ([`Counters::within`], [`Engine::fresh_policies`]).
     pub counters: Arc<Counters>,
@@ -180,7 +180,7 @@ impl ServerPolicy {
         Self {
             recovery: recovery.clone(),
             breakers: ServerBreakers::new(recovery.breaker, clock.clone(), rng.clone()),
-            budget: RetryBudget::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve),
+            budget: Budgets::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve),
             counters: Arc::default(),
             grant,
             declared,
@@ -563,7 +563,7 @@ impl Engine {
         let deadline = super::clock::later(started, Duration::from_millis(deadline));
         let mut record = Record::new(server.clone(), tool.clone(), safe);
         policy.counters.add(|c| &c.calls);
-        policy.budget.deposit();
+        policy.budget.deposit(upstream.blame(&server));
         let call = Call { upstream, advisor, policy, server, tool, arguments, safe, started, deadline };
         let driven = AssertUnwindSafe(self.drive(&call, &mut record)).catch_unwind().await;
         match driven {
@@ -835,11 +835,9 @@ impl Engine {
             record.stopped = Some(format!("the plan's call of `{server}/{tool}` was skipped: {open}"));
             return false;
         }
-        if !call.policy.budget.withdraw() {
-            record.stopped = Some(format!(
-                "`{}`'s retry budget is spent, so the plan's call of `{server}/{tool}` was skipped",
-                call.server
-            ));
+        if let Err(spent) = call.policy.budget.withdraw(call.upstream.blame(&call.server)) {
+            record.stopped =
+                Some(format!("the plan's call of `{server}/{tool}` was skipped: `{}`: {spent}", call.server));
             return false;
         }
         spent.plan_calls += 1;
@@ -1132,9 +1130,7 @@ impl Engine {
         if let Some(open) = policy.breakers.refused_at(&call.tool, blame, self.clock.now() + delay) {
             return Err(format!("{open}, so another attempt would be refused"));
         }
-        if !policy.budget.withdraw() {
-            return Err("the server's retry budget is spent (too many failures recently)".into());
-        }
+        policy.budget.withdraw(blame).map_err(|spent| spent.to_string())?;
         Ok(delay)
     }
 }

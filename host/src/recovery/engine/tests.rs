@@ -823,6 +823,30 @@ async fn one_clients_outage_sheds_its_own_calls_alone() {
     assert_eq!(up.calls("s/a").len(), 6);
 }
 
+/// On a server many clients share, one client whose calls keep failing spends its own
+/// retry budget and half the reserve: another client's failure is still retried.
+#[tokio::test(start_paused = true)]
+async fn one_clients_failures_leave_the_others_their_retries() {
+    let mut r = defaults();
+    (r.retry.budget_reserve, r.retry.budget_ratio, r.retry.max_attempts) = (4, 0.0, 3);
+    (r.breaker.failure_threshold, r.breaker.min_calls) = (u32::MAX, u32::MAX);
+    let up = Script::new(&[("s/read", true)]).then("s/read", (0..100).map(|_| timeout()).collect());
+    let e = engine(&[server("s", r)]);
+    *up.client.lock().unwrap() = Some(1);
+    for _ in 0..5 {
+        run(&e, &up, "read").await;
+    }
+    assert_eq!(up.calls("s/read").len(), 5 + 2, "two retries, on its own budget");
+    let (_, record) = run(&e, &up, "read").await;
+    assert!(record.stopped.unwrap().contains("this client's retry budget"));
+    up.answers.lock().unwrap().clear();
+    *up.client.lock().unwrap() = Some(2);
+    up.answers.lock().unwrap().entry("s/read".into()).or_default().push_back(timeout());
+    let (ending, record) = run(&e, &up, "read").await;
+    assert_eq!(answered(&ending), "ok", "{record:?}");
+    assert_eq!(record.attempts.len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failure_confined_to_one_tool_trips_only_that_tools_breaker() {
     let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", (0..100).map(|_| timeout()).collect());
