@@ -1013,12 +1013,17 @@ async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
     for id in 7..=9 {
         raw.call(id, "slow", json!({"ms": 60_000})).await;
     }
+    let dir = raw._dir.path().to_owned();
+    let slow_calls = || rebound_tests::state_in(&dir, "a", "calls").iter().filter(|t| *t == "slow").count();
+    eventually("the calls at the server", || slow_calls() == 6).await;
     for id in 7..=9 {
         raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}})).await;
     }
     raw.call(10, "echo", json!({"message": "after cancelling"})).await;
     let answer = raw.answers(1).await.remove(0);
     assert_eq!(answer["result"]["content"][0]["text"], "a: after cancelling", "{answer}");
+    // And each was cancelled on the server too.
+    eventually("the calls cancelled upstream", || rebound_tests::state_in(&dir, "a", "cancelled").len() == 3).await;
     let _ = raw.child.kill().await;
 }
 

@@ -609,6 +609,8 @@ async fn health_readiness_and_metrics() {
     let client = gw.client(None).await.unwrap();
     call(&client, "echo", json!({"message": "m"})).await;
     call(&client, "fail", json!({"message": "no"})).await;
+    let malformed = post(&gw, &json!(null)).body("not json").send().await.unwrap();
+    assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
     let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap();
     assert_eq!(metrics.status(), StatusCode::OK);
     assert!(metrics.headers()["content-type"].to_str().unwrap().starts_with("application/openmetrics-text"));
@@ -621,6 +623,15 @@ async fn health_readiness_and_metrics() {
         r#"rebound_breaker_state{server="a"} 0"#,
         r#"rebound_server_status{server="a",status="ready"} 1"#,
         r#"rebound_server_status{server="missing",status="ready"} 0"#,
+        // Every series the README documents, under the names and labels it gives.
+        r#"rebound_attempts_total{server="a"} 2"#,
+        r#"rebound_retries_total{server="a"} 0"#,
+        r#"rebound_fallbacks_total{server="a"} 0"#,
+        r#"rebound_recovered_calls_total{server="a"} 0"#,
+        r#"rebound_shed_by_breaker_total{server="a"} 0"#,
+        r#"rebound_upstream_failures_total{server="a"} 1"#,
+        r#"rebound_http_rejected_total{reason="malformed"} 1"#,
+        "rebound_errors_log_dropped_total 0",
         "# EOF",
     ] {
         assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
