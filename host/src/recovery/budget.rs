@@ -42,11 +42,13 @@ pub struct Budgets {
     server: RetryBudget,
     /// Tokens by client, made on its first retry.
     clients: Mutex<HashMap<u64, f64>>,
+    /// Whether `clients` has any: until one retries, a call's deposit takes no lock more.
+    any_client: std::sync::atomic::AtomicBool,
 }
 
 impl Budgets {
     pub fn new(ratio: f64, reserve: u32) -> Self {
-        Self { server: RetryBudget::new(ratio, reserve), clients: Mutex::default() }
+        Self { server: RetryBudget::new(ratio, reserve), clients: Mutex::default(), any_client: Default::default() }
     }
 
     /// The most a client's own budget holds, and what it starts with.
@@ -57,7 +59,9 @@ impl Budgets {
     /// A call was made, by `blame`'s client if many share the server.
     pub fn deposit(&self, blame: Blame) {
         self.server.deposit();
-        if let Blame::Client(client) = blame {
+        if let Blame::Client(client) = blame
+            && self.any_client.load(std::sync::atomic::Ordering::Relaxed)
+        {
             let own_max = self.own_max();
             if let Some(tokens) = self.clients.lock().expect("not poisoned").get_mut(&client) {
                 *tokens = (*tokens + self.server.ratio).min(own_max);
@@ -78,6 +82,7 @@ impl Budgets {
         if !clients.contains_key(&client) && clients.len() >= MAX_CLIENT_BUDGETS {
             return server();
         }
+        self.any_client.store(true, std::sync::atomic::Ordering::Relaxed);
         let own = clients.entry(client).or_insert(own_max);
         if *own < 1.0 {
             return Err(Spent::Client);

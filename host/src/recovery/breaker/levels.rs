@@ -46,6 +46,8 @@ pub struct Keyed<K> {
     by_key: Mutex<HashMap<K, Arc<Breaker>>>,
     /// When idle ones were last looked for, and none found.
     full_at: Mutex<Option<Instant>>,
+    /// Whether it has ever held one: until then, looking one up takes no lock.
+    any: std::sync::atomic::AtomicBool,
     max: usize,
 }
 
@@ -60,7 +62,7 @@ impl<K> std::fmt::Debug for Keyed<K> {
 
 impl<K: Eq + Hash> Keyed<K> {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>, max: usize) -> Self {
-        Self { config, clock, rng, by_key: Mutex::default(), full_at: Mutex::default(), max }
+        Self { config, clock, rng, by_key: Mutex::default(), full_at: Mutex::default(), any: Default::default(), max }
     }
 
     /// The breaker of `key`, made on first use; none when all `max` are taken and busy.
@@ -88,6 +90,7 @@ impl<K: Eq + Hash> Keyed<K> {
         }
         let b = Breaker::new(self.config, self.clock.clone(), self.rng.clone());
         map.insert(key.to_owned(), b.clone());
+        self.any.store(true, std::sync::atomic::Ordering::Relaxed);
         Some(b)
     }
 
@@ -97,7 +100,15 @@ impl<K: Eq + Hash> Keyed<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if !self.any.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
         self.by_key.lock().expect("not poisoned").get(key).cloned()
+    }
+
+    /// Whether it has ever held a breaker.
+    pub fn ever_held(&self) -> bool {
+        self.any.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Closes every breaker.
@@ -177,11 +188,10 @@ pub struct Permits {
     own: Option<Own>,
 }
 
-/// A client's own breakers for one call: their keys, and the permits of those it had.
+/// A client's own breakers for one call: the permits of those it had.
 #[derive(Debug)]
 struct Own {
     client: u64,
-    keys: (ClientKey, ClientKey),
     server: Option<Permit>,
     tool: Option<Permit>,
 }
@@ -207,6 +217,8 @@ impl ServerBreakers {
     pub fn admit(&self, tool: &str, blame: Blame) -> Result<Permits, Shed> {
         let shed = |retry_in, tool, own| Shed { retry_in, tool, own };
         let own = match blame {
+            // (Until some client has failed here, none has breakers of its own to ask.)
+            Blame::Client(client) if !self.clients.ever_held() => Some(Own { client, server: None, tool: None }),
             Blame::Client(client) => {
                 let keys = self.own_keys(client, tool);
                 let admit = |key: &ClientKey, tool| {
@@ -214,7 +226,7 @@ impl ServerBreakers {
                 };
                 let server = admit(&keys.0, false)?;
                 let tool = admit(&keys.1, true)?;
-                Some(Own { client, keys, server, tool })
+                Some(Own { client, server, tool })
             }
             Blame::Server => None,
         };
@@ -259,7 +271,8 @@ impl ServerBreakers {
         // Its own breakers count its failures as they come: they serve it alone.
         let tool_answered = || self.tools.existing(tool_name).is_some_and(|b| b.answered_since(since));
         let own_confined = confined || (may_be_confined && tool_answered());
-        let levels = [(own.server, own.keys.0, at(own_confined)), (own.tool, own.keys.1, tool_outcome)];
+        let keys = self.own_keys(own.client, tool_name);
+        let levels = [(own.server, keys.0, at(own_confined)), (own.tool, keys.1, tool_outcome)];
         for (permit, key, outcome) in levels {
             let permit = match permit {
                 Some(p) => Some(p),
