@@ -537,7 +537,7 @@ async fn a_configuration_linked_from_elsewhere_reloads_when_edited_there() {
 #[tokio::test]
 async fn a_slow_relaunch_whose_every_step_is_in_time_takes_over() {
     let with_init = |mut config: Value| {
-        config["rebound"]["init_timeout_ms"] = json!(1000);
+        config["rebound"]["init_timeout_ms"] = json!(3000);
         config
     };
     let gw = HttpGateway::start(|dir| with_init(config(dir, 60000, &[])), &[]).await;
@@ -546,7 +546,7 @@ async fn a_slow_relaunch_whose_every_step_is_in_time_takes_over() {
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "old"})).await), "a: old");
     let old = pid(&dir, "a");
     let mut slow = with_init(config(&dir, 60000, &[]));
-    let args = ["--start-delay", "700", "--list-delay", "700"];
+    let args = ["--start-delay", "2000", "--list-delay", "2000"];
     slow["mcpServers"]["a"]["args"].as_array_mut().unwrap().extend(args.map(|a| json!(a)));
     rewrite_config(&dir, &slow);
     eventually("a relaunched", move || !alive(old)).await;

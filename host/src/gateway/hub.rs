@@ -138,7 +138,7 @@ impl Hub {
     }
 
     /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
-    /// [`Setup::next`]. New instances come up (within `init_timeout_ms`) before they
+    /// [`Setup::next`]. New instances come up (each step of a start within `init_timeout_ms`) before they
     /// replace anything, so that a relaunched server's tools never leave the catalogue;
     /// the instances replaced or removed finish their calls in flight (each within its
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.

@@ -86,6 +86,21 @@ struct State {
     cycle: u64,
 }
 
+impl State {
+    /// The failures in a row, and the clients refused a probe, are forgotten.
+    fn end_run(&mut self) {
+        self.run.clear();
+        self.refused_until = None;
+    }
+
+    /// A half-open period begins, with one probe out: the one being admitted.
+    fn begin_half_open(&mut self) {
+        self.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
+        self.end_run();
+        self.cycle += 1;
+    }
+}
+
 pub struct Breaker {
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
@@ -143,20 +158,16 @@ impl Breaker {
             Phase::Closed => false,
             Phase::Open { until } if now < until => return Err(until - now),
             Phase::Open { .. } => {
-                s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
-                s.run.clear();
-                s.refused_until = None;
-                s.cycle += 1;
+                s.begin_half_open();
                 true
             }
-            Phase::HalfOpen { .. } if s.run.blames(blame) => match s.refused_until {
+            Phase::HalfOpen { in_flight, .. } if s.run.blames(blame) => match s.refused_until {
                 Some(until) if now < until => return Err(until - now),
-                // Its wait is over: a new half-open period, which it may probe.
+                // Its wait is over: a new half-open period, which it may probe, once the
+                // other clients' probes of this one have had their say.
+                _ if in_flight > 0 => return Err(Duration::ZERO),
                 _ => {
-                    s.phase = Phase::HalfOpen { in_flight: 1, successes: 0 };
-                    s.run.clear();
-                    s.refused_until = None;
-                    s.cycle += 1;
+                    s.begin_half_open();
                     true
                 }
             },
@@ -178,8 +189,7 @@ impl Breaker {
     pub fn reset(&self) {
         let mut s = self.state.lock().expect("not poisoned");
         s.phase = Phase::Closed;
-        s.run.clear();
-        s.refused_until = None;
+        s.end_run();
         s.openings = 0;
         s.window.clear();
         s.cycle += 1;
@@ -240,8 +250,7 @@ impl Breaker {
                 match outcome {
                     Outcome::Success if successes + 1 >= self.config.success_threshold => {
                         s.phase = Phase::Closed;
-                        s.run.clear();
-                        s.refused_until = None;
+                        s.end_run();
                         s.openings = 0;
                         s.window.clear();
                     }
@@ -289,8 +298,7 @@ impl Breaker {
     fn open(&self, s: &mut State, now: Instant) {
         s.openings = s.openings.saturating_add(1);
         s.phase = Phase::Open { until: super::clock::later(now, self.open_time(s.openings)) };
-        s.run.clear();
-        s.refused_until = None;
+        s.end_run();
         s.window.clear();
     }
 
@@ -333,7 +341,10 @@ impl Breaker {
     fn rate_tripped(&self, s: &State) -> bool {
         let (calls, failures) = window_totals(&s.window);
         let calls = calls - failures.most_of_one();
-        calls >= self.config.min_calls && f64::from(failures.of_others()) >= self.config.failure_rate * f64::from(calls)
+        // (Some failure of the others' at least, whatever `min_calls` says.)
+        failures.of_others() > 0
+            && calls >= self.config.min_calls
+            && f64::from(failures.of_others()) >= self.config.failure_rate * f64::from(calls)
     }
 
     /// Whether it has not been used for a whole window and sheds no call now: what it

@@ -585,26 +585,8 @@ impl Engine {
         let mut spent = Spent::default();
         loop {
             spent.primary += 1;
-            let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&call.tool));
-            let outcome = self
-                .attempt(
-                    call.upstream,
-                    call.policy,
-                    (&call.server, &call.tool, Role::Primary),
-                    &call.arguments,
-                    timeout,
-                    call.deadline,
-                )
-                .await;
-            let (failure, builtin) = match outcome {
-                Ok(result) => {
-                    record.push(&call.server, &call.tool, Role::Primary, None, spent.waited);
-                    if spent.primary > 1 {
-                        call.policy.counters.add(|c| &c.recovered);
-                    }
-                    observe(call.advisor, &call.server, &call.tool, call.arguments.as_ref(), &result).await;
-                    return Ending::Answered(result);
-                }
+            let (failure, builtin) = match self.attempt_primary(call).await {
+                Ok(result) => return self.answered(call, record, &spent, result).await,
                 Err(failed) => failed,
             };
             // What only the gateway can know is decided on its own classification, so that
@@ -643,6 +625,23 @@ impl Engine {
                 (ending, _) => ending,
             };
         }
+    }
+
+    /// One attempt of the tool the client called.
+    async fn attempt_primary(&self, call: &Call<'_>) -> Result<CallToolResponse, (Failure, Classification)> {
+        let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&call.tool));
+        let what = (&*call.server, &*call.tool, Role::Primary);
+        self.attempt(call.upstream, call.policy, what, &call.arguments, timeout, call.deadline).await
+    }
+
+    /// The tool the client called answered: on record, counted, shown to the adapter.
+    async fn answered(&self, call: &Call<'_>, record: &mut Record, spent: &Spent, result: CallToolResponse) -> Ending {
+        record.push(&call.server, &call.tool, Role::Primary, None, spent.waited);
+        if spent.primary > 1 {
+            call.policy.counters.add(|c| &c.recovered);
+        }
+        observe(call.advisor, &call.server, &call.tool, call.arguments.as_ref(), &result).await;
+        Ending::Answered(result)
     }
 
     /// Asks the adapter, if any, to refine the built-in classification and to propose a

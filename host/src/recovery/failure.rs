@@ -111,7 +111,7 @@ impl Failure {
                 format!("the server's HTTP endpoint answered HTTP {status} (Retry-After: {after})")
             }
             Self::CircuitOpen { retry_in, tool, own: true } => format!(
-                "this client's calls to {} failed repeatedly, so its circuit breaker for them is open; other clients' calls still go through (next probe in {} ms)",
+                "this client's calls to {} failed repeatedly, so a circuit breaker of its own sheds them; other clients' calls are not shed by it (next probe in {} ms)",
                 tool.as_ref().map_or("the server".to_owned(), |t| format!("tool `{t}`")),
                 retry_in.as_millis()
             ),

@@ -41,7 +41,7 @@ pub fn suggested_action(server: &str, tool: &str, failure: &Failure, class: &Cla
             "`{tool}` timed out inside the server and may or may not have taken effect; check, then call it again later or with a smaller input, or use another tool"
         ),
         (Category::CircuitOpen, Failure::CircuitOpen { own: true, .. }) => format!(
-            "this client's own calls of `{tool}` on the `{server}` server failed repeatedly (other clients' calls still answer); check what they send, then try again later or use another tool"
+            "this client's own calls of `{tool}` on the `{server}` server failed repeatedly; check what they send, then try again later or use another tool"
         ),
         (Category::CircuitOpen, Failure::CircuitOpen { tool: Some(tool), .. }) => format!(
             "`{tool}` failed repeatedly and is being given time to recover; the `{server}` server's other tools still answer, so use another tool or try again later"

@@ -293,8 +293,7 @@ pub(super) async fn limit(
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() == Method::GET && request.uri().path() == "/mcp" && front.limits.draining.load(Ordering::SeqCst)
-    {
+    if opens_a_stream_while_draining(&front, &request) {
         return shutting_down();
     }
     if request.method() != Method::POST {
@@ -462,6 +461,14 @@ fn admit(
         return Err(Box::new(shutting_down()));
     }
     Ok(permit)
+}
+
+/// A new event stream (`GET /mcp`, or under it) asked for while the gateway drains.
+fn opens_a_stream_while_draining(front: &Front, request: &Request) -> bool {
+    let path = request.uri().path();
+    request.method() == Method::GET
+        && (path == "/mcp" || path.starts_with("/mcp/"))
+        && front.limits.draining.load(Ordering::SeqCst)
 }
 
 fn shutting_down() -> Response {

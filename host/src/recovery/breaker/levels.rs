@@ -37,8 +37,8 @@ pub const MAX_TOOL_BREAKERS: usize = 1024;
 pub const MAX_CLIENT_BREAKERS: usize = 4096;
 
 /// Breakers by key, each made on its key's first call with the server's settings, at
-/// most `max` of them: when they are all taken, idle ones ([`Breaker::idle`]) make room,
-/// looked for at most once a tenth of the window.
+/// most `max` of them: when they are all taken, none more is made, or (`evicts`) idle
+/// ones ([`Breaker::idle`]) make room, looked for at most once a tenth of the window.
 pub struct Keyed<K> {
     config: BreakerConfig,
     clock: Arc<dyn Clock>,
@@ -49,6 +49,8 @@ pub struct Keyed<K> {
     /// Whether it has ever held one: until then, looking one up takes no lock.
     any: std::sync::atomic::AtomicBool,
     max: usize,
+    /// Whether idle ones make room past `max` (else none is made past it).
+    evicts: bool,
 }
 
 /// The breakers of one server's tools, by tool name.
@@ -61,8 +63,9 @@ impl<K> std::fmt::Debug for Keyed<K> {
 }
 
 impl<K: Eq + Hash> Keyed<K> {
-    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>, max: usize) -> Self {
-        Self { config, clock, rng, by_key: Mutex::default(), full_at: Mutex::default(), any: Default::default(), max }
+    pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>, (max, evicts): (usize, bool)) -> Self {
+        let (by_key, full_at, any) = Default::default();
+        Self { config, clock, rng, by_key, full_at, any, max, evicts }
     }
 
     /// The breaker of `key`, made on first use; none when all `max` are taken and busy.
@@ -71,9 +74,21 @@ impl<K: Eq + Hash> Keyed<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.get_or_make(key).map(|(b, _)| b)
+    }
+
+    /// The breaker of `key`, and whether it was made just now.
+    fn get_or_make<Q>(&self, key: &Q) -> Option<(Arc<Breaker>, bool)>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut map = self.by_key.lock().expect("not poisoned");
         if let Some(b) = map.get(key) {
-            return Some(b.clone());
+            return Some((b.clone(), false));
+        }
+        if map.len() >= self.max && !self.evicts {
+            return None;
         }
         if map.len() >= self.max {
             let now = self.clock.now();
@@ -91,7 +106,7 @@ impl<K: Eq + Hash> Keyed<K> {
         let b = Breaker::new(self.config, self.clock.clone(), self.rng.clone());
         map.insert(key.to_owned(), b.clone());
         self.any.store(true, std::sync::atomic::Ordering::Relaxed);
-        Some(b)
+        Some((b, true))
     }
 
     /// The breaker of `key` if it has one already.
@@ -200,8 +215,10 @@ impl ServerBreakers {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
         Self {
             server: Breaker::new(config, clock.clone(), rng.clone()),
-            tools: Keyed::new(config, clock.clone(), rng.clone(), MAX_TOOL_BREAKERS),
-            clients: Keyed::new(config, clock, rng, MAX_CLIENT_BREAKERS),
+            // A tool's breaker keeps what it knows for the server's life; a client's makes
+            // room for others' once idle.
+            tools: Keyed::new(config, clock.clone(), rng.clone(), (MAX_TOOL_BREAKERS, false)),
+            clients: Keyed::new(config, clock, rng, (MAX_CLIENT_BREAKERS, true)),
             tool_hash: RandomState::new(),
         }
     }
@@ -276,7 +293,12 @@ impl ServerBreakers {
         for (permit, key, outcome) in levels {
             let permit = match permit {
                 Some(p) => Some(p),
-                None if outcome == Outcome::Failure => self.clients.get(&key).and_then(|b| b.admit().ok()),
+                // Made now, on this failure: one that was made since this call was let
+                // through (by another of the client's calls) has moved on without it.
+                None if outcome == Outcome::Failure => match self.clients.get_or_make(&key) {
+                    Some((b, true)) => b.admit().ok(),
+                    _ => None,
+                },
                 None => None,
             };
             if let Some(p) = permit {
@@ -310,13 +332,13 @@ impl ServerBreakers {
         self.clients.existing(&(client, None))
     }
 
-    /// How many clients have a breaker of their own open or half-open here (for the
-    /// server, or for one of its tools): clients whose calls alone fail.
+    /// How many clients a breaker of their own (for the server, or for one of its tools)
+    /// sheds now: clients whose calls alone fail.
     pub fn clients_shed(&self) -> usize {
+        let now = self.clients.clock.now();
         let map = self.clients.by_key.lock().expect("not poisoned");
-        let shed: std::collections::HashSet<u64> =
-            map.iter().filter(|(_, b)| b.phase() != super::Phase::Closed).map(|((client, _), _)| *client).collect();
-        shed.len()
+        let shed = map.iter().filter(|(_, b)| b.refuses_at(Blame::Server, now)).map(|((client, _), _)| *client);
+        shed.collect::<std::collections::HashSet<u64>>().len()
     }
 
     /// Closes every breaker, the clients' own included.

@@ -303,7 +303,9 @@ mod levels {
     }
 
     fn failed(outcome: Outcome, tool_level: bool, undelivered: bool) -> Failed {
-        let since = tokio::time::Instant::now() - Duration::from_millis(BreakerConfig::default().window_ms);
+        let window = Duration::from_millis(BreakerConfig::default().window_ms);
+        let now = tokio::time::Instant::now();
+        let since = now.checked_sub(window).unwrap_or(now);
         Failed { outcome, tool_level, undelivered, since }
     }
 
@@ -382,13 +384,16 @@ mod levels {
         for client in 0..(MAX_CLIENT_BREAKERS as u64 / 2) {
             fail_as(&b, "fetch", client, 1);
         }
+        // Just before they go stale: none is idle.
+        tokio::time::advance(window - Duration::from_secs(1)).await;
         fail_as(&b, "fetch", u64::MAX, 1);
         assert!(b.own(u64::MAX).is_none(), "all taken and busy");
-        tokio::time::advance(window / 20).await;
+        // Stale now (a window since the clients that failed once left), but the last
+        // look was too recent to look again.
+        tokio::time::advance(Duration::from_secs(2)).await;
         fail_as(&b, "fetch", u64::MAX, 1);
         assert!(b.own(u64::MAX).is_none(), "not looked for again so soon");
-        // A window later the clients that failed once, and left, have stale breakers.
-        tokio::time::advance(window).await;
+        tokio::time::advance(window / 10).await;
         fail_as(&b, "fetch", u64::MAX, 1);
         assert_eq!(b.own(u64::MAX).unwrap().snapshot().consecutive_failures, 1, "room was made");
         assert!(b.own(0).is_none(), "the stale ones went");

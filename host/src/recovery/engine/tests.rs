@@ -812,7 +812,7 @@ async fn one_clients_outage_sheds_its_own_calls_alone() {
     let (failure, class) = record.last_failure().unwrap();
     assert!(matches!(failure, Failure::CircuitOpen { own: true, .. }), "{failure:?}");
     let advice = report::suggested_action(&record.server, &record.tool, failure, class);
-    assert!(advice.contains("other clients' calls still answer"), "{advice}");
+    assert!(advice.contains("this client's own calls of `a`"), "{advice}");
     let policy = e.policy("s").unwrap();
     assert_eq!(policy.breakers.server.snapshot().state, "closed");
     assert_eq!(policy.breakers.own(1).unwrap().snapshot().state, "open");
