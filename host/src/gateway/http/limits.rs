@@ -321,20 +321,10 @@ pub(super) async fn limit(
     };
     let (counts, id) = (probe.is_request(), probe.id());
     let opens_session = matches!(probe.request(), Some(("initialize", _)));
-    if matches!(probe.request(), Some(("subscriptions/listen", _))) {
-        parts.extensions.insert(Listen); // by its body: the `Mcp-Method` header is optional
-    }
-    if let Some(("initialize", params)) = probe.request()
-        && let Some(tasks) = &params.client_tasks
-    {
-        parts.extensions.insert(ClientTasks::clone(tasks)); // for the gateway's `initialize` (`server::client_tasks`)
-    }
+    mark(&mut parts, &probe);
     let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
-    let is_json = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
-        v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
-    });
-    let kept = is_json.then(|| body.clone());
+    let kept = is_json(&parts.headers).then(|| body.clone());
     let request = Request::from_parts(parts, Body::from(body));
     if !counts {
         return sent_holding(answer_unreadable(next.run(request).await, kept.as_deref(), &front), held);
@@ -461,6 +451,27 @@ fn admit(
         return Err(Box::new(shutting_down()));
     }
     Ok(permit)
+}
+
+/// Marks what later layers need to know of the request from its body: a listen request
+/// (the `Mcp-Method` header is optional), an `initialize`'s tasks (for the gateway's
+/// `initialize`, `server::client_tasks`: rmcp's types drop them).
+fn mark(parts: &mut axum::http::request::Parts, probe: &Probe) {
+    if matches!(probe.request(), Some(("subscriptions/listen", _))) {
+        parts.extensions.insert(Listen);
+    }
+    if let Some(("initialize", params)) = probe.request()
+        && let Some(tasks) = &params.client_tasks
+    {
+        parts.extensions.insert(ClientTasks::clone(tasks));
+    }
+}
+
+/// Whether a request's body is said to be JSON.
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';').next().is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+    })
 }
 
 /// A new event stream (`GET /mcp`, or under it) asked for while the gateway drains.
