@@ -555,3 +555,25 @@ async fn a_slow_relaunch_whose_every_step_is_in_time_takes_over() {
     assert_ne!(pid(&dir, "a"), old);
     let _ = client.cancel().await;
 }
+
+/// `rebound.restart` applies to the servers started after the reload: one that keeps its
+/// process keeps its own. After a reload that makes restarts slow, a crashed server that
+/// kept its process comes back as fast as before.
+#[tokio::test]
+async fn restart_settings_apply_to_servers_started_after_the_reload() {
+    let restarts = |mut config: Value, delay_ms: u64| {
+        config["rebound"]["restart"] = json!({"initial_delay_ms": delay_ms, "max_delay_ms": delay_ms.max(30000)});
+        config
+    };
+    let gw = HttpGateway::start(|dir| restarts(config(dir, 60000, &[]), 50), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    rewrite_config(&dir, &restarts(config(&dir, 60000, &[]), 600_000));
+    gw.logged("rebound.restart and init_timeout_ms apply to servers started from now on").await;
+    let old = pid(&dir, "a");
+    call(&client, "a__crash", json!({})).await;
+    eventually("a restarted with its own settings", move || pid(&dir, "a") != old).await;
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
+    let _ = client.cancel().await;
+}
