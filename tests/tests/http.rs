@@ -503,6 +503,11 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     );
     assert_eq!(text(&call(&bob, "echo", json!({"message": "m"})).await), "a: m");
     assert!(status(&bob).await["servers"][0].get("own_breaker").is_none());
+    // The operator sees how many clients are shed so, in the status and the metrics.
+    let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["servers"][0]["clients_shed"], 1, "{doc}");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    assert!(metrics.lines().any(|l| l == r#"rebound_clients_shed{server="a"} 1"#), "{metrics}");
     // Bob's failure and Carol's: two failures of the tool without Alice's, the client that
     // failed most. It is shed for everyone (the server's other tool answered, so the
     // tool's breaker).

@@ -232,7 +232,7 @@ fn breaker_value(state: &str) -> i64 {
 fn state_registry(now: &Snapshot) -> Registry {
     let mut registry = Registry::with_prefix("rebound");
     let status = Family::<StatusLabels, Gauge>::default();
-    let breaker = Family::<ServerLabel, Gauge>::default();
+    let (breaker, clients_shed) = (Family::<ServerLabel, Gauge>::default(), Family::<ServerLabel, Gauge>::default());
     let tool_breaker = Family::<ToolLabels, Gauge>::default();
     let denied = Family::<DeniedLabels, Counter>::default();
     let engine: [(&str, &str, Family<ServerLabel, Counter>); 6] = [
@@ -254,6 +254,9 @@ fn state_registry(now: &Snapshot) -> Registry {
         }
         if let Some(state) = s.breaker {
             breaker.get_or_create(&server).set(breaker_value(state));
+        }
+        if let Some(n) = s.clients_shed {
+            clients_shed.get_or_create(&server).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         for (tool, state) in &s.tool_breakers {
             let labels = ToolLabels { server: s.name.clone(), tool: label(tool) };
@@ -280,6 +283,11 @@ fn state_registry(now: &Snapshot) -> Registry {
         status,
     );
     registry.register("breaker_state", "Circuit breaker per server: 0 closed, 1 half-open, 2 open", breaker);
+    registry.register(
+        "clients_shed",
+        "Clients of a shared server whose calls breakers of their own shed now (only their calls failed)",
+        clients_shed,
+    );
     registry.register(
         "tool_breaker_state",
         "Circuit breaker per tool, for tools with recent failures: 0 closed, 1 half-open, 2 open",

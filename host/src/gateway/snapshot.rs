@@ -22,6 +22,8 @@ pub struct ServerSnapshot {
     pub breaker: Option<&'static str>,
     /// The breakers of tools with recent failures, by tool.
     pub tool_breakers: Vec<(String, &'static str)>,
+    /// How many clients breakers of their own shed now (a shared server's).
+    pub clients_shed: Option<usize>,
     pub counters: Counts,
     /// Refused steps of the adapter's plans, by [`Denial`] (in `Denial::ALL` order).
     pub denied: [u64; Denial::ALL.len()],

@@ -512,6 +512,7 @@ pub fn snapshot(hub: &Hub) -> Snapshot {
                 tool_breakers: own
                     .map(|p| p.breakers.tools.troubled().into_iter().map(|(t, s)| (t, s.state)).collect())
                     .unwrap_or_default(),
+                clients_shed: own.map(|p| p.breakers.clients_shed()),
                 counters: policy.map(|p| counts(&p.counters)).unwrap_or_default(),
                 denied: policy
                     .map(|p| std::array::from_fn(|i| p.counters.denied[i].load(Ordering::Relaxed)))
