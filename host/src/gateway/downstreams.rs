@@ -77,7 +77,7 @@ impl To {
             Reach::Session(peer) => sending.send(&ClientPeer { client: self.counted.clone(), peer }, notification),
             // A listen request's share is its address's: it counts as both.
             Reach::Listen { sink, .. } => {
-                let to = Share { client: self.counted.clone(), address: Some(self.counted.clone()) };
+                let to = Share::new(self.counted.clone(), Some(self.counted.clone()));
                 sending.spawn(to, encoded_len(&notification), async move {
                     if let Err(e) = sink.send(notification).await {
                         tracing::debug!("a notification was not delivered on a listen request: {e}");
@@ -89,8 +89,9 @@ impl To {
 }
 
 /// The most notifications on their way to one client at once, and their bytes; to all
-/// the sessions of one address (an IPv6 one by its /64); to all clients together; and how
-/// long each may wait for its client. A client that never reads cannot make the gateway
+/// the sessions of one address (an IPv6 one by its /64), and of one IPv6 site (a /48:
+/// twice an address's); to all clients together; and how long each may wait for its
+/// client. A client that never reads cannot make the gateway
 /// hold what servers keep saying, nor keep another client from hearing unless clients of
 /// four addresses do at once: past the first six, a new notification is dropped and
 /// counted; past the last, one waiting is given up.
@@ -98,6 +99,8 @@ pub const MAX_SENDING_TO_ONE: usize = 512;
 pub const MAX_SENDING_BYTES_TO_ONE: usize = 8 << 20;
 pub const MAX_SENDING_TO_ADDRESS: usize = 1024;
 pub const MAX_SENDING_BYTES_TO_ADDRESS: usize = 16 << 20;
+pub const MAX_SENDING_TO_NETWORK: usize = 2 * MAX_SENDING_TO_ADDRESS;
+pub const MAX_SENDING_BYTES_TO_NETWORK: usize = 2 * MAX_SENDING_BYTES_TO_ADDRESS;
 pub const MAX_SENDING: usize = 4096;
 pub const MAX_SENDING_BYTES: usize = 64 << 20;
 pub const SEND_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -125,11 +128,25 @@ struct Load {
     by_address: HashMap<Arc<str>, Count>,
 }
 
-/// Whose shares a notification counts against: its client's, and its address's if it
-/// came over HTTP.
+/// Whose shares a notification counts against: its client's, and its address's (and
+/// its IPv6 site's) if it came over HTTP.
 struct Share {
     client: Arc<str>,
     address: Option<Arc<str>>,
+    network: Option<Arc<str>>,
+}
+
+impl Share {
+    fn new(client: Arc<str>, address: Option<Arc<str>>) -> Self {
+        let network = address.as_deref().and_then(super::http::network_of).map(Arc::from);
+        Self { client, address, network }
+    }
+
+    /// The shares past the client's own, each with its bounds.
+    fn wider(&self) -> impl Iterator<Item = (&Arc<str>, usize, usize)> {
+        let address = self.address.iter().map(|a| (a, MAX_SENDING_TO_ADDRESS, MAX_SENDING_BYTES_TO_ADDRESS));
+        address.chain(self.network.iter().map(|n| (n, MAX_SENDING_TO_NETWORK, MAX_SENDING_BYTES_TO_NETWORK)))
+    }
 }
 
 impl Load {
@@ -139,18 +156,15 @@ impl Load {
         let of = |map: &HashMap<Arc<str>, Count>, key: &Arc<str>| map.get(key).copied().unwrap_or_default();
         if past(self.all, MAX_SENDING, MAX_SENDING_BYTES)
             || past(of(&self.by_client, &to.client), MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE)
-            || to
-                .address
-                .as_ref()
-                .is_some_and(|a| past(of(&self.by_address, a), MAX_SENDING_TO_ADDRESS, MAX_SENDING_BYTES_TO_ADDRESS))
+            || to.wider().any(|(key, max, max_bytes)| past(of(&self.by_address, key), max, max_bytes))
         {
             return false;
         }
         let add = |(n, b): &mut Count| (*n, *b) = (*n + 1, *b + bytes);
         add(&mut self.all);
         add(self.by_client.entry(to.client.clone()).or_default());
-        if let Some(address) = &to.address {
-            add(self.by_address.entry(address.clone()).or_default());
+        for (key, ..) in to.wider() {
+            add(self.by_address.entry(key.clone()).or_default());
         }
         true
     }
@@ -167,8 +181,8 @@ impl Load {
         }
         self.all = (self.all.0 - 1, self.all.1 - bytes);
         less(&mut self.by_client, &to.client, bytes);
-        if let Some(address) = &to.address {
-            less(&mut self.by_address, address, bytes);
+        for (key, ..) in to.wider() {
+            less(&mut self.by_address, key, bytes);
         }
     }
 }
@@ -178,7 +192,7 @@ impl Sending {
     pub fn send(self: &Arc<Self>, to: &ClientPeer, notification: ServerNotification) {
         let peer = to.peer.clone();
         let address = self.addresses.lock().expect("not poisoned").get(&to.client).cloned();
-        let to = Share { client: to.client.clone(), address };
+        let to = Share::new(to.client.clone(), address);
         self.spawn(to, encoded_len(&notification), async move {
             if let Err(e) = peer.send_notification(notification).await {
                 tracing::debug!("a downstream notification was not delivered: {e}");
@@ -539,8 +553,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn notifications_a_client_does_not_read_are_bounded() {
         let sending = Arc::new(Sending::default());
-        let to =
-            |client: &str, address: Option<&str>| Share { client: client.into(), address: address.map(Into::into) };
+        let to = |client: &str, address: Option<&str>| Share::new(client.into(), address.map(Into::into));
         for _ in 0..MAX_SENDING_TO_ONE + 5 {
             sending.spawn(to("slow", None), 10, std::future::pending());
         }
@@ -558,6 +571,20 @@ mod tests {
         assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 1 + MAX_SENDING_TO_ADDRESS, "one address's share");
         sending.spawn(to("polite", Some("address 10.0.0.10")), 10, std::future::pending());
         assert_eq!(sending.load().0, MAX_SENDING_TO_ONE + 2 + MAX_SENDING_TO_ADDRESS, "another address still heard");
+        // The /64s of one IPv6 site that never read: its share, twice an address's.
+        for block in 0..4 {
+            for session in 0..2 {
+                let client = format!("site {block} {session}");
+                let address = format!("address 2001:db8:1:{block}::/64");
+                for _ in 0..MAX_SENDING_TO_ONE {
+                    sending.spawn(to(&client, Some(&address)), 10, std::future::pending());
+                }
+            }
+        }
+        let before = MAX_SENDING_TO_ONE + 2 + MAX_SENDING_TO_ADDRESS;
+        assert_eq!(sending.load().0, before + MAX_SENDING_TO_NETWORK, "one site's share");
+        sending.spawn(to("next door", Some("address 2001:db8:2:1::/64")), 10, std::future::pending());
+        assert_eq!(sending.load().0, before + MAX_SENDING_TO_NETWORK + 1, "another site still heard");
 
         for i in 0..MAX_SENDING {
             sending.spawn(to(&format!("client {i}"), None), 10, std::future::pending());

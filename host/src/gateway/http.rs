@@ -441,6 +441,16 @@ pub(crate) fn address_client(ip: std::net::IpAddr) -> String {
     }
 }
 
+/// The network around a client address of [`address_client`], for what is counted per
+/// address: an IPv6 address's /48 (a site, whose /64s are its addresses), so that the
+/// many /64s of one site cannot take many addresses' shares; none for an IPv4 address,
+/// its own network.
+pub(crate) fn network_of(address: &str) -> Option<String> {
+    let v6: std::net::Ipv6Addr = address.strip_prefix("address ")?.strip_suffix("/64")?.parse().ok()?;
+    let [a, b, c, ..] = v6.segments();
+    Some(format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0)))
+}
+
 /// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
 fn split_authority(authority: &str) -> (&str, Option<&str>) {
     if let Some(rest) = authority.strip_prefix('[') {
@@ -505,6 +515,10 @@ mod tests {
         assert_eq!(of("2001:db8:1:2:bbbb:cccc:dddd:eeee"), of("2001:db8:1:2::9"), "one /64, one client");
         assert_ne!(of("2001:db8:1:3::1"), of("2001:db8:1:2::1"));
         assert_eq!(of("::1"), "address ::/64");
+        let network = |ip: &str| network_of(&of(ip));
+        assert_eq!(network("2001:db8:1:2:aaaa::1").as_deref(), Some("network 2001:db8:1::/48"));
+        assert_eq!(network("2001:db8:1:ff::1"), network("2001:db8:1:2::1"), "one /48, one network");
+        assert_eq!((network("192.0.2.7"), network("::ffff:192.0.2.7")), (None, None), "an IPv4 address is its own");
     }
 
     fn list(items: &[&str]) -> Vec<String> {

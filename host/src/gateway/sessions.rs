@@ -49,13 +49,7 @@ struct Maker {
 impl Maker {
     fn of(ip: std::net::IpAddr) -> Self {
         let address: Arc<str> = super::http::address_client(ip).into();
-        let network = match ip.to_canonical() {
-            std::net::IpAddr::V4(_) => address.clone(),
-            std::net::IpAddr::V6(v6) => {
-                let [a, b, c, ..] = v6.segments();
-                format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0)).into()
-            }
-        };
+        let network = super::http::network_of(&address).map_or_else(|| address.clone(), Arc::from);
         Self { address, network }
     }
 }

@@ -371,8 +371,9 @@ fn too_heavy(front: &Front, past: Past, weight: usize) -> Response {
             StatusCode::TOO_MANY_REQUESTS,
             "too_much_in_flight",
             format!(
-                "this client's requests in flight are too large together (past {} MiB once read); wait for one to finish",
-                mib(parsed::ADDRESS_SHARE)
+                "this client's requests in flight are too large together (past {} MiB once read, or {} MiB from its IPv6 site); wait for one to finish",
+                mib(parsed::ADDRESS_SHARE),
+                mib(parsed::NETWORK_SHARE)
             ),
         ),
         Past::Gateway => (

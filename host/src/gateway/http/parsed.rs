@@ -6,7 +6,8 @@
 //! before it is read ([`weight`]: its bytes, and [`crate::weight::PER_VALUE`] for each value in it), and
 //! the weights of the requests in flight are held against one budget for the gateway
 //! ([`GATEWAY_BUDGET`]), of which one client address (an IPv6 one by its /64) may hold a
-//! quarter; a weight is held until its response has been sent and its request handled.
+//! quarter, and the addresses of one IPv6 site (a /48) half; a weight is held until its
+//! response has been sent and its request handled.
 //! A body that weighs little ([`LIGHT`]: a cancellation, an answer to the server, most
 //! calls) is not held against the budget, so that a few clients holding all of it cannot
 //! keep everyone else from cancelling or answering; those are bounded by the count of
@@ -22,6 +23,8 @@ pub const GATEWAY_BUDGET: usize = 1 << 30;
 /// The most the requests in flight from one address may weigh together; a request
 /// heavier than this on its own is refused whatever else is in flight.
 pub const ADDRESS_SHARE: usize = GATEWAY_BUDGET / 4;
+/// The most the requests in flight from one IPv6 site (a /48, many /64s) may weigh.
+pub const NETWORK_SHARE: usize = GATEWAY_BUDGET / 2;
 /// A weight this small is not held.
 pub const LIGHT: usize = 64 << 10;
 
@@ -36,7 +39,7 @@ pub struct Budget {
 pub enum Past {
     /// It alone weighs more than an address's share.
     Alone,
-    /// Its address holds its share.
+    /// Its address holds its share, or its network (an IPv6 /48) holds its own.
     Address,
     /// The gateway holds its budget.
     Gateway,
@@ -47,6 +50,7 @@ pub enum Past {
 pub struct Held {
     budget: Arc<Budget>,
     address: String,
+    network: Option<String>,
     weight: usize,
 }
 
@@ -61,18 +65,21 @@ impl Budget {
             return Ok(None);
         }
         let address = address();
+        let network = super::network_of(&address);
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
-        let own = by_address.get(&address).copied().unwrap_or(0);
-        if own + weight > ADDRESS_SHARE {
+        let of = |key: &str| by_address.get(key).copied().unwrap_or(0);
+        if of(&address) + weight > ADDRESS_SHARE || network.as_deref().is_some_and(|n| of(n) + weight > NETWORK_SHARE) {
             return Err(Past::Address);
         }
         if *total + weight > GATEWAY_BUDGET {
             return Err(Past::Gateway);
         }
         *total += weight;
-        by_address.insert(address.clone(), own + weight);
-        Ok(Some(Held { budget: self.clone(), address, weight }))
+        for key in std::iter::once(&address).chain(&network) {
+            *by_address.entry(key.clone()).or_default() += weight;
+        }
+        Ok(Some(Held { budget: self.clone(), address, network, weight }))
     }
 
     #[cfg(test)]
@@ -87,11 +94,13 @@ impl Drop for Held {
         let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
         *total -= self.weight;
-        if let Some(own) = by_address.get_mut(&self.address) {
-            *own -= self.weight;
-            // Forget an address that holds nothing, or the map would grow with every one seen.
-            if *own == 0 {
-                by_address.remove(&self.address);
+        for key in std::iter::once(&self.address).chain(&self.network) {
+            if let Some(own) = by_address.get_mut(key) {
+                *own -= self.weight;
+                // Forget an address that holds nothing, or the map would grow with every one seen.
+                if *own == 0 {
+                    by_address.remove(key);
+                }
             }
         }
     }
@@ -136,5 +145,21 @@ mod tests {
         let e = budget.hold(|| "e".into(), heavy).expect("room made by a's request").unwrap();
         drop((a2, others, e, light, cancel));
         assert_eq!(budget.total(), (0, 0), "everything given back, no address kept");
+    }
+
+    /// The /64s of one IPv6 site hold half the budget at most: the rest is the others'.
+    #[test]
+    fn the_addresses_of_one_ipv6_site_hold_half_the_budget_at_most() {
+        let budget = Arc::new(Budget::default());
+        let of = |ip: &str| super::super::address_client(ip.parse().unwrap());
+        let site: Vec<Held> = ["2001:db8:1:1::1", "2001:db8:1:2::1"]
+            .iter()
+            .map(|ip| budget.hold(|| of(ip), ADDRESS_SHARE).unwrap().unwrap())
+            .collect();
+        assert_eq!(budget.hold(|| of("2001:db8:1:3::1"), LIGHT + 1).unwrap_err(), Past::Address);
+        let elsewhere = budget.hold(|| of("2001:db8:2:1::1"), ADDRESS_SHARE).expect("another site").unwrap();
+        let v4 = budget.hold(|| of("192.0.2.7"), ADDRESS_SHARE).expect("an IPv4 address").unwrap();
+        drop((site, elsewhere, v4));
+        assert_eq!(budget.total(), (0, 0), "everything given back, no address or network kept");
     }
 }

@@ -44,8 +44,17 @@ use crate::transport::Session;
 pub const MAX_RELAYED: usize = 4096;
 
 /// The most of them still running that one address has over HTTP, where a 2026-07-28
-/// client has no session (`server::task_owner`); a stdio gateway has one client.
+/// client has no session (`server::task_owner`); a stdio gateway has one client. The
+/// addresses of one IPv6 site (a /48) have twice that together.
 pub const MAX_RELAYED_PER_CLIENT: usize = 256;
+pub const MAX_RELAYED_PER_NETWORK: usize = 2 * MAX_RELAYED_PER_CLIENT;
+
+/// The shares a task of `owner` takes, each with its bound: its address's, and its IPv6
+/// site's.
+fn shares(owner: &Arc<str>) -> impl Iterator<Item = (Arc<str>, usize)> {
+    let network = crate::gateway::http::network_of(owner).map(|n| (Arc::from(n), MAX_RELAYED_PER_NETWORK));
+    std::iter::once((owner.clone(), MAX_RELAYED_PER_CLIENT)).chain(network)
+}
 
 /// How long a task is kept when its server set no `ttlMs`, and the longest it is kept.
 const DEFAULT_TTL: Duration = Duration::from_secs(3600);
@@ -60,7 +69,7 @@ pub struct Relayed {
 #[derive(Default)]
 struct Table {
     by_id: HashMap<String, Arc<Entry>>,
-    /// How many each client has.
+    /// How many each client has (and each IPv6 site: see [`shares`]).
     per_client: HashMap<Arc<str>, usize>,
     /// Of the tasks that take a client's share (over HTTP), how many each server holds
     /// (on any of its instances: a `url` server's tasks outlive a relaunch), by the time
@@ -86,7 +95,9 @@ impl Table {
             self.remove(&id);
         }
         if let Some(owner) = &entry.owner {
-            *self.per_client.entry(owner.clone()).or_default() += 1;
+            for (share, _) in shares(owner) {
+                *self.per_client.entry(share).or_default() += 1;
+            }
             *self.per_server.entry(entry.server.clone()).or_default().entry(entry.until).or_default() += 1;
             entry.counted.store(true, Ordering::Release);
         }
@@ -102,10 +113,12 @@ impl Table {
     /// `entry` no longer takes its owner's share (it ended, or is forgotten).
     fn release(&mut self, entry: &Entry) {
         let Some(owner) = entry.owner.as_ref().filter(|_| entry.counted.swap(false, Ordering::AcqRel)) else { return };
-        if let Some(n) = self.per_client.get_mut(owner) {
-            *n -= 1;
-            if *n == 0 {
-                self.per_client.remove(owner);
+        for (share, _) in shares(owner) {
+            if let Some(n) = self.per_client.get_mut(&share) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_client.remove(&share);
+                }
             }
         }
         if let Some(deadlines) = self.per_server.get_mut(&entry.server) {
@@ -153,10 +166,11 @@ impl Table {
         }
     }
 
-    /// Whether the table, or `owner`'s share of it (of the tasks that have not ended), is full.
+    /// Whether the table, or one of `owner`'s shares of it (of the tasks that have not
+    /// ended), is full.
     fn full_for(&self, owner: Option<&str>) -> bool {
-        let owned = owner.and_then(|o| self.per_client.get(o)).copied().unwrap_or(0);
-        self.by_id.len() >= MAX_RELAYED || owned >= MAX_RELAYED_PER_CLIENT
+        let full = |(share, max): (Arc<str>, usize)| self.per_client.get(&share).is_some_and(|n| *n >= max);
+        self.by_id.len() >= MAX_RELAYED || owner.is_some_and(|o| shares(&Arc::from(o)).any(full))
     }
 
     fn has_room(&mut self, owner: Option<&str>) -> bool {
@@ -609,6 +623,24 @@ pub(in crate::gateway) mod tests {
         relayed.tasks.lock().unwrap().insert("remote".into(), Entry { process: false, ..entry("c", soon) });
         relayed.connection_lost(1);
         assert!(relayed.may_run_on("a"));
+    }
+
+    /// The /64s of one IPv6 site take twice one address's share at most.
+    #[test]
+    fn the_addresses_of_one_ipv6_site_take_twice_an_addresss_share() {
+        let relayed = Relayed::default();
+        let later = Instant::now() + Duration::from_secs(60);
+        let of = |block: u32| format!("address 2001:db8:1:{block:x}::/64");
+        for block in 0..2 {
+            for n in 0..MAX_RELAYED_PER_CLIENT {
+                assert!(relayed.has_room(Some(&of(block))));
+                relayed.tasks.lock().unwrap().insert(format!("{block}-{n}"), entry(&of(block), later));
+            }
+        }
+        assert!(!relayed.has_room(Some(&of(2))), "the site's share is taken");
+        assert!(relayed.has_room(Some("address 2001:db8:2:1::/64")), "another site's is its own");
+        relayed.forget("0-0");
+        assert!(relayed.has_room(Some(&of(2))));
     }
 
     /// One client's tasks take at most its share; expired ones make room again.
