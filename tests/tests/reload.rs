@@ -569,9 +569,12 @@ async fn restart_settings_apply_to_servers_started_after_the_reload() {
     let dir = gw.dir.path().to_owned();
     let client = gw.client(None).await.unwrap();
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let old = pid(&dir, "a");
     rewrite_config(&dir, &restarts(config(&dir, 60000, &[]), 600_000));
     gw.logged("rebound.restart and init_timeout_ms apply to servers started from now on").await;
-    let old = pid(&dir, "a");
+    // Applied (not only read): then a keeps its process, and crashes.
+    gw.logged("configuration reloaded from").await;
+    assert_eq!(pid(&dir, "a"), old, "a kept its process");
     call(&client, "a__crash", json!({})).await;
     eventually("a restarted with its own settings", move || pid(&dir, "a") != old).await;
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");

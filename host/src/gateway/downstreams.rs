@@ -93,8 +93,8 @@ impl To {
 /// twice an address's); to all clients together; and how long each may wait for its
 /// client. A client that never reads cannot make the gateway
 /// hold what servers keep saying, nor keep another client from hearing unless clients of
-/// four addresses do at once: past the first six, a new notification is dropped and
-/// counted; past the last, one waiting is given up.
+/// four addresses do at once: past any of these counts or bytes, a new notification is
+/// dropped and counted; past its time, one waiting is given up.
 pub const MAX_SENDING_TO_ONE: usize = 512;
 pub const MAX_SENDING_BYTES_TO_ONE: usize = 8 << 20;
 pub const MAX_SENDING_TO_ADDRESS: usize = 1024;

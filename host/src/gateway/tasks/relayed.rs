@@ -255,7 +255,7 @@ impl Relayed {
             // load, which must not open the server's breaker for every client.
             return refuse(Failure::GatewayLimit {
                 reason: format!(
-                    "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's; the task was cancelled"
+                    "the gateway already relays {MAX_RELAYED} tasks, or {MAX_RELAYED_PER_CLIENT} of this client's, or {MAX_RELAYED_PER_NETWORK} of its IPv6 site's; the task was cancelled"
                 ),
             });
         }
