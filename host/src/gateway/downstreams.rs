@@ -114,7 +114,7 @@ pub struct Sending {
     /// On their way: how many, and their bytes, in all, to each client and each address.
     load: Mutex<Load>,
     /// Each HTTP session's address, known from its `initialize` to its end.
-    addresses: Mutex<HashMap<Arc<str>, Arc<str>>>,
+    addresses: Mutex<HashMap<Arc<str>, Share>>,
     dropped: std::sync::atomic::AtomicU64,
 }
 
@@ -130,6 +130,7 @@ struct Load {
 
 /// Whose shares a notification counts against: its client's, and its address's (and
 /// its IPv6 site's) if it came over HTTP.
+#[derive(Debug, Clone)]
 struct Share {
     client: Arc<str>,
     address: Option<Arc<str>>,
@@ -191,8 +192,8 @@ impl Sending {
     /// Sends `notification` to `to`.
     pub fn send(self: &Arc<Self>, to: &ClientPeer, notification: ServerNotification) {
         let peer = to.peer.clone();
-        let address = self.addresses.lock().expect("not poisoned").get(&to.client).cloned();
-        let to = Share::new(to.client.clone(), address);
+        let placed = self.addresses.lock().expect("not poisoned").get(&to.client).cloned();
+        let to = placed.unwrap_or_else(|| Share::new(to.client.clone(), None));
         self.spawn(to, encoded_len(&notification), async move {
             if let Err(e) = peer.send_notification(notification).await {
                 tracing::debug!("a downstream notification was not delivered: {e}");
@@ -202,7 +203,9 @@ impl Sending {
 
     /// The HTTP session `client` came from `address` (see [`super::http::address_client`]).
     fn place(&self, client: Arc<str>, address: Arc<str>) {
-        self.addresses.lock().expect("not poisoned").insert(client, address);
+        // Its site read from its address once, not for each notification.
+        let share = Share::new(client.clone(), Some(address));
+        self.addresses.lock().expect("not poisoned").insert(client, share);
     }
 
     /// The session `client` ended.

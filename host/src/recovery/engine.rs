@@ -399,6 +399,8 @@ struct Call<'a> {
     tool: String,
     arguments: Option<JsonObject>,
     safe: bool,
+    /// Whom a failure of the tool called is blamed on ([`Upstream::blame`]).
+    blame: Blame,
     started: tokio::time::Instant,
     deadline: tokio::time::Instant,
 }
@@ -563,8 +565,10 @@ impl Engine {
         let deadline = super::clock::later(started, Duration::from_millis(deadline));
         let mut record = Record::new(server.clone(), tool.clone(), safe);
         policy.counters.add(|c| &c.calls);
-        policy.budget.deposit(upstream.blame(&server));
-        let call = Call { upstream, advisor, policy, server, tool, arguments, safe, started, deadline };
+        // Asked once: every attempt of the tool called, its retries and its budget's.
+        let blame = upstream.blame(&server);
+        policy.budget.deposit(blame);
+        let call = Call { upstream, advisor, policy, server, tool, arguments, safe, blame, started, deadline };
         let driven = AssertUnwindSafe(self.drive(&call, &mut record)).catch_unwind().await;
         match driven {
             Ok(ending) => (ending, record),
@@ -630,7 +634,7 @@ impl Engine {
     /// One attempt of the tool the client called.
     async fn attempt_primary(&self, call: &Call<'_>) -> Result<CallToolResponse, (Failure, Classification)> {
         let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&call.tool));
-        let what = (&*call.server, &*call.tool, Role::Primary);
+        let what = (&*call.server, &*call.tool, Role::Primary, call.blame);
         self.attempt(call.upstream, call.policy, what, &call.arguments, timeout, call.deadline).await
     }
 
@@ -834,7 +838,7 @@ impl Engine {
             record.stopped = Some(format!("the plan's call of `{server}/{tool}` was skipped: {open}"));
             return false;
         }
-        if let Err(spent) = call.policy.budget.withdraw(call.upstream.blame(&call.server)) {
+        if let Err(spent) = call.policy.budget.withdraw(call.blame) {
             record.stopped =
                 Some(format!("the plan's call of `{server}/{tool}` was skipped: `{}`: {spent}", call.server));
             return false;
@@ -892,7 +896,14 @@ impl Engine {
         let timeout = Duration::from_millis(call.policy.recovery.timeout_for(&tool));
         let args = Some(arguments);
         let outcome = self
-            .attempt(call.upstream, call.policy, (&server, &tool, Role::SideCall), &args, timeout, call.deadline)
+            .attempt(
+                call.upstream,
+                call.policy,
+                (&server, &tool, Role::SideCall, call.upstream.blame(&server)),
+                &args,
+                timeout,
+                call.deadline,
+            )
             .await;
         match outcome {
             Ok(result) => {
@@ -935,7 +946,7 @@ impl Engine {
             })
             .or_else(|| call.arguments.clone());
         let timeout = Duration::from_millis(policy.recovery.timeout_for(&tool));
-        let target = (&*server, tool.as_str(), Role::Alternative);
+        let target = (&*server, tool.as_str(), Role::Alternative, call.upstream.blame(&server));
         match self.attempt(call.upstream, policy, target, &args, timeout, call.deadline).await {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
@@ -980,7 +991,7 @@ impl Engine {
         &self,
         upstream: &dyn Upstream,
         policy: &ServerPolicy,
-        (server, tool, role): (&str, &str, Role),
+        (server, tool, role, blame): (&str, &str, Role, Blame),
         arguments: &Option<JsonObject>,
         timeout: Duration,
         deadline: tokio::time::Instant,
@@ -997,7 +1008,7 @@ impl Engine {
         if remaining.is_zero() {
             return Err(failed(Failure::Timeout { after: Duration::ZERO }));
         }
-        let permits = match policy.breakers.admit(tool, upstream.blame(server)) {
+        let permits = match policy.breakers.admit(tool, blame) {
             Ok(permits) => permits,
             Err(shed) => {
                 policy.counters.add(|c| &c.shed);
@@ -1125,11 +1136,10 @@ impl Engine {
             }
         }
         // A breaker the last attempt opened would shed the next one: no budget for it.
-        let blame = call.upstream.blame(&call.server);
-        if let Some(open) = policy.breakers.refused_at(&call.tool, blame, self.clock.now() + delay) {
+        if let Some(open) = policy.breakers.refused_at(&call.tool, call.blame, self.clock.now() + delay) {
             return Err(format!("{open}, so another attempt would be refused"));
         }
-        policy.budget.withdraw(blame).map_err(|spent| spent.to_string())?;
+        policy.budget.withdraw(call.blame).map_err(|spent| spent.to_string())?;
         Ok(delay)
     }
 }
