@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use rebound_tests::{Gateway, HttpGateway, faulty, rewrite_config, root, text, until_offered};
+use rebound_tests::{Gateway, HttpGateway, eventually, faulty, rewrite_config, root, text, until_offered};
 use serde_json::{Value, json};
 
 fn test_plugins() -> PathBuf {
@@ -82,6 +82,34 @@ async fn what_the_grant_names_does_run_once() {
     assert_eq!(a["restarts"], 1, "one restart per call: {a}");
     // The second restart and the two replays of `fail`.
     assert_eq!(a["counters"]["adapter_steps_denied"], 3, "{a}");
+    gw.close().await;
+}
+
+/// A call whose instance a reload replaced, and which then fails there (its process
+/// killed), plans a restart: its successor, which did nothing wrong, is not restarted.
+#[tokio::test]
+async fn a_restart_planned_on_a_replaced_instance_leaves_its_successor_running() {
+    let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});
+    let gw = hostile("reach", grant.clone(), json!({})).await;
+    let dir = gw.dir.path().to_owned();
+    // In flight on the first process for as long as it runs.
+    let failing = gw.call("a__fail", json!({"message": "late", "ms": 600_000}));
+    let relaunch = async {
+        eventually("the call reached a", || calls_of(&gw, "a", "fail") == 1).await;
+        let old = gw.state("a", "starts")[0].parse::<i32>().unwrap();
+        let mut anew = config(&dir, "reach", grant.clone(), json!({}));
+        anew["mcpServers"]["a"]["env"] = json!({"RELAUNCHED": "1"});
+        rewrite_config(&dir, &anew);
+        gw.logged("restarted a").await;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL).unwrap();
+    };
+    let (failed, ()) = tokio::join!(failing, relaunch);
+    assert_eq!(failed.is_error, Some(true), "{failed:?}");
+    assert_eq!(calls_of(&gw, "b", "fail"), 1, "the plan ran: its alternative first");
+    assert_eq!(gw.state("a", "starts").len(), 2, "the first launch and the relaunch only");
+    assert_eq!(server_status(&gw, "a").await["restarts"], 0);
+    gw.logged("not restarted: the instance the call failed on was replaced by a reload").await;
+    assert_eq!(text(&gw.call("a__echo", json!({"message": "still"})).await), "a: still");
     gw.close().await;
 }
 

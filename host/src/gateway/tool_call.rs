@@ -109,6 +109,7 @@ impl Gateway {
             cx: &cx,
             trace: trace.as_deref(),
             resume: resume.as_ref(),
+            failed_on: std::sync::Mutex::default(),
         };
         let started = std::time::Instant::now();
         let (ending, record) = recovery
@@ -188,6 +189,10 @@ struct Upstreams<'a> {
     /// answers may be questions for the client (or a task), since a question from an
     /// alternative would come back, answered, to the tool called, which did not ask it.
     resume: Option<&'a Resume>,
+    /// The instance and session each server's last failed attempt ran on: what a restart
+    /// its adapter plans is for. Written on failures only (a successful call allocates
+    /// nothing here).
+    failed_on: std::sync::Mutex<Vec<(Arc<ServerHandle>, u64)>>,
 }
 
 impl Upstreams<'_> {
@@ -243,7 +248,24 @@ impl Upstreams<'_> {
             called: role == Role::Primary,
             resume: self.resume.filter(|_| role == Role::Primary),
         };
-        attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await
+        let outcome = attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await;
+        if outcome.is_err() {
+            self.failed(handle, session.id);
+        }
+        outcome
+    }
+
+    /// Notes that an attempt on `handle` failed in `session`.
+    fn failed(&self, handle: Arc<ServerHandle>, session: u64) {
+        let mut failed_on = self.failed_on.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed_on.retain(|(h, _)| h.name != handle.name);
+        failed_on.push((handle, session));
+    }
+
+    /// The instance and session `server`'s last failed attempt ran on.
+    fn failed_on(&self, server: &str) -> Option<(Arc<ServerHandle>, u64)> {
+        let failed_on = self.failed_on.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed_on.iter().find(|(h, _)| &*h.name == server).cloned()
     }
 }
 
@@ -276,7 +298,19 @@ impl Upstream for Upstreams<'_> {
         let server = server.to_owned();
         Box::pin(async move {
             let Some(handle) = self.handle(&server) else { return };
-            if let Err(nr) = handle.restart(within).await {
+            let session = match self.failed_on(&server) {
+                // A reload replaced (or removed) the instance the call failed on: the
+                // next attempt goes to its successor, which has done nothing wrong, and
+                // the old one stops once its calls are done (other clients' calls too).
+                Some((failed, _)) if failed.instance != handle.instance || handle.is_retired() => {
+                    tracing::info!(server, "not restarted: the instance the call failed on was replaced by a reload");
+                    return;
+                }
+                Some((_, session)) => Some(session),
+                // No attempt reached an instance (none was running).
+                None => None,
+            };
+            if let Err(nr) = handle.restart(session, within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
         })

@@ -396,10 +396,12 @@ impl ServerHandle {
     }
 
     /// Restarts a running server now (an adapter's plan asked for it) and waits up to
-    /// `within` for it to be ready again. A server that is not running is left to its
-    /// own restart.
-    pub async fn restart(&self, within: Duration) -> Result<Arc<Session>, NotReady> {
-        let before = self.state().session.map(|s| s.id);
+    /// `within` for it to be ready again. `session` is the one a call failed on: if the
+    /// server has since started another (it crashed and came back), that one is not
+    /// restarted, only waited for. Without it, the current session is restarted. A
+    /// server that is not running is left to its own restart.
+    pub async fn restart(&self, session: Option<u64>, within: Duration) -> Result<Arc<Session>, NotReady> {
+        let before = session.or_else(|| self.state().session.map(|s| s.id));
         if let Some(session) = before {
             ask_restart(&self.restart, session);
         }
@@ -419,6 +421,11 @@ impl ServerHandle {
     /// progress finished. Its calls' next attempts go to its successor.
     pub fn retire(&self) {
         self.retired.cancel();
+    }
+
+    /// Whether a reload replaced or removed this instance.
+    pub fn is_retired(&self) -> bool {
+        self.retired.is_cancelled()
     }
 
     /// Stops the server and waits for its process to be gone, whoever else waits too.

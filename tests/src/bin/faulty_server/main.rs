@@ -430,7 +430,12 @@ impl Server {
             },
             tool("garbage", "Writes non-JSON lines to stdout, then answers", json!({}), ro.clone()),
             tool("huge", "Answers with a text of `bytes` bytes", json!({"bytes": {"type": "integer"}}), ro.clone()),
-            tool("fail", "Answers with an isError result", json!({"message": {"type": "string"}}), json!({})),
+            tool(
+                "fail",
+                "Answers with an isError result (after `ms`, if given)",
+                json!({"message": {"type": "string"}, "ms": {"type": "integer"}}),
+                json!({}),
+            ),
             tool(
                 "rpc_error",
                 "Answers with a JSON-RPC error",
@@ -595,7 +600,12 @@ impl Server {
                 Ok(text(format!("{}: survived garbage", self.name)))
             }
             "huge" => Ok(text("x".repeat(usize::try_from(args["bytes"].as_u64().unwrap_or(1 << 20)).unwrap_or(0)))),
-            "fail" => Ok(json!({"content": [{"type": "text", "text": said(args, "tool failed")}], "isError": true})),
+            "fail" => {
+                if let Some(ms) = args["ms"].as_u64() {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                Ok(json!({"content": [{"type": "text", "text": said(args, "tool failed")}], "isError": true}))
+            }
             "rpc_error" => Err((args["code"].as_i64().unwrap_or(-32603), said(args, "internal error"))),
             // With `"times": N`, it asks N times at once.
             "sample" => {
