@@ -415,7 +415,8 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
 
 /// A relaunched server's subscriptions move to its new process once it serves, those
 /// made while it was starting (which went to the old one) included, and each resource is
-/// announced as updated, since what changed meanwhile was not heard.
+/// announced as updated, since what changed meanwhile was not heard. The client's log
+/// level is set on the new process once.
 #[tokio::test]
 #[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
 async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
@@ -423,6 +424,9 @@ async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
     let dir = gw.dir.path().to_owned();
     let subscribe = |uri: &'static str| gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri));
     let (readme, item) = ("faulty://a/readme", "faulty://a/items/2");
+    let level = rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Warning);
+    gw.client.peer().set_level(level).await.unwrap();
+    eventually("the level set upstream", || gw.state("a", "levels") == ["warning"]).await;
     subscribe(readme).await.unwrap();
     let anew = json!({"mcpServers": {"a": faulty("a", &dir, &["--start-delay", "1500"])}});
     rewrite_config(&dir, &anew);
@@ -438,6 +442,7 @@ async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
     followed.sort();
     assert_eq!(followed, [item, readme]);
     eventually("both announced", || gw.heard.lock().unwrap().updated.len() == 2).await;
+    assert_eq!(gw.state("a", "levels"), ["warning", "warning"], "set once on each process");
     gw.close().await;
 }
 

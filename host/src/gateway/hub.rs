@@ -215,7 +215,8 @@ impl Hub {
                 if ready.is_ok_and(|s| s.status == Status::Ready)
                     && let Some(hub) = hub.upgrade()
                 {
-                    hub.on_ready(&handle, None, true);
+                    // Its level was set when it became ready ([`Self::watch`]).
+                    hub.follow_again(&handle, None, true);
                 }
             });
         }
@@ -458,15 +459,30 @@ impl Hub {
             .downstreams
             .level(only)
             .filter(|_| session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()));
+        if let Some(level) = level {
+            let (within, instance, hub) = (self.timeout_of(&handle.name), handle.instance, self.clone());
+            let session = session.clone();
+            tokio::spawn(async move {
+                // Every session's level: what the server says meanwhile is no one client's.
+                let _ = hub.aside(instance, within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
+            });
+        }
+        self.follow_again(handle, Some(&session), restarted);
+    }
+
+    /// Makes the clients' subscriptions to `handle` again on its session (the current
+    /// one unless given); after a restart (`restarted`), each resource is announced as
+    /// updated, since what changed meanwhile was not heard.
+    fn follow_again(self: &Arc<Self>, handle: &ServerHandle, session: Option<&Arc<Session>>, restarted: bool) {
+        let Some(session) = session.cloned().or_else(|| handle.state().session) else { return };
         let subscriptions = self.downstreams.subscriptions(handle.instance);
+        if subscriptions.is_empty() {
+            return;
+        }
         let within = self.timeout_of(&handle.name);
         let timeout_ms = within.as_millis();
         let (server, instance, hub) = (handle.name.clone(), handle.instance, self.clone());
         tokio::spawn(async move {
-            if let Some(level) = level {
-                // Every session's level: what the server says meanwhile is no one client's.
-                let _ = hub.aside(instance, within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
-            }
             let (session, server, hub) = (&session, &server, &hub);
             let follows = subscriptions.iter().map(|(who, uri)| async move {
                 match hub.follow_for(session, who, instance, uri, within).await {

@@ -285,7 +285,13 @@ impl Server {
                 }
                 Ok(json!({}))
             }
-            "ping" | "logging/setLevel" => Ok(json!({})),
+            "ping" => Ok(json!({})),
+            "logging/setLevel" => {
+                if let Some(dir) = &self.state {
+                    append(&dir.join("levels"), params["level"].as_str().unwrap_or_default());
+                }
+                Ok(json!({}))
+            }
             "tools/list" if self.mute_lists => return,
             "server/discover" if self.refuse_discover => {
                 let data = json!({"supported": ["2025-11-25", "2025-06-18"], "requested": "2026-07-28"});
