@@ -399,12 +399,17 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
     };
     assert_eq!(adapter().await, None, "no adapter at first");
     let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
-    for round in ["made", "made again"] {
-        // Each folder filled once its making was seen, and read.
+    // Each folder filled once the gateway watches it.
+    let watching = |folder: &str, times: usize| {
+        let line = format!("watching {} for plugins", dir.join(folder).display());
+        let log = gw.log.clone();
+        eventually("the folder watched", move || log.lock().unwrap().matches(&line).count() == times)
+    };
+    for (times, round) in [(1, "made"), (2, "made again")] {
         std::fs::create_dir(dir.join("target")).unwrap();
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        watching("target", times).await;
         std::fs::create_dir(dir.join("target/plugins")).unwrap();
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        watching("target/plugins", times).await;
         std::fs::copy(&built, dir.join("target/plugins/thanos-classify.wasm")).unwrap();
         assert!(until(true).await, "the adapter loaded from the folder {round}");
         std::fs::remove_dir_all(dir.join("target")).unwrap();
@@ -489,7 +494,8 @@ async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_i
     std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/rebound.json", dir.join("rebound.json.link")).unwrap();
     std::fs::rename(dir.join("rebound.json.link"), dir.join("rebound.json")).unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let target = std::fs::canonicalize(&dir).unwrap().join("..v1/rebound.json");
+    gw.logged(&format!("links to {}", target.display())).await;
     // An update: a new version, and `..data` swapped to it by a rename. No event names
     // rebound.json.
     version("..v2", &config(&dir, 60000, &[("c", faulty("c", &dir, &[]))]));

@@ -137,7 +137,8 @@ struct Watched {
     /// `plugins_dir` made absolute, read by the watcher's thread; a reload may change it.
     plugins_now: Arc<std::sync::RwLock<PathBuf>>,
     /// The folders watched for `plugins_dir`'s sake.
-    plugin_watches: Vec<PathBuf>,
+    /// Each with whether it is watched now (a folder removed takes its watch with it).
+    plugin_watches: Vec<(PathBuf, bool)>,
     /// The configuration file, and for a link, where it points now (read by the
     /// watcher's thread) and the folder watched for it.
     file: PathBuf,
@@ -225,7 +226,8 @@ impl Watched {
         {
             // (One folder is one watch, by whatever path it was watched.)
             let same = |a: &Path, b: &Path| config::followed(a) == config::followed(b);
-            if let Some(old) = self.target_watch.take().filter(|old| !self.plugin_watches.iter().any(|p| same(p, old)))
+            if let Some(old) =
+                self.target_watch.take().filter(|old| !self.plugin_watches.iter().any(|(p, _)| same(p, old)))
             {
                 let _ = w.unwatch(&old);
             }
@@ -233,6 +235,9 @@ impl Watched {
                 watch_folder(w, dir);
             }
             self.target_watch = dir;
+        }
+        if let Some(target) = &target {
+            tracing::info!("{} links to {}: that is watched too", self.file.display(), target.display());
         }
         *self.target.write().expect("not poisoned") = target;
     }
@@ -247,14 +252,23 @@ impl Watched {
         let on_its_way = plugins.ancestors().skip(1).find(|a| a.is_dir()).map(Path::to_path_buf);
         let folder = config::followed(&self.folder);
         let Some(w) = self.watcher.as_mut() else { return };
+        for (dir, watched) in &mut self.plugin_watches {
+            *watched &= dir.is_dir();
+        }
         for dir in std::iter::once(plugins).chain(on_its_way) {
-            if config::followed(&dir) != folder
-                && !self.plugin_watches.contains(&dir)
-                && w.watch(&dir, RecursiveMode::NonRecursive).is_ok()
-            {
-                self.plugin_watches.push(dir);
-            } else if self.plugin_watches.contains(&dir) {
-                watch_folder(w, &dir);
+            let known = self.plugin_watches.iter_mut().find(|(d, _)| *d == dir);
+            if known.is_none() && config::followed(&dir) == folder {
+                continue;
+            }
+            let watching = w.watch(&dir, RecursiveMode::NonRecursive).is_ok();
+            let seen_now = watching && !known.as_ref().is_some_and(|(_, watched)| *watched);
+            match known {
+                Some((_, watched)) => *watched = watching,
+                None if watching => self.plugin_watches.push((dir.clone(), true)),
+                None => {}
+            }
+            if seen_now {
+                tracing::info!("watching {} for plugins", dir.display());
             }
         }
     }
@@ -266,7 +280,8 @@ impl Watched {
         }
         if let Some(w) = self.watcher.as_mut() {
             let target = self.target_watch.as_deref().map(config::followed);
-            for dir in self.plugin_watches.drain(..).filter(|d| target.as_ref() != Some(&config::followed(d))) {
+            for (dir, _) in self.plugin_watches.drain(..).filter(|(d, _)| target.as_ref() != Some(&config::followed(d)))
+            {
                 let _ = w.unwatch(&dir);
             }
         }
