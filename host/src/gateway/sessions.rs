@@ -313,4 +313,52 @@ mod tests {
         let order = eviction_order(&used);
         assert!(order[..2].iter().all(|id| id.starts_with("heavy")), "{order:?}");
     }
+
+    /// A session of rmcp's, initialised and served by a handler that does nothing.
+    async fn opened(sessions: &CappedSessions) -> SessionId {
+        struct Quiet;
+        impl rmcp::ServerHandler for Quiet {}
+        let (id, transport) = sessions.create_session().await.unwrap();
+        tokio::spawn(async move {
+            use rmcp::ServiceExt as _;
+            if let Ok(service) = Quiet.serve(transport).await {
+                let _ = service.waiting().await;
+            }
+        });
+        let message = |json: serde_json::Value| serde_json::from_value::<ClientJsonRpcMessage>(json).unwrap();
+        let init = message(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}));
+        sessions.initialize_session(&id, init).await.unwrap();
+        let initialized = message(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        sessions.accept_message(&id, initialized).await.unwrap();
+        id
+    }
+
+    /// A session whose client sends nothing for `idle` is closed, unless it holds a
+    /// stream open (a client still listening): that one ends only once nothing has passed
+    /// either way for four times `idle` (rmcp's keep-alive), and is closed after.
+    #[tokio::test(start_paused = true)]
+    async fn a_session_listening_on_a_stream_outlives_idle_until_nothing_passes_for_four_times_it() {
+        let idle = std::time::Duration::from_secs(10);
+        let sessions = Arc::new(CappedSessions::new(8, idle));
+        sessions.close_idle();
+        let (silent, listening) = (opened(&sessions).await, opened(&sessions).await);
+        let mut stream = Box::pin(sessions.create_standalone_stream(&listening).await.unwrap());
+        tokio::time::sleep(idle * 2).await;
+        assert!(!sessions.knows(&silent), "silent, no stream open: closed past idle");
+        assert!(!sessions.has_session(&silent).await.unwrap());
+        assert!(sessions.knows(&listening), "a client still listening is kept");
+        assert!(sessions.has_session(&listening).await.unwrap());
+        // Nothing passes on its stream: four times idle after its last message, rmcp ends
+        // the session and its stream with it.
+        assert!(tokio::time::timeout(idle, stream.next()).await.is_err(), "open at three times idle");
+        let ended = tokio::time::timeout(idle * 2, stream.next()).await;
+        assert!(matches!(ended, Ok(None)), "the stream ended");
+        drop(stream); // as the HTTP front does with an ended response body
+        // rmcp keeps an ended session's entry until it is closed: the gateway closes it,
+        // now idle with no stream open.
+        tokio::time::sleep(idle * 2).await;
+        assert!(!sessions.knows(&listening), "the gateway forgot it");
+        assert!(!sessions.has_session(&listening).await.unwrap(), "and rmcp too");
+    }
 }
