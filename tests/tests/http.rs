@@ -501,8 +501,10 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
         (Some("closed"), Some("open")),
         "{of_alice}"
     );
+    assert_eq!(of_alice["own_tool_breakers"]["outage"]["state"], "open", "{of_alice}");
     assert_eq!(text(&call(&bob, "echo", json!({"message": "m"})).await), "a: m");
-    assert!(status(&bob).await["servers"][0].get("own_breaker").is_none());
+    let of_bob = status(&bob).await["servers"][0].clone();
+    assert!(of_bob.get("own_breaker").is_none() && of_bob.get("own_tool_breakers").is_none(), "{of_bob}");
     // The operator sees how many clients are shed so, in the status and the metrics.
     let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
     assert_eq!(doc["servers"][0]["clients_shed"], 1, "{doc}");

@@ -104,9 +104,7 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
             match (setup.servers.get(name), &own) {
                 (Some(handle), Some((own, _))) => {
                     let mut entry = instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle);
-                    if let Some(own) = own_breaker(&setup, name, own) {
-                        entry["own_breaker"] = own;
-                    }
+                    own_breakers(&mut entry, &setup, name, own);
                     Some(entry)
                 }
                 (Some(handle), None) => {
@@ -132,13 +130,19 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
     json!({"gateway": gateway, "servers": servers})
 }
 
-/// The breaker of one client's own calls to a shared server (made on its first failure
-/// there), unless it is closed and clean. (Its breakers of the server's tools, by a hash
-/// of their names, are not listed: a call they shed says which tool.)
-fn own_breaker(setup: &Setup, server: &str, own: &SessionServers) -> Option<Value> {
-    let Some(Blame::Client(key)) = own.blamed.get() else { return None };
-    let snapshot = setup.engine.policy(server)?.breakers.own(*key)?.snapshot();
-    troubled(&snapshot).then(|| breaker_json(&snapshot))
+/// The breakers of one client's own calls to a shared server (made on its first failure
+/// there) that are not closed and clean: of the server (`own_breaker`) and of its tools
+/// (`own_tool_breakers`, by name), in `entry`.
+fn own_breakers(entry: &mut Value, setup: &Setup, server: &str, own: &SessionServers) {
+    let (Some(Blame::Client(key)), Some(policy)) = (own.blamed.get(), setup.engine.policy(server)) else { return };
+    if let Some(snapshot) = policy.breakers.own(*key).map(|b| b.snapshot()).filter(troubled) {
+        entry["own_breaker"] = breaker_json(&snapshot);
+    }
+    let tools = policy.breakers.own_tools(*key);
+    if !tools.is_empty() {
+        let tools = tools.iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
+        entry["own_tool_breakers"] = Value::Object(tools);
+    }
 }
 
 /// Of a session's own instance's adapter, what is not every session's: its copies share

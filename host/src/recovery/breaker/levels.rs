@@ -332,6 +332,26 @@ impl ServerBreakers {
         self.clients.existing(&(client, None))
     }
 
+    /// `client`'s own breakers of single tools that are not closed and clean, by tool
+    /// name. (They are kept by a hash of the name: each tool called has a breaker here
+    /// by name, whose hash finds the client's own. Names that share a hash share one.)
+    pub fn own_tools(&self, client: u64) -> Vec<(String, Snapshot)> {
+        if !self.clients.ever_held() {
+            return Vec::new();
+        }
+        let names: Vec<String> = self.tools.by_key.lock().expect("not poisoned").keys().cloned().collect();
+        let mut out: Vec<(String, Snapshot)> = names
+            .into_iter()
+            .filter_map(|name| {
+                let own = self.clients.existing(&self.own_keys(client, &name).1)?;
+                Some((name, own.snapshot()))
+            })
+            .filter(|(_, s)| troubled(s))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// How many clients a breaker of their own (for the server, or for one of its tools)
     /// sheds now: clients whose calls alone fail.
     pub fn clients_shed(&self) -> usize {
