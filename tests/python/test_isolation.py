@@ -171,12 +171,14 @@ def test_a_shared_servers_late_request_reaches_no_client_after_a_call_was_given_
 
     async def both(url):
         results = {}
+        given_up = anyio.Event()
 
         async def alice(session):
             results["alice"] = await session.call_tool("sample_late", {"ms": 1200})
+            given_up.set()
 
         async def bob(session):
-            await anyio.sleep(0.6)  # alice's call has ended unanswered by now
+            await given_up.wait()  # alice's call has ended unanswered; her server goes on
             results["bob"] = await session.call_tool("slow", {"ms": 2000})
 
         with anyio.fail_after(60):
