@@ -100,7 +100,7 @@ async fn a_restart_planned_on_a_replaced_instance_leaves_its_successor_running()
         let mut anew = config(&dir, "reach", grant.clone(), json!({}));
         anew["mcpServers"]["a"]["env"] = json!({"RELAUNCHED": "1"});
         rewrite_config(&dir, &anew);
-        gw.logged("restarted a").await;
+        gw.logged(": restarted a").await;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::Signal::SIGKILL).unwrap();
     };
     let (failed, ()) = tokio::join!(failing, relaunch);
@@ -108,7 +108,7 @@ async fn a_restart_planned_on_a_replaced_instance_leaves_its_successor_running()
     assert_eq!(calls_of(&gw, "b", "fail"), 1, "the plan ran: its alternative first");
     assert_eq!(gw.state("a", "starts").len(), 2, "the first launch and the relaunch only");
     assert_eq!(server_status(&gw, "a").await["restarts"], 0);
-    gw.logged("not restarted: the instance the call failed on was replaced by a reload").await;
+    gw.logged("not restarted: the instance the call failed on was replaced or removed by a reload").await;
     assert_eq!(text(&gw.call("a__echo", json!({"message": "still"})).await), "a: still");
     gw.close().await;
 }

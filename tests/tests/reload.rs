@@ -423,7 +423,7 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
 /// announced as updated, since what changed meanwhile was not heard. The client's log
 /// level is set on the new process once.
 #[tokio::test]
-#[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
+#[allow(deprecated, reason = "resources/subscribe and logging/setLevel live in the revisions the gateway speaks")]
 async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
     let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
     let dir = gw.dir.path().to_owned();
@@ -448,6 +448,31 @@ async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
     assert_eq!(followed, [item, readme]);
     eventually("both announced", || gw.heard.lock().unwrap().updated.len() == 2).await;
     assert_eq!(gw.state("a", "levels"), ["warning", "warning"], "set once on each process");
+    gw.close().await;
+}
+
+/// A client's log level set while a reload starts new processes reaches each of them,
+/// the one already ready but not yet serving (its reload waits for another, slow one) too.
+#[tokio::test]
+#[allow(deprecated, reason = "logging/setLevel lives in the revisions the gateway speaks")]
+async fn a_level_set_while_a_reload_starts_reaches_the_new_processes() {
+    let gw =
+        Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[]), "b": faulty("b", dir, &[])}})).await;
+    let dir = gw.dir.path().to_owned();
+    let set = |level| gw.client.peer().set_level(rmcp::model::SetLevelRequestParams::new(level));
+    set(rmcp::model::LoggingLevel::Warning).await.unwrap();
+    eventually("the level set upstream", || gw.state("a", "levels") == ["warning"]).await;
+    // Both relaunched; b's new process takes its time.
+    let anew = json!({"mcpServers": {
+        "a": faulty("a", &dir, &["--list-delay", "1"]),
+        "b": faulty("b", &dir, &["--start-delay", "3000"]),
+    }});
+    rewrite_config(&dir, &anew);
+    eventually("a's new process ready", || gw.state("a", "levels").len() == 2).await;
+    set(rmcp::model::LoggingLevel::Error).await.unwrap();
+    gw.logged("restarted a, b").await;
+    let levels = gw.state("a", "levels");
+    assert_eq!(levels.iter().filter(|l| *l == "error").count(), 2, "on the old process and the new: {levels:?}");
     gw.close().await;
 }
 

@@ -338,6 +338,21 @@ impl Hub {
         })
     }
 
+    /// The shared servers' instances a client's log level reaches: the current setup's,
+    /// and those a reload is starting to put in place, which may be ready before they are
+    /// (a level set in between would otherwise reach only the instances they replace).
+    pub fn shared_instances(&self) -> Vec<Arc<ServerHandle>> {
+        let mut all: Vec<Arc<ServerHandle>> = self.setup().servers.values().cloned().collect();
+        let list = self.instances.lock().expect("not poisoned");
+        let starting = list.iter().filter(|(_, kept)| *kept == Kept::Starting).filter_map(|(h, _)| h.upgrade());
+        for handle in starting {
+            if !handle.is_stopped() && !all.iter().any(|h| h.instance == handle.instance) {
+                all.push(handle);
+            }
+        }
+        all
+    }
+
     /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
     pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
         self.keep(handle, Kept::Session);

@@ -236,7 +236,7 @@ impl Watched {
             }
             self.target_watch = dir;
         }
-        if let Some(target) = &target {
+        if let Some(target) = target.as_ref().filter(|_| self.watcher.is_some() && self.file.is_symlink()) {
             tracing::info!("{} links to {}: that is watched too", self.file.display(), target.display());
         }
         *self.target.write().expect("not poisoned") = target;
@@ -260,7 +260,10 @@ impl Watched {
             if known.is_none() && config::followed(&dir) == folder {
                 continue;
             }
-            let watching = w.watch(&dir, RecursiveMode::NonRecursive).is_ok();
+            let watching = w.watch(&dir, RecursiveMode::NonRecursive).inspect_err(|e| {
+                tracing::debug!("not watching {}: {e}", dir.display());
+            });
+            let watching = watching.is_ok();
             let seen_now = watching && !known.as_ref().is_some_and(|(_, watched)| *watched);
             match known {
                 Some((_, watched)) => *watched = watching,

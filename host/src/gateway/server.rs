@@ -525,9 +525,8 @@ impl ServerHandler for Gateway {
         // Shared servers log at the most verbose level any session asked for; each
         // session hears only what its own level lets through, of its own calls.
         let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
-        let own = self.own.own_instances();
-        let setup = self.hub.setup();
-        let levels = own.iter().map(|h| (h, request.level)).chain(setup.servers.values().map(|h| (h, shared)));
+        let (own, shared_instances) = (self.own.own_instances(), self.hub.shared_instances());
+        let levels = own.iter().map(|h| (h, request.level)).chain(shared_instances.iter().map(|h| (h, shared)));
         // All at once, each within its server's `recovery.timeout_ms`: a server that does
         // not answer holds up neither the others nor the client.
         let set = levels.filter_map(|(handle, level)| {

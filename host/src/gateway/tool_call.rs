@@ -189,8 +189,8 @@ struct Upstreams<'a> {
     /// answers may be questions for the client (or a task), since a question from an
     /// alternative would come back, answered, to the tool called, which did not ask it.
     resume: Option<&'a Resume>,
-    /// The instance and session each server's last failed attempt ran on: what a restart
-    /// its adapter plans is for. Written on failures only (a successful call allocates
+    /// The instance and session each server's last failed attempt as the primary ran on:
+    /// what a restart its adapter plans is for. Written on failures only (a successful call allocates
     /// nothing here).
     failed_on: std::sync::Mutex<Vec<(Arc<ServerHandle>, u64)>>,
 }
@@ -249,7 +249,9 @@ impl Upstreams<'_> {
             resume: self.resume.filter(|_| role == Role::Primary),
         };
         let outcome = attempt(&self.hub.routing, &handle, &session, tool, arguments, how, self.cx, &call).await;
-        if outcome.is_err() {
+        // A plan's restart is for the primary's failure (the engine asks for plans on
+        // those alone): an alternative's or side call's on the same server is not it.
+        if outcome.is_err() && role == Role::Primary {
             self.failed(handle, session.id);
         }
         outcome
@@ -303,11 +305,15 @@ impl Upstream for Upstreams<'_> {
                 // next attempt goes to its successor, which has done nothing wrong, and
                 // the old one stops once its calls are done (other clients' calls too).
                 Some((failed, _)) if failed.instance != handle.instance || handle.is_retired() => {
-                    tracing::info!(server, "not restarted: the instance the call failed on was replaced by a reload");
+                    tracing::info!(
+                        server,
+                        "not restarted: the instance the call failed on was replaced or removed by a reload"
+                    );
                     return;
                 }
                 Some((_, session)) => Some(session),
-                // No attempt reached an instance (none was running).
+                // No attempt of the call failed on an instance (none was ready, or a
+                // breaker shed them): the server's current session, as asked.
                 None => None,
             };
             if let Err(nr) = handle.restart(session, within).await {

@@ -71,9 +71,10 @@ pub trait Upstream: Send + Sync {
     /// The annotations of a tool as its server publishes it, or why the server does not
     /// offer it right now.
     fn annotations(&self, server: &str, tool: &str) -> Result<Option<ToolAnnotations>, Unoffered>;
-    /// Restarts `server` (the instance and session the call's last failed attempt on it
-    /// ran on, unless it was replaced since) and waits (up to `within`) until it is
-    /// ready again.
+    /// Restarts `server` and waits (up to `within`) until it is ready again. What is
+    /// restarted is the session the call's primary last failed on: a session the server
+    /// started since is only waited for, and nothing is done when a reload replaced or
+    /// removed that instance (its successor has done nothing wrong).
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()>;
     /// Cancelled once the client no longer wants the call: nothing more starts for it (no
     /// retry, no step of a plan), and a wait in progress ends.
