@@ -92,6 +92,32 @@ def test_the_status_page_follows_a_crash_and_the_recovery(gateway):
     shutil.copy(shot, ROOT / "target" / "status-page-last.png")
 
 
+def test_a_refused_reload_stays_in_sight_until_one_is_applied(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    config = tmp_path / "rebound.json"
+    server = {"command": str(BIN / "faulty-server"), "args": ["--name", "a", "--state", str(tmp_path / "a")]}
+    config.write_text(json.dumps({"mcpServers": {"a": server}}))
+    with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+            page = browser.new_page()
+            page.goto(f"{url.removesuffix('/mcp')}/#token={TOKEN}")
+            page.wait_for_selector('.card[data-server="a"]', timeout=15000)
+            assert page.inner_text("#reload") == ""
+            config.write_text(json.dumps({"mcpServers": {"a": {"args": []}}}))
+            page.wait_for_selector("#reload.refused", timeout=15000)
+            said = page.inner_text("#reload")
+            assert "was refused; the running configuration keeps serving" in said, said
+            assert "mcpServers.a" in said, said
+            config.write_text(json.dumps({"mcpServers": {"a": server, "b": {**server, "args": ["--name", "b"]}}}))
+            page.wait_for_selector('.card[data-server="b"]', timeout=15000)
+            page.wait_for_selector("#reload:not(.refused)", timeout=5000)
+            assert "Configuration reloaded at" in page.inner_text("#reload")
+            assert "added b" in page.inner_text("#reload")
+            browser.close()
+
+
 def test_without_the_token_the_page_shows_nothing_and_asks_for_it(gateway):
     from playwright.sync_api import sync_playwright
 

@@ -93,6 +93,13 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     eventually("the broken file refused", move || log.lock().unwrap().contains("reload refused")).await;
     assert!(gw.log.lock().unwrap().contains("neither `command` nor `url`"));
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "still"})).await), "c: still");
+    // The operator's status says so too; a client's does not (the file is the operator's).
+    let operators =
+        || async { reqwest::get(format!("{}/status", gw.base)).await.unwrap().json::<Value>().await.unwrap() };
+    let refused = operators().await["gateway"]["last_reload"].clone();
+    assert!(refused["refused"].as_str().is_some_and(|r| r.contains("neither `command` nor `url`")), "{refused}");
+    assert!(refused["at"].is_string(), "{refused}");
+    assert!(status(&client).await["gateway"].get("last_reload").is_none());
 
     // Fixed, with a's launch changed: a is relaunched (a new process), c removed. A call
     // in flight on the old process finishes there; calls meanwhile never miss a's tools.
@@ -118,6 +125,8 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "2"})).await), "a: 2");
     assert_ne!(pid(&dir, "a"), a_pid);
     assert_eq!(pid(&dir, "b"), b_pid);
+    let applied = operators().await["gateway"]["last_reload"].clone();
+    assert_eq!(applied["applied"], "removed c; restarted a", "{applied}");
 
     // A new `protocol` is a new connection: a is relaunched to speak it.
     let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
@@ -488,6 +497,9 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     until_offered(gw.client.peer(), "b__echo", true).await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "2"})).await), "b: 2");
     assert_eq!(pid(&dir, "a"), a_pid, "the untouched server kept its process");
+    // Its client hides the gateway's log: the status says how the last reload went.
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    assert_eq!(status["gateway"]["last_reload"]["applied"], "added b", "{status}");
 }
 
 #[tokio::test]

@@ -79,6 +79,24 @@ struct Life {
     /// Over HTTP with an operator token (as the gateway started): the clients are not its
     /// operators, and what is every client's is not theirs to change.
     operated: bool,
+    /// The last reload's outcome, for the status: over stdio the client hides the
+    /// gateway's log, so an edit refused would otherwise go unseen.
+    last_reload: Mutex<Option<Reloaded>>,
+}
+
+/// A reload's outcome, and when.
+#[derive(Debug, Clone)]
+pub struct Reloaded {
+    pub at: std::time::SystemTime,
+    pub outcome: ReloadOutcome,
+}
+
+#[derive(Debug, Clone)]
+pub enum ReloadOutcome {
+    /// Applied: what changed, in words.
+    Applied(String),
+    /// Refused: why; the running configuration keeps serving.
+    Refused(String),
 }
 
 impl Hub {
@@ -119,6 +137,7 @@ impl Hub {
                     closing: Default::default(),
                     revisions,
                     operated,
+                    last_reload: Mutex::default(),
                 },
             }
         });
@@ -434,6 +453,17 @@ impl Hub {
     /// (`/status`, `/metrics`, `POST /reset-breaker`).
     pub fn operated(&self) -> bool {
         self.life.operated
+    }
+
+    /// Notes a reload's outcome.
+    pub fn reloaded(&self, outcome: ReloadOutcome) {
+        let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };
+        *self.life.last_reload.lock().expect("not poisoned") = Some(reloaded);
+    }
+
+    /// The last reload's outcome, if there was one.
+    pub fn last_reload(&self) -> Option<Reloaded> {
+        self.life.last_reload.lock().expect("not poisoned").clone()
     }
 
     /// Whether the start-up wait is over: every shared server finished its first start

@@ -14,7 +14,7 @@ use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
-use super::hub::Hub;
+use super::hub::{Hub, ReloadOutcome};
 use super::setup::Changes;
 use crate::config;
 
@@ -40,12 +40,15 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     let outcome = attempt(hub, path).await;
     match &outcome {
         Ok(changes) => {
-            tracing::info!("configuration reloaded from {}: {}", path.display(), changes.summary());
+            let summary = changes.summary();
+            tracing::info!("configuration reloaded from {}: {summary}", path.display());
             hub.metrics.reloaded("applied");
+            hub.reloaded(ReloadOutcome::Applied(summary));
         }
         Err(e) => {
             tracing::error!("configuration reload refused; the running configuration keeps serving: {e}");
             hub.metrics.reloaded("refused");
+            hub.reloaded(ReloadOutcome::Refused(e.to_string()));
         }
     }
     outcome

@@ -9,7 +9,7 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceCo
 use serde_json::{Value, json};
 
 use super::downstreams::Front;
-use super::hub::Hub;
+use super::hub::{Hub, ReloadOutcome, Reloaded};
 use super::recent::quantile;
 use super::session_servers::SessionServers;
 use super::setup::Setup;
@@ -126,8 +126,20 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
     if own.is_none() || hub.downstreams.front() == Front::Stdio {
         gateway["errors_log"] = json!(hub.errors.path());
         gateway["errors_dropped"] = json!(hub.errors.dropped());
+        if let Some(reloaded) = hub.last_reload() {
+            gateway["last_reload"] = reload_json(&reloaded);
+        }
     }
     json!({"gateway": gateway, "servers": servers})
+}
+
+/// A reload's outcome: when, and what changed or why it was refused.
+fn reload_json(reloaded: &Reloaded) -> Value {
+    let at = humantime::format_rfc3339_millis(reloaded.at).to_string();
+    match &reloaded.outcome {
+        ReloadOutcome::Applied(changes) => json!({"at": at, "applied": changes}),
+        ReloadOutcome::Refused(why) => json!({"at": at, "refused": why}),
+    }
 }
 
 /// The breakers of one client's own calls to a shared server (made on its first failure
@@ -261,6 +273,9 @@ pub fn document(hub: &Hub, operators: bool) -> Value {
     setup.secrets.redact_json(&mut recent);
     for server in doc["servers"].as_array_mut().into_iter().flatten() {
         cap(&mut server["last_error"]);
+    }
+    if let Some(refused) = doc.pointer_mut("/gateway/last_reload/refused") {
+        cap(refused);
     }
     for entry in recent.as_array_mut().into_iter().flatten() {
         cap(&mut entry["message"]);
