@@ -256,7 +256,7 @@ impl Hub {
             }
             tracing::error!(
                 server = %running.name,
-                "reload: the new launch did not start ({}); the running process keeps serving with its old launch: fix `mcpServers.{}` and save again",
+                "reload: the new launch did not start ({}); the running process keeps serving with its old launch: fix `mcpServers.{}` and save again (a server that cannot run twice at once, holding a fixed port or an exclusive lock, takes a new launch only when the gateway restarts)",
                 is.last_error.as_deref().unwrap_or("not ready in time"),
                 running.name
             );
