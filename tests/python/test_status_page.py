@@ -98,6 +98,13 @@ def test_a_refused_reload_stays_in_sight_until_one_is_applied(tmp_path):
     config = tmp_path / "rebound.json"
     server = {"command": str(BIN / "faulty-server"), "args": ["--name", "a", "--state", str(tmp_path / "a")]}
     config.write_text(json.dumps({"mcpServers": {"a": server}}))
+
+    def rewrite(servers):
+        """Replaces the file whole, as editors do: the gateway never reads half of it."""
+        new = tmp_path / "rebound.json.new"
+        new.write_text(json.dumps({"mcpServers": servers}))
+        new.rename(config)
+
     with serve_http(config, tmp_path / "rebound.log", TOKEN) as (url, _):
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
@@ -105,12 +112,12 @@ def test_a_refused_reload_stays_in_sight_until_one_is_applied(tmp_path):
             page.goto(f"{url.removesuffix('/mcp')}/#token={TOKEN}")
             page.wait_for_selector('.card[data-server="a"]', timeout=15000)
             assert page.inner_text("#reload") == ""
-            config.write_text(json.dumps({"mcpServers": {"a": {"args": []}}}))
+            rewrite({"a": {"args": []}})
             page.wait_for_selector("#reload.refused", timeout=15000)
             said = page.inner_text("#reload")
             assert "was refused; the running configuration keeps serving" in said, said
             assert "mcpServers.a" in said, said
-            config.write_text(json.dumps({"mcpServers": {"a": server, "b": {**server, "args": ["--name", "b"]}}}))
+            rewrite({"a": server, "b": {**server, "args": ["--name", "b"]}})
             page.wait_for_selector('.card[data-server="b"]', timeout=15000)
             page.wait_for_selector("#reload:not(.refused)", timeout=5000)
             assert "Configuration reloaded at" in page.inner_text("#reload")

@@ -621,7 +621,8 @@ impl Ctx<'_> {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(self.err(
                 k,
-                format!("\"{url}\" is not an http(s) URL"),
+                // Not quoted: a URL read from the environment may carry a token.
+                "is not an http(s) URL: it must start with http:// or https://",
                 "write the server's full endpoint, e.g. \"https://host/mcp\"",
             ));
         }
@@ -878,9 +879,11 @@ impl Ctx<'_> {
             out.push_str(&rest[..start]);
             let after = &rest[start + 2..];
             let Some(end) = after.find('}') else {
+                // Where, not the value: it may be a secret (an `env` or `headers` value).
+                let at = text.len() - rest.len() + start;
                 return Err(self.err(
                     key,
-                    format!("unterminated `${{` in \"{text}\""),
+                    format!("has an unfinished `${{` (at byte {at})"),
                     "close it with `}`, e.g. ${HOME}",
                 ));
             };

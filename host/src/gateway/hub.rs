@@ -365,7 +365,9 @@ impl Hub {
         let list = self.instances.lock().expect("not poisoned");
         let starting = list.iter().filter(|(_, kept)| *kept == Kept::Starting).filter_map(|(h, _)| h.upgrade());
         for handle in starting {
-            if !handle.is_stopped() && !all.iter().any(|h| h.instance == handle.instance) {
+            // (Still tagged once in place, and when a later reload retires it.)
+            let gone = handle.is_stopped() || handle.is_retired();
+            if !gone && !all.iter().any(|h| h.instance == handle.instance) {
                 all.push(handle);
             }
         }
@@ -455,8 +457,13 @@ impl Hub {
         self.life.operated
     }
 
-    /// Notes a reload's outcome.
+    /// Notes a reload's outcome (its text capped: the status may go to a model).
     pub fn reloaded(&self, outcome: ReloadOutcome) {
+        let cap = |text: String| crate::text::capped(&text, 2 << 10);
+        let outcome = match outcome {
+            ReloadOutcome::Applied(changes) => ReloadOutcome::Applied(cap(changes)),
+            ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),
+        };
         let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };
         *self.life.last_reload.lock().expect("not poisoned") = Some(reloaded);
     }

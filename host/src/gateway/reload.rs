@@ -48,7 +48,9 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
         Err(e) => {
             tracing::error!("configuration reload refused; the running configuration keeps serving: {e}");
             hub.metrics.reloaded("refused");
-            hub.reloaded(ReloadOutcome::Refused(e.to_string()));
+            if !matches!(e, Refused::ShuttingDown) {
+                hub.reloaded(ReloadOutcome::Refused(e.to_string()));
+            }
         }
     }
     outcome

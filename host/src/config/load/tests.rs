@@ -231,6 +231,28 @@ fn broken_configs_name_the_key_and_the_fix() {
     );
 }
 
+/// A refusal never quotes a value that may be a secret (an `env` or `headers` value, a
+/// URL read from the environment): it is logged and shown in the status, where the
+/// refused file's secrets are not known, so not redacted.
+#[test]
+fn refusals_never_quote_what_may_be_secret() {
+    let refused = |json: &str| {
+        let env = |name: &str| (name == "URL").then(|| "ftp://user:hunter2@h".to_owned());
+        parse(json, Path::new("/r.json"), &env).expect_err("refused").to_string()
+    };
+    let said = [
+        (r#"{"mcpServers": {"a": {"command": "x", "env": {"KEY": "hunter2${oops"}}}}"#, "mcpServers.a.env.KEY"),
+        (r#"{"mcpServers": {"a": {"url": "http://h", "headers": {"X": "${hunter2"}}}}"#, "mcpServers.a.headers.X"),
+        (r#"{"mcpServers": {"a": {"url": "${URL}"}}}"#, "mcpServers.a.url"),
+    ]
+    .map(|(json, key)| (refused(json), key));
+    for (text, key) in &said {
+        assert!(text.contains(key) && !text.contains("hunter2"), "{text}");
+    }
+    assert!(said[0].0.contains("unfinished `${` (at byte 7)"), "{}", said[0].0);
+    assert!(said[2].0.contains("not an http(s) URL"), "{}", said[2].0);
+}
+
 #[test]
 fn the_plugin_cache_is_kept_apart_from_the_plugins() {
     for cache in ["plugins", "plugins/cache", "./plugins/../plugins/x"] {

@@ -289,13 +289,16 @@ impl ServerBreakers {
         let tool_answered = || self.tools.existing(tool_name).is_some_and(|b| b.answered_since(since));
         let own_confined = confined || (may_be_confined && tool_answered());
         let keys = self.own_keys(own.client, tool_name);
-        let levels = [(own.server, keys.0, at(own_confined)), (own.tool, keys.1, tool_outcome)];
-        for (permit, key, outcome) in levels {
+        // Of a tool only when the tool has a breaker of its own by name (all but tools
+        // past the most kept), by which the client's status finds it.
+        let named = own.tool.is_some() || self.tools.existing(tool_name).is_some();
+        let levels = [(own.server, keys.0, at(own_confined), true), (own.tool, keys.1, tool_outcome, named)];
+        for (permit, key, outcome, may_make) in levels {
             let permit = match permit {
                 Some(p) => Some(p),
                 // Made now, on this failure: one that was made since this call was let
                 // through (by another of the client's calls) has moved on without it.
-                None if outcome == Outcome::Failure => match self.clients.get_or_make(&key) {
+                None if outcome == Outcome::Failure && may_make => match self.clients.get_or_make(&key) {
                     Some((b, true)) => b.admit().ok(),
                     _ => None,
                 },
