@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 use crate::config::{Config, Scope, ServerConfig};
 use crate::plugins::{Adapter, Adapters, Prepared};
 use crate::recovery::clock::{Rng, TokioClock};
-use crate::recovery::engine::Engine;
+use crate::recovery::engine::{Engine, PolicyKept};
 use crate::redact::Secrets;
 use crate::transport::supervisor::ServerHandle;
 
@@ -113,11 +113,16 @@ impl Setup {
         let kept_adapters = self.keep_adapters(&config, &mut plugins, &mut changes);
         let servers = self.next_servers(&config, spawn, &mut changes);
         self.session_changes(&config, &mut changes);
-        // A server keeps its policy (breakers, budget) when its entry is unchanged and so
-        // is its adapter (whose declared needs the policy holds).
+        // A server keeps its policy when its entry is unchanged and so is its adapter
+        // (whose declared needs the policy holds); with new adapter code, its breakers and
+        // budget, which say how the server fares, not what the adapter may do.
         let keep_policy = |name: &str| {
-            self.unchanged(&config, name)
-                && (self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name))
+            let adapter_kept = self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name);
+            match (self.unchanged(&config, name), adapter_kept) {
+                (true, true) => PolicyKept::Whole,
+                (true, false) => PolicyKept::Health,
+                (false, _) => PolicyKept::Nothing,
+            }
         };
         let declared: HashMap<&str, _> = plugins.adapters.iter().map(|(s, a)| (&**s, a.declared())).collect();
         let engine = self.engine.reconfigure(

@@ -161,8 +161,8 @@ pub struct ServerPolicy {
     pub recovery: RecoveryConfig,
     /// The server's, one per tool (for failures confined to one tool), and each client's
     /// own when many share the server.
-    pub breakers: ServerBreakers,
-    pub budget: Budgets,
+    pub breakers: Arc<ServerBreakers>,
+    pub budget: Arc<Budgets>,
     /// The server's; a session's own instance's count for it and for the server
     /// ([`Counters::within`], [`Engine::fresh_policies`]).
     pub counters: Arc<Counters>,
@@ -170,6 +170,18 @@ pub struct ServerPolicy {
     pub grant: AdapterGrant,
     /// What the adapter declared it needs; a step must be in both.
     pub declared: AdapterGrant,
+}
+
+/// What a reload keeps of a server's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyKept {
+    /// All of it: the server's entry and its adapter are unchanged.
+    Whole,
+    /// Its breakers and retry budget, which tell how the server fares: its entry is
+    /// unchanged, but its adapter's code (and so what it declares it needs) is new.
+    Health,
+    /// Nothing: its entry changed (its breaker and budget settings may have), or it is new.
+    Nothing,
 }
 
 impl ServerPolicy {
@@ -182,8 +194,8 @@ impl ServerPolicy {
     ) -> Self {
         Self {
             recovery: recovery.clone(),
-            breakers: ServerBreakers::new(recovery.breaker, clock.clone(), rng.clone()),
-            budget: Budgets::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve),
+            breakers: Arc::new(ServerBreakers::new(recovery.breaker, clock.clone(), rng.clone())),
+            budget: Arc::new(Budgets::new(recovery.retry.budget_ratio, recovery.retry.budget_reserve)),
             counters: Arc::default(),
             grant,
             declared,
@@ -482,13 +494,13 @@ impl Engine {
         Self { servers, tallies, clock, rng, max_plan_calls: self.max_plan_calls }
     }
 
-    /// The engine of a new configuration: a server that `keep` names keeps its policy
-    /// (breakers, budget) as it is; every other gets a fresh one with the adapter needs
-    /// `declared` gives, counters carried over by name.
+    /// The engine of a new configuration: each server keeps of its policy what `keep`
+    /// says; what is not kept is made afresh, with the adapter needs `declared` gives,
+    /// counters carried over by name.
     pub fn reconfigure<'a>(
         &self,
         servers: impl IntoIterator<Item = &'a ServerConfig>,
-        keep: &dyn Fn(&str) -> bool,
+        keep: &dyn Fn(&str) -> PolicyKept,
         declared: &dyn Fn(&str) -> Option<AdapterGrant>,
         max_plan_calls: u32,
     ) -> Self {
@@ -497,13 +509,17 @@ impl Engine {
             .map(|s| {
                 let name: Arc<str> = s.name.as_str().into();
                 let old = self.servers.get(&name);
-                let policy = match old {
-                    Some(p) if keep(&s.name) => p.clone(),
-                    _ => {
+                let policy = match (old, keep(&s.name)) {
+                    (Some(p), PolicyKept::Whole) => p.clone(),
+                    (old, kept) => {
                         let declared = declared(&s.name).unwrap_or_else(|| AdapterGrant::own(&s.name));
                         let mut fresh =
                             ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), declared, &self.clock, &self.rng);
                         fresh.counters = tally(&self.tallies, &name);
+                        if let (Some(p), PolicyKept::Health) = (old, kept) {
+                            fresh.breakers = p.breakers.clone();
+                            fresh.budget = p.budget.clone();
+                        }
                         Arc::new(fresh)
                     }
                 };

@@ -1353,6 +1353,27 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
     }
 }
 
+/// What a reload keeps of a server's policy: all of it; with new adapter code, the
+/// breakers and retry budget (how the server fares) under the new code's declared needs;
+/// or nothing.
+#[test]
+fn a_reload_keeps_of_a_policy_what_it_is_told() {
+    let e = engine(&[server("s", defaults())]);
+    let before = e.policy("s").unwrap();
+    let declared = AdapterGrant { restart: true, ..AdapterGrant::own("s") };
+    let next = |kept: PolicyKept| e.reconfigure(&[server("s", defaults())], &|_| kept, &|_| Some(declared.clone()), 8);
+    let same = |a: &ServerPolicy, b: &ServerPolicy| {
+        (Arc::ptr_eq(&a.breakers, &b.breakers), Arc::ptr_eq(&a.budget, &b.budget), a.declared == b.declared)
+    };
+    assert_eq!(same(before, next(PolicyKept::Whole).policy("s").unwrap()), (true, true, true));
+    let health = next(PolicyKept::Health);
+    let health = health.policy("s").unwrap();
+    assert_eq!(same(before, health), (true, true, false));
+    assert_eq!(health.declared, declared, "what the new code declares");
+    assert!(Arc::ptr_eq(&before.counters, &health.counters), "counters carry over by name");
+    assert_eq!(same(before, next(PolicyKept::Nothing).policy("s").unwrap()), (false, false, false));
+}
+
 /// A server's counters are its name's for the gateway's life: carried over a reload, kept
 /// while it is removed and found again when it is added back; a session's own instance
 /// counts for itself and for the server.
@@ -1362,7 +1383,8 @@ async fn counters_carry_over_by_name_and_a_sessions_add_to_the_servers() {
     let e = engine(&[server("s", defaults())]);
     run(&e, &up, "read").await;
     let calls = |e: &Engine| e.policy("s").map(|p| p.counters.calls.load(Ordering::Relaxed));
-    let reconfigure = |e: &Engine, servers: &[ServerConfig]| e.reconfigure(servers, &|_| false, &|_| None, 8);
+    let reconfigure =
+        |e: &Engine, servers: &[ServerConfig]| e.reconfigure(servers, &|_| PolicyKept::Nothing, &|_| None, 8);
     let changed = reconfigure(&e, &[server("s", RecoveryConfig { timeout_ms: 2_000, ..defaults() })]);
     assert_eq!(calls(&changed), Some(1), "a changed policy keeps its counts");
     let removed = reconfigure(&changed, &[server("t", defaults())]);
