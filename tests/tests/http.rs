@@ -897,6 +897,10 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         let ready = reqwest::get(format!("{}/readyz", gw.base)).await.expect("answered");
         assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(ready.json::<Value>().await.unwrap()["shutting_down"], true);
+        // The operator still reads the status, which says the same.
+        let status = reqwest::get(format!("{}/status", gw.base)).await.expect("answered");
+        let gateway = status.json::<Value>().await.unwrap()["gateway"].clone();
+        assert_eq!((gateway["ready"].as_bool(), gateway["shutting_down"].as_bool()), (Some(false), Some(true)));
         refused
     };
     let (slow, hang, refused) = tokio::join!(slow, hang, term);

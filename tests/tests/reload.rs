@@ -485,6 +485,39 @@ async fn a_level_set_while_a_reload_starts_reaches_the_new_processes() {
     gw.close().await;
 }
 
+/// New code for a server's adapter (a rebuild of the plugins) changes what the adapter
+/// does, not what the gateway knows of how the server fares: its open breaker stays open.
+#[tokio::test]
+async fn new_adapter_code_leaves_the_servers_breaker_as_it_was() {
+    let gw = Gateway::start(|dir| {
+        let own = dir.join("plugins");
+        std::fs::create_dir_all(&own).unwrap();
+        let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
+        std::fs::copy(built, own.join("thanos-classify.wasm")).unwrap();
+        let mut a = faulty("a", dir, &[]);
+        a["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
+            "breaker": {"failure_threshold": 1, "open_ms": 600000}});
+        json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": own}})
+    })
+    .await;
+    let breaker = || async {
+        let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+        status["servers"][0]["breaker"]["state"].clone()
+    };
+    assert_eq!(gw.call("hang", json!({})).await.is_error, Some(true));
+    assert_eq!(breaker().await, "open");
+    // A rebuild: the same adapter in other bytes (a custom section appended).
+    let file = gw.dir.path().join("plugins/thanos-classify.wasm");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend([0u8, 14, 12]);
+    bytes.extend(b"rebound-testx");
+    std::fs::write(file.with_extension("tmp"), &bytes).unwrap();
+    std::fs::rename(file.with_extension("tmp"), &file).unwrap();
+    gw.logged("new adapter code for a").await;
+    assert_eq!(breaker().await, "open", "the breaker is the server's, not the adapter's");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
@@ -497,9 +530,25 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     until_offered(gw.client.peer(), "b__echo", true).await;
     assert_eq!(text(&gw.call("b__echo", json!({"message": "2"})).await), "b: 2");
     assert_eq!(pid(&dir, "a"), a_pid, "the untouched server kept its process");
-    // Its client hides the gateway's log: the status says how the last reload went.
-    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
-    assert_eq!(status["gateway"]["last_reload"]["applied"], "added b", "{status}");
+    // Its client hides the gateway's log: the status says how the last reload went, a
+    // refused one too, and what the file has that is not used.
+    let reload = || async {
+        gw.call("rebound_status", json!({})).await.structured_content.unwrap()["gateway"]["last_reload"].clone()
+    };
+    assert_eq!(reload().await["applied"], "added b");
+    std::fs::write(dir.join("rebound.json"), r#"{"mcpServers": {"a": {"args": []}}}"#).unwrap();
+    eventually("the broken file refused", || gw.log.lock().unwrap().contains("reload refused")).await;
+    let refused = reload().await;
+    assert!(refused["refused"].as_str().is_some_and(|r| r.contains("neither `command` nor `url`")), "{refused}");
+    let mut typo = json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}});
+    typo["mcpServer"] = json!({"c": faulty("c", &dir, &[])});
+    rewrite_config(&dir, &typo);
+    let applied_twice = || gw.log.lock().unwrap().matches("configuration reloaded from").count() == 2;
+    eventually("the file with a typo applied", applied_twice).await;
+    let applied = reload().await;
+    assert_eq!(applied["applied"], "nothing changed", "{applied}");
+    let warnings = applied["warnings"].as_array().cloned().unwrap_or_default();
+    assert!(warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains("`mcpServer` is not a key Rebound reads"))), "{applied}");
 }
 
 #[tokio::test]

@@ -84,6 +84,9 @@ struct Life {
     last_reload: Mutex<Option<Reloaded>>,
 }
 
+/// The most warnings of a reload kept for the status (the log has them all).
+const MAX_RELOAD_WARNINGS: usize = 32;
+
 /// A reload's outcome, and when.
 #[derive(Debug, Clone)]
 pub struct Reloaded {
@@ -93,8 +96,9 @@ pub struct Reloaded {
 
 #[derive(Debug, Clone)]
 pub enum ReloadOutcome {
-    /// Applied: what changed, in words.
-    Applied(String),
+    /// Applied: what changed, in words, and what the file has that was not used (unknown
+    /// keys, disabled servers), as `rebound check` warns of it.
+    Applied { changes: String, warnings: Vec<String> },
     /// Refused: why; the running configuration keeps serving.
     Refused(String),
 }
@@ -461,7 +465,10 @@ impl Hub {
     pub fn reloaded(&self, outcome: ReloadOutcome) {
         let cap = |text: String| crate::text::capped(&text, 2 << 10);
         let outcome = match outcome {
-            ReloadOutcome::Applied(changes) => ReloadOutcome::Applied(cap(changes)),
+            ReloadOutcome::Applied { changes, warnings } => {
+                let warnings = warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(cap).collect();
+                ReloadOutcome::Applied { changes: cap(changes), warnings }
+            }
             ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),
         };
         let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };

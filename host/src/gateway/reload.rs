@@ -37,32 +37,37 @@ pub enum Refused {
 
 /// Reloads the configuration at `path` now. On success, what changed.
 pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
-    let outcome = attempt(hub, path).await;
-    match &outcome {
-        Ok(changes) => {
+    match attempt(hub, path).await {
+        Ok((changes, warnings)) => {
             let summary = changes.summary();
             tracing::info!("configuration reloaded from {}: {summary}", path.display());
             hub.metrics.reloaded("applied");
-            hub.reloaded(ReloadOutcome::Applied(summary));
+            hub.reloaded(ReloadOutcome::Applied { changes: summary, warnings });
+            Ok(changes)
         }
+        // Not the file's fault: nothing to say of it.
+        Err(Refused::ShuttingDown) => Err(Refused::ShuttingDown),
         Err(e) => {
             tracing::error!("configuration reload refused; the running configuration keeps serving: {e}");
             hub.metrics.reloaded("refused");
-            if !matches!(e, Refused::ShuttingDown) {
-                hub.reloaded(ReloadOutcome::Refused(e.to_string()));
-            }
+            hub.reloaded(ReloadOutcome::Refused(e.to_string()));
+            Err(e)
         }
     }
-    outcome
 }
 
-async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
+/// A reload, and the new file's warnings (as `rebound check` gives them), logged.
+async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), Refused> {
     // Off the runtime's threads (over stdio it has one): reading a file can wait on a disk.
     let file = path.to_path_buf();
     let loaded = tokio::task::spawn_blocking(move || config::load(&file)).await;
     let failed =
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
     let config = loaded.map_err(failed)??;
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let warnings = config.warnings.clone();
     let current = hub.setup();
     if config.settings.http != current.config.settings.http
         || config.settings.errors_log != current.config.settings.errors_log
@@ -92,7 +97,7 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     if hub.closing().is_cancelled() {
         return Err(Refused::ShuttingDown);
     }
-    Ok(hub.apply(config, plugins).await)
+    Ok((hub.apply(config, plugins).await, warnings))
 }
 
 /// Watches `path` and the configured `plugins_dir`, and reloads on each change or when

@@ -137,7 +137,8 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
 fn reload_json(reloaded: &Reloaded) -> Value {
     let at = humantime::format_rfc3339_millis(reloaded.at).to_string();
     match &reloaded.outcome {
-        ReloadOutcome::Applied(changes) => json!({"at": at, "applied": changes}),
+        ReloadOutcome::Applied { changes, warnings } if warnings.is_empty() => json!({"at": at, "applied": changes}),
+        ReloadOutcome::Applied { changes, warnings } => json!({"at": at, "applied": changes, "warnings": warnings}),
         ReloadOutcome::Refused(why) => json!({"at": at, "refused": why}),
     }
 }
@@ -258,7 +259,12 @@ pub fn document(hub: &Hub, operators: bool) -> Value {
         without_adapter_output(&mut doc);
     }
     doc["schema"] = json!(STATUS_SCHEMA);
-    doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty());
+    // Draining for a shutdown: not ready, as `/readyz` says.
+    let shutting_down = hub.closing().is_cancelled();
+    doc["gateway"]["ready"] = json!(hub.starting(&setup).is_empty() && !shutting_down);
+    if shutting_down {
+        doc["gateway"]["shutting_down"] = json!(true);
+    }
     // Read before a name or a state may read `[redacted]`; cut after redaction, so that
     // no cut leaves the start of a secret.
     for server in doc["servers"].as_array_mut().into_iter().flatten() {
@@ -298,7 +304,10 @@ pub fn table(doc: &Value) -> String {
             a if a["quarantined_for_ms"].is_u64() => format!("{} (quarantined)", a["name"].as_str().unwrap_or("?")),
             a => format!("{} ({} faults)", a["name"].as_str().unwrap_or("?"), a["faults"]),
         };
-        let text = |v: &Value| v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+        let text = |v: &Value| match v {
+            Value::Null => "-".to_owned(),
+            v => v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+        };
         rows.push([
             text(&s["name"]),
             text(&s["health"]),
@@ -328,12 +337,33 @@ pub fn table(doc: &Value) -> String {
     }
     let errors = doc["recent_errors"].as_array().map_or(0, Vec::len);
     let g = &doc["gateway"];
+    let safe = |text: &str| text.replace(char::is_control, "?");
+    let state = match (g["ready"].as_bool(), g["shutting_down"].as_bool()) {
+        (_, Some(true)) => "shutting down",
+        (Some(true), _) => "ready",
+        _ => "starting",
+    };
     out.push_str(&format!(
-        "rebound {} ({}), status schema {}; {errors} recent errors-log entries (--json shows them)\n",
-        g["version"].as_str().unwrap_or("?").replace(char::is_control, "?"),
-        if g["ready"].as_bool() == Some(true) { "ready" } else { "starting" },
+        "rebound {} ({state}), status schema {}; {errors} recent errors-log entries (--json shows them)\n",
+        safe(g["version"].as_str().unwrap_or("?")),
         doc["schema"],
     ));
+    if let Some(dropped) = g["errors_dropped"].as_u64().filter(|d| *d > 0) {
+        out.push_str(&format!("{dropped} errors-log entries dropped\n"));
+    }
+    let reload = &g["last_reload"];
+    let at = safe(reload["at"].as_str().unwrap_or("?"));
+    if let Some(why) = reload["refused"].as_str() {
+        out.push_str(&format!(
+            "last reload, at {at}: REFUSED, the running configuration keeps serving: {}\n",
+            safe(why)
+        ));
+    } else if let Some(changes) = reload["applied"].as_str() {
+        out.push_str(&format!("last reload, at {at}: {}\n", safe(changes)));
+        for warning in reload["warnings"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+            out.push_str(&format!("  warning: {}\n", safe(warning)));
+        }
+    }
     out
 }
 
@@ -574,6 +604,33 @@ mod tests {
         let table = table(&doc);
         assert!(!table.chars().any(|c| c.is_control() && c != '\n'), "{table:?}");
         assert!(table.contains("a?[2J") && table.contains("x?[31m"), "{table}");
+    }
+
+    /// Below the servers, the table says what else the operator must know: a drain, dropped
+    /// errors-log entries, and the last reload, a refused one loudly (with the reason,
+    /// control characters and all neutralised), an applied one with its warnings.
+    #[test]
+    fn the_table_says_how_the_last_reload_went() {
+        let doc = |gateway: Value| {
+            let mut doc = json!({"schema": 1, "servers": [{"name": "s", "breaker": null, "counters": {}}]});
+            doc["gateway"] = gateway;
+            table(&doc)
+        };
+        let refused = doc(json!({"version": "1", "ready": false, "shutting_down": true, "errors_dropped": 3,
+            "last_reload": {"at": "2026-11-27T17:00:00.000Z", "refused": "`mcpServers.a`: bad\u{1b}[2J"}}));
+        assert!(refused.contains("(shutting down)") && refused.contains("3 errors-log entries dropped"), "{refused}");
+        assert!(
+            refused.contains("last reload, at 2026-11-27T17:00:00.000Z: REFUSED, the running configuration keeps serving: `mcpServers.a`: bad?[2J"),
+            "{refused}"
+        );
+        assert!(refused.lines().nth(1).is_some_and(|row| row.split_whitespace().nth(3) == Some("-")), "{refused}");
+        let applied = doc(json!({"version": "1", "ready": true,
+            "last_reload": {"at": "t", "applied": "added b", "warnings": ["`x` is ignored"]}}));
+        assert!(
+            applied.contains("(ready)") && applied.contains("last reload, at t: added b\n  warning: `x` is ignored"),
+            "{applied}"
+        );
+        assert!(!applied.contains("dropped"), "{applied}");
     }
 
     /// A client is shown of its own instance's adapter nothing its copies in other
