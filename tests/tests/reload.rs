@@ -421,6 +421,9 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
         watching("target/plugins", times).await;
         std::fs::copy(&built, dir.join("target/plugins/thanos-classify.wasm")).unwrap();
         assert!(until(true).await, "the adapter loaded from the folder {round}");
+        // Where the server had none: new adapter code for it (what it may do is the new
+        // adapter's to declare).
+        assert!(gw.log.lock().unwrap().contains("new adapter code for a"), "{round}");
         std::fs::remove_dir_all(dir.join("target")).unwrap();
         assert!(until(false).await, "the adapter gone with the folder");
     }
@@ -543,12 +546,15 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let mut typo = json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}});
     typo["mcpServer"] = json!({"c": faulty("c", &dir, &[])});
     rewrite_config(&dir, &typo);
-    let applied_twice = || gw.log.lock().unwrap().matches("configuration reloaded from").count() == 2;
+    let applied_twice = || gw.log.lock().unwrap().matches("configuration reloaded from").count() >= 2;
     eventually("the file with a typo applied", applied_twice).await;
     let applied = reload().await;
     assert_eq!(applied["applied"], "nothing changed", "{applied}");
     let warnings = applied["warnings"].as_array().cloned().unwrap_or_default();
-    assert!(warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains("`mcpServer` is not a key Rebound reads"))), "{applied}");
+    assert!(
+        warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains("`mcpServer` is not a key Rebound reads"))),
+        "{applied}"
+    );
 }
 
 #[tokio::test]

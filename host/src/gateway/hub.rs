@@ -84,8 +84,9 @@ struct Life {
     last_reload: Mutex<Option<Reloaded>>,
 }
 
-/// The most warnings of a reload kept for the status (the log has them all).
-const MAX_RELOAD_WARNINGS: usize = 32;
+/// The most warnings of a reload kept for the status (the log has them all): the status
+/// may go to a model.
+const MAX_RELOAD_WARNINGS: usize = 8;
 
 /// A reload's outcome, and when.
 #[derive(Debug, Clone)]
@@ -466,7 +467,8 @@ impl Hub {
         let cap = |text: String| crate::text::capped(&text, 2 << 10);
         let outcome = match outcome {
             ReloadOutcome::Applied { changes, warnings } => {
-                let warnings = warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(cap).collect();
+                let warnings =
+                    warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(|w| crate::text::capped(&w, 512)).collect();
                 ReloadOutcome::Applied { changes: cap(changes), warnings }
             }
             ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),

@@ -45,8 +45,11 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
             hub.reloaded(ReloadOutcome::Applied { changes: summary, warnings });
             Ok(changes)
         }
-        // Not the file's fault: nothing to say of it.
-        Err(Refused::ShuttingDown) => Err(Refused::ShuttingDown),
+        // Not the file's fault: no refusal to count or show.
+        Err(Refused::ShuttingDown) => {
+            tracing::info!("reload skipped: the gateway is shutting down");
+            Err(Refused::ShuttingDown)
+        }
         Err(e) => {
             tracing::error!("configuration reload refused; the running configuration keeps serving: {e}");
             hub.metrics.reloaded("refused");

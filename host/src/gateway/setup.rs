@@ -117,7 +117,9 @@ impl Setup {
         // (whose declared needs the policy holds); with new adapter code, its breakers and
         // budget, which say how the server fares, not what the adapter may do.
         let keep_policy = |name: &str| {
-            let adapter_kept = self.plugins.adapters.get(name).is_none() || kept_adapters.iter().any(|k| &**k == name);
+            let (had, has) = (self.plugins.adapters.get(name).is_some(), plugins.adapters.get(name).is_some());
+            // None before and none now, or the same one kept: what it declared holds.
+            let adapter_kept = (!had && !has) || kept_adapters.iter().any(|k| &**k == name);
             match (self.unchanged(&config, name), adapter_kept) {
                 (true, true) => PolicyKept::Whole,
                 (true, false) => PolicyKept::Health,
@@ -167,6 +169,11 @@ impl Setup {
                     adapters.insert(server, old.moved_to(fresh));
                 }
                 Some(_) => {
+                    changes.new_adapter_code.push(server.to_string());
+                    adapters.insert(server, fresh.clone());
+                }
+                // An adapter where its unchanged server had none (its file dropped in).
+                None if self.unchanged(config, server) && self.plugins.adapters.get(server).is_none() => {
                     changes.new_adapter_code.push(server.to_string());
                     adapters.insert(server, fresh.clone());
                 }

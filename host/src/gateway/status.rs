@@ -612,7 +612,7 @@ mod tests {
     #[test]
     fn the_table_says_how_the_last_reload_went() {
         let doc = |gateway: Value| {
-            let mut doc = json!({"schema": 1, "servers": [{"name": "s", "breaker": null, "counters": {}}]});
+            let mut doc = json!({"schema": 1, "servers": [{"name": "s", "health": "green", "status": "per-session", "breaker": null, "counters": {}}]});
             doc["gateway"] = gateway;
             table(&doc)
         };
@@ -623,7 +623,8 @@ mod tests {
             refused.contains("last reload, at 2026-11-27T17:00:00.000Z: REFUSED, the running configuration keeps serving: `mcpServers.a`: bad?[2J"),
             "{refused}"
         );
-        assert!(refused.lines().nth(1).is_some_and(|row| row.split_whitespace().nth(3) == Some("-")), "{refused}");
+        let row: Vec<&str> = refused.lines().nth(1).unwrap_or_default().split_whitespace().collect();
+        assert_eq!(row[..4], ["s", "green", "per-session", "-"], "{refused}");
         let applied = doc(json!({"version": "1", "ready": true,
             "last_reload": {"at": "t", "applied": "added b", "warnings": ["`x` is ignored"]}}));
         assert!(
@@ -631,6 +632,11 @@ mod tests {
             "{applied}"
         );
         assert!(!applied.contains("dropped"), "{applied}");
+        let starting = doc(json!({"version": "1", "ready": false, "errors_dropped": 0}));
+        assert!(
+            starting.contains("(starting)") && !starting.contains("dropped") && !starting.contains("reload"),
+            "{starting}"
+        );
     }
 
     /// A client is shown of its own instance's adapter nothing its copies in other
