@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use rebound::config::{self, Config, Launch};
+use rebound::config::{self, Launch};
 use rebound::gateway::downstreams::Front;
 use rebound::gateway::{Gateway, Hub};
 use rebound::redact::Secrets;
@@ -169,7 +169,7 @@ fn check(path: PathBuf) -> Result<()> {
     let config = config::load(&path)?;
     let secrets = Secrets::of(&config);
     rebound::redact::redact_logs(secrets.clone());
-    print_warnings(&config);
+    config.log_warnings();
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
     for (name, server) in &config.servers {
         if let Some(warning) = command_missing(name, server) {
@@ -285,12 +285,6 @@ fn command_missing(name: &str, server: &rebound::config::ServerConfig) -> Option
     }
 }
 
-fn print_warnings(config: &Config) {
-    for w in &config.warnings {
-        tracing::warn!("{w}");
-    }
-}
-
 /// SIGHUP, as a stream of reload requests.
 fn hangups() -> Result<tokio::sync::mpsc::Receiver<()>> {
     let mut hup = signal(SignalKind::hangup())?;
@@ -392,7 +386,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     rebound::memory::return_large_blocks();
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
-    print_warnings(&config);
+    config.log_warnings();
     if let Err(e) = rebound::transport::watchdog::start() {
         tracing::warn!("no watchdog ({e}): if the gateway is killed, its servers may outlive it");
     }

@@ -26,6 +26,13 @@ pub struct Config {
 }
 
 impl Config {
+    /// Logs each of its warnings, as `rebound check`, a start and a reload all do.
+    pub fn log_warnings(&self) {
+        for warning in &self.warnings {
+            tracing::warn!("{warning}");
+        }
+    }
+
     /// The deadline for one call of `tool` on `server` (see
     /// [`RecoveryConfig::deadline_for`]), its fallbacks on other servers given their own
     /// timeouts; `None` for a server not configured.

@@ -67,9 +67,7 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     let failed =
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
     let config = loaded.map_err(failed)??;
-    for warning in &config.warnings {
-        tracing::warn!("{warning}");
-    }
+    config.log_warnings();
     let warnings = config.warnings.clone();
     let current = hub.setup();
     if config.settings.http != current.config.settings.http
