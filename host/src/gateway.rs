@@ -24,6 +24,7 @@ pub mod setup;
 pub mod snapshot;
 pub mod status;
 pub mod stdio_client;
+pub mod tally;
 pub mod tasks;
 pub mod tool_call;
 

@@ -25,6 +25,7 @@ use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 use super::routing::ClientPeer;
+use super::tally::Tally;
 use crate::transport::listen::{Follower, MAX_FOLLOWED};
 
 /// How clients reach this gateway.
@@ -119,13 +120,41 @@ pub struct Sending {
 }
 
 /// How many notifications are on their way, and their bytes.
-type Count = (usize, usize);
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Count {
+    n: usize,
+    bytes: usize,
+}
+
+impl Count {
+    /// One notification of `bytes`.
+    fn one(bytes: usize) -> Self {
+        Self { n: 1, bytes }
+    }
+
+    /// Whether one more of `bytes` would be past `max` notifications or `max_bytes`.
+    fn full(self, max: usize, max_bytes: usize, bytes: usize) -> bool {
+        self.n >= max || self.bytes.saturating_add(bytes) > max_bytes
+    }
+}
+
+impl std::ops::AddAssign for Count {
+    fn add_assign(&mut self, other: Self) {
+        (self.n, self.bytes) = (self.n + other.n, self.bytes + other.bytes);
+    }
+}
+
+impl std::ops::SubAssign for Count {
+    fn sub_assign(&mut self, other: Self) {
+        (self.n, self.bytes) = (self.n - other.n, self.bytes - other.bytes);
+    }
+}
 
 #[derive(Debug, Default)]
 struct Load {
     all: Count,
-    by_client: HashMap<Arc<str>, Count>,
-    by_address: HashMap<Arc<str>, Count>,
+    by_client: Tally<Arc<str>, Count>,
+    by_address: Tally<Arc<str>, Count>,
 }
 
 /// Whose shares a notification counts against: its client's, and its address's (and
@@ -153,37 +182,26 @@ impl Share {
 impl Load {
     /// Counts a notification of `bytes` to `to`, unless that is past a bound.
     fn take(&mut self, to: &Share, bytes: usize) -> bool {
-        let past = |(n, b): Count, max, max_bytes| n >= max || b.saturating_add(bytes) > max_bytes;
-        let of = |map: &HashMap<Arc<str>, Count>, key: &Arc<str>| map.get(key).copied().unwrap_or_default();
-        if past(self.all, MAX_SENDING, MAX_SENDING_BYTES)
-            || past(of(&self.by_client, &to.client), MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE)
-            || to.wider().any(|(key, max, max_bytes)| past(of(&self.by_address, key), max, max_bytes))
+        if self.all.full(MAX_SENDING, MAX_SENDING_BYTES, bytes)
+            || self.by_client.of(&to.client).full(MAX_SENDING_TO_ONE, MAX_SENDING_BYTES_TO_ONE, bytes)
+            || to.wider().any(|(key, max, max_bytes)| self.by_address.of(key).full(max, max_bytes, bytes))
         {
             return false;
         }
-        let add = |(n, b): &mut Count| (*n, *b) = (*n + 1, *b + bytes);
-        add(&mut self.all);
-        add(self.by_client.entry(to.client.clone()).or_default());
+        self.all += Count::one(bytes);
+        self.by_client.add(to.client.clone(), Count::one(bytes));
         for (key, ..) in to.wider() {
-            add(self.by_address.entry(key.clone()).or_default());
+            self.by_address.add(key.clone(), Count::one(bytes));
         }
         true
     }
 
     /// A notification counted by [`Load::take`] was delivered or given up.
     fn give_back(&mut self, to: &Share, bytes: usize) {
-        fn less(map: &mut HashMap<Arc<str>, Count>, key: &Arc<str>, bytes: usize) {
-            if let Some(one) = map.get_mut(key) {
-                *one = (one.0 - 1, one.1 - bytes);
-                if one.0 == 0 {
-                    map.remove(key);
-                }
-            }
-        }
-        self.all = (self.all.0 - 1, self.all.1 - bytes);
-        less(&mut self.by_client, &to.client, bytes);
+        self.all -= Count::one(bytes);
+        self.by_client.take_back(&to.client, Count::one(bytes));
         for (key, ..) in to.wider() {
-            less(&mut self.by_address, key, bytes);
+            self.by_address.take_back(key, Count::one(bytes));
         }
     }
 }
@@ -238,8 +256,9 @@ impl Sending {
 
     /// Notifications on their way now, in all.
     #[cfg(test)]
-    fn load(&self) -> Count {
-        self.load.lock().expect("not poisoned").all
+    fn load(&self) -> (usize, usize) {
+        let all = self.load.lock().expect("not poisoned").all;
+        (all.n, all.bytes)
     }
 }
 

@@ -9,17 +9,18 @@
 //! ([`super::routing::Routing::in_flight_on`]), instead of stopping it under the request.
 //! (A client on 2026-07-28 answers questions in a request of its own: each is bound anew.)
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
+use super::tally::Tally;
+
 /// How many of something are out, by key.
-pub struct Counts<K>(Arc<Mutex<HashMap<K, usize>>>);
+pub struct Counts<K>(Arc<Mutex<Tally<K>>>);
 
 /// One counted under its key, until dropped.
 #[derive(Debug)]
 pub struct Counted<K: Eq + Hash> {
-    counts: Arc<Mutex<HashMap<K, usize>>>,
+    counts: Arc<Mutex<Tally<K>>>,
     key: K,
 }
 
@@ -42,30 +43,22 @@ impl<K: Eq + Hash + Clone> Counts<K> {
     /// Counts one more under `key`, unless `max` are counted there already.
     pub fn count_below(&self, key: K, max: usize) -> Option<Counted<K>> {
         let mut counts = self.0.lock().expect("not poisoned");
-        let n = counts.entry(key.clone()).or_default();
-        if *n >= max {
+        if counts.of(&key) >= max {
             return None;
         }
-        *n += 1;
+        counts.add(key.clone(), 1);
         Some(Counted { counts: self.0.clone(), key })
     }
 
     /// How many are counted under `key`.
     pub fn on(&self, key: &K) -> usize {
-        self.0.lock().expect("not poisoned").get(key).copied().unwrap_or(0)
+        self.0.lock().expect("not poisoned").of(key)
     }
 }
 
 impl<K: Eq + Hash> Drop for Counted<K> {
     fn drop(&mut self) {
-        let mut counts = self.counts.lock().expect("not poisoned");
-        if let Some(n) = counts.get_mut(&self.key) {
-            *n -= 1;
-            // A key counting nothing is forgotten, or the map would grow with every one seen.
-            if *n == 0 {
-                counts.remove(&self.key);
-            }
-        }
+        self.counts.lock().expect("not poisoned").take_back(&self.key, 1);
     }
 }
 

@@ -13,8 +13,9 @@
 //! keep everyone else from cancelling or answering; those are bounded by the count of
 //! requests in flight.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+use crate::gateway::tally::Tally;
 
 pub use crate::weight::json as weight;
 
@@ -31,7 +32,7 @@ pub const LIGHT: usize = 64 << 10;
 /// The weights held now: in all, and by address.
 #[derive(Debug, Default)]
 pub struct Budget {
-    held: Mutex<(usize, HashMap<String, usize>)>,
+    held: Mutex<(usize, Tally<String>)>,
 }
 
 /// Why a request's weight could not be held.
@@ -68,8 +69,9 @@ impl Budget {
         let network = super::network_of(&address);
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, by_address) = &mut *held;
-        let of = |key: &str| by_address.get(key).copied().unwrap_or(0);
-        if of(&address) + weight > ADDRESS_SHARE || network.as_deref().is_some_and(|n| of(n) + weight > NETWORK_SHARE) {
+        if by_address.of(&address) + weight > ADDRESS_SHARE
+            || network.as_deref().is_some_and(|n| by_address.of(n) + weight > NETWORK_SHARE)
+        {
             return Err(Past::Address);
         }
         if *total + weight > GATEWAY_BUDGET {
@@ -77,7 +79,7 @@ impl Budget {
         }
         *total += weight;
         for key in std::iter::once(&address).chain(&network) {
-            *by_address.entry(key.clone()).or_default() += weight;
+            by_address.add(key.clone(), weight);
         }
         Ok(Some(Held { budget: self.clone(), address, network, weight }))
     }
@@ -95,13 +97,7 @@ impl Drop for Held {
         let (total, by_address) = &mut *held;
         *total -= self.weight;
         for key in std::iter::once(&self.address).chain(&self.network) {
-            if let Some(own) = by_address.get_mut(key) {
-                *own -= self.weight;
-                // Forget an address that holds nothing, or the map would grow with every one seen.
-                if *own == 0 {
-                    by_address.remove(key);
-                }
-            }
+            by_address.take_back(key, self.weight);
         }
     }
 }

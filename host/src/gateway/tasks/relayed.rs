@@ -36,6 +36,7 @@ use serde_json::json;
 use super::super::call::{Tasks, request_meta};
 use super::super::forward::{Fault, Instance, Out};
 use super::super::server::Gateway;
+use super::super::tally::Tally;
 use super::{MAX_ID_BYTES, lost_record};
 use crate::recovery::Failure;
 use crate::transport::Session;
@@ -70,7 +71,7 @@ pub struct Relayed {
 struct Table {
     by_id: HashMap<String, Arc<Entry>>,
     /// How many each client has (and each IPv6 site: see [`shares`]).
-    per_client: HashMap<Arc<str>, usize>,
+    per_client: Tally<Arc<str>>,
     /// Of the tasks that take a client's share (over HTTP), how many each server holds
     /// (on any of its instances: a `url` server's tasks outlive a relaunch), by the time
     /// each is kept until.
@@ -96,7 +97,7 @@ impl Table {
         }
         if let Some(owner) = &entry.owner {
             for (share, _) in shares(owner) {
-                *self.per_client.entry(share).or_default() += 1;
+                self.per_client.add(share, 1);
             }
             *self.per_server.entry(entry.server.clone()).or_default().entry(entry.until).or_default() += 1;
             entry.counted.store(true, Ordering::Release);
@@ -114,12 +115,7 @@ impl Table {
     fn release(&mut self, entry: &Entry) {
         let Some(owner) = entry.owner.as_ref().filter(|_| entry.counted.swap(false, Ordering::AcqRel)) else { return };
         for (share, _) in shares(owner) {
-            if let Some(n) = self.per_client.get_mut(&share) {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_client.remove(&share);
-                }
-            }
+            self.per_client.take_back(&share, 1);
         }
         if let Some(deadlines) = self.per_server.get_mut(&entry.server) {
             if let Some(n) = deadlines.get_mut(&entry.until) {
@@ -169,7 +165,7 @@ impl Table {
     /// Whether the table, or one of `owner`'s shares of it (of the tasks that have not
     /// ended), is full.
     fn full_for(&self, owner: Option<&str>) -> bool {
-        let full = |(share, max): (Arc<str>, usize)| self.per_client.get(&share).is_some_and(|n| *n >= max);
+        let full = |(share, max): (Arc<str>, usize)| self.per_client.of(&share) >= max;
         self.by_id.len() >= MAX_RELAYED || owner.is_some_and(|o| shares(&Arc::from(o)).any(full))
     }
 
@@ -569,7 +565,7 @@ pub(in crate::gateway) mod tests {
         let elsewhere = Entry { server: "b".into(), ..reused("carol") };
         relayed.tasks.lock().unwrap().insert("carols".into(), elsewhere);
         assert!(relayed.get("bobs").is_ok(), "another server's task 7 is another task");
-        assert_eq!(relayed.tasks.lock().unwrap().per_client.get("alice"), Some(&1), "alice's share freed");
+        assert_eq!(relayed.tasks.lock().unwrap().per_client.of("alice"), 1, "alice's share freed");
     }
 
     #[test]
