@@ -372,7 +372,6 @@ pub async fn http_client_from(
         .map_err(|e| e.to_string())
 }
 
-/// The text of a result's text blocks.
 /// Replaces the configuration `rebound.json` in `dir` with `config`, as editors do:
 /// written beside it and renamed over it.
 pub fn rewrite_config(dir: &Path, config: &Value) {
@@ -393,6 +392,7 @@ pub async fn until_offered(peer: &rmcp::Peer<RoleClient>, tool: &str, wanted: bo
     false
 }
 
+/// The text of a result's text blocks.
 pub fn text(result: &CallToolResult) -> String {
     result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
 }

@@ -71,6 +71,23 @@ async fn an_adapter_reaches_nothing_its_grant_does_not_name() {
     gw.close().await;
 }
 
+/// The operator counts what adapters were refused, by kind of step, in the metrics.
+#[tokio::test]
+async fn refused_plan_steps_are_counted_by_kind_in_the_metrics() {
+    let gw = HttpGateway::start(|dir| config(dir, "reach", json!({}), json!({})), &[]).await;
+    let client = gw.client(None).await.unwrap();
+    let mut params = rmcp::model::CallToolRequestParams::new("a__fail");
+    params.arguments = json!({"message": "boom"}).as_object().cloned();
+    assert_eq!(client.peer().call_tool(params).await.unwrap().is_error, Some(true));
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+    // The alternative on b (a grant names none), two restarts and two replays.
+    for (kind, n) in [("grant", 1), ("restart", 2), ("replay", 2), ("max-calls", 0), ("undeclared", 0)] {
+        let line = format!(r#"rebound_plugin_denied_total{{server="a",kind="{kind}"}} {n}"#);
+        assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
+    }
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn what_the_grant_names_does_run_once() {
     let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});

@@ -15,6 +15,7 @@ use rmcp::service::RunningService;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "e2e-token-0123456789abcdef";
+const OPERATOR: &str = "operator-token-0123456789";
 
 async fn call(
     client: &RunningService<RoleClient, rebound_tests::TestClient>,
@@ -52,6 +53,34 @@ fn listen(gw: &HttpGateway, id: u32, resource: &str) -> reqwest::RequestBuilder 
     let listen = json!({"jsonrpc": "2.0", "id": id, "method": "subscriptions/listen", "params": {
         "notifications": {"resourceSubscriptions": [resource]}, "_meta": modern_meta()}});
     post(gw, &listen).header("mcp-protocol-version", "2026-07-28").header("mcp-method", "subscriptions/listen")
+}
+
+/// `GET /readyz`, with `token` as the bearer token: its status and its body.
+async fn readyz(gw: &HttpGateway, token: Option<&str>) -> (StatusCode, Value) {
+    let mut get = reqwest::Client::new().get(format!("{}/readyz", gw.base));
+    if let Some(token) = token {
+        get = get.bearer_auth(token);
+    }
+    let ready = get.send().await.expect("answered");
+    (ready.status(), ready.json().await.expect("JSON"))
+}
+
+/// Polls `/readyz` as the operator until `until` holds of its status and body, each
+/// answer first checked by `every`; the last answer.
+async fn readyz_until(
+    gw: &HttpGateway,
+    mut every: impl FnMut(StatusCode, &Value),
+    until: impl Fn(StatusCode, &Value) -> bool,
+) -> Value {
+    for _ in 0..200 {
+        let (status, body) = readyz(gw, Some(OPERATOR)).await;
+        every(status, &body);
+        if until(status, &body) {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("/readyz never got there: {:?}", readyz(gw, Some(OPERATOR)).await);
 }
 
 fn initialize() -> Value {
@@ -397,7 +426,6 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
 /// operator's: the clients' token no longer opens it, nor does the operator's open `/mcp`.
 #[tokio::test]
 async fn an_operator_token_keeps_every_clients_errors_from_the_clients() {
-    const OPERATOR: &str = "operator-token-0123456789";
     let gw = HttpGateway::start(
         |dir| {
             json!({
@@ -428,7 +456,6 @@ async fn an_operator_token_keeps_every_clients_errors_from_the_clients() {
 /// send everyone's calls at a server still recovering); the operator can.
 #[tokio::test]
 async fn only_the_operator_resets_a_shared_servers_breakers() {
-    const OPERATOR: &str = "operator-token-0123456789";
     let gw = HttpGateway::start(
         |dir| {
             let mut a = faulty("a", dir, &[]);
@@ -519,6 +546,23 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     assert_eq!(of_bob["tool_breakers"]["outage"]["state"], "open", "{of_bob}");
     let shed = call(&bob, "outage", json!({})).await;
     assert!(text(&shed).contains("the circuit breaker of tool `outage` is open"), "{}", text(&shed));
+    // The operator sees the tool's breaker open in the metrics, and closes it alone.
+    let metrics = || async { reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap() };
+    let text_now = metrics().await;
+    assert!(text_now.lines().any(|l| l == r#"rebound_tool_breaker_state{server="a",tool="outage"} 2"#), "{text_now}");
+    let reset = |query: &str| reqwest::Client::new().post(format!("{}/reset-breaker?{query}", gw.base)).send();
+    let closed = reset("server=a&tool=outage").await.unwrap();
+    assert_eq!(closed.status(), StatusCode::OK);
+    assert_eq!(closed.json::<Value>().await.unwrap()["reset"], "the circuit breaker of `outage` on `a` is closed");
+    let text_now = metrics().await;
+    assert!(!text_now.contains(r#"rebound_tool_breaker_state{server="a",tool="outage"}"#), "{text_now}");
+    let of_bob = status(&bob).await["servers"][0].clone();
+    assert!(of_bob.pointer("/tool_breakers/outage").is_none(), "a closed and clean breaker is not listed: {of_bob}");
+    let never_called = reset("server=a&tool=slow").await.unwrap();
+    assert_eq!(never_called.status(), StatusCode::NOT_FOUND);
+    let said = never_called.text().await.unwrap();
+    assert!(said.contains("`slow` on `a` has no circuit breaker yet"), "{said}");
+    assert_eq!(reset("tool=outage").await.unwrap().status(), StatusCode::BAD_REQUEST, "no server named");
     let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
 }
 
@@ -566,6 +610,13 @@ async fn a_clients_status_shows_its_own_instance_of_a_session_server_only() {
     let every = &doc["servers"][0];
     assert_eq!((every["instances"].as_u64(), every["counters"]["calls"].as_u64()), (Some(2), Some(3)), "{every}");
     assert!(doc["gateway"]["errors_log"].as_str().is_some_and(|p| p.ends_with("errors.jsonl")), "{doc}");
+    // Its breakers are each session's: the operator has none of them to reset.
+    for query in ["server=a", "server=a&tool=outage"] {
+        let refused = reqwest::Client::new().post(format!("{}/reset-breaker?{query}", gw.base)).send().await.unwrap();
+        assert_eq!(refused.status(), StatusCode::CONFLICT, "{query}");
+        let said = refused.text().await.unwrap();
+        assert!(said.contains("an instance per client session"), "{said}");
+    }
     let _ = (alice.cancel().await, bob.cancel().await);
 }
 
@@ -646,6 +697,62 @@ async fn health_readiness_and_metrics() {
     let _ = client.cancel().await;
 }
 
+/// Ready once every server's first start is over (up, or given up on): a server that
+/// crashes later does not take readiness away (the gateway serves the others, and its
+/// calls get a clear error). Which servers it is waiting for or without, only the
+/// operator is told.
+#[tokio::test]
+async fn readiness_waits_for_first_starts_alone_and_names_servers_to_the_operator() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let gate = dir.join("a-may-start");
+            let mut a = faulty("a", dir, &["--start-gate", gate.to_str().unwrap()]);
+            a["recovery"] = json!({"retry": {"max_attempts": 1}});
+            json!({
+                "mcpServers": {"a": a, "missing": {"command": "/nonexistent/mcp-server"}},
+                "rebound": {"restart": {"initial_delay_ms": 50}, "http": {"auth_token": TOKEN, "operator_token": OPERATOR}},
+            })
+        },
+        &[],
+    )
+    .await;
+    let gate = gw.dir.path().join("a-may-start");
+    let (status, body) = readyz(&gw, Some(OPERATOR)).await;
+    assert_eq!((status, body["ready"].as_bool()), (StatusCode::SERVICE_UNAVAILABLE, Some(false)), "{body}");
+    assert!(body["starting"].as_array().unwrap().contains(&json!("a")), "{body}");
+    // Neither an anonymous probe nor a client is told which servers there are.
+    for token in [None, Some(TOKEN)] {
+        let (status, body) = readyz(&gw, token).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.get("starting").is_none() && body.get("given_up").is_none(), "{token:?}: {body}");
+        assert!(body["servers_starting"].as_u64() >= Some(1), "{body}");
+    }
+    std::fs::write(&gate, "").unwrap();
+    let body = readyz_until(&gw, |_, _| {}, |status, _| status == StatusCode::OK).await;
+    assert_eq!((body["servers_ready"].as_u64(), body["servers_given_up"].as_u64()), (Some(1), Some(1)), "{body}");
+    assert_eq!(body["given_up"][0]["server"], "missing", "{body}");
+    assert!(body["given_up"][0]["last_error"].as_str().unwrap().contains("nonexistent"), "{body}");
+    for token in [None, Some(TOKEN)] {
+        let (status, body) = readyz(&gw, token).await;
+        assert_eq!((status, body["servers_given_up"].as_u64()), (StatusCode::OK, Some(1)), "{body}");
+        assert!(body.get("given_up").is_none(), "{token:?}: {body}");
+    }
+    // `a` crashes, and its restart waits at the gate: ready all along, `a` named as one
+    // the gateway is without, until it is back.
+    std::fs::remove_file(&gate).unwrap();
+    let client = gw.client(Some(TOKEN)).await.unwrap();
+    assert_eq!(call(&client, "crash", json!({})).await.is_error, Some(true));
+    let always_ready = |status: StatusCode, body: &Value| assert_eq!(status, StatusCode::OK, "{body}");
+    let without_a = |_: StatusCode, body: &Value| body["given_up"].to_string().contains(r#""server":"a""#);
+    let body = readyz_until(&gw, always_ready, without_a).await;
+    assert_eq!(body["servers_ready"], 0, "{body}");
+    std::fs::write(&gate, "").unwrap();
+    let back = |_: StatusCode, body: &Value| body["servers_ready"] == 1;
+    let body = readyz_until(&gw, always_ready, back).await;
+    assert_eq!(body["given_up"].as_array().map(Vec::len), Some(1), "only `missing`: {body}");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn secrets_from_the_config_never_leave_the_gateway() {
     const SECRET: &str = "sk-live-do-not-print-4242";
@@ -715,6 +822,30 @@ async fn listening_beyond_loopback_needs_a_token() {
 
 /// An HTTP upstream that restarts forgets its sessions (404); the gateway opens a new
 /// one and replays the call, and its client sees an ordinary answer.
+/// Beyond loopback with only the clients' token, the operator is warned that every client
+/// may read what every other did (`/status`, `/metrics`), and that no Host name but
+/// loopback's is allowed; with an operator token, not the first.
+#[tokio::test]
+async fn beyond_loopback_without_an_operator_token_the_operator_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}}).to_string()).unwrap();
+    let spawn = |operator: &'static str| {
+        let (path, log) = (path.clone(), std::sync::Arc::new(std::sync::Mutex::new(String::new())));
+        async move {
+            let env = [("REBOUND_AUTH_TOKEN", TOKEN), ("REBOUND_OPERATOR_TOKEN", operator)];
+            (HttpGateway::spawn(&path, "0.0.0.0:0", &env, log.clone()).await, log)
+        }
+    };
+    let warning = "no operator token set: every client with the gateway's token may read /status and /metrics";
+    let (_gw, log) = spawn("").await;
+    rebound_tests::logged(&log, warning).await;
+    rebound_tests::logged(&log, "only loopback Host names are allowed").await;
+    let (_gw, log) = spawn(OPERATOR).await;
+    rebound_tests::logged(&log, "only loopback Host names are allowed").await;
+    assert!(!log.lock().unwrap().contains("no operator token set"), "{}", log.lock().unwrap());
+}
+
 #[tokio::test]
 async fn an_expired_upstream_session_is_reinitialised_without_the_client_noticing() {
     let inner_dir = tempfile::tempdir().unwrap();
@@ -901,6 +1032,10 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         let status = reqwest::get(format!("{}/status", gw.base)).await.expect("answered");
         let gateway = status.json::<Value>().await.unwrap()["gateway"].clone();
         assert_eq!((gateway["ready"].as_bool(), gateway["shutting_down"].as_bool()), (Some(false), Some(true)));
+        let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("answered");
+        assert_eq!(metrics.status(), StatusCode::OK, "the metrics are still read");
+        let metrics = metrics.text().await.unwrap();
+        assert!(metrics.lines().any(|l| l == r#"rebound_server_status{server="a",status="ready"} 1"#), "{metrics}");
         refused
     };
     let (slow, hang, refused) = tokio::join!(slow, hang, term);
@@ -910,6 +1045,42 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     assert!(refused.expect("refused at once").is_err(), "a call was taken after SIGTERM");
     let mut gw = gw;
     let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// While the gateway drains, a client may still cancel a call it has in flight (a
+/// notification, not a new request): the cancellation reaches the server, and the call
+/// no longer holds the shutdown.
+#[tokio::test]
+async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"shutdown_grace_ms": 600_000}}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let request = rmcp::model::CallToolRequest::new(CallToolRequestParams::new("hang"));
+    let handle = client
+        .peer()
+        .send_cancellable_request(
+            rmcp::model::ClientRequest::CallToolRequest(request),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
+    let pid = gw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    gw.logged("shutting down: waiting up to").await;
+    handle.cancel(Some("changed my mind".into())).await.unwrap();
+    eventually("notifications/cancelled upstream", || gw.state("a", "cancelled").len() == 1).await;
+    // Nothing is in flight any more: the gateway exits without waiting out its grace.
+    let mut gw = gw;
+    let status = gw.child.wait().await.unwrap();
     assert!(status.success(), "{status}");
 }
 
@@ -1144,6 +1315,47 @@ async fn the_status_document_and_rebound_status_in_a_terminal() {
     assert_eq!(&cells[..6], ["a", "green", "ready", "closed", "0", "2"], "{table}");
     let (ok, refused) = status(None);
     assert!(!ok && refused.contains("the gateway wants its token"), "{refused}");
+}
+
+/// `rebound status` takes its token from `--token`, else `REBOUND_OPERATOR_TOKEN`, else
+/// `REBOUND_AUTH_TOKEN` (an empty one is no token), and prints the document with `--json`.
+#[tokio::test]
+async fn rebound_status_finds_its_token_in_the_environment_and_prints_json() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let http = json!({"auth_token": TOKEN, "operator_token": OPERATOR});
+            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": http}})
+        },
+        &[],
+    )
+    .await;
+    let status = |url: &str, args: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(rebound_tests::bin("rebound"))
+            .args(["status", "--url", url])
+            .args(args)
+            .env_remove("REBOUND_AUTH_TOKEN")
+            .env_remove("REBOUND_OPERATOR_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let said = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (out.status.success(), said(&out.stdout), said(&out.stderr))
+    };
+    let url = format!("{}/", gw.base);
+    let (ok, out, err) =
+        status(&url, &["--json"], &[("REBOUND_OPERATOR_TOKEN", OPERATOR), ("REBOUND_AUTH_TOKEN", TOKEN)]);
+    assert!(ok, "{err}");
+    let doc: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("--json prints JSON ({e}): {out}"));
+    assert_eq!((doc["schema"].as_u64(), doc["servers"][0]["name"].as_str()), (Some(1), Some("a")), "{doc}");
+    let (ok, _, err) = status(&url, &["--json"], &[("REBOUND_OPERATOR_TOKEN", ""), ("REBOUND_AUTH_TOKEN", OPERATOR)]);
+    assert!(ok, "an empty REBOUND_OPERATOR_TOKEN falls back to REBOUND_AUTH_TOKEN: {err}");
+    let (ok, _, err) = status(&url, &[], &[("REBOUND_OPERATOR_TOKEN", TOKEN)]);
+    assert!(!ok && err.contains("the gateway wants its token"), "the clients' token is not the operator's: {err}");
+    let (ok, _, err) = status(&url, &["--token", TOKEN], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
+    assert!(!ok && err.contains("the gateway wants its token"), "--token comes first: {err}");
+    drop(gw);
+    let (ok, _, err) = status(&url, &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
+    assert!(!ok && err.contains("cannot reach the gateway at"), "{err}");
 }
 
 /// A client on 2026-07-28 that listens the moment the gateway starts, before its server's

@@ -206,7 +206,12 @@ async fn a_session_servers_adapter_faults_count_across_sessions() {
     assert_eq!(adapter["faults"], 3, "{doc}");
     assert!(adapter["quarantined_for_ms"].as_u64().is_some(), "{doc}");
     let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
-    assert!(metrics.contains(r#"rebound_plugin_quarantined{server="a",adapter="misbehave"} 1"#), "{metrics}");
+    for line in [
+        r#"rebound_plugin_quarantined{server="a",adapter="misbehave"} 1"#,
+        r#"rebound_plugin_faults_total{server="a",adapter="misbehave"} 3"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no `{line}` in:\n{metrics}");
+    }
 }
 
 /// Makes `a`'s adapter classify (it loops), and says how it is.

@@ -462,13 +462,15 @@ impl Hub {
         self.life.operated
     }
 
-    /// Notes a reload's outcome (its text capped: the status may go to a model).
+    /// Notes a reload's outcome, its text capped (the status may go to a model), and
+    /// redacted as it is cut so that no cut leaves the start of a secret.
     pub fn reloaded(&self, outcome: ReloadOutcome) {
-        let cap = |text: String| crate::text::capped(&text, 2 << 10);
+        let secrets = self.setup().secrets.clone();
+        let capped = |text: &str, max| secrets.redact_capped(text, max);
+        let cap = |text: String| capped(&text, 2 << 10);
         let outcome = match outcome {
             ReloadOutcome::Applied { changes, warnings } => {
-                let warnings =
-                    warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(|w| crate::text::capped(&w, 512)).collect();
+                let warnings = warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(|w| capped(&w, 512)).collect();
                 ReloadOutcome::Applied { changes: cap(changes), warnings }
             }
             ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),

@@ -11,7 +11,8 @@
 //! `DIR/calls` with the name of every tool called, `DIR/late` with what `sample_late` was answered, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
 //! way the real servers do, see `emulate`), `--list-delay MS` (answers `tools/list` that late), `--start-delay MS` (reads nothing
-//! for that long, a slow start), `--exit-after-ms MS` (dies that long after starting,
+//! for that long, a slow start), `--start-gate FILE` (reads nothing until FILE exists, at
+//! every start: a start the test ends when it wants), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop), `--tasks` (runs a call as an MCP 2025-11-25 task when the
 //! call asks, see `tasks`; and lists `research`, which runs only as one).
 
@@ -61,6 +62,7 @@ async fn main() {
     let mut crash_after = None;
     let mut state = None;
     let mut start_delay = 0;
+    let mut start_gate: Option<std::path::PathBuf> = None;
     let mut emulate = None;
     let mut mute_lists = false;
     let mut list_delay = Duration::ZERO;
@@ -100,6 +102,7 @@ async fn main() {
             }
             "--emulate" => emulate = Some(value()),
             "--start-delay" => start_delay = value().parse().expect("--start-delay takes milliseconds"),
+            "--start-gate" => start_gate = Some(value().into()),
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             // Initialises, then never answers `tools/list`: a start that never completes.
             "--mute-lists" => mute_lists = true,
@@ -139,6 +142,9 @@ async fn main() {
         });
     }
     tokio::time::sleep(Duration::from_millis(start_delay)).await;
+    while start_gate.as_deref().is_some_and(|gate| !gate.exists()) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let server = Arc::new(Server {
         name,
         emulate,
