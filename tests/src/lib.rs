@@ -138,6 +138,16 @@ pub struct Gateway {
     pub log: Arc<Mutex<String>>,
 }
 
+/// The `rebound` binary, without the settings of the environment the tests run in that
+/// would change what a test sees: its log filter and its tokens (which win over the file).
+fn rebound() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(bin("rebound"));
+    for setting in ["REBOUND_LOG", "REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"] {
+        command.env_remove(setting);
+    }
+    command
+}
+
 impl Gateway {
     /// Writes `config` to a fresh folder and serves it. `config` may refer to the folder
     /// as `$DIR` in strings.
@@ -150,7 +160,7 @@ impl Gateway {
 
     /// Serves the config file at `path`; `dir` is kept for the gateway's lifetime.
     pub async fn serve(path: &Path, dir: tempfile::TempDir) -> Self {
-        let mut child = tokio::process::Command::new(bin("rebound"))
+        let mut child = rebound()
             .args(["serve", "--config"])
             .arg(path)
             .stdin(Stdio::piped())
@@ -254,7 +264,7 @@ impl HttpGateway {
     /// the address it listens on. Its log goes to `log` and to the test's output.
     pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)], log: Arc<Mutex<String>>) -> (Child, String) {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut child = tokio::process::Command::new(bin("rebound"))
+        let mut child = rebound()
             .args(["serve", "--http", addr, "--config"])
             .arg(path)
             .envs(env.iter().copied())
@@ -287,6 +297,13 @@ impl HttpGateway {
 
     pub fn url(&self) -> String {
         format!("{}/mcp", self.base)
+    }
+
+    /// Sends the gateway SIGTERM, as a service manager stops it.
+    pub fn sigterm(&self) {
+        let pid = self.child.id().expect("still running").to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(sent.success(), "SIGTERM to {pid}");
     }
 
     /// Lines of a faulty server's state file (`starts`, `calls`).

@@ -820,8 +820,6 @@ async fn listening_beyond_loopback_needs_a_token() {
     assert!(stderr.contains("no token is set") && stderr.contains("REBOUND_AUTH_TOKEN"), "{stderr}");
 }
 
-/// An HTTP upstream that restarts forgets its sessions (404); the gateway opens a new
-/// one and replays the call, and its client sees an ordinary answer.
 /// Beyond loopback with only the clients' token, the operator is warned that every client
 /// may read what every other did (`/status`, `/metrics`), and that no Host name but
 /// loopback's is allowed; with an operator token, not the first.
@@ -843,9 +841,13 @@ async fn beyond_loopback_without_an_operator_token_the_operator_is_warned() {
     rebound_tests::logged(&log, "only loopback Host names are allowed").await;
     let (_gw, log) = spawn(OPERATOR).await;
     rebound_tests::logged(&log, "only loopback Host names are allowed").await;
+    // Logged after the checks, through the same writer.
+    rebound_tests::logged(&log, "serving streamable HTTP at").await;
     assert!(!log.lock().unwrap().contains("no operator token set"), "{}", log.lock().unwrap());
 }
 
+/// An HTTP upstream that restarts forgets its sessions (404); the gateway opens a new
+/// one and replays the call, and its client sees an ordinary answer.
 #[tokio::test]
 async fn an_expired_upstream_session_is_reinitialised_without_the_client_noticing() {
     let inner_dir = tempfile::tempdir().unwrap();
@@ -997,7 +999,7 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         |dir| {
             let mut a = faulty("a", dir, &[]);
             a["recovery"] = json!({"timeout_ms": 60000, "retry": {"max_attempts": 1}});
-            json!({"mcpServers": {"a": a}, "rebound": {"http": {"shutdown_grace_ms": 1500}}})
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"shutdown_grace_ms": 4000}}})
         },
         &[],
     )
@@ -1011,8 +1013,7 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     let term = async {
         let in_flight = || ["slow", "hang"].iter().all(|t| gw.state("a", "calls").contains(&t.to_string()));
         eventually("both calls in flight", in_flight).await;
-        let pid = gw.child.id().unwrap().to_string();
-        std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        gw.sigterm();
         gw.logged("shutting down: waiting up to").await;
         // Nor a new event stream.
         let stream = reqwest::Client::new().get(gw.url()).header("accept", "text/event-stream").send().await.unwrap();
@@ -1073,14 +1074,14 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
         .await
         .unwrap();
     eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
-    let pid = gw.child.id().unwrap().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    gw.sigterm();
     gw.logged("shutting down: waiting up to").await;
     handle.cancel(Some("changed my mind".into())).await.unwrap();
     eventually("notifications/cancelled upstream", || gw.state("a", "cancelled").len() == 1).await;
     // Nothing is in flight any more: the gateway exits without waiting out its grace.
     let mut gw = gw;
-    let status = gw.child.wait().await.unwrap();
+    let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
+    let status = exited.expect("exits long before its grace is over").unwrap();
     assert!(status.success(), "{status}");
 }
 
@@ -1095,8 +1096,7 @@ async fn on_sigterm_open_listens_end_and_do_not_hold_the_shutdown() {
     .await;
     let mut open = listen(&gw, 1, "faulty://a/readme").send().await.unwrap();
     assert_eq!(open.status(), StatusCode::OK);
-    let pid = gw.child.id().unwrap().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    gw.sigterm();
     let mut gw = gw;
     let status =
         tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await.expect("exits, not after ten minutes");
@@ -1129,8 +1129,7 @@ async fn on_sigterm_a_call_its_client_left_is_ended_and_logged() {
     });
     left.await.unwrap();
     drop(client); // its connection closes; the call goes on
-    let pid = gw.child.id().unwrap().to_string();
-    std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    gw.sigterm();
     let mut gw = gw;
     let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");
@@ -1353,8 +1352,9 @@ async fn rebound_status_finds_its_token_in_the_environment_and_prints_json() {
     assert!(!ok && err.contains("the gateway wants its token"), "the clients' token is not the operator's: {err}");
     let (ok, _, err) = status(&url, &["--token", TOKEN], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
     assert!(!ok && err.contains("the gateway wants its token"), "--token comes first: {err}");
-    drop(gw);
-    let (ok, _, err) = status(&url, &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
+    // A port nothing listens on: one just given back.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (ok, _, err) = status(&format!("http://{closed}"), &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
     assert!(!ok && err.contains("cannot reach the gateway at"), "{err}");
 }
 

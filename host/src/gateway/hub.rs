@@ -166,11 +166,12 @@ impl Hub {
     /// replace anything, so that a relaunched server's tools never leave the catalogue;
     /// the instances replaced or removed finish their calls in flight (each within its
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
-    pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Changes {
+    /// Nothing is applied once shutdown has begun (`None`): what this would start, nothing
+    /// would stop.
+    pub async fn apply(self: &Arc<Self>, config: Config, plugins: Prepared) -> Option<Changes> {
         let current = self.setup();
-        // Shutting down: what this would start, nothing would stop.
         if self.life.closing.is_cancelled() {
-            return Changes::default();
+            return None;
         }
         // A server launched anew (added, or its launch or protocol changed) is asked what
         // it speaks.
@@ -221,7 +222,7 @@ impl Hub {
                 handle.shutdown().await;
             });
         }
-        changes
+        Some(changes)
     }
 
     /// The clients' subscriptions to each relaunched server move to its new instance once

@@ -92,13 +92,14 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     .await
     .map_err(|e| Refused::Loading(e.to_string()))?;
     if let Some((server, adapter, reason)) = plugins.failures.first() {
-        return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason: reason.clone() });
+        // The refusal is logged and shown: hidden in it is what is secret in either file.
+        let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
+        let reason = secrets.redact(reason).into_owned();
+        return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason });
     }
     // Loading may take a while: shutdown may have begun meanwhile.
-    if hub.closing().is_cancelled() {
-        return Err(Refused::ShuttingDown);
-    }
-    Ok((hub.apply(config, plugins).await, warnings))
+    let changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
+    Ok((changes, warnings))
 }
 
 /// Watches `path` and the configured `plugins_dir`, and reloads on each change or when

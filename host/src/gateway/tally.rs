@@ -36,8 +36,11 @@ impl<K: Eq + Hash, V: Amount> Tally<K, V> {
         self.by_key.get(key).copied().unwrap_or_default()
     }
 
-    /// Adds `amount` to what `key` holds.
+    /// Adds `amount` to what `key` holds (nothing keeps no key).
     pub fn add(&mut self, key: K, amount: V) {
+        if amount == V::default() {
+            return;
+        }
         *self.by_key.entry(key).or_default() += amount;
     }
 
@@ -77,6 +80,7 @@ mod tests {
         tally.add("a".into(), 3);
         tally.add("a".into(), 2);
         tally.add("b".into(), 1);
+        tally.add("c".into(), 0);
         assert_eq!((tally.of("a"), tally.of("b"), tally.of("c")), (5, 1, 0));
         tally.take_back("a", 3);
         assert_eq!((tally.of("a"), tally.len()), (2, 2));
