@@ -178,6 +178,8 @@ impl ErrorsLog {
             };
             let kind = match failure {
                 Failure::Rpc { code: -32001, .. } => "mcp_abort_error".to_owned(),
+                // A bug of Rebound's (a panic caught in the call), as one caught outside it is.
+                Failure::Internal { .. } => "mcp_internal_error".to_owned(),
                 _ => category_type(class),
             };
             let entry = json!({
@@ -516,6 +518,10 @@ mod tests {
     fn record(recovered: bool) -> Record {
         let failure =
             Failure::Rpc { code: -32001, message: "AbortError: The operation was aborted".into(), data: None };
+        record_of(failure, recovered)
+    }
+
+    fn record_of(failure: Failure, recovered: bool) -> Record {
         let class = classify(&failure, SystemTime::UNIX_EPOCH);
         let mut attempts = vec![AttemptRecord {
             server: "lean".into(),
@@ -584,6 +590,22 @@ mod tests {
         assert_eq!(e["fix_status"], "recovered");
         assert_eq!(entries[1]["fix_status"], "unfixed");
         assert_eq!(log.recent().len(), 2);
+    }
+
+    /// A panic caught inside a call is a bug of Rebound's, under the one type the README
+    /// names for them.
+    #[tokio::test]
+    async fn a_panic_caught_in_a_call_is_an_internal_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
+        let panicked = Failure::Internal { reason: "a bug in the call path".into() };
+        log.record(&record_of(panicked, false), "sess_1", SystemTime::UNIX_EPOCH);
+        let entry = &lines(&path, 1).await[0];
+        assert_eq!(
+            (entry["type"].as_str(), entry["severity"].as_str()),
+            (Some("mcp_internal_error"), Some("critical"))
+        );
     }
 
     /// A server's crash, failed start and marking down are entries too: of the session

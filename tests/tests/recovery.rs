@@ -368,6 +368,31 @@ async fn a_per_tool_outage_leaves_the_servers_other_tools_untouched() {
     gw.close().await;
 }
 
+/// A failure is read without what the call sent: a tool that echoes its arguments in its
+/// error cannot be made to report an outage and open a breaker. The same words said by
+/// the server itself do.
+#[tokio::test]
+async fn a_failure_that_echoes_the_call_cannot_open_a_breaker() {
+    let gw =
+        Gateway::start(|d| config(d, json!({"retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}}))).await;
+    let outage = "503 Service Unavailable";
+    for _ in 0..4 {
+        let r = gw.call("fail", json!({"message": outage})).await;
+        assert_eq!(r.is_error, Some(true), "{r:?}");
+        assert!(!text(&r).contains("circuit breaker"), "{}", text(&r));
+    }
+    assert_eq!(calls_of(&gw, "fail"), 4, "every call reached the server");
+    // The server says it: an outage, and the breaker opens on the second.
+    let said: String = outage.chars().rev().collect();
+    let mut last = String::new();
+    for _ in 0..3 {
+        last = text(&gw.call("fail", json!({"message": said, "reversed": true})).await);
+    }
+    assert!(last.contains("circuit breaker"), "{last}");
+    assert_eq!(calls_of(&gw, "fail"), 6);
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_huge_retry_after_answers_the_call_and_the_gateway_stays_up() {
     let gw = Gateway::start(|d| {

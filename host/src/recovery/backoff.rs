@@ -50,6 +50,7 @@ mod tests {
             let d = full_jitter(&c, n, unit);
             let bound = ceiling(&c, n);
             prop_assert!(d <= bound);
+            prop_assert_eq!(d, bound.mul_f64(unit), "the draw scales the whole bound");
             prop_assert!(bound <= Duration::from_millis(cap));
             let exact = (initial.min(cap) as f64) * multiplier.powi(n.min(i32::MAX as u32) as i32);
             if exact.is_finite() && exact < cap as f64 {

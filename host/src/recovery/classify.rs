@@ -483,9 +483,11 @@ mod tests {
         check(http(502, None), Transport, true, true, false);
         check(http(500, None), Transport, true, true, false);
         check(http(401, None), Configuration, false, false, false);
+        check(http(403, None), Configuration, false, false, false);
         check(http(404, None), Configuration, false, false, false);
         check(http(400, None), Protocol, false, false, false);
         check(http(408, None), Transport, true, false, false);
+        check(http(425, None), Transport, true, false, false);
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         assert_eq!(classify(&http(429, Some("2")), now).retry_after, Some(Duration::from_secs(2)));
         let date = httpdate::fmt_http_date(now + Duration::from_secs(30));

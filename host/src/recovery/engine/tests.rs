@@ -168,6 +168,31 @@ async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_b
     assert!(second_wait <= Duration::from_secs(2), "{second_wait:?}");
 }
 
+/// Full jitter: each wait is drawn over the whole of its bound, from nothing up, and the
+/// bound grows with each retry; not a fixed wait, nor one always at its bound.
+#[tokio::test(start_paused = true)]
+async fn retry_waits_spread_over_their_whole_growing_bound() {
+    const CALLS: usize = 50;
+    let lost = || Err(Failure::ConnectionLost { reason: "eof".into() });
+    let answers = (0..CALLS).flat_map(|_| [lost(), lost(), ok("third time")]).collect();
+    let up = Script::new(&[("s/read", true)]).then("s/read", answers);
+    let mut recovery = defaults();
+    recovery.retry.budget_reserve = 1_000;
+    recovery.breaker.min_calls = u32::MAX;
+    let e = engine(&[server("s", recovery)]);
+    for _ in 0..CALLS {
+        assert_eq!(answered(&run(&e, &up, "read").await.0), "third time");
+    }
+    let at: Vec<Instant> = up.calls("s/read").into_iter().map(|c| c.0).collect();
+    let waits = |retry: usize| -> Vec<Duration> { at.chunks(3).map(|call| call[retry + 1] - call[retry]).collect() };
+    let (first, second) = (waits(0), waits(1));
+    let min_max = |w: &[Duration]| (*w.iter().min().unwrap(), *w.iter().max().unwrap());
+    let ((min1, max1), (_, max2)) = (min_max(&first), min_max(&second));
+    assert!(max1 <= Duration::from_secs(1) && max2 <= Duration::from_secs(2), "within U(0, 1 s), U(0, 2 s)");
+    assert!(min1 < Duration::from_millis(200) && max1 > Duration::from_millis(800), "{first:?}");
+    assert!(max2 > Duration::from_millis(1200), "the second bound is twice the first: {second:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_tool_without_hints_is_not_replayed_after_it_may_have_run() {
     let up = Script::new(&[("s/write", false)]).then("s/write", vec![timeout()]);
