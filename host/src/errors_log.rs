@@ -95,9 +95,14 @@ fn kept(entry: &Value) -> Value {
     entry
 }
 
-/// An entry's `type` for a failure of `class`: `mcp_` and its category.
+/// An entry's `type` for a failure of `class`: `mcp_` and its category; `mcp_other` for
+/// a category an adapter named (its name is in `context.category`), so that no adapter
+/// can write a type of the gateway's own (`mcp_internal_error`, `mcp_server_down`).
 fn category_type(class: &Classification) -> String {
-    format!("mcp_{}", class.category.as_str().replace('-', "_"))
+    match &class.category {
+        crate::recovery::classify::Category::Other(_) => "mcp_other".to_owned(),
+        category => format!("mcp_{}", category.as_str().replace('-', "_")),
+    }
 }
 
 fn push_bounded(entries: &mut VecDeque<Value>, entry: Value, max: usize) {
@@ -595,7 +600,7 @@ mod tests {
     /// A panic caught inside a call is a bug of Rebound's, under the one type the README
     /// names for them.
     #[tokio::test]
-    async fn a_panic_caught_in_a_call_is_an_internal_error() {
+    async fn a_panic_caught_in_a_call_is_an_internal_error_and_only_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("errors.jsonl");
         let log = ErrorsLog::start(path.clone(), 1 << 20, Secrets::default());
@@ -606,6 +611,14 @@ mod tests {
             (entry["type"].as_str(), entry["severity"].as_str()),
             (Some("mcp_internal_error"), Some("critical"))
         );
+        // An adapter naming its own category cannot pass for one.
+        let mut forged = record_of(Failure::Rpc { code: -32603, message: "x".into(), data: None }, false);
+        let class = forged.attempts[0].classification.as_mut().unwrap();
+        class.category = crate::recovery::classify::Category::Other("internal_error".into());
+        log.record(&forged, "sess_1", SystemTime::UNIX_EPOCH);
+        let entry = &lines(&path, 2).await[1];
+        let (kind, named) = (entry["type"].as_str(), entry["context"]["category"].as_str());
+        assert_eq!((kind, named), (Some("mcp_other"), Some("internal_error")));
     }
 
     /// A server's crash, failed start and marking down are entries too: of the session

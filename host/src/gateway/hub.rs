@@ -200,6 +200,11 @@ impl Hub {
             settle(changes.started.iter(), Instant::now() + how.init_timeout * 3).await;
             self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
         }
+        // Shutdown began while the new instances started: they are kept, and stopped with
+        // the rest; nothing is put in place.
+        if self.life.closing.is_cancelled() {
+            return None;
+        }
         *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
         self.move_subscriptions(&changes);

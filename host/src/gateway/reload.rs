@@ -67,9 +67,13 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     let failed =
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
     let config = loaded.map_err(failed)??;
+    let current = hub.setup();
+    // What loading its plugins logs (an adapter's fault may quote its configuration) is
+    // redacted with the new file's secrets too, applied or not.
+    let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
+    crate::redact::redact_logs(secrets.clone());
     config.log_warnings();
     let warnings = config.warnings.clone();
-    let current = hub.setup();
     if config.settings.http != current.config.settings.http
         || config.settings.errors_log != current.config.settings.errors_log
         || config.settings.errors_log_max_bytes != current.config.settings.errors_log_max_bytes
@@ -93,7 +97,6 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     .map_err(|e| Refused::Loading(e.to_string()))?;
     if let Some((server, adapter, reason)) = plugins.failures.first() {
         // The refusal is logged and shown: hidden in it is what is secret in either file.
-        let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
         let reason = secrets.redact(reason).into_owned();
         return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason });
     }

@@ -241,7 +241,8 @@ pub struct Record {
     /// Steps of the adapter's plans that were refused, in order.
     pub denied: Vec<Denied>,
     /// Alternatives and side calls not made because their server does not offer them
-    /// now (a fallback's server that never started, or is restarting), in order.
+    /// now (a fallback's server with no session yet: never started, or still starting;
+    /// one restarting after a crash is tried, and waited for), in order.
     pub not_tried: Vec<NotTried>,
 }
 

@@ -567,8 +567,8 @@ async fn no_retry_is_spent_on_an_attempt_a_breaker_would_refuse() {
     assert!(stopped.contains("`s/b` was skipped: the server's circuit breaker is open"), "{stopped}");
 }
 
-/// A configured fallback its server does not offer now (one that never started, or is
-/// restarting) is not tried, and the report says so and why.
+/// A configured fallback its server does not offer now (its server has had no session
+/// yet) is not tried, and the report says so and why.
 #[tokio::test(start_paused = true)]
 async fn a_fallback_its_server_does_not_offer_is_reported_not_tried() {
     let mut r = one_attempt();
