@@ -37,6 +37,13 @@ def gateway_config(tmp_path):
     return path, tmp_path / "state"
 
 
+def gateway_env():
+    """This environment without what would change what a test sees of the gateway: its
+    log filter and its tokens (which win over the configuration file)."""
+    unset = {"REBOUND_LOG", "REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"}
+    return {k: v for k, v in os.environ.items() if k not in unset}
+
+
 @contextlib.contextmanager
 def serve_http(config, log, token):
     """Runs `rebound serve --http` on a free loopback port; yields its /mcp URL and pid."""
@@ -44,7 +51,7 @@ def serve_http(config, log, token):
         proc = subprocess.Popen(
             [str(BIN / "rebound"), "serve", "--config", str(config), "--http", "127.0.0.1:0"],
             stderr=sink,
-            env={**os.environ, "REBOUND_AUTH_TOKEN": token},
+            env={**gateway_env(), "REBOUND_AUTH_TOKEN": token},
         )
     try:
         deadline = time.monotonic() + 30

@@ -4,10 +4,9 @@ runs on its servers, and tasks a server asks the client to run."""
 
 import concurrent.futures
 import json
-import os
 import subprocess
 
-from conftest import BIN, EVERYTHING, ROOT, serve_http, server_on_a_port
+from conftest import BIN, EVERYTHING, ROOT, gateway_env, serve_http, server_on_a_port
 
 NODE = ROOT / "tests" / "node" / "node_modules" / ".bin" / "node"
 CLIENT = ROOT / "tests" / "node" / "tasks-client.mjs"
@@ -22,7 +21,7 @@ def drive(mode, *server):
         capture_output=True,
         text=True,
         timeout=90,
-        env={**os.environ, "REBOUND_AUTH_TOKEN": TOKEN},
+        env={**gateway_env(), "REBOUND_AUTH_TOKEN": TOKEN},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -140,8 +140,8 @@ pub struct Gateway {
 
 /// The `rebound` binary, without the settings of the environment the tests run in that
 /// would change what a test sees: its log filter and its tokens (which win over the file).
-fn rebound() -> tokio::process::Command {
-    let mut command = tokio::process::Command::new(bin("rebound"));
+pub fn rebound() -> std::process::Command {
+    let mut command = std::process::Command::new(bin("rebound"));
     for setting in ["REBOUND_LOG", "REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"] {
         command.env_remove(setting);
     }
@@ -160,7 +160,7 @@ impl Gateway {
 
     /// Serves the config file at `path`; `dir` is kept for the gateway's lifetime.
     pub async fn serve(path: &Path, dir: tempfile::TempDir) -> Self {
-        let mut child = rebound()
+        let mut child = tokio::process::Command::from(rebound())
             .args(["serve", "--config"])
             .arg(path)
             .stdin(Stdio::piped())
@@ -264,7 +264,7 @@ impl HttpGateway {
     /// the address it listens on. Its log goes to `log` and to the test's output.
     pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)], log: Arc<Mutex<String>>) -> (Child, String) {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut child = rebound()
+        let mut child = tokio::process::Command::from(rebound())
             .args(["serve", "--http", addr, "--config"])
             .arg(path)
             .envs(env.iter().copied())

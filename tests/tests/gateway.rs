@@ -217,12 +217,15 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
 
 /// A tool that reports progress may run past its `timeout_ms`
 /// (`recovery.progress_extends_timeout`, on by default): each progress notification starts
-/// the timeout again. Without progress the same call times out.
+/// the timeout again. Without progress the same call times out, and so does one with
+/// progress where the setting is off.
 #[tokio::test]
 async fn progress_keeps_a_long_call_alive_past_its_timeout() {
     let gw = Gateway::start(|dir| {
         let mut c = two_faulty(dir);
         c["mcpServers"]["a"]["recovery"] = json!({"timeout_ms": 1000, "retry": {"max_attempts": 1}});
+        c["mcpServers"]["b"]["recovery"] =
+            json!({"timeout_ms": 1000, "progress_extends_timeout": false, "retry": {"max_attempts": 1}});
         c
     })
     .await;
@@ -232,6 +235,10 @@ async fn progress_keeps_a_long_call_alive_past_its_timeout() {
     let silent = gw.call("a__slow", json!({"ms": 3000})).await;
     assert_eq!(silent.is_error, Some(true));
     assert!(text(&silent).contains("(timeout)"), "{}", text(&silent));
+    // Turned off, progress keeps nothing alive.
+    let unextended = gw.call("b__slow", json!({"ms": 3000, "steps": 11})).await;
+    assert_eq!(unextended.is_error, Some(true));
+    assert!(text(&unextended).contains("(timeout)"), "{}", text(&unextended));
     gw.close().await;
 }
 
@@ -817,7 +824,7 @@ impl RawStdio {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rebound.json");
         std::fs::write(&path, config(dir.path()).to_string()).unwrap();
-        let mut child = tokio::process::Command::new(rebound_tests::bin("rebound"))
+        let mut child = tokio::process::Command::from(rebound_tests::rebound())
             .args(["serve", "--config"])
             .arg(&path)
             .stdin(std::process::Stdio::piped())

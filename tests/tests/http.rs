@@ -810,9 +810,10 @@ async fn listening_beyond_loopback_needs_a_token() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("rebound.json");
     std::fs::write(&config, json!({"mcpServers": {"a": faulty("a", dir.path(), &[])}}).to_string()).unwrap();
-    let out = tokio::process::Command::new(rebound_tests::bin("rebound"))
+    let out = tokio::process::Command::from(rebound_tests::rebound())
         .args(["serve", "--http", "0.0.0.0:0", "--config"])
         .arg(&config)
+        .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(30), out).await.expect("exits at once").unwrap();
     assert!(!out.status.success());
@@ -1050,8 +1051,7 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
 }
 
 /// While the gateway drains, a client may still cancel a call it has in flight (a
-/// notification, not a new request): the cancellation reaches the server, and the call
-/// no longer holds the shutdown.
+/// notification, not a new request): the call ends, and no longer holds the shutdown.
 #[tokio::test]
 async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     let gw = HttpGateway::start(
@@ -1077,7 +1077,9 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     gw.sigterm();
     gw.logged("shutting down: waiting up to").await;
     handle.cancel(Some("changed my mind".into())).await.unwrap();
-    eventually("notifications/cancelled upstream", || gw.state("a", "cancelled").len() == 1).await;
+    // (Whether the server hears of it before the gateway stops it is a race the server
+    // loses either way: it is stopped.)
+    gw.logged("call failed: cancelled by the client").await;
     // Nothing is in flight any more: the gateway exits without waiting out its grace.
     let mut gw = gw;
     let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
@@ -1296,8 +1298,8 @@ async fn the_status_document_and_rebound_status_in_a_terminal() {
     assert!(page.text().await.unwrap().contains("<title>Rebound status</title>"));
 
     let status = |token: Option<&str>| {
-        let mut cmd = std::process::Command::new(rebound_tests::bin("rebound"));
-        cmd.args(["status", "--url", &format!("{}/mcp", gw.base)]).env_remove("REBOUND_AUTH_TOKEN");
+        let mut cmd = rebound_tests::rebound();
+        cmd.args(["status", "--url", &format!("{}/mcp", gw.base)]);
         if let Some(token) = token {
             cmd.args(["--token", token]);
         }
@@ -1329,11 +1331,9 @@ async fn rebound_status_finds_its_token_in_the_environment_and_prints_json() {
     )
     .await;
     let status = |url: &str, args: &[&str], env: &[(&str, &str)]| {
-        let out = std::process::Command::new(rebound_tests::bin("rebound"))
+        let out = rebound_tests::rebound()
             .args(["status", "--url", url])
             .args(args)
-            .env_remove("REBOUND_AUTH_TOKEN")
-            .env_remove("REBOUND_OPERATOR_TOKEN")
             .envs(env.iter().copied())
             .output()
             .unwrap();
@@ -1352,8 +1352,10 @@ async fn rebound_status_finds_its_token_in_the_environment_and_prints_json() {
     assert!(!ok && err.contains("the gateway wants its token"), "the clients' token is not the operator's: {err}");
     let (ok, _, err) = status(&url, &["--token", TOKEN], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
     assert!(!ok && err.contains("the gateway wants its token"), "--token comes first: {err}");
-    // A port nothing listens on: one just given back.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    // A port nothing listens on: bound, and so kept from anyone else, but not listening.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let closed = socket.local_addr().unwrap();
     let (ok, _, err) = status(&format!("http://{closed}"), &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
     assert!(!ok && err.contains("cannot reach the gateway at"), "{err}");
 }

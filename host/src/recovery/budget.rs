@@ -175,6 +175,25 @@ mod tests {
         assert_eq!(b.withdraw(Blame::Server), Err(Spent::Server));
     }
 
+    /// At most [`MAX_CLIENT_BUDGETS`] clients have a budget of their own: past it, a full
+    /// one (its calls have topped it up since it last retried) makes room, and while none
+    /// is full a new client retries on the server's budget alone.
+    #[test]
+    fn client_budgets_are_bounded_and_full_ones_make_room() {
+        let b = Budgets::new(1.0, 100_000);
+        for client in 0..MAX_CLIENT_BUDGETS as u64 {
+            assert_eq!(b.withdraw(Blame::Client(client)), Ok(()));
+        }
+        let newcomer = Blame::Client(u64::MAX);
+        assert_eq!(b.withdraw(newcomer), Ok(()), "on the server's budget alone");
+        assert!(!b.clients.lock().unwrap().contains_key(&u64::MAX), "no budget of its own");
+        b.deposit(Blame::Client(0));
+        assert_eq!(b.withdraw(newcomer), Ok(()));
+        let clients = b.clients.lock().unwrap();
+        assert!(clients.contains_key(&u64::MAX) && !clients.contains_key(&0), "client 0, full, made room");
+        assert_eq!(clients.len(), MAX_CLIENT_BUDGETS);
+    }
+
     #[test]
     fn occasional_failures_always_find_budget() {
         let b = RetryBudget::new(0.2, 10);

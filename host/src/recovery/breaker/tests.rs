@@ -116,6 +116,23 @@ async fn a_failed_probe_reopens_for_longer_up_to_the_cap() {
     }
 }
 
+/// Breakers opened together (in many gateways, or for many tools) do not all probe the
+/// server at once: each opening lasts 80–100% of its time, drawn at random.
+#[tokio::test(start_paused = true)]
+async fn breakers_opened_together_probe_at_different_times() {
+    let config = BreakerConfig { open_ms: 1_000, ..BreakerConfig::default() };
+    let opened_for: Vec<u128> = (0..20)
+        .map(|seed| {
+            let b = Breaker::new(config, Arc::new(TokioClock), Arc::new(Rng::seeded(seed)));
+            fail(&b, 5);
+            b.admit().expect_err("open").as_millis()
+        })
+        .collect();
+    assert!(opened_for.iter().all(|ms| (800..=1000).contains(ms)), "{opened_for:?}");
+    let spread = opened_for.iter().max().unwrap() - opened_for.iter().min().unwrap();
+    assert!(spread >= 100, "spread over the last fifth: {opened_for:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_timed_out_probe_counts_as_a_failure() {
     let b = defaults();
