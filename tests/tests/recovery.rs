@@ -220,6 +220,36 @@ async fn a_fallback_on_a_server_that_never_started_is_reported_not_tried() {
     gw.close().await;
 }
 
+/// A fallback on a server restarting after a crash is tried: the attempt waits for the
+/// server, up to its timeout, and the report lists it among the attempts, not as not tried.
+#[tokio::test]
+async fn a_fallback_on_a_restarting_server_is_tried_and_waited_for() {
+    let gw = Gateway::start(|d| {
+        let recovery =
+            json!({"retry": {"max_attempts": 1}, "fallbacks": {"search": [{"server": "b", "tool": "echo"}]}});
+        let mut c = config(d, recovery);
+        let gate = d.join("b-may-start");
+        std::fs::write(&gate, "").unwrap();
+        let mut b = faulty("b", d, &["--start-gate", gate.to_str().unwrap()]);
+        b["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
+        c["mcpServers"]["b"] = b;
+        c["rebound"]["restart"] = json!({"initial_delay_ms": 10});
+        c
+    })
+    .await;
+    // `b` is up; it crashes, and its restart waits at the gate.
+    assert_eq!(text(&gw.call("b__echo", json!({"message": "up"})).await), "b: up");
+    std::fs::remove_file(gw.dir.path().join("b-may-start")).unwrap();
+    assert_eq!(gw.call("b__crash", json!({})).await.is_error, Some(true));
+    let r = gw.call("a__search", json!({"query": "Nat.add_comm"})).await;
+    assert_eq!(r.is_error, Some(true), "{r:?}");
+    let t = text(&r);
+    assert!(t.contains("server is restarting") && !t.contains("Not tried"), "{t}");
+    let report = &r.meta.as_ref().unwrap().0["rebound"];
+    assert!(report["not_tried"].as_array().is_none_or(Vec::is_empty), "{report}");
+    gw.close().await;
+}
+
 /// A server of the session's own (`scope: session`) has the session's own breakers, and a
 /// reset closes those (the server's and its tools'), so the next call gets through.
 #[tokio::test]
