@@ -168,16 +168,14 @@ impl Setup {
                     kept.push(server.clone());
                     adapters.insert(server, old.moved_to(fresh));
                 }
-                Some(_) => {
-                    changes.new_adapter_code.push(server.to_string());
+                // New code for its unchanged server, or an adapter where that server had
+                // none (its file dropped in); else a changed server's adapter.
+                _ => {
+                    if self.unchanged(config, server) {
+                        changes.new_adapter_code.push(server.to_string());
+                    }
                     adapters.insert(server, fresh.clone());
                 }
-                // An adapter where its unchanged server had none (its file dropped in).
-                None if self.unchanged(config, server) && self.plugins.adapters.get(server).is_none() => {
-                    changes.new_adapter_code.push(server.to_string());
-                    adapters.insert(server, fresh.clone());
-                }
-                None => adapters.insert(server, fresh.clone()),
             }
             // Replaced (new code, or its server's entry changed): its counts go on, so
             // that `/metrics` never counts an adapter's faults back down.
