@@ -40,7 +40,7 @@ impl Upstream for Down {
         _: Duration,
     ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Box::pin(async { Err(Failure::ConnectionLost { reason: "down".into() }) })
+        Box::pin(async { Err(Failure::ConnectionLost { reason: "down".into(), session: None }) })
     }
 
     fn restart(&self, _: &str, _: Duration) -> BoxFuture<'_, ()> {

@@ -566,6 +566,48 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
 }
 
+/// A client whose calls crash a shared server takes the others' calls in flight down with
+/// its own. Each crash is one failure, blamed on every client that lost a call in it: the
+/// client in every crash is shed by its own breaker, and the shared breaker, which does
+/// without the client that failed most, stays closed for a client that never failed.
+#[tokio::test]
+async fn the_calls_a_crash_takes_down_open_no_breaker_the_others_share() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 2}});
+            json!({"mcpServers": {"a": a}, "rebound": {"restart": {"initial_delay_ms": 10}}})
+        },
+        &[],
+    )
+    .await;
+    let (alice, bob, carol) =
+        (gw.client(None).await.unwrap(), gw.client(None).await.unwrap(), gw.client(None).await.unwrap());
+    let hangs = || {
+        let calls = std::fs::read_to_string(gw.dir.path().join("a/calls")).unwrap_or_default();
+        calls.lines().filter(|l| *l == "hang").count()
+    };
+    for crash in 1..=2 {
+        // Bob's call is in flight on the server when Alice's crashes it.
+        let peer = bob.peer().clone();
+        let hung = tokio::spawn(async move { peer.call_tool(CallToolRequestParams::new("hang")).await });
+        eventually("bob's call reached the server", || hangs() == crash).await;
+        let crashed = call(&alice, "crash", json!({})).await;
+        assert_eq!(crashed.is_error, Some(true), "{}", text(&crashed));
+        let lost = tokio::time::timeout(Duration::from_secs(30), hung).await.unwrap().unwrap().unwrap();
+        assert!(text(&lost).contains("connection lost"), "{}", text(&lost));
+    }
+    let status = |client| async move { call(client, "rebound_status", json!({})).await.structured_content.unwrap() };
+    let of_alice = status(&alice).await["servers"][0].clone();
+    assert_eq!(
+        (of_alice["breaker"]["state"].as_str(), of_alice["own_breaker"]["state"].as_str()),
+        (Some("closed"), Some("open")),
+        "{of_alice}"
+    );
+    assert_eq!(text(&call(&carol, "echo", json!({"message": "m"})).await), "a: m");
+    let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
+}
+
 /// A client's `rebound_status` shows a `scope: session` server as its own instance of it:
 /// its breaker and its counters, nothing of how the other sessions' instances fare, and
 /// over HTTP not where the gateway writes its errors log. The operator sees them all.

@@ -247,7 +247,7 @@ async fn answer(
                 if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
                     call.answered();
                 }
-                answered.map_err(from_service_error)
+                answered.map_err(|e| of_session(session, e))
             }
             Err(_) => {
                 let kicker = session.kicker();
@@ -263,7 +263,10 @@ async fn answer(
             cancel_upstream(session, id, "cancelled by the client");
             Err(Failure::Cancelled)
         }
-        () = session.closed.cancelled() => Err(Failure::ConnectionLost { reason: "the server stopped while the call was in flight".into() }),
+        () = session.closed.cancelled() => Err(Failure::ConnectionLost {
+            reason: "the server stopped while the call was in flight".into(),
+            session: Some(session.id),
+        }),
     };
     // Timed out, by rmcp's timer of the attempt or ours of the call: does it still answer?
     if matches!(outcome, Err(Failure::Timeout { .. })) {
@@ -361,18 +364,31 @@ pub(super) fn unread(waited: Duration) -> String {
     format!("the server did not read its input for {} ms", waited.as_millis())
 }
 
+/// What `e` says of a call in flight on `session`: a closed transport is the session
+/// lost, with every call in flight on it (one failure, for the breakers).
+fn of_session(session: &Session, e: ServiceError) -> Failure {
+    match e {
+        ServiceError::TransportClosed => {
+            Failure::ConnectionLost { reason: "the connection closed".into(), session: Some(session.id) }
+        }
+        e => from_service_error(e),
+    }
+}
+
 pub(super) fn from_service_error(e: ServiceError) -> Failure {
     match e {
         ServiceError::McpError(e) => Failure::Rpc { code: e.code.0, message: e.message.into_owned(), data: e.data },
         ServiceError::Timeout { timeout: after } => Failure::Timeout { after },
-        ServiceError::TransportClosed => Failure::ConnectionLost { reason: "the connection closed".into() },
+        ServiceError::TransportClosed => {
+            Failure::ConnectionLost { reason: "the connection closed".into(), session: None }
+        }
         // A `url` server's POST may fail after the request reached it: only a connection
         // never made proves it was not.
         ServiceError::TransportSend(e) => match SendError::of(&*e.error) {
             None => Failure::SendFailed { reason: e.to_string() },
             Some(SendError::NotConnected(reason)) => Failure::SendFailed { reason },
             Some(SendError::Refused { status, retry_after }) => Failure::HttpStatus { status, retry_after },
-            Some(SendError::Interrupted(reason)) => Failure::ConnectionLost { reason },
+            Some(SendError::Interrupted(reason)) => Failure::ConnectionLost { reason, session: None },
             Some(SendError::Unreadable(reason)) => Failure::Protocol { reason },
         },
         ServiceError::Cancelled { .. } => Failure::Cancelled,

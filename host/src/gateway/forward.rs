@@ -83,7 +83,7 @@ impl Failed {
     }
 
     fn lost() -> Self {
-        Self::seen(Fault::Lost, Failure::ConnectionLost { reason: "the connection was lost".to_owned() })
+        Self::seen(Fault::Lost, Failure::ConnectionLost { reason: "the connection was lost".to_owned(), session: None })
     }
 }
 

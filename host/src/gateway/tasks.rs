@@ -481,7 +481,7 @@ fn ended_then_stopped(id: &str) -> ErrorData {
 /// The errors log's record of task `id` (a call of `tool` on `server`), lost with its
 /// server instance: `why`.
 fn lost_record(server: &Arc<str>, tool: &str, id: &str, why: &str) -> Record {
-    let failure = Failure::ConnectionLost { reason: format!("task `{id}`: {why}") };
+    let failure = Failure::ConnectionLost { reason: format!("task `{id}`: {why}"), session: None };
     Record {
         server: server.clone(),
         tool: tool.to_owned(),

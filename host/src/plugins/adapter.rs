@@ -570,7 +570,7 @@ fn to_failure(f: &FailureContext<'_>, secrets: &Secrets) -> wit::Failure {
         }),
         Failure::ToolError { .. } => wit::Outcome::ToolError(clean(&f.failure.message())),
         Failure::Timeout { .. } => wit::Outcome::Timeout,
-        Failure::ConnectionLost { reason } => wit::Outcome::ConnectionLost(clean(reason)),
+        Failure::ConnectionLost { reason, .. } => wit::Outcome::ConnectionLost(clean(reason)),
         Failure::Unavailable { .. } | Failure::SendFailed { .. } | Failure::CircuitOpen { .. } => {
             wit::Outcome::NotDelivered(clean(&f.failure.message()))
         }

@@ -237,7 +237,7 @@ impl Breaker {
         }
     }
 
-    fn record(&self, probe: bool, cycle: u64, outcome: Outcome, blame: Blame) {
+    fn record(&self, probe: bool, cycle: u64, outcome: Outcome, blame: Blamed) {
         let now = self.clock.now();
         let mut s = self.state.lock().expect("not poisoned");
         s.last_used = Some(now);
@@ -323,7 +323,7 @@ impl Breaker {
     }
 
     /// Counts a verdict in the window: a failure (blamed on someone) or a success.
-    fn tally(&self, s: &mut State, now: Instant, failed: Option<Blame>) {
+    fn tally(&self, s: &mut State, now: Instant, failed: Option<Blamed>) {
         self.prune(s, now);
         let fresh = s.window.back().is_some_and(|b| now.saturating_duration_since(b.start) < self.bucket_len());
         if !fresh {
@@ -379,17 +379,18 @@ impl Permit {
         self.record_blaming(outcome, Blame::Server);
     }
 
-    /// Records the call's outcome, a failure blamed on `blame`.
-    pub fn record_blaming(mut self, outcome: Outcome, blame: Blame) {
+    /// Records the call's outcome, a failure blamed on `blame` (and, if it was lost with
+    /// its connection, one with every call lost with it).
+    pub fn record_blaming(mut self, outcome: Outcome, blame: impl Into<Blamed>) {
         self.recorded = true;
-        self.breaker.record(self.probe, self.cycle, outcome, blame);
+        self.breaker.record(self.probe, self.cycle, outcome, blame.into());
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if !self.recorded {
-            self.breaker.record(self.probe, self.cycle, Outcome::Ignored, Blame::Server);
+            self.breaker.record(self.probe, self.cycle, Outcome::Ignored, Blame::Server.into());
         }
     }
 }
@@ -397,8 +398,8 @@ impl Drop for Permit {
 mod blame;
 pub mod levels;
 
-pub use blame::Blame;
 use blame::Failures;
+pub use blame::{Blame, Blamed};
 
 pub use levels::{MAX_TOOL_BREAKERS, Permits, ServerBreakers, Shed, ToolBreakers};
 

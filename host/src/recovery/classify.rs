@@ -459,7 +459,7 @@ mod tests {
         check(tool_error("Error: 429 Too Many Requests"), RateLimit, true, false, false);
         check(tool_error("request timed out after 30s"), Timeout, true, true, false);
         check(tool_error("connect ECONNREFUSED 127.0.0.1:8080"), Connection, true, true, false);
-        check(Failure::ConnectionLost { reason: "eof".into() }, Transport, true, true, false);
+        check(Failure::ConnectionLost { reason: "eof".into(), session: None }, Transport, true, true, false);
         check(Failure::SendFailed { reason: "broken pipe".into() }, Connection, true, true, true);
         check(Failure::Unavailable { status: Status::Restarting, reason: None }, ServerUnavailable, true, false, true);
         check(Failure::Unavailable { status: Status::Down, reason: None }, ServerUnavailable, false, false, true);

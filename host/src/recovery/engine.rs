@@ -1079,7 +1079,11 @@ impl Engine {
         let window = Duration::from_millis(policy.recovery.breaker.window_ms);
         let now = self.clock.now();
         let since = now.checked_sub(window).unwrap_or(started.min(now));
-        let failed = Failed { outcome, tool_level, undelivered: class.not_delivered, since };
+        let lost = match failure {
+            Failure::ConnectionLost { session, .. } => *session,
+            _ => None,
+        };
+        let failed = Failed { outcome, tool_level, undelivered: class.not_delivered, lost, since };
         policy.breakers.failed(permits, tool, failed);
     }
 

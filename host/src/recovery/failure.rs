@@ -19,7 +19,9 @@ pub enum Failure {
     /// The tool answered with `isError: true`.
     ToolError { result: Box<CallToolResult> },
     /// The connection was lost while the call was in flight: it may or may not have run.
-    ConnectionLost { reason: String },
+    /// `session`: the upstream session lost, when the server's whole connection was (every
+    /// call in flight on it failed with it), not one request's.
+    ConnectionLost { reason: String, session: Option<u64> },
     /// The call never left the gateway: the server was not running.
     Unavailable { status: Status, reason: Option<String> },
     /// The request could not be written to the server, so it was never delivered.
@@ -98,7 +100,7 @@ impl Failure {
                 .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
                 .collect::<Vec<_>>()
                 .join("\n"),
-            Self::ConnectionLost { reason } => format!("connection lost: {reason}"),
+            Self::ConnectionLost { reason, .. } => format!("connection lost: {reason}"),
             Self::Unavailable { status, reason } => match reason {
                 Some(r) => format!("server is {} ({r})", status.as_str()),
                 None => format!("server is {}", status.as_str()),

@@ -2,6 +2,12 @@
 //! failed most: on a server many clients share, a breaker counts the failures of all
 //! its clients but the one with the most, so that no one client's calls can open it,
 //! however many of them fail.
+//!
+//! A lost connection (a server that crashed, say) fails every call in flight on it at
+//! once, whoever made them: it is one failure, blamed on each client that lost a call
+//! with it. So a client whose calls crash a shared server opens no breaker through the
+//! calls of the others that went down with its own: what the others say is the failures
+//! the client that failed most had no part in.
 
 /// Whom a failure is blamed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +19,22 @@ pub enum Blame {
     Client(u64),
 }
 
+/// One failure as a breaker counts it: whom it is blamed on, and the connection it was
+/// lost with, if it was (the failures of every call that went down with one connection
+/// are one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blamed {
+    pub on: Blame,
+    /// The lost connection (upstream session) that failed the call.
+    pub lost: Option<u64>,
+}
+
+impl From<Blame> for Blamed {
+    fn from(on: Blame) -> Self {
+        Self { on, lost: None }
+    }
+}
+
 /// The most clients one tally tells apart. A client past them takes the place of the one
 /// with the fewest failures, whose failures then count as the server's: any client with
 /// more than a sixteenth of the failures stays told apart, the one that failed most
@@ -22,32 +44,57 @@ const MAX_CLIENTS: usize = 16;
 /// Failures by whom they are blamed on.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Failures {
-    server: u32,
+    /// Every failure, a lost connection's once.
+    total: u32,
+    /// The failures each client had a part in; none more than `total`.
     clients: Vec<(u64, u32)>,
+    /// The connection whose loss was counted last, and the clients counted with it.
+    lost: Option<(u64, Vec<u64>)>,
 }
 
 impl Failures {
-    pub fn add(&mut self, blame: Blame) {
-        self.add_n(blame, 1);
+    pub fn add(&mut self, failure: impl Into<Blamed>) {
+        let Blamed { on, lost } = failure.into();
+        match (lost, &mut self.lost) {
+            // Another call that went down with the connection counted last: the same
+            // failure, which this client had a part in too.
+            (Some(id), Some((last, with))) if id == *last => {
+                let Blame::Client(key) = on else { return };
+                if with.len() < MAX_CLIENTS && !with.contains(&key) {
+                    with.push(key);
+                    self.count(key, 1);
+                }
+            }
+            _ => {
+                self.total += 1;
+                let key = match on {
+                    Blame::Client(key) => Some(key),
+                    Blame::Server => None,
+                };
+                if let Some(key) = key {
+                    self.count(key, 1);
+                }
+                if let Some(id) = lost {
+                    self.lost = Some((id, key.into_iter().collect()));
+                }
+            }
+        }
     }
 
-    fn add_n(&mut self, blame: Blame, n: u32) {
-        let Blame::Client(key) = blame else {
-            self.server += n;
-            return;
-        };
+    /// Adds `n` to the failures `key` had a part in. Past the clients told apart, the one
+    /// with the fewest makes room: its failures stay in the total, as no one's.
+    fn count(&mut self, key: u64, n: u32) {
         if let Some((_, count)) = self.clients.iter_mut().find(|(k, _)| *k == key) {
             *count += n;
         } else if self.clients.len() < MAX_CLIENTS {
             self.clients.push((key, n));
         } else if let Some(fewest) = self.clients.iter_mut().min_by_key(|(_, count)| *count) {
-            self.server += fewest.1;
             *fewest = (key, n);
         }
     }
 
     pub fn total(&self) -> u32 {
-        self.server + self.clients.iter().map(|(_, n)| n).sum::<u32>()
+        self.total
     }
 
     /// The failures of the one client that failed most (none when all are the server's).
@@ -55,9 +102,9 @@ impl Failures {
         self.clients.iter().map(|(_, n)| *n).max().unwrap_or(0)
     }
 
-    /// The failures but those of the client that failed most: what the others say.
+    /// The failures the client that failed most had no part in: what the others say.
     pub fn of_others(&self) -> u32 {
-        self.total() - self.most_of_one()
+        self.total.saturating_sub(self.most_of_one())
     }
 
     /// Whether any of them is blamed on `blame`'s client.
@@ -66,15 +113,14 @@ impl Failures {
     }
 
     pub fn merge(&mut self, other: &Failures) {
-        self.server += other.server;
+        self.total += other.total;
         for (key, n) in &other.clients {
-            self.add_n(Blame::Client(*key), *n);
+            self.count(*key, *n);
         }
     }
 
     pub fn clear(&mut self) {
-        self.server = 0;
-        self.clients.clear();
+        *self = Self::default();
     }
 }
 
@@ -93,6 +139,36 @@ mod tests {
         f.add(Blame::Server);
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (12, 10, 2));
         assert!(f.blames(Blame::Client(2)) && !f.blames(Blame::Client(3)) && !f.blames(Blame::Server));
+    }
+
+    /// The calls one lost connection took down are one failure, which each of their
+    /// clients had a part in: a client in every crash is the one that failed most, and
+    /// the others' calls that went down with its own say nothing without it.
+    #[test]
+    fn the_calls_lost_with_one_connection_are_one_failure() {
+        let lost = |on, id| Blamed { on, lost: Some(id) };
+        let mut f = Failures::default();
+        for crash in 0..5 {
+            f.add(lost(Blame::Client(1), crash));
+            f.add(lost(Blame::Client(2), crash));
+            f.add(lost(Blame::Client(2), crash));
+            f.add(lost(Blame::Client(3 + crash % 2), crash));
+        }
+        assert_eq!((f.total(), f.most_of_one(), f.of_others()), (5, 5, 0), "{f:?}");
+        // A crash clients 1 and 2 had no part in is what the others say; so is a failure
+        // of another kind, and one lost with no connection named (one request's own).
+        f.add(lost(Blame::Client(3), 9));
+        f.add(lost(Blame::Client(4), 9));
+        assert_eq!((f.total(), f.most_of_one(), f.of_others()), (6, 5, 1), "{f:?}");
+        f.add(Blame::Client(3));
+        f.add(Blamed { on: Blame::Client(4), lost: None });
+        assert_eq!((f.total(), f.most_of_one(), f.of_others()), (8, 5, 3), "{f:?}");
+        // The server's failures lost with one connection are one too.
+        let mut f = Failures::default();
+        for _ in 0..3 {
+            f.add(lost(Blame::Server, 7));
+        }
+        assert_eq!((f.total(), f.of_others()), (1, 1));
     }
 
     /// Past the clients it tells apart, the one with the fewest failures makes room: a

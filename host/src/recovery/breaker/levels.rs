@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Blame, Breaker, Outcome, Permit, Snapshot};
+use super::{Blame, Blamed, Breaker, Outcome, Permit, Snapshot};
 use crate::config::BreakerConfig;
 use crate::recovery::clock::{Clock, Rng};
 
@@ -181,6 +181,9 @@ pub struct Failed {
     pub tool_level: bool,
     /// The request never reached the server.
     pub undelivered: bool,
+    /// The connection (upstream session) it was lost with, if it was: every call that
+    /// went down with one connection is one failure.
+    pub lost: Option<u64>,
     /// The start of the window its evidence is read in.
     pub since: Instant,
 }
@@ -270,16 +273,17 @@ impl ServerBreakers {
     /// it is the server's, whoever sent it). A client's own breakers are made on its first
     /// failure that counts.
     pub fn failed(&self, permits: Permits, tool_name: &str, failed: Failed) {
-        let Failed { outcome, tool_level, undelivered, since } = failed;
+        let Failed { outcome, tool_level, undelivered, lost, since } = failed;
         let Permits { server, tool, own } = permits;
         let may_be_confined = outcome == Outcome::Failure && tool_level;
         let confined = may_be_confined && self.tools.others_answered(tool_name, since);
         let at = |confined: bool| if confined { Outcome::Ignored } else { outcome };
         let tool_outcome = if undelivered { Outcome::Ignored } else { outcome };
-        let blame = match &own {
+        let on = match &own {
             Some(own) if !undelivered => Blame::Client(own.client),
             _ => Blame::Server,
         };
+        let blame = Blamed { on, lost };
         server.record_blaming(at(confined), blame);
         if let Some(p) = tool {
             p.record_blaming(tool_outcome, blame);
@@ -305,7 +309,7 @@ impl ServerBreakers {
                 None => None,
             };
             if let Some(p) = permit {
-                p.record(outcome);
+                p.record_blaming(outcome, Blamed { on: Blame::Server, lost });
             }
         }
     }

@@ -232,6 +232,31 @@ async fn one_clients_failures_alone_do_not_open_it() {
     assert_eq!(b.phase(), Phase::Closed, "four of the others' since");
 }
 
+/// A client whose calls crash a shared server takes the others' calls in flight down
+/// with its own, over and over: the crashes are its failures, not the others', and open
+/// no breaker they share; a crash it had no part in counts against the server.
+#[tokio::test(start_paused = true)]
+async fn the_calls_one_crash_takes_down_are_one_failure() {
+    let b = defaults();
+    let crash = |id: u64, clients: &[u64]| {
+        for &client in clients {
+            let lost = Blamed { on: Blame::Client(client), lost: Some(id) };
+            b.admit().expect("admitted").record_blaming(Outcome::Failure, lost);
+        }
+    };
+    for id in 0..10 {
+        crash(id, &[1, 2 + id % 3, 5]);
+    }
+    assert_eq!(b.phase(), Phase::Closed, "{:?}", b.snapshot());
+    assert_eq!(b.snapshot().consecutive_failures, 10, "one failure a crash");
+    for id in 10..14 {
+        crash(id, &[2, 3]);
+    }
+    assert_eq!(b.phase(), Phase::Closed, "four crashes without clients 1 and 5");
+    crash(14, &[4]);
+    assert!(matches!(b.phase(), Phase::Open { .. }), "five");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_failure_rate_leaves_out_the_client_that_failed_most() {
     let b = breaker(BreakerConfig {
@@ -323,7 +348,7 @@ mod levels {
         let window = Duration::from_millis(BreakerConfig::default().window_ms);
         let now = tokio::time::Instant::now();
         let since = now.checked_sub(window).unwrap_or(now);
-        Failed { outcome, tool_level, undelivered, since }
+        Failed { outcome, tool_level, undelivered, lost: None, since }
     }
 
     fn fail_as(b: &ServerBreakers, tool: &str, client: u64, n: u32) {
@@ -360,6 +385,28 @@ mod levels {
         fail_as(&b, "fetch", 7, 1);
         let shed = b.admit("fetch", Blame::Client(3)).expect_err("the server's breaker is open");
         assert!(!shed.own, "{shed:?}");
+    }
+
+    /// The calls one crash took down are one failure at every level: a client's own
+    /// breakers count the crash once, however many of its calls went down with it, and
+    /// the shared ones blame it on each client that lost a call.
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_is_one_failure_at_every_level() {
+        let b = breakers();
+        for crash in 0..4 {
+            for client in [1, 1, 1, 2] {
+                let permits = b.admit("fetch", Blame::Client(client)).expect("admitted");
+                b.failed(permits, "fetch", Failed { lost: Some(crash), ..failed(Outcome::Failure, false, false) });
+            }
+        }
+        assert_eq!(b.own(1).unwrap().snapshot().consecutive_failures, 4, "one failure a crash");
+        assert_eq!(b.own(1).unwrap().snapshot().state, "closed");
+        assert_eq!(b.server.snapshot().consecutive_failures, 4);
+        assert_eq!(b.server.snapshot().state, "closed", "each crash was both clients'");
+        let permits = b.admit("fetch", Blame::Client(1)).expect("admitted");
+        b.failed(permits, "fetch", Failed { lost: Some(4), ..failed(Outcome::Failure, false, false) });
+        assert_eq!(b.own(1).unwrap().snapshot().state, "open", "the fifth crash");
+        assert_eq!(b.server.snapshot().state, "closed");
     }
 
     /// A request that never reached the server is the server's failure, whoever sent it.

@@ -153,8 +153,10 @@ fn answered(ending: &Ending) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_bound() {
-    let up = Script::new(&[("s/read", true)])
-        .then("s/read", vec![timeout(), Err(Failure::ConnectionLost { reason: "eof".into() }), ok("third time")]);
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        vec![timeout(), Err(Failure::ConnectionLost { reason: "eof".into(), session: None }), ok("third time")],
+    );
     let e = engine(&[server("s", defaults())]);
     let (ending, record) = run(&e, &up, "read").await;
     assert_eq!(answered(&ending), "third time");
@@ -173,7 +175,7 @@ async fn a_transient_failure_of_a_read_only_tool_is_retried_within_the_backoff_b
 #[tokio::test(start_paused = true)]
 async fn retry_waits_spread_over_their_whole_growing_bound() {
     const CALLS: usize = 50;
-    let lost = || Err(Failure::ConnectionLost { reason: "eof".into() });
+    let lost = || Err(Failure::ConnectionLost { reason: "eof".into(), session: None });
     let answers = (0..CALLS).flat_map(|_| [lost(), lost(), ok("third time")]).collect();
     let up = Script::new(&[("s/read", true)]).then("s/read", answers);
     let mut recovery = defaults();
@@ -506,8 +508,10 @@ async fn an_open_breaker_sheds_calls_without_upstream_traffic_and_closes_when_th
     let mut r = defaults();
     r.breaker.open_ms = 5_000;
     r.retry.max_attempts = 1;
-    let up = Script::new(&[("s/read", true)])
-        .then("s/read", (0..5).map(|_| Err(Failure::ConnectionLost { reason: "down".into() })).collect());
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        (0..5).map(|_| Err(Failure::ConnectionLost { reason: "down".into(), session: None })).collect(),
+    );
     let e = engine(&[server("s", r)]);
     for _ in 0..100 {
         run(&e, &up, "read").await;
@@ -526,8 +530,10 @@ async fn the_budget_keeps_an_outage_from_multiplying_load() {
     r.breaker.failure_threshold = u32::MAX; // isolate the budget from the breaker
     r.breaker.min_calls = u32::MAX;
     r.retry.initial_delay_ms = 1;
-    let up = Script::new(&[("s/read", true)])
-        .then("s/read", (0..1000).map(|_| Err(Failure::ConnectionLost { reason: "down".into() })).collect());
+    let up = Script::new(&[("s/read", true)]).then(
+        "s/read",
+        (0..1000).map(|_| Err(Failure::ConnectionLost { reason: "down".into(), session: None })).collect(),
+    );
     let e = engine(&[server("s", r)]);
     for _ in 0..100 {
         run(&e, &up, "read").await;
@@ -1311,7 +1317,7 @@ async fn an_http_server_error_for_one_tool_is_confined_to_it() {
 #[tokio::test(start_paused = true)]
 async fn a_broken_connection_is_never_confined_to_one_tool() {
     let up = Script::new(&[("s/a", true), ("s/b", true)])
-        .then("s/a", (0..10).map(|_| Err(Failure::ConnectionLost { reason: "eof".into() })).collect());
+        .then("s/a", (0..10).map(|_| Err(Failure::ConnectionLost { reason: "eof".into(), session: None })).collect());
     let e = engine(&[server("s", one_attempt())]);
     for _ in 0..5 {
         assert_eq!(answered(&run(&e, &up, "b").await.0), "ok");
