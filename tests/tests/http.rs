@@ -739,6 +739,40 @@ async fn health_readiness_and_metrics() {
     let _ = client.cancel().await;
 }
 
+/// An errors log the gateway cannot write (its folder is a file) loses its entries,
+/// counted in the metrics and the operator's status; the call is answered all the same.
+#[tokio::test]
+async fn entries_the_errors_log_cannot_write_are_counted_as_dropped() {
+    let gw = HttpGateway::start(
+        |dir| {
+            std::fs::write(dir.join("a-file"), "").unwrap();
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"retry": {"max_attempts": 1}});
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": dir.join("a-file/errors.jsonl")}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    for _ in 0..2 {
+        let failed = call(&client, "fail", json!({"message": "no"})).await;
+        assert_eq!(failed.is_error, Some(true));
+    }
+    let mut metrics = String::new();
+    for _ in 0..200 {
+        metrics = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+        if metrics.lines().any(|l| l == "rebound_errors_log_dropped_total 2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(metrics.lines().any(|l| l == "rebound_errors_log_dropped_total 2"), "{metrics}");
+    let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["gateway"]["errors_dropped"], 2, "{doc}");
+    gw.logged("cannot write the errors log").await;
+    let _ = client.cancel().await;
+}
+
 /// Ready once every server's first start is over (up, or given up on): a server that
 /// crashes later does not take readiness away (the gateway serves the others, and its
 /// calls get a clear error). Which servers it is waiting for or without, only the
