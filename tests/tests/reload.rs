@@ -574,6 +574,32 @@ async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
     let _ = client.cancel().await;
 }
 
+/// A SIGHUP while a server's first start is still under way: the gateway lives, the
+/// reload finds nothing changed, and the start goes on, the same process, to serve.
+#[tokio::test]
+async fn sighup_while_a_first_start_is_under_way_changes_nothing() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let gate = dir.join("a-may-start");
+            json!({"mcpServers": {"a": faulty("a", dir, &["--start-gate", gate.to_str().unwrap()])}})
+        },
+        &[],
+    )
+    .await;
+    let dir = gw.dir.path().to_owned();
+    eventually("a's process started", || pid(&dir, "a") != 0).await;
+    let started = pid(&dir, "a");
+    let gateway = gw.child.id().unwrap().to_string();
+    std::process::Command::new("kill").args(["-HUP", &gateway]).status().unwrap();
+    gw.logged("SIGHUP: reloading").await;
+    gw.logged(": nothing changed").await;
+    std::fs::write(dir.join("a-may-start"), "").unwrap();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "echo", json!({"message": "m"})).await), "a: m");
+    assert_eq!(pid(&dir, "a"), started, "the process whose start was under way");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn a_configuration_mounted_as_a_kubernetes_configmap_is_reloaded_when_it_is_swapped() {
     let (gw, dir, client) = serving_a_and_b().await;
