@@ -567,7 +567,7 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
 }
 
 /// A client whose calls crash a shared server takes the others' calls in flight down with
-/// its own. Each crash is one failure, blamed on every client that lost a call in it: the
+/// its own. Each crash is one failure, blamed on every client that lost a call in it: a
 /// client in every crash is shed by its own breaker, and the shared breaker, which does
 /// without the client that failed most, stays closed for a client that never failed.
 #[tokio::test]
@@ -605,6 +605,10 @@ async fn the_calls_a_crash_takes_down_open_no_breaker_the_others_share() {
         "{of_alice}"
     );
     assert_eq!(text(&call(&carol, "echo", json!({"message": "m"})).await), "a: m");
+    // Bob lost a call in every crash as well: by what the gateway sees, he cannot be told
+    // from Alice, and is shed with her by his own breaker.
+    let of_bob = status(&bob).await["servers"][0].clone();
+    assert_eq!(of_bob["own_breaker"]["state"], "open", "{of_bob}");
     let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
 }
 
@@ -1608,7 +1612,8 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
 /// A proxy before an HTTP upstream, refusing some tool calls with an HTTP error of its
 /// own: `flaky_write` with a 502 once the upstream has run it (a proxy that lost the
 /// answer), every other `echo` (the first, the third…) with a 429 and `Retry-After: 1`
-/// (a rate limiter). Everything else passes through, streams and all.
+/// (a rate limiter), and every `hang` with a response stream that ends at once.
+/// Everything else passes through, streams and all.
 struct Proxy {
     upstream: String,
     client: reqwest::Client,
@@ -1634,6 +1639,10 @@ impl Proxy {
         use axum::response::IntoResponse;
         let message: Value = serde_json::from_slice(&body).unwrap_or_default();
         let tool = (message["method"] == "tools/call").then(|| message["params"]["name"].as_str()).flatten();
+        if tool == Some("hang") {
+            // A response stream that ends before its answer.
+            return (StatusCode::OK, [("content-type", "text/event-stream")], "").into_response();
+        }
         if tool == Some("echo") && proxy.echoes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 2 == 0 {
             return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
         }
@@ -1654,6 +1663,27 @@ impl Proxy {
         }
         response.body(axum::body::Body::from_stream(answer.bytes_stream())).unwrap()
     }
+}
+
+/// A `url` server's response stream that ends before its answer fails that call alone:
+/// the session goes on, and each such failure counts for the breaker (none is taken for
+/// another's, as the calls one lost session took down are).
+#[tokio::test]
+async fn an_http_upstreams_streams_cut_short_each_count_for_the_breaker() {
+    let upstream = HttpGateway::start(|d| json!({"mcpServers": {"f": faulty("f", d, &[])}}), &[]).await;
+    let proxy = Proxy::start(upstream.url()).await;
+    let gw = Gateway::start(|_| {
+        let recovery = json!({"retry": {"max_attempts": 1}, "breaker": {"failure_threshold": 3}});
+        json!({"mcpServers": {"remote": {"url": proxy, "recovery": recovery}}})
+    })
+    .await;
+    for _ in 0..3 {
+        let r = gw.call("hang", json!({})).await;
+        assert!(text(&r).contains("connection lost"), "{}", text(&r));
+    }
+    let shed = gw.call("hang", json!({})).await;
+    assert!(text(&shed).contains("circuit breaker"), "{}", text(&shed));
+    gw.close().await;
 }
 
 /// rmcp reports every failed POST to a `url` server as a request not sent. Only a

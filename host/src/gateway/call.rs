@@ -192,10 +192,12 @@ async fn exchange(
         // Cancelled before it was sent: it never will be.
         () = cx.ct.cancelled() => return Err(Failure::Cancelled),
         r = hand_over(session, request, options, how.timeout) => match r {
+            // rmcp's loop is gone: the request was never queued.
+            Some(Err(ServiceError::TransportClosed)) => return Err(lost_before_sent()),
             Some(sent) => sent.map_err(from_service_error)?,
             None => return Err(Failure::SendFailed { reason: unread(how.timeout) }),
         },
-        () = session.closed.cancelled() => return Err(Failure::Unavailable { status: crate::transport::Status::Restarting, reason: Some("the connection was lost before the call was sent".into()) }),
+        () = session.closed.cancelled() => return Err(lost_before_sent()),
     };
     let token = handle.progress_token.clone();
     call.sent(session.id, handle.id.clone());
@@ -247,7 +249,7 @@ async fn answer(
                 if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {
                     call.answered();
                 }
-                answered.map_err(|e| of_session(session, e))
+                answered.map_err(from_service_error)
             }
             Err(_) => {
                 let kicker = session.kicker();
@@ -267,6 +269,14 @@ async fn answer(
             reason: "the server stopped while the call was in flight".into(),
             session: Some(session.id),
         }),
+    };
+    // Lost in flight: with the session, a failure one with every call that went down with
+    // it (for the breakers), or (a `url` server's) with this request's own stream alone.
+    let outcome = match outcome {
+        Err(Failure::ConnectionLost { reason, session: None }) if lost_with(session).await => {
+            Err(Failure::ConnectionLost { reason, session: Some(session.id) })
+        }
+        other => other,
     };
     // Timed out, by rmcp's timer of the attempt or ours of the call: does it still answer?
     if matches!(outcome, Err(Failure::Timeout { .. })) {
@@ -364,15 +374,20 @@ pub(super) fn unread(waited: Duration) -> String {
     format!("the server did not read its input for {} ms", waited.as_millis())
 }
 
-/// What `e` says of a call in flight on `session`: a closed transport is the session
-/// lost, with every call in flight on it (one failure, for the breakers).
-fn of_session(session: &Session, e: ServiceError) -> Failure {
-    match e {
-        ServiceError::TransportClosed => {
-            Failure::ConnectionLost { reason: "the connection closed".into(), session: Some(session.id) }
-        }
-        e => from_service_error(e),
-    }
+/// How long a call whose connection was lost waits to hear whether its session was
+/// lost with it: the supervisor says so the moment it sees the connection end.
+const SESSION_LOSS_HEARD: Duration = Duration::from_millis(50);
+
+/// Whether `session` is lost: rmcp's loop has ended, or its supervisor says so within a
+/// moment.
+async fn lost_with(session: &Session) -> bool {
+    session.peer.is_transport_closed()
+        || tokio::time::timeout(SESSION_LOSS_HEARD, session.closed.cancelled()).await.is_ok()
+}
+
+fn lost_before_sent() -> Failure {
+    let reason = Some("the connection was lost before the call was sent".into());
+    Failure::Unavailable { status: crate::transport::Status::Restarting, reason }
 }
 
 pub(super) fn from_service_error(e: ServiceError) -> Failure {

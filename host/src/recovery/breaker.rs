@@ -84,6 +84,9 @@ struct State {
     /// admitted it, not in a later one it outlived (a probe's in a later half-open period,
     /// a call's from before an opening once the breaker has closed again).
     cycle: u64,
+    /// The connection whose loss was counted last: a failure that went down with it too
+    /// is that failure, not another.
+    lost: Option<u64>,
 }
 
 impl State {
@@ -91,6 +94,25 @@ impl State {
     fn end_run(&mut self) {
         self.run.clear();
         self.refused_until = None;
+    }
+
+    /// Whether a failure went down with the connection whose loss was counted last: then
+    /// it is that failure, not another, and its client is given a part in it where it was
+    /// counted (the run, a bucket of the window), if it still is there; a `probe` of this
+    /// half-open period frees its slot.
+    fn joins_last_loss(&mut self, blame: Blamed, probe: bool) -> bool {
+        let Some(id) = blame.lost else { return false };
+        if self.lost.replace(id) != Some(id) {
+            return false;
+        }
+        self.run.join(blame);
+        for bucket in &mut self.window {
+            bucket.failures.join(blame);
+        }
+        if let (Phase::HalfOpen { in_flight, successes }, true) = (self.phase, probe) {
+            self.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes };
+        }
+        true
     }
 
     /// A half-open period begins, with one probe out: the one being admitted.
@@ -139,6 +161,7 @@ impl Breaker {
             last_success: None,
             last_used: None,
             cycle: 0,
+            lost: None,
         };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
@@ -243,6 +266,10 @@ impl Breaker {
         s.last_used = Some(now);
         if outcome == Outcome::Success {
             s.last_success = Some(now);
+        }
+        let current_probe = probe && cycle == s.cycle;
+        if outcome == Outcome::Failure && s.joins_last_loss(blame, current_probe) {
+            return;
         }
         match (s.phase, probe) {
             (Phase::HalfOpen { in_flight, successes }, true) if cycle == s.cycle => {

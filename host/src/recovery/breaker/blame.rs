@@ -19,6 +19,8 @@ pub enum Blame {
     Client(u64),
 }
 
+use std::collections::HashSet;
+
 /// One failure as a breaker counts it: whom it is blamed on, and the connection it was
 /// lost with, if it was (the failures of every call that went down with one connection
 /// are one).
@@ -36,10 +38,14 @@ impl From<Blame> for Blamed {
 }
 
 /// The most clients one tally tells apart. A client past them takes the place of the one
-/// with the fewest failures, whose failures then count as the server's: any client with
-/// more than a sixteenth of the failures stays told apart, the one that failed most
+/// with the fewest failures, whose failures then stay in the total as no one's: any client
+/// with more than a sixteenth of the failures stays told apart, the one that failed most
 /// above all.
 const MAX_CLIENTS: usize = 16;
+
+/// The most clients given a part in one lost connection's failure (as many as a server's
+/// clients with breakers of their own).
+const MAX_IN_ONE_LOSS: usize = 4096;
 
 /// Failures by whom they are blamed on.
 #[derive(Debug, Clone, Default)]
@@ -48,36 +54,33 @@ pub(super) struct Failures {
     total: u32,
     /// The failures each client had a part in; none more than `total`.
     clients: Vec<(u64, u32)>,
-    /// The connection whose loss was counted last, and the clients counted with it.
-    lost: Option<(u64, Vec<u64>)>,
+    /// The connection whose loss was counted here last, and the clients given a part in it.
+    lost: Option<(u64, HashSet<u64>)>,
 }
 
 impl Failures {
+    /// Counts a failure of its own.
     pub fn add(&mut self, failure: impl Into<Blamed>) {
         let Blamed { on, lost } = failure.into();
-        match (lost, &mut self.lost) {
-            // Another call that went down with the connection counted last: the same
-            // failure, which this client had a part in too.
-            (Some(id), Some((last, with))) if id == *last => {
-                let Blame::Client(key) = on else { return };
-                if with.len() < MAX_CLIENTS && !with.contains(&key) {
-                    with.push(key);
-                    self.count(key, 1);
-                }
-            }
-            _ => {
-                self.total += 1;
-                let key = match on {
-                    Blame::Client(key) => Some(key),
-                    Blame::Server => None,
-                };
-                if let Some(key) = key {
-                    self.count(key, 1);
-                }
-                if let Some(id) = lost {
-                    self.lost = Some((id, key.into_iter().collect()));
-                }
-            }
+        self.total += 1;
+        let mut with = HashSet::new();
+        if let Blame::Client(key) = on {
+            self.count(key, 1);
+            with.insert(key);
+        }
+        if let Some(id) = lost {
+            self.lost = Some((id, with));
+        }
+    }
+
+    /// Gives the client of a failure that went down with the connection counted here last
+    /// a part in that failure, once (none other is counted: it is the same).
+    pub fn join(&mut self, failure: Blamed) {
+        let (Some((last, with)), Blamed { on: Blame::Client(key), lost: Some(id) }) = (&mut self.lost, failure) else {
+            return;
+        };
+        if *last == id && with.len() < MAX_IN_ONE_LOSS && with.insert(key) {
+            self.count(key, 1);
         }
     }
 
@@ -150,24 +153,24 @@ mod tests {
         let mut f = Failures::default();
         for crash in 0..5 {
             f.add(lost(Blame::Client(1), crash));
-            f.add(lost(Blame::Client(2), crash));
-            f.add(lost(Blame::Client(2), crash));
-            f.add(lost(Blame::Client(3 + crash % 2), crash));
+            f.join(lost(Blame::Client(2), crash));
+            f.join(lost(Blame::Client(2), crash));
+            f.join(lost(Blame::Client(3 + crash % 2), crash));
+            f.join(lost(Blame::Client(9), crash + 1));
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (5, 5, 0), "{f:?}");
         // A crash clients 1 and 2 had no part in is what the others say; so is a failure
         // of another kind, and one lost with no connection named (one request's own).
         f.add(lost(Blame::Client(3), 9));
-        f.add(lost(Blame::Client(4), 9));
+        f.join(lost(Blame::Client(4), 9));
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (6, 5, 1), "{f:?}");
         f.add(Blame::Client(3));
         f.add(Blamed { on: Blame::Client(4), lost: None });
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (8, 5, 3), "{f:?}");
         // The server's failures lost with one connection are one too.
         let mut f = Failures::default();
-        for _ in 0..3 {
-            f.add(lost(Blame::Server, 7));
-        }
+        f.add(lost(Blame::Server, 7));
+        f.join(lost(Blame::Server, 7));
         assert_eq!((f.total(), f.of_others()), (1, 1));
     }
 

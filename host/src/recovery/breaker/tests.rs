@@ -257,6 +257,40 @@ async fn the_calls_one_crash_takes_down_are_one_failure() {
     assert!(matches!(b.phase(), Phase::Open { .. }), "five");
 }
 
+/// A crash is one failure however its calls' failures come back: across two buckets of
+/// the window, and with another call's answer between them.
+#[tokio::test(start_paused = true)]
+async fn a_crash_is_one_failure_however_its_calls_come_back() {
+    let b = defaults();
+    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(1) };
+    b.admit().unwrap().record_blaming(Outcome::Failure, lost(1));
+    tokio::time::advance(Duration::from_secs(7)).await;
+    b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(3));
+    b.admit().unwrap().record_blaming(Outcome::Failure, lost(2));
+    let s = b.snapshot();
+    assert_eq!((s.consecutive_failures, s.window_calls, s.window_failures), (0, 2, 1), "{s:?}");
+}
+
+/// Half-open, probes lost together in one crash are one failed probe, both their clients'
+/// (as one client's, it does not reopen the breaker): both wait, and another client's
+/// probes decide.
+#[tokio::test(start_paused = true)]
+async fn probes_lost_in_one_crash_are_one_failed_probe() {
+    let b = breaker(BreakerConfig { half_open_max_calls: 3, ..BreakerConfig::default() });
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(9) };
+    let (one, two) = (b.admit_for(Blame::Client(1)).unwrap(), b.admit_for(Blame::Client(2)).unwrap());
+    one.record_blaming(Outcome::Failure, lost(1));
+    two.record_blaming(Outcome::Failure, lost(2));
+    assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, successes: 0 }), "{:?}", b.phase());
+    assert!(b.admit_for(Blame::Client(1)).is_err() && b.admit_for(Blame::Client(2)).is_err());
+    for _ in 0..2 {
+        b.admit_for(Blame::Client(3)).expect("another's probe").record_blaming(Outcome::Success, Blame::Client(3));
+    }
+    assert_eq!(b.phase(), Phase::Closed);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_failure_rate_leaves_out_the_client_that_failed_most() {
     let b = breaker(BreakerConfig {
