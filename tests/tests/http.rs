@@ -30,6 +30,17 @@ async fn call(
         .unwrap_or_else(|e| panic!("{tool}: {e}"))
 }
 
+/// The first server's entry in `client`'s `rebound_status`.
+async fn server_status(client: &RunningService<RoleClient, rebound_tests::TestClient>) -> Value {
+    let status = call(client, "rebound_status", json!({})).await.structured_content.unwrap();
+    status["servers"][0].clone()
+}
+
+/// The state of a server's shared breaker and of the client's own, in its status entry.
+fn breakers(server: &Value) -> (Option<&str>, Option<&str>) {
+    (server["breaker"]["state"].as_str(), server["own_breaker"]["state"].as_str())
+}
+
 /// A raw JSON-RPC POST to `/mcp`.
 fn post(gw: &HttpGateway, body: &Value) -> reqwest::RequestBuilder {
     reqwest::Client::new()
@@ -521,16 +532,11 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     let shed = call(&alice, "outage", json!({})).await;
     assert_eq!(shed.is_error, Some(true));
     assert!(text(&shed).contains("this client's calls to the server failed repeatedly"), "{}", text(&shed));
-    let status = |client| async move { call(client, "rebound_status", json!({})).await.structured_content.unwrap() };
-    let of_alice = status(&alice).await["servers"][0].clone();
-    assert_eq!(
-        (of_alice["breaker"]["state"].as_str(), of_alice["own_breaker"]["state"].as_str()),
-        (Some("closed"), Some("open")),
-        "{of_alice}"
-    );
+    let of_alice = server_status(&alice).await;
+    assert_eq!(breakers(&of_alice), (Some("closed"), Some("open")), "{of_alice}");
     assert_eq!(of_alice["own_tool_breakers"]["outage"]["state"], "open", "{of_alice}");
     assert_eq!(text(&call(&bob, "echo", json!({"message": "m"})).await), "a: m");
-    let of_bob = status(&bob).await["servers"][0].clone();
+    let of_bob = server_status(&bob).await;
     assert!(of_bob.get("own_breaker").is_none() && of_bob.get("own_tool_breakers").is_none(), "{of_bob}");
     // The operator sees how many clients are shed so, in the status and the metrics.
     let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
@@ -542,7 +548,7 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     // tool's breaker).
     call(&bob, "outage", json!({})).await;
     call(&carol, "outage", json!({})).await;
-    let of_bob = status(&bob).await["servers"][0].clone();
+    let of_bob = server_status(&bob).await;
     assert_eq!(of_bob["tool_breakers"]["outage"]["state"], "open", "{of_bob}");
     let shed = call(&bob, "outage", json!({})).await;
     assert!(text(&shed).contains("the circuit breaker of tool `outage` is open"), "{}", text(&shed));
@@ -556,7 +562,7 @@ async fn one_clients_failures_shed_its_own_calls_alone() {
     assert_eq!(closed.json::<Value>().await.unwrap()["reset"], "the circuit breaker of `outage` on `a` is closed");
     let text_now = metrics().await;
     assert!(!text_now.contains(r#"rebound_tool_breaker_state{server="a",tool="outage"}"#), "{text_now}");
-    let of_bob = status(&bob).await["servers"][0].clone();
+    let of_bob = server_status(&bob).await;
     assert!(of_bob.pointer("/tool_breakers/outage").is_none(), "a closed and clean breaker is not listed: {of_bob}");
     let never_called = reset("server=a&tool=slow").await.unwrap();
     assert_eq!(never_called.status(), StatusCode::NOT_FOUND);
@@ -597,17 +603,12 @@ async fn the_calls_a_crash_takes_down_open_no_breaker_the_others_share() {
         let lost = tokio::time::timeout(Duration::from_secs(30), hung).await.unwrap().unwrap().unwrap();
         assert!(text(&lost).contains("connection lost"), "{}", text(&lost));
     }
-    let status = |client| async move { call(client, "rebound_status", json!({})).await.structured_content.unwrap() };
-    let of_alice = status(&alice).await["servers"][0].clone();
-    assert_eq!(
-        (of_alice["breaker"]["state"].as_str(), of_alice["own_breaker"]["state"].as_str()),
-        (Some("closed"), Some("open")),
-        "{of_alice}"
-    );
+    let of_alice = server_status(&alice).await;
+    assert_eq!(breakers(&of_alice), (Some("closed"), Some("open")), "{of_alice}");
     assert_eq!(text(&call(&carol, "echo", json!({"message": "m"})).await), "a: m");
     // Bob lost a call in every crash as well: by what the gateway sees, he cannot be told
     // from Alice, and is shed with her by his own breaker.
-    let of_bob = status(&bob).await["servers"][0].clone();
+    let of_bob = server_status(&bob).await;
     assert_eq!(of_bob["own_breaker"]["state"], "open", "{of_bob}");
     let _ = (alice.cancel().await, bob.cancel().await, carol.cancel().await);
 }

@@ -101,8 +101,7 @@ impl State {
     /// counted (the run, a bucket of the window), if it still is there; a `probe` of this
     /// half-open period frees its slot.
     fn joins_last_loss(&mut self, blame: Blamed, probe: bool) -> bool {
-        let Some(id) = blame.lost else { return false };
-        if self.lost.replace(id) != Some(id) {
+        if blame.lost.is_none() || blame.lost != self.lost {
             return false;
         }
         self.run.join(blame);
@@ -113,6 +112,13 @@ impl State {
             self.phase = Phase::HalfOpen { in_flight: in_flight.saturating_sub(1), successes };
         }
         true
+    }
+
+    /// Counts a failure of its own in the run (the caller, in the window), remembering the
+    /// connection it was lost with, if it was.
+    fn count_failure(&mut self, blame: Blamed) {
+        self.lost = blame.lost.or(self.lost);
+        self.run.add(blame);
     }
 
     /// A half-open period begins, with one probe out: the one being admitted.
@@ -283,7 +289,7 @@ impl Breaker {
                     }
                     Outcome::Success => s.phase = Phase::HalfOpen { in_flight, successes: successes + 1 },
                     Outcome::Failure => {
-                        s.run.add(blame);
+                        s.count_failure(blame);
                         if s.run.of_others() > 0 {
                             self.open(&mut s, now);
                         } else {
@@ -304,7 +310,7 @@ impl Breaker {
                     self.tally(&mut s, now, None);
                 }
                 Outcome::Failure => {
-                    s.run.add(blame);
+                    s.count_failure(blame);
                     self.tally(&mut s, now, Some(blame));
                     if s.run.of_others() >= self.config.failure_threshold || self.rate_tripped(&s) {
                         self.open(&mut s, now);

@@ -63,13 +63,15 @@ impl Failures {
     pub fn add(&mut self, failure: impl Into<Blamed>) {
         let Blamed { on, lost } = failure.into();
         self.total += 1;
-        let mut with = HashSet::new();
-        if let Blame::Client(key) = on {
+        let key = match on {
+            Blame::Client(key) => Some(key),
+            Blame::Server => None,
+        };
+        if let Some(key) = key {
             self.count(key, 1);
-            with.insert(key);
         }
         if let Some(id) = lost {
-            self.lost = Some((id, with));
+            self.lost = Some((id, key.into_iter().collect()));
         }
     }
 

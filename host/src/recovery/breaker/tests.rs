@@ -291,6 +291,24 @@ async fn probes_lost_in_one_crash_are_one_failed_probe() {
     assert_eq!(b.phase(), Phase::Closed);
 }
 
+/// A crash's first failure to come back may be of a call the breaker no longer counts
+/// (admitted before it opened): the crash is still counted, with the next. Half-open,
+/// the probe lost in it is a failed probe.
+#[tokio::test(start_paused = true)]
+async fn a_crash_whose_first_failure_is_out_of_date_is_counted_with_the_next() {
+    let b = defaults();
+    let stale = b.admit().unwrap();
+    fail(&b, 5);
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let probe = b.admit_for(Blame::Client(2)).expect("a probe");
+    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(9) };
+    stale.record_blaming(Outcome::Failure, lost(1));
+    probe.record_blaming(Outcome::Failure, lost(2));
+    assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, .. }), "{:?}", b.phase());
+    assert!(b.admit_for(Blame::Client(2)).is_err(), "its probe failed: it waits");
+    assert_eq!(b.snapshot().consecutive_failures, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_failure_rate_leaves_out_the_client_that_failed_most() {
     let b = breaker(BreakerConfig {
