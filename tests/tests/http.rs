@@ -1682,6 +1682,8 @@ async fn an_http_upstreams_streams_cut_short_each_count_for_the_breaker() {
         let r = gw.call("hang", json!({})).await;
         assert!(text(&r).contains("connection lost"), "{}", text(&r));
     }
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    assert_eq!(status["servers"][0]["restarts"], 0, "one session throughout: {status}");
     let shed = gw.call("hang", json!({})).await;
     assert!(text(&shed).contains("circuit breaker"), "{}", text(&shed));
     gw.close().await;

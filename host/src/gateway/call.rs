@@ -270,8 +270,9 @@ async fn answer(
             session: Some(session.id),
         }),
     };
-    // Lost in flight: with the session, a failure one with every call that went down with
-    // it (for the breakers), or (a `url` server's) with this request's own stream alone.
+    // Lost in flight: if the session ended too, it is named, so that the breakers count
+    // every call lost with it as one failure; otherwise (a `url` server's response stream
+    // cut short) the call fails alone.
     let outcome = match outcome {
         Err(Failure::ConnectionLost { reason, session: None }) if lost_with(session).await => {
             Err(Failure::ConnectionLost { reason, session: Some(session.id) })
@@ -385,6 +386,8 @@ async fn lost_with(session: &Session) -> bool {
         || tokio::time::timeout(SESSION_LOSS_HEARD, session.closed.cancelled()).await.is_ok()
 }
 
+/// A call whose session was lost before its request was handed over: never sent, and
+/// the server is restarting.
 fn lost_before_sent() -> Failure {
     let reason = Some("the connection was lost before the call was sent".into());
     Failure::Unavailable { status: crate::transport::Status::Restarting, reason }

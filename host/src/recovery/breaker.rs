@@ -7,12 +7,13 @@
 //! Only failures that say something about the server's health count (see
 //! `Classification::counts_for_breaker`): invalid arguments, a tool's own error from a
 //! healthy server and cancellations leave the breaker alone, or one bad caller could
-//! shut a good server off for everybody.
+//! shut a good server off for everybody. Every call lost with one session (a crash) is
+//! one failure ([`Blamed`]); the breaker remembers the last lost session it counted.
 //!
 //! Nor can one client's failures open a breaker that many clients' calls go through (a
 //! shared server's, over HTTP): each failure says whom it is blamed on ([`Blame`]), and
 //! the thresholds are met (and, half-open, a failed probe reopens it) without the
-//! failures of the one client that failed most. One client whose calls fail (its
+//! failures the one client that failed most had a part in. One client whose calls fail (its
 //! arguments make a tool hang, say) is shed by breakers of its own ([`levels`]); a failed
 //! probe of its refuses it the next probes of that half-open period.
 //!
@@ -84,9 +85,9 @@ struct State {
     /// admitted it, not in a later one it outlived (a probe's in a later half-open period,
     /// a call's from before an opening once the breaker has closed again).
     cycle: u64,
-    /// The connection whose loss was counted last: a failure that went down with it too
-    /// is that failure, not another.
-    lost: Option<u64>,
+    /// The session whose loss was counted last: a failure lost with it too is that
+    /// failure, not another. Only the last is remembered.
+    last_loss: Option<u64>,
 }
 
 impl State {
@@ -96,12 +97,12 @@ impl State {
         self.refused_until = None;
     }
 
-    /// Whether a failure went down with the connection whose loss was counted last: then
-    /// it is that failure, not another, and its client is given a part in it where it was
-    /// counted (the run, a bucket of the window), if it still is there; a `probe` of this
-    /// half-open period frees its slot.
-    fn joins_last_loss(&mut self, blame: Blamed, probe: bool) -> bool {
-        if blame.lost.is_none() || blame.lost != self.lost {
+    /// Joins a failure lost with the session whose loss was counted last to that failure,
+    /// if it was: its client is given a part in it wherever it was counted (the run, a
+    /// bucket of the window) and is still there, and a `probe` of this half-open period
+    /// frees its slot. Whether it was joined; if not, it is a new failure.
+    fn join_last_loss(&mut self, blame: Blamed, probe: bool) -> bool {
+        if blame.lost.is_none() || blame.lost != self.last_loss {
             return false;
         }
         self.run.join(blame);
@@ -114,10 +115,10 @@ impl State {
         true
     }
 
-    /// Counts a failure of its own in the run (the caller, in the window), remembering the
-    /// connection it was lost with, if it was.
+    /// Counts a new failure in the run (the caller counts it in the window), remembering
+    /// the session it was lost with, if it was.
     fn count_failure(&mut self, blame: Blamed) {
-        self.lost = blame.lost.or(self.lost);
+        self.last_loss = blame.lost.or(self.last_loss);
         self.run.add(blame);
     }
 
@@ -167,7 +168,7 @@ impl Breaker {
             last_success: None,
             last_used: None,
             cycle: 0,
-            lost: None,
+            last_loss: None,
         };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
@@ -274,7 +275,7 @@ impl Breaker {
             s.last_success = Some(now);
         }
         let current_probe = probe && cycle == s.cycle;
-        if outcome == Outcome::Failure && s.joins_last_loss(blame, current_probe) {
+        if outcome == Outcome::Failure && s.join_last_loss(blame, current_probe) {
             return;
         }
         match (s.phase, probe) {

@@ -9,6 +9,10 @@
 //! calls of the others that went down with its own: what the others say is the failures
 //! the client that failed most had no part in.
 
+use std::collections::HashSet;
+
+use super::levels::MAX_CLIENT_BREAKERS;
+
 /// Whom a failure is blamed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Blame {
@@ -18,8 +22,6 @@ pub enum Blame {
     /// One client of the many a server serves, by a key (see the gateway's `blame_of`).
     Client(u64),
 }
-
-use std::collections::HashSet;
 
 /// One failure as a breaker counts it: whom it is blamed on, and the connection it was
 /// lost with, if it was (the failures of every call that went down with one connection
@@ -38,14 +40,15 @@ impl From<Blame> for Blamed {
 }
 
 /// The most clients one tally tells apart. A client past them takes the place of the one
-/// with the fewest failures, whose failures then stay in the total as no one's: any client
-/// with more than a sixteenth of the failures stays told apart, the one that failed most
-/// above all.
+/// with the fewest failures, whose part in them is then no one's. Failures of their own
+/// keep the client that failed most told apart. Crashes may not: one that takes down the
+/// calls of more than 15 other clients with its culprit's can push the culprit out, and
+/// then its crashes count as the others' (as every lost call did before crashes were
+/// one failure).
 const MAX_CLIENTS: usize = 16;
 
-/// The most clients given a part in one lost connection's failure (as many as a server's
-/// clients with breakers of their own).
-const MAX_IN_ONE_LOSS: usize = 4096;
+/// The most clients given a part in one lost connection's failure.
+const MAX_IN_ONE_LOSS: usize = MAX_CLIENT_BREAKERS;
 
 /// Failures by whom they are blamed on.
 #[derive(Debug, Clone, Default)]
@@ -54,12 +57,12 @@ pub(super) struct Failures {
     total: u32,
     /// The failures each client had a part in; none more than `total`.
     clients: Vec<(u64, u32)>,
-    /// The connection whose loss was counted here last, and the clients given a part in it.
-    lost: Option<(u64, HashSet<u64>)>,
+    /// The session whose loss was counted here last, and the clients given a part in it.
+    last_loss: Option<(u64, HashSet<u64>)>,
 }
 
 impl Failures {
-    /// Counts a failure of its own.
+    /// Counts a new failure.
     pub fn add(&mut self, failure: impl Into<Blamed>) {
         let Blamed { on, lost } = failure.into();
         self.total += 1;
@@ -71,14 +74,16 @@ impl Failures {
             self.count(key, 1);
         }
         if let Some(id) = lost {
-            self.lost = Some((id, key.into_iter().collect()));
+            self.last_loss = Some((id, key.into_iter().collect()));
         }
     }
 
-    /// Gives the client of a failure that went down with the connection counted here last
-    /// a part in that failure, once (none other is counted: it is the same).
+    /// Gives the client of a failure lost with the session whose loss was counted here
+    /// last a part in that failure, once; the total does not grow. A failure lost with
+    /// another session, or blamed on the server, changes nothing.
     pub fn join(&mut self, failure: Blamed) {
-        let (Some((last, with)), Blamed { on: Blame::Client(key), lost: Some(id) }) = (&mut self.lost, failure) else {
+        let (Some((last, with)), Blamed { on: Blame::Client(key), lost: Some(id) }) = (&mut self.last_loss, failure)
+        else {
             return;
         };
         if *last == id && with.len() < MAX_IN_ONE_LOSS && with.insert(key) {
