@@ -1158,10 +1158,10 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     gw.sigterm();
     gw.logged("shutting down: waiting up to").await;
     handle.cancel(Some("changed my mind".into())).await.unwrap();
-    // (Whether the server hears of it before the gateway stops it is a race the server
-    // loses either way: it is stopped.)
-    gw.logged("call failed: cancelled by the client").await;
     // Nothing is in flight any more: the gateway exits without waiting out its grace.
+    // (The cancel closes the call's stream, which ends the drain: whether the call is
+    // then logged as cancelled or as cut short by the shutdown is a race the client, who
+    // wants no answer, does not see.)
     let mut gw = gw;
     let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
     let status = exited.expect("exits long before its grace is over").unwrap();

@@ -13,9 +13,9 @@
 //! Nor can one client's failures open a breaker that many clients' calls go through (a
 //! shared server's, over HTTP): each failure says whom it is blamed on ([`Blame`]), and
 //! the thresholds are met (and, half-open, a failed probe reopens it) without the
-//! failures the one client that failed most had a part in. One client whose calls fail (its
-//! arguments make a tool hang, say) is shed by breakers of its own ([`levels`]); a failed
-//! probe of its refuses it the next probes of that half-open period.
+//! failures the one client that failed most had a part in. One client whose calls fail
+//! (its arguments make a tool hang, say) is shed by breakers of its own ([`levels`]); a
+//! failed probe of its refuses it the next probes of that half-open period.
 //!
 //! Breakers come at two levels, as Envoy's outlier detection ejects one host and not the
 //! cluster: one per server, and one per tool ([`ToolBreakers`]); and on a server many
