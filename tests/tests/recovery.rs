@@ -195,18 +195,20 @@ async fn a_failing_tool_is_answered_by_its_configured_alternative() {
     gw.close().await;
 }
 
+/// Server `a` (no retries), whose `search` falls back to `echo` on server `b`.
+fn searching_b_too(dir: &std::path::Path, b: Value) -> Value {
+    let recovery = json!({"retry": {"max_attempts": 1}, "fallbacks": {"search": [{"server": "b", "tool": "echo"}]}});
+    let mut c = config(dir, recovery);
+    c["mcpServers"]["b"] = b;
+    c
+}
+
 /// A fallback on a server that never starts is not tried, and the report says which and
 /// why, instead of leaving it out.
 #[tokio::test]
 async fn a_fallback_on_a_server_that_never_started_is_reported_not_tried() {
-    let gw = Gateway::start(|d| {
-        let recovery =
-            json!({"retry": {"max_attempts": 1}, "fallbacks": {"search": [{"server": "b", "tool": "echo"}]}});
-        let mut c = config(d, recovery);
-        c["mcpServers"]["b"] = json!({"command": d.join("no-such-server").to_str().unwrap()});
-        c
-    })
-    .await;
+    let gw =
+        Gateway::start(|d| searching_b_too(d, json!({"command": d.join("no-such-server").to_str().unwrap()}))).await;
     let r = gw.call("search", json!({"query": "Nat.add_comm"})).await;
     assert_eq!(r.is_error, Some(true), "{r:?}");
     let t = text(&r);
@@ -225,14 +227,11 @@ async fn a_fallback_on_a_server_that_never_started_is_reported_not_tried() {
 #[tokio::test]
 async fn a_fallback_on_a_restarting_server_is_tried_and_waited_for() {
     let gw = Gateway::start(|d| {
-        let recovery =
-            json!({"retry": {"max_attempts": 1}, "fallbacks": {"search": [{"server": "b", "tool": "echo"}]}});
-        let mut c = config(d, recovery);
         let gate = d.join("b-may-start");
         std::fs::write(&gate, "").unwrap();
         let mut b = faulty("b", d, &["--start-gate", gate.to_str().unwrap()]);
         b["recovery"] = json!({"timeout_ms": 300, "retry": {"max_attempts": 1}});
-        c["mcpServers"]["b"] = b;
+        let mut c = searching_b_too(d, b);
         c["rebound"]["restart"] = json!({"initial_delay_ms": 10});
         c
     })
