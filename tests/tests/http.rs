@@ -1139,7 +1139,8 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
         |dir| {
             let mut a = faulty("a", dir, &[]);
             a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
-            json!({"mcpServers": {"a": a}, "rebound": {"http": {"shutdown_grace_ms": 600_000}}})
+            let log = dir.join("errors.jsonl");
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": log, "http": {"shutdown_grace_ms": 600_000}}})
         },
         &[],
     )
@@ -1159,13 +1160,15 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     gw.logged("shutting down: waiting up to").await;
     handle.cancel(Some("changed my mind".into())).await.unwrap();
     // Nothing is in flight any more: the gateway exits without waiting out its grace.
-    // (The cancel closes the call's stream, which ends the drain: whether the call is
-    // then logged as cancelled or as cut short by the shutdown is a race the client, who
-    // wants no answer, does not see.)
     let mut gw = gw;
     let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
     let status = exited.expect("exits long before its grace is over").unwrap();
     assert!(status.success(), "{status}");
+    // The cancel closes the call's stream before the call has ended: the drain waits for
+    // the call, not only for its stream, so the shutdown does not end it first.
+    gw.logged("call failed: cancelled by the client").await;
+    let errors = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).unwrap_or_default();
+    assert!(!errors.contains("mcp_shutdown"), "{errors}");
 }
 
 /// An open `subscriptions/listen` (held by its client for as long as it likes) ends at

@@ -140,27 +140,37 @@ fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
     Ok(())
 }
 
-/// Shutdown: new requests are refused (503), those in flight get `grace` to finish; the
-/// tool calls still running then are ended with an error result, which is sent before
-/// the streams close, and written to the errors log. So are the calls whose client went
-/// away (a call goes on without its request), whether any request was left or not.
+/// Shutdown: new requests are refused (503), those in flight get `grace` to finish, and
+/// so do the tool calls whose client went away (a call goes on without its request) or
+/// cancelled them (one ends as cancelled after its request has closed); the tool calls
+/// still running then are ended with an error result, which is sent before the streams
+/// close, and written to the errors log.
 async fn drain(front: &Front, grace: Duration) {
     front.limits.draining.store(true, Ordering::SeqCst);
     front.hub.close();
-    let waiting = front.limits.in_flight();
-    if waiting > 0 {
-        tracing::info!("shutting down: waiting up to {} ms for {waiting} request(s) in flight", grace.as_millis());
+    let (requests, calls) = (front.limits.in_flight(), front.hub.calls_answering());
+    if requests + calls > 0 {
+        tracing::info!(
+            "shutting down: waiting up to {} ms for {requests} request(s) in flight and {calls} tool call(s) running",
+            grace.as_millis()
+        );
     }
-    if tokio::time::timeout(grace, front.limits.drained()).await.is_err() {
+    let settled = async {
+        front.limits.drained().await;
+        front.hub.all_answered().await;
+    };
+    if tokio::time::timeout(grace, settled).await.is_err() {
         tracing::warn!(
-            "shutting down: {} request(s) still in flight after {} ms; their calls are ended with an error",
+            "shutting down: {} request(s) in flight and {} tool call(s) still running after {} ms; the calls are ended with an error",
             front.limits.in_flight(),
+            front.hub.calls_answering(),
             grace.as_millis()
         );
     }
     front.hub.stop_calls();
     let ended = async {
         front.limits.drained().await;
+        front.hub.all_answered().await;
         while front.hub.routing.in_flight() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

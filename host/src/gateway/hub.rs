@@ -71,6 +71,9 @@ struct Life {
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
     stopping: tokio_util::sync::CancellationToken,
+    /// Every tool call being answered, until its handler returns: a call its client
+    /// cancelled, or left, is still working until then.
+    answering: tokio_util::task::TaskTracker,
     /// Cancelled when shutdown begins: open `subscriptions/listen` requests end then,
     /// rather than hold the drain for its whole grace period.
     closing: tokio_util::sync::CancellationToken,
@@ -139,6 +142,7 @@ impl Hub {
                     started: Default::default(),
                     settled: Default::default(),
                     stopping: Default::default(),
+                    answering: Default::default(),
                     closing: Default::default(),
                     revisions,
                     operated,
@@ -448,6 +452,22 @@ impl Hub {
     /// Cancelled when the calls in flight are to end.
     pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
         &self.life.stopping
+    }
+
+    /// Tracks a tool call's answer until it is given (see [`Hub::all_answered`]).
+    pub(super) fn answering<F: Future>(&self, answer: F) -> tokio_util::task::task_tracker::TrackedFuture<F> {
+        self.life.answering.track_future(answer)
+    }
+
+    /// The tool calls being answered, with a request or without (their client gone).
+    pub fn calls_answering(&self) -> usize {
+        self.life.answering.len()
+    }
+
+    /// Returns once every tool call being answered has been (shutdown: no new one comes).
+    pub async fn all_answered(&self) {
+        self.life.answering.close();
+        self.life.answering.wait().await;
     }
 
     /// Shutdown begins: requests that would stay open until their client leaves (a

@@ -34,6 +34,16 @@ impl Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        // A shutdown waits for this, not for the call's request: a client's cancellation
+        // closes the request before the call has ended as cancelled.
+        self.hub.answering(self.answer_call_untracked(request, cx)).await
+    }
+
+    async fn answer_call_untracked(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         use futures::FutureExt as _;
         let name = request.name.clone();
         // The engine catches a panic inside a call; this catches one anywhere else on the
