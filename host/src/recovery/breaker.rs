@@ -85,9 +85,10 @@ struct State {
     /// admitted it, not in a later one it outlived (a probe's in a later half-open period,
     /// a call's from before an opening once the breaker has closed again).
     cycle: u64,
-    /// The session whose loss was counted last: a failure lost with it too is that
-    /// failure, not another. Only the last is remembered.
-    last_loss: Option<u64>,
+    /// The sessions whose loss was counted last, the latest last (at most
+    /// [`blame::RECENT_LOSSES`]): a failure lost with one of them too is that failure,
+    /// not another.
+    losses: VecDeque<u64>,
 }
 
 impl State {
@@ -97,12 +98,12 @@ impl State {
         self.refused_until = None;
     }
 
-    /// Joins a failure lost with the session whose loss was counted last to that failure,
-    /// if it was: its client is given a part in it wherever it was counted (the run, a
-    /// bucket of the window) and is still there, and a `probe` of this half-open period
-    /// frees its slot. Whether it was joined; if not, it is a new failure.
-    fn join_last_loss(&mut self, blame: Blamed, probe: bool) -> bool {
-        if blame.lost.is_none() || blame.lost != self.last_loss {
+    /// Joins a failure lost with a session whose loss was counted (one of the last few)
+    /// to that failure, if it was: its client is given a part in it wherever it was
+    /// counted (the run, a bucket of the window) and is still there, and a `probe` of this
+    /// half-open period frees its slot. Whether it was joined; if not, it is a new failure.
+    fn join_loss(&mut self, blame: Blamed, probe: bool) -> bool {
+        if !blame.lost.is_some_and(|id| self.losses.contains(&id)) {
             return false;
         }
         self.run.join(blame);
@@ -118,7 +119,12 @@ impl State {
     /// Counts a new failure in the run (the caller counts it in the window), remembering
     /// the session it was lost with, if it was.
     fn count_failure(&mut self, blame: Blamed) {
-        self.last_loss = blame.lost.or(self.last_loss);
+        if let Some(id) = blame.lost {
+            if self.losses.len() == blame::RECENT_LOSSES {
+                self.losses.pop_front();
+            }
+            self.losses.push_back(id);
+        }
         self.run.add(blame);
     }
 
@@ -168,7 +174,7 @@ impl Breaker {
             last_success: None,
             last_used: None,
             cycle: 0,
-            last_loss: None,
+            losses: VecDeque::new(),
         };
         Arc::new(Self { config, clock, rng, state: Mutex::new(state) })
     }
@@ -275,7 +281,7 @@ impl Breaker {
             s.last_success = Some(now);
         }
         let current_probe = probe && cycle == s.cycle;
-        if outcome == Outcome::Failure && s.join_last_loss(blame, current_probe) {
+        if outcome == Outcome::Failure && s.join_loss(blame, current_probe) {
             return;
         }
         match (s.phase, probe) {

@@ -9,7 +9,7 @@
 //! calls of the others that went down with its own: what the others say is the failures
 //! the client that failed most had no part in.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use super::levels::MAX_CLIENT_BREAKERS;
 
@@ -50,6 +50,11 @@ const MAX_CLIENTS: usize = 16;
 /// The most clients given a part in one lost connection's failure.
 const MAX_IN_ONE_LOSS: usize = MAX_CLIENT_BREAKERS;
 
+/// The lost sessions a breaker remembers, the latest last. A breaker's sessions mostly
+/// follow one another, but not always (a reload's old instance drains beside its
+/// successor): the calls of two crashes may come back interleaved.
+pub(super) const RECENT_LOSSES: usize = 4;
+
 /// Failures by whom they are blamed on.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Failures {
@@ -57,8 +62,9 @@ pub(super) struct Failures {
     total: u32,
     /// The failures each client had a part in; none more than `total`.
     clients: Vec<(u64, u32)>,
-    /// The session whose loss was counted here last, and the clients given a part in it.
-    last_loss: Option<(u64, HashSet<u64>)>,
+    /// The sessions whose loss was counted here last ([`RECENT_LOSSES`]), and the clients
+    /// given a part in each.
+    losses: VecDeque<(u64, HashSet<u64>)>,
 }
 
 impl Failures {
@@ -74,19 +80,24 @@ impl Failures {
             self.count(key, 1);
         }
         if let Some(id) = lost {
-            self.last_loss = Some((id, key.into_iter().collect()));
+            if self.losses.len() == RECENT_LOSSES {
+                self.losses.pop_front();
+            }
+            self.losses.push_back((id, key.into_iter().collect()));
         }
     }
 
-    /// Gives the client of a failure lost with the session whose loss was counted here
-    /// last a part in that failure, once; the total does not grow. A failure lost with
-    /// another session, or blamed on the server, changes nothing.
+    /// Gives the client of a failure lost with a session whose loss was counted here (one
+    /// of the last few) a part in that failure, once; the total does not grow. A failure
+    /// lost with another session, or blamed on the server, changes nothing.
     pub fn join(&mut self, failure: Blamed) {
-        let (Some((last, with)), Blamed { on: Blame::Client(key), lost: Some(id) }) = (&mut self.last_loss, failure)
-        else {
+        let Blamed { on: Blame::Client(key), lost: Some(id) } = failure else {
             return;
         };
-        if *last == id && with.len() < MAX_IN_ONE_LOSS && with.insert(key) {
+        let Some((_, with)) = self.losses.iter_mut().find(|(lost, _)| *lost == id) else {
+            return;
+        };
+        if with.len() < MAX_IN_ONE_LOSS && with.insert(key) {
             self.count(key, 1);
         }
     }
@@ -174,6 +185,15 @@ mod tests {
         f.add(Blame::Client(3));
         f.add(Blamed { on: Blame::Client(4), lost: None });
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (8, 5, 3), "{f:?}");
+        // Two crashes whose calls come back interleaved are one failure each.
+        let mut f = Failures::default();
+        for (client, crash) in [(1, 10), (2, 20), (3, 10), (3, 20), (4, 10)] {
+            match f.losses.iter().any(|(id, _)| *id == crash) {
+                true => f.join(lost(Blame::Client(client), crash)),
+                false => f.add(lost(Blame::Client(client), crash)),
+            }
+        }
+        assert_eq!((f.total(), f.most_of_one(), f.of_others()), (2, 2, 0), "client 3 was in both: {f:?}");
         // The server's failures lost with one connection are one too.
         let mut f = Failures::default();
         f.add(lost(Blame::Server, 7));

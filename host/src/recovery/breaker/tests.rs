@@ -271,6 +271,25 @@ async fn a_crash_is_one_failure_however_its_calls_come_back() {
     assert_eq!((s.consecutive_failures, s.window_calls, s.window_failures), (0, 2, 1), "{s:?}");
 }
 
+/// Two crashes whose calls come back interleaved (a reload's old instance and its
+/// successor, both lost) are two failures, each its clients': not three.
+#[tokio::test(start_paused = true)]
+async fn crashes_whose_calls_come_back_interleaved_are_one_failure_each() {
+    let b = defaults();
+    let lost = |client, id| Blamed { on: Blame::Client(client), lost: Some(id) };
+    for (client, id) in [(1, 10), (2, 20), (3, 10), (4, 20), (5, 10)] {
+        b.admit().unwrap().record_blaming(Outcome::Failure, lost(client, id));
+    }
+    let s = b.snapshot();
+    assert_eq!((s.consecutive_failures, s.window_failures), (2, 2), "{s:?}");
+    // Only the last few are remembered: a session lost long ago counts anew.
+    for id in 30..30 + super::blame::RECENT_LOSSES as u64 {
+        b.admit().unwrap().record_blaming(Outcome::Failure, lost(6, id));
+    }
+    b.admit().unwrap().record_blaming(Outcome::Failure, lost(7, 10));
+    assert_eq!(b.snapshot().consecutive_failures, 2 + super::blame::RECENT_LOSSES as u32 + 1);
+}
+
 /// Half-open, probes lost together in one crash are one failed probe, both their clients'
 /// (as one client's, it does not reopen the breaker): both wait, and another client's
 /// probes decide.
