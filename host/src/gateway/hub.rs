@@ -71,8 +71,8 @@ struct Life {
     settled: std::sync::atomic::AtomicBool,
     /// Cancelled when the calls still in flight are to be ended (shutdown).
     stopping: tokio_util::sync::CancellationToken,
-    /// Every tool call being answered, until its handler returns: a call its client
-    /// cancelled, or left, is still working until then.
+    /// Every tool call's handler, until it returns: a call its client cancelled, or
+    /// left, is still working until then.
     answering: tokio_util::task::TaskTracker,
     /// Cancelled when shutdown begins: open `subscriptions/listen` requests end then,
     /// rather than hold the drain for its whole grace period.
@@ -454,9 +454,9 @@ impl Hub {
         &self.life.stopping
     }
 
-    /// Tracks a tool call's answer until it is given (see [`Hub::all_answered`]).
-    pub(super) fn answering<F: Future>(&self, answer: F) -> tokio_util::task::task_tracker::TrackedFuture<F> {
-        self.life.answering.track_future(answer)
+    /// Tracks a tool call's handler until it returns (see [`Hub::all_answered`]).
+    pub(super) fn answering<F: Future>(&self, handler: F) -> tokio_util::task::task_tracker::TrackedFuture<F> {
+        self.life.answering.track_future(handler)
     }
 
     /// The tool calls being answered, with a request or without (their client gone).
@@ -464,7 +464,7 @@ impl Hub {
         self.life.answering.len()
     }
 
-    /// Returns once every tool call being answered has been (shutdown: no new one comes).
+    /// Returns once every tool call's handler has returned (shutdown: no new one comes).
     pub async fn all_answered(&self) {
         self.life.answering.close();
         self.life.answering.wait().await;

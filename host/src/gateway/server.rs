@@ -342,16 +342,11 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if !input::client_is_asked(&cx) {
-            return self.answer_call(request, cx).await;
-        }
-        if self.bridges(&request, &cx).await {
-            return self.bridge_call(request, &cx).await;
-        }
-        self.answer_asking(request, cx, |gateway, request, cx| {
-            Box::pin(async move { gateway.answer_call(request, cx).await })
-        })
-        .await
+        // A shutdown waits for this handler, not only for its request: a client's
+        // cancellation closes the request before the call has ended as cancelled. (A call
+        // held for a 2026-07-28 client's answers is not waited for: its handler has
+        // returned the question, and the answers could not come while the gateway drains.)
+        self.hub.answering(self.route_call(request, cx)).await
     }
 
     /// A request rmcp could not read as one it models: MCP 2025-11-25's tasks (see
@@ -582,6 +577,25 @@ impl ServerHandler for Gateway {
 }
 
 impl Gateway {
+    /// A tool call, bridged to an older server's task, held for a 2026-07-28 client's
+    /// answers to its server's questions, or answered.
+    async fn route_call(
+        &self,
+        request: CallToolRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if !input::client_is_asked(&cx) {
+            return self.answer_call(request, cx).await;
+        }
+        if self.bridges(&request, &cx).await {
+            return self.bridge_call(request, &cx).await;
+        }
+        self.answer_asking(request, cx, |gateway, request, cx| {
+            Box::pin(async move { gateway.answer_call(request, cx).await })
+        })
+        .await
+    }
+
     /// A prompt of the server that offers it.
     async fn answer_prompt(
         &self,

@@ -34,18 +34,9 @@ impl Gateway {
         request: CallToolRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // A shutdown waits for this, not for the call's request: a client's cancellation
-        // closes the request before the call has ended as cancelled.
-        self.hub.answering(self.answer_call_untracked(request, cx)).await
-    }
-
-    async fn answer_call_untracked(
-        &self,
-        request: CallToolRequestParams,
-        cx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
         use futures::FutureExt as _;
         let name = request.name.clone();
+        let cancelled = cx.ct.clone();
         // The engine catches a panic inside a call; this catches one anywhere else on the
         // call's path (reporting, logging, metrics), so that no call goes unanswered.
         let answer = std::panic::AssertUnwindSafe(self.call_tool_inner(request, cx)).catch_unwind();
@@ -57,7 +48,10 @@ impl Gateway {
         let answer = tokio::select! {
             answer = answer => answer,
             () = self.hub.stopping().cancelled() => {
-                logged(crate::errors_log::ErrorsLog::cut_short);
+                // A call its client cancelled was not cut short: no one waits for it.
+                if !cancelled.is_cancelled() {
+                    logged(crate::errors_log::ErrorsLog::cut_short);
+                }
                 let text = format!(
                     "rebound: the gateway shut down while `{name}` was running; check whether the call took effect, then call it again (the gateway is restarting or gone)"
                 );

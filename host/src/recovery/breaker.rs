@@ -8,7 +8,7 @@
 //! `Classification::counts_for_breaker`): invalid arguments, a tool's own error from a
 //! healthy server and cancellations leave the breaker alone, or one bad caller could
 //! shut a good server off for everybody. Every call lost with one session (a crash) is
-//! one failure ([`Blamed`]); the breaker remembers the last lost session it counted.
+//! one failure ([`Blamed`]); the breaker remembers the last few lost sessions it counted.
 //!
 //! Nor can one client's failures open a breaker that many clients' calls go through (a
 //! shared server's, over HTTP): each failure says whom it is blamed on ([`Blame`]), and
