@@ -761,6 +761,24 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
     gw.close().await;
 }
 
+/// `ping_timeout_ms: 0` turns the ping off: a call that times out on a frozen server
+/// fails, and the server keeps its process, to answer once it thaws.
+#[tokio::test]
+async fn with_ping_timeout_zero_a_frozen_server_is_not_restarted() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &[]);
+        a["recovery"] = json!({"timeout_ms": 300, "ping_timeout_ms": 0, "retry": {"max_attempts": 1}});
+        json!({"mcpServers": {"a": a}, "rebound": {"gateway_tools": false, "restart": {"initial_delay_ms": 10}}})
+    })
+    .await;
+    let frozen = gw.call("freeze", json!({"ms": 1500})).await;
+    assert_eq!(frozen.is_error, Some(true), "{}", text(&frozen));
+    let answer = call_until(&gw, json!({"message": "thawed"}), |r| r == "a: thawed").await;
+    assert_eq!(answer, "a: thawed");
+    assert_eq!(gw.state("a", "starts").len(), 1, "restarted with the ping off");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_server_that_stops_reading_fails_a_prompt_and_is_restarted() {
     let gw = Gateway::start(|dir| {
