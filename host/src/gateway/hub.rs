@@ -18,6 +18,7 @@ use super::downstreams::{Downstreams, Front};
 use super::held::Held;
 use super::metrics::Metrics;
 use super::relay::{HubRelay, Owner};
+use super::reload::LastReload;
 use super::routing::Routing;
 use super::setup::{Changes, Setup};
 use crate::config::{Config, ServerConfig};
@@ -84,27 +85,7 @@ struct Life {
     operated: bool,
     /// The last reload's outcome, for the status: over stdio the client hides the
     /// gateway's log, so an edit refused would otherwise go unseen.
-    last_reload: Mutex<Option<Reloaded>>,
-}
-
-/// The most warnings of a reload kept for the status (the log has them all): the status
-/// may go to a model.
-const MAX_RELOAD_WARNINGS: usize = 8;
-
-/// A reload's outcome, and when.
-#[derive(Debug, Clone)]
-pub struct Reloaded {
-    pub at: std::time::SystemTime,
-    pub outcome: ReloadOutcome,
-}
-
-#[derive(Debug, Clone)]
-pub enum ReloadOutcome {
-    /// Applied: what changed, in words, and what the file has that was not used (unknown
-    /// keys, disabled servers), as `rebound check` warns of it.
-    Applied { changes: String, warnings: Vec<String> },
-    /// Refused: why; the running configuration keeps serving.
-    Refused(String),
+    last_reload: LastReload,
 }
 
 impl Hub {
@@ -146,7 +127,7 @@ impl Hub {
                     closing: Default::default(),
                     revisions,
                     operated,
-                    last_reload: Mutex::default(),
+                    last_reload: LastReload::default(),
                 },
             }
         });
@@ -488,26 +469,9 @@ impl Hub {
         self.life.operated
     }
 
-    /// Notes a reload's outcome, its text capped (the status may go to a model), and
-    /// redacted as it is cut so that no cut leaves the start of a secret.
-    pub fn reloaded(&self, outcome: ReloadOutcome) {
-        let secrets = self.setup().secrets.clone();
-        let capped = |text: &str, max| secrets.redact_capped(text, max);
-        let cap = |text: String| capped(&text, 2 << 10);
-        let outcome = match outcome {
-            ReloadOutcome::Applied { changes, warnings } => {
-                let warnings = warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(|w| capped(&w, 512)).collect();
-                ReloadOutcome::Applied { changes: cap(changes), warnings }
-            }
-            ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),
-        };
-        let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };
-        *self.life.last_reload.lock().expect("not poisoned") = Some(reloaded);
-    }
-
-    /// The last reload's outcome, if there was one.
-    pub fn last_reload(&self) -> Option<Reloaded> {
-        self.life.last_reload.lock().expect("not poisoned").clone()
+    /// The last reload's outcome, for the status.
+    pub fn last_reload(&self) -> &LastReload {
+        &self.life.last_reload
     }
 
     /// Whether the start-up wait is over: every shared server finished its first start

@@ -14,7 +14,7 @@ use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
-use super::hub::{Hub, ReloadOutcome};
+use super::hub::Hub;
 use super::setup::Changes;
 use crate::config;
 
@@ -35,6 +35,54 @@ pub enum Refused {
     ShuttingDown,
 }
 
+/// The most warnings of a reload kept for the status (the log has them all): the status
+/// may go to a model.
+const MAX_RELOAD_WARNINGS: usize = 8;
+
+/// A reload's outcome, and when.
+#[derive(Debug, Clone)]
+pub struct Reloaded {
+    pub at: std::time::SystemTime,
+    pub outcome: ReloadOutcome,
+}
+
+#[derive(Debug, Clone)]
+pub enum ReloadOutcome {
+    /// Applied: what changed, in words, and what the file has that was not used (unknown
+    /// keys, disabled servers), as `rebound check` warns of it.
+    Applied { changes: String, warnings: Vec<String> },
+    /// Refused: why; the running configuration keeps serving.
+    Refused(String),
+}
+
+/// The last reload's outcome, for the status: over stdio the client hides the gateway's
+/// log, so an edit refused would otherwise go unseen.
+#[derive(Debug, Default)]
+pub struct LastReload(std::sync::Mutex<Option<Reloaded>>);
+
+impl LastReload {
+    /// Notes a reload's outcome, its text capped (the status may go to a model), and
+    /// redacted as it is cut so that no cut leaves the start of a secret.
+    pub fn record(&self, outcome: ReloadOutcome, secrets: &crate::redact::Secrets) {
+        let capped = |text: &str, max| secrets.redact_capped(text, max);
+        let cap = |text: String| capped(&text, 2 << 10);
+        let outcome = match outcome {
+            ReloadOutcome::Applied { changes, warnings } => {
+                let warnings = warnings.into_iter().take(MAX_RELOAD_WARNINGS).map(|w| capped(&w, 512)).collect();
+                ReloadOutcome::Applied { changes: cap(changes), warnings }
+            }
+            ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),
+        };
+        let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };
+        *self.0.lock().expect("not poisoned") = Some(reloaded);
+    }
+
+    /// The last reload's outcome, if there was one.
+    pub fn get(&self) -> Option<Reloaded> {
+        self.0.lock().expect("not poisoned").clone()
+    }
+}
+
 /// Reloads the configuration at `path` now. On success, what changed.
 pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
     match attempt(hub, path).await {
@@ -42,7 +90,7 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
             let summary = changes.summary();
             tracing::info!("configuration reloaded from {}: {summary}", path.display());
             hub.metrics.reloaded("applied");
-            hub.reloaded(ReloadOutcome::Applied { changes: summary, warnings });
+            hub.last_reload().record(ReloadOutcome::Applied { changes: summary, warnings }, &hub.setup().secrets);
             Ok(changes)
         }
         // Not the file's fault: no refusal to count or show.
@@ -53,7 +101,7 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
         Err(e) => {
             tracing::error!("configuration reload refused; the running configuration keeps serving: {e}");
             hub.metrics.reloaded("refused");
-            hub.reloaded(ReloadOutcome::Refused(e.to_string()));
+            hub.last_reload().record(ReloadOutcome::Refused(e.to_string()), &hub.setup().secrets);
             Err(e)
         }
     }

@@ -9,8 +9,9 @@ use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Resource, ResourceCo
 use serde_json::{Value, json};
 
 use super::downstreams::Front;
-use super::hub::{Hub, ReloadOutcome, Reloaded};
+use super::hub::Hub;
 use super::recent::quantile;
+use super::reload::{ReloadOutcome, Reloaded};
 use super::session_servers::SessionServers;
 use super::setup::Setup;
 use super::snapshot::{AdapterSnapshot, Counts, ServerSnapshot, Snapshot};
@@ -126,7 +127,7 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
     if own.is_none() || hub.downstreams.front() == Front::Stdio {
         gateway["errors_log"] = json!(hub.errors.path());
         gateway["errors_dropped"] = json!(hub.errors.dropped());
-        if let Some(reloaded) = hub.last_reload() {
+        if let Some(reloaded) = hub.last_reload().get() {
             gateway["last_reload"] = reload_json(&reloaded);
         }
     }
