@@ -335,23 +335,31 @@ async fn serve_stdio(hub: Arc<Hub>, max_in_flight: usize, shutdown: Cancellation
     Ok(())
 }
 
-/// The async runtime: for `http`, on every core unless `worker_threads` says otherwise.
+/// The async runtime: for `http`, on half the cores unless `worker_threads` says
+/// otherwise.
 fn runtime(http: bool, worker_threads: Option<usize>) -> Result<tokio::runtime::Runtime> {
     // One client over stdio asks one call at a time or a few: a single thread serves it
     // with no hand-off between threads on the call's path (`cargo xtask bench`, the
     // official Python SDK over stdio: 1.55× direct on the multi-threaded runtime, 1.35×
-    // on this one). The HTTP front serves many clients on every core, unless
-    // `rebound.http.worker_threads` says 1 (docs/benchmarks.md). Adapters yield at each
-    // epoch tick (a thread of their own), and compiling one on reload runs on the
-    // blocking pool, so neither holds the one thread for long.
-    match (http, worker_threads) {
-        (false, _) | (true, Some(1)) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        (true, Some(threads)) => {
-            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
-        }
-        (true, None) => tokio::runtime::Runtime::new(),
+    // on this one). Over HTTP, half the cores: the servers behind the gateway run on the
+    // same machine and do the tools' work, and a call's hops between the gateway's tasks
+    // cost more as hand-offs between threads than a second thread gives back (on two
+    // cores, one thread served more calls/s than two at 1 and at 16 sessions in every pass
+    // of docs/benchmarks.md's 2026-11-28 runs). Adapters yield at each epoch tick (a thread
+    // of their own), and compiling one on reload runs on the blocking pool, so neither
+    // holds a thread for long.
+    let threads = worker_threads.unwrap_or_else(|| half_the_cores(std::thread::available_parallelism()));
+    if !http || threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
     }
     .context("cannot start the async runtime")
+}
+
+/// The HTTP front's threads by default: half the cores, at least one.
+fn half_the_cores(cores: std::io::Result<std::num::NonZeroUsize>) -> usize {
+    cores.map_or(1, |n| (n.get() / 2).max(1))
 }
 
 /// Serves clients over `http` or stdio until the clients go or a signal comes: SIGTERM
@@ -430,4 +438,19 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     // A blocking read of stdin cannot be cancelled: exit rather than wait for the runtime
     // to drop it.
     std::process::exit(i32::from(outcome.is_err()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn the_http_front_takes_half_the_cores_and_at_least_one() {
+        let cores = |n| Ok(NonZeroUsize::new(n).unwrap());
+        assert_eq!(super::half_the_cores(cores(1)), 1);
+        assert_eq!(super::half_the_cores(cores(2)), 1);
+        assert_eq!(super::half_the_cores(cores(3)), 1);
+        assert_eq!(super::half_the_cores(cores(16)), 8);
+        assert_eq!(super::half_the_cores(Err(std::io::Error::other("unknown"))), 1);
+    }
 }

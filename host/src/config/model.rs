@@ -342,9 +342,9 @@ pub struct HttpSettings {
     pub trusted_proxies: Vec<String>,
     /// The header the trusted proxies write the client's address in.
     pub proxy_header: ProxyHeader,
-    /// Threads serving HTTP: one per core when unset. `1` serves every client on one
-    /// thread, with no hand-off between threads on a call's path: the lowest latency for
-    /// one client calling one call at a time, at the cost of the other cores.
+    /// Threads serving HTTP: half the cores (at least one) when unset, leaving the rest to
+    /// the servers behind the gateway. `1` serves every client on one thread, with no
+    /// hand-off between threads on a call's path.
     pub worker_threads: Option<usize>,
 }
 

@@ -191,7 +191,7 @@ struct Upstream {
     http: Vec<String>,
 }
 
-/// Rebound in front of `upstream` (on `threads` worker threads, or one per core),
+/// Rebound in front of `upstream` (on `threads` worker threads, or half the cores),
 /// measured with `sessions` sessions calling at once.
 async fn rebound(dir: &std::path::Path, upstream: &Upstream, sessions: usize, threads: Option<usize>) -> Option<Round> {
     let config = dir.join(format!("{}-{threads:?}.json", upstream.name));
@@ -217,7 +217,9 @@ async fn compare(dir: &std::path::Path, upstream: &Upstream, peers: &[(String, V
     let Some(ours) = rebound(dir, upstream, sessions, None).await else {
         std::process::exit(1);
     };
-    let one_thread = rebound(dir, upstream, sessions, Some(1)).await;
+    // The other choice of threads: one per core (the default takes half).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let every_core = rebound(dir, upstream, sessions, Some(cores)).await;
     let line = |name: &str, r: &Round| {
         let peak = r.peak_mb.map_or_else(|| "?".to_string(), |mb| format!("{mb:.1}"));
         format!(
@@ -227,8 +229,8 @@ async fn compare(dir: &std::path::Path, upstream: &Upstream, peers: &[(String, V
     };
     println!("streamable HTTP, {sessions} session(s) calling {}'s `echo` for {} s:", upstream.name, MEASURE.as_secs());
     println!("{}", line("rebound", &ours));
-    if let Some(r) = one_thread {
-        println!("{}   (`rebound.http.worker_threads`: 1)", line("rebound 1-thr", &r));
+    if let Some(r) = every_core {
+        println!("{}   (`rebound.http.worker_threads`: {cores}, one per core)", line("rebound cores", &r));
     }
     let port = free_port();
     let (argv, url) = (fill(&upstream.http, port, &[]), format!("http://127.0.0.1:{port}/mcp"));

@@ -320,7 +320,7 @@ fn http_front_defaults_to_loopback_and_validates_its_settings() {
             says,
         );
     }
-    assert_eq!(c.settings.http.worker_threads, None, "one thread per core unless set");
+    assert_eq!(c.settings.http.worker_threads, None, "half the cores unless set");
     let c = ok(r#"{"mcpServers": {"a": {"command": "a"}}, "rebound": {"http": {"worker_threads": 1}}}"#);
     assert_eq!(c.settings.http.worker_threads, Some(1));
     for threads in ["0", "257"] {
