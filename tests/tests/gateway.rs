@@ -767,14 +767,15 @@ async fn a_server_that_answers_no_ping_after_a_timeout_is_restarted_and_a_busy_o
 async fn with_ping_timeout_zero_a_frozen_server_is_not_restarted() {
     let gw = Gateway::start(|dir| {
         let mut a = faulty("a", dir, &[]);
-        a["recovery"] = json!({"timeout_ms": 300, "ping_timeout_ms": 0, "retry": {"max_attempts": 1}});
+        // The echo after the freeze waits for the thaw, with no timeout of its own.
+        a["recovery"] = json!({"timeout_ms": 300, "ping_timeout_ms": 0, "retry": {"max_attempts": 1},
+            "tools": {"echo": {"timeout_ms": 60_000}}});
         json!({"mcpServers": {"a": a}, "rebound": {"gateway_tools": false, "restart": {"initial_delay_ms": 10}}})
     })
     .await;
     let frozen = gw.call("freeze", json!({"ms": 1500})).await;
     assert_eq!(frozen.is_error, Some(true), "{}", text(&frozen));
-    let answer = call_until(&gw, json!({"message": "thawed"}), |r| r == "a: thawed").await;
-    assert_eq!(answer, "a: thawed");
+    assert_eq!(text(&gw.call("echo", json!({"message": "thawed"})).await), "a: thawed");
     assert_eq!(gw.state("a", "starts").len(), 1, "restarted with the ping off");
     gw.close().await;
 }

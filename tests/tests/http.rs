@@ -1182,6 +1182,41 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     assert!(errors.contains("cancelled by the client") && !errors.contains("mcp_shutdown"), "{errors}");
 }
 
+/// A client on 2026-07-28 has no session to send a cancellation on: it leaves. Its call is
+/// cancelled then, and wound down while the gateway drains: logged as cancelled, not as
+/// cut short by the shutdown, and the gateway exits without waiting out its grace.
+#[tokio::test]
+async fn while_the_gateway_drains_a_2026_client_that_leaves_has_its_call_cancelled() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
+            let log = dir.join("errors.jsonl");
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": log, "http": {"shutdown_grace_ms": 600_000}}})
+        },
+        &[],
+    )
+    .await;
+    let params = json!({"name": "hang", "arguments": {}, "_meta": modern_meta()});
+    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let call = post(&gw, &request)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "hang");
+    // Reads its answer until it leaves.
+    let waiting = tokio::spawn(async move { call.send().await.unwrap().text().await });
+    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
+    gw.sigterm();
+    gw.logged("shutting down: waiting up to").await;
+    waiting.abort(); // its connection closes
+    let mut gw = gw;
+    let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
+    let status = exited.expect("exits long before its grace is over").unwrap();
+    assert!(status.success(), "{status}");
+    let errors = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).expect("the errors log");
+    assert!(errors.contains("cancelled by the client") && !errors.contains("mcp_shutdown"), "{errors}");
+}
+
 /// An open `subscriptions/listen` (held by its client for as long as it likes) ends at
 /// SIGTERM: it does not hold the shutdown for its whole grace period.
 #[tokio::test]

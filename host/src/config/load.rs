@@ -699,7 +699,7 @@ impl Ctx<'_> {
         let grace = Some(http.shutdown_grace_ms);
         self.within("http.shutdown_grace_ms", grace, 0..=600_000, "at most 600000 (ten minutes)", "5000")?;
         let threads = http.worker_threads.and_then(n);
-        self.within("http.worker_threads", threads, 1..=256, "1 to 256", "half the cores; 1 for a single thread")?;
+        self.within("http.worker_threads", threads, 1..=256, "1 to 256", "half the cores, at least one")?;
         Ok(http)
     }
 

@@ -351,8 +351,14 @@ impl Held {
             tokio::select! {
                 answer = call.outcome.wait() => return answer,
                 Some(question) = call.questions.recv() => call.queue(question, caps),
-                // Dropped, the call is cancelled upstream.
-                () = cancelled.cancelled() => return Err(ErrorData::internal_error("cancelled by the client", None)),
+                () = cancelled.cancelled() => {
+                    // Wound down here (cancelled upstream, in the errors log), on this
+                    // request's handler, which a shutdown waits for; past WIND_DOWN, on a
+                    // task of its own as the call is dropped.
+                    call.ct.cancel();
+                    let _ = tokio::time::timeout(WIND_DOWN, call.outcome.wait()).await;
+                    return Err(ErrorData::internal_error("cancelled by the client", None));
+                }
             }
         }
     }
@@ -431,6 +437,10 @@ impl Held {
         Ok(ServerResult::InputRequiredResult(InputRequiredResult::new(Some(questions), Some(state))))
     }
 }
+
+/// How long a call its client cancelled gets to wind down before its request's handler
+/// returns: it ends at once when cancelled, unless still waiting for the servers' start.
+const WIND_DOWN: Duration = Duration::from_secs(1);
 
 /// How often calls kept past their time are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);

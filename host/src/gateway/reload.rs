@@ -109,7 +109,8 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
 
 /// A reload, and the new file's warnings (as `rebound check` gives them), logged.
 async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), Refused> {
-    // Off the runtime's threads (over stdio it has one): reading a file can wait on a disk.
+    // Off the runtime's threads (over stdio, and over HTTP on up to three cores, it has
+    // one): reading a file can wait on a disk.
     let file = path.to_path_buf();
     let loaded = tokio::task::spawn_blocking(move || config::load(&file)).await;
     let failed =
