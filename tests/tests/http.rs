@@ -1146,16 +1146,7 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
 /// notification, not a new request): the call ends, and no longer holds the shutdown.
 #[tokio::test]
 async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
-    let gw = HttpGateway::start(
-        |dir| {
-            let mut a = faulty("a", dir, &[]);
-            a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
-            let log = dir.join("errors.jsonl");
-            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": log, "http": {"shutdown_grace_ms": 600_000}}})
-        },
-        &[],
-    )
-    .await;
+    let gw = draining_with_a_hang_upstream().await;
     let client = gw.client(None).await.unwrap();
     let request = rmcp::model::CallToolRequest::new(CallToolRequestParams::new("hang"));
     let handle = client
@@ -1171,15 +1162,9 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
     gw.logged("shutting down: waiting up to").await;
     handle.cancel(Some("changed my mind".into())).await.unwrap();
     // Nothing is in flight any more: the gateway exits without waiting out its grace.
-    let mut gw = gw;
-    let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
-    let status = exited.expect("exits long before its grace is over").unwrap();
-    assert!(status.success(), "{status}");
     // The cancel closes the call's stream before the call has ended: the drain waits for
     // the call, not only for its stream, so the shutdown does not end it first.
-    gw.logged("call failed: cancelled by the client").await;
-    let errors = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).expect("the errors log");
-    assert!(errors.contains("cancelled by the client") && !errors.contains("mcp_shutdown"), "{errors}");
+    exits_with_the_call_cancelled(gw).await;
 }
 
 /// A client on 2026-07-28 has no session to send a cancellation on: it leaves. Its call is
@@ -1187,16 +1172,7 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
 /// cut short by the shutdown, and the gateway exits without waiting out its grace.
 #[tokio::test]
 async fn while_the_gateway_drains_a_2026_client_that_leaves_has_its_call_cancelled() {
-    let gw = HttpGateway::start(
-        |dir| {
-            let mut a = faulty("a", dir, &[]);
-            a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
-            let log = dir.join("errors.jsonl");
-            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": log, "http": {"shutdown_grace_ms": 600_000}}})
-        },
-        &[],
-    )
-    .await;
+    let gw = draining_with_a_hang_upstream().await;
     let params = json!({"name": "hang", "arguments": {}, "_meta": modern_meta()});
     let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
     let call = post(&gw, &request)
@@ -1209,10 +1185,30 @@ async fn while_the_gateway_drains_a_2026_client_that_leaves_has_its_call_cancell
     gw.sigterm();
     gw.logged("shutting down: waiting up to").await;
     waiting.abort(); // its connection closes
-    let mut gw = gw;
+    exits_with_the_call_cancelled(gw).await;
+}
+
+/// A gateway whose `hang` runs for as long as it drains (ten minutes), with an errors log.
+async fn draining_with_a_hang_upstream() -> HttpGateway {
+    HttpGateway::start(
+        |dir| {
+            let mut a = faulty("a", dir, &[]);
+            a["recovery"] = json!({"timeout_ms": 600_000, "retry": {"max_attempts": 1}});
+            let log = dir.join("errors.jsonl");
+            json!({"mcpServers": {"a": a}, "rebound": {"errors_log": log, "http": {"shutdown_grace_ms": 600_000}}})
+        },
+        &[],
+    )
+    .await
+}
+
+/// The gateway exits long before its grace is over, its call logged as cancelled by the
+/// client and not as cut short by the shutdown.
+async fn exits_with_the_call_cancelled(mut gw: HttpGateway) {
     let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
     let status = exited.expect("exits long before its grace is over").unwrap();
     assert!(status.success(), "{status}");
+    gw.logged("call failed: cancelled by the client").await;
     let errors = std::fs::read_to_string(gw.dir.path().join("errors.jsonl")).expect("the errors log");
     assert!(errors.contains("cancelled by the client") && !errors.contains("mcp_shutdown"), "{errors}");
 }
