@@ -155,11 +155,12 @@ async fn drain(front: &Front, grace: Duration) {
             grace.as_millis()
         );
     }
-    let settled = async {
+    // No request in flight, and no tool call's handler still running.
+    let settled = || async {
         front.limits.drained().await;
         front.hub.all_answered().await;
     };
-    if tokio::time::timeout(grace, settled).await.is_err() {
+    if tokio::time::timeout(grace, settled()).await.is_err() {
         tracing::warn!(
             "shutting down: {} request(s) in flight and {} tool call(s) still running after {} ms; the calls are ended with an error",
             front.limits.in_flight(),
@@ -169,8 +170,7 @@ async fn drain(front: &Front, grace: Duration) {
     }
     front.hub.stop_calls();
     let ended = async {
-        front.limits.drained().await;
-        front.hub.all_answered().await;
+        settled().await;
         while front.hub.routing.in_flight() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -120,10 +120,7 @@ impl State {
     /// the session it was lost with, if it was.
     fn count_failure(&mut self, blame: Blamed) {
         if let Some(id) = blame.lost {
-            if self.losses.len() == blame::RECENT_LOSSES {
-                self.losses.pop_front();
-            }
-            self.losses.push_back(id);
+            blame::remember(&mut self.losses, id);
         }
         self.run.add(blame);
     }

@@ -55,6 +55,15 @@ const MAX_IN_ONE_LOSS: usize = MAX_CLIENT_BREAKERS;
 /// successor): the calls of two crashes may come back interleaved.
 pub(super) const RECENT_LOSSES: usize = 4;
 
+/// Remembers `lost` as the latest of the recent losses, forgetting the oldest past
+/// [`RECENT_LOSSES`].
+pub(super) fn remember<T>(recent: &mut VecDeque<T>, lost: T) {
+    if recent.len() == RECENT_LOSSES {
+        recent.pop_front();
+    }
+    recent.push_back(lost);
+}
+
 /// Failures by whom they are blamed on.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Failures {
@@ -80,10 +89,7 @@ impl Failures {
             self.count(key, 1);
         }
         if let Some(id) = lost {
-            if self.losses.len() == RECENT_LOSSES {
-                self.losses.pop_front();
-            }
-            self.losses.push_back((id, key.into_iter().collect()));
+            remember(&mut self.losses, (id, key.into_iter().collect()));
         }
     }
 
