@@ -18,6 +18,10 @@
 //! 4. with no call in flight, to the instance's own client (a `session`-scoped server), or
 //!    the gateway's only client (stdio); else to none.
 //!
+//! A shared server's log line over HTTP follows the same rule, and also goes to none for
+//! 5 s after another client's call there was answered: a server may write about a call
+//! just after answering it (`Routing::log_reader`).
+//!
 //! On a shared server over HTTP, a request the gateway makes of its own accord or about
 //! what several clients share (a subscription made, made again or given up, the log
 //! level, a task of a client gone cancelled) counts as another client's call, while it is
@@ -148,8 +152,8 @@ pub struct Routing {
     /// owner ([`Routing::task_owner_soon`]), and how many wait.
     owned: tokio::sync::Notify,
     waiting_for_owners: std::sync::atomic::AtomicUsize,
-    /// Per server instance, the clients whose calls ended there unanswered in the last
-    /// [`ENDED_COUNTS`], and when (see rule 3).
+    /// Per server instance, the clients whose calls ended there in the last
+    /// [`ENDED_COUNTS`], how, and when (see rule 3 and `log_reader`).
     ended: Mutex<HashMap<u64, Vec<Ended>>>,
     /// The upstream requests of calls that ended (or were sent again) in the last
     /// [`ENDED_COUNTS`], oldest first: a server's request naming one is no other call's.
@@ -187,17 +191,31 @@ pub const MAX_ASKED: usize = 64;
 /// session, client) until dropped.
 pub type Asked = super::pins::Counted<(u64, Arc<str>)>;
 
-/// A client whose call ended unanswered, and when.
-type Ended = (Arc<str>, Instant);
+/// How a call ended, for what the server says after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Cancelled or timed out: the server may still be serving it, and its request for
+    /// it still on its way (rule 3).
+    Unanswered,
+    /// Answered: the server may still write about it in its log (`Routing::log_reader`).
+    Answered,
+}
 
-/// How long a client's call still counts towards rule 3 once it ended unanswered: a call
-/// cancelled or timed out may still be served, and the server's request for it still on
-/// its way.
+/// A client whose call ended, how, and when.
+struct Ended {
+    client: Arc<str>,
+    how: Ending,
+    at: Instant,
+}
+
+/// How long a client's call still counts once it ended: a call cancelled or timed out may
+/// still be served, and the server's request for it still on its way (rule 3); a call
+/// answered may still be written about.
 const ENDED_COUNTS: Duration = Duration::from_secs(5);
 
 /// Whether `ended` still counts, at `now`.
-fn still_counts((_, at): &Ended, now: Instant) -> bool {
-    now.duration_since(*at) < ENDED_COUNTS
+fn still_counts(ended: &Ended, now: Instant) -> bool {
+    now.duration_since(ended.at) < ENDED_COUNTS
 }
 
 /// The most clients remembered per instance, and instances, before the stale are swept.
@@ -436,8 +454,8 @@ impl Routing {
         tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
     }
 
-    /// A call of `client` on `instance` ended unanswered now.
-    fn call_ended(&self, instance: u64, client: Arc<str>) {
+    /// A call of `client` on `instance` ended now, as `how` says.
+    fn call_ended(&self, instance: u64, client: Arc<str>, how: Ending) {
         let now = Instant::now();
         let fresh = |ended: &Ended| still_counts(ended, now);
         let mut ended = self.ended.lock().expect("not poisoned");
@@ -448,27 +466,41 @@ impl Routing {
             });
         }
         let clients = ended.entry(instance).or_default();
-        clients.retain(|ended| fresh(ended) && ended.0 != client);
+        clients.retain(|ended| fresh(ended) && (ended.client != client || ended.how != how));
         if clients.len() >= ENDED_KEPT {
-            clients.remove(0);
+            // An answered call holds back only log lines; one unanswered, requests too.
+            let oldest = clients.iter().position(|e| e.how == Ending::Answered).unwrap_or(0);
+            clients.remove(oldest);
         }
-        clients.push((client, now));
+        clients.push(Ended { client, how, at: now });
     }
 
     /// Whether a call of a client other than `client` (or, on a `shared` instance, a
     /// request of the gateway's own) ended unanswered on `instance` a moment ago.
     fn another_ended(&self, instance: u64, client: &str, shared: bool) -> bool {
+        self.another_ended_as(instance, |e| {
+            *e.client != *client && e.how == Ending::Unanswered && (shared || &*e.client != GATEWAY)
+        })
+    }
+
+    /// Whether a call of a client other than `client` (not the gateway's own request, which
+    /// tells of no client) was answered on `instance` a moment ago.
+    fn another_answered(&self, instance: u64, client: &str) -> bool {
+        self.another_ended_as(instance, |e| *e.client != *client && e.how == Ending::Answered && &*e.client != GATEWAY)
+    }
+
+    /// Whether a call that ended on `instance` a moment ago is `such`.
+    fn another_ended_as(&self, instance: u64, such: impl Fn(&Ended) -> bool) -> bool {
         let now = Instant::now();
         let ended = self.ended.lock().expect("not poisoned");
-        let another = |e: &Ended| *e.0 != *client && (shared || &*e.0 != GATEWAY) && still_counts(e, now);
-        ended.get(&instance).is_some_and(|clients| clients.iter().any(another))
+        ended.get(&instance).is_some_and(|clients| clients.iter().any(|e| still_counts(e, now) && such(e)))
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
-    /// the one a request of the server's would go to (see the module's rule); else
-    /// nobody, since the line may tell of any client's calls. (As for a request, a line
-    /// a server writes about a call after answering it can only be told from one about
-    /// the calls in flight then by the server itself: `scope: session` for such servers.)
+    /// the one a request of the server's would go to (see the module's rule), unless a
+    /// call of another client was answered there in the last [`ENDED_COUNTS`] (a line a
+    /// server writes about a call after answering it cannot be told from one about the
+    /// calls in flight then); else nobody, since the line may tell of any client's calls.
     /// A line that names its task (`task`) goes to that task's client alone.
     pub fn log_reader(
         &self,
@@ -481,8 +513,8 @@ impl Routing {
         }
         let asker = Asker { session, during: None, cancel: Default::default(), task: None };
         match self.caller((server, instance), &asker, Serves::Many) {
-            Caller::Client { to, .. } => Some(to),
-            Caller::Held(_) | Caller::Nobody(_) => None,
+            Caller::Client { to, .. } if !self.another_answered(instance, &to.client) => Some(to),
+            Caller::Client { .. } | Caller::Held(_) | Caller::Nobody(_) => None,
         }
     }
 
@@ -831,9 +863,8 @@ impl Drop for CallGuard {
             if let Some((session, request, _)) = call.upstream {
                 self.routing.gone(session, request);
             }
-            if !self.answered.load(Ordering::Relaxed) {
-                self.routing.call_ended(self.instance, call.client);
-            }
+            let how = if self.answered.load(Ordering::Relaxed) { Ending::Answered } else { Ending::Unanswered };
+            self.routing.call_ended(self.instance, call.client, how);
         }
     }
 }
@@ -954,7 +985,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_of_another_client_that_just_ended_still_counts_for_a_moment() {
         let routing = Routing::default();
-        routing.call_ended(1, "x".into());
+        routing.call_ended(1, "x".into(), Ending::Unanswered);
         assert!(routing.another_ended(1, "y", true), "x's call may still be served");
         assert!(!routing.another_ended(1, "x", true), "a client's own ended call is no other client's");
         assert!(!routing.another_ended(2, "y", true), "on another instance");
@@ -962,13 +993,13 @@ mod tests {
         assert!(!routing.another_ended(1, "y", true));
         // Remembered within bounds: the stale are swept once many instances are known.
         for n in 0..1000 {
-            routing.call_ended(n, format!("c{n}").into());
+            routing.call_ended(n, format!("c{n}").into(), Ending::Unanswered);
         }
         tokio::time::sleep(ENDED_COUNTS).await;
-        routing.call_ended(5000, "z".into());
+        routing.call_ended(5000, "z".into(), Ending::Unanswered);
         assert_eq!(routing.ended.lock().unwrap().len(), 1);
         for n in 0..1000 {
-            routing.call_ended(7, format!("c{n}").into());
+            routing.call_ended(7, format!("c{n}").into(), Ending::Unanswered);
         }
         assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
     }
@@ -1064,10 +1095,20 @@ mod tests {
         routing.in_flight.lock().unwrap().entry(1).or_default().push(call);
         let reader = || routing.log_reader(("a", 1), 0, None).map(|to| to.client.to_string());
         assert_eq!(reader().as_deref(), Some("alice"));
-        routing.call_ended(1, "bob".into());
+        routing.call_ended(1, "bob".into(), Ending::Unanswered);
         assert_eq!(reader(), None, "bob's call ended unanswered a moment ago: it may be his");
         tokio::time::sleep(ENDED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
+        // A line the server writes just after answering Bob may be about his call; a
+        // request of the server's is not held back by it (rule 3 is of unanswered calls).
+        routing.call_ended(1, "bob".into(), Ending::Answered);
+        assert_eq!(reader(), None, "bob's call was answered a moment ago: the line may tell of it");
+        let asker = Asker { session: 0, during: None, cancel: Default::default(), task: None };
+        assert!(matches!(routing.caller(("a", 1), &asker, Serves::Many), Caller::Client { .. }));
+        tokio::time::sleep(ENDED_COUNTS).await;
+        assert_eq!(reader().as_deref(), Some("alice"));
+        routing.call_ended(1, "alice".into(), Ending::Answered);
+        assert_eq!(reader().as_deref(), Some("alice"), "her own answered call holds nothing back");
         assert!(routing.log_reader(("a", 2), 0, None).is_none(), "nobody's call is in flight on another instance");
         // While a task of Bob's runs there, a line that names no task may be his; one that
         // names his task is his alone.

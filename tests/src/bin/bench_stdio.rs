@@ -1,8 +1,11 @@
 //! `cargo xtask bench`: the stdio round trip of a Rust client calling a minimal Rust server,
 //! directly, through `line-relay` (two more pipe hops and nothing else: the floor of any
-//! stdio gateway) and through Rebound, in interleaved rounds. Rebound's own cost is what
-//! it adds beyond the floor (target: p50 ≤ 50 µs, p99 ≤ 200 µs); the ratio to direct is
-//! the one the issue sets (≤ 1.10×), which the floor alone may already miss.
+//! stdio gateway), through `rmcp-relay` (the floor of a gateway built on rmcp: every
+//! message read into rmcp's types and written from them, on both sides) and through
+//! Rebound, in interleaved rounds. Rebound's own cost is what it adds beyond the floor
+//! (target: p50 ≤ 50 µs, p99 ≤ 200 µs), of which rmcp's two endpoints are the first part;
+//! the ratio to direct is the one the issue sets (≤ 1.10×), which the floor alone may
+//! already miss.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -59,7 +62,7 @@ async fn main() {
             .to_string(),
     )
     .unwrap();
-    let (direct, relay) = (server.clone(), server.clone());
+    let (direct, relay, typed) = (server.clone(), server.clone(), server.clone());
     let mut paths = [
         Path {
             name: "direct",
@@ -75,6 +78,15 @@ async fn main() {
             command: Box::new(move || {
                 let mut c = tokio::process::Command::new(bin("line-relay"));
                 c.arg(&relay).args(["--name", "s"]);
+                c
+            }),
+            samples: Vec::new(),
+        },
+        Path {
+            name: "rmcp relay",
+            command: Box::new(move || {
+                let mut c = tokio::process::Command::new(bin("rmcp-relay"));
+                c.arg(&typed).args(["--name", "s"]);
                 c
             }),
             samples: Vec::new(),
@@ -104,16 +116,23 @@ async fn main() {
         println!("  {:<24} p50 {:>6.1} µs   p99 {:>6.1} µs", path.name, p50[p50.len() - 1], p99[p99.len() - 1]);
     }
     let verdict = |ok: bool| if ok { "meets" } else { "MISSES" };
-    let ratio = p50[2] / p50[0];
+    let (floor, typed, rebound) = (1, 2, 3);
+    let ratio = p50[rebound] / p50[0];
     println!(
         "  through rebound / direct: {ratio:.2}× at p50 ({} ≤ 1.10×); the floor alone: {:.2}×",
         verdict(ratio <= 1.10),
-        p50[1] / p50[0]
+        p50[floor] / p50[0]
     );
-    let (own50, own99) = (p50[2] - p50[1], p99[2] - p99[1]);
+    let (own50, own99) = (p50[rebound] - p50[floor], p99[rebound] - p99[floor]);
     println!(
         "  rebound's own added latency (through rebound - the floor): p50 {own50:.1} µs ({} ≤ 50), p99 {own99:.1} µs ({} ≤ 200)",
         verdict(own50 <= 50.0),
         verdict(own99 <= 200.0)
+    );
+    println!(
+        "    of which rmcp's two endpoints (rmcp relay - the floor): p50 {:.1} µs, p99 {:.1} µs; the rest, Rebound's own code: p50 {:.1} µs",
+        p50[typed] - p50[floor],
+        p99[typed] - p99[floor],
+        p50[rebound] - p50[typed]
     );
 }
