@@ -533,6 +533,16 @@ async fn client_eof_stops_every_child_with_no_orphans() {
 /// may have taken effect), not as if the client had cancelled it.
 #[tokio::test]
 async fn sigterm_stops_every_child_with_no_orphans() {
+    a_signal_answers_the_call_in_flight_and_stops_every_child("-TERM").await;
+}
+
+/// So does SIGINT (Ctrl-C in the terminal the gateway runs in).
+#[tokio::test]
+async fn sigint_answers_the_call_in_flight_and_stops_every_child() {
+    a_signal_answers_the_call_in_flight_and_stops_every_child("-INT").await;
+}
+
+async fn a_signal_answers_the_call_in_flight_and_stops_every_child(signal: &str) {
     let gw = Gateway::start(|d| {
         let mut c = two_faulty(d);
         c["rebound"]["errors_log"] = json!(d.join("errors.jsonl"));
@@ -544,7 +554,7 @@ async fn sigterm_stops_every_child_with_no_orphans() {
     let gateway_pid = gw.child.id().unwrap();
     let term = async {
         eventually("the call in flight", || gw.state("a", "calls").contains(&"slow".to_owned())).await;
-        std::process::Command::new("kill").args(["-TERM", &gateway_pid.to_string()]).status().unwrap();
+        std::process::Command::new("kill").args([signal, &gateway_pid.to_string()]).status().unwrap();
     };
     let (running, ()) = tokio::join!(gw.call("a__slow", json!({"ms": 20000})), term);
     assert_eq!(running.is_error, Some(true));
