@@ -104,7 +104,8 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
                 match Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets) {
                     Ok(a) => prepared.adapters.insert(server, a),
                     Err(e) => {
-                        let e = format!("{}: {e}", loaded.path.display());
+                        // Its `declare` may have chosen the words: bounded, on one line.
+                        let e = format!("{}: {}", loaded.path.display(), state::shown(&e, load::MAX_ERROR_BYTES));
                         tracing::error!(adapter, server, "{e}");
                         prepared.failures.push((server.to_owned(), adapter.to_owned(), e));
                     }

@@ -56,6 +56,33 @@ async fn server_status(gw: &Gateway, server: &str) -> Value {
     s["servers"].as_array().unwrap().iter().find(|e| e["name"] == server).unwrap().clone()
 }
 
+/// What an adapter's `declare` makes the gateway say (here: patterns of 400 bytes and
+/// 1 MiB of line breaks, forged log lines and terminal escapes) is shown bounded and on
+/// one line: in
+/// the status, the gateway's log and `rebound check`, whose load passes since the
+/// adapter behaves until it sees its configuration. Its server serves on without it.
+#[tokio::test]
+async fn what_an_adapters_declare_says_is_shown_bounded_and_on_one_line() {
+    let gw = hostile("declare-junk", json!({}), json!({})).await;
+    assert!(text(&gw.call("a__echo", json!({"message": "hi"})).await).contains("hi"));
+    let error = server_status(&gw, "a").await["adapter_error"].as_str().unwrap().to_owned();
+    assert!(error.contains("has no `/` between server and tool"), "{error}");
+    assert!(error.len() <= 5 << 10, "{} bytes", error.len());
+    assert!(!error.chars().any(char::is_control), "{error}");
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.contains("forged") || !log.lines().any(|l| l.starts_with("2026-01-01")), "a forged line: {log}");
+    assert!(!log.contains('\u{1b}'), "a terminal escape in the log");
+    gw.close().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(&path, config(dir.path(), "declare-junk", json!({}), json!({})).to_string()).unwrap();
+    let out = std::process::Command::new(rebound_tests::bin("rebound")).args(["check", "--config"]).arg(&path).output();
+    let out = out.unwrap();
+    let printed = [out.stdout, out.stderr].concat();
+    assert!(!printed.contains(&0x1b), "a terminal escape: {}", String::from_utf8_lossy(&printed));
+    assert!(printed.len() < 64 << 10, "{} bytes", printed.len());
+}
+
 #[tokio::test]
 async fn an_adapter_reaches_nothing_its_grant_does_not_name() {
     let gw = hostile("reach", json!({}), json!({})).await;

@@ -181,15 +181,17 @@ pub struct ToolPattern {
 
 impl ToolPattern {
     /// Parses `server/tool`; the first `/` separates them (server names have none).
+    /// (An adapter's `declare` gives patterns too: what an error quotes is bounded first,
+    /// and its control characters written out, `{:?}`.)
     pub fn parse(text: &str) -> Result<Self, String> {
-        let Some((server, tool)) = text.split_once('/') else {
-            return Err(format!("\"{text}\" has no `/` between server and tool"));
-        };
-        if server.is_empty() || tool.is_empty() {
-            return Err(format!("\"{text}\" needs both a server and a tool (use `*` for any)"));
-        }
         if text.len() > 512 {
             return Err("a pattern is at most 512 characters".into());
+        }
+        let Some((server, tool)) = text.split_once('/') else {
+            return Err(format!("{text:?} has no `/` between server and tool"));
+        };
+        if server.is_empty() || tool.is_empty() {
+            return Err(format!("{text:?} needs both a server and a tool (use `*` for any)"));
         }
         Ok(Self { server: server.to_owned(), tool: tool.to_owned() })
     }
@@ -608,6 +610,12 @@ mod tests {
         assert!(ToolPattern::parse("lean").is_err());
         assert!(ToolPattern::parse("/tool").is_err());
         assert!(ToolPattern::parse("lean/").is_err());
+        // What an error quotes (a pattern may come from an adapter) is short, on one line.
+        let junk = "\n\u{1b}[2J".repeat(1 << 20);
+        for text in [&junk[..400], &junk] {
+            let error = ToolPattern::parse(text).unwrap_err();
+            assert!(error.len() < 2048 && !error.chars().any(char::is_control), "{error:?}");
+        }
         assert!(AdapterGrant::own("lean").allows_tool("lean", "x"));
         assert!(!AdapterGrant::own("lean").allows_tool("lean2", "x"));
     }

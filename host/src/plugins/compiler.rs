@@ -148,10 +148,10 @@ fn failure(status: ExitStatus, said: &str) -> String {
 
 /// The compiler process itself: the component on stdin, its compiled code into the new
 /// file `out`; `parent` is the gateway's pid. Only the compiling is the adapter's doing,
-/// and how much code it compiles to (at most [`MAX_COMPILED_BYTES`], so that no
-/// component can fill a small `/tmp` and so send the gateway to compile it in memory):
-/// anything else that fails (its limits, its input, the file) exits with
-/// [`SETUP_FAILED`].
+/// and how much code it compiles to (at most [`MAX_COMPILED_BYTES`]); code that does not
+/// fit where it is written (a full disk, a quota) is refused too, without blame, since
+/// the gateway would hold as much compiling it in its own memory, unbounded: anything
+/// else that fails (its limits, its input, making the file) exits with [`SETUP_FAILED`].
 pub fn run(out: &Path, parent: &str) -> ExitCode {
     let setup = |e: anyhow::Error| {
         eprintln!("{e:#}");
@@ -174,6 +174,14 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             eprintln!("{why}");
             ExitCode::FAILURE
         }
+        Err(Undelivered::NoRoom(e)) => {
+            let folder = out.parent().unwrap_or(out).display();
+            eprintln!(
+                "its {} MiB of compiled code do not fit in {folder} ({e}); it is not compiled in the gateway instead, which would hold as much in its memory (free room there, or set `rebound.plugin_cache_dir` to a folder with room)",
+                compiled.len().div_ceil(1 << 20)
+            );
+            ExitCode::FAILURE
+        }
         Err(Undelivered::Unwritten(e)) => {
             setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display())))
         }
@@ -185,7 +193,9 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
 enum Undelivered {
     /// More than the most one component may make: the component's doing.
     TooLarge(String),
-    /// The file could not be made or written: not the component's doing.
+    /// No room for it where it goes (the disk is full, a quota or a file size limit).
+    NoRoom(std::io::Error),
+    /// The file could not be made or written otherwise: not the component's doing.
     Unwritten(std::io::Error),
 }
 
@@ -199,7 +209,16 @@ fn deliver(compiled: &[u8], out: &Path, most: usize) -> Result<(), Undelivered> 
             mib(most)
         )));
     }
-    create_private(out).and_then(|mut file| file.write_all(compiled)).map_err(Undelivered::Unwritten)
+    let file = create_private(out).map_err(Undelivered::Unwritten)?;
+    written(file, compiled)
+}
+
+/// `compiled` written whole into `file`.
+fn written(mut file: impl Write, compiled: &[u8]) -> Result<(), Undelivered> {
+    file.write_all(compiled).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => Undelivered::NoRoom(e),
+        _ => Undelivered::Unwritten(e),
+    })
 }
 
 /// Ends with the gateway (even one killed while it compiles, or before this ran) and
@@ -264,5 +283,9 @@ mod tests {
         deliver(&code, &out, code.len()).unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), code);
         assert!(matches!(deliver(&code, &out, code.len()), Err(Undelivered::Unwritten(_))), "never over a file");
+        // A full disk (every write to /dev/full fails with ENOSPC) is no room, not a
+        // reason to compile in the gateway.
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        assert!(matches!(written(full, &code), Err(Undelivered::NoRoom(_))));
     }
 }

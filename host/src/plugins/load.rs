@@ -96,6 +96,8 @@ impl std::fmt::Debug for Loaded {
 /// and the most servers and tools.
 const MAX_INFO_BYTES: usize = 256;
 const MAX_INFO_ITEMS: usize = 64;
+/// The longest error an adapter's load ends with (a compiler's, its `declare`'s).
+pub const MAX_ERROR_BYTES: usize = 4 << 10;
 
 #[derive(Debug, Clone)]
 pub struct Info {
@@ -113,7 +115,10 @@ pub struct Info {
 /// it is.
 pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
     let bytes = read(path)?;
-    let invalid = |message: String| LoadError::Invalid { path: path.to_owned(), message };
+    // What the component makes the host say (a compiler's error names what it found in
+    // the component; `declare`'s patterns) is shown bounded and on one line.
+    let invalid =
+        |message: String| LoadError::Invalid { path: path.to_owned(), message: shown(&message, MAX_ERROR_BYTES) };
     let (component, from_cache) = compile(runtime, &bytes).map_err(|e| invalid(format!("does not compile: {e:#}")))?;
     let version = contract(runtime, &component, path)?;
     let pre = runtime.linker.instantiate_pre(&component).map_err(|e| invalid(format!("cannot be linked: {e:#}")))?;
@@ -185,14 +190,14 @@ fn contract(runtime: &Runtime, component: &Component, path: &Path) -> Result<&'s
     for (name, _) in ty.imports(engine) {
         let interface = name.split('@').next().unwrap_or(name);
         if !ALLOWED_IMPORTS.contains(&interface) {
-            return Err(LoadError::Forbidden { path: path.to_owned(), import: name.to_owned() });
+            return Err(LoadError::Forbidden { path: path.to_owned(), import: shown(name, MAX_INFO_BYTES) });
         }
     }
     let exported: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
     let contract = exported.iter().find_map(|n| n.strip_prefix("rebound:adapter/adapter@"));
     let unsupported = |found: String| LoadError::Contract {
         path: path.to_owned(),
-        found,
+        found: shown(&found, MAX_INFO_BYTES),
         supported: bindings::SUPPORTED.join(" and @"),
         newest: bindings::SUPPORTED[0].to_owned(),
     };

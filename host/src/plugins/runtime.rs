@@ -381,6 +381,8 @@ impl Runtime {
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
+        // wasmtime allows 100 000, each held in the host's memory outside the limiter's.
+        store.set_max_component_handles(super::state::MAX_RESOURCES);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
@@ -507,6 +509,60 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::{COMPILE_FOLDER, Limits, Runtime, STALE, compilation, private_dir, remove_stale_compiles};
+
+    /// A component that makes `n` resources of a type of its own and keeps them all,
+    /// with no host code in the loop (`resource.new`), and says how many it made.
+    const HOARDER: &str = r#"
+        (component
+          (type $pile (resource (rep i32)))
+          (core func $new (canon resource.new $pile))
+          (core module $m
+            (import "" "new" (func $new (param i32) (result i32)))
+            (func (export "hoard") (param $n i32) (result i32)
+              (local $made i32)
+              (block $done
+                (loop $more
+                  (br_if $done (i32.ge_u (local.get $made) (local.get $n)))
+                  (drop (call $new (local.get $made)))
+                  (local.set $made (i32.add (local.get $made) (i32.const 1)))
+                  (br $more)))
+              (local.get $made)))
+          (core instance $i (instantiate $m (with "" (instance (export "new" (func $new))))))
+          (func (export "hoard") (param "n" u32) (result u32) (canon lift (core func $i "hoard"))))
+    "#;
+
+    /// A guest's own resources are bounded like the host's it holds: one store holds at
+    /// most `MAX_RESOURCES` handles (wasmtime's default is 100 000, in host memory that
+    /// the plugin's memory limit does not count); past it the call traps.
+    #[tokio::test]
+    async fn a_guest_holds_at_most_max_resources_handles() {
+        use super::super::state::{CappedPipe, LogBudget, MAX_RESOURCES, State};
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        let component = wasmtime::component::Component::new(&runtime.engine, wat::parse_str(HOARDER).unwrap()).unwrap();
+        let linker = wasmtime::component::Linker::<State>::new(&runtime.engine);
+        let hoard = |n: usize| {
+            let (runtime, component, linker) = (&runtime, &component, &linker);
+            async move {
+                let state = State::new(
+                    "a".into(),
+                    "s".into(),
+                    "{}".into(),
+                    Default::default(),
+                    std::sync::Arc::new(LogBudget::default()),
+                    CappedPipe::new(64),
+                    1 << 20,
+                );
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                let mut store = runtime.store_until(state, end);
+                let instance = linker.instantiate_async(&mut store, component).await.unwrap();
+                let hoard = instance.get_typed_func::<(u32,), (u32,)>(&mut store, "hoard").unwrap();
+                hoard.call_async(&mut store, (n as u32,)).await.map(|(made,)| made as usize)
+            }
+        };
+        assert_eq!(hoard(MAX_RESOURCES).await.unwrap(), MAX_RESOURCES);
+        let error = hoard(MAX_RESOURCES + 1).await.expect_err("one handle more than a store may hold");
+        assert!(format!("{error:#}").contains("handle"), "{error:#}");
+    }
 
     /// The compiler process builds its engine from `compilation()` alone; the gateway
     /// loads what it writes only if their compiled-code settings hash the same (the cache

@@ -14,16 +14,17 @@ use crate::text::capped;
 
 /// The longest `host.log` line kept; the rest is cut.
 pub const MAX_LOG_LINE: usize = 4 << 10;
-/// `host.log` lines one adapter may write per [`LOG_WINDOW`]; the rest are dropped and
-/// counted.
+/// `host.log` lines one adapter may write per [`LOG_WINDOW`] on one server (its sessions'
+/// own instances included); the rest are dropped and counted.
 pub const MAX_LOG_LINES: u32 = 100;
 pub const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 /// The most table elements (function references) a plugin's tables may hold.
 const MAX_TABLE_ELEMENTS: usize = 64 << 10;
 /// The most bytes of randomness one WASI call may ask for.
 const MAX_RANDOM_BYTES: u64 = 64 << 10;
-/// The most WASI resources (streams, pollables) one instance may hold at once.
-const MAX_RESOURCES: usize = 1024;
+/// The most WASI resources (streams, pollables) one instance may hold at once, and the
+/// most component handles (its own resources', and those it was given) one store may.
+pub const MAX_RESOURCES: usize = 1024;
 
 /// What one store (one plugin call) may hold: at most `memory` bytes of linear memory in
 /// all (`StoreLimits` bounds each memory on its own, so a component with two would get

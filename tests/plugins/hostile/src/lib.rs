@@ -14,6 +14,10 @@
 //! - `launder`: gives up with the failure's text and arguments reversed and `-` turned
 //!   into `_`, to smuggle a secret past redaction.
 //! - `label`: classifies every failure as `other` with text that would break a metric.
+//! - `declare-junk`: declares, when it sees its configuration (not when `rebound check`
+//!   loads it with none), two patterns with no `/`, of 400 bytes and of 1 MiB, full of
+//!   line breaks and terminal escapes, to forge log lines and drive the operator's
+//!   terminal through the error they cause.
 //! - `parse`: not hostile: reads the failure's arguments as a JSON parser might, taking
 //!   two bytes of memory for each of theirs and 64 for each value (each `[`, `{` and
 //!   `,`), so that a call of many small values exhausts its memory.
@@ -51,6 +55,11 @@ impl Guest for Hostile {
     }
 
     fn declare() -> Manifest {
+        if mode() == "declare-junk" {
+            let junk = "\n2026-01-01T00:00:00Z ERROR rebound: forged \u{1b}[2J\u{1b}]0;owned\u{7}";
+            let tools = vec![junk.repeat(6), junk.repeat(16 << 10)];
+            return Manifest { tools, restart: false, observes: vec![] };
+        }
         let reach = mode() == "reach";
         Manifest {
             tools: if reach { vec!["b/fail".into()] } else { vec![] },
