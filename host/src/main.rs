@@ -392,6 +392,7 @@ async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: 
 /// `log` is the log's writer: finished (so flushed) before the process exits.
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<()> {
     rebound::memory::return_large_blocks();
+    let read = rebound::gateway::reload::Stamp::of(&path);
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));
     config.log_warnings();
@@ -421,7 +422,7 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     let front = if http.is_some() { Front::Http } else { Front::Stdio };
     let outcome = runtime.block_on(async {
         let hub = Hub::start(config, plugins, front);
-        rebound::gateway::reload::watch(&hub, path.clone(), hangups);
+        rebound::gateway::reload::watch(&hub, path.clone(), read, hangups);
         let outcome = run(&hub, http, max_in_flight).await;
         // Calls still running (their client gone) end as shut down, in the errors log.
         hub.stop_calls();

@@ -56,8 +56,8 @@ async fn server_status(gw: &Gateway, server: &str) -> Value {
     s["servers"].as_array().unwrap().iter().find(|e| e["name"] == server).unwrap().clone()
 }
 
-/// What an adapter's `declare` makes the gateway say (here: patterns of 400 bytes and
-/// 1 MiB of line breaks, forged log lines and terminal escapes) is shown bounded and on
+/// What an adapter's `declare` makes the gateway say (here: patterns of 348 bytes and
+/// 928 KiB of line breaks, forged log lines and terminal escapes) is shown bounded and on
 /// one line: in
 /// the status, the gateway's log and `rebound check`, whose load passes since the
 /// adapter behaves until it sees its configuration. Its server serves on without it.

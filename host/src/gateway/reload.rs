@@ -154,13 +154,29 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     Ok((changes, warnings))
 }
 
-/// Watches `path` and the configured `plugins_dir`, and reloads on each change or when
-/// `hangups` yields. Runs until the hub is gone.
-pub fn watch(hub: &Arc<Hub>, path: PathBuf, mut hangups: mpsc::Receiver<()>) {
+/// What a configuration file was when it was read (when it last changed, and its length),
+/// taken before it is read: a change saved while the gateway starts, before its watcher
+/// does, is then seen and reloaded, not lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp(Option<(std::time::SystemTime, u64)>);
+
+impl Stamp {
+    pub fn of(path: &Path) -> Self {
+        Self(std::fs::metadata(path).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
+    }
+}
+
+/// Watches `path` (read as `read` says) and the configured `plugins_dir`, and reloads on
+/// each change or when `hangups` yields. Runs until the hub is gone.
+pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Receiver<()>) {
     // Events name paths under the folder watched: compare absolute paths.
     let path = std::path::absolute(&path).unwrap_or(path);
     let (tx, mut changed) = mpsc::channel::<()>(1);
+    let since_read = tx.clone();
     let mut watched = Watched::start(&path, hub.setup().config.settings.plugins_dir.clone(), tx);
+    if Stamp::of(&path) != read {
+        let _ = since_read.try_send(());
+    }
     let hub = Arc::downgrade(hub);
     tokio::spawn(async move {
         loop {
@@ -392,5 +408,19 @@ mod tests {
         assert!(!is_atomic_swap(Path::new("/etc/rebound/rebound-errors.jsonl"), folder));
         assert!(!is_atomic_swap(Path::new("/etc/rebound/sub/..data"), folder));
         assert!(!is_atomic_swap(Path::new("/etc/other/..data"), folder));
+    }
+
+    /// A file saved again after it was read (longer, or later) reads as changed.
+    #[test]
+    fn a_stamp_tells_a_file_saved_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rebound.json");
+        assert_eq!(Stamp::of(&path), Stamp(None));
+        std::fs::write(&path, "{}").unwrap();
+        let read = Stamp::of(&path);
+        assert_ne!(read, Stamp(None));
+        assert_eq!(Stamp::of(&path), read, "not saved since");
+        std::fs::write(&path, r#"{"mcpServers": {}}"#).unwrap();
+        assert_ne!(Stamp::of(&path), read);
     }
 }

@@ -154,7 +154,7 @@ pub struct Routing {
     waiting_for_owners: std::sync::atomic::AtomicUsize,
     /// Per server instance, the clients whose calls ended there in the last
     /// [`ENDED_COUNTS`], how, and when (see rule 3 and `log_reader`).
-    ended: Mutex<HashMap<u64, Vec<Ended>>>,
+    ended: Mutex<Endings>,
     /// The upstream requests of calls that ended (or were sent again) in the last
     /// [`ENDED_COUNTS`], oldest first: a server's request naming one is no other call's.
     gone: Mutex<Gone>,
@@ -207,6 +207,18 @@ struct Ended {
     how: Ending,
     at: Instant,
 }
+
+/// The calls that ended in the last [`ENDED_COUNTS`], per server instance.
+#[derive(Default)]
+struct Endings {
+    by_instance: HashMap<u64, Vec<Ended>>,
+    /// When the stale were last swept from every instance's (at most once a
+    /// [`SWEEP_EVERY`], so that a busy gateway's calls do not each walk them all).
+    swept: Option<Instant>,
+}
+
+/// How often the stale endings are swept, once more than [`ENDED_KEPT`] instances have some.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a client's call still counts once it ended: a call cancelled or timed out may
 /// still be served, and the server's request for it still on its way (rule 3); a call
@@ -459,13 +471,14 @@ impl Routing {
         let now = Instant::now();
         let fresh = |ended: &Ended| still_counts(ended, now);
         let mut ended = self.ended.lock().expect("not poisoned");
-        if ended.len() > ENDED_KEPT {
-            ended.retain(|_, clients| {
+        if ended.by_instance.len() > ENDED_KEPT && ended.swept.is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY) {
+            ended.by_instance.retain(|_, clients| {
                 clients.retain(fresh);
                 !clients.is_empty()
             });
+            ended.swept = Some(now);
         }
-        let clients = ended.entry(instance).or_default();
+        let clients = ended.by_instance.entry(instance).or_default();
         clients.retain(|ended| fresh(ended) && (ended.client != client || ended.how != how));
         if clients.len() >= ENDED_KEPT {
             // An answered call holds back only log lines; one unanswered, requests too.
@@ -493,7 +506,7 @@ impl Routing {
     fn another_ended_as(&self, instance: u64, such: impl Fn(&Ended) -> bool) -> bool {
         let now = Instant::now();
         let ended = self.ended.lock().expect("not poisoned");
-        ended.get(&instance).is_some_and(|clients| clients.iter().any(|e| still_counts(e, now) && such(e)))
+        ended.by_instance.get(&instance).is_some_and(|clients| clients.iter().any(|e| still_counts(e, now) && such(e)))
     }
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
@@ -848,24 +861,21 @@ impl CallGuard {
 
 impl Drop for CallGuard {
     fn drop(&mut self) {
-        let mut ended = None;
+        // The call's end is noted before it leaves the calls in flight (both under their
+        // lock, which the rule takes first): what the server says meanwhile finds it in
+        // one or the other.
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
-        if let Some(calls) = in_flight.get_mut(&self.instance) {
-            if let Some(at) = calls.iter().position(|c| c.id == self.id) {
-                ended = Some(calls.remove(at));
-            }
-            if calls.is_empty() {
-                in_flight.remove(&self.instance);
-            }
+        let Some(calls) = in_flight.get_mut(&self.instance) else { return };
+        let Some(at) = calls.iter().position(|c| c.id == self.id) else { return };
+        let call = calls.remove(at);
+        if calls.is_empty() {
+            in_flight.remove(&self.instance);
         }
-        drop(in_flight);
-        if let Some(call) = ended {
-            if let Some((session, request, _)) = call.upstream {
-                self.routing.gone(session, request);
-            }
-            let how = if self.answered.load(Ordering::Relaxed) { Ending::Answered } else { Ending::Unanswered };
-            self.routing.call_ended(self.instance, call.client, how);
+        if let Some((session, request, _)) = call.upstream {
+            self.routing.gone(session, request);
         }
+        let how = if self.answered.load(Ordering::Relaxed) { Ending::Answered } else { Ending::Unanswered };
+        self.routing.call_ended(self.instance, call.client, how);
     }
 }
 
@@ -997,11 +1007,11 @@ mod tests {
         }
         tokio::time::sleep(ENDED_COUNTS).await;
         routing.call_ended(5000, "z".into(), Ending::Unanswered);
-        assert_eq!(routing.ended.lock().unwrap().len(), 1);
+        assert_eq!(routing.ended.lock().unwrap().by_instance.len(), 1);
         for n in 0..1000 {
             routing.call_ended(7, format!("c{n}").into(), Ending::Unanswered);
         }
-        assert_eq!(routing.ended.lock().unwrap()[&7].len(), ENDED_KEPT);
+        assert_eq!(routing.ended.lock().unwrap().by_instance[&7].len(), ENDED_KEPT);
     }
 
     /// A request that names a call which ended goes to nobody, even while another

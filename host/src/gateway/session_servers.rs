@@ -1,8 +1,8 @@
 //! One client session's view of the servers: the shared ones, and its own instance of
 //! each `"scope": "session"` server. Its instances start on the session's first request
 //! after it initialised, offered exactly its capabilities, and stop when the session ends
-//! (closed by the client, idle past `rebound.http.session_idle_ms`, or the oldest idle one
-//! past `rebound.http.max_sessions`). Each has its own supervision, breakers, retry
+//! (closed by the client, idle past `rebound.http.session_idle_ms`, or closed to make room
+//! past `rebound.http.max_sessions`, `super::sessions`). Each has its own supervision, breakers, retry
 //! budget and adapter state (such as the HOL cursor); counters and metrics add up under
 //! the server's name. What an instance says reaches its session only.
 

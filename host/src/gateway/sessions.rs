@@ -204,7 +204,7 @@ impl SessionManager for CappedSessions {
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
         for old in self.make_room() {
             self.closed.store(true, std::sync::atomic::Ordering::Release);
-            tracing::info!(session = %old, "closing the least recently used HTTP session: rebound.http.max_sessions ({}) reached", self.max);
+            tracing::info!(session = %old, "closing an HTTP session (of the network, then the address, holding the most; idle before busy; then the least recently used): rebound.http.max_sessions ({}) reached", self.max);
             let _ = self.inner.close_session(&old).await;
         }
         let (id, transport) = self.inner.create_session().await?;

@@ -148,10 +148,11 @@ fn failure(status: ExitStatus, said: &str) -> String {
 
 /// The compiler process itself: the component on stdin, its compiled code into the new
 /// file `out`; `parent` is the gateway's pid. Only the compiling is the adapter's doing,
-/// and how much code it compiles to (at most [`MAX_COMPILED_BYTES`]); code that does not
-/// fit where it is written (a full disk, a quota) is refused too, without blame, since
-/// the gateway would hold as much compiling it in its own memory, unbounded: anything
-/// else that fails (its limits, its input, making the file) exits with [`SETUP_FAILED`].
+/// and how much code it compiles to (at most [`MAX_COMPILED_BYTES`]); code of more than
+/// [`COMPILED_IN_GATEWAY`] that does not fit where it is written (a full disk, a quota)
+/// is refused too, without blame, since the gateway would hold as much compiling it in
+/// its own memory, unbounded: anything else that fails (its limits, its input, the file)
+/// exits with [`SETUP_FAILED`], and the gateway compiles it.
 pub fn run(out: &Path, parent: &str) -> ExitCode {
     let setup = |e: anyhow::Error| {
         eprintln!("{e:#}");
@@ -174,7 +175,7 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             eprintln!("{why}");
             ExitCode::FAILURE
         }
-        Err(Undelivered::NoRoom(e)) => {
+        Err(Undelivered::NoRoom(e)) if compiled.len() > COMPILED_IN_GATEWAY => {
             let folder = out.parent().unwrap_or(out).display();
             eprintln!(
                 "its {} MiB of compiled code do not fit in {folder} ({e}); it is not compiled in the gateway instead, which would hold as much in its memory (free room there, or set `rebound.plugin_cache_dir` to a folder with room)",
@@ -182,7 +183,7 @@ pub fn run(out: &Path, parent: &str) -> ExitCode {
             );
             ExitCode::FAILURE
         }
-        Err(Undelivered::Unwritten(e)) => {
+        Err(Undelivered::Unwritten(e) | Undelivered::NoRoom(e)) => {
             setup(anyhow::Error::new(e).context(format!("cannot write {}", out.display())))
         }
     }
@@ -213,9 +214,14 @@ fn deliver(compiled: &[u8], out: &Path, most: usize) -> Result<(), Undelivered> 
     written(file, compiled)
 }
 
-/// `compiled` written whole into `file`.
-fn written(mut file: impl Write, compiled: &[u8]) -> Result<(), Undelivered> {
-    file.write_all(compiled).map_err(|e| match e.raw_os_error() {
+/// The most compiled code the gateway compiles in its own memory when it finds no room
+/// on disk (the first-party adapters' is a few MiB).
+const COMPILED_IN_GATEWAY: usize = 16 << 20;
+
+/// `compiled` written whole into `file`, and on its disk (where some file systems say
+/// they have no room).
+fn written(mut file: std::fs::File, compiled: &[u8]) -> Result<(), Undelivered> {
+    file.write_all(compiled).and_then(|()| file.sync_all()).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => Undelivered::NoRoom(e),
         _ => Undelivered::Unwritten(e),
     })

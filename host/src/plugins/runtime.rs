@@ -382,7 +382,7 @@ impl Runtime {
         store.limiter(|s| &mut s.limits);
         store.set_hostcall_fuel(HOSTCALL_FUEL);
         // wasmtime allows 100 000, each held in the host's memory outside the limiter's.
-        store.set_max_component_handles(super::state::MAX_RESOURCES);
+        store.set_max_component_handles(super::state::MAX_HANDLES);
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
             Ok(if std::time::Instant::now() >= end { UpdateDeadline::Interrupt } else { UpdateDeadline::Yield(1) })
@@ -532,11 +532,11 @@ mod tests {
     "#;
 
     /// A guest's own resources are bounded like the host's it holds: one store holds at
-    /// most `MAX_RESOURCES` handles (wasmtime's default is 100 000, in host memory that
-    /// the plugin's memory limit does not count); past it the call traps.
+    /// most `MAX_HANDLES` handles (wasmtime's default is 100 000, in host memory that the
+    /// plugin's memory limit does not count); past it the call traps.
     #[tokio::test]
-    async fn a_guest_holds_at_most_max_resources_handles() {
-        use super::super::state::{CappedPipe, LogBudget, MAX_RESOURCES, State};
+    async fn a_guest_holds_at_most_max_handles() {
+        use super::super::state::{CappedPipe, LogBudget, MAX_HANDLES, State};
         let runtime = Runtime::new(Limits::default(), None).unwrap();
         let component = wasmtime::component::Component::new(&runtime.engine, wat::parse_str(HOARDER).unwrap()).unwrap();
         let linker = wasmtime::component::Linker::<State>::new(&runtime.engine);
@@ -559,8 +559,8 @@ mod tests {
                 hoard.call_async(&mut store, (n as u32,)).await.map(|(made,)| made as usize)
             }
         };
-        assert_eq!(hoard(MAX_RESOURCES).await.unwrap(), MAX_RESOURCES);
-        let error = hoard(MAX_RESOURCES + 1).await.expect_err("one handle more than a store may hold");
+        assert_eq!(hoard(MAX_HANDLES).await.unwrap(), MAX_HANDLES);
+        let error = hoard(MAX_HANDLES + 1).await.expect_err("one handle more than a store may hold");
         assert!(format!("{error:#}").contains("handle"), "{error:#}");
     }
 

@@ -22,9 +22,12 @@ pub const LOG_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
 const MAX_TABLE_ELEMENTS: usize = 64 << 10;
 /// The most bytes of randomness one WASI call may ask for.
 const MAX_RANDOM_BYTES: u64 = 64 << 10;
-/// The most WASI resources (streams, pollables) one instance may hold at once, and the
-/// most component handles (its own resources', and those it was given) one store may.
-pub const MAX_RESOURCES: usize = 1024;
+/// The most WASI resources (streams, pollables) one instance may hold at once.
+const MAX_RESOURCES: usize = 1024;
+/// The most component handles one store may hold at once: the WASI resources it was
+/// given (which reach their own bound first) and resources of its own, which no host
+/// code sees made (`resource.new`) but the host's memory holds.
+pub const MAX_HANDLES: usize = 2 * MAX_RESOURCES;
 
 /// What one store (one plugin call) may hold: at most `memory` bytes of linear memory in
 /// all (`StoreLimits` bounds each memory on its own, so a component with two would get
@@ -241,12 +244,31 @@ impl v0_2::store::Host for State {
 /// at most `max` bytes, on one line, its control characters (line breaks, terminal
 /// escapes) written out, not obeyed, so that it can neither forge the gateway's own
 /// lines nor drive the terminal of whoever reads them.
+/// (Cut after the escapes are written: `\u{1b}` takes six bytes shown.)
 pub fn shown(text: &str, max: usize) -> String {
-    let text = capped(text, max);
-    if !text.chars().any(char::is_control) {
-        return text;
+    // Only the first `max` bytes can be shown (escapes only lengthen): nothing past them
+    // is read, however long the text.
+    let head = &text[..text.floor_char_boundary(max)];
+    if !head.chars().any(char::is_control) {
+        return capped(text, max);
     }
-    text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+    let mut shown = String::with_capacity(head.len().saturating_add(4));
+    for c in head.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+        if shown.len() > max {
+            break;
+        }
+    }
+    if shown.len() > max {
+        crate::text::cap(&mut shown, max);
+    } else if head.len() < text.len() {
+        shown.push('…');
+    }
+    shown
 }
 
 /// A plugin's stdout and stderr: kept up to a cap, the rest dropped. (A pipe that
@@ -391,6 +413,10 @@ mod tests {
         }
         assert!(state.table.push(0u8).is_err(), "one resource more than an instance may hold");
         assert!(shown(&"y".repeat(MAX_LOG_LINE * 4), MAX_LOG_LINE).len() <= MAX_LOG_LINE + 4, "a line is cut");
+        let escapes = shown(&"\u{1b}".repeat(MAX_LOG_LINE), MAX_LOG_LINE);
+        assert!(escapes.len() <= MAX_LOG_LINE + 4 && escapes.starts_with("\\u{1b}"), "cut once written out");
+        assert_eq!(shown("a\nbcdefgh", 4), "a\\nb…");
+        assert_eq!(shown("a\nb", 4), "a\\nb", "not cut");
     }
 
     #[test]

@@ -240,6 +240,10 @@ mod tests {
         assert!(compose(None, &recovery(), "search", &invalid, &invalid).steps.is_empty());
         let cancelled = class(Failure::Cancelled);
         assert!(compose(None, &recovery(), "search", &cancelled, &cancelled).steps.is_empty());
+        // Unless the server's adapter plans one then: its plan is its own.
+        let planned = Some(vec![Step::Alternative { server: None, tool: "loogle".into(), arguments: None }]);
+        let p = compose(planned, &recovery(), "search", &invalid, &invalid);
+        assert_eq!(p.steps, [(alt("loogle"), Origin::Config)]);
     }
 
     #[test]

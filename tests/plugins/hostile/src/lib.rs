@@ -15,7 +15,7 @@
 //!   into `_`, to smuggle a secret past redaction.
 //! - `label`: classifies every failure as `other` with text that would break a metric.
 //! - `declare-junk`: declares, when it sees its configuration (not when `rebound check`
-//!   loads it with none), two patterns with no `/`, of 400 bytes and of 1 MiB, full of
+//!   loads it with none), two patterns with no `/`, of 348 bytes and of 928 KiB, full of
 //!   line breaks and terminal escapes, to forge log lines and drive the operator's
 //!   terminal through the error they cause.
 //! - `parse`: not hostile: reads the failure's arguments as a JSON parser might, taking
