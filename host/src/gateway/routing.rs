@@ -19,8 +19,9 @@
 //!    the gateway's only client (stdio); else to none.
 //!
 //! A shared server's log line over HTTP follows the same rule, and also goes to none for
-//! 5 s after another client's call there was answered: a server may write about a call
-//! just after answering it (`Routing::log_reader`).
+//! 5 s after another client's call there was answered during the call of the client it
+//! would go to: a server may write about a call just after answering it
+//! (`Routing::log_reader`).
 //!
 //! On a shared server over HTTP, a request the gateway makes of its own accord or about
 //! what several clients share (a subscription made, made again or given up, the log
@@ -82,6 +83,8 @@ struct InFlight {
     /// For a call of a 2026-07-28 client, which takes no requests: where its server's
     /// questions go instead (`super::held`).
     bridge: Option<Bridge>,
+    /// When it was put in flight.
+    since: Instant,
 }
 
 /// A client session as a server's request reaches it: its name (one per session, as in
@@ -281,6 +284,7 @@ impl Routing {
             request: cx.id.clone(),
             upstream: None,
             bridge: cx.extensions.get::<Bridge>().cloned(),
+            since: Instant::now(),
         };
         self.track(instance, call)
     }
@@ -298,6 +302,7 @@ impl Routing {
             request: RequestId::Number(0),
             upstream: None,
             bridge: None,
+            since: Instant::now(),
         };
         self.track(instance, call)
     }
@@ -497,9 +502,19 @@ impl Routing {
     }
 
     /// Whether a call of a client other than `client` (not the gateway's own request, which
-    /// tells of no client) was answered on `instance` a moment ago.
+    /// tells of no client) was answered on `instance` a moment ago, while a call of
+    /// `client`'s in flight there now was: what the server writes during that call may be
+    /// about the other. (Not one answered before: that is the case of every client that
+    /// calls after another, whose calls' lines would all be held back.)
     fn another_answered(&self, instance: u64, client: &str) -> bool {
-        self.another_ended_as(instance, |e| *e.client != *client && e.how == Ending::Answered && &*e.client != GATEWAY)
+        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
+        let Some(first) = calls.iter().filter(|c| *c.client == *client).map(|c| c.since).min() else {
+            return false;
+        };
+        self.another_ended_as(instance, |e| {
+            *e.client != *client && e.how == Ending::Answered && &*e.client != GATEWAY && e.at >= first
+        })
     }
 
     /// Whether a call that ended on `instance` a moment ago is `such`.
@@ -511,9 +526,10 @@ impl Routing {
 
     /// The client a log line of `instance`'s (on upstream `session`) may be shown to:
     /// the one a request of the server's would go to (see the module's rule), unless a
-    /// call of another client was answered there in the last [`ENDED_COUNTS`] (a line a
-    /// server writes about a call after answering it cannot be told from one about the
-    /// calls in flight then); else nobody, since the line may tell of any client's calls.
+    /// call of another client was answered there in the last [`ENDED_COUNTS`] while that
+    /// client's call was in flight (a line a server writes about a call after answering it
+    /// cannot be told from one about the calls in flight then); else nobody, since the
+    /// line may tell of any client's calls.
     /// A line that names its task (`task`) goes to that task's client alone.
     pub fn log_reader(
         &self,
@@ -979,6 +995,7 @@ mod tests {
             request: RequestId::Number(request),
             upstream: None,
             bridge: None,
+            since: Instant::now(),
         }
     }
 
@@ -1112,13 +1129,19 @@ mod tests {
         // A line the server writes just after answering Bob may be about his call; a
         // request of the server's is not held back by it (rule 3 is of unanswered calls).
         routing.call_ended(1, "bob".into(), Ending::Answered);
-        assert_eq!(reader(), None, "bob's call was answered a moment ago: the line may tell of it");
+        assert_eq!(reader(), None, "bob's call was answered during hers: the line may tell of it");
         let asker = Asker { session: 0, during: None, cancel: Default::default(), task: None };
         assert!(matches!(routing.caller(("a", 1), &asker, Serves::Many), Caller::Client { .. }));
         tokio::time::sleep(ENDED_COUNTS).await;
         assert_eq!(reader().as_deref(), Some("alice"));
         routing.call_ended(1, "alice".into(), Ending::Answered);
         assert_eq!(reader().as_deref(), Some("alice"), "her own answered call holds nothing back");
+        // A call made after Bob's was answered is no call his answer came during: what
+        // the server writes in it is shown (as to every client that calls after another).
+        routing.call_ended(1, "bob".into(), Ending::Answered);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        routing.in_flight.lock().unwrap().get_mut(&1).unwrap()[0].since = Instant::now();
+        assert_eq!(reader().as_deref(), Some("alice"), "her call began after his answer");
         assert!(routing.log_reader(("a", 2), 0, None).is_none(), "nobody's call is in flight on another instance");
         // While a task of Bob's runs there, a line that names no task may be his; one that
         // names his task is his alone.
