@@ -62,7 +62,20 @@ async fn main() {
             .to_string(),
     )
     .unwrap();
-    let (direct, relay, typed) = (server.clone(), server.clone(), server.clone());
+    let direct = server.clone();
+    // The server behind a relay binary, which starts it.
+    let relayed = |name: &'static str, relay: &'static str| Path {
+        name,
+        command: Box::new({
+            let server = server.clone();
+            move || {
+                let mut c = tokio::process::Command::new(bin(relay));
+                c.arg(&server).args(["--name", "s"]);
+                c
+            }
+        }),
+        samples: Vec::new(),
+    };
     let mut paths = [
         Path {
             name: "direct",
@@ -73,24 +86,8 @@ async fn main() {
             }),
             samples: Vec::new(),
         },
-        Path {
-            name: "line relay (the floor)",
-            command: Box::new(move || {
-                let mut c = tokio::process::Command::new(bin("line-relay"));
-                c.arg(&relay).args(["--name", "s"]);
-                c
-            }),
-            samples: Vec::new(),
-        },
-        Path {
-            name: "rmcp relay",
-            command: Box::new(move || {
-                let mut c = tokio::process::Command::new(bin("rmcp-relay"));
-                c.arg(&typed).args(["--name", "s"]);
-                c
-            }),
-            samples: Vec::new(),
-        },
+        relayed("line relay (the floor)", "line-relay"),
+        relayed("rmcp relay", "rmcp-relay"),
         Path {
             name: "through rebound",
             command: Box::new(move || {
