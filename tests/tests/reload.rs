@@ -240,6 +240,37 @@ async fn a_relaunch_that_cannot_start_leaves_the_running_server_serving() {
     let _ = client.cancel().await;
 }
 
+/// The same, while the running server is starting again after a crash: its old launch,
+/// which worked, is kept and comes back; the new one, which cannot start, is stopped.
+#[tokio::test]
+async fn a_relaunch_that_cannot_start_keeps_a_restarting_server_and_its_old_launch() {
+    let slow_restart = |mut c: Value| {
+        c["rebound"]["restart"] = json!({"initial_delay_ms": 4000, "max_delay_ms": 4000});
+        c
+    };
+    let gw = HttpGateway::start(|dir| slow_restart(config(dir, 60000, &[])), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let old = pid(&dir, "a");
+    assert_eq!(call(&client, "a__crash", json!({})).await.is_error, Some(true));
+    let log = gw.log.clone();
+    let said = move |what: &'static str| {
+        let log = log.clone();
+        move || log.lock().unwrap().contains(what)
+    };
+    eventually("a restarting", said("connection lost")).await;
+    let mut broken = slow_restart(config(&dir, 60000, &[]));
+    broken["mcpServers"]["a"]["command"] = json!("/nonexistent/faulty-server");
+    rewrite_config(&dir, &broken);
+    eventually("the reload applied", said("kept running (the new launch did not start) a")).await;
+    assert!(gw.log.lock().unwrap().contains("the old launch keeps serving (restarting)"));
+    // The old launch, started again, serves.
+    assert_eq!(text(&call(&client, "a__echo", json!({"message": "back"})).await), "a: back");
+    let again = pid(&dir, "a");
+    assert!(again != old && alive(again), "a new process of the old launch");
+    let _ = client.cancel().await;
+}
+
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
 /// relaunches its server: nothing is in flight on the old process then, which stops; the
 /// next attempt goes to the new one (named `anew`, with no rate limit), and the call is

@@ -237,9 +237,10 @@ impl Hub {
         }
     }
 
-    /// A relaunched server whose new process did not come up while its old one serves
-    /// keeps the old one (and its subscriptions), which a typo in `command` would
-    /// otherwise take down with its tools; the new one is stopped.
+    /// A relaunched server whose new process did not come up while its old one serves, or
+    /// is starting again after a crash, keeps the old one (and its subscriptions), which a
+    /// typo in `command` would otherwise take down with its tools; the new one is stopped.
+    /// (An old process that is down, crash-looping, gives way to the new launch.)
     async fn keep_what_did_not_relaunch(&self, current: &Setup, next: &mut Setup, changes: &mut Changes) {
         let find = |list: &[Arc<ServerHandle>], instance: u64| list.iter().find(|h| h.instance == instance).cloned();
         for (old, new) in changes.moved.clone() {
@@ -247,13 +248,15 @@ impl Hub {
                 continue;
             };
             let (was, is) = (running.state(), failed.state());
-            if is.status == Status::Ready || was.status != Status::Ready {
+            let serves = matches!(was.status, Status::Ready | Status::Starting | Status::Restarting);
+            if is.status == Status::Ready || !serves {
                 continue;
             }
             tracing::error!(
                 server = %running.name,
-                "reload: the new launch did not start ({}); the running process keeps serving with its old launch: fix `mcpServers.{}` and save again (a server that cannot run twice at once, holding a fixed port or an exclusive lock, takes a new launch only when the gateway restarts)",
+                "reload: the new launch did not start ({}); the old launch keeps serving ({}): fix `mcpServers.{}` and save again (a server that cannot run twice at once, holding a fixed port or an exclusive lock, takes a new launch only when the gateway restarts)",
                 is.last_error.as_deref().unwrap_or("not ready in time"),
+                was.status.as_str(),
                 running.name
             );
             next.keep_running(current, &running.name, running.clone());
@@ -262,9 +265,12 @@ impl Hub {
             changes.restarted.retain(|n| **n != *running.name);
             changes.kept_running.push(running.name.to_string());
             failed.shutdown().await;
-            // What the running process speaks, which the failed launch made forgotten.
-            let spoken = was.session.as_ref().and_then(|s| s.info.as_ref()).map(|i| i.protocol_version.clone());
-            self.life.revisions.learn(&running.name, spoken.as_ref());
+            // What the running process speaks, which the failed launch made forgotten (one
+            // starting again learns it when it is up).
+            if was.status == Status::Ready {
+                let spoken = was.session.as_ref().and_then(|s| s.info.as_ref()).map(|i| i.protocol_version.clone());
+                self.life.revisions.learn(&running.name, spoken.as_ref());
+            }
         }
     }
 

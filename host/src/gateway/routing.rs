@@ -866,9 +866,10 @@ impl CallGuard {
     pub fn sent(&self, session: u64, request: RequestId) {
         let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
         if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
-            let before = call.upstream.replace((session, request, tokio::time::Instant::now()));
-            drop(in_flight);
-            if let Some((session, request, _)) = before {
+            // Marked gone before the lock is released, as in `drop`: what the server says
+            // about the old request meanwhile finds it in one or the other.
+            if let Some((session, request, _)) = call.upstream.replace((session, request, tokio::time::Instant::now()))
+            {
                 self.routing.gone(session, request);
             }
         }
