@@ -271,6 +271,60 @@ async fn a_relaunch_that_cannot_start_keeps_a_restarting_server_and_its_old_laun
     let _ = client.cancel().await;
 }
 
+/// A reload brings a running session's own (`scope: session`) instances in line, as it
+/// does the shared servers: an added server starts for it (it hears `list_changed`), a
+/// changed launch gets a new process, an unchanged one keeps its own, and a removed
+/// server's instance stops, without the session asking anything.
+#[tokio::test]
+async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
+    let servers = |dir: &Path, own: &[(&str, &[&str])]| {
+        let mut servers = serde_json::Map::new();
+        servers.insert("a".into(), faulty("a", dir, &[]));
+        for (name, extra) in own {
+            let mut server = faulty(name, dir, extra);
+            server["scope"] = json!("session");
+            servers.insert((*name).into(), server);
+        }
+        json!({"mcpServers": servers, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, &[("s", &[])]), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "1"})).await), "s: 1");
+    let s = pid(&dir, "s");
+    let heard = client.service().heard.clone();
+    let told = || heard.lock().unwrap().tools_changed;
+
+    // Added: the session hears of it, and its instance serves.
+    let before = told();
+    rewrite_config(&dir, &servers(&dir, &[("s", &[]), ("t", &[])]));
+    eventually("list_changed for the added server", || told() > before).await;
+    assert!(until_offered(client.peer(), "t__echo", true).await, "t offered to the running session");
+    assert_eq!(text(&call(&client, "t__echo", json!({"message": "2"})).await), "t: 2");
+    let t = pid(&dir, "t");
+    assert_eq!(pid(&dir, "s"), s, "s untouched");
+
+    // s's launch changed: a new process for the session, which its subscription moves
+    // to; t keeps its own.
+    let subscribed = || std::fs::read_to_string(dir.join("s/subscribes")).unwrap_or_default().lines().count();
+    client.peer().subscribe(rmcp::model::SubscribeRequestParams::new("faulty://s/readme")).await.unwrap();
+    assert_eq!(subscribed(), 1);
+    rewrite_config(&dir, &servers(&dir, &[("s", &["--start-delay", "10"]), ("t", &[])]));
+    eventually("the old instance of s stopped", move || !alive(s)).await;
+    eventually("the subscription made again on the new process", || subscribed() == 2).await;
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "3"})).await), "s: 3");
+    assert!(pid(&dir, "s") != s && alive(pid(&dir, "s")), "a new process of s");
+    assert_eq!(pid(&dir, "t"), t, "t keeps its process");
+
+    // Removed: its instance stops with no request of the session's.
+    let before = told();
+    rewrite_config(&dir, &servers(&dir, &[("s", &["--start-delay", "10"])]));
+    eventually("t's instance stopped", move || !alive(t)).await;
+    eventually("list_changed for the removed server", || told() > before).await;
+    assert!(until_offered(client.peer(), "t__echo", false).await, "t no longer offered");
+    let _ = client.cancel().await;
+}
+
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
 /// relaunches its server: nothing is in flight on the old process then, which stops; the
 /// next attempt goes to the new one (named `anew`, with no rate limit), and the call is

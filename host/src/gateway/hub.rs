@@ -20,7 +20,8 @@ use super::metrics::Metrics;
 use super::relay::{HubRelay, Owner};
 use super::reload::LastReload;
 use super::routing::Routing;
-use super::setup::{Changes, Setup};
+use super::session_servers::SessionServers;
+use super::setup::{Changes, Setup, Touched};
 use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
@@ -52,10 +53,10 @@ pub struct Hub {
 }
 
 /// Why [`Hub`] keeps an instance that is not in its setup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 enum Kept {
-    /// A `scope: session` server's, for one session.
-    Session,
+    /// A `scope: session` server's, for this session.
+    Session(Weak<SessionServers>),
     /// A shared server's, replaced or removed by a reload, finishing its calls.
     Retired,
     /// A shared server's, started by a reload not yet in place (which shutdown may
@@ -196,23 +197,41 @@ impl Hub {
         for handle in changes.retired.iter().cloned() {
             // Still running its calls: stopped at shutdown like the rest, and not started
             // again with its old launch if it ends meanwhile.
-            handle.retire();
             self.keep(&handle, Kept::Retired);
-            let (hub, removed) = (self.clone(), !changes.moved.iter().any(|(old, _)| *old == handle.instance));
-            let longest = current.config.longest_deadline(&handle.name);
-            let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
-            tokio::spawn(async move {
-                let deadline = Instant::now() + within;
-                while hub.routing.in_flight_on(handle.instance) > 0 && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                if removed {
-                    hub.downstreams.reinstance(handle.instance, None);
-                }
-                handle.shutdown().await;
-            });
+            let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
+            self.retire(handle, &current, removed);
+        }
+        if changes.touch_sessions() {
+            for session in self.live_sessions() {
+                session.reloaded();
+            }
+        }
+        if changes.sessions == Touched::Added {
+            // Sessions without instances of their own yet start them when they next ask.
+            let changed = rmcp::model::ToolListChangedNotification::default();
+            self.downstreams.broadcast(rmcp::model::ServerNotification::ToolListChangedNotification(changed));
         }
         Some(changes)
+    }
+
+    /// Stops `handle`, which a reload replaced (or, `removed`, took out): once the calls
+    /// in flight on it are done, within the longest deadline of its tools in `was` (the
+    /// setup that ran it). Meanwhile it is not started again if it ends.
+    pub fn retire(self: &Arc<Self>, handle: Arc<ServerHandle>, was: &Setup, removed: bool) {
+        handle.retire();
+        let longest = was.config.longest_deadline(&handle.name);
+        let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + within;
+            while hub.routing.in_flight_on(handle.instance) > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if removed {
+                hub.downstreams.reinstance(handle.instance, None);
+            }
+            handle.shutdown().await;
+        });
     }
 
     /// The clients' subscriptions to each relaunched server move to its new instance once
@@ -221,20 +240,28 @@ impl Hub {
     /// announced as updated, since what changed meanwhile was not heard.
     fn move_subscriptions(self: &Arc<Self>, changes: &Changes) {
         for (old, new) in &changes.moved {
-            self.downstreams.reinstance(*old, Some(*new));
-            let Some(handle) = changes.started.iter().find(|h| h.instance == *new).cloned() else { continue };
-            let (hub, mut state) = (Arc::downgrade(self), handle.subscribe());
-            tokio::spawn(async move {
-                // Ends when the instance stops (its supervisor drops the sender).
-                let ready = state.wait_for(|s| matches!(s.status, Status::Ready | Status::Stopped)).await;
-                if ready.is_ok_and(|s| s.status == Status::Ready)
-                    && let Some(hub) = hub.upgrade()
-                {
-                    // Its level was set when it became ready ([`Self::watch`]).
-                    hub.follow_again(&handle, None, true);
-                }
-            });
+            match changes.started.iter().find(|h| h.instance == *new) {
+                Some(handle) => self.move_subscriptions_to(*old, handle.clone()),
+                None => self.downstreams.reinstance(*old, Some(*new)),
+            }
         }
+    }
+
+    /// The subscriptions made on instance `old` move to `handle`, which replaces it (see
+    /// [`Self::move_subscriptions`]).
+    pub fn move_subscriptions_to(self: &Arc<Self>, old: u64, handle: Arc<ServerHandle>) {
+        self.downstreams.reinstance(old, Some(handle.instance));
+        let (hub, mut state) = (Arc::downgrade(self), handle.subscribe());
+        tokio::spawn(async move {
+            // Ends when the instance stops (its supervisor drops the sender).
+            let ready = state.wait_for(|s| matches!(s.status, Status::Ready | Status::Stopped)).await;
+            if ready.is_ok_and(|s| s.status == Status::Ready)
+                && let Some(hub) = hub.upgrade()
+            {
+                // Its level was set when it became ready ([`Self::watch`]).
+                hub.follow_again(&handle, None, true);
+            }
+        });
     }
 
     /// A relaunched server whose new process did not come up while its old one serves, or
@@ -346,8 +373,9 @@ impl Hub {
     /// The running instances of `scope: session` server `name`, one per session using it.
     pub fn instances_of(&self, name: &str) -> Vec<Arc<ServerHandle>> {
         let list = self.instances.lock().expect("not poisoned");
-        let sessions = list.iter().filter(|(_, kept)| *kept == Kept::Session).filter_map(|(h, _)| h.upgrade());
-        sessions.filter(|h| &*h.name == name && !h.is_stopped()).collect()
+        let sessions =
+            list.iter().filter(|(_, kept)| matches!(kept, Kept::Session(_))).filter_map(|(h, _)| h.upgrade());
+        sessions.filter(|h| &*h.name == name && !h.is_stopped() && !h.is_retired()).collect()
     }
 
     /// Server instance `instance`, shared or a session's own, while it runs.
@@ -365,7 +393,7 @@ impl Hub {
     pub fn shared_instances(&self) -> Vec<Arc<ServerHandle>> {
         let mut all: Vec<Arc<ServerHandle>> = self.setup().servers.values().cloned().collect();
         let list = self.instances.lock().expect("not poisoned");
-        let starting = list.iter().filter(|(_, kept)| *kept == Kept::Starting).filter_map(|(h, _)| h.upgrade());
+        let starting = list.iter().filter(|(_, kept)| matches!(kept, Kept::Starting)).filter_map(|(h, _)| h.upgrade());
         for handle in starting {
             // (Still tagged once in place, and when a later reload retires it.)
             let gone = handle.is_stopped() || handle.is_retired();
@@ -376,9 +404,26 @@ impl Hub {
         all
     }
 
-    /// Keeps `handle` (a per-session instance) to be stopped on shutdown.
-    pub fn keep_instance(&self, handle: &Arc<ServerHandle>) {
-        self.keep(handle, Kept::Session);
+    /// Keeps `handle` (an instance of `session`'s own) to be stopped on shutdown, and
+    /// `session` to be told of reloads while it runs.
+    pub fn keep_instance(&self, handle: &Arc<ServerHandle>, session: Weak<SessionServers>) {
+        self.keep(handle, Kept::Session(session));
+    }
+
+    /// Every session with instances of its own running, once each.
+    fn live_sessions(&self) -> Vec<Arc<SessionServers>> {
+        let list = self.instances.lock().expect("not poisoned");
+        let mut sessions: Vec<Arc<SessionServers>> = Vec::new();
+        for (handle, kept) in list.iter() {
+            let Kept::Session(session) = kept else { continue };
+            if handle.strong_count() > 0
+                && let Some(session) = session.upgrade()
+                && !sessions.iter().any(|s| Arc::ptr_eq(s, &session))
+            {
+                sessions.push(session);
+            }
+        }
+        sessions
     }
 
     fn keep(&self, handle: &Arc<ServerHandle>, why: Kept) {

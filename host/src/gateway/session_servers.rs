@@ -4,7 +4,11 @@
 //! (closed by the client, idle past `rebound.http.session_idle_ms`, or closed to make room
 //! past `rebound.http.max_sessions`, `super::sessions`). Each has its own supervision, breakers, retry
 //! budget and adapter state (such as the HOL cursor); counters and metrics add up under
-//! the server's name. What an instance says reaches its session only.
+//! the server's name. What an instance says reaches its session only. A reload brings a
+//! running session's instances in line with the new configuration, as it does the shared
+//! servers: an unchanged launch keeps its process, a changed one gets a new process, a
+//! removed server's instance stops, an added one starts; the instances replaced finish
+//! their calls first.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,7 +43,9 @@ pub struct SessionServers {
     /// The session's peer, and what its own instances are offered of its capabilities,
     /// once it initialised.
     peer: OnceLock<(Peer<RoleServer>, Offered)>,
-    own: OnceLock<Own>,
+    /// Its own instances, as the setup they were last brought in line with configures
+    /// them ([`Self::own`]).
+    own: Mutex<Option<Arc<Own>>>,
     /// The catalogue with this session's instances, and the shared one it was built on.
     catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
     /// The tasks the session started (MCP 2025-11-25), and where each lives.
@@ -51,6 +57,8 @@ pub struct SessionServers {
 
 /// The session's own server instances, with the recovery state that is theirs alone.
 struct Own {
+    /// The setup whose `scope: session` servers these are.
+    on: Arc<Setup>,
     servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
     /// Their breakers and budgets, and their adapters' state.
     policies: HashMap<Arc<str>, Arc<ServerPolicy>>,
@@ -63,6 +71,40 @@ struct Own {
 
 /// The setup's engine and adapters with a session's own instances' in place of theirs.
 type OwnRecovery = (Engine, Adapters);
+
+/// What a session keeps of its instance of a server across a reload.
+#[derive(Clone, Copy)]
+struct Kept<'a> {
+    handle: &'a Arc<ServerHandle>,
+    /// Its policy and adapter fork (if it has an adapter), while its entry and adapter
+    /// are unchanged.
+    state: Option<(&'a Arc<ServerPolicy>, Option<&'a Arc<Adapter>>)>,
+}
+
+impl Own {
+    /// What of this session's instance of `template`'s server `setup` keeps: the
+    /// instance, if its launch (and protocol) is unchanged.
+    fn keeps(&self, setup: &Setup, template: &ServerConfig) -> Option<Kept<'_>> {
+        let name = template.name.as_str();
+        let was = self.on.config.servers.get(name).filter(|t| t.scope == Scope::Session)?;
+        let handle = self.servers.get(name)?;
+        if was.launch != template.launch || was.protocol != template.protocol {
+            return None;
+        }
+        let same_adapter = match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        let state = self.policies.get(name).filter(|_| was == template && same_adapter);
+        Some(Kept { handle, state: state.map(|p| (p, self.forks.get(name))) })
+    }
+
+    /// Whether `handle` is one of these instances.
+    fn has(&self, handle: &Arc<ServerHandle>) -> bool {
+        self.servers.values().any(|h| Arc::ptr_eq(h, handle))
+    }
+}
 
 /// The recovery engine and adapters one call runs with: the setup's, with this session's
 /// own instances' in place of theirs.
@@ -92,7 +134,7 @@ impl SessionServers {
             hub,
             client,
             peer: OnceLock::new(),
-            own: OnceLock::new(),
+            own: Mutex::default(),
             catalogue: Mutex::default(),
             tasks: Tasks::default(),
             blamed: OnceLock::new(),
@@ -110,53 +152,108 @@ impl SessionServers {
         self.peer.get().is_some()
     }
 
-    /// The session's own instances, started on first use; none before it initialised or
-    /// when no server is `session`-scoped.
-    fn own(self: &Arc<Self>) -> Option<&Own> {
-        if let Some(own) = self.own.get() {
-            return Some(own);
-        }
+    /// The session's own instances, started on first use and brought in line with the
+    /// configuration after a reload (the instances it gives up stop once their calls are
+    /// done); none before it initialised or when no server is `session`-scoped.
+    fn own(self: &Arc<Self>) -> Option<Arc<Own>> {
         let setup = self.hub.setup();
-        let scoped: Vec<&str> =
-            setup.config.servers.values().filter(|s| s.scope == Scope::Session).map(|s| s.name.as_str()).collect();
-        if scoped.is_empty() {
+        let mut own = self.own.lock().expect("not poisoned");
+        if let Some(current) = own.as_ref().filter(|o| Arc::ptr_eq(&o.on, &setup)) {
+            return Some(current.clone());
+        }
+        let scoped: Vec<&ServerConfig> = setup.config.servers.values().filter(|s| s.scope == Scope::Session).collect();
+        if own.is_none() && scoped.is_empty() {
             return None;
         }
         let (peer, caps) = self.peer.get()?;
-        Some(self.own.get_or_init(|| self.start(&setup, &scoped, peer, caps)))
+        let before = own.take();
+        let next = (!scoped.is_empty()).then(|| Arc::new(self.start(&setup, &scoped, peer, caps, before.as_deref())));
+        own.clone_from(&next);
+        drop(own);
+        if let Some(before) = before {
+            self.give_up(&before, next.as_deref());
+        }
+        next
     }
 
-    /// Starts this session's instances of `scoped`, as `setup` configures them. (A
-    /// reload later changes the instances of sessions that start after it.)
-    fn start(self: &Arc<Self>, setup: &Setup, scoped: &[&str], peer: &Peer<RoleServer>, caps: &Offered) -> Own {
+    /// Stops `before`'s instances that `next` does not keep, once their calls are done;
+    /// the subscriptions on one relaunched move to its new instance.
+    fn give_up(&self, before: &Own, next: Option<&Own>) {
+        for handle in before.servers.values() {
+            if next.is_some_and(|n| n.has(handle)) {
+                continue;
+            }
+            tracing::info!(session = %self.client, server = %handle.name, "a reload replaced or removed the session's own instance: it stops once its calls are done");
+            let relaunched = next.and_then(|n| n.servers.get(&handle.name)).cloned();
+            if let Some(new) = &relaunched {
+                self.hub.move_subscriptions_to(handle.instance, new.clone());
+            }
+            self.hub.retire(handle.clone(), &before.on, relaunched.is_none());
+        }
+    }
+
+    /// This session's instances of `scoped`, as `setup` configures them: those of
+    /// `before` (as an earlier setup configured them) whose launch is unchanged are
+    /// kept, with their breakers, budget and adapter state while their entry and adapter
+    /// are unchanged too; the rest start.
+    fn start(
+        self: &Arc<Self>,
+        setup: &Arc<Setup>,
+        scoped: &[&ServerConfig],
+        peer: &Peer<RoleServer>,
+        caps: &Offered,
+        before: Option<&Own>,
+    ) -> Own {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
         let hub = Arc::downgrade(&self.hub);
-        let servers: IndexMap<_, _> = scoped
-            .iter()
-            .map(|name| {
-                let relay = |instance| -> Arc<dyn Relay> {
-                    Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
-                };
-                let template = &setup.config.servers[*name];
-                let config = template.for_session(&self.client);
-                make_session_folder(template, &config);
-                let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
-                self.hub.keep_instance(&handle);
-                self.hub.watch(&handle, Some(owner.clone()));
-                (handle.name.clone(), handle)
-            })
-            .collect();
-        tracing::info!(session = %self.client, servers = servers.len(), "started the session's own servers");
-        Own {
-            servers,
-            policies: setup.engine.fresh_policies(scoped.iter().copied()),
-            forks: setup.plugins.adapters.forks(scoped.iter().copied()),
-            recovery: Mutex::default(),
-            started: Instant::now(),
-            settled: AtomicBool::new(false),
+        let (mut servers, mut policies, mut forks) = (IndexMap::new(), HashMap::new(), HashMap::new());
+        let (mut fresh, mut new) = (Vec::new(), 0);
+        for template in scoped {
+            let kept = before.and_then(|b| b.keeps(setup, template));
+            let handle = match kept {
+                Some(kept) => kept.handle.clone(),
+                None => {
+                    let relay = |instance| -> Arc<dyn Relay> {
+                        Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
+                    };
+                    let config = template.for_session(&self.client);
+                    make_session_folder(template, &config);
+                    let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
+                    self.hub.keep_instance(&handle, Arc::downgrade(self));
+                    self.hub.watch(&handle, Some(owner.clone()));
+                    new += 1;
+                    handle
+                }
+            };
+            match kept.and_then(|k| k.state) {
+                Some((policy, fork)) => {
+                    policies.insert(handle.name.clone(), policy.clone());
+                    forks.extend(fork.map(|f| (handle.name.clone(), f.clone())));
+                }
+                None => fresh.push(template.name.as_str()),
+            }
+            servers.insert(handle.name.clone(), handle);
         }
+        policies.extend(setup.engine.fresh_policies(fresh.iter().copied()));
+        forks.extend(setup.plugins.adapters.forks(fresh.iter().copied()));
+        if new > 0 {
+            tracing::info!(session = %self.client, servers = new, "started the session's own servers");
+        }
+        // Kept instances had their start; new ones get the start-up wait.
+        let (started, settled) = match before {
+            Some(b) if new == 0 => (b.started, b.settled.load(Ordering::Acquire)),
+            _ => (Instant::now(), false),
+        };
+        let (on, recovery, settled) = (setup.clone(), Mutex::default(), AtomicBool::new(settled));
+        Own { on, servers, policies, forks, recovery, started, settled }
+    }
+
+    /// A reload changed the `scope: session` servers: this session's instances are
+    /// brought in line now, not at its next request, and it hears what that changed.
+    pub fn reloaded(self: &Arc<Self>) {
+        self.rebuild(false);
     }
 
     /// Waits for the first start of every server this session reaches (bounded by
@@ -189,14 +286,24 @@ impl SessionServers {
     }
 
     /// One of this session's instances changed: rebuild its catalogue and tell it what
-    /// changed (tools always, with `force`).
+    /// changed (tools always, with `force`). A session left with no instances of its own
+    /// (a reload removed them) sees the shared catalogue again.
     pub fn rebuild(self: &Arc<Self>, force: bool) {
-        let Some(own) = self.own() else { return };
+        let own = self.own();
         let mut cached = self.catalogue.lock().expect("not poisoned");
         let shared = self.hub.catalogue();
-        let next = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
-        let prev = cached.replace((shared, next.clone())).map(|(_, c)| c).unwrap_or_default();
+        let (prev, next) = match own {
+            Some(own) => {
+                let next = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
+                (cached.replace((shared, next.clone())), next)
+            }
+            None => match cached.take() {
+                Some(prev) => (Some(prev), shared),
+                None => return,
+            },
+        };
         drop(cached);
+        let prev = prev.map(|(_, c)| c).unwrap_or_default();
         for change in prev.changes(&next, force) {
             self.hub.downstreams.tell(&self.client, change);
         }
@@ -204,7 +311,7 @@ impl SessionServers {
 
     /// This session's own instance of `server`, if it has one.
     pub fn instance(&self, server: &str) -> Option<Arc<ServerHandle>> {
-        self.own.get()?.servers.get(server).cloned()
+        self.current()?.servers.get(server).cloned()
     }
 
     /// The instance of `server` this session's calls go to.
@@ -254,19 +361,24 @@ impl SessionServers {
 
     /// Every instance this session reaches: its own, then the shared ones.
     pub fn all(&self) -> Vec<Arc<ServerHandle>> {
-        let own = self.own.get().into_iter().flat_map(|o| o.servers.values().cloned());
+        let own = self.current().into_iter().flat_map(|o| o.servers.values().cloned().collect::<Vec<_>>());
         own.chain(self.hub.setup().servers.values().cloned()).collect()
+    }
+
+    /// Its own instances as last brought in line with the configuration.
+    fn current(&self) -> Option<Arc<Own>> {
+        self.own.lock().expect("not poisoned").clone()
     }
 
     /// Its own instances only.
     pub fn own_instances(&self) -> Vec<Arc<ServerHandle>> {
-        self.own.get().into_iter().flat_map(|o| o.servers.values().cloned()).collect()
+        self.current().into_iter().flat_map(|o| o.servers.values().cloned().collect::<Vec<_>>()).collect()
     }
 
     /// The recovery engine and adapters of this session's next call.
     pub fn recovery(&self) -> Recovery {
         let setup = self.hub.setup();
-        let Some(own) = self.own.get() else { return Recovery { setup, own: None } };
+        let Some(own) = self.current() else { return Recovery { setup, own: None } };
         let mut cached = own.recovery.lock().expect("not poisoned");
         let built = match &*cached {
             Some((on, built)) if Arc::ptr_eq(on, &setup) => built.clone(),
@@ -286,9 +398,9 @@ impl Drop for SessionServers {
             self.hub.session_ended(&self.client);
         }
         self.hub.errors.close_view(&self.client);
-        let Some(own) = self.own.take() else { return };
+        let Some(own) = self.own.get_mut().ok().and_then(Option::take) else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
-        let servers: Vec<_> = own.servers.into_values().collect();
+        let servers: Vec<_> = own.servers.values().cloned().collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 futures::future::join_all(servers.iter().map(|h| h.shutdown())).await;

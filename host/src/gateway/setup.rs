@@ -47,9 +47,28 @@ pub struct Changes {
     pub moved: Vec<(u64, u64)>,
     /// Relaunched servers whose new process did not come up: the old one keeps serving.
     pub kept_running: Vec<String>,
+    /// What changed among the `scope: session` servers, whose instances the running
+    /// sessions bring in line.
+    pub sessions: Touched,
+}
+
+/// How a reload touched the `scope: session` servers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Touched {
+    #[default]
+    Not,
+    /// Removed or changed ones only.
+    Changed,
+    /// Added ones too: every session may have new tools.
+    Added,
 }
 
 impl Changes {
+    /// Whether the running sessions' own instances change.
+    pub fn touch_sessions(&self) -> bool {
+        self.sessions != Touched::Not
+    }
+
     pub fn is_empty(&self) -> bool {
         self.added.is_empty()
             && self.removed.is_empty()
@@ -147,8 +166,8 @@ impl Setup {
     /// servers. Under new limits (a new runtime) it moves to the new one, its stored
     /// state with it, and counts as kept
     /// (its declared needs are the same): a limit lowered to contain an adapter holds at
-    /// once for shared servers (a session's own instances keep their adapters until the
-    /// session ends).
+    /// once for shared servers (a session's own instances get fresh copies of the new
+    /// one when their session is brought in line, `SessionServers::own`).
     fn keep_adapters(&self, config: &Config, plugins: &mut Prepared, changes: &mut Changes) -> Vec<Arc<str>> {
         let mut adapters = Adapters::default();
         let mut kept = Vec::new();
@@ -235,20 +254,39 @@ impl Setup {
     }
 
     /// What changed among the `scope: session` servers (their instances are their
-    /// sessions' own: sessions that start from now on get the new configuration).
+    /// sessions' own, which each running session brings in line:
+    /// [`super::session_servers::SessionServers::reloaded`]).
     fn session_changes(&self, config: &Config, changes: &mut Changes) {
+        let mut touched = Touched::Not;
         for old in self.config.servers.values().filter(|s| s.scope == Scope::Session) {
-            if !config.servers.contains_key(&old.name) {
-                changes.removed.push(old.name.clone());
+            match config.servers.get(&old.name) {
+                None => changes.removed.push(old.name.clone()),
+                // Now shared: counted as added with the shared ones.
+                Some(now) if now.scope != Scope::Session => {}
+                Some(_) => continue,
             }
+            touched = touched.max(Touched::Changed);
         }
         for s in config.servers.values().filter(|s| s.scope == Scope::Session) {
-            match self.config.servers.get(&s.name) {
-                None => changes.added.push(s.name.clone()),
-                Some(b) if b != s => changes.reconfigured.push(s.name.clone()),
-                Some(_) => {}
-            }
+            let how = match self.config.servers.get(&s.name) {
+                None => {
+                    changes.added.push(s.name.clone());
+                    Touched::Added
+                }
+                // Shared until now: each session gets its own.
+                Some(b) if b.scope != Scope::Session => {
+                    changes.reconfigured.push(s.name.clone());
+                    Touched::Added
+                }
+                Some(b) if b != s => {
+                    changes.reconfigured.push(s.name.clone());
+                    Touched::Changed
+                }
+                Some(_) => continue,
+            };
+            touched = touched.max(how);
         }
+        changes.sessions = touched;
     }
 }
 
