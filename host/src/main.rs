@@ -169,8 +169,11 @@ fn check(path: PathBuf) -> Result<()> {
     let config = config::load(&path)?;
     let secrets = Secrets::of(&config);
     rebound::redact::redact_logs(secrets.clone());
-    config.log_warnings();
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
+    // In the report, where they are read, not in the log.
+    for warning in &config.warnings {
+        println!("  warning: {}", secrets.redact(warning));
+    }
     for (name, server) in &config.servers {
         if let Some(warning) = command_missing(name, server) {
             println!("  warning: {warning}");

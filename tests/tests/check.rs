@@ -56,6 +56,28 @@ fn a_command_that_is_not_installed_is_warned_about() {
     assert!(out.contains("mcpServers.narrow.command: `npx` is not found on PATH"), "{out}");
 }
 
+/// A key Rebound does not know (a typo) and a disabled server are warned about in the
+/// report, on stdout, not only in the log.
+#[test]
+fn an_unknown_key_and_a_disabled_server_are_warned_about_in_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.json");
+    std::fs::write(
+        &path,
+        r#"{"mcpServers": {"a": {"command": "sh", "tmeout_ms": 5}, "b": {"command": "sh", "disabled": true}}}"#,
+    )
+    .unwrap();
+    let out = Command::new(bin("rebound")).args(["check", "--config"]).arg(&path).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("warning: ") && stdout.contains("`mcpServers.a.tmeout_ms` is not a key Rebound knows"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("`mcpServers.b` is disabled"), "{stdout}");
+    assert!(stdout.ends_with("ok\n"), "{stdout}");
+}
+
 #[test]
 fn broken_configs_name_the_file_the_key_and_the_fix() {
     for (json, needles) in [
