@@ -154,15 +154,32 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     Ok((changes, warnings))
 }
 
-/// What a configuration file was when it was read (when it last changed, and its length),
-/// taken before it is read: a change saved while the gateway starts, before its watcher
-/// does, is then seen and reloaded, not lost.
+/// What a configuration file was when it was read (which file: its device and inode; when
+/// its contents and its inode last changed, and its length), taken before it is read: a
+/// change saved while the gateway starts, before its watcher does, is then seen and
+/// reloaded, not lost. A save that replaces the file (as editors do: a new file renamed
+/// over it) is a new inode; one in place, of the same length and within the file system's
+/// clock tick, is the one change it cannot see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp(Option<(std::time::SystemTime, u64)>);
+pub struct Stamp(Option<Seen>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    file: (u64, u64),
+    modified: (i64, i64),
+    changed: (i64, i64),
+    len: u64,
+}
 
 impl Stamp {
     pub fn of(path: &Path) -> Self {
-        Self(std::fs::metadata(path).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
+        use std::os::unix::fs::MetadataExt as _;
+        Self(std::fs::metadata(path).ok().map(|m| Seen {
+            file: (m.dev(), m.ino()),
+            modified: (m.mtime(), m.mtime_nsec()),
+            changed: (m.ctime(), m.ctime_nsec()),
+            len: m.len(),
+        }))
     }
 }
 
@@ -422,5 +439,11 @@ mod tests {
         assert_eq!(Stamp::of(&path), read, "not saved since");
         std::fs::write(&path, r#"{"mcpServers": {}}"#).unwrap();
         assert_ne!(Stamp::of(&path), read);
+        // Saved as editors do, the same length at once: another file renamed over it.
+        let read = Stamp::of(&path);
+        let next = path.with_extension("new");
+        std::fs::write(&next, r#"{"mcpServers": {}}"#).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        assert_ne!(Stamp::of(&path), read, "a new file in its place");
     }
 }
