@@ -326,6 +326,44 @@ async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
     let _ = client.cancel().await;
 }
 
+/// A reload rotates the HTTP front's token: the new one opens it from then on, the old
+/// one no longer does, even on a session it opened. Removing the token does not open the
+/// gateway while it serves: that waits for the next start, and the token holds meanwhile.
+#[tokio::test]
+async fn a_reload_rotates_the_token_but_never_opens_the_gateway() {
+    let with_token = |dir: &Path, token: Option<&str>| {
+        let mut c = json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"tool_names": "always"}});
+        if let Some(token) = token {
+            c["rebound"]["http"] = json!({"auth_token": token});
+        }
+        c
+    };
+    let gw = HttpGateway::start(|dir| with_token(dir, Some("first-token-0123456789")), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let old = gw.client(Some("first-token-0123456789")).await.unwrap();
+    assert_eq!(text(&call(&old, "a__echo", json!({"message": "1"})).await), "a: 1");
+    let said = |what: &'static str| {
+        let log = gw.log.clone();
+        move || log.lock().unwrap().contains(what)
+    };
+
+    rewrite_config(&dir, &with_token(&dir, Some("second-token-0123456789")));
+    eventually("the token rotated", said("rebound.http.auth_token rotated")).await;
+    let new = gw.client(Some("second-token-0123456789")).await.unwrap();
+    assert_eq!(text(&call(&new, "a__echo", json!({"message": "2"})).await), "a: 2");
+    assert!(gw.client(Some("first-token-0123456789")).await.is_err(), "the old token opens no session");
+    let mut params = CallToolRequestParams::new("a__echo");
+    params.arguments = json!({"message": "3"}).as_object().cloned();
+    assert!(old.peer().call_tool(params).await.is_err(), "nor a request on a session it opened");
+
+    // Removed from the file: still required until the next start.
+    rewrite_config(&dir, &with_token(&dir, None));
+    eventually("the removal deferred", said("rebound.http.auth_token is removed by the file")).await;
+    assert!(gw.client(None).await.is_err(), "no client without the token");
+    assert_eq!(text(&call(&new, "a__echo", json!({"message": "4"})).await), "a: 4");
+    let _ = new.cancel().await;
+}
+
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
 /// relaunches its server: nothing is in flight on the old process then, which stops; the
 /// next attempt goes to the new one (named `anew`, with no rate limit), and the call is

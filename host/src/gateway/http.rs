@@ -311,11 +311,15 @@ async fn authorize(State(front): State<Front>, request: Request, next: Next) -> 
 impl Front {
     /// Whether `headers` carry the token that opens the clients' routes, or with
     /// `operators` the operator's (`/status`, `/metrics`: the clients' token when there
-    /// is no operator token); always, when the gateway has no token at all.
+    /// is no operator token); always, when the gateway has no token at all. The tokens
+    /// are the current configuration's: a reload rotates them (whether there is one
+    /// stays as the gateway started, `reload::rotate_tokens`).
     fn opens(&self, headers: &HeaderMap, operators: bool) -> bool {
-        let expected = match &self.settings.operator_token {
+        let setup = self.hub.setup();
+        let http = &setup.config.settings.http;
+        let expected = match &http.operator_token {
             Some(token) if operators => Some(token),
-            _ => self.settings.auth_token.as_ref(),
+            _ => http.auth_token.as_ref(),
         };
         expected
             .is_none_or(|expected| bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes()))))

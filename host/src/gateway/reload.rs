@@ -3,8 +3,9 @@
 //! change is validated exactly as `rebound check` does, its adapters compiled and
 //! checked; one that fails is refused with that message and the running configuration
 //! keeps serving. One that passes is applied as a diff ([`super::setup::Setup::next`]).
-//! `rebound.http` and the errors log's settings take effect at the next start; sessions'
-//! own (`scope: session`) instances keep the configuration their session started with.
+//! `rebound.http`'s tokens rotate ([`rotate_tokens`]); its other settings and the errors
+//! log's take effect at the next start. Running sessions' own (`scope: session`)
+//! instances are brought in line as the shared servers are.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::sync::mpsc;
 use super::hub::Hub;
 use super::setup::Changes;
 use crate::config;
+use crate::config::HttpSettings;
 
 /// Changes that come together (an editor writes, renames, touches) are applied once,
 /// this long after the first.
@@ -115,19 +117,22 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     let loaded = tokio::task::spawn_blocking(move || config::load(&file)).await;
     let failed =
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
-    let config = loaded.map_err(failed)??;
+    let mut config = loaded.map_err(failed)??;
     let current = hub.setup();
+    rotate_tokens(&current.config.settings.http, &mut config.settings.http);
     // What loading its plugins logs (an adapter's fault may quote its configuration) is
     // redacted with the new file's secrets too, applied or not.
     let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
     crate::redact::redact_logs(secrets.clone());
     config.log_warnings();
     let warnings = config.warnings.clone();
-    if config.settings.http != current.config.settings.http
+    if but_tokens(&config.settings.http) != but_tokens(&current.config.settings.http)
         || config.settings.errors_log != current.config.settings.errors_log
         || config.settings.errors_log_max_bytes != current.config.settings.errors_log_max_bytes
     {
-        tracing::warn!("rebound.http and the errors log's settings take effect at the next start, not on reload");
+        tracing::warn!(
+            "rebound.http (but its tokens) and the errors log's settings take effect at the next start, not on reload"
+        );
     }
     let (old, new) = (&current.config.settings, &config.settings);
     if old.restart != new.restart || old.init_timeout_ms != new.init_timeout_ms {
@@ -152,6 +157,34 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     // Loading may take a while: shutdown may have begun meanwhile.
     let changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
     Ok((changes, warnings))
+}
+
+/// A reload rotates the HTTP front's tokens: a new `auth_token` or `operator_token` is the
+/// one that opens the gateway to requests from then on (streams already open stay open).
+/// One set where there was none, or removed, would open the gateway, or lock its clients
+/// out, while it serves: that takes effect at the next start, and until then `new` keeps
+/// the token the gateway has (a token from the environment is the same one again).
+fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) {
+    let tokens = [
+        ("auth_token", &old.auth_token, &mut new.auth_token),
+        ("operator_token", &old.operator_token, &mut new.operator_token),
+    ];
+    for (key, was, is) in tokens {
+        if was.is_some() != is.is_some() {
+            let what = if was.is_some() { "removed" } else { "set" };
+            tracing::warn!(
+                "reload: rebound.http.{key} is {what} by the file: that takes effect at the next start; until then the gateway keeps what it has"
+            );
+            is.clone_from(was);
+        } else if was != is {
+            tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
+        }
+    }
+}
+
+/// `http` without its tokens, which a reload rotates: what else changed waits for a start.
+fn but_tokens(http: &HttpSettings) -> HttpSettings {
+    HttpSettings { auth_token: None, operator_token: None, ..http.clone() }
 }
 
 /// What a configuration file was when it was read (which file: its device and inode; when
