@@ -411,6 +411,8 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     };
     // Outside the async runtime: loading runs each plugin once, synchronously; the OTLP
     // exporter's client blocks on a thread of its own.
+    // The adapters as they are before they are read (the file's stamp was taken before it).
+    let read = read.with_plugins(&config.settings.plugins_dir);
     let plugins = rebound::plugins::prepare(&config);
     // An adapter compiled in the gateway (when no compiler process could: see
     // `plugins::compiler`) leaves the compiler's working memory in the heap arenas (3 MB

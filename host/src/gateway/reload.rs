@@ -187,14 +187,22 @@ fn but_tokens(http: &HttpSettings) -> HttpSettings {
     HttpSettings { auth_token: None, operator_token: None, ..http.clone() }
 }
 
-/// What a configuration file was when it was read (which file: its device and inode; when
-/// its contents and its inode last changed, and its length), taken before it is read: a
-/// change saved while the gateway starts, before its watcher does, is then seen and
-/// reloaded, not lost. A save that replaces the file (as editors do: a new file renamed
-/// over it) is a new inode; one in place, of the same length and within the file system's
-/// clock tick, is the one change it cannot see.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Stamp(Option<Seen>);
+/// What a configuration file, and the adapters in its `plugins_dir`, were when the gateway
+/// read them (each file's device and inode, when its contents and its inode last changed,
+/// and its length), taken before they are read: a change saved while the gateway starts,
+/// before its watcher does, is then seen and reloaded, not lost. A save that replaces a
+/// file (as editors and `cp` to a new name then `mv` do: a new inode) is always seen; one
+/// in place, of the same length and within the file system's clock tick, is not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    config: (PathBuf, Option<Seen>),
+    /// The folder, and its `.wasm` files by name (the first [`MAX_STAMPED`] of them).
+    plugins: Option<(PathBuf, Vec<(std::ffi::OsString, Option<Seen>)>)>,
+}
+
+/// The adapters of a plugins folder a stamp looks at: a folder holding more is read by
+/// the watcher, whatever is dropped into it while the gateway starts.
+const MAX_STAMPED: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Seen {
@@ -204,15 +212,47 @@ struct Seen {
     len: u64,
 }
 
-impl Stamp {
-    pub fn of(path: &Path) -> Self {
+impl Seen {
+    fn of(path: &Path) -> Option<Self> {
         use std::os::unix::fs::MetadataExt as _;
-        Self(std::fs::metadata(path).ok().map(|m| Seen {
+        std::fs::metadata(path).ok().map(|m| Seen {
             file: (m.dev(), m.ino()),
             modified: (m.mtime(), m.mtime_nsec()),
             changed: (m.ctime(), m.ctime_nsec()),
             len: m.len(),
-        }))
+        })
+    }
+}
+
+impl Stamp {
+    /// The configuration file at `path`, as it is now.
+    pub fn of(path: &Path) -> Self {
+        Self { config: (path.to_owned(), Seen::of(path)), plugins: None }
+    }
+
+    /// With the adapters in `dir` as they are now.
+    pub fn with_plugins(mut self, dir: &Path) -> Self {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|e| e == "wasm"))
+            .take(MAX_STAMPED)
+            .map(|path| (path.file_name().unwrap_or_default().to_owned(), Seen::of(&path)))
+            .collect();
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        self.plugins = Some((dir.to_owned(), files));
+        self
+    }
+
+    /// The same files as they are now.
+    fn again(&self) -> Self {
+        let now = Self::of(&self.config.0);
+        match &self.plugins {
+            Some((dir, _)) => now.with_plugins(dir),
+            None => now,
+        }
     }
 }
 
@@ -224,7 +264,7 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Rece
     let (tx, mut changed) = mpsc::channel::<()>(1);
     let since_read = tx.clone();
     let mut watched = Watched::start(&path, hub.setup().config.settings.plugins_dir.clone(), tx);
-    if Stamp::of(&path) != read {
+    if read.again() != read {
         let _ = since_read.try_send(());
     }
     let hub = Arc::downgrade(hub);
@@ -460,15 +500,15 @@ mod tests {
         assert!(!is_atomic_swap(Path::new("/etc/other/..data"), folder));
     }
 
-    /// A file saved again after it was read (longer, or later) reads as changed.
+    /// A file saved again after it was read (longer, or later, or replaced) reads as changed.
     #[test]
     fn a_stamp_tells_a_file_saved_since() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rebound.json");
-        assert_eq!(Stamp::of(&path), Stamp(None));
+        let none = Stamp::of(&path);
         std::fs::write(&path, "{}").unwrap();
         let read = Stamp::of(&path);
-        assert_ne!(read, Stamp(None));
+        assert_ne!(read, none);
         assert_eq!(Stamp::of(&path), read, "not saved since");
         std::fs::write(&path, r#"{"mcpServers": {}}"#).unwrap();
         assert_ne!(Stamp::of(&path), read);
@@ -478,5 +518,26 @@ mod tests {
         std::fs::write(&next, r#"{"mcpServers": {}}"#).unwrap();
         std::fs::rename(&next, &path).unwrap();
         assert_ne!(Stamp::of(&path), read, "a new file in its place");
+    }
+
+    /// An adapter dropped into the plugins folder, or one replaced there, reads as a
+    /// change; other files in the folder do not.
+    #[test]
+    fn a_stamp_tells_an_adapter_dropped_in_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, plugins) = (dir.path().join("rebound.json"), dir.path().join("plugins"));
+        std::fs::write(&path, "{}").unwrap();
+        let missing = Stamp::of(&path).with_plugins(&plugins);
+        assert_eq!(missing.again(), missing, "no folder yet");
+        std::fs::create_dir(&plugins).unwrap();
+        std::fs::write(plugins.join("notes.txt"), "x").unwrap();
+        assert_eq!(missing.again(), missing, "no adapter in it");
+        std::fs::write(plugins.join("a.wasm"), "one").unwrap();
+        let read = missing.again();
+        assert_ne!(read, missing, "an adapter dropped in");
+        assert_eq!(read.again(), read);
+        std::fs::write(plugins.join("a.wasm.new"), "two").unwrap();
+        std::fs::rename(plugins.join("a.wasm.new"), plugins.join("a.wasm")).unwrap();
+        assert_ne!(read.again(), read, "replaced");
     }
 }
