@@ -197,8 +197,11 @@ fn but_tokens(http: &HttpSettings) -> HttpSettings {
 pub struct Stamp {
     config: (PathBuf, Option<Seen>),
     /// The folder, and its `.wasm` files by name (the first [`MAX_STAMPED`] of them).
-    plugins: Option<(PathBuf, Vec<(std::ffi::OsString, Option<Seen>)>)>,
+    plugins: Option<(PathBuf, Vec<Named>)>,
 }
+
+/// A file in a folder, by name, as it was.
+type Named = (std::ffi::OsString, Option<Seen>);
 
 /// The adapters of a plugins folder a stamp looks at: a folder holding more is read by
 /// the watcher, whatever is dropped into it while the gateway starts.
