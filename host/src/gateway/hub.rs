@@ -201,10 +201,9 @@ impl Hub {
             let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
             self.retire(handle, &current, removed);
         }
-        if changes.touch_sessions() {
-            for session in self.live_sessions() {
-                session.reloaded();
-            }
+        // Their servers' entries, their adapters or the plugin limits may have changed.
+        for session in self.live_sessions() {
+            session.reloaded();
         }
         if changes.sessions == Touched::Added {
             // Sessions without instances of their own yet start them when they next ask.
@@ -275,7 +274,10 @@ impl Hub {
                 continue;
             };
             let (was, is) = (running.state(), failed.state());
-            let serves = matches!(was.status, Status::Ready | Status::Starting | Status::Restarting);
+            // One starting again served before (it has had a session); the new launch then
+            // gives way only if it failed, not if it is merely slower to come up.
+            let again = matches!(was.status, Status::Starting | Status::Restarting) && was.session.is_some();
+            let serves = was.status == Status::Ready || (again && is.last_error.is_some());
             if is.status == Status::Ready || !serves {
                 continue;
             }
@@ -412,18 +414,23 @@ impl Hub {
 
     /// Every session with instances of its own running, once each.
     fn live_sessions(&self) -> Vec<Arc<SessionServers>> {
-        let list = self.instances.lock().expect("not poisoned");
-        let mut sessions: Vec<Arc<SessionServers>> = Vec::new();
-        for (handle, kept) in list.iter() {
-            let Kept::Session(session) = kept else { continue };
-            if handle.strong_count() > 0
-                && let Some(session) = session.upgrade()
-                && !sessions.iter().any(|s| Arc::ptr_eq(s, &session))
+        let mut sessions: Vec<Weak<SessionServers>> = Vec::new();
+        for (handle, kept) in self.instances.lock().expect("not poisoned").iter() {
+            if let Kept::Session(session) = kept
+                && handle.strong_count() > 0
+                && !sessions.iter().any(|s| Weak::ptr_eq(s, session))
             {
-                sessions.push(session);
+                sessions.push(session.clone());
             }
         }
-        sessions
+        // Upgraded outside the lock: a session that ends as its last strong reference
+        // here goes stops its instances, which takes the lock.
+        sessions.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Whether shutdown has begun: nothing more is started.
+    pub fn is_closing(&self) -> bool {
+        self.life.closing.is_cancelled()
     }
 
     fn keep(&self, handle: &Arc<ServerHandle>, why: Kept) {

@@ -46,8 +46,8 @@ pub struct SessionServers {
     /// Its own instances, as the setup they were last brought in line with configures
     /// them ([`Self::own`]).
     own: Mutex<Option<Arc<Own>>>,
-    /// The catalogue with this session's instances, and the shared one it was built on.
-    catalogue: Mutex<Option<(Arc<Catalogue>, Arc<Catalogue>)>>,
+    /// The catalogue with this session's instances, and what it was built from.
+    catalogue: Mutex<Option<Built>>,
     /// The tasks the session started (MCP 2025-11-25), and where each lives.
     pub tasks: Tasks,
     /// Whom its failures on a shared server are blamed on, over HTTP, from its
@@ -71,6 +71,13 @@ struct Own {
 
 /// The setup's engine and adapters with a session's own instances' in place of theirs.
 type OwnRecovery = (Engine, Adapters);
+
+/// A session's catalogue, and the shared catalogue and own instances it was built from.
+struct Built {
+    shared: Arc<Catalogue>,
+    own: Arc<Own>,
+    catalogue: Arc<Catalogue>,
+}
 
 /// What a session keeps of its instance of a server across a reload.
 #[derive(Clone, Copy)]
@@ -156,10 +163,16 @@ impl SessionServers {
     /// configuration after a reload (the instances it gives up stop once their calls are
     /// done); none before it initialised or when no server is `session`-scoped.
     fn own(self: &Arc<Self>) -> Option<Arc<Own>> {
-        let setup = self.hub.setup();
         let mut own = self.own.lock().expect("not poisoned");
+        // Read under the lock: a request that read an older setup cannot bring the
+        // session back to it after a newer one was applied.
+        let setup = self.hub.setup();
         if let Some(current) = own.as_ref().filter(|o| Arc::ptr_eq(&o.on, &setup)) {
             return Some(current.clone());
+        }
+        // Nothing more starts once shutdown has begun.
+        if self.hub.is_closing() {
+            return own.clone();
         }
         let scoped: Vec<&ServerConfig> = setup.config.servers.values().filter(|s| s.scope == Scope::Session).collect();
         if own.is_none() && scoped.is_empty() {
@@ -241,10 +254,11 @@ impl SessionServers {
         if new > 0 {
             tracing::info!(session = %self.client, servers = new, "started the session's own servers");
         }
-        // Kept instances had their start; new ones get the start-up wait.
+        // Brought in line after a reload, the session does not wait for the instances
+        // that starts (its calls to them wait for them): they join its catalogue when up.
         let (started, settled) = match before {
-            Some(b) if new == 0 => (b.started, b.settled.load(Ordering::Acquire)),
-            _ => (Instant::now(), false),
+            Some(b) => (b.started, b.settled.load(Ordering::Acquire)),
+            None => (Instant::now(), false),
         };
         let (on, recovery, settled) = (setup.clone(), Mutex::default(), AtomicBool::new(settled));
         Own { on, servers, policies, forks, recovery, started, settled }
@@ -270,43 +284,53 @@ impl SessionServers {
         own.settled.store(true, Ordering::Release);
     }
 
-    /// The catalogue this session sees.
+    /// The catalogue this session sees: built on first use; built again, and the session
+    /// told what changed, once the shared catalogue or its own instances (a reload) changed.
     pub fn catalogue(self: &Arc<Self>) -> Arc<Catalogue> {
         let shared = self.hub.catalogue();
-        let Some(own) = self.own() else { return shared };
-        let mut cached = self.catalogue.lock().expect("not poisoned");
-        match &*cached {
-            Some((built_on, catalogue)) if Arc::ptr_eq(built_on, &shared) => catalogue.clone(),
-            _ => {
-                let catalogue = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
-                *cached = Some((shared, catalogue.clone()));
-                catalogue
+        let own = self.own();
+        match (&*self.catalogue.lock().expect("not poisoned"), &own) {
+            (None, None) => return shared,
+            (Some(b), Some(own)) if Arc::ptr_eq(&b.shared, &shared) && Arc::ptr_eq(&b.own, own) => {
+                return b.catalogue.clone();
             }
+            _ => {}
         }
+        self.built(false, false)
     }
 
     /// One of this session's instances changed: rebuild its catalogue and tell it what
     /// changed (tools always, with `force`). A session left with no instances of its own
     /// (a reload removed them) sees the shared catalogue again.
     pub fn rebuild(self: &Arc<Self>, force: bool) {
-        let own = self.own();
+        self.built(force, true);
+    }
+
+    /// Builds the session's catalogue and tells it what changed since the last one (with
+    /// `first`, also when there was none).
+    fn built(self: &Arc<Self>, force: bool, first: bool) -> Arc<Catalogue> {
+        // Its instances are read under the catalogue's lock: two builds racing store the
+        // newer last.
         let mut cached = self.catalogue.lock().expect("not poisoned");
+        let own = self.own();
         let shared = self.hub.catalogue();
         let (prev, next) = match own {
             Some(own) => {
-                let next = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
-                (cached.replace((shared, next.clone())), next)
+                let catalogue = Arc::new(self.hub.build_catalogue(&|name| own.servers.get(name).cloned()));
+                (cached.replace(Built { shared, own, catalogue: catalogue.clone() }), catalogue)
             }
-            None => match cached.take() {
-                Some(prev) => (Some(prev), shared),
-                None => return,
-            },
+            None => (cached.take(), shared),
         };
         drop(cached);
-        let prev = prev.map(|(_, c)| c).unwrap_or_default();
+        let prev = match prev {
+            Some(built) => built.catalogue,
+            None if first => Arc::default(),
+            None => return next,
+        };
         for change in prev.changes(&next, force) {
             self.hub.downstreams.tell(&self.client, change);
         }
+        next
     }
 
     /// This session's own instance of `server`, if it has one.
@@ -398,7 +422,7 @@ impl Drop for SessionServers {
             self.hub.session_ended(&self.client);
         }
         self.hub.errors.close_view(&self.client);
-        let Some(own) = self.own.get_mut().ok().and_then(Option::take) else { return };
+        let Some(own) = self.own.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
         let servers: Vec<_> = own.servers.values().cloned().collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

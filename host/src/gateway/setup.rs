@@ -64,11 +64,6 @@ pub enum Touched {
 }
 
 impl Changes {
-    /// Whether the running sessions' own instances change.
-    pub fn touch_sessions(&self) -> bool {
-        self.sessions != Touched::Not
-    }
-
     pub fn is_empty(&self) -> bool {
         self.added.is_empty()
             && self.removed.is_empty()
@@ -277,6 +272,10 @@ impl Setup {
                 Some(b) if b.scope != Scope::Session => {
                     changes.reconfigured.push(s.name.clone());
                     Touched::Added
+                }
+                Some(b) if b.launch != s.launch || b.protocol != s.protocol => {
+                    changes.restarted.push(s.name.clone());
+                    Touched::Changed
                 }
                 Some(b) if b != s => {
                     changes.reconfigured.push(s.name.clone());
