@@ -273,8 +273,9 @@ async fn a_relaunch_that_cannot_start_keeps_a_restarting_server_and_its_old_laun
 
 /// A reload brings a running session's own (`scope: session`) instances in line, as it
 /// does the shared servers: an added server starts for it (it hears `list_changed`), a
-/// changed launch gets a new process, an unchanged one keeps its own, and a removed
-/// server's instance stops, without the session asking anything.
+/// changed launch gets a new process once it is up (one that cannot start leaves the
+/// running one serving), an unchanged one keeps its own, and a removed server's instance
+/// stops, without the session asking anything.
 #[tokio::test]
 #[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
 async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
@@ -316,6 +317,19 @@ async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
     assert_eq!(text(&call(&client, "s__echo", json!({"message": "3"})).await), "s: 3");
     assert!(pid(&dir, "s") != s && alive(pid(&dir, "s")), "a new process of s");
     assert_eq!(pid(&dir, "t"), t, "t keeps its process");
+
+    // A launch that cannot start (a typo): the session's running instance keeps serving.
+    let running = pid(&dir, "s");
+    let mut typo = servers(&dir, &[("s", &["--start-delay", "10"]), ("t", &[])]);
+    typo["mcpServers"]["s"]["command"] = json!("/nonexistent/faulty-server");
+    rewrite_config(&dir, &typo);
+    let log = gw.log.clone();
+    eventually("the new launch given up", move || {
+        log.lock().unwrap().contains("the session's new launch did not start")
+    })
+    .await;
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "still"})).await), "s: still");
+    assert!(pid(&dir, "s") == running && alive(running), "the running instance");
 
     // Removed: its instance stops with no request of the session's.
     let before = told();

@@ -31,7 +31,7 @@ use crate::recovery::breaker::Blame;
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
 use crate::transport::Session;
-use crate::transport::supervisor::{NotReady, ServerHandle, spawn_supervisor};
+use crate::transport::supervisor::{NotReady, ServerHandle, Status, spawn_supervisor};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
 
@@ -89,13 +89,13 @@ struct Kept<'a> {
 }
 
 impl Own {
-    /// What of this session's instance of `template`'s server `setup` keeps: the
-    /// instance, if its launch (and protocol) is unchanged.
-    fn keeps(&self, setup: &Setup, template: &ServerConfig) -> Option<Kept<'_>> {
+    /// What of this session's (`client`'s) instance of `template`'s server `setup` keeps:
+    /// the instance, if it runs the launch (and protocol) `template` gives the session.
+    fn keeps(&self, setup: &Setup, template: &ServerConfig, client: &str) -> Option<Kept<'_>> {
         let name = template.name.as_str();
         let was = self.on.config.servers.get(name).filter(|t| t.scope == Scope::Session)?;
         let handle = self.servers.get(name)?;
-        if was.launch != template.launch || was.protocol != template.protocol {
+        if !runs(handle, template, client) {
             return None;
         }
         let same_adapter = match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
@@ -111,6 +111,27 @@ impl Own {
     fn has(&self, handle: &Arc<ServerHandle>) -> bool {
         self.servers.values().any(|h| Arc::ptr_eq(h, handle))
     }
+
+    /// These instances with `new` serving in place of `old` (its relaunch, now up), if
+    /// `old` still serves here and `new` runs the launch these instances' setup gives it.
+    fn taken_over(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>, client: &str) -> Option<Own> {
+        let serving = self.servers.get(&old.name).is_some_and(|h| Arc::ptr_eq(h, old));
+        let template = self.on.config.servers.get(&*old.name).filter(|t| t.scope == Scope::Session)?;
+        if !serving || !runs(new, template, client) {
+            return None;
+        }
+        let mut servers = self.servers.clone();
+        servers.insert(old.name.clone(), new.clone());
+        let (policies, forks) = (self.policies.clone(), self.forks.clone());
+        let (settled, recovery) = (AtomicBool::new(self.settled.load(Ordering::Acquire)), Mutex::default());
+        Some(Own { on: self.on.clone(), servers, policies, forks, recovery, started: self.started, settled })
+    }
+}
+
+/// Whether `handle` runs the launch (and protocol) `template` gives session `client`.
+fn runs(handle: &ServerHandle, template: &ServerConfig, client: &str) -> bool {
+    let wanted = template.for_session(client);
+    handle.config.launch == wanted.launch && handle.config.protocol == wanted.protocol
 }
 
 /// The recovery engine and adapters one call runs with: the setup's, with this session's
@@ -180,42 +201,68 @@ impl SessionServers {
         }
         let (peer, caps) = self.peer.get()?;
         let before = own.take();
-        let next = (!scoped.is_empty()).then(|| Arc::new(self.start(&setup, &scoped, peer, caps, before.as_deref())));
+        let mut relaunched = Vec::new();
+        let next = (!scoped.is_empty())
+            .then(|| Arc::new(self.start(&setup, &scoped, (peer, caps), before.as_deref(), &mut relaunched)));
         own.clone_from(&next);
         drop(own);
-        if let Some(before) = before {
-            self.give_up(&before, next.as_deref());
+        for handle in before.iter().flat_map(|b| b.servers.values()) {
+            if !next.as_ref().is_some_and(|n| n.has(handle)) {
+                tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
+                let was = &before.as_ref().expect("had it").on;
+                self.hub.retire(handle.clone(), was, true);
+            }
+        }
+        for (old, new) in relaunched {
+            self.take_over_when_up(old, new);
         }
         next
     }
 
-    /// Stops `before`'s instances that `next` does not keep, once their calls are done;
-    /// the subscriptions on one relaunched move to its new instance.
-    fn give_up(&self, before: &Own, next: Option<&Own>) {
-        for handle in before.servers.values() {
-            if next.is_some_and(|n| n.has(handle)) {
-                continue;
+    /// `new`, the relaunch of `old`, takes its place once it is up, as a shared server's
+    /// does: `old` finishes its calls and stops, the subscriptions move. One that does
+    /// not come up is stopped, and `old` keeps serving with its launch (tried again at the
+    /// next reload); one a later reload superseded is stopped too.
+    fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>) {
+        let (session, within) = (Arc::downgrade(self), self.hub.supervision().init_timeout * 3);
+        tokio::spawn(async move {
+            settle(std::iter::once(&new), Instant::now() + within).await;
+            let Some(session) = session.upgrade() else { return new.shutdown().await };
+            let state = new.state();
+            if state.status != Status::Ready {
+                tracing::error!(session = %session.client, server = %new.name, "reload: the session's new launch did not start ({}); its running instance keeps serving with its old launch: fix `mcpServers.{}` and save again", state.last_error.as_deref().unwrap_or("not ready in time"), new.name);
+                return new.shutdown().await;
             }
-            tracing::info!(session = %self.client, server = %handle.name, "a reload replaced or removed the session's own instance: it stops once its calls are done");
-            let relaunched = next.and_then(|n| n.servers.get(&handle.name)).cloned();
-            if let Some(new) = &relaunched {
-                self.hub.move_subscriptions_to(handle.instance, new.clone());
-            }
-            self.hub.retire(handle.clone(), &before.on, relaunched.is_none());
-        }
+            let Some(was) = session.take_over(&old, &new) else { return new.shutdown().await };
+            session.hub.move_subscriptions_to(old.instance, new.clone());
+            session.hub.retire(old, &was, false);
+            session.rebuild(false);
+        });
     }
 
     /// This session's instances of `scoped`, as `setup` configures them: those of
     /// `before` (as an earlier setup configured them) whose launch is unchanged are
     /// kept, with their breakers, budget and adapter state while their entry and adapter
     /// are unchanged too; the rest start.
+    /// `new` serves in place of `old` from now on, if that is still wanted (see
+    /// [`Own::taken_over`]); the setup it serves under.
+    fn take_over(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>) -> Option<Arc<Setup>> {
+        let mut own = self.own.lock().expect("not poisoned");
+        let next = own.as_ref()?.taken_over(old, new, &self.client)?;
+        let was = next.on.clone();
+        *own = Some(Arc::new(next));
+        Some(was)
+    }
+
+    /// A relaunched server's new instance goes to `relaunched`, with the old one, which
+    /// serves until it is up ([`Self::take_over_when_up`]).
     fn start(
         self: &Arc<Self>,
         setup: &Arc<Setup>,
         scoped: &[&ServerConfig],
-        peer: &Peer<RoleServer>,
-        caps: &Offered,
+        (peer, caps): (&Peer<RoleServer>, &Offered),
         before: Option<&Own>,
+        relaunched: &mut Vec<(Arc<ServerHandle>, Arc<ServerHandle>)>,
     ) -> Own {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
@@ -224,7 +271,7 @@ impl SessionServers {
         let (mut servers, mut policies, mut forks) = (IndexMap::new(), HashMap::new(), HashMap::new());
         let (mut fresh, mut new) = (Vec::new(), 0);
         for template in scoped {
-            let kept = before.and_then(|b| b.keeps(setup, template));
+            let kept = before.and_then(|b| b.keeps(setup, template, &self.client));
             let handle = match kept {
                 Some(kept) => kept.handle.clone(),
                 None => {
@@ -237,7 +284,13 @@ impl SessionServers {
                     self.hub.keep_instance(&handle, Arc::downgrade(self));
                     self.hub.watch(&handle, Some(owner.clone()));
                     new += 1;
-                    handle
+                    match before.and_then(|b| b.servers.get(template.name.as_str())) {
+                        Some(old) => {
+                            relaunched.push((old.clone(), handle));
+                            old.clone()
+                        }
+                        None => handle,
+                    }
                 }
             };
             match kept.and_then(|k| k.state) {
