@@ -35,6 +35,10 @@ pub enum Refused {
     Loading(String),
     #[error("the gateway is shutting down")]
     ShuttingDown,
+    #[error(
+        "`rebound.http.operator_token` would be the clients' token (`auth_token`) too, with the token the gateway keeps until its next start (one is set or removed by the file): give the operator a token of its own"
+    )]
+    SameTokens,
 }
 
 /// The most warnings of a reload kept for the status (the log has them all): the status
@@ -119,7 +123,7 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
     let mut config = loaded.map_err(failed)??;
     let current = hub.setup();
-    rotate_tokens(&current.config.settings.http, &mut config.settings.http);
+    let rotated = rotate_tokens(&current.config.settings.http, &mut config.settings.http)?;
     // What loading its plugins logs (an adapter's fault may quote its configuration) is
     // redacted with the new file's secrets too, applied or not.
     let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
@@ -156,6 +160,9 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
     }
     // Loading may take a while: shutdown may have begun meanwhile.
     let changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
+    for key in rotated {
+        tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
+    }
     Ok((changes, warnings))
 }
 
@@ -163,12 +170,15 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
 /// one that opens the gateway to requests from then on (streams already open stay open).
 /// One set where there was none, or removed, would open the gateway, or lock its clients
 /// out, while it serves: that takes effect at the next start, and until then `new` keeps
-/// the token the gateway has (a token from the environment is the same one again).
-fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) {
+/// the token the gateway has (a token from the environment is the same one again). The
+/// tokens that rotate; refused if the operator's would then be the clients' (the file's
+/// own check passed before a kept token came back).
+fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) -> Result<Vec<&'static str>, Refused> {
     let tokens = [
         ("auth_token", &old.auth_token, &mut new.auth_token),
         ("operator_token", &old.operator_token, &mut new.operator_token),
     ];
+    let mut rotated = Vec::new();
     for (key, was, is) in tokens {
         if was.is_some() != is.is_some() {
             let what = if was.is_some() { "removed" } else { "set" };
@@ -177,9 +187,13 @@ fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) {
             );
             is.clone_from(was);
         } else if was != is {
-            tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
+            rotated.push(key);
         }
     }
+    if new.operator_token.is_some() && new.operator_token == new.auth_token {
+        return Err(Refused::SameTokens);
+    }
+    Ok(rotated)
 }
 
 /// `http` without its tokens, which a reload rotates: what else changed waits for a start.
@@ -521,6 +535,31 @@ mod tests {
         std::fs::write(&next, r#"{"mcpServers": {}}"#).unwrap();
         std::fs::rename(&next, &path).unwrap();
         assert_ne!(Stamp::of(&path), read, "a new file in its place");
+    }
+
+    /// Tokens rotate; one set or removed is kept; and a kept token never makes the
+    /// operator's the clients'.
+    #[test]
+    fn tokens_rotate_but_the_operators_never_becomes_the_clients() {
+        let http = |auth: Option<&str>, operator: Option<&str>| HttpSettings {
+            auth_token: auth.map(str::to_owned),
+            operator_token: operator.map(str::to_owned),
+            ..HttpSettings::default()
+        };
+        let old = http(Some("clients"), Some("operator"));
+        let mut new = http(Some("clients-2"), Some("operator-2"));
+        assert_eq!(rotate_tokens(&old, &mut new).unwrap(), ["auth_token", "operator_token"]);
+        assert_eq!(new, http(Some("clients-2"), Some("operator-2")));
+        let mut removed = http(None, Some("operator-2"));
+        assert!(rotate_tokens(&old, &mut removed).unwrap().contains(&"operator_token"));
+        assert_eq!(removed.auth_token.as_deref(), Some("clients"), "kept until the next start");
+        // The file alone passes its check; with the kept token it would open the
+        // operator's routes to every client.
+        assert!(matches!(rotate_tokens(&old, &mut http(None, Some("clients"))), Err(Refused::SameTokens)));
+        assert!(matches!(rotate_tokens(&old, &mut http(Some("operator"), None)), Err(Refused::SameTokens)));
+        let mut none = http(None, None);
+        assert!(rotate_tokens(&http(Some("clients"), None), &mut none).unwrap().is_empty());
+        assert_eq!(none, http(Some("clients"), None));
     }
 
     /// An adapter dropped into the plugins folder, or one replaced there, reads as a

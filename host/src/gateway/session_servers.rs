@@ -122,7 +122,11 @@ impl Own {
         }
         let mut servers = self.servers.clone();
         servers.insert(old.name.clone(), new.clone());
-        let (policies, forks) = (self.policies.clone(), self.forks.clone());
+        // The new process starts with breakers, a budget and adapter state of its own.
+        let (mut policies, mut forks) = (self.policies.clone(), self.forks.clone());
+        policies.extend(self.on.engine.fresh_policies([&*old.name]));
+        forks.remove(&old.name);
+        forks.extend(self.on.plugins.adapters.forks([&*old.name]));
         let (settled, recovery) = (AtomicBool::new(self.settled.load(Ordering::Acquire)), Mutex::default());
         Some(Own { on: self.on.clone(), servers, policies, forks, recovery, started: self.started, settled })
     }
@@ -228,8 +232,12 @@ impl SessionServers {
         tokio::spawn(async move {
             settle(std::iter::once(&new), Instant::now() + within).await;
             let Some(session) = session.upgrade() else { return new.shutdown().await };
-            let state = new.state();
-            if state.status != Status::Ready {
+            let (state, was) = (new.state(), old.state());
+            // As for a shared server: an old instance that is down, or never served,
+            // gives way to the new launch, up or not.
+            let old_serves = was.status == Status::Ready
+                || (matches!(was.status, Status::Starting | Status::Restarting) && was.session.is_some());
+            if state.status != Status::Ready && old_serves {
                 tracing::error!(session = %session.client, server = %new.name, "reload: the session's new launch did not start ({}); its running instance keeps serving with its old launch: fix `mcpServers.{}` and save again", state.last_error.as_deref().unwrap_or("not ready in time"), new.name);
                 return new.shutdown().await;
             }
@@ -293,7 +301,18 @@ impl SessionServers {
                     }
                 }
             };
-            match kept.and_then(|k| k.state) {
+            // A relaunched server's old instance serves on with what it has until its
+            // new one takes over with fresh ones (`Own::taken_over`).
+            let serving_on = || {
+                let b = before
+                    .filter(|b| b.servers.get(template.name.as_str()).is_some_and(|o| Arc::ptr_eq(o, &handle)))?;
+                Some((b.policies.get(template.name.as_str())?, b.forks.get(template.name.as_str())))
+            };
+            let carried = match kept {
+                Some(kept) => kept.state,
+                None => serving_on(),
+            };
+            match carried {
                 Some((policy, fork)) => {
                     policies.insert(handle.name.clone(), policy.clone());
                     forks.extend(fork.map(|f| (handle.name.clone(), f.clone())));
