@@ -274,11 +274,7 @@ impl Hub {
                 continue;
             };
             let (was, is) = (running.state(), failed.state());
-            // One starting again served before (it has had a session); the new launch then
-            // gives way only if it failed, not if it is merely slower to come up.
-            let again = matches!(was.status, Status::Starting | Status::Restarting) && was.session.is_some();
-            let serves = was.status == Status::Ready || (again && is.last_error.is_some());
-            if is.status == Status::Ready || !serves {
+            if !keeps_old(&was, &is) {
                 continue;
             }
             tracing::error!(
@@ -765,6 +761,16 @@ pub fn offered_modern(caps: &ClientCapabilities) -> ClientCapabilities {
 
 /// Waits until each of `handles` has finished its first start (or failed it), at most
 /// until `deadline`.
+/// Whether a relaunched server keeps its old instance (in state `was`) over its new one
+/// (in state `is`, its start settled): while the new one is not up and the old one serves,
+/// or is starting again after it served, in which case the new one must have failed, not
+/// merely be slower to come up. An old one that is down, or never served, gives way.
+pub fn keeps_old(was: &ServerState, is: &ServerState) -> bool {
+    let again = matches!(was.status, Status::Starting | Status::Restarting) && was.session.is_some();
+    let serves = was.status == Status::Ready || (again && is.last_error.is_some());
+    is.status != Status::Ready && serves
+}
+
 pub async fn settle<'a>(handles: impl Iterator<Item = &'a Arc<ServerHandle>>, deadline: Instant) {
     for handle in handles {
         let mut rx = handle.subscribe();

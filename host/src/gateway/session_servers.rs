@@ -21,7 +21,7 @@ use rmcp::{Peer, RoleServer};
 use tokio::time::Instant;
 
 use super::catalogue::Catalogue;
-use super::hub::{Hub, offered, settle};
+use super::hub::{Hub, keeps_old, offered, settle};
 use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use super::tasks::Tasks;
@@ -31,7 +31,7 @@ use crate::recovery::breaker::Blame;
 use crate::recovery::engine::{Engine, ServerPolicy};
 use crate::recovery::plan::Advisor;
 use crate::transport::Session;
-use crate::transport::supervisor::{NotReady, ServerHandle, Status, spawn_supervisor};
+use crate::transport::supervisor::{NotReady, ServerHandle, Supervision, spawn_supervisor};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
 
@@ -232,12 +232,9 @@ impl SessionServers {
         tokio::spawn(async move {
             settle(std::iter::once(&new), Instant::now() + within).await;
             let Some(session) = session.upgrade() else { return new.shutdown().await };
-            let (state, was) = (new.state(), old.state());
-            // As for a shared server: an old instance that is down, or never served,
-            // gives way to the new launch, up or not.
-            let old_serves = was.status == Status::Ready
-                || (matches!(was.status, Status::Starting | Status::Restarting) && was.session.is_some());
-            if state.status != Status::Ready && old_serves {
+            let state = new.state();
+            // As for a shared server.
+            if keeps_old(&old.state(), &state) {
                 tracing::error!(session = %session.client, server = %new.name, "reload: the session's new launch did not start ({}); its running instance keeps serving with its old launch: fix `mcpServers.{}` and save again", state.last_error.as_deref().unwrap_or("not ready in time"), new.name);
                 return new.shutdown().await;
             }
@@ -275,7 +272,6 @@ impl SessionServers {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
-        let hub = Arc::downgrade(&self.hub);
         let (mut servers, mut policies, mut forks) = (IndexMap::new(), HashMap::new(), HashMap::new());
         let (mut fresh, mut new) = (Vec::new(), 0);
         for template in scoped {
@@ -283,14 +279,7 @@ impl SessionServers {
             let handle = match kept {
                 Some(kept) => kept.handle.clone(),
                 None => {
-                    let relay = |instance| -> Arc<dyn Relay> {
-                        Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
-                    };
-                    let config = template.for_session(&self.client);
-                    make_session_folder(template, &config);
-                    let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), &how));
-                    self.hub.keep_instance(&handle, Arc::downgrade(self));
-                    self.hub.watch(&handle, Some(owner.clone()));
+                    let handle = self.spawn(template, &owner, &offer, &how);
                     new += 1;
                     match before.and_then(|b| b.servers.get(template.name.as_str())) {
                         Some(old) => {
@@ -334,6 +323,27 @@ impl SessionServers {
         };
         let (on, recovery, settled) = (setup.clone(), Mutex::default(), AtomicBool::new(settled));
         Own { on, servers, policies, forks, recovery, started, settled }
+    }
+
+    /// Starts this session's instance of `template`'s server, its requests to the
+    /// client going to `owner`.
+    fn spawn(
+        self: &Arc<Self>,
+        template: &ServerConfig,
+        owner: &Owner,
+        offer: &tokio::sync::watch::Receiver<Option<Offered>>,
+        how: &Supervision,
+    ) -> Arc<ServerHandle> {
+        let hub = Arc::downgrade(&self.hub);
+        let relay = |instance| -> Arc<dyn Relay> {
+            Arc::new(HubRelay { hub: hub.clone(), instance, owner: Some(owner.clone()) })
+        };
+        let config = template.for_session(&self.client);
+        make_session_folder(template, &config);
+        let handle = Arc::new(spawn_supervisor(config, relay, offer.clone(), how));
+        self.hub.keep_instance(&handle, Arc::downgrade(self));
+        self.hub.watch(&handle, Some(owner.clone()));
+        handle
     }
 
     /// A reload changed the `scope: session` servers: this session's instances are
