@@ -378,6 +378,80 @@ async fn a_reload_rotates_the_token_but_never_opens_the_gateway() {
     let _ = new.cancel().await;
 }
 
+/// A stream a client holds open, its session's `GET` stream and a 2026-07-28 client's
+/// `subscriptions/listen`, outlives the request that opened it: a reload that rotates the
+/// token ends those opened with the old one, and one that keeps it does not (each stream
+/// hears the list change of the first reload, then ends at the second).
+#[tokio::test]
+async fn a_rotated_token_ends_the_streams_it_opened() {
+    let (first, second) = ("first-token-0123456789", "second-token-0123456789");
+    let with = |dir: &Path, token: &str, b: bool| {
+        let mut servers = json!({"a": faulty("a", dir, &[])});
+        if b {
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({"mcpServers": servers, "rebound": {"tool_names": "always", "http": {"auth_token": token}}})
+    };
+    let gw = HttpGateway::start(|dir| with(dir, first, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(gw.url())
+            .bearer_auth(first)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string())
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}});
+    let opened = post(initialize).send().await.unwrap();
+    let session = opened.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    opened.bytes().await.unwrap();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let sent = post(initialized).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-11-25");
+    assert!(sent.send().await.unwrap().status().is_success());
+    let get = http
+        .get(gw.url())
+        .bearer_auth(first)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25");
+    let mut standalone = get.send().await.unwrap();
+    assert_eq!(standalone.status(), 200, "the session's GET stream");
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let listen = json!({"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": true}, "_meta": meta}});
+    let listen = post(listen).header("mcp-protocol-version", "2026-07-28").header("mcp-method", "subscriptions/listen");
+    let mut listening = listen.send().await.unwrap();
+    assert_eq!(listening.status(), 200, "the listen stream");
+
+    // Everything a stream says until `until` holds of it, or it ends (`None`).
+    async fn read_until(stream: &mut reqwest::Response, until: impl Fn(&str) -> bool) -> Option<String> {
+        let mut said = String::new();
+        let reading = async {
+            while let Some(chunk) = stream.chunk().await.ok().flatten() {
+                said.push_str(&String::from_utf8_lossy(&chunk));
+                if until(&said) {
+                    return Some(said.clone());
+                }
+            }
+            None
+        };
+        tokio::time::timeout(Duration::from_secs(60), reading).await.expect("the stream neither ended nor said it")
+    }
+    let changed = |said: &str| said.contains("notifications/tools/list_changed");
+    rewrite_config(&dir, &with(&dir, first, true));
+    assert!(read_until(&mut standalone, changed).await.is_some(), "the GET stream stays open through a reload");
+    assert!(read_until(&mut listening, changed).await.is_some(), "so does the listen stream");
+
+    rewrite_config(&dir, &with(&dir, second, true));
+    assert_eq!(read_until(&mut standalone, |_| false).await, None, "the GET stream ends once the token rotated");
+    assert_eq!(read_until(&mut listening, |_| false).await, None, "and so does the listen stream");
+    gw.logged("a stream opened with a token a reload rotated away was closed").await;
+}
+
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload
 /// relaunches its server: nothing is in flight on the old process then, which stops; the
 /// next attempt goes to the new one (named `anew`, with no rate limit), and the call is

@@ -28,6 +28,7 @@ mod client_ip;
 mod limits;
 mod listens;
 mod parsed;
+mod revoked;
 mod tasks;
 
 pub use client_ip::ClientIp;
@@ -221,6 +222,8 @@ fn router(front: Front, streams: CancellationToken) -> Router {
         .route("/status", get(status_document))
         .layer(middleware::from_fn(session_ended))
         .layer(middleware::from_fn_with_state(front.clone(), settle_listen))
+        // Inside `limit`, which marks a listen request.
+        .layer(middleware::from_fn_with_state(front.clone(), revoked::ends_with_token))
         .layer(middleware::from_fn_with_state(front.clone(), limit))
         // The operator's (not an MCP message: outside `limit`, which reads every POST as one).
         .route("/reset-breaker", post(reset_breaker))
@@ -315,14 +318,19 @@ impl Front {
     /// are the current configuration's: a reload rotates them (whether there is one
     /// stays as the gateway started, `reload::rotate_tokens`).
     fn opens(&self, headers: &HeaderMap, operators: bool) -> bool {
+        self.admits(bearer(headers), operators)
+    }
+
+    /// Whether `token` (a request's bearer token, if it sent one) opens the clients'
+    /// routes, or with `operators` the operator's, as [`Front::opens`] says.
+    fn admits(&self, token: Option<&str>, operators: bool) -> bool {
         let setup = self.hub.setup();
         let http = &setup.config.settings.http;
         let expected = match &http.operator_token {
             Some(token) if operators => Some(token),
             _ => http.auth_token.as_ref(),
         };
-        expected
-            .is_none_or(|expected| bearer(headers).is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes()))))
+        expected.is_none_or(|expected| token.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes()))))
     }
 }
 

@@ -167,7 +167,8 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
 }
 
 /// A reload rotates the HTTP front's tokens: a new `auth_token` or `operator_token` is the
-/// one that opens the gateway to requests from then on (streams already open stay open).
+/// one that opens the gateway to requests from then on (the streams the old one opened
+/// end: `http::revoked`).
 /// One set where there was none, or removed, would open the gateway, or lock its clients
 /// out, while it serves: that takes effect at the next start, and until then `new` keeps
 /// the token the gateway has (a token from the environment is the same one again). The

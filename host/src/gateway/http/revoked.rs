@@ -1,0 +1,50 @@
+//! The streams a client holds open outlive the request that opened them: its session's
+//! standalone `GET` stream, and a 2026-07-28 client's `subscriptions/listen`. A reload
+//! that rotates the gateway's token ends those opened with a token that no longer opens
+//! the gateway: whoever held only the old one hears nothing more, and a client given the
+//! new one opens them again with it. A request's own stream, which ends with its answer,
+//! is left to finish: the request was let in.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use futures::StreamExt as _;
+
+use super::limits::Listen;
+use super::{Front, bearer};
+
+/// Ends a held stream once a reload makes the token it was opened with stop opening
+/// the gateway.
+pub(super) async fn ends_with_token(State(front): State<Front>, request: Request, next: Next) -> Response {
+    let held = request.method() == Method::GET || request.extensions().get::<Listen>().is_some();
+    if !held || front.hub.setup().config.settings.http.auth_token.is_none() {
+        // Without a token there is none to rotate: none is set on a reload either.
+        return next.run(request).await;
+    }
+    let token = bearer(request.headers()).map(str::to_owned);
+    // Taken before the request runs: a reload meanwhile is heard too.
+    let mut setups = front.hub.setups();
+    let response = next.run(request).await;
+    let stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !stream {
+        return response;
+    }
+    let revoked = async move {
+        while setups.changed().await.is_ok() {
+            if !front.admits(token.as_deref(), false) {
+                tracing::info!("a stream opened with a token a reload rotated away was closed");
+                return;
+            }
+        }
+        // The gateway is going away: its own shutdown ends the stream.
+        std::future::pending().await
+    };
+    let (parts, body) = response.into_parts();
+    Response::from_parts(parts, Body::from_stream(body.into_data_stream().take_until(Box::pin(revoked))))
+}
