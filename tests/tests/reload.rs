@@ -340,6 +340,60 @@ async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
     let _ = client.cancel().await;
 }
 
+/// A session server's relaunch still coming up (its new process waits for a gate file)
+/// when another reload lands: one that asks for the same launch waits for it rather than
+/// starting another process; one that asks for another launch stops it at once and starts
+/// that one. Each takes over once up.
+#[tokio::test]
+async fn a_reload_while_a_sessions_relaunch_comes_up_starts_no_second_copy() {
+    let servers = |dir: &Path, gate: Option<&str>, b: bool| {
+        let gate = gate.map(|g| dir.join(g).display().to_string());
+        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
+        let mut s = faulty("s", dir, &extra);
+        s["scope"] = json!("session");
+        let mut servers = json!({"a": faulty("a", dir, &[]), "s": s});
+        if b {
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({"mcpServers": servers, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, None, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "1"})).await), "s: 1");
+    let starts = || std::fs::read_to_string(dir.join("s/starts")).unwrap_or_default().lines().count();
+    let first = pid(&dir, "s");
+
+    // A new launch, held at its gate: the running instance serves meanwhile.
+    rewrite_config(&dir, &servers(&dir, Some("gate-1"), false));
+    eventually("the relaunch started", || starts() == 2).await;
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "2"})).await), "s: 2");
+    // Another reload, the same launch for s: no second copy of it.
+    rewrite_config(&dir, &servers(&dir, Some("gate-1"), true));
+    assert!(until_offered(client.peer(), "b__echo", true).await, "the second reload applied");
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "3"})).await), "s: 3");
+    assert_eq!(starts(), 2, "the relaunch coming up is waited for, not started again");
+    std::fs::write(dir.join("gate-1"), "").unwrap();
+    eventually("the relaunch took over", move || !alive(first)).await;
+    let second = pid(&dir, "s");
+    assert!(alive(second));
+
+    // A relaunch coming up that a later reload changes again is stopped at once.
+    rewrite_config(&dir, &servers(&dir, Some("gate-2"), true));
+    eventually("the next relaunch started", || starts() == 3).await;
+    let superseded = pid(&dir, "s");
+    rewrite_config(&dir, &servers(&dir, Some("gate-3"), true));
+    eventually("the superseded relaunch stopped", move || !alive(superseded)).await;
+    eventually("the last launch started", || starts() == 4).await;
+    assert!(alive(second), "the running instance serves meanwhile");
+    std::fs::write(dir.join("gate-3"), "").unwrap();
+    eventually("the last launch took over", move || !alive(second)).await;
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "4"})).await), "s: 4");
+    assert_eq!(starts(), 4);
+    assert!(!gw.log.lock().unwrap().contains("the session's new launch did not start"), "nothing failed");
+    let _ = client.cancel().await;
+}
+
 /// A reload rotates the HTTP front's token: the new one opens it from then on, the old
 /// one no longer does, even on a session it opened. Removing the token does not open the
 /// gateway while it serves: that waits for the next start, and the token holds meanwhile.

@@ -765,8 +765,6 @@ pub fn offered_modern(caps: &ClientCapabilities) -> ClientCapabilities {
     caps
 }
 
-/// Waits until each of `handles` has finished its first start (or failed it), at most
-/// until `deadline`.
 /// Whether a relaunched server keeps its old instance (in state `was`) over its new one
 /// (in state `is`, its start settled): while the new one is not up and the old one serves,
 /// or is starting again after it served, in which case the new one must have failed, not
@@ -777,6 +775,8 @@ pub fn keeps_old(was: &ServerState, is: &ServerState) -> bool {
     is.status != Status::Ready && serves
 }
 
+/// Waits until each of `handles` has finished its first start (or failed it), at most
+/// until `deadline`.
 pub async fn settle<'a>(handles: impl Iterator<Item = &'a Arc<ServerHandle>>, deadline: Instant) {
     for handle in handles {
         let mut rx = handle.subscribe();

@@ -44,8 +44,8 @@ pub struct SessionServers {
     /// once it initialised.
     peer: OnceLock<(Peer<RoleServer>, Offered)>,
     /// Its own instances, as the setup they were last brought in line with configures
-    /// them ([`Self::own`]).
-    own: Mutex<Option<Arc<Own>>>,
+    /// them ([`Self::own`]), and the relaunches coming up to replace some of them.
+    own: Mutex<Instances>,
     /// The catalogue with this session's instances, and what it was built from.
     catalogue: Mutex<Option<Built>>,
     /// The tasks the session started (MCP 2025-11-25), and where each lives.
@@ -53,6 +53,32 @@ pub struct SessionServers {
     /// Whom its failures on a shared server are blamed on, over HTTP, from its
     /// `initialize` (see `tool_call::blame_of`).
     pub blamed: OnceLock<Blame>,
+}
+
+/// A session's own instances, and the relaunches of some of them still coming up.
+#[derive(Default)]
+struct Instances {
+    serving: Option<Arc<Own>>,
+    /// By server: the new instance of a changed launch, until it takes over or is given
+    /// up ([`SessionServers::settle_relaunch`]). A later reload asking for the same launch
+    /// waits for it rather than starting another; one asking for another stops it.
+    coming: Coming,
+}
+
+/// By server, its relaunch coming up.
+type Coming = HashMap<Arc<str>, Arc<ServerHandle>>;
+
+/// Relaunches started: the old instance, serving until the new one takes over.
+type Relaunched = Vec<(Arc<ServerHandle>, Arc<ServerHandle>)>;
+
+/// How a relaunch coming up settled.
+enum Relaunch {
+    /// It serves from now on; the old instance served under this setup.
+    TookOver(Arc<Setup>),
+    /// It did not come up: the old instance serves on.
+    Failed,
+    /// A later reload wants another launch, or none.
+    Superseded,
 }
 
 /// The session's own server instances, with the recovery state that is theirs alone.
@@ -192,24 +218,31 @@ impl SessionServers {
         // Read under the lock: a request that read an older setup cannot bring the
         // session back to it after a newer one was applied.
         let setup = self.hub.setup();
-        if let Some(current) = own.as_ref().filter(|o| Arc::ptr_eq(&o.on, &setup)) {
+        if let Some(current) = own.serving.as_ref().filter(|o| Arc::ptr_eq(&o.on, &setup)) {
             return Some(current.clone());
         }
         // Nothing more starts once shutdown has begun.
         if self.hub.is_closing() {
-            return own.clone();
+            return own.serving.clone();
         }
         let scoped: Vec<&ServerConfig> = setup.config.servers.values().filter(|s| s.scope == Scope::Session).collect();
-        if own.is_none() && scoped.is_empty() {
+        if own.serving.is_none() && scoped.is_empty() {
             return None;
         }
         let (peer, caps) = self.peer.get()?;
-        let before = own.take();
+        let before = own.serving.take();
+        let superseded = self.superseded(&mut own.coming, &setup, &scoped, before.as_deref());
         let mut relaunched = Vec::new();
-        let next = (!scoped.is_empty())
-            .then(|| Arc::new(self.start(&setup, &scoped, (peer, caps), before.as_deref(), &mut relaunched)));
-        own.clone_from(&next);
+        let next = (!scoped.is_empty()).then(|| {
+            let relaunches = (&mut own.coming, &mut relaunched);
+            Arc::new(self.start(&setup, &scoped, (peer, caps), before.as_deref(), relaunches))
+        });
+        own.serving.clone_from(&next);
         drop(own);
+        for handle in superseded {
+            tracing::info!(session = %self.client, server = %handle.name, "a later reload changed the session's relaunch still coming up: it stops");
+            tokio::spawn(async move { handle.shutdown().await });
+        }
         for handle in before.iter().flat_map(|b| b.servers.values()) {
             if !next.as_ref().is_some_and(|n| n.has(handle)) {
                 tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
@@ -223,25 +256,51 @@ impl SessionServers {
         next
     }
 
+    /// The relaunches in `coming` that `setup` no longer wants (another launch of their
+    /// server, the old launch again, or no such server), taken out of it to be stopped.
+    fn superseded(
+        &self,
+        coming: &mut Coming,
+        setup: &Setup,
+        scoped: &[&ServerConfig],
+        before: Option<&Own>,
+    ) -> Vec<Arc<ServerHandle>> {
+        let mut superseded = Vec::new();
+        coming.retain(|name, new| {
+            let template = scoped.iter().find(|t| t.name.as_str() == &**name);
+            let wanted = template.is_some_and(|t| {
+                runs(new, t, &self.client) && before.is_none_or(|b| b.keeps(setup, t, &self.client).is_none())
+            });
+            if !wanted {
+                superseded.push(new.clone());
+            }
+            wanted
+        });
+        superseded
+    }
+
     /// `new`, the relaunch of `old`, takes its place once it is up, as a shared server's
     /// does: `old` finishes its calls and stops, the subscriptions move. One that does
     /// not come up is stopped, and `old` keeps serving with its launch (tried again at the
-    /// next reload); one a later reload superseded is stopped too.
+    /// next reload); one a later reload superseded was stopped there.
     fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>) {
         let (session, within) = (Arc::downgrade(self), self.hub.supervision().init_timeout * 3);
         tokio::spawn(async move {
             settle(std::iter::once(&new), Instant::now() + within).await;
             let Some(session) = session.upgrade() else { return new.shutdown().await };
-            let state = new.state();
-            // As for a shared server.
-            if keeps_old(&old.state(), &state) {
-                tracing::error!(session = %session.client, server = %new.name, "reload: the session's new launch did not start ({}); its running instance keeps serving with its old launch: fix `mcpServers.{}` and save again", state.last_error.as_deref().unwrap_or("not ready in time"), new.name);
-                return new.shutdown().await;
+            match session.settle_relaunch(&old, &new) {
+                Relaunch::TookOver(was) => {
+                    session.hub.move_subscriptions_to(old.instance, new.clone());
+                    session.hub.retire(old, &was, false);
+                    session.rebuild(false);
+                }
+                Relaunch::Failed => {
+                    let state = new.state();
+                    tracing::error!(session = %session.client, server = %new.name, "reload: the session's new launch did not start ({}); its running instance keeps serving with its old launch: fix `mcpServers.{}` and save again", state.last_error.as_deref().unwrap_or("not ready in time"), new.name);
+                    new.shutdown().await;
+                }
+                Relaunch::Superseded => new.shutdown().await,
             }
-            let Some(was) = session.take_over(&old, &new) else { return new.shutdown().await };
-            session.hub.move_subscriptions_to(old.instance, new.clone());
-            session.hub.retire(old, &was, false);
-            session.rebuild(false);
         });
     }
 
@@ -249,25 +308,36 @@ impl SessionServers {
     /// `before` (as an earlier setup configured them) whose launch is unchanged are
     /// kept, with their breakers, budget and adapter state while their entry and adapter
     /// are unchanged too; the rest start.
-    /// `new` serves in place of `old` from now on, if that is still wanted (see
-    /// [`Own::taken_over`]); the setup it serves under.
-    fn take_over(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>) -> Option<Arc<Setup>> {
+    /// `new`, the relaunch of `old` coming up, its start settled, serves in place of
+    /// `old` from now on if it is up and still wanted (see [`Own::taken_over`]); else it
+    /// failed (as [`keeps_old`] says for a shared server) or was superseded.
+    fn settle_relaunch(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>) -> Relaunch {
         let mut own = self.own.lock().expect("not poisoned");
-        let next = own.as_ref()?.taken_over(old, new, &self.client)?;
+        if !own.coming.get(&new.name).is_some_and(|c| Arc::ptr_eq(c, new)) {
+            return Relaunch::Superseded;
+        }
+        own.coming.remove(&new.name);
+        if keeps_old(&old.state(), &new.state()) {
+            return Relaunch::Failed;
+        }
+        let Some(next) = own.serving.as_ref().and_then(|o| o.taken_over(old, new, &self.client)) else {
+            return Relaunch::Superseded;
+        };
         let was = next.on.clone();
-        *own = Some(Arc::new(next));
-        Some(was)
+        own.serving = Some(Arc::new(next));
+        Relaunch::TookOver(was)
     }
 
-    /// A relaunched server's new instance goes to `relaunched`, with the old one, which
-    /// serves until it is up ([`Self::take_over_when_up`]).
+    /// A relaunched server's new instance goes to `coming`, and to `relaunched` with the
+    /// old one, which serves until it is up ([`Self::take_over_when_up`]); one already
+    /// coming up with that launch is waited for, not started again.
     fn start(
         self: &Arc<Self>,
         setup: &Arc<Setup>,
         scoped: &[&ServerConfig],
         (peer, caps): (&Peer<RoleServer>, &Offered),
         before: Option<&Own>,
-        relaunched: &mut Vec<(Arc<ServerHandle>, Arc<ServerHandle>)>,
+        (coming, relaunched): (&mut Coming, &mut Relaunched),
     ) -> Own {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
@@ -276,18 +346,21 @@ impl SessionServers {
         let (mut fresh, mut new) = (Vec::new(), 0);
         for template in scoped {
             let kept = before.and_then(|b| b.keeps(setup, template, &self.client));
-            let handle = match kept {
-                Some(kept) => kept.handle.clone(),
-                None => {
+            let handle = match (kept, before.and_then(|b| b.servers.get(template.name.as_str()))) {
+                (Some(kept), _) => kept.handle.clone(),
+                // Its relaunch with this launch is coming up already (`superseded` left
+                // only such ones).
+                (None, Some(old)) if coming.contains_key(template.name.as_str()) => old.clone(),
+                (None, Some(old)) => {
                     let handle = self.spawn(template, &owner, &offer, &how);
                     new += 1;
-                    match before.and_then(|b| b.servers.get(template.name.as_str())) {
-                        Some(old) => {
-                            relaunched.push((old.clone(), handle));
-                            old.clone()
-                        }
-                        None => handle,
-                    }
+                    coming.insert(handle.name.clone(), handle.clone());
+                    relaunched.push((old.clone(), handle));
+                    old.clone()
+                }
+                (None, None) => {
+                    new += 1;
+                    self.spawn(template, &owner, &offer, &how)
                 }
             };
             // A relaunched server's old instance serves on with what it has until its
@@ -473,7 +546,7 @@ impl SessionServers {
 
     /// Its own instances as last brought in line with the configuration.
     fn current(&self) -> Option<Arc<Own>> {
-        self.own.lock().expect("not poisoned").clone()
+        self.own.lock().expect("not poisoned").serving.clone()
     }
 
     /// Its own instances only.
@@ -504,9 +577,10 @@ impl Drop for SessionServers {
             self.hub.session_ended(&self.client);
         }
         self.hub.errors.close_view(&self.client);
-        let Some(own) = self.own.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).take() else { return };
+        let own = std::mem::take(self.own.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let Some(serving) = own.serving else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
-        let servers: Vec<_> = own.servers.values().cloned().collect();
+        let servers: Vec<_> = serving.servers.values().chain(own.coming.values()).cloned().collect();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 futures::future::join_all(servers.iter().map(|h| h.shutdown())).await;
