@@ -170,9 +170,10 @@ fn check(path: PathBuf) -> Result<()> {
     let secrets = Secrets::of(&config);
     rebound::redact::redact_logs(secrets.clone());
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
-    // In the report, where they are read, not in the log.
+    // In the report, where they are read, not in the log; on one line each, and with
+    // what a terminal would obey in the key names they quote written out.
     for warning in &config.warnings {
-        println!("  warning: {}", secrets.redact(warning));
+        println!("  warning: {}", rebound::text::shown(&secrets.redact(warning), 4096));
     }
     for (name, server) in &config.servers {
         if let Some(warning) = command_missing(name, server) {

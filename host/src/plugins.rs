@@ -105,7 +105,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
                     Ok(a) => prepared.adapters.insert(server, a),
                     Err(e) => {
                         // Its `declare` may have chosen the words: bounded, on one line.
-                        let e = format!("{}: {}", loaded.path.display(), state::shown(&e, load::MAX_ERROR_BYTES));
+                        let e = format!("{}: {}", loaded.path.display(), crate::text::shown(&e, load::MAX_ERROR_BYTES));
                         tracing::error!(adapter, server, "{e}");
                         prepared.failures.push((server.to_owned(), adapter.to_owned(), e));
                     }

@@ -211,7 +211,8 @@ fn but_tokens(http: &HttpSettings) -> HttpSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stamp {
     config: (PathBuf, Option<Seen>),
-    /// The folder, and its `.wasm` files by name (the first [`MAX_STAMPED`] of them).
+    /// The folder, and its `.wasm` files by name (the first [`MAX_STAMPED`] of them by
+    /// name).
     plugins: Option<(PathBuf, Vec<Named>)>,
 }
 
@@ -250,17 +251,23 @@ impl Stamp {
 
     /// With the adapters in `dir` as they are now.
     pub fn with_plugins(mut self, dir: &Path) -> Self {
-        let mut files: Vec<_> = std::fs::read_dir(dir)
+        // The first by name, not in the directory's order, which may differ between two
+        // readings of the same files (within a bound on the names read).
+        let mut names: Vec<_> = std::fs::read_dir(dir)
             .into_iter()
             .flatten()
             .flatten()
-            .map(|entry| entry.path())
-            .filter(|path| path.extension().is_some_and(|e| e == "wasm"))
-            .take(MAX_STAMPED)
-            .map(|path| (path.file_name().unwrap_or_default().to_owned(), Seen::of(&path)))
+            .map(|entry| entry.file_name())
+            .filter(|name| Path::new(name).extension().is_some_and(|e| e == "wasm"))
+            .take(MAX_STAMPED * 16)
             .collect();
-        files.sort_by(|a, b| a.0.cmp(&b.0));
-        self.plugins = Some((dir.to_owned(), files));
+        names.sort_unstable();
+        names.truncate(MAX_STAMPED);
+        let files = names.into_iter().map(|name| {
+            let seen = Seen::of(&dir.join(&name));
+            (name, seen)
+        });
+        self.plugins = Some((dir.to_owned(), files.collect()));
         self
     }
 

@@ -11,8 +11,9 @@ use wasmtime::component::Component;
 use super::bindings::{self, v0_1, v0_2};
 use super::compiler::{self, CompileError, MAX_COMPONENT_BYTES};
 use super::runtime::{Fault, Manifest, Pre, Reply, Request, Runtime};
-use super::state::{CappedPipe, State, shown};
+use super::state::{CappedPipe, State};
 use crate::config::ToolPattern;
+use crate::text::shown;
 
 /// Imports an adapter may have (interface names without `@version`). Everything a Rust
 /// wasm32-wasip2 program imports through std is here, and granted nothing: no
