@@ -367,6 +367,7 @@ async fn a_reload_while_a_sessions_relaunch_comes_up_starts_no_second_copy() {
     // A new launch, held at its gate: the running instance serves meanwhile.
     rewrite_config(&dir, &servers(&dir, Some("gate-1"), false));
     eventually("the relaunch started", || starts() == 2).await;
+    gw.logged("relaunching in each running session (taking over once up) s").await;
     assert_eq!(text(&call(&client, "s__echo", json!({"message": "2"})).await), "s: 2");
     // Another reload, the same launch for s: no second copy of it.
     rewrite_config(&dir, &servers(&dir, Some("gate-1"), true));

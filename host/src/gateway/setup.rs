@@ -47,6 +47,10 @@ pub struct Changes {
     pub moved: Vec<(u64, u64)>,
     /// Relaunched servers whose new process did not come up: the old one keeps serving.
     pub kept_running: Vec<String>,
+    /// `scope: session` servers whose launch changed: each running session's instance is
+    /// relaunched after the reload, taking over once up (one that does not start is
+    /// logged for its session, and the running instance kept).
+    pub relaunching: Vec<String>,
     /// What changed among the `scope: session` servers, whose instances the running
     /// sessions bring in line.
     pub sessions: Touched,
@@ -68,6 +72,7 @@ impl Changes {
         self.added.is_empty()
             && self.removed.is_empty()
             && self.restarted.is_empty()
+            && self.relaunching.is_empty()
             && self.reconfigured.is_empty()
             && self.new_adapter_code.is_empty()
     }
@@ -82,6 +87,7 @@ impl Changes {
             part("reconfigured", &self.reconfigured),
             part("new adapter code for", &self.new_adapter_code),
             part("kept running (the new launch did not start)", &self.kept_running),
+            part("relaunching in each running session (taking over once up)", &self.relaunching),
         ]
         .into_iter()
         .flatten()
@@ -274,7 +280,7 @@ impl Setup {
                     Touched::Added
                 }
                 Some(b) if b.launch != s.launch || b.protocol != s.protocol => {
-                    changes.restarted.push(s.name.clone());
+                    changes.relaunching.push(s.name.clone());
                     Touched::Changed
                 }
                 Some(b) if b != s => {
