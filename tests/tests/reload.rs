@@ -501,10 +501,32 @@ async fn a_rotated_token_ends_the_streams_it_opened() {
     assert!(read_until(&mut standalone, changed).await.is_some(), "the GET stream stays open through a reload");
     assert!(read_until(&mut listening, changed).await.is_some(), "so does the listen stream");
 
+    // A request let in before the rotation whose body comes after it.
+    let (release, body) = tokio::sync::oneshot::channel::<()>();
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "a__echo", "arguments": {"message": "late"}}});
+    let body = futures::stream::once(async move {
+        let _ = body.await;
+        Ok::<_, std::io::Error>(call.to_string())
+    });
+    let late = http
+        .post(gw.url())
+        .bearer_auth(first)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(reqwest::Body::wrap_stream(body))
+        .send();
+    let late = tokio::spawn(late);
+
     rewrite_config(&dir, &with(&dir, second, true));
     assert_eq!(read_until(&mut standalone, |_| false).await, None, "the GET stream ends once the token rotated");
     assert_eq!(read_until(&mut listening, |_| false).await, None, "and so does the listen stream");
     gw.logged("a stream opened with a token a reload rotated away was closed").await;
+    release.send(()).unwrap();
+    let late = late.await.unwrap().unwrap();
+    assert_eq!(late.status(), 401, "a body that came after the rotation is refused: {:?}", late.text().await);
+    assert!(gw.state("a", "calls").iter().all(|c| c != "echo"), "it never reached the server");
 }
 
 /// A call waiting to try again (here, a rate limit's `Retry-After`) when a reload

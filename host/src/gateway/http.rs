@@ -296,11 +296,21 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
 
 /// The bearer token, when one is configured.
 async fn authorize(State(front): State<Front>, request: Request, next: Next) -> Response {
-    // What every client and server did is the operator's, when the gateway has one.
-    let operators = matches!(request.uri().path(), "/status" | "/metrics" | "/reset-breaker");
+    let operators = for_operators(&request);
     if front.opens(request.headers(), operators) {
         return next.run(request).await;
     }
+    unauthorized(&front, operators)
+}
+
+/// Whether `request` is for the operator's routes: what every client and server did is
+/// the operator's, when the gateway has one.
+fn for_operators(request: &Request) -> bool {
+    matches!(request.uri().path(), "/status" | "/metrics" | "/reset-breaker")
+}
+
+/// The refusal of a request without the token its route needs.
+fn unauthorized(front: &Front, operators: bool) -> Response {
     let says = match front.settings.operator_token {
         Some(_) if operators => "the operator's token (REBOUND_OPERATOR_TOKEN where the gateway runs)",
         _ => "the gateway's token (REBOUND_AUTH_TOKEN where the gateway runs)",

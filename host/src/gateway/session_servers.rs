@@ -129,7 +129,10 @@ impl Own {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        let state = self.policies.get(name).filter(|_| was == template && same_adapter);
+        // Compared but for the launch, which `runs` compared: while a relaunch comes up,
+        // `was` names its launch, not the one this instance runs.
+        let settings = ServerConfig { launch: template.launch.clone(), protocol: template.protocol, ..was.clone() };
+        let state = self.policies.get(name).filter(|_| settings == *template && same_adapter);
         Some(Kept { handle, state: state.map(|p| (p, self.forks.get(name))) })
     }
 
@@ -290,7 +293,6 @@ impl SessionServers {
             let Some(session) = session.upgrade() else { return new.shutdown().await };
             match session.settle_relaunch(&old, &new) {
                 Relaunch::TookOver(was) => {
-                    session.hub.move_subscriptions_to(old.instance, new.clone());
                     session.hub.retire(old, &was, false);
                     session.rebuild(false);
                 }
@@ -304,10 +306,6 @@ impl SessionServers {
         });
     }
 
-    /// This session's instances of `scoped`, as `setup` configures them: those of
-    /// `before` (as an earlier setup configured them) whose launch is unchanged are
-    /// kept, with their breakers, budget and adapter state while their entry and adapter
-    /// are unchanged too; the rest start.
     /// `new`, the relaunch of `old` coming up, its start settled, serves in place of
     /// `old` from now on if it is up and still wanted (see [`Own::taken_over`]); else it
     /// failed (as [`keeps_old`] says for a shared server) or was superseded.
@@ -325,9 +323,15 @@ impl SessionServers {
         };
         let was = next.on.clone();
         own.serving = Some(Arc::new(next));
+        // Moved under the lock: a reload that removes `new` next retires it only after.
+        self.hub.move_subscriptions_to(old.instance, new.clone());
         Relaunch::TookOver(was)
     }
 
+    /// This session's instances of `scoped`, as `setup` configures them: those of
+    /// `before` (as an earlier setup configured them) whose launch is unchanged are
+    /// kept, with their breakers, budget and adapter state while their entry and adapter
+    /// are unchanged too; the rest start.
     /// A relaunched server's new instance goes to `coming`, and to `relaunched` with the
     /// old one, which serves until it is up ([`Self::take_over_when_up`]); one already
     /// coming up with that launch is waited for, not started again.
