@@ -39,8 +39,19 @@ use super::server::Gateway;
 use crate::config::HttpSettings;
 use crate::transport::Status;
 
+/// What every layer of the HTTP front reads, one `Arc` for each request to clone.
 #[derive(Clone)]
-struct Front {
+struct Front(Arc<Parts>);
+
+impl std::ops::Deref for Front {
+    type Target = Parts;
+
+    fn deref(&self) -> &Parts {
+        &self.0
+    }
+}
+
+struct Parts {
     hub: Arc<Hub>,
     settings: Arc<HttpSettings>,
     /// `rebound.http.trusted_proxies`, whose `proxy_header` names the client.
@@ -66,13 +77,13 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
         Duration::from_millis(settings.session_idle_ms),
     ));
     sessions.close_idle();
-    let front = Front {
+    let front = Front(Arc::new(Parts {
         hub: hub.clone(),
         limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
         proxies: client_ip::Proxies { trusted: settings.proxies().into(), header: settings.proxy_header },
         settings: Arc::new(settings),
         sessions,
-    };
+    }));
     let app = router(front.clone(), streams.clone());
     // Printed for scripts that bind port 0.
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
