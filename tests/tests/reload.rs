@@ -810,6 +810,42 @@ async fn new_adapter_code_leaves_the_servers_breaker_as_it_was() {
     gw.close().await;
 }
 
+/// The same for a session's own instance (`scope: session`), which a reload brings in line
+/// with the new adapter: its breaker stays open too, and its process is the same.
+#[tokio::test]
+async fn new_adapter_code_leaves_a_session_servers_breaker_as_it_was() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let own = dir.join("plugins");
+            std::fs::create_dir_all(&own).unwrap();
+            let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
+            std::fs::copy(built, own.join("thanos-classify.wasm")).unwrap();
+            let mut s = faulty("s", dir, &[]);
+            s["scope"] = json!("session");
+            s["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
+                "breaker": {"failure_threshold": 1, "open_ms": 600000}});
+            json!({"mcpServers": {"s": s}, "rebound": {"plugins_dir": own, "tool_names": "always"}})
+        },
+        &[],
+    )
+    .await;
+    let client = gw.client(None).await.unwrap();
+    let breaker = || async { server(&status(&client).await, "s")["breaker"]["state"].clone() };
+    assert_eq!(call(&client, "s__hang", json!({})).await.is_error, Some(true));
+    assert_eq!(breaker().await, "open");
+    let running = pid(gw.dir.path(), "s");
+    let file = gw.dir.path().join("plugins/thanos-classify.wasm");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend([0u8, 14, 12]);
+    bytes.extend(b"rebound-testx");
+    std::fs::write(file.with_extension("tmp"), &bytes).unwrap();
+    std::fs::rename(file.with_extension("tmp"), &file).unwrap();
+    gw.logged("new adapter code for s").await;
+    assert_eq!(breaker().await, "open", "the breaker is the instance's, not the adapter's");
+    assert_eq!(pid(gw.dir.path(), "s"), running, "the same process");
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;

@@ -109,9 +109,19 @@ struct Built {
 #[derive(Clone, Copy)]
 struct Kept<'a> {
     handle: &'a Arc<ServerHandle>,
-    /// Its policy and adapter fork (if it has an adapter), while its entry and adapter
-    /// are unchanged.
-    state: Option<(&'a Arc<ServerPolicy>, Option<&'a Arc<Adapter>>)>,
+    state: Carried<'a>,
+}
+
+/// What of an instance's recovery state goes on, as for a shared server (`PolicyKept`).
+#[derive(Clone, Copy)]
+enum Carried<'a> {
+    /// Its policy and adapter fork (if it has an adapter): its entry and adapter are
+    /// unchanged.
+    Whole(&'a Arc<ServerPolicy>, Option<&'a Arc<Adapter>>),
+    /// This policy's breakers and budget: its entry is unchanged, its adapter is new
+    /// (new code, new limits, or added or removed), and starts afresh.
+    Health(&'a Arc<ServerPolicy>),
+    Nothing,
 }
 
 impl Own {
@@ -132,8 +142,12 @@ impl Own {
         // Compared but for the launch, which `runs` compared: while a relaunch comes up,
         // `was` names its launch, not the one this instance runs.
         let settings = ServerConfig { launch: template.launch.clone(), protocol: template.protocol, ..was.clone() };
-        let state = self.policies.get(name).filter(|_| settings == *template && same_adapter);
-        Some(Kept { handle, state: state.map(|p| (p, self.forks.get(name))) })
+        let state = match self.policies.get(name).filter(|_| settings == *template) {
+            Some(policy) if same_adapter => Carried::Whole(policy, self.forks.get(name)),
+            Some(policy) => Carried::Health(policy),
+            None => Carried::Nothing,
+        };
+        Some(Kept { handle, state })
     }
 
     /// Whether `handle` is one of these instances.
@@ -347,7 +361,8 @@ impl SessionServers {
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
         let (mut servers, mut policies, mut forks) = (IndexMap::new(), HashMap::new(), HashMap::new());
-        let (mut fresh, mut new) = (Vec::new(), 0);
+        // Servers whose policy and adapter fork start afresh, and whose fork alone does.
+        let (mut fresh, mut new_forks, mut new) = (Vec::new(), Vec::new(), 0);
         for template in scoped {
             let kept = before.and_then(|b| b.keeps(setup, template, &self.client));
             let handle = match (kept, before.and_then(|b| b.servers.get(template.name.as_str()))) {
@@ -369,26 +384,30 @@ impl SessionServers {
             };
             // A relaunched server's old instance serves on with what it has until its
             // new one takes over with fresh ones (`Own::taken_over`).
+            let name = template.name.as_str();
             let serving_on = || {
-                let b = before
-                    .filter(|b| b.servers.get(template.name.as_str()).is_some_and(|o| Arc::ptr_eq(o, &handle)))?;
-                Some((b.policies.get(template.name.as_str())?, b.forks.get(template.name.as_str())))
+                let b = before.filter(|b| b.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, &handle)));
+                let policy = b.and_then(|b| b.policies.get(name));
+                policy.map_or(Carried::Nothing, |p| Carried::Whole(p, b.and_then(|b| b.forks.get(name))))
             };
-            let carried = match kept {
-                Some(kept) => kept.state,
-                None => serving_on(),
-            };
-            match carried {
-                Some((policy, fork)) => {
+            match kept.map_or_else(serving_on, |kept| kept.state) {
+                Carried::Whole(policy, fork) => {
                     policies.insert(handle.name.clone(), policy.clone());
                     forks.extend(fork.map(|f| (handle.name.clone(), f.clone())));
                 }
-                None => fresh.push(template.name.as_str()),
+                Carried::Health(policy) => match setup.engine.policy_keeping_health(name, policy) {
+                    Some(policy) => {
+                        policies.insert(handle.name.clone(), policy);
+                        new_forks.push(name);
+                    }
+                    None => fresh.push(name),
+                },
+                Carried::Nothing => fresh.push(name),
             }
             servers.insert(handle.name.clone(), handle);
         }
         policies.extend(setup.engine.fresh_policies(fresh.iter().copied()));
-        forks.extend(setup.plugins.adapters.forks(fresh.iter().copied()));
+        forks.extend(setup.plugins.adapters.forks(fresh.iter().chain(&new_forks).copied()));
         if new > 0 {
             tracing::info!(session = %self.client, servers = new, "started the session's own servers");
         }

@@ -470,21 +470,30 @@ impl Engine {
         &self,
         servers: impl IntoIterator<Item = &'a str>,
     ) -> HashMap<Arc<str>, Arc<ServerPolicy>> {
-        servers
-            .into_iter()
-            .filter_map(|name| {
-                let shared = self.servers.get(name)?;
-                let mut own = ServerPolicy::fresh(
-                    &shared.recovery,
-                    shared.grant.clone(),
-                    shared.declared.clone(),
-                    &self.clock,
-                    &self.rng,
-                );
-                own.counters = Arc::new(Counters::within(shared.counters.clone()));
-                Some((Arc::from(name), Arc::new(own)))
-            })
-            .collect()
+        servers.into_iter().filter_map(|name| Some((Arc::from(name), Arc::new(self.own_policy(name)?)))).collect()
+    }
+
+    /// A policy for a server instance of its own, as [`Self::fresh_policies`] makes,
+    /// with the breakers and retry budget of `old`, its policy until now: as a reload
+    /// keeps a shared server's ([`PolicyKept::Health`]) when only its adapter changed.
+    pub fn policy_keeping_health(&self, name: &str, old: &ServerPolicy) -> Option<Arc<ServerPolicy>> {
+        let mut own = self.own_policy(name)?;
+        own.breakers = old.breakers.clone();
+        own.budget = old.budget.clone();
+        Some(Arc::new(own))
+    }
+
+    fn own_policy(&self, name: &str) -> Option<ServerPolicy> {
+        let shared = self.servers.get(name)?;
+        let mut own = ServerPolicy::fresh(
+            &shared.recovery,
+            shared.grant.clone(),
+            shared.declared.clone(),
+            &self.clock,
+            &self.rng,
+        );
+        own.counters = Arc::new(Counters::within(shared.counters.clone()));
+        Some(own)
     }
 
     /// This engine with `policies` in place of its own for those servers.
