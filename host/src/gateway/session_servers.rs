@@ -87,13 +87,17 @@ struct Own {
     on: Arc<Setup>,
     servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
     /// Their breakers and budgets, and their adapters' state.
-    policies: HashMap<Arc<str>, Arc<ServerPolicy>>,
-    forks: HashMap<Arc<str>, Arc<Adapter>>,
+    policies: Policies,
+    forks: Forks,
     /// The engine and adapters of this session's calls, and the setup they extend.
     recovery: Mutex<Option<(Arc<Setup>, Arc<OwnRecovery>)>>,
     started: Instant,
     settled: AtomicBool,
 }
+
+/// By server, its instance's breakers and budget, and its adapter's state.
+type Policies = HashMap<Arc<str>, Arc<ServerPolicy>>;
+type Forks = HashMap<Arc<str>, Arc<Adapter>>;
 
 /// The setup's engine and adapters with a session's own instances' in place of theirs.
 type OwnRecovery = (Engine, Adapters);
@@ -150,6 +154,17 @@ impl Own {
         Some(Kept { handle, state })
     }
 
+    /// What `handle`, the instance of a server relaunched, carries on with while it
+    /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]):
+    /// all it has, if it is one of these instances.
+    fn serving_on(&self, handle: &Arc<ServerHandle>) -> Carried<'_> {
+        let name = &*handle.name;
+        if !self.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
+            return Carried::Nothing;
+        }
+        self.policies.get(name).map_or(Carried::Nothing, |p| Carried::Whole(p, self.forks.get(name)))
+    }
+
     /// Whether `handle` is one of these instances.
     fn has(&self, handle: &Arc<ServerHandle>) -> bool {
         self.servers.values().any(|h| Arc::ptr_eq(h, handle))
@@ -173,6 +188,33 @@ impl Own {
         let (settled, recovery) = (AtomicBool::new(self.settled.load(Ordering::Acquire)), Mutex::default());
         Some(Own { on: self.on.clone(), servers, policies, forks, recovery, started: self.started, settled })
     }
+}
+
+/// The policies and adapter forks of a session's instances (by server), each carried on
+/// as it says or made afresh from `setup`.
+fn recovery_of<'a>(setup: &Setup, carried: Vec<(&'a str, Carried<'a>)>) -> (Policies, Forks) {
+    let (mut policies, mut forks) = (HashMap::new(), HashMap::new());
+    // Servers whose policy and adapter fork start afresh, and whose fork alone does.
+    let (mut fresh, mut new_forks) = (Vec::new(), Vec::new());
+    for (name, carried) in carried {
+        match carried {
+            Carried::Whole(policy, fork) => {
+                policies.insert(Arc::from(name), policy.clone());
+                forks.extend(fork.map(|f| (Arc::from(name), f.clone())));
+            }
+            Carried::Health(policy) => match setup.engine.policy_keeping_health(name, policy) {
+                Some(policy) => {
+                    policies.insert(Arc::from(name), policy);
+                    new_forks.push(name);
+                }
+                None => fresh.push(name),
+            },
+            Carried::Nothing => fresh.push(name),
+        }
+    }
+    policies.extend(setup.engine.fresh_policies(fresh.iter().copied()));
+    forks.extend(setup.plugins.adapters.forks(fresh.iter().chain(&new_forks).copied()));
+    (policies, forks)
 }
 
 /// Whether `handle` runs the launch (and protocol) `template` gives session `client`.
@@ -360,9 +402,7 @@ impl SessionServers {
         let (_, offer) = tokio::sync::watch::channel(Some(caps.clone()));
         let how = self.hub.supervision();
         let owner = Owner { client: self.client.clone(), peer: peer.clone(), servers: Arc::downgrade(self) };
-        let (mut servers, mut policies, mut forks) = (IndexMap::new(), HashMap::new(), HashMap::new());
-        // Servers whose policy and adapter fork start afresh, and whose fork alone does.
-        let (mut fresh, mut new_forks, mut new) = (Vec::new(), Vec::new(), 0);
+        let (mut servers, mut carried, mut new) = (IndexMap::new(), Vec::new(), 0);
         for template in scoped {
             let kept = before.and_then(|b| b.keeps(setup, template, &self.client));
             let handle = match (kept, before.and_then(|b| b.servers.get(template.name.as_str()))) {
@@ -382,32 +422,11 @@ impl SessionServers {
                     self.spawn(template, &owner, &offer, &how)
                 }
             };
-            // A relaunched server's old instance serves on with what it has until its
-            // new one takes over with fresh ones (`Own::taken_over`).
-            let name = template.name.as_str();
-            let serving_on = || {
-                let b = before.filter(|b| b.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, &handle)));
-                let policy = b.and_then(|b| b.policies.get(name));
-                policy.map_or(Carried::Nothing, |p| Carried::Whole(p, b.and_then(|b| b.forks.get(name))))
-            };
-            match kept.map_or_else(serving_on, |kept| kept.state) {
-                Carried::Whole(policy, fork) => {
-                    policies.insert(handle.name.clone(), policy.clone());
-                    forks.extend(fork.map(|f| (handle.name.clone(), f.clone())));
-                }
-                Carried::Health(policy) => match setup.engine.policy_keeping_health(name, policy) {
-                    Some(policy) => {
-                        policies.insert(handle.name.clone(), policy);
-                        new_forks.push(name);
-                    }
-                    None => fresh.push(name),
-                },
-                Carried::Nothing => fresh.push(name),
-            }
+            let serving_on = || before.map_or(Carried::Nothing, |b| b.serving_on(&handle));
+            carried.push((template.name.as_str(), kept.map_or_else(serving_on, |kept| kept.state)));
             servers.insert(handle.name.clone(), handle);
         }
-        policies.extend(setup.engine.fresh_policies(fresh.iter().copied()));
-        forks.extend(setup.plugins.adapters.forks(fresh.iter().chain(&new_forks).copied()));
+        let (policies, forks) = recovery_of(setup, carried);
         if new > 0 {
             tracing::info!(session = %self.client, servers = new, "started the session's own servers");
         }
