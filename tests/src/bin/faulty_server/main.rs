@@ -684,9 +684,12 @@ fn said(args: &Value, default: &str) -> String {
     if args["reversed"] == true { message.chars().rev().collect() } else { message.to_owned() }
 }
 
+/// Appends `line` in one write: processes of the same server (an old one and its
+/// relaunch) append to the same files, and `writeln!` may write the line and its end
+/// apart, which two processes interleave.
 fn append(path: &std::path::Path, line: &str) {
     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("state file is writable");
-    writeln!(f, "{line}").expect("state file is writable");
+    f.write_all(format!("{line}\n").as_bytes()).expect("state file is writable");
 }
 
 impl Server {
