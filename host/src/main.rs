@@ -170,24 +170,26 @@ fn check(path: PathBuf) -> Result<()> {
     let secrets = Secrets::of(&config);
     rebound::redact::redact_logs(secrets.clone());
     println!("{}: {} server(s)", config.source.display(), config.servers.len());
-    // In the report, where they are read, not in the log; on one line each, and with
-    // what a terminal would obey in the key names they quote written out.
+    // What the file says is printed as a terminal shows it, not as it would obey it
+    // (a key name or a command may hold escapes or line breaks), and redacted.
+    let shown = |text: &str| rebound::text::shown(&secrets.redact(text), 4096);
+    // In the report, where they are read, not in the log.
     for warning in &config.warnings {
-        println!("  warning: {}", rebound::text::shown(&secrets.redact(warning), 4096));
+        println!("  warning: {}", shown(warning));
     }
     for (name, server) in &config.servers {
         if let Some(warning) = command_missing(name, server) {
-            println!("  warning: {warning}");
+            println!("  warning: {}", shown(&warning));
         }
         let launch = match &server.launch {
             // A secret-named `${VAR}` may be in the arguments (`--token ${GITHUB_TOKEN}`).
-            Launch::Stdio(s) => format!("stdio: {}", secrets.redact(&format!("{} {}", s.command, s.args.join(" ")))),
-            Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", secrets.redact(&h.url)),
+            Launch::Stdio(s) => format!("stdio: {}", shown(&format!("{} {}", s.command, s.args.join(" ")))),
+            Launch::Http(h) if h.headers.is_empty() => format!("streamable HTTP: {}", shown(&h.url)),
             // Header values are often credentials: names only.
             Launch::Http(h) => format!(
                 "streamable HTTP: {} (headers: {})",
-                secrets.redact(&h.url),
-                h.headers.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
+                shown(&h.url),
+                shown(&h.headers.keys().map(String::as_str).collect::<Vec<_>>().join(", "))
             ),
         };
         let adapter = rebound::plugins::adapter_for(&config, server).unwrap_or("built-in classifier");

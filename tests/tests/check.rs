@@ -57,14 +57,15 @@ fn a_command_that_is_not_installed_is_warned_about() {
 }
 
 /// A key Rebound does not know (a typo) and a disabled server are warned about in the
-/// report, on stdout, not only in the log; a key's name is shown, not obeyed.
+/// report, on stdout, not only in the log; a key's name, or a command, is shown, not obeyed.
 #[test]
 fn an_unknown_key_and_a_disabled_server_are_warned_about_in_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rebound.json");
     std::fs::write(
         &path,
-        r#"{"mcpServers": {"a": {"command": "sh", "tmeout_ms": 5}, "b": {"command": "sh", "disabled": true}},
+        r#"{"mcpServers": {"a": {"command": "sh", "tmeout_ms": 5}, "b": {"command": "sh", "disabled": true},
+                "c": {"command": "x\u001b]0;title\u0007"}},
             "x\u001b[2J\nforged": 1}"#,
     )
     .unwrap();
@@ -78,6 +79,7 @@ fn an_unknown_key_and_a_disabled_server_are_warned_about_in_the_report() {
     assert!(stdout.contains("`mcpServers.b` is disabled"), "{stdout}");
     // A key's name is quoted as it is, with what a terminal would obey written out.
     assert!(stdout.contains("`x\\u{1b}[2J\\nforged` is not a key Rebound reads"), "{stdout}");
+    assert!(stdout.contains("c: stdio: x\\u{1b}]0;title\\u{7}"), "so is a command: {stdout}");
     assert!(!stdout.contains('\u{1b}') && !stdout.contains("\nforged"), "{stdout}");
     assert!(stdout.ends_with("ok\n"), "{stdout}");
 }

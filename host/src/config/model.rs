@@ -29,7 +29,8 @@ impl Config {
     /// Logs each of its warnings, as `rebound check`, a start and a reload all do.
     pub fn log_warnings(&self) {
         for warning in &self.warnings {
-            tracing::warn!("{warning}");
+            // On one line, escapes written out: they quote key names the file's author wrote.
+            tracing::warn!("{}", crate::text::shown(warning, 4096));
         }
     }
 

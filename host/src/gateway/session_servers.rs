@@ -143,10 +143,9 @@ impl Own {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        // Compared but for the launch, which `runs` compared: while a relaunch comes up,
-        // `was` names its launch, not the one this instance runs.
-        let settings = ServerConfig { launch: template.launch.clone(), protocol: template.protocol, ..was.clone() };
-        let state = match self.policies.get(name).filter(|_| settings == *template) {
+        // The whole entry: one whose launch is not the instance's (a relaunch coming up
+        // or failed named another) says nothing of the settings its state was made under.
+        let state = match self.policies.get(name).filter(|_| was == template) {
             Some(policy) if same_adapter => Carried::Whole(policy, self.forks.get(name)),
             Some(policy) => Carried::Health(policy),
             None => Carried::Nothing,

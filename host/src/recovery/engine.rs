@@ -474,12 +474,13 @@ impl Engine {
     }
 
     /// A policy for a server instance of its own, as [`Self::fresh_policies`] makes,
-    /// with the breakers and retry budget of `old`, its policy until now: as a reload
-    /// keeps a shared server's ([`PolicyKept::Health`]) when only its adapter changed.
+    /// with the breakers, retry budget and counters of `old`, its policy until now: as a
+    /// reload keeps a shared server's ([`PolicyKept::Health`]) when only its adapter changed.
     pub fn policy_keeping_health(&self, name: &str, old: &ServerPolicy) -> Option<Arc<ServerPolicy>> {
         let mut own = self.own_policy(name)?;
         own.breakers = old.breakers.clone();
         own.budget = old.budget.clone();
+        own.counters = old.counters.clone();
         Some(Arc::new(own))
     }
 
