@@ -20,15 +20,18 @@ use rmcp::model::ClientCapabilities;
 use rmcp::{Peer, RoleServer};
 use tokio::time::Instant;
 
+mod own;
+
+use self::own::{Carried, Own, OwnRecovery, recovery_of, runs};
 use super::catalogue::Catalogue;
 use super::hub::{Hub, keeps_old, offered, settle};
 use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use super::tasks::Tasks;
 use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
-use crate::plugins::{Adapter, Adapters};
+use crate::plugins::Adapters;
 use crate::recovery::breaker::Blame;
-use crate::recovery::engine::{Engine, ServerPolicy};
+use crate::recovery::engine::Engine;
 use crate::recovery::plan::Advisor;
 use crate::transport::Session;
 use crate::transport::supervisor::{NotReady, ServerHandle, Supervision, spawn_supervisor};
@@ -81,145 +84,11 @@ enum Relaunch {
     Superseded,
 }
 
-/// The session's own server instances, with the recovery state that is theirs alone.
-struct Own {
-    /// The setup whose `scope: session` servers these are.
-    on: Arc<Setup>,
-    servers: IndexMap<Arc<str>, Arc<ServerHandle>>,
-    /// Their breakers and budgets, and their adapters' state.
-    policies: Policies,
-    forks: Forks,
-    /// The engine and adapters of this session's calls, and the setup they extend.
-    recovery: Mutex<Option<(Arc<Setup>, Arc<OwnRecovery>)>>,
-    started: Instant,
-    settled: AtomicBool,
-}
-
-/// By server, its instance's breakers and budget, and its adapter's state.
-type Policies = HashMap<Arc<str>, Arc<ServerPolicy>>;
-type Forks = HashMap<Arc<str>, Arc<Adapter>>;
-
-/// The setup's engine and adapters with a session's own instances' in place of theirs.
-type OwnRecovery = (Engine, Adapters);
-
 /// A session's catalogue, and the shared catalogue and own instances it was built from.
 struct Built {
     shared: Arc<Catalogue>,
     own: Arc<Own>,
     catalogue: Arc<Catalogue>,
-}
-
-/// What a session keeps of its instance of a server across a reload.
-#[derive(Clone, Copy)]
-struct Kept<'a> {
-    handle: &'a Arc<ServerHandle>,
-    state: Carried<'a>,
-}
-
-/// What of an instance's recovery state goes on, as for a shared server (`PolicyKept`).
-#[derive(Clone, Copy)]
-enum Carried<'a> {
-    /// Its policy and adapter fork (if it has an adapter): its entry and adapter are
-    /// unchanged.
-    Whole(&'a Arc<ServerPolicy>, Option<&'a Arc<Adapter>>),
-    /// This policy's breakers and budget: its entry is unchanged, its adapter is new
-    /// (new code, new limits, or added or removed), and starts afresh.
-    Health(&'a Arc<ServerPolicy>),
-    Nothing,
-}
-
-impl Own {
-    /// What of this session's (`client`'s) instance of `template`'s server `setup` keeps:
-    /// the instance, if it runs the launch (and protocol) `template` gives the session.
-    fn keeps(&self, setup: &Setup, template: &ServerConfig, client: &str) -> Option<Kept<'_>> {
-        let name = template.name.as_str();
-        let was = self.on.config.servers.get(name).filter(|t| t.scope == Scope::Session)?;
-        let handle = self.servers.get(name)?;
-        if !runs(handle, template, client) {
-            return None;
-        }
-        let same_adapter = match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
-        // The whole entry: one whose launch is not the instance's (a relaunch coming up
-        // or failed named another) says nothing of the settings its state was made under.
-        let state = match self.policies.get(name).filter(|_| was == template) {
-            Some(policy) if same_adapter => Carried::Whole(policy, self.forks.get(name)),
-            Some(policy) => Carried::Health(policy),
-            None => Carried::Nothing,
-        };
-        Some(Kept { handle, state })
-    }
-
-    /// What `handle`, the instance of a server relaunched, carries on with while it
-    /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]):
-    /// all it has, if it is one of these instances.
-    fn serving_on(&self, handle: &Arc<ServerHandle>) -> Carried<'_> {
-        let name = &*handle.name;
-        if !self.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
-            return Carried::Nothing;
-        }
-        self.policies.get(name).map_or(Carried::Nothing, |p| Carried::Whole(p, self.forks.get(name)))
-    }
-
-    /// Whether `handle` is one of these instances.
-    fn has(&self, handle: &Arc<ServerHandle>) -> bool {
-        self.servers.values().any(|h| Arc::ptr_eq(h, handle))
-    }
-
-    /// These instances with `new` serving in place of `old` (its relaunch, now up), if
-    /// `old` still serves here and `new` runs the launch these instances' setup gives it.
-    fn taken_over(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>, client: &str) -> Option<Own> {
-        let serving = self.servers.get(&old.name).is_some_and(|h| Arc::ptr_eq(h, old));
-        let template = self.on.config.servers.get(&*old.name).filter(|t| t.scope == Scope::Session)?;
-        if !serving || !runs(new, template, client) {
-            return None;
-        }
-        let mut servers = self.servers.clone();
-        servers.insert(old.name.clone(), new.clone());
-        // The new process starts with breakers, a budget and adapter state of its own.
-        let (mut policies, mut forks) = (self.policies.clone(), self.forks.clone());
-        policies.extend(self.on.engine.fresh_policies([&*old.name]));
-        forks.remove(&old.name);
-        forks.extend(self.on.plugins.adapters.forks([&*old.name]));
-        let (settled, recovery) = (AtomicBool::new(self.settled.load(Ordering::Acquire)), Mutex::default());
-        Some(Own { on: self.on.clone(), servers, policies, forks, recovery, started: self.started, settled })
-    }
-}
-
-/// The policies and adapter forks of a session's instances (by server), each carried on
-/// as it says or made afresh from `setup`.
-fn recovery_of<'a>(setup: &Setup, carried: Vec<(&'a str, Carried<'a>)>) -> (Policies, Forks) {
-    let (mut policies, mut forks) = (HashMap::new(), HashMap::new());
-    // Servers whose policy and adapter fork start afresh, and whose fork alone does.
-    let (mut fresh, mut new_forks) = (Vec::new(), Vec::new());
-    for (name, carried) in carried {
-        match carried {
-            Carried::Whole(policy, fork) => {
-                policies.insert(Arc::from(name), policy.clone());
-                forks.extend(fork.map(|f| (Arc::from(name), f.clone())));
-            }
-            Carried::Health(policy) => match setup.engine.policy_keeping_health(name, policy) {
-                Some(policy) => {
-                    policies.insert(Arc::from(name), policy);
-                    new_forks.push(name);
-                }
-                None => fresh.push(name),
-            },
-            Carried::Nothing => fresh.push(name),
-        }
-    }
-    policies.extend(setup.engine.fresh_policies(fresh.iter().copied()));
-    forks.extend(setup.plugins.adapters.forks(fresh.iter().chain(&new_forks).copied()));
-    (policies, forks)
-}
-
-/// Whether `handle` runs the launch (and protocol) `template` gives session `client`.
-fn runs(handle: &ServerHandle, template: &ServerConfig, client: &str) -> bool {
-    let wanted = template.for_session(client);
-    handle.config.launch == wanted.launch && handle.config.protocol == wanted.protocol
 }
 
 /// The recovery engine and adapters one call runs with: the setup's, with this session's
