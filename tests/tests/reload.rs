@@ -782,15 +782,32 @@ async fn a_level_set_while_a_reload_starts_reaches_the_new_processes() {
     gw.close().await;
 }
 
+/// A plugins folder in `dir` holding the default adapter, as built.
+fn with_default_adapter(dir: &Path) -> std::path::PathBuf {
+    let own = dir.join("plugins");
+    std::fs::create_dir_all(&own).unwrap();
+    let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
+    std::fs::copy(built, own.join("thanos-classify.wasm")).unwrap();
+    own
+}
+
+/// A rebuild of the default adapter in `dir`'s plugins folder: the same adapter in other
+/// bytes (a custom section appended), swapped in whole.
+fn rebuild_default_adapter(dir: &Path) {
+    let file = dir.join("plugins/thanos-classify.wasm");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend([0u8, 14, 12]);
+    bytes.extend(b"rebound-testx");
+    std::fs::write(file.with_extension("tmp"), &bytes).unwrap();
+    std::fs::rename(file.with_extension("tmp"), &file).unwrap();
+}
+
 /// New code for a server's adapter (a rebuild of the plugins) changes what the adapter
 /// does, not what the gateway knows of how the server fares: its open breaker stays open.
 #[tokio::test]
 async fn new_adapter_code_leaves_the_servers_breaker_as_it_was() {
     let gw = Gateway::start(|dir| {
-        let own = dir.join("plugins");
-        std::fs::create_dir_all(&own).unwrap();
-        let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
-        std::fs::copy(built, own.join("thanos-classify.wasm")).unwrap();
+        let own = with_default_adapter(dir);
         let mut a = faulty("a", dir, &[]);
         a["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
             "breaker": {"failure_threshold": 1, "open_ms": 600000}});
@@ -803,13 +820,7 @@ async fn new_adapter_code_leaves_the_servers_breaker_as_it_was() {
     };
     assert_eq!(gw.call("hang", json!({})).await.is_error, Some(true));
     assert_eq!(breaker().await, "open");
-    // A rebuild: the same adapter in other bytes (a custom section appended).
-    let file = gw.dir.path().join("plugins/thanos-classify.wasm");
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes.extend([0u8, 14, 12]);
-    bytes.extend(b"rebound-testx");
-    std::fs::write(file.with_extension("tmp"), &bytes).unwrap();
-    std::fs::rename(file.with_extension("tmp"), &file).unwrap();
+    rebuild_default_adapter(gw.dir.path());
     gw.logged("new adapter code for a").await;
     assert_eq!(breaker().await, "open", "the breaker is the server's, not the adapter's");
     gw.close().await;
@@ -821,10 +832,7 @@ async fn new_adapter_code_leaves_the_servers_breaker_as_it_was() {
 async fn new_adapter_code_leaves_a_session_servers_breaker_as_it_was() {
     let gw = HttpGateway::start(
         |dir| {
-            let own = dir.join("plugins");
-            std::fs::create_dir_all(&own).unwrap();
-            let built = rebound_tests::root().join("target/plugins/thanos-classify.wasm");
-            std::fs::copy(built, own.join("thanos-classify.wasm")).unwrap();
+            let own = with_default_adapter(dir);
             let mut s = faulty("s", dir, &[]);
             s["scope"] = json!("session");
             s["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
@@ -839,12 +847,7 @@ async fn new_adapter_code_leaves_a_session_servers_breaker_as_it_was() {
     assert_eq!(call(&client, "s__hang", json!({})).await.is_error, Some(true));
     assert_eq!(breaker().await, "open");
     let running = pid(gw.dir.path(), "s");
-    let file = gw.dir.path().join("plugins/thanos-classify.wasm");
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes.extend([0u8, 14, 12]);
-    bytes.extend(b"rebound-testx");
-    std::fs::write(file.with_extension("tmp"), &bytes).unwrap();
-    std::fs::rename(file.with_extension("tmp"), &file).unwrap();
+    rebuild_default_adapter(gw.dir.path());
     gw.logged("new adapter code for s").await;
     assert_eq!(breaker().await, "open", "the breaker is the instance's, not the adapter's");
     assert_eq!(pid(gw.dir.path(), "s"), running, "the same process");
