@@ -371,13 +371,18 @@ fn half_the_cores(cores: std::io::Result<std::num::NonZeroUsize>) -> usize {
 /// Serves clients over `http` or stdio until the clients go or a signal comes: SIGTERM
 /// and SIGINT stop new calls and answer those in flight first (over HTTP within
 /// `shutdown_grace_ms`; over stdio at once, that the gateway shut down).
-async fn run(hub: &Arc<Hub>, http: Option<std::net::SocketAddr>, max_in_flight: usize) -> Result<()> {
+async fn run(
+    hub: &Arc<Hub>,
+    http: Option<std::net::SocketAddr>,
+    max_in_flight: usize,
+    tokens: rebound::gateway::reload::TokenCell,
+) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let shutdown = CancellationToken::new();
     let serving = async {
         match http {
-            Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, shutdown.clone()).await,
+            Some(addr) => rebound::gateway::http::serve(hub.clone(), addr, tokens, shutdown.clone()).await,
             None => serve_stdio(hub.clone(), max_in_flight, shutdown.clone()).await,
         }
     };
@@ -427,11 +432,12 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
         Err(e) => tracing::warn!("{e}; no traces will be exported"),
     }
     let max_in_flight = config.settings.http.max_concurrent_per_client;
+    let tokens = tokio::sync::watch::Sender::new(rebound::gateway::reload::Tokens::of(&config.settings.http));
     let front = if http.is_some() { Front::Http } else { Front::Stdio };
     let outcome = runtime.block_on(async {
         let hub = Hub::start(config, plugins, front);
-        rebound::gateway::reload::watch(&hub, path.clone(), read, hangups);
-        let outcome = run(&hub, http, max_in_flight).await;
+        rebound::gateway::reload::watch(&hub, path.clone(), read, hangups, tokens.clone());
+        let outcome = run(&hub, http, max_in_flight, tokens).await;
         // Calls still running (their client gone) end as shut down, in the errors log.
         hub.stop_calls();
         hub.shutdown().await;

@@ -416,7 +416,12 @@ async fn a_reload_rotates_the_token_but_never_opens_the_gateway() {
         move || log.lock().unwrap().contains(what)
     };
 
-    rewrite_config(&dir, &with_token(&dir, Some("second-token-0123456789")));
+    // Rotated with a relaunch of `a` that waits at a gate: the token rotates at once,
+    // not once the new process is up.
+    let mut rotated = with_token(&dir, Some("second-token-0123456789"));
+    let gate = dir.join("gate");
+    rotated["mcpServers"]["a"] = faulty("a", &dir, &["--start-gate", gate.to_str().unwrap()]);
+    rewrite_config(&dir, &rotated);
     eventually("the token rotated", said("rebound.http.auth_token rotated")).await;
     let new = gw.client(Some("second-token-0123456789")).await.unwrap();
     assert_eq!(text(&call(&new, "a__echo", json!({"message": "2"})).await), "a: 2");
@@ -424,9 +429,14 @@ async fn a_reload_rotates_the_token_but_never_opens_the_gateway() {
     let mut params = CallToolRequestParams::new("a__echo");
     params.arguments = json!({"message": "3"}).as_object().cloned();
     assert!(old.peer().call_tool(params).await.is_err(), "nor a request on a session it opened");
+    assert!(!said("configuration reloaded")(), "all of that while the relaunch is still coming up");
+    std::fs::write(&gate, "").unwrap();
+    eventually("the reload applied", said("configuration reloaded")).await;
 
     // Removed from the file: still required until the next start.
-    rewrite_config(&dir, &with_token(&dir, None));
+    let mut removed = with_token(&dir, None);
+    removed["mcpServers"]["a"] = rotated["mcpServers"]["a"].clone();
+    rewrite_config(&dir, &removed);
     eventually("the removal deferred", said("rebound.http.auth_token is removed by the file")).await;
     assert!(gw.client(None).await.is_err(), "no client without the token");
     assert_eq!(text(&call(&new, "a__echo", json!({"message": "4"})).await), "a: 4");

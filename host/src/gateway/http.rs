@@ -35,6 +35,7 @@ pub use client_ip::ClientIp;
 use limits::{ClientLimits, limit};
 
 use super::hub::Hub;
+use super::reload::TokenCell;
 use super::server::Gateway;
 use crate::config::HttpSettings;
 use crate::transport::Status;
@@ -60,10 +61,12 @@ struct Parts {
     /// The MCP sessions: a request counts against the session it names only when that
     /// session is one of them.
     sessions: Arc<super::sessions::CappedSessions>,
+    /// The tokens that open it now (a reload rotates them).
+    tokens: TokenCell,
 }
 
-/// Binds `addr` and serves until `shutdown` is cancelled.
-pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken) -> Result<()> {
+/// Binds `addr` and serves until `shutdown` is cancelled, opened by the `tokens` there are.
+pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, tokens: TokenCell, shutdown: CancellationToken) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     let settings = hub.setup().config.settings.http.clone();
@@ -83,6 +86,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, shutdown: CancellationToken)
         proxies: client_ip::Proxies { trusted: settings.proxies().into(), header: settings.proxy_header },
         settings: Arc::new(settings),
         sessions,
+        tokens,
     }));
     let app = router(front.clone(), streams.clone());
     // Printed for scripts that bind port 0.
@@ -336,8 +340,8 @@ impl Front {
     /// Whether `headers` carry the token that opens the clients' routes, or with
     /// `operators` the operator's (`/status`, `/metrics`: the clients' token when there
     /// is no operator token); always, when the gateway has no token at all. The tokens
-    /// are the current configuration's: a reload rotates them (whether there is one
-    /// stays as the gateway started, `reload::rotate_tokens`).
+    /// are those of `tokens` now: a reload rotates them (whether there is one stays as
+    /// the gateway started, `reload::rotate_tokens`).
     fn opens(&self, headers: &HeaderMap, operators: bool) -> bool {
         self.admits(bearer(headers), operators)
     }
@@ -345,11 +349,10 @@ impl Front {
     /// Whether `token` (a request's bearer token, if it sent one) opens the clients'
     /// routes, or with `operators` the operator's, as [`Front::opens`] says.
     fn admits(&self, token: Option<&str>, operators: bool) -> bool {
-        let setup = self.hub.setup();
-        let http = &setup.config.settings.http;
-        let expected = match &http.operator_token {
+        let tokens = self.tokens.borrow();
+        let expected = match &tokens.operator {
             Some(token) if operators => Some(token),
-            _ => http.auth_token.as_ref(),
+            _ => tokens.clients.as_ref(),
         };
         expected.is_none_or(|expected| token.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes()))))
     }

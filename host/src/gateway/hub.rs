@@ -34,9 +34,8 @@ use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
 
 pub struct Hub {
-    /// The configuration's shared servers, engine and adapters; replaced by a reload,
-    /// which whoever holds a receiver hears ([`Hub::setups`]).
-    setup: watch::Sender<Arc<Setup>>,
+    /// The configuration's shared servers, engine and adapters; replaced by a reload.
+    setup: RwLock<Arc<Setup>>,
     pub errors: Arc<ErrorsLog>,
     pub metrics: Metrics,
     pub downstreams: Downstreams,
@@ -112,7 +111,7 @@ impl Hub {
             );
             let setup = Setup::first(config, plugins, &spawner(weak, &offer, &how));
             Hub {
-                setup: watch::Sender::new(Arc::new(setup)),
+                setup: RwLock::new(Arc::new(setup)),
                 errors,
                 metrics: Metrics::default(),
                 downstreams: Downstreams::new(front),
@@ -145,12 +144,7 @@ impl Hub {
     /// The configuration's shared servers, engine and adapters, as they are now. A call
     /// keeps the one it started with.
     pub fn setup(&self) -> Arc<Setup> {
-        self.setup.borrow().clone()
-    }
-
-    /// The setup as it is now, and as each reload replaces it.
-    pub fn setups(&self) -> watch::Receiver<Arc<Setup>> {
-        self.setup.subscribe()
+        self.setup.read().expect("not poisoned").clone()
     }
 
     /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
@@ -197,7 +191,7 @@ impl Hub {
         if self.life.closing.is_cancelled() {
             return None;
         }
-        self.setup.send_replace(Arc::new(next));
+        *self.setup.write().expect("not poisoned") = Arc::new(next);
         self.rebuild(false);
         self.move_subscriptions(&changes);
         for handle in changes.retired.iter().cloned() {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use notify::event::ModifyKind;
 use notify::{EventKind, RecursiveMode, Watcher as _};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::hub::Hub;
 use super::setup::Changes;
@@ -40,6 +40,27 @@ pub enum Refused {
     )]
     SameTokens,
 }
+
+/// The HTTP front's bearer tokens: the configuration's at start, then as each reload
+/// rotates them, the moment it is sure to be applied (not once its new servers are up:
+/// a token rotated because it leaked stops opening the gateway at once). No `Debug`:
+/// they are secrets.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tokens {
+    /// `rebound.http.auth_token`, the clients'.
+    pub clients: Option<String>,
+    /// `rebound.http.operator_token`.
+    pub operator: Option<String>,
+}
+
+impl Tokens {
+    pub fn of(http: &HttpSettings) -> Self {
+        Tokens { clients: http.auth_token.clone(), operator: http.operator_token.clone() }
+    }
+}
+
+/// Where a reload puts the tokens it rotates, and the HTTP front reads them.
+pub type TokenCell = watch::Sender<Tokens>;
 
 /// The most warnings of a reload kept for the status (the log has them all): the status
 /// may go to a model.
@@ -90,8 +111,8 @@ impl LastReload {
 }
 
 /// Reloads the configuration at `path` now. On success, what changed.
-pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
-    match attempt(hub, path).await {
+pub async fn reload(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<Changes, Refused> {
+    match attempt(hub, path, tokens).await {
         Ok((changes, warnings)) => {
             let summary = changes.summary();
             tracing::info!("configuration reloaded from {}: {summary}", path.display());
@@ -114,7 +135,7 @@ pub async fn reload(hub: &Arc<Hub>, path: &Path) -> Result<Changes, Refused> {
 }
 
 /// A reload, and the new file's warnings (as `rebound check` gives them), logged.
-async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), Refused> {
+async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Changes, Vec<String>), Refused> {
     // Off the runtime's threads (over stdio, and over HTTP on up to three cores, it has
     // one): reading a file can wait on a disk.
     let file = path.to_path_buf();
@@ -158,17 +179,22 @@ async fn attempt(hub: &Arc<Hub>, path: &Path) -> Result<(Changes, Vec<String>), 
         let reason = secrets.redact(reason).into_owned();
         return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason });
     }
+    // Nothing refuses the reload from here: the tokens rotate now, before the new
+    // servers it starts are up.
+    if !rotated.is_empty() && !hub.closing().is_cancelled() {
+        tokens.send_replace(Tokens::of(&config.settings.http));
+        for key in rotated {
+            tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
+        }
+    }
     // Loading may take a while: shutdown may have begun meanwhile.
     let changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
-    for key in rotated {
-        tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
-    }
     Ok((changes, warnings))
 }
 
 /// A reload rotates the HTTP front's tokens: a new `auth_token` or `operator_token` is the
-/// one that opens the gateway to requests from then on (the streams the old one opened
-/// end: `http::revoked`).
+/// one that opens the gateway to requests from then on ([`Tokens`]; the streams the old
+/// one opened end: `http::revoked`).
 /// One set where there was none, or removed, would open the gateway, or lock its clients
 /// out, while it serves: that takes effect at the next start, and until then `new` keeps
 /// the token the gateway has (a token from the environment is the same one again). The
@@ -282,8 +308,9 @@ impl Stamp {
 }
 
 /// Watches `path` (read as `read` says) and the configured `plugins_dir`, and reloads on
-/// each change or when `hangups` yields. Runs until the hub is gone.
-pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Receiver<()>) {
+/// each change or when `hangups` yields, rotating the HTTP front's `tokens`. Runs until
+/// the hub is gone.
+pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Receiver<()>, tokens: TokenCell) {
     // Events name paths under the folder watched: compare absolute paths.
     let path = std::path::absolute(&path).unwrap_or(path);
     let (tx, mut changed) = mpsc::channel::<()>(1);
@@ -313,7 +340,7 @@ pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Rece
             // before it is read; so is a link's new target.
             watched.rewatch();
             watched.follow_link();
-            if reload(&hub, &path).await.is_ok() {
+            if reload(&hub, &path, &tokens).await.is_ok() {
                 watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
             }
         }

@@ -22,14 +22,14 @@ use super::{Front, bearer, for_operators, unauthorized};
 /// ends a held stream once a reload makes the token it was opened with stop opening the
 /// gateway.
 pub(super) async fn ends_with_token(State(front): State<Front>, request: Request, next: Next) -> Response {
-    if front.hub.setup().config.settings.http.auth_token.is_none() {
+    if front.tokens.borrow().clients.is_none() {
         // Without a token there is none to rotate: none is set on a reload either.
         return next.run(request).await;
     }
     let held = request.method() == Method::GET || request.extensions().get::<Listen>().is_some();
     let (token, operators) = (bearer(request.headers()).map(str::to_owned), for_operators(&request));
-    // Taken before the token is asked again: a reload from then on is heard.
-    let mut setups = front.hub.setups();
+    // Taken before the token is asked again: a rotation from then on is heard.
+    let mut rotations = front.tokens.subscribe();
     if !front.admits(token.as_deref(), operators) {
         return unauthorized(&front, operators);
     }
@@ -43,7 +43,7 @@ pub(super) async fn ends_with_token(State(front): State<Front>, request: Request
         return response;
     }
     let revoked = async move {
-        while setups.changed().await.is_ok() {
+        while rotations.changed().await.is_ok() {
             if !front.admits(token.as_deref(), operators) {
                 tracing::info!("a stream opened with a token a reload rotated away was closed");
                 return;
