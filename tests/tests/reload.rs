@@ -340,6 +340,33 @@ async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
     let _ = client.cancel().await;
 }
 
+/// A reload that makes a session server shared moves the session's resource
+/// subscriptions to the shared instance (made again there); its own instance stops.
+#[tokio::test]
+#[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
+async fn a_server_made_shared_keeps_the_sessions_subscriptions() {
+    let servers = |dir: &Path, scope: &str| {
+        let mut s = faulty("s", dir, &[]);
+        s["scope"] = json!(scope);
+        json!({"mcpServers": {"s": s}, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, "session"), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "1"})).await), "s: 1");
+    let own = pid(&dir, "s");
+    let subscribed = || std::fs::read_to_string(dir.join("s/subscribes")).unwrap_or_default().lines().count();
+    client.peer().subscribe(rmcp::model::SubscribeRequestParams::new("faulty://s/readme")).await.unwrap();
+    assert_eq!(subscribed(), 1);
+    rewrite_config(&dir, &servers(&dir, "shared"));
+    eventually("the session's own instance stopped", move || !alive(own)).await;
+    eventually("the subscription made again on the shared instance", || subscribed() == 2).await;
+    let shared = pid(&dir, "s");
+    assert!(shared != own && alive(shared));
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "2"})).await), "s: 2");
+    let _ = client.cancel().await;
+}
+
 /// A session server's relaunch still coming up (its new process waits for a gate file)
 /// when another reload lands: one that asks for the same launch waits for it rather than
 /// starting another process; one that asks for another launch stops it at once and starts

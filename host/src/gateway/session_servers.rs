@@ -172,8 +172,14 @@ impl SessionServers {
         }
         for handle in before.iter().flat_map(|b| b.servers.values()) {
             if !next.as_ref().is_some_and(|n| n.has(handle)) {
-                tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
                 let was = &before.as_ref().expect("had it").on;
+                // Made shared: the session's subscriptions move to the shared instance.
+                if let Some(shared) = setup.servers.get(&handle.name) {
+                    tracing::info!(session = %self.client, server = %handle.name, "a reload made the server shared: the session's own instance stops once its calls are done, and its subscriptions move to the shared one");
+                    self.hub.move_subscriptions_to(handle.instance, shared.clone());
+                } else {
+                    tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
+                }
                 self.hub.retire(handle.clone(), was, true);
             }
         }
