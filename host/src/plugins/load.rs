@@ -213,8 +213,14 @@ fn contract(runtime: &Runtime, component: &Component, path: &Path) -> Result<&'s
     }
 }
 
+/// How many times loading asks an adapter who it is, or what it needs, before its
+/// failure is taken for its own: on a machine loaded by other processes, a sound adapter
+/// can be kept from its deadline once (its thread not run); a broken one fails each time.
+const LOAD_ATTEMPTS: usize = 3;
+
 /// Asks the adapter who it is and what it needs, under the same limits as every call: a
-/// plugin that cannot answer that is broken (why, for its error).
+/// plugin that cannot answer that ([`LOAD_ATTEMPTS`] times over) is broken (why, for its
+/// error).
 fn introduce(runtime: &Runtime, pre: &Pre) -> Result<(v0_1::rebound::adapter::types::AdapterInfo, Manifest), String> {
     let output = CappedPipe::new(4 << 10);
     let state = || {
@@ -228,12 +234,17 @@ fn introduce(runtime: &Runtime, pre: &Pre) -> Result<(v0_1::rebound::adapter::ty
             runtime.limits.memory,
         )
     };
-    let asked = block_on(async {
+    let ask = |request: fn() -> Request| async move {
         let busy = |r: &Result<Reply, Fault>| matches!(r, Err(Fault::Busy));
-        let info = while_busy(|| runtime.invoke(pre, state(), Request::Info), busy).await;
-        let declared = while_busy(|| runtime.invoke(pre, state(), Request::Declare), busy).await;
-        (info, declared)
-    });
+        let mut attempts = 1;
+        loop {
+            match while_busy(|| runtime.invoke(pre, state(), request()), busy).await {
+                Err(Fault::Failed(_)) if attempts < LOAD_ATTEMPTS => attempts += 1,
+                asked => return asked,
+            }
+        }
+    };
+    let asked = block_on(async { (ask(|| Request::Info).await, ask(|| Request::Declare).await) });
     match asked {
         Ok((Ok(Reply::Info(info)), Ok(Reply::Declared(manifest)))) => Ok((info, manifest)),
         Ok((Err(e), _) | (_, Err(e))) => {
