@@ -42,9 +42,9 @@ pub enum Refused {
 }
 
 /// The HTTP front's bearer tokens: the configuration's at start, then as each reload
-/// rotates them, the moment it is sure to be applied (not once its new servers are up:
-/// a token rotated because it leaked stops opening the gateway at once). No `Debug`:
-/// they are secrets.
+/// rotates them, once nothing but a shutdown can refuse it (not once its new servers are
+/// up: a token rotated because it leaked stops opening the gateway at once; reloads are
+/// serial, so one still applying goes first). No `Debug`: they are secrets.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Tokens {
     /// `rebound.http.auth_token`, the clients'.
@@ -179,9 +179,11 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
         let reason = secrets.redact(reason).into_owned();
         return Err(Refused::Plugin { server: server.clone(), adapter: adapter.clone(), reason });
     }
-    // Nothing refuses the reload from here: the tokens rotate now, before the new
-    // servers it starts are up.
+    // Nothing but a shutdown refuses the reload from here: the tokens rotate now, before
+    // the new servers it starts are up (a shutdown meanwhile leaves them rotated while the
+    // gateway drains), the new ones hidden from the errors log first.
     if !rotated.is_empty() && !hub.closing().is_cancelled() {
+        hub.errors.set_secrets(secrets.clone());
         tokens.send_replace(Tokens::of(&config.settings.http));
         for key in rotated {
             tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
