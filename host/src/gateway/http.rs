@@ -54,7 +54,7 @@ impl std::ops::Deref for Front {
 
 struct Parts {
     hub: Arc<Hub>,
-    settings: Arc<HttpSettings>,
+    settings: HttpSettings,
     /// `rebound.http.trusted_proxies`, whose `proxy_header` names the client.
     proxies: client_ip::Proxies,
     limits: Arc<ClientLimits>,
@@ -84,7 +84,7 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, tokens: TokenCell, shutdown:
         hub: hub.clone(),
         limits: Arc::new(ClientLimits::new(settings.max_concurrent_per_client)),
         proxies: client_ip::Proxies { trusted: settings.proxies().into(), header: settings.proxy_header },
-        settings: Arc::new(settings),
+        settings,
         sessions,
         tokens,
     }));

@@ -185,6 +185,13 @@ pub enum PolicyKept {
 }
 
 impl ServerPolicy {
+    /// Goes on with `old`'s breakers and retry budget, which tell how the server fares
+    /// ([`PolicyKept::Health`]).
+    fn keep_health_of(&mut self, old: &ServerPolicy) {
+        self.breakers = old.breakers.clone();
+        self.budget = old.budget.clone();
+    }
+
     fn fresh(
         recovery: &RecoveryConfig,
         grant: AdapterGrant,
@@ -478,8 +485,7 @@ impl Engine {
     /// reload keeps a shared server's ([`PolicyKept::Health`]) when only its adapter changed.
     pub fn policy_keeping_health(&self, name: &str, old: &ServerPolicy) -> Option<Arc<ServerPolicy>> {
         let mut own = self.own_policy(name)?;
-        own.breakers = old.breakers.clone();
-        own.budget = old.budget.clone();
+        own.keep_health_of(old);
         own.counters = old.counters.clone();
         Some(Arc::new(own))
     }
@@ -528,8 +534,7 @@ impl Engine {
                             ServerPolicy::fresh(&s.recovery, s.adapter_allow.clone(), declared, &self.clock, &self.rng);
                         fresh.counters = tally(&self.tallies, &name);
                         if let (Some(p), PolicyKept::Health) = (old, kept) {
-                            fresh.breakers = p.breakers.clone();
-                            fresh.budget = p.budget.clone();
+                            fresh.keep_health_of(p);
                         }
                         Arc::new(fresh)
                     }
