@@ -1380,18 +1380,21 @@ async fn a_session_servers_failing_instances_show_in_its_health_and_metrics() {
     .await;
     let client = gw.client(None).await.unwrap();
     call(&client, "echo", json!({"message": "m"})).await;
-    let mut a = Value::Null;
+    // Wait for the end of the crash loop (down, and it stays down for ten minutes): red
+    // also shows while the instance restarts between its two crashes.
+    let down = r#"rebound_server_status{server="a",status="down"} 1"#;
+    let mut text = String::new();
     for _ in 0..100 {
-        let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
-        a = doc["servers"][0].clone();
-        if a["health"] == "red" {
+        text = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
+        if text.contains(down) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(text.contains(down), "{text}");
+    let doc: Value = reqwest::get(format!("{}/status", gw.base)).await.unwrap().json().await.unwrap();
+    let a = &doc["servers"][0];
     assert_eq!((a["health"].as_str(), a["instances_failing"].as_u64()), (Some("red"), Some(1)), "{a}");
-    let text = reqwest::get(format!("{}/metrics", gw.base)).await.unwrap().text().await.unwrap();
-    assert!(text.contains(r#"rebound_server_status{server="a",status="down"} 1"#), "{text}");
     let _ = client.cancel().await;
 }
 
