@@ -367,6 +367,51 @@ async fn a_server_made_shared_keeps_the_sessions_subscriptions() {
     let _ = client.cancel().await;
 }
 
+/// A reload that makes a shared server `session`-scoped keeps its clients' resource
+/// subscriptions: each moves to its session's own instance, made when the session next
+/// asks (here, the listing the reload's `list_changed` prompts), and is followed there.
+/// A session that never asks again holds its subscription until it does; made shared
+/// once more, the shared instance takes it.
+#[tokio::test]
+#[allow(deprecated, reason = "resources/subscribe lives in the revisions the gateway speaks")]
+async fn a_server_made_session_scoped_keeps_its_clients_subscriptions() {
+    let servers = |dir: &Path, scope: &str| {
+        let mut s = faulty("s", dir, &[]);
+        s["scope"] = json!(scope);
+        json!({"mcpServers": {"s": s}, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, "shared"), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let subscribed = || std::fs::read_to_string(dir.join("s/subscribes")).unwrap_or_default().lines().count();
+    let (first, second) = (gw.client(None).await.unwrap(), gw.client(None).await.unwrap());
+    assert_eq!(text(&call(&first, "s__echo", json!({"message": "1"})).await), "s: 1");
+    let shared = pid(&dir, "s");
+    for client in [&first, &second] {
+        client.peer().subscribe(rmcp::model::SubscribeRequestParams::new("faulty://s/readme")).await.unwrap();
+    }
+    assert_eq!(subscribed(), 1, "one subscription upstream for both");
+
+    rewrite_config(&dir, &servers(&dir, "session"));
+    eventually("the shared instance stopped", move || !alive(shared)).await;
+    // The first client asks: its own instance starts and follows its subscription.
+    assert_eq!(text(&call(&first, "s__echo", json!({"message": "2"})).await), "s: 2");
+    eventually("the first session's subscription made on its own instance", || subscribed() == 2).await;
+    let uri = "faulty://s/readme";
+    let (heard_first, heard_second) = (first.service().heard.clone(), second.service().heard.clone());
+    eventually("announced to the first", || heard_first.lock().unwrap().updated == [uri]).await;
+    let own = pid(&dir, "s");
+    assert!(own != shared && alive(own));
+
+    // The second has not asked since: made shared again, its subscription is followed on
+    // the new shared instance, as the first's is (moved there from its own instance).
+    rewrite_config(&dir, &servers(&dir, "shared"));
+    eventually("the first session's own instance stopped", move || !alive(own)).await;
+    eventually("followed on the new shared instance", || subscribed() == 3).await;
+    eventually("announced to the second", || heard_second.lock().unwrap().updated == [uri]).await;
+    eventually("announced to the first again", || heard_first.lock().unwrap().updated == [uri, uri]).await;
+    let _ = (first.cancel().await, second.cancel().await);
+}
+
 /// A session server's relaunch still coming up (its new process waits for a gate file)
 /// when another reload lands: one that asks for the same launch waits for it rather than
 /// starting another process; one that asks for another launch stops it at once and starts

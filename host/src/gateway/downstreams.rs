@@ -306,8 +306,18 @@ pub struct Subscription {
 pub struct Downstreams {
     front: Front,
     list: Mutex<Vec<Downstream>>,
+    /// By server: the shared instance, gone, whose subscriptions wait for their holders'
+    /// own instances of it (see [`Self::park`]).
+    parked: Mutex<HashMap<Arc<str>, u64>>,
     /// Notifications on their way to any of them.
     pub sending: Arc<Sending>,
+}
+
+/// Who holds `d`'s subscriptions, as they are made again on another instance (after a
+/// restart, a relaunch, a move): as they were, each within its client's share when made,
+/// and a restart takes none of them away.
+fn follower(d: &Downstream) -> Follower {
+    Follower { holder: d.client.clone(), client: d.counted.clone(), share: MAX_FOLLOWED }
 }
 
 /// Severity order, most verbose first (rmcp's type has no order).
@@ -326,7 +336,7 @@ pub fn rank(level: LoggingLevel) -> u8 {
 
 impl Downstreams {
     pub fn new(front: Front) -> Self {
-        Self { front, list: Mutex::default(), sending: Arc::default() }
+        Self { front, list: Mutex::default(), parked: Mutex::default(), sending: Arc::default() }
     }
 
     pub fn front(&self) -> Front {
@@ -519,28 +529,70 @@ impl Downstreams {
             .filter(|d| !d.reach.is_closed())
             .flat_map(|d| {
                 let uris = d.subscriptions.iter().filter(|s| s.instance == instance);
-                // Made again as they were: each was within its client's share when made,
-                // and a restart takes none of them away.
-                let who = Follower { holder: d.client.clone(), client: d.counted.clone(), share: MAX_FOLLOWED };
+                let who = follower(d);
                 uris.map(move |s| (who.clone(), s.uri.clone()))
             })
             .collect()
     }
 
     /// A server was relaunched as instance `new` (`Some`), or removed (`None`): its
-    /// subscriptions follow it, or end.
-    pub fn reinstance(&self, old: u64, new: Option<u64>) {
+    /// subscriptions follow it, or end (unless they are parked: [`Self::park`]). Returns
+    /// those moved, to be followed on `new`.
+    pub fn reinstance(&self, old: u64, new: Option<u64>) -> Vec<(Follower, String)> {
+        if new.is_none() && self.parked.lock().expect("not poisoned").values().any(|p| *p == old) {
+            return Vec::new();
+        }
+        self.move_where(old, new, |_| true)
+    }
+
+    /// The subscriptions to instance `old` of the entries `whose` move to `new` (returned),
+    /// or end.
+    fn move_where(&self, old: u64, new: Option<u64>, whose: impl Fn(&Downstream) -> bool) -> Vec<(Follower, String)> {
         let mut list = self.list.lock().expect("not poisoned");
-        for d in list.iter_mut() {
-            let moved: Vec<Subscription> = d.subscriptions.iter().filter(|s| s.instance == old).cloned().collect();
-            for mut s in moved {
+        let mut moved = Vec::new();
+        for d in list.iter_mut().filter(|d| whose(d)) {
+            let these: Vec<Subscription> = d.subscriptions.iter().filter(|s| s.instance == old).cloned().collect();
+            for mut s in these {
                 d.subscriptions.remove(&s);
                 if let Some(new) = new {
+                    moved.push((follower(d), s.uri.clone()));
                     s.instance = new;
                     d.subscriptions.insert(s);
                 }
             }
         }
+        moved
+    }
+
+    /// A reload made `server` `session`-scoped: the subscriptions to its shared instance
+    /// `old`, which stops, wait for their holders' own instances of it, each made when
+    /// its session next asks for anything ([`Self::claim`]), rather than end with `old`.
+    /// Those parked earlier for `server` (a reload ago) join them.
+    pub fn park(&self, server: Arc<str>, old: u64) {
+        let before = self.parked.lock().expect("not poisoned").insert(server, old);
+        if let Some(before) = before {
+            self.move_where(before, Some(old), |_| true);
+        }
+    }
+
+    /// `client`'s subscriptions parked for `server` (its session's and its listen
+    /// requests') move to its own instance `new` (returned, to be followed there).
+    pub fn claim(&self, client: &str, server: &str, new: u64) -> Vec<(Follower, String)> {
+        let Some(old) = self.parked.lock().expect("not poisoned").get(server).copied() else { return Vec::new() };
+        self.move_where(old, Some(new), |d| &*d.client == client || &*d.owner == client)
+    }
+
+    /// The servers whose subscriptions are parked.
+    pub fn parked(&self) -> Vec<Arc<str>> {
+        self.parked.lock().expect("not poisoned").keys().cloned().collect()
+    }
+
+    /// `server`'s subscriptions wait no longer: they move to the shared instance `new`
+    /// (returned, to be followed there: a reload made it shared again), or end (`None`:
+    /// it was removed).
+    pub fn unpark(&self, server: &str, new: Option<u64>) -> Vec<(Follower, String)> {
+        let Some(old) = self.parked.lock().expect("not poisoned").remove(server) else { return Vec::new() };
+        self.move_where(old, new, |_| true)
     }
 
     /// `client`'s session (with its listen requests), or one listen request, ended: it

@@ -22,7 +22,7 @@ use super::reload::LastReload;
 use super::routing::Routing;
 use super::session_servers::SessionServers;
 use super::setup::{Changes, Setup, Touched};
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, Scope, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
@@ -191,7 +191,8 @@ impl Hub {
         if self.life.closing.is_cancelled() {
             return None;
         }
-        *self.setup.write().expect("not poisoned") = Arc::new(next);
+        let next = Arc::new(next);
+        *self.setup.write().expect("not poisoned") = next.clone();
         self.rebuild(false);
         self.move_subscriptions(&changes);
         for handle in changes.retired.iter().cloned() {
@@ -199,8 +200,12 @@ impl Hub {
             // again with its old launch if it ends meanwhile.
             self.keep(&handle, Kept::Retired);
             let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
+            if removed && next.config.servers.get(&*handle.name).is_some_and(|s| s.scope == Scope::Session) {
+                self.downstreams.park(handle.name.clone(), handle.instance);
+            }
             self.retire(handle, &current, removed);
         }
+        self.unpark(&next);
         // Their servers' entries, their adapters or the plugin limits may have changed.
         for session in self.live_sessions() {
             session.reloaded();
@@ -241,7 +246,9 @@ impl Hub {
         for (old, new) in &changes.moved {
             match changes.started.iter().find(|h| h.instance == *new) {
                 Some(handle) => self.move_subscriptions_to(*old, handle.clone()),
-                None => self.downstreams.reinstance(*old, Some(*new)),
+                None => {
+                    self.downstreams.reinstance(*old, Some(*new));
+                }
             }
         }
     }
@@ -249,7 +256,40 @@ impl Hub {
     /// The subscriptions made on instance `old` move to `handle`, which replaces it (see
     /// [`Self::move_subscriptions`]).
     pub fn move_subscriptions_to(self: &Arc<Self>, old: u64, handle: Arc<ServerHandle>) {
-        self.downstreams.reinstance(old, Some(handle.instance));
+        let moved = self.downstreams.reinstance(old, Some(handle.instance));
+        self.follow_when_ready(handle, moved);
+    }
+
+    /// `client`'s subscriptions to a server that a reload made `session`-scoped, parked
+    /// since, move to its own instance `handle` of it (just started).
+    pub fn claim_parked(self: &Arc<Self>, client: &str, handle: &Arc<ServerHandle>) {
+        let moved = self.downstreams.claim(client, &handle.name, handle.instance);
+        self.follow_when_ready(handle.clone(), moved);
+    }
+
+    /// The subscriptions parked for a server a reload made `session`-scoped (see
+    /// [`Downstreams::park`]) wait on while it still is; they move to its shared
+    /// instance once a reload makes it shared again, and end once it is removed.
+    fn unpark(self: &Arc<Self>, setup: &Setup) {
+        for name in self.downstreams.parked() {
+            if setup.config.servers.get(&*name).is_some_and(|s| s.scope == Scope::Session) {
+                continue;
+            }
+            let shared = setup.servers.get(&*name).cloned();
+            let moved = self.downstreams.unpark(&name, shared.as_ref().map(|h| h.instance));
+            if let Some(shared) = shared {
+                self.follow_when_ready(shared, moved);
+            }
+        }
+    }
+
+    /// Follows `moved`, the subscriptions moved to `handle`, once it is ready (now, or
+    /// when it becomes ready), announcing each resource as updated to its holder: what
+    /// changed meanwhile was not heard.
+    fn follow_when_ready(self: &Arc<Self>, handle: Arc<ServerHandle>, moved: Vec<(Follower, String)>) {
+        if moved.is_empty() {
+            return;
+        }
         let (hub, mut state) = (Arc::downgrade(self), handle.subscribe());
         tokio::spawn(async move {
             // Ends when the instance stops (its supervisor drops the sender).
@@ -258,7 +298,7 @@ impl Hub {
                 && let Some(hub) = hub.upgrade()
             {
                 // Its level was set when it became ready ([`Self::watch`]).
-                hub.follow_again(&handle, None, true);
+                hub.follow(&handle, None, moved, true);
             }
         });
     }
@@ -574,15 +614,26 @@ impl Hub {
                 let _ = hub.aside(instance, within, session.peer.set_level(SetLevelRequestParams::new(level))).await;
             });
         }
-        self.follow_again(handle, Some(&session), restarted);
+        self.follow_again(handle, &session, restarted);
     }
 
-    /// Makes the clients' subscriptions to `handle` again on its session (the current
-    /// one unless given); after a restart (`restarted`), each resource is announced as
-    /// updated, since what changed meanwhile was not heard.
-    fn follow_again(self: &Arc<Self>, handle: &ServerHandle, session: Option<&Arc<Session>>, restarted: bool) {
+    /// Makes the clients' subscriptions to `handle` again on its `session`; after a
+    /// restart (`restarted`), each resource is announced as updated, since what changed
+    /// meanwhile was not heard.
+    fn follow_again(self: &Arc<Self>, handle: &ServerHandle, session: &Arc<Session>, restarted: bool) {
+        self.follow(handle, Some(session), self.downstreams.subscriptions(handle.instance), restarted);
+    }
+
+    /// Makes `subscriptions`, held on `handle`, on its session (the current one unless
+    /// given); `announce`d as updated once made (see [`Self::follow_again`]).
+    fn follow(
+        self: &Arc<Self>,
+        handle: &ServerHandle,
+        session: Option<&Arc<Session>>,
+        subscriptions: Vec<(Follower, String)>,
+        restarted: bool,
+    ) {
         let Some(session) = session.cloned().or_else(|| handle.state().session) else { return };
-        let subscriptions = self.downstreams.subscriptions(handle.instance);
         if subscriptions.is_empty() {
             return;
         }

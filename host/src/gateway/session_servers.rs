@@ -165,6 +165,13 @@ impl SessionServers {
             Arc::new(self.start(&setup, &scoped, (peer, caps), before.as_deref(), relaunches))
         });
         own.serving.clone_from(&next);
+        // Under the lock, like a relaunch's: a reload that removes the new instance next
+        // ends them after.
+        for handle in next.iter().flat_map(|n| n.servers.values()) {
+            if !before.as_ref().is_some_and(|b| b.has(handle)) {
+                self.hub.claim_parked(&self.client, handle);
+            }
+        }
         drop(own);
         for handle in superseded {
             tracing::info!(session = %self.client, server = %handle.name, "a later reload changed the session's relaunch still coming up: it stops");
