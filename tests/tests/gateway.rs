@@ -115,7 +115,10 @@ async fn call_until(gw: &Gateway, args: Value, done: impl Fn(&str) -> bool) -> S
 async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
     let gw = Gateway::start(|dir| {
         json!({
-            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "150"])},
+            // Up for a second each time: long enough for its handshake on a loaded
+            // machine (an exit during one is a failed start, and a first start that
+            // fails tries once more, a process more than its restarts count).
+            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "1000"])},
             "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 600_000}},
         })
     })
@@ -157,13 +160,14 @@ async fn a_crash_loop_marks_the_server_down_and_calls_fail_fast() {
 async fn a_server_marked_down_is_tried_once_each_time() {
     let gw = Gateway::start(|dir| {
         json!({
-            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "150"])},
-            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 1000}},
+            "mcpServers": {"a": faulty("a", dir, &["--exit-after-ms", "1000"])},
+            "rebound": {"restart": {"initial_delay_ms": 10, "crash_loop_limit": 3, "down_retry_ms": 3000}},
         })
     })
     .await;
-    // Up for 150 ms each time, then down again: within a crash window, that is the loop
-    // going on. Its third restart is the one after it was marked down.
+    // Up for a second each time (its handshake done well within it, even on a loaded
+    // machine), then down again: within a crash window, that is the loop going on. Its
+    // third restart is the one after it was marked down.
     loop {
         let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
         let a = &status["servers"][0];
@@ -589,7 +593,8 @@ async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
     let gw = Gateway::start(|dir| {
         json!({
             "mcpServers": {"a": faulty("a", dir, &["--mute-lists"]), "b": faulty("b", dir, &[])},
-            "rebound": {"init_timeout_ms": 300, "startup_timeout_ms": 2000, "restart": {"initial_delay_ms": 50}},
+            // Long enough for a handshake on a loaded machine: what times out is the listing.
+            "rebound": {"init_timeout_ms": 1000, "startup_timeout_ms": 3000, "restart": {"initial_delay_ms": 50}},
         })
     })
     .await;
@@ -597,7 +602,7 @@ async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
     assert_eq!(text(&gw.call("echo", json!({"message": "up"})).await), "b: up");
     let status = || async { gw.call("rebound_status", json!({})).await.structured_content.unwrap() };
     let mut seen = Value::Null;
-    for _ in 0..100 {
+    for _ in 0..300 {
         seen = status().await["servers"][0].clone();
         if gw.state("a", "starts").len() >= 3 {
             break;
@@ -606,7 +611,10 @@ async fn a_server_that_never_lists_its_tools_fails_to_start_and_is_retried() {
     }
     assert!(gw.state("a", "starts").len() >= 3, "restarted with backoff: {seen}");
     assert_ne!(seen["status"], "ready", "{seen}");
-    assert!(seen["last_error"].as_str().unwrap_or_default().contains("did not list its tools within 300 ms"), "{seen}");
+    assert!(
+        seen["last_error"].as_str().unwrap_or_default().contains("did not list its tools within 1000 ms"),
+        "{seen}"
+    );
     gw.close().await;
 }
 
@@ -980,7 +988,8 @@ async fn a_server_running_a_task_is_not_taken_for_wedged() {
 #[tokio::test]
 async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
     let mut raw = RawStdio::start(json!({})).await;
-    raw.call(5, "slow", json!({"ms": 500})).await;
+    // Slow enough that the duplicate comes while it runs, on a loaded machine too.
+    raw.call(5, "slow", json!({"ms": 3000})).await;
     raw.called("slow").await;
     raw.call(5, "echo", json!({"message": "second"})).await;
     let answers = raw.answers(2).await;
@@ -989,7 +998,7 @@ async fn a_duplicate_id_in_flight_is_refused_and_the_first_still_answered() {
         (Some(5), Some(-32600)),
         "{answers:?}"
     );
-    assert_eq!(answers[1]["result"]["content"][0]["text"], "a: slept 500 ms", "{answers:?}");
+    assert_eq!(answers[1]["result"]["content"][0]["text"], "a: slept 3000 ms", "{answers:?}");
     let _ = raw.child.kill().await;
 }
 

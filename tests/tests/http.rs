@@ -1283,7 +1283,8 @@ async fn a_session_its_client_walked_away_from_is_closed_with_its_own_servers() 
             // Each session's instance keeps its state (its pid) apart.
             a["args"][3] = json!(format!("{}/a-${{REBOUND_SESSION}}", dir.display()));
             a["scope"] = json!("session");
-            json!({"mcpServers": {"a": a}, "rebound": {"http": {"session_idle_ms": 1000}}})
+            // Long enough for the reads of its status below on a loaded machine.
+            json!({"mcpServers": {"a": a}, "rebound": {"http": {"session_idle_ms": 3000}}})
         },
         &[],
     )

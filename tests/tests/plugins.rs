@@ -69,7 +69,8 @@ async fn spinning_adapters_do_not_hold_other_servers_calls() {
         a["adapter_config"] = json!({"mode": "loop"});
         json!({
             "mcpServers": {"a": a, "b": faulty("b", dir, &[])},
-            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 2000, "plugin_cache_dir": dir.join("cache")},
+            // Long enough for the three calls below on a loaded machine.
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 4000, "plugin_cache_dir": dir.join("cache")},
         })
     })
     .await;

@@ -136,8 +136,10 @@ async fn a_total_outage_is_shed_by_the_breaker_which_closes_when_the_server_is_b
     let upstream = calls_of(&gw, "outage");
     assert!(upstream <= 10, "{upstream} upstream calls for 100 client calls");
     assert!(shed >= 90, "{shed} calls answered by the open breaker");
+    // Open (or, on a machine slow enough to take most of `open_ms` over the storm,
+    // half-open already): not closed.
     let s = status(&gw).await;
-    assert_eq!(s["servers"][0]["breaker"]["state"], "open", "{s}");
+    assert!(["open", "half-open"].contains(&s["servers"][0]["breaker"]["state"].as_str().unwrap()), "{s}");
 
     std::fs::remove_file(&outage).unwrap();
     let mut back = false;
@@ -344,8 +346,10 @@ async fn an_outage_reported_as_tool_errors_is_shed_and_ends_when_the_server_reco
     let upstream = calls_of(&gw, "echo");
     assert!(upstream <= 12, "{upstream} upstream calls for 100 client calls");
     assert!(shed >= 88, "{shed} calls answered by an open breaker");
-    // Still open: `open_ms` is long enough that no slow machine reads it half-open yet.
-    assert_eq!(status(&gw).await["servers"][0]["breaker"]["state"], "open");
+    // Still open (half-open, on a machine slow enough to take most of `open_ms` over the
+    // storm): not closed.
+    let s = status(&gw).await;
+    assert!(["open", "half-open"].contains(&s["servers"][0]["breaker"]["state"].as_str().unwrap()), "{s}");
 
     std::fs::remove_file(&outage).unwrap();
     let mut back = false;

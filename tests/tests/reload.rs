@@ -821,15 +821,17 @@ async fn subscriptions_made_while_a_relaunch_starts_move_to_the_new_process() {
     gw.client.peer().set_level(level).await.unwrap();
     eventually("the level set upstream", || gw.state("a", "levels") == ["warning"]).await;
     subscribe(readme).await.unwrap();
-    let anew = json!({"mcpServers": {"a": faulty("a", &dir, &["--start-delay", "1500"])}});
+    let gate = dir.join("gate");
+    let anew = json!({"mcpServers": {"a": faulty("a", &dir, &["--start-gate", gate.to_str().unwrap()])}});
     rewrite_config(&dir, &anew);
     eventually("the new process started", || {
         std::fs::read_to_string(dir.join("a/starts")).unwrap().lines().count() == 2
     })
     .await;
-    // The new process does not answer yet: this goes to the old one.
+    // The new process does not answer until its gate opens: this goes to the old one.
     subscribe(item).await.unwrap();
     assert_eq!(gw.state("a", "subscribes"), [readme, item]);
+    std::fs::write(&gate, "").unwrap();
     eventually("both followed on the new process", || gw.state("a", "subscribes").len() == 4).await;
     let mut followed = gw.state("a", "subscribes").split_off(2);
     followed.sort();
@@ -850,14 +852,16 @@ async fn a_level_set_while_a_reload_starts_reaches_the_new_processes() {
     let set = |level| gw.client.peer().set_level(rmcp::model::SetLevelRequestParams::new(level));
     set(rmcp::model::LoggingLevel::Warning).await.unwrap();
     eventually("the level set upstream", || gw.state("a", "levels") == ["warning"]).await;
-    // Both relaunched; b's new process takes its time.
+    // Both relaunched; b's new process waits for its gate, which opens once the level is set.
+    let gate = dir.join("gate");
     let anew = json!({"mcpServers": {
         "a": faulty("a", &dir, &["--list-delay", "1"]),
-        "b": faulty("b", &dir, &["--start-delay", "3000"]),
+        "b": faulty("b", &dir, &["--start-gate", gate.to_str().unwrap()]),
     }});
     rewrite_config(&dir, &anew);
     eventually("a's new process ready", || gw.state("a", "levels").len() == 2).await;
     set(rmcp::model::LoggingLevel::Error).await.unwrap();
+    std::fs::write(&gate, "").unwrap();
     gw.logged("restarted a, b").await;
     let levels = gw.state("a", "levels");
     assert_eq!(levels.iter().filter(|l| *l == "error").count(), 2, "on the old process and the new: {levels:?}");
