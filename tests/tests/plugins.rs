@@ -253,6 +253,44 @@ async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
     gw.close().await;
 }
 
+/// A reload that relaunches a session server and lowers its adapter's limits: the
+/// session's running instance, serving on while its relaunch comes up (here it never
+/// does), runs under the new limits at once, not those it was started under.
+#[tokio::test]
+async fn a_session_instance_serving_on_through_its_relaunch_takes_the_new_plugin_limits() {
+    let plugins = test_plugins();
+    let config = move |dir: &Path, timeout: u64, gate: Option<&Path>| {
+        let gate = gate.map(|g| g.display().to_string());
+        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
+        let mut a = faulty("a", dir, &extra);
+        a["scope"] = json!("session");
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": "loop"});
+        json!({
+            "mcpServers": {"a": a},
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": timeout, "tool_names": "always",
+                        "plugin_cache_dir": dir.join("cache")},
+        })
+    };
+    let first = config.clone();
+    let gw = HttpGateway::start(move |dir| first(dir, 100, None), &[]).await;
+    let client = gw.client(None).await.unwrap();
+    let fail = || async {
+        let mut params = rmcp::model::CallToolRequestParams::new("a__fail");
+        params.arguments = json!({"message": "x"}).as_object().cloned();
+        client.peer().call_tool(params).await.unwrap()
+    };
+    fail().await;
+    gw.logged("past its 100 ms deadline").await;
+    // Relaunched (its new process waits for a gate that never opens), limits changed.
+    let never = gw.dir.path().join("never");
+    rewrite_config(gw.dir.path(), &config(gw.dir.path(), 150, Some(&never)));
+    gw.logged("relaunching in each running session").await;
+    fail().await;
+    gw.logged("past its 150 ms deadline").await;
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn memory_bombs_panics_and_floods_are_contained() {
     // A flood of output is cut at the cap; writing it all takes longer than the deadline.

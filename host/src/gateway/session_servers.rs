@@ -303,7 +303,7 @@ impl SessionServers {
                     self.spawn(template, &owner, &offer, &how)
                 }
             };
-            let serving_on = || before.map_or(Carried::Nothing, |b| b.serving_on(&handle));
+            let serving_on = || before.map_or(Carried::Nothing, |b| b.serving_on(setup, template, &handle));
             carried.push((template.name.as_str(), kept.map_or_else(serving_on, |kept| kept.state)));
             servers.insert(handle.name.clone(), handle);
         }

@@ -66,30 +66,47 @@ impl Own {
         if !runs(handle, template, client) {
             return None;
         }
-        let same_adapter = match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        };
         // The whole entry: one whose launch is not the instance's (a relaunch coming up
         // or failed named another) says nothing of the settings its state was made under.
         let state = match self.policies.get(name).filter(|_| was == template) {
-            Some(policy) if same_adapter => Carried::Whole(policy, self.forks.get(name)),
+            Some(policy) if self.same_adapter(setup, name) => Carried::Whole(policy, self.forks.get(name)),
             Some(policy) => Carried::Health(policy),
             None => Carried::Nothing,
         };
         Some(Kept { handle, state })
     }
 
+    /// Whether `setup` gives server `name` the adapter (code and limits) these
+    /// instances' setup gave it, or none again.
+    fn same_adapter(&self, setup: &Setup, name: &str) -> bool {
+        match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// What `handle`, the instance of a server relaunched, carries on with while it
-    /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]):
-    /// all it has, if it is one of these instances.
-    pub(super) fn serving_on(&self, handle: &Arc<ServerHandle>) -> Carried<'_> {
+    /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]), or
+    /// after that one failed: if it is one of these instances, all it has while `setup`
+    /// changed only its launch (`template`); else its health, under `setup`'s settings
+    /// and adapter (a limit or grant taken away holds for it at once).
+    pub(super) fn serving_on(&self, setup: &Setup, template: &ServerConfig, handle: &Arc<ServerHandle>) -> Carried<'_> {
         let name = &*handle.name;
         if !self.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
             return Carried::Nothing;
         }
-        self.policies.get(name).map_or(Carried::Nothing, |p| Carried::Whole(p, self.forks.get(name)))
+        let Some(policy) = self.policies.get(name) else { return Carried::Nothing };
+        let launch_only = self.on.config.servers.get(name).is_some_and(|was| {
+            let mut was = was.clone();
+            (was.launch, was.protocol) = (template.launch.clone(), template.protocol);
+            was == *template
+        });
+        if launch_only && self.same_adapter(setup, name) {
+            Carried::Whole(policy, self.forks.get(name))
+        } else {
+            Carried::Health(policy)
+        }
     }
 
     /// Whether `handle` is one of these instances.
