@@ -88,9 +88,8 @@ impl Own {
 
     /// What `handle`, the instance of a server relaunched, carries on with while it
     /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]), or
-    /// after that one failed: if it is one of these instances, all it has while `setup`
-    /// changed only its launch (`template`); else its health, under `setup`'s settings
-    /// and adapter (a limit or grant taken away holds for it at once).
+    /// after that one failed, if it is one of these instances: as [`Self::keeps`] says,
+    /// its launch apart (a limit or grant taken away holds for it at once).
     pub(super) fn serving_on(&self, setup: &Setup, template: &ServerConfig, handle: &Arc<ServerHandle>) -> Carried<'_> {
         let name = &*handle.name;
         if !self.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
@@ -102,10 +101,11 @@ impl Own {
             (was.launch, was.protocol) = (template.launch.clone(), template.protocol);
             was == *template
         });
-        if launch_only && self.same_adapter(setup, name) {
-            Carried::Whole(policy, self.forks.get(name))
-        } else {
-            Carried::Health(policy)
+        match (launch_only, self.same_adapter(setup, name)) {
+            (true, true) => Carried::Whole(policy, self.forks.get(name)),
+            (true, false) => Carried::Health(policy),
+            // Its breaker and budget settings may have changed, as for a shared server.
+            (false, _) => Carried::Nothing,
         }
     }
 
