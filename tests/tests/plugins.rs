@@ -253,7 +253,7 @@ async fn a_reload_applies_new_plugin_limits_to_an_adapter_it_keeps() {
     gw.close().await;
 }
 
-/// A reload that relaunches a session server and lowers its adapter's limits: the
+/// A reload that relaunches a session server and changes its adapter's limits: the
 /// session's running instance, serving on while its relaunch comes up (here it never
 /// does), runs under the new limits at once, not those it was started under.
 #[tokio::test]

@@ -940,6 +940,42 @@ async fn new_adapter_code_leaves_a_session_servers_breaker_as_it_was() {
     let _ = client.cancel().await;
 }
 
+/// A session's instance whose relaunch a reload starts (its new process held at a gate
+/// that never opens) serves on with its breaker as it was, and keeps it when a later
+/// reload goes back to its launch: only the launch changed, each time.
+#[tokio::test]
+async fn a_session_instance_serving_on_through_its_relaunch_keeps_its_breaker() {
+    let servers = |dir: &Path, gate: Option<&Path>| {
+        let gate = gate.map(|g| g.display().to_string());
+        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
+        let mut s = faulty("s", dir, &extra);
+        s["scope"] = json!("session");
+        s["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
+            "breaker": {"failure_threshold": 1, "open_ms": 600000}});
+        // b, added or removed, says when each reload is applied.
+        let mut servers = json!({"s": s});
+        if gate.is_some() {
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({"mcpServers": servers, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, None), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let breaker = || async { server(&status(&client).await, "s")["breaker"]["state"].clone() };
+    assert_eq!(call(&client, "s__hang", json!({})).await.is_error, Some(true));
+    assert_eq!(breaker().await, "open");
+    let running = pid(&dir, "s");
+    rewrite_config(&dir, &servers(&dir, Some(&dir.join("never"))));
+    assert!(until_offered(client.peer(), "b__echo", true).await, "the relaunch's reload applied");
+    assert_eq!(breaker().await, "open", "serving on through its relaunch");
+    rewrite_config(&dir, &servers(&dir, None));
+    assert!(until_offered(client.peer(), "b__echo", false).await, "the reload back applied");
+    assert_eq!(breaker().await, "open", "back to its launch");
+    assert!(alive(running));
+    let _ = client.cancel().await;
+}
+
 #[tokio::test]
 async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;

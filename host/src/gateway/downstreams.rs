@@ -567,11 +567,15 @@ impl Downstreams {
     /// A reload made `server` `session`-scoped: the subscriptions to its shared instance
     /// `old`, which stops, wait for their holders' own instances of it, each made when
     /// its session next asks for anything ([`Self::claim`]), rather than end with `old`.
-    /// Those parked earlier for `server` (a reload ago) join them.
+    /// Those of a 2026-07-28 client's listen requests over HTTP end: such a client
+    /// reaches shared servers only. Those parked earlier for `server` join them.
     pub fn park(&self, server: Arc<str>, old: u64) {
         let before = self.parked.lock().expect("not poisoned").insert(server, old);
         if let Some(before) = before {
             self.move_where(before, Some(old), |_| true);
+        }
+        if self.front == Front::Http {
+            self.move_where(old, None, |d| matches!(d.reach, Reach::Listen { .. }));
         }
     }
 

@@ -26,7 +26,7 @@ use crate::config::{Config, Scope, ServerConfig};
 use crate::errors_log::ErrorsLog;
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
-use crate::transport::listen::Follower;
+use crate::transport::listen::{Follower, MAX_FOLLOWED_PER_CLIENT};
 use crate::transport::supervisor::{
     Revisions, ServerHandle, ServerState, Session, Status, Supervision, spawn_supervisor,
 };
@@ -191,6 +191,9 @@ impl Hub {
         if self.life.closing.is_cancelled() {
             return None;
         }
+        // Before the new setup is seen: a session that starts its own instance of such a
+        // server at once finds its subscriptions parked.
+        self.park_made_session(&next, &changes);
         let next = Arc::new(next);
         *self.setup.write().expect("not poisoned") = next.clone();
         self.rebuild(false);
@@ -200,9 +203,6 @@ impl Hub {
             // again with its old launch if it ends meanwhile.
             self.keep(&handle, Kept::Retired);
             let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
-            if removed && next.config.servers.get(&*handle.name).is_some_and(|s| s.scope == Scope::Session) {
-                self.downstreams.park(handle.name.clone(), handle.instance);
-            }
             self.retire(handle, &current, removed);
         }
         self.unpark(&next);
@@ -267,6 +267,17 @@ impl Hub {
         self.follow_when_ready(handle.clone(), moved);
     }
 
+    /// The subscriptions to the shared servers that `next` makes `session`-scoped (their
+    /// instances retired, not relaunched) are parked for the sessions' own instances.
+    fn park_made_session(&self, next: &Setup, changes: &Changes) {
+        for handle in &changes.retired {
+            let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
+            if removed && next.config.servers.get(&*handle.name).is_some_and(|s| s.scope == Scope::Session) {
+                self.downstreams.park(handle.name.clone(), handle.instance);
+            }
+        }
+    }
+
     /// The subscriptions parked for a server a reload made `session`-scoped (see
     /// [`Downstreams::park`]) wait on while it still is; they move to its shared
     /// instance once a reload makes it shared again, and end once it is removed.
@@ -286,9 +297,17 @@ impl Hub {
     /// Follows `moved`, the subscriptions moved to `handle`, once it is ready (now, or
     /// when it becomes ready), announcing each resource as updated to its holder: what
     /// changed meanwhile was not heard.
-    fn follow_when_ready(self: &Arc<Self>, handle: Arc<ServerHandle>, moved: Vec<(Follower, String)>) {
+    fn follow_when_ready(self: &Arc<Self>, handle: Arc<ServerHandle>, mut moved: Vec<(Follower, String)>) {
         if moved.is_empty() {
             return;
+        }
+        // Onto a shared instance over HTTP, each client within its share of it, as when
+        // it subscribes there (those beyond it are logged, not made).
+        let shared = self.setup().servers.get(&handle.name).is_some_and(|h| Arc::ptr_eq(h, &handle));
+        if shared && self.downstreams.front() == Front::Http {
+            for (who, _) in &mut moved {
+                who.share = MAX_FOLLOWED_PER_CLIENT;
+            }
         }
         let (hub, mut state) = (Arc::downgrade(self), handle.subscribe());
         tokio::spawn(async move {

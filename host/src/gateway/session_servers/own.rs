@@ -58,53 +58,51 @@ pub(super) enum Carried<'a> {
 
 impl Own {
     /// What of this session's (`client`'s) instance of `template`'s server `setup` keeps:
-    /// the instance, if it runs the launch (and protocol) `template` gives the session.
+    /// the instance, if it runs the launch (and protocol) `template` gives the session,
+    /// with what [`Self::carried`] says.
     pub(super) fn keeps(&self, setup: &Setup, template: &ServerConfig, client: &str) -> Option<Kept<'_>> {
         let name = template.name.as_str();
-        let was = self.on.config.servers.get(name).filter(|t| t.scope == Scope::Session)?;
+        self.on.config.servers.get(name).filter(|t| t.scope == Scope::Session)?;
         let handle = self.servers.get(name)?;
         if !runs(handle, template, client) {
             return None;
         }
-        // The whole entry: one whose launch is not the instance's (a relaunch coming up
-        // or failed named another) says nothing of the settings its state was made under.
-        let state = match self.policies.get(name).filter(|_| was == template) {
-            Some(policy) if self.same_adapter(setup, name) => Carried::Whole(policy, self.forks.get(name)),
-            Some(policy) => Carried::Health(policy),
-            None => Carried::Nothing,
-        };
-        Some(Kept { handle, state })
-    }
-
-    /// Whether `setup` gives server `name` the adapter (code and limits) these
-    /// instances' setup gave it, or none again.
-    fn same_adapter(&self, setup: &Setup, name: &str) -> bool {
-        match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
+        Some(Kept { handle, state: self.carried(setup, template) })
     }
 
     /// What `handle`, the instance of a server relaunched, carries on with while it
     /// serves on until its new one takes over with fresh ones ([`Self::taken_over`]), or
-    /// after that one failed, if it is one of these instances: as [`Self::keeps`] says,
-    /// its launch apart (a limit or grant taken away holds for it at once).
+    /// after that one failed, if it is one of these instances: what [`Self::carried`]
+    /// says (a limit or grant taken away holds for it at once).
     pub(super) fn serving_on(&self, setup: &Setup, template: &ServerConfig, handle: &Arc<ServerHandle>) -> Carried<'_> {
-        let name = &*handle.name;
-        if !self.servers.get(name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
+        if !self.servers.get(&*handle.name).is_some_and(|o| Arc::ptr_eq(o, handle)) {
             return Carried::Nothing;
         }
+        self.carried(setup, template)
+    }
+
+    /// What of the recovery state of this session's instance of `template`'s server goes
+    /// on under `setup`, as for a shared server: all of it while its entry and adapter
+    /// are unchanged, its health with a new adapter, nothing with a changed entry (its
+    /// breaker and budget settings may have changed). The launch apart: the state was
+    /// made under these instances' setup's settings for it, whatever it ran (an
+    /// instance serving on through its relaunch, or going back to its launch).
+    fn carried(&self, setup: &Setup, template: &ServerConfig) -> Carried<'_> {
+        let name = template.name.as_str();
         let Some(policy) = self.policies.get(name) else { return Carried::Nothing };
-        let launch_only = self.on.config.servers.get(name).is_some_and(|was| {
+        let same_entry = self.on.config.servers.get(name).is_some_and(|was| {
             let mut was = was.clone();
             (was.launch, was.protocol) = (template.launch.clone(), template.protocol);
             was == *template
         });
-        match (launch_only, self.same_adapter(setup, name)) {
+        let same_adapter = match (self.on.plugins.adapters.get(name), setup.plugins.adapters.get(name)) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        match (same_entry, same_adapter) {
             (true, true) => Carried::Whole(policy, self.forks.get(name)),
             (true, false) => Carried::Health(policy),
-            // Its breaker and budget settings may have changed, as for a shared server.
             (false, _) => Carried::Nothing,
         }
     }
