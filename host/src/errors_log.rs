@@ -433,6 +433,13 @@ impl ErrorsLog {
         *self.secrets.write().unwrap_or_else(std::sync::PoisonError::into_inner) = secrets;
     }
 
+    /// What it hides now: every secret of the setups applied, and of a reload about to
+    /// apply once it rotated a token (the reports of the gateway's state are hidden with
+    /// them too).
+    pub fn secrets(&self) -> Secrets {
+        self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     /// Entries not written because the writer fell behind or the file was unwritable.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

@@ -66,7 +66,7 @@ pub enum Reader<'a> {
 pub fn status(hub: &Hub, own: &SessionServers) -> Value {
     let mut status = full_status(hub, &Reader::Client(own));
     without_adapter_output(&mut status);
-    hub.setup().secrets.redact_json(&mut status);
+    hub.errors.secrets().redact_json(&mut status);
     status
 }
 
@@ -276,8 +276,9 @@ pub fn document(hub: &Hub, operators: bool) -> Value {
     }
     let errors = hub.errors.recent();
     let mut recent = json!(errors[errors.len().saturating_sub(RECENT_ERRORS)..]);
-    setup.secrets.redact_json(&mut doc);
-    setup.secrets.redact_json(&mut recent);
+    let secrets = hub.errors.secrets();
+    secrets.redact_json(&mut doc);
+    secrets.redact_json(&mut recent);
     for server in doc["servers"].as_array_mut().into_iter().flatten() {
         cap(&mut server["last_error"]);
     }
