@@ -12,6 +12,7 @@ pub mod http;
 pub mod hub;
 pub mod input;
 pub mod metrics;
+pub mod onward;
 pub mod pins;
 pub mod recent;
 pub mod relay;

@@ -33,6 +33,7 @@ use super::forward::{Instance, Out, upstream_error};
 use super::held::{self, Call, Response, Resumable, What};
 use super::hub::{Hub, offered_modern};
 use super::input::{self, Answer};
+use super::onward;
 use super::session_servers::SessionServers;
 use super::status;
 use crate::config::Scope;
@@ -549,12 +550,14 @@ impl ServerHandler for Gateway {
     }
 
     async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {
+        let Some(_on_its_way) = self.onward("notifications/roots/list_changed") else { return };
         for session in self.concerned_sessions() {
-            let _ = session.peer.notify_roots_list_changed().await;
+            let _ = tokio::time::timeout(onward::SEND_WITHIN, session.peer.notify_roots_list_changed()).await;
         }
     }
 
     async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
+        let Some(_on_its_way) = self.onward(&notification.method) else { return };
         // The status of a task the client runs for a server goes to that server connection
         // only (`super::asked_tasks`); that of no such task, nowhere.
         let status = notification.method == "notifications/tasks/status";
@@ -571,8 +574,21 @@ impl ServerHandler for Gateway {
         }
         for session in concerned().collect::<Vec<_>>() {
             let n = ClientNotification::CustomNotification(notification.clone());
-            let _ = session.peer.send_notification(n).await;
+            let _ = tokio::time::timeout(onward::SEND_WITHIN, session.peer.send_notification(n)).await;
         }
+    }
+}
+
+impl Gateway {
+    /// Room for this client's notification `method` on its way to its servers, or none
+    /// (it is dropped, and logged): see [`onward`].
+    fn onward(&self, method: &str) -> Option<onward::OnItsWay> {
+        let admitted = onward::admit(&self.own.client);
+        if admitted.is_none() {
+            // Not a warning: a client flooding would flood the log with it.
+            tracing::debug!(session = %self.own.client, "a client's {} not passed on to its servers: {} of its notifications (or {} of all clients') are still on their way, held by a server not reading them", crate::text::shown(method, 64), onward::PER_CLIENT, onward::IN_ALL);
+        }
+        admitted
     }
 }
 
