@@ -201,7 +201,7 @@ impl Hub {
             // Still running its calls: stopped at shutdown like the rest, and not started
             // again with its old launch if it ends meanwhile.
             self.keep(&handle, Kept::Retired);
-            let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
+            let removed = !changes.relaunched(handle.instance);
             self.retire(handle, &current, removed);
         }
         self.unpark(&next);

@@ -590,9 +590,7 @@ impl Gateway {
         }
         admitted
     }
-}
 
-impl Gateway {
     /// A tool call, bridged to an older server's task, held for a 2026-07-28 client's
     /// answers to its server's questions, or answered.
     async fn route_call(

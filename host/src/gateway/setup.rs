@@ -56,6 +56,13 @@ pub struct Changes {
     pub sessions: Touched,
 }
 
+impl Changes {
+    /// Whether instance `instance`, retired, gives way to a relaunch (not removed).
+    pub fn relaunched(&self, instance: u64) -> bool {
+        self.moved.iter().any(|(old, _)| *old == instance)
+    }
+}
+
 /// How a reload touched the `scope: session` servers.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Touched {
@@ -140,11 +147,7 @@ impl Setup {
             let (had, has) = (self.plugins.adapters.get(name).is_some(), plugins.adapters.get(name).is_some());
             // None before and none now, or the same one kept: what it declared holds.
             let adapter_kept = (!had && !has) || kept_adapters.iter().any(|k| &**k == name);
-            match (self.unchanged(&config, name), adapter_kept) {
-                (true, true) => PolicyKept::Whole,
-                (true, false) => PolicyKept::Health,
-                (false, _) => PolicyKept::Nothing,
-            }
+            PolicyKept::of(self.unchanged(&config, name), adapter_kept)
         };
         let declared: HashMap<&str, _> = plugins.adapters.iter().map(|(s, a)| (&**s, a.declared())).collect();
         let engine = self.engine.reconfigure(

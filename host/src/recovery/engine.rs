@@ -184,6 +184,19 @@ pub enum PolicyKept {
     Nothing,
 }
 
+impl PolicyKept {
+    /// What a reload keeps of a server's policy, with its entry (`same_entry`) and its
+    /// adapter (`same_adapter`) unchanged or not: a shared server's and a session's own
+    /// instance's alike.
+    pub fn of(same_entry: bool, same_adapter: bool) -> Self {
+        match (same_entry, same_adapter) {
+            (true, true) => PolicyKept::Whole,
+            (true, false) => PolicyKept::Health,
+            (false, _) => PolicyKept::Nothing,
+        }
+    }
+}
+
 impl ServerPolicy {
     /// Goes on with `old`'s breakers and retry budget, which tell how the server fares
     /// ([`PolicyKept::Health`]).

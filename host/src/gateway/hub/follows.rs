@@ -53,8 +53,9 @@ impl Hub {
     /// instances retired, not relaunched) are parked for the sessions' own instances.
     pub(super) fn park_made_session(&self, next: &Setup, changes: &Changes) {
         for handle in &changes.retired {
-            let removed = !changes.moved.iter().any(|(old, _)| *old == handle.instance);
-            if removed && next.config.servers.get(&*handle.name).is_some_and(|s| s.scope == Scope::Session) {
+            if !changes.relaunched(handle.instance)
+                && next.config.servers.get(&*handle.name).is_some_and(|s| s.scope == Scope::Session)
+            {
                 self.downstreams.park(handle.name.clone(), handle.instance);
             }
         }

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::config::{Scope, ServerConfig};
 use crate::gateway::setup::Setup;
 use crate::plugins::{Adapter, Adapters};
-use crate::recovery::engine::{Engine, ServerPolicy};
+use crate::recovery::engine::{Engine, PolicyKept, ServerPolicy};
 use crate::transport::supervisor::ServerHandle;
 
 /// The session's own server instances, with the recovery state that is theirs alone.
@@ -100,10 +100,10 @@ impl Own {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        match (same_entry, same_adapter) {
-            (true, true) => Carried::Whole(policy, self.forks.get(name)),
-            (true, false) => Carried::Health(policy),
-            (false, _) => Carried::Nothing,
+        match PolicyKept::of(same_entry, same_adapter) {
+            PolicyKept::Whole => Carried::Whole(policy, self.forks.get(name)),
+            PolicyKept::Health => Carried::Health(policy),
+            PolicyKept::Nothing => Carried::Nothing,
         }
     }
 
