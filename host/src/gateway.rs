@@ -1,6 +1,7 @@
 //! The downstream side: the MCP server the client talks to, the merged catalogue, and the
 //! hub that connects them to the upstream servers.
 
+pub mod answered;
 pub mod asked_tasks;
 pub mod call;
 pub mod catalogue;

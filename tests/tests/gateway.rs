@@ -843,10 +843,15 @@ impl RawStdio {
     /// protocol `revision`.
     async fn open(args: &[&str], revision: &str, rebound: Value) -> Self {
         let mut raw = Self::spawn(args, rebound);
-        raw.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
-        assert_eq!(raw.answers(1).await[0]["id"], 0);
-        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+        raw.introduce(revision).await;
         raw
+    }
+
+    /// Initialises the gateway as a client on protocol `revision` with no capabilities.
+    async fn introduce(&mut self, revision: &str) {
+        self.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": revision, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})).await;
+        assert_eq!(self.answers(1).await[0]["id"], 0);
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
     }
 
     /// A gateway in front of one faulty server started with `args`, its client not yet
@@ -1079,6 +1084,36 @@ async fn calls_in_flight_over_stdio_are_capped_with_an_answer_not_a_queue() {
     assert_eq!(answer["result"]["content"][0]["text"], "a: after cancelling", "{answer}");
     // And each was cancelled on the server too.
     eventually("the calls cancelled upstream", || rebound_tests::state_in(&dir, "a", "cancelled").len() == 3).await;
+    let _ = raw.child.kill().await;
+}
+
+/// A request its client cancels while it waits for the servers' first start stops
+/// waiting: once the server is up, it is not sent on. (Over stdio its place among the
+/// client's requests in flight is freed at the cancellation: a handler waiting on was one
+/// more than `max_concurrent_per_client` allows.)
+#[tokio::test]
+async fn a_request_cancelled_while_it_waits_for_the_start_is_not_sent_on() {
+    let mut raw = RawStdio::serving(|dir| {
+        let gate = dir.join("gate");
+        json!({"mcpServers": {"a": faulty("a", dir, &["--start-gate", gate.to_str().unwrap()])}})
+    });
+    raw.introduce("2025-06-18").await;
+    let read = |id: u64| {
+        let uri = format!("faulty://a/items/{id}");
+        json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": {"uri": uri}})
+    };
+    for id in 1..=8 {
+        raw.send(read(id)).await;
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}})).await;
+    }
+    std::fs::write(raw._dir.path().join("gate"), "").unwrap();
+    raw.send(read(9)).await;
+    let answer = raw.answers(1).await.remove(0);
+    assert_eq!(answer["id"], 9, "the cancelled requests get no answer: {answer}");
+    // One more round trip: had any of the cancelled reads been sent on, it would be there.
+    raw.call(10, "echo", json!({"message": "after"})).await;
+    assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: after");
+    assert_eq!(rebound_tests::state_in(raw._dir.path(), "a", "reads"), ["faulty://a/items/9"]);
     let _ = raw.child.kill().await;
 }
 

@@ -171,7 +171,7 @@ impl Gateway {
             answer = within(out.answer_within, response) => answer,
             () = cx.ct.cancelled() => {
                 abandoned.reason = "cancelled by the client";
-                return Err(cancelled().into());
+                return Err(super::answered::by_the_client().into());
             }
             () = session.closed.cancelled() => return Err(Failed::lost()),
         };
@@ -226,7 +226,7 @@ async fn send(
                 Err(Failed::seen(error, Failure::SendFailed { reason }))
             }
         },
-        () = cx.ct.cancelled() => Err(cancelled().into()),
+        () = cx.ct.cancelled() => Err(super::answered::by_the_client().into()),
         () = session.closed.cancelled() => Err(Failed::lost()),
     }
 }
@@ -237,10 +237,6 @@ async fn within<F: Future>(limit: Option<Duration>, response: F) -> Option<F::Ou
         Some(limit) => tokio::time::timeout(limit, response).await.ok(),
         None => Some(response.await),
     }
-}
-
-fn cancelled() -> ErrorData {
-    ErrorData::internal_error("cancelled by the client", None)
 }
 
 /// Tells the server its request `id` is no longer wanted, when dropped before the answer.

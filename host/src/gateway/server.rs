@@ -21,12 +21,14 @@ use rmcp::model::{
 use rmcp::model::{ResultType, SubscriptionFilter};
 use rmcp::service::{NotificationContext, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::BoxFuture;
 use rmcp::model::{InitializeRequestParams, InitializeResult, ReadResourceResult, ResourceContents};
 
+use super::answered::{answered, unpanicked, until_cancelled};
 use super::call::{Tasks, request_meta};
 use super::downstreams::{Front, Reach, Subscription};
 use super::forward::{Instance, Out, upstream_error};
@@ -151,7 +153,8 @@ impl rmcp::Service<RoleServer> for GatewayService {
         if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_))
             && context.meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty()
         {
-            self.0.ready(&context).await;
+            // Cancelled, it is not read.
+            let _ = self.0.ready(&context).await;
         }
         let tasks_revision = context.protocol_version() == Some(ProtocolVersion::V_2025_11_25);
         match rmcp::Service::handle_request(&self.0, request, context).await? {
@@ -251,7 +254,7 @@ impl ServerHandler for Gateway {
         let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
         let subscribe = async {
             for uri in context.accepted().resource_subscriptions.iter().flatten() {
-                match self.subscribe_to(&listen, &counted, uri).await {
+                match self.subscribe_to(&listen, &counted, uri, &cx.ct).await {
                     // rmcp acknowledged the listen before this ran: what changed in
                     // between was not heard, so the client is told to read it afresh.
                     Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
@@ -306,7 +309,7 @@ impl ServerHandler for Gateway {
         request: rmcp::model::GetTaskParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        self.relayed_get(request, &cx).await
+        unpanicked("tasks/get", self.relayed_get(request, &cx)).await
     }
 
     async fn update_task(
@@ -314,7 +317,7 @@ impl ServerHandler for Gateway {
         request: rmcp::model::UpdateTaskParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.relayed_update(request, &cx).await
+        unpanicked("tasks/update", self.relayed_update(request, &cx)).await
     }
 
     async fn cancel_task(
@@ -322,7 +325,7 @@ impl ServerHandler for Gateway {
         request: rmcp::model::CancelTaskParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.relayed_cancel(request, &cx).await
+        unpanicked("tasks/cancel", self.relayed_cancel(request, &cx)).await
     }
 
     async fn list_tools(
@@ -330,12 +333,15 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         cx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.ready(&cx).await;
-        let mut tools = self.own.catalogue().tools.clone();
-        if self.hub.setup().config.settings.gateway_tools {
-            tools.extend(status::tools());
-        }
-        Ok(ListToolsResult::with_all_items(tools))
+        unpanicked("tools/list", async {
+            self.ready(&cx).await?;
+            let mut tools = self.own.catalogue().tools.clone();
+            if self.hub.setup().config.settings.gateway_tools {
+                tools.extend(status::tools());
+            }
+            Ok(ListToolsResult::with_all_items(tools))
+        })
+        .await
     }
 
     async fn call_tool(
@@ -358,24 +364,8 @@ impl ServerHandler for Gateway {
         request: rmcp::model::CustomRequest,
         cx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, ErrorData> {
-        if let Some(method) = request.method.strip_prefix(super::tasks::AS_SENT) {
-            return self.as_sent(method, request.params, cx).await;
-        }
-        if let Some(answer) = self.task_request(&request.method, request.params, &cx).await {
-            return answer;
-        }
-        let method = request.method;
-        if crate::transport::malformed::CLIENT_METHODS.contains(&method.as_str()) {
-            return Err(ErrorData::invalid_params(
-                format!("Invalid params: the `params` of `{method}` are not what it takes"),
-                None,
-            ));
-        }
-        Err(ErrorData::new(
-            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-            format!("Method not found: `{method}` is not a method this gateway serves"),
-            None,
-        ))
+        let method = request.method.clone();
+        unpanicked(&method, self.answer_custom(request, cx)).await
     }
 
     async fn list_prompts(
@@ -383,8 +373,11 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         cx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        self.ready(&cx).await;
-        Ok(ListPromptsResult::with_all_items(self.own.catalogue().prompts.clone()))
+        unpanicked("prompts/list", async {
+            self.ready(&cx).await?;
+            Ok(ListPromptsResult::with_all_items(self.own.catalogue().prompts.clone()))
+        })
+        .await
     }
 
     async fn get_prompt(
@@ -393,10 +386,11 @@ impl ServerHandler for Gateway {
         cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         if !input::client_is_asked(&cx) {
-            return self.answer_prompt(request, cx).await;
+            let cancelled = cx.ct.clone();
+            return answered("prompts/get", &cancelled, self.answer_prompt(request, cx)).await;
         }
         self.answer_asking(request, cx, |gateway, request, cx| {
-            Box::pin(async move { gateway.answer_prompt(request, cx).await })
+            Box::pin(async move { unpanicked("prompts/get", gateway.answer_prompt(request, cx)).await })
         })
         .await
     }
@@ -406,12 +400,15 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         cx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        self.ready(&cx).await;
-        let mut resources = self.own.catalogue().resources.clone();
-        if self.hub.setup().config.settings.gateway_tools {
-            resources.extend(status::resources());
-        }
-        Ok(ListResourcesResult::with_all_items(resources))
+        unpanicked("resources/list", async {
+            self.ready(&cx).await?;
+            let mut resources = self.own.catalogue().resources.clone();
+            if self.hub.setup().config.settings.gateway_tools {
+                resources.extend(status::resources());
+            }
+            Ok(ListResourcesResult::with_all_items(resources))
+        })
+        .await
     }
 
     async fn list_resource_templates(
@@ -419,8 +416,11 @@ impl ServerHandler for Gateway {
         _: Option<PaginatedRequestParams>,
         cx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        self.ready(&cx).await;
-        Ok(ListResourceTemplatesResult::with_all_items(self.own.catalogue().templates.clone()))
+        unpanicked("resources/templates/list", async {
+            self.ready(&cx).await?;
+            Ok(ListResourceTemplatesResult::with_all_items(self.own.catalogue().templates.clone()))
+        })
+        .await
     }
 
     async fn read_resource(
@@ -429,10 +429,11 @@ impl ServerHandler for Gateway {
         cx: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if !input::client_is_asked(&cx) {
-            return self.answer_read(request, cx).await;
+            let cancelled = cx.ct.clone();
+            return answered("resources/read", &cancelled, self.answer_read(request, cx)).await;
         }
         self.answer_asking(request, cx, |gateway, request, cx| {
-            Box::pin(async move { gateway.answer_read(request, cx).await })
+            Box::pin(async move { unpanicked("resources/read", gateway.answer_read(request, cx)).await })
         })
         .await
     }
@@ -444,76 +445,26 @@ impl ServerHandler for Gateway {
         request: SubscribeRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.subscribe_to(&self.own.client, &self.counted(&cx), &request.uri).await.map(drop)
+        unpanicked("resources/subscribe", async {
+            self.subscribe_to(&self.own.client, &self.counted(&cx), &request.uri, &cx.ct).await.map(drop)
+        })
+        .await
     }
 
     async fn unsubscribe(
         &self,
-        mut request: UnsubscribeRequestParams,
-        _: RequestContext<RoleServer>,
+        request: UnsubscribeRequestParams,
+        cx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let (subscription, server) = self.subscription(&request.uri).await?;
-        request.uri = subscription.uri.clone();
-        self.hub.downstreams.subscribe(&self.own.client, subscription, false);
-        // The server keeps the subscription while another session still has it.
-        let within = self.wait_for(&server);
-        let to = self.upstream(&server, within).await?;
-        match self.hub.unfollow_for(&to.session, to.instance, &request.uri, &self.own.client, within).await {
-            Ok(done) => done.map_err(|e| upstream_error(&server, e)),
-            // The gateway holds it no longer (a new follower subscribes afresh, after this
-            // request on the wire), and this client hears nothing more of it.
-            Err(_) => {
-                let ms = within.as_millis();
-                tracing::warn!(%server, uri = %request.uri, "resources/unsubscribe: no answer within {ms} ms");
-                Ok(())
-            }
-        }
+        unpanicked("resources/unsubscribe", self.unsubscribe_from(request, &cx)).await
     }
 
     async fn complete(
         &self,
-        mut request: CompleteRequestParams,
+        request: CompleteRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        self.ready(&cx).await;
-        let catalogue = self.own.catalogue();
-        let server = match &mut request.r#ref {
-            rmcp::model::Reference::Prompt(p) => {
-                let route = catalogue
-                    .prompt(&p.name)
-                    .cloned()
-                    .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", p.name), None))?;
-                p.name = route.name;
-                route.server
-            }
-            rmcp::model::Reference::Resource(r) => catalogue
-                .template_server(&r.uri)
-                .ok_or_else(|| ErrorData::invalid_params(format!("no server offers `{}`", r.uri), None))?,
-            _ => {
-                return Err(ErrorData::invalid_params("unsupported completion reference", None));
-            }
-        };
-        let limits = self.limits(&server);
-        let to = self.upstream_for(&server, Some("completion/complete"), limits.timeout).await?;
-        let out = Out {
-            method: "completion/complete",
-            request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
-            meta: Some(request_meta(&to.session, &cx, Tasks::No)),
-            hand_over: limits.timeout,
-            answer_within: Some(limits.timeout),
-            logged: true,
-        };
-        match self.forward(&to, out, &cx).await.map_err(|f| f.into_error(&server))? {
-            ServerResult::CompleteResult(mut result) => {
-                result.result_type = Some(ResultType::COMPLETE);
-                Ok(result)
-            }
-            _ => {
-                let reason = format!("server `{server}` answered `completion/complete` with something else");
-                self.request_failed(&server, "completion/complete", &Failure::Protocol { reason: reason.clone() });
-                Err(ErrorData::internal_error(reason, None))
-            }
-        }
+        answered("completion/complete", &cx.ct, self.answer_complete(request, &cx)).await
     }
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
@@ -610,13 +561,112 @@ impl Gateway {
         .await
     }
 
+    /// `request`'s subscription given up by this session: upstream with its last holder.
+    async fn unsubscribe_from(
+        &self,
+        mut request: UnsubscribeRequestParams,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        // Until the subscription is let go, a cancellation ends the wait; after, the
+        // server is told within its timeout.
+        let (subscription, server) = until_cancelled(&cx.ct, self.subscription(&request.uri)).await??;
+        request.uri = subscription.uri.clone();
+        self.hub.downstreams.subscribe(&self.own.client, subscription, false);
+        // The server keeps the subscription while another session still has it.
+        let within = self.wait_for(&server);
+        let to = self.upstream(&server, within).await?;
+        match self.hub.unfollow_for(&to.session, to.instance, &request.uri, &self.own.client, within).await {
+            Ok(done) => done.map_err(|e| upstream_error(&server, e)),
+            // The gateway holds it no longer (a new follower subscribes afresh, after this
+            // request on the wire), and this client hears nothing more of it.
+            Err(_) => {
+                let ms = within.as_millis();
+                tracing::warn!(%server, uri = %request.uri, "resources/unsubscribe: no answer within {ms} ms");
+                Ok(())
+            }
+        }
+    }
+
+    /// A request rmcp could not read as one it models (see `on_custom_request`).
+    async fn answer_custom(
+        &self,
+        request: rmcp::model::CustomRequest,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        if let Some(method) = request.method.strip_prefix(super::tasks::AS_SENT) {
+            return self.as_sent(method, request.params, cx).await;
+        }
+        if let Some(answer) = self.task_request(&request.method, request.params, &cx).await {
+            return answer;
+        }
+        let method = request.method;
+        if crate::transport::malformed::CLIENT_METHODS.contains(&method.as_str()) {
+            return Err(ErrorData::invalid_params(
+                format!("Invalid params: the `params` of `{method}` are not what it takes"),
+                None,
+            ));
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("Method not found: `{method}` is not a method this gateway serves"),
+            None,
+        ))
+    }
+
+    /// A completion, from the server of the prompt or resource template it completes.
+    async fn answer_complete(
+        &self,
+        mut request: CompleteRequestParams,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        self.ready(cx).await?;
+        let catalogue = self.own.catalogue();
+        let server = match &mut request.r#ref {
+            rmcp::model::Reference::Prompt(p) => {
+                let route = catalogue
+                    .prompt(&p.name)
+                    .cloned()
+                    .ok_or_else(|| ErrorData::invalid_params(format!("unknown prompt `{}`", p.name), None))?;
+                p.name = route.name;
+                route.server
+            }
+            rmcp::model::Reference::Resource(r) => catalogue
+                .template_server(&r.uri)
+                .ok_or_else(|| ErrorData::invalid_params(format!("no server offers `{}`", r.uri), None))?,
+            _ => {
+                return Err(ErrorData::invalid_params("unsupported completion reference", None));
+            }
+        };
+        let limits = self.limits(&server);
+        let to = self.upstream_for(&server, Some("completion/complete"), limits.timeout).await?;
+        let out = Out {
+            method: "completion/complete",
+            request: ClientRequest::CompleteRequest(CompleteRequest::new(request)),
+            meta: Some(request_meta(&to.session, cx, Tasks::No)),
+            hand_over: limits.timeout,
+            answer_within: Some(limits.timeout),
+            logged: true,
+        };
+        match self.forward(&to, out, cx).await.map_err(|f| f.into_error(&server))? {
+            ServerResult::CompleteResult(mut result) => {
+                result.result_type = Some(ResultType::COMPLETE);
+                Ok(result)
+            }
+            _ => {
+                let reason = format!("server `{server}` answered `completion/complete` with something else");
+                self.request_failed(&server, "completion/complete", &Failure::Protocol { reason: reason.clone() });
+                Err(ErrorData::internal_error(reason, None))
+            }
+        }
+    }
+
     /// A prompt of the server that offers it.
     async fn answer_prompt(
         &self,
         mut request: GetPromptRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        self.ready(&cx).await;
+        self.ready(&cx).await?;
         let route = self
             .own
             .catalogue()
@@ -678,7 +728,7 @@ impl Gateway {
         let call = match held::take_ours(state, answers) {
             Some((state, answers)) => self.hub.held.resume(&state, &what, &self.counted(&cx), answers)?,
             None => {
-                self.ready(&cx).await;
+                self.ready(&cx).await?;
                 let deadline = self.deadline_of(&what);
                 let gateway = self.clone();
                 Call::new(what, self.counted(&cx), deadline, &cx, move |cx| {
@@ -788,26 +838,32 @@ impl Gateway {
         })
     }
 
-    /// Ready to answer `cx`: the client introduced, the servers' first start awaited.
-    pub(super) async fn ready(&self, cx: &RequestContext<RoleServer>) {
+    /// Ready to answer `cx`: the client introduced, the servers' first start awaited,
+    /// unless the client cancels the request first.
+    pub(super) async fn ready(&self, cx: &RequestContext<RoleServer>) -> Result<(), ErrorData> {
         self.attach(cx);
-        self.own.settled().await;
+        until_cancelled(&cx.ct, self.own.settled()).await
     }
 
     /// Subscribes `client` (a session, or a listen request) to the resource it knows as
     /// `exposed`: upstream, unless another client already holds that subscription. It
     /// counts against the share of `counted` (the session, or a 2026-07-28 client's
-    /// address). Returns the server instance and the URI it knows.
+    /// address). Returns the server instance and the URI it knows. Until the
+    /// subscription is recorded, `cancelled` ends the wait for its server.
     async fn subscribe_to(
         &self,
         client: &Arc<str>,
         counted: &Arc<str>,
         exposed: &str,
+        cancelled: &CancellationToken,
     ) -> Result<(u64, String), ErrorData> {
         // `to` holds the instance until the subscription is made on it.
         let (subscription, server, to) = loop {
-            let (mut subscription, server) = self.subscription(exposed).await?;
-            let to = self.upstream(&server, self.wait_for(&server)).await?;
+            let chosen = async {
+                let (subscription, server) = self.subscription(exposed).await?;
+                Ok::<_, ErrorData>((subscription, self.upstream(&server, self.wait_for(&server)).await?, server))
+            };
+            let (mut subscription, to, server) = until_cancelled(cancelled, chosen).await??;
             subscription.instance = to.instance;
             // Recorded first, so that an unsubscribe (or the client's end) while it is
             // being made takes the record back, which is seen below. A client gone:

@@ -245,7 +245,7 @@ impl Gateway {
 
     /// A task-augmented call: to the tool's server as it is, the task it creates noted.
     async fn start_task(&self, mut params: Value, cx: &RequestContext<RoleServer>) -> Result<Value, ErrorData> {
-        self.ready(cx).await;
+        self.ready(cx).await?;
         let name = params["name"]
             .as_str()
             .ok_or_else(|| ErrorData::invalid_params("`name` (a string) is required", None))?

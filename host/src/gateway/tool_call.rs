@@ -83,7 +83,7 @@ impl Gateway {
         {
             return Ok(result.into());
         }
-        self.own.settled().await;
+        super::answered::until_cancelled(&cx.ct, self.own.settled()).await?;
         let catalogue = self.own.catalogue();
         let Some((route, tool)) = catalogue.tool(&request.name) else {
             // The one failure that is a protocol error: there is nothing to route to.

@@ -45,7 +45,10 @@ impl Gateway {
         if !super::super::call::declares_tasks(cx, true) {
             return false;
         }
-        self.ready(cx).await;
+        // Cancelled meanwhile, the call ends as any call would (`Gateway::answer_call`).
+        if self.ready(cx).await.is_err() {
+            return false;
+        }
         self.own.catalogue().task_support(&request.name) == Some(TaskSupport::Required)
     }
 
