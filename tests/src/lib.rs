@@ -375,14 +375,42 @@ pub async fn http_client_from(
     url: &str,
     token: Option<&str>,
 ) -> Result<RunningService<RoleClient, TestClient>, String> {
-    use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-    let mut config = StreamableHttpClientTransportConfig::with_uri(url);
-    if let Some(token) = token {
-        config = config.auth_header(token);
-    }
+    let config = transport_config(url, token);
     let http = reqwest::Client::builder().local_address(from).build().map_err(|e| e.to_string())?;
-    let transport = StreamableHttpClientTransport::with_client(http, config);
+    http_client_over(client, http, config).await
+}
+
+/// A client connected through a proxy on this machine that names it `client_ip` in its
+/// `X-Forwarded-For` (a gateway that trusts that proxy sees the client at `client_ip`).
+pub async fn http_client_forwarded(
+    client_ip: &str,
+    url: &str,
+    token: Option<&str>,
+) -> Result<RunningService<RoleClient, TestClient>, String> {
+    let config = transport_config(url, token);
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert("x-forwarded-for", client_ip.parse().map_err(|_| format!("not a header value: {client_ip}"))?);
+    let http = reqwest::Client::builder().default_headers(headers).build().map_err(|e| e.to_string())?;
+    http_client_over(TestClient::default(), http, config).await
+}
+
+fn transport_config(
+    url: &str,
+    token: Option<&str>,
+) -> rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig {
+    let config = rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(url);
+    match token {
+        Some(token) => config.auth_header(token),
+        None => config,
+    }
+}
+
+async fn http_client_over(
+    client: TestClient,
+    http: reqwest::Client,
+    config: rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig,
+) -> Result<RunningService<RoleClient, TestClient>, String> {
+    let transport = rmcp::transport::StreamableHttpClientTransport::with_client(http, config);
     tokio::time::timeout(Duration::from_secs(30), client.serve(transport))
         .await
         .map_err(|_| "no answer to initialize within 30 s".to_owned())?

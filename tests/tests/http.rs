@@ -1666,6 +1666,37 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
     let _ = bob.cancel().await;
 }
 
+/// The /64s of one IPv6 site (its /48) share one client's room for a shared server's
+/// subscriptions, as they share one address's: a client cannot take all the room by
+/// using more of its site's addresses. Another site's room is its own.
+#[tokio::test]
+async fn the_addresses_of_one_ipv6_site_share_one_clients_room_for_subscriptions() {
+    use rebound_tests::http_client_forwarded;
+    use rmcp::model::SubscribeRequestParams;
+    let gw = HttpGateway::start(
+        |dir| {
+            let http = json!({"auth_token": TOKEN, "trusted_proxies": ["127.0.0.1", "::1"]});
+            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": http}})
+        },
+        &[],
+    )
+    .await;
+    let url = gw.url();
+    let one = http_client_forwarded("2001:db8:1:1::1", &url, Some(TOKEN)).await.unwrap();
+    let two = http_client_forwarded("2001:db8:1:2::1", &url, Some(TOKEN)).await.unwrap();
+    let elsewhere = http_client_forwarded("2001:db8:2:1::1", &url, Some(TOKEN)).await.unwrap();
+    let item = |i: &str| SubscribeRequestParams::new(format!("faulty://a/items/{i}"));
+    for i in 0..128 {
+        one.peer().subscribe(item(&i.to_string())).await.unwrap_or_else(|e| panic!("subscription {i}: {e}"));
+    }
+    let refused = two.peer().subscribe(item("more")).await.expect_err("another /64 of the site");
+    assert!(format!("{refused:?}").contains("at most 128 resources of server `a`"), "{refused:?}");
+    elsewhere.peer().subscribe(item("more")).await.unwrap();
+    for client in [one, two, elsewhere] {
+        let _ = client.cancel().await;
+    }
+}
+
 /// A proxy before an HTTP upstream, refusing some tool calls with an HTTP error of its
 /// own: `flaky_write` with a 502 once the upstream has run it (a proxy that lost the
 /// answer), every other `echo` (the first, the third…) with a 429 and `Retry-After: 1`

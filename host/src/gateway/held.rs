@@ -49,8 +49,10 @@ const STATE_PREFIX: &str = "rebound-held:";
 pub const MAX_QUESTIONS: usize = 16;
 
 /// At most this many calls wait for one client's answers (a session over stdio, an
-/// address over HTTP), and for all clients together.
+/// address over HTTP), for one IPv6 site's (its /48, whose /64s are its addresses), and
+/// for all clients together.
 pub const MAX_HELD_PER_CLIENT: usize = 32;
+pub const MAX_HELD_PER_NETWORK: usize = 2 * MAX_HELD_PER_CLIENT;
 pub const MAX_HELD: usize = 1024;
 
 /// How long a held call's answer is kept, past its deadline, for its client to come back.
@@ -410,9 +412,17 @@ impl Held {
         let state = format!("{}{:032x}", prefix(), rand::random::<u128>());
         let mut calls = self.calls.lock().expect("not poisoned");
         let of_client = calls.values().filter(|c| c.client == call.client).count();
+        let network = crate::gateway::http::network_of(&call.client);
+        let of_network = |network: &str| {
+            calls.values().filter(|c| crate::gateway::http::network_of(&c.client).as_deref() == Some(network)).count()
+        };
         let refused = if of_client >= MAX_HELD_PER_CLIENT {
             Some(format!(
                 "the server asked for input, and {of_client} of this client's calls wait for its answers already (at most {MAX_HELD_PER_CLIENT}): answer those first"
+            ))
+        } else if network.as_deref().is_some_and(|n| of_network(n) >= MAX_HELD_PER_NETWORK) {
+            Some(format!(
+                "the server asked for input, and {MAX_HELD_PER_NETWORK} calls of this client's IPv6 site (its /48) wait for their answers already: answer those first"
             ))
         } else if calls.len() >= MAX_HELD {
             Some(format!(
@@ -741,6 +751,24 @@ mod tests {
         assert!(refused.message.contains("answer those first"), "{}", refused.message);
         // Another client is not held back.
         asked(held.answer_for(asking_roots("b", Arc::default()), &roots, &request).await.unwrap());
+    }
+
+    /// The /64s of one IPv6 site hold twice one address's calls at most; another site's
+    /// room is its own.
+    #[tokio::test(start_paused = true)]
+    async fn the_addresses_of_one_ipv6_site_hold_twice_an_addresss_calls() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let of = |block: u32| format!("address 2001:db8:1:{block:x}::/64");
+        for block in 0..2 {
+            for _ in 0..MAX_HELD_PER_CLIENT {
+                asked(held.answer_for(asking_roots(&of(block), Arc::default()), &roots, &request).await.unwrap());
+            }
+        }
+        let refused = held.answer_for(asking_roots(&of(2), Arc::default()), &roots, &request).await.err().unwrap();
+        assert!(refused.message.contains("IPv6 site"), "{}", refused.message);
+        let elsewhere = asking_roots("address 2001:db8:2:1::/64", Arc::default());
+        asked(held.answer_for(elsewhere, &roots, &request).await.unwrap());
     }
 
     #[tokio::test(start_paused = true)]

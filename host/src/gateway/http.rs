@@ -212,7 +212,7 @@ async fn settle_listen(
     front.hub.settled().await;
     // Its acknowledgement names only what the client has room to follow (`listens`).
     let max = front.settings.max_body_bytes;
-    let request = listens::trim(&front.hub, &address_client(client), max, request).await;
+    let request = listens::trim(&front.hub, &site_of(&address_client(client).into()), max, request).await;
     next.run(request).await
 }
 
@@ -495,6 +495,12 @@ pub(crate) fn network_of(address: &str) -> Option<String> {
     let v6: std::net::Ipv6Addr = address.strip_prefix("address ")?.strip_suffix("/64")?.parse().ok()?;
     let [a, b, c, ..] = v6.segments();
     Some(format!("network {}/48", std::net::Ipv6Addr::new(a, b, c, 0, 0, 0, 0, 0)))
+}
+
+/// Whom `client` (a client of [`address_client`], or over stdio a session) counts as
+/// where one IPv6 site must take no more than one address: its network, else itself.
+pub(crate) fn site_of(client: &Arc<str>) -> Arc<str> {
+    network_of(client).map_or_else(|| client.clone(), Arc::from)
 }
 
 /// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.

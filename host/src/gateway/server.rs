@@ -881,7 +881,10 @@ impl Gateway {
         };
         let within = self.wait_for(&server);
         let (instance, uri) = (subscription.instance, subscription.uri.clone());
-        let who = Follower { holder: client.clone(), client: counted.clone(), share: self.share(&server) };
+        // A client's share of a shared server's follows is half its room: an IPv6 site's
+        // addresses together take no more.
+        let who =
+            Follower { holder: client.clone(), client: super::http::site_of(counted), share: self.share(&server) };
         let followed = self.hub.follow_for(&to.session, &who, instance, &uri, within).await.unwrap_or_else(|_| {
             let message = format!("server `{server}` did not answer within {} ms", within.as_millis());
             Err(rmcp::ServiceError::McpError(ErrorData::internal_error(message, None)))

@@ -49,7 +49,7 @@ struct Maker {
 impl Maker {
     fn of(ip: std::net::IpAddr) -> Self {
         let address: Arc<str> = super::http::address_client(ip).into();
-        let network = super::http::network_of(&address).map_or_else(|| address.clone(), Arc::from);
+        let network = super::http::site_of(&address);
         Self { address, network }
     }
 }

@@ -39,8 +39,8 @@ pub const MAX_FOLLOWED: usize = 256;
 pub const MAX_FOLLOWED_PER_CLIENT: usize = MAX_FOLLOWED / 2;
 
 /// Who follows a resource: a client session, or one of its listen requests (`holder`),
-/// and the client it counts against: its session, or a 2026-07-28 client's address over
-/// HTTP.
+/// and the client it counts against: over stdio its session, over HTTP its address (an
+/// IPv6 one by its /48 site).
 #[derive(Debug, Clone)]
 pub struct Follower {
     pub holder: Arc<str>,

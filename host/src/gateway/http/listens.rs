@@ -2,7 +2,7 @@
 //! decides the request's acknowledgement in a hook that cannot tell which client asks
 //! (`Gateway::accepted_subscription_filter`), so it could name a resource that the
 //! client's other listen requests had left it no room to follow. Here the client is known
-//! (by its address: `super::address_client`): each shared server's resources past the
+//! (by its address, an IPv6 one by its site: `super::site_of`): each shared server's resources past the
 //! room the client has there now (its share, less what its listen requests follow; and
 //! the room the server's connection has) are taken out of the request, and the
 //! acknowledgement names only what the client had room for when the request was read.
