@@ -68,49 +68,54 @@ impl ClientLimits {
         Self { per_client, ..Default::default() }
     }
 
-    /// A permit for `client`'s request `id`, within its share and within `address`'s
-    /// (all its clients' together, [`SESSIONS_OF_ADDRESS`] shares), when it has one.
+    /// What all of `address`'s requests count against together besides their clients:
+    /// the address's [`SESSIONS_OF_ADDRESS`] shares, and an IPv6 address's site's (its
+    /// /48, whose /64s are its addresses) twice that.
+    fn in_all(&self, address: IpAddr) -> Vec<(String, usize)> {
+        let address = super::address_client(address);
+        let most = self.per_client.saturating_mul(SESSIONS_OF_ADDRESS);
+        let site = super::network_of(&address).map(|site| (format!("{site} in all"), most.saturating_mul(2)));
+        std::iter::once((format!("{address} in all"), most)).chain(site).collect()
+    }
+
+    /// A permit for `client`'s request `id`, within its share and within each of
+    /// `in_all` (a key and its most: see [`Self::in_all`]).
     fn try_acquire(
         self: &Arc<Self>,
         client: String,
         id: Option<String>,
-        address: Option<String>,
+        in_all: Vec<(String, usize)>,
     ) -> Result<ClientPermit, Refusal> {
         // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
         let mut clients = self.clients.lock().expect("not poisoned");
-        let mut take = |key: &str, most: usize| {
-            let entry = clients.entry(key.to_owned()).or_insert_with(|| InFlight {
+        let mut permits = Vec::with_capacity(in_all.len() + 1);
+        let shares = std::iter::once((client, self.per_client)).chain(in_all);
+        for (key, most) in shares {
+            let entry = clients.entry(key.clone()).or_insert_with(|| InFlight {
                 permits: Arc::new(Semaphore::new(most)),
                 most,
                 ids: Default::default(),
             });
-            if id.as_ref().is_some_and(|id| entry.ids.contains(id)) {
-                return Err(Refusal::DuplicateId);
-            }
-            entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany)
-        };
-        let in_all = match &address {
-            Some(address) => Some(take(address, self.per_client.saturating_mul(SESSIONS_OF_ADDRESS))?),
-            None => None,
-        };
-        let permit = match take(&client, self.per_client) {
-            Ok(permit) => permit,
-            Err(refusal) => {
-                // The address's permit goes back, and its entry with it when idle.
-                drop(in_all);
-                if let Some(address) = &address
-                    && clients.get(address).is_some_and(|e| e.permits.available_permits() == e.most)
-                {
-                    clients.remove(address);
+            let taken = match &id {
+                Some(id) if permits.is_empty() && entry.ids.contains(id) => Err(Refusal::DuplicateId),
+                _ => entry.permits.clone().try_acquire_owned().map_err(|_| Refusal::TooMany),
+            };
+            match taken {
+                Ok(permit) => permits.push((key, permit)),
+                Err(refusal) => {
+                    // The permits taken go back, and their entries with them when idle.
+                    give_back(&mut clients, permits, None);
+                    if clients.get(&key).is_some_and(|e| e.permits.available_permits() == e.most) {
+                        clients.remove(&key);
+                    }
+                    return Err(refusal);
                 }
-                return Err(refusal);
             }
-        };
+        }
         if let Some(id) = &id {
-            clients.get_mut(&client).expect("just taken").ids.insert(id.clone());
+            clients.get_mut(&permits[0].0).expect("just taken").ids.insert(id.clone());
         }
         self.total.fetch_add(1, Ordering::SeqCst);
-        let permits = [Some((client, permit)), address.zip(in_all)];
         Ok(ClientPermit { limits: self.clone(), id, permits })
     }
 
@@ -133,8 +138,8 @@ impl ClientLimits {
 struct ClientPermit {
     limits: Arc<ClientLimits>,
     id: Option<String>,
-    /// The client's permit, and its address's.
-    permits: [Option<(String, OwnedSemaphorePermit)>; 2],
+    /// The client's permit, then its address's and its site's.
+    permits: Vec<(String, OwnedSemaphorePermit)>,
 }
 
 impl Drop for ClientPermit {
@@ -143,16 +148,21 @@ impl Drop for ClientPermit {
             self.limits.idle.notify_waiters();
         }
         let mut clients = self.limits.clients.lock().expect("not poisoned");
-        for (n, (client, permit)) in self.permits.iter_mut().filter_map(Option::take).enumerate() {
-            drop(permit);
-            let Some(entry) = clients.get_mut(&client) else { continue };
-            if let Some(id) = self.id.as_ref().filter(|_| n == 0) {
-                entry.ids.remove(id);
-            }
-            // Forget idle clients, or the map would grow with every session ever seen.
-            if entry.permits.available_permits() == entry.most {
-                clients.remove(&client);
-            }
+        give_back(&mut clients, std::mem::take(&mut self.permits), self.id.as_deref());
+    }
+}
+
+/// Gives `permits` back (the first one's with request `id`), forgetting the keys that
+/// hold none any more: a map that kept every session ever seen would grow without bound.
+fn give_back(clients: &mut HashMap<String, InFlight>, permits: Vec<(String, OwnedSemaphorePermit)>, id: Option<&str>) {
+    for (n, (key, permit)) in permits.into_iter().enumerate() {
+        drop(permit);
+        let Some(entry) = clients.get_mut(&key) else { continue };
+        if let Some(id) = id.filter(|_| n == 0) {
+            entry.ids.remove(id);
+        }
+        if entry.permits.available_permits() == entry.most {
+            clients.remove(&key);
         }
     }
 }
@@ -422,8 +432,9 @@ fn admit(
         None if opening => format!("{} opening sessions", super::address_client(address)),
         None => super::address_client(address),
     };
-    // All of an address's requests but its `initialize`s count together too.
-    let in_all = (!opening).then(|| format!("{} in all", super::address_client(address)));
+    // All of an address's requests but its `initialize`s count together too, and all of
+    // its IPv6 site's.
+    let in_all = if opening { Vec::new() } else { front.limits.in_all(address) };
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
     let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
     let permit = match front.limits.try_acquire(client, key, in_all) {
@@ -510,7 +521,7 @@ mod tests {
     #[test]
     fn an_address_has_so_many_shares_in_flight_whatever_its_sessions() {
         let limits = Arc::new(ClientLimits::new(2));
-        let all = || Some("address 10.0.0.1 in all".to_owned());
+        let all = || limits.in_all("10.0.0.1".parse().unwrap());
         let mut held = Vec::new();
         for session in 0..SESSIONS_OF_ADDRESS {
             for n in 0..2 {
@@ -520,10 +531,34 @@ mod tests {
         assert!(matches!(limits.try_acquire("session 0".into(), None, all()), Err(Refusal::TooMany)), "its own share");
         let more = limits.try_acquire("session new".into(), None, all());
         assert!(matches!(more, Err(Refusal::TooMany)), "the address's shares are taken");
-        assert!(limits.try_acquire("session other".into(), None, Some("address 10.0.0.2 in all".into())).is_ok());
-        assert!(matches!(limits.try_acquire("session 1".into(), Some("1".into()), None), Err(Refusal::DuplicateId)));
+        assert!(limits.try_acquire("session other".into(), None, limits.in_all("10.0.0.2".parse().unwrap())).is_ok());
+        assert!(matches!(limits.try_acquire("session 1".into(), Some("1".into()), vec![]), Err(Refusal::DuplicateId)));
         held.pop();
         assert!(limits.try_acquire("session new".into(), None, all()).is_ok(), "one given back is room");
+        drop(held);
+        assert!(limits.clients.lock().unwrap().is_empty(), "{:?}", limits.clients.lock().unwrap().keys());
+    }
+
+    /// The /64s of one IPv6 site have twice one address's shares in flight together;
+    /// another site's are its own.
+    #[test]
+    fn the_addresses_of_one_ipv6_site_have_twice_an_addresss_shares_in_flight() {
+        let limits = Arc::new(ClientLimits::new(2));
+        let of = |block: u32| limits.in_all(format!("2001:db8:1:{block:x}::1").parse().unwrap());
+        let mut held = Vec::new();
+        for block in 0..2 {
+            for session in 0..SESSIONS_OF_ADDRESS {
+                for _ in 0..2 {
+                    held.push(limits.try_acquire(format!("session {block} {session}"), None, of(block)).ok().unwrap());
+                }
+            }
+        }
+        let third = limits.try_acquire("session new".into(), None, of(2));
+        assert!(matches!(third, Err(Refusal::TooMany)), "the site's shares are taken");
+        let elsewhere = limits.in_all("2001:db8:2:1::1".parse().unwrap());
+        assert!(limits.try_acquire("session elsewhere".into(), None, elsewhere).is_ok(), "another site's are its own");
+        held.pop();
+        assert!(limits.try_acquire("session new".into(), None, of(2)).is_ok(), "one given back is room");
         drop(held);
         assert!(limits.clients.lock().unwrap().is_empty(), "{:?}", limits.clients.lock().unwrap().keys());
     }
