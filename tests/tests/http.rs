@@ -1667,8 +1667,9 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
 }
 
 /// The /64s of one IPv6 site (its /48) share one client's room for a shared server's
-/// subscriptions, as they share one address's: a client cannot take all the room by
-/// using more of its site's addresses. Another site's room is its own.
+/// subscriptions, as they share one address's (and still once the server restarted and
+/// they were made again): a client cannot take all the room by using more of its site's
+/// addresses. Another site's room is its own.
 #[tokio::test]
 async fn the_addresses_of_one_ipv6_site_share_one_clients_room_for_subscriptions() {
     use rebound_tests::http_client_forwarded;
@@ -1690,6 +1691,13 @@ async fn the_addresses_of_one_ipv6_site_share_one_clients_room_for_subscriptions
         one.peer().subscribe(item(&i.to_string())).await.unwrap_or_else(|e| panic!("subscription {i}: {e}"));
     }
     let refused = two.peer().subscribe(item("more")).await.expect_err("another /64 of the site");
+    assert!(format!("{refused:?}").contains("at most 128 resources of server `a`"), "{refused:?}");
+    // Made again after the server restarts, they still count against the site.
+    let mut crash = CallToolRequestParams::new("crash");
+    crash.arguments = Some(serde_json::Map::new());
+    let _ = one.peer().call_tool(crash).await;
+    eventually("the subscriptions made again", || gw.state("a", "subscribes").len() == 2 * 128).await;
+    let refused = two.peer().subscribe(item("more")).await.expect_err("another /64 of the site, after the restart");
     assert!(format!("{refused:?}").contains("at most 128 resources of server `a`"), "{refused:?}");
     elsewhere.peer().subscribe(item("more")).await.unwrap();
     for client in [one, two, elsewhere] {

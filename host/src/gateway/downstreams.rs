@@ -285,9 +285,13 @@ struct Downstream {
     client: Arc<str>,
     /// The client session it belongs to (its own name for a session).
     owner: Arc<str>,
-    /// Whose share of a server's followed resources its subscriptions count against
-    /// (`transport::listen::Follower`): its session's, or a 2026-07-28 client's address.
+    /// Whose share of the notifications on their way it counts against: its session's,
+    /// or a 2026-07-28 client's address.
     counted: Arc<str>,
+    /// Whose share of a server's followed resources its subscriptions count against
+    /// (`transport::listen::Follower`), as when they were made: over HTTP its address's
+    /// (an IPv6 one's site, `http::site_of`), over stdio its session's.
+    follows_as: Arc<str>,
     reach: Reach,
     level: Option<LoggingLevel>,
     subscriptions: HashSet<Subscription>,
@@ -317,7 +321,7 @@ pub struct Downstreams {
 /// restart, a relaunch, a move): as they were, each within its client's share when made,
 /// and a restart takes none of them away.
 fn follower(d: &Downstream) -> Follower {
-    Follower { holder: d.client.clone(), client: d.counted.clone(), share: MAX_FOLLOWED }
+    Follower { holder: d.client.clone(), client: d.follows_as.clone(), share: MAX_FOLLOWED }
 }
 
 /// Severity order, most verbose first (rmcp's type has no order).
@@ -346,23 +350,28 @@ impl Downstreams {
     /// `client` finished initialising: it hears notifications from now on. Over HTTP,
     /// `address` is whose share (with its other sessions) they count against too.
     pub fn add(&self, client: Arc<str>, peer: Peer<RoleServer>, address: Option<Arc<str>>) {
+        let follows_as = address.as_ref().map_or_else(|| client.clone(), super::http::site_of);
         if let Some(address) = address {
             self.sending.place(client.clone(), address);
         }
-        self.add_entry(client.clone(), client.clone(), client, Reach::Session(peer));
+        let entry = (client.clone(), client.clone(), client);
+        self.add_entry(entry, follows_as, Reach::Session(peer));
     }
 
     /// `owner` (a 2026-07-28 client) opened the listen request `listen`, reached by `reach`.
-    /// Its subscriptions count against `counted`'s share.
+    /// Its notifications count against `counted`'s share (its address), its subscriptions
+    /// against its site's.
     pub fn add_listen(&self, listen: Arc<str>, owner: Arc<str>, counted: Arc<str>, reach: Reach) {
-        self.add_entry(listen, owner, counted, reach);
+        let follows_as = super::http::site_of(&counted);
+        self.add_entry((listen, owner, counted), follows_as, reach);
     }
 
-    fn add_entry(&self, client: Arc<str>, owner: Arc<str>, counted: Arc<str>, reach: Reach) {
+    fn add_entry(&self, (client, owner, counted): (Arc<str>, Arc<str>, Arc<str>), follows_as: Arc<str>, reach: Reach) {
         // Closed entries stay until `remove`, which ends the subscriptions they held.
         let mut list = self.list.lock().expect("not poisoned");
         list.retain(|d| d.client != client);
-        list.push(Downstream { client, owner, counted, reach, level: None, subscriptions: HashSet::new() });
+        let subscriptions = HashSet::new();
+        list.push(Downstream { client, owner, counted, follows_as, reach, level: None, subscriptions });
     }
 
     /// Sends `notification` to the client session `owner` however it is reached.
