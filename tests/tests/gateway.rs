@@ -1117,6 +1117,44 @@ async fn a_request_cancelled_while_it_waits_for_the_start_is_not_sent_on() {
     let _ = raw.child.kill().await;
 }
 
+/// So is a 2026-07-28 client's request that waits for its server to restart: the call
+/// the gateway holds for it (to carry its server's questions) ends its wait with it.
+#[tokio::test]
+async fn a_modern_request_cancelled_while_its_server_restarts_is_not_sent_on() {
+    let mut raw = RawStdio::serving(|dir| {
+        let gate = dir.join("gate");
+        std::fs::write(&gate, "").unwrap();
+        let a = faulty("a", dir, &["--start-gate", gate.to_str().unwrap()]);
+        json!({"mcpServers": {"a": a}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    });
+    let dir = raw._dir.path().to_owned();
+    raw.send(modern_call(1, "echo", json!({"arguments": {"message": "up"}}))).await;
+    assert_eq!(raw.answers(1).await[0]["result"]["content"][0]["text"], "a: up");
+    std::fs::remove_file(dir.join("gate")).unwrap();
+    raw.send(modern_call(2, "crash", json!({}))).await;
+    eventually("the restart, held at its gate", || rebound_tests::state_in(&dir, "a", "starts").len() == 2).await;
+    let read = |id: u64| {
+        let params = json!({"uri": format!("faulty://a/items/{id}"), "_meta": modern_meta()});
+        json!({"jsonrpc": "2.0", "id": id, "method": "resources/read", "params": params})
+    };
+    for id in 3..=10 {
+        raw.send(read(id)).await;
+    }
+    // Cancelled once they wait for the server, past the wait for the gateway's start
+    // (which a request cancelled as it comes never gets past).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in 3..=10 {
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id}})).await;
+    }
+    std::fs::write(dir.join("gate"), "").unwrap();
+    raw.send(read(11)).await;
+    while raw.answers(1).await[0]["id"] != 11 {}
+    raw.send(modern_call(12, "echo", json!({"arguments": {"message": "after"}}))).await;
+    while raw.answers(1).await[0]["id"] != 12 {}
+    assert_eq!(rebound_tests::state_in(&dir, "a", "reads"), ["faulty://a/items/11"]);
+    let _ = raw.child.kill().await;
+}
+
 /// A server of an older revision that knows `server/discover` refuses it (-32022, as an
 /// rmcp server that lists no 2026-07-28 does) instead of calling it unknown: Rebound
 /// initialises a fresh process at once, within the same start, so the client's first

@@ -163,16 +163,12 @@ impl Gateway {
         call.sent(session.id, sent.id.clone());
         let progress = ProgressTo::of(cx, client_token)
             .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), to));
-        let mut abandoned =
-            Abandoned { session, id: Some(sent.id.clone()), reason: "the gateway no longer waits for it" };
+        let mut abandoned = Abandoned { session, id: Some(sent.id.clone()), client: &cx.ct };
         let response = sent.await_response();
         let answer = tokio::select! {
             biased;
             answer = within(out.answer_within, response) => answer,
-            () = cx.ct.cancelled() => {
-                abandoned.reason = "cancelled by the client";
-                return Err(super::answered::by_the_client().into());
-            }
+            () = cx.ct.cancelled() => return Err(super::answered::by_the_client().into()),
             () = session.closed.cancelled() => return Err(Failed::lost()),
         };
         if matches!(answer, Some(Ok(_) | Err(rmcp::ServiceError::McpError(_)))) {
@@ -217,7 +213,11 @@ async fn send(
     cx: &RequestContext<RoleServer>,
 ) -> Result<RequestHandle<RoleClient>, Failed> {
     let server = &session.server;
+    // A request its client cancelled is not handed over, however ready the writer is.
     tokio::select! {
+        biased;
+        () = cx.ct.cancelled() => Err(super::answered::by_the_client().into()),
+        () = session.closed.cancelled() => Err(Failed::lost()),
         r = hand_over(session, request, options, hand_over_within) => match r {
             Some(sent) => sent.map_err(|e| failed_with(server, e)),
             None => {
@@ -226,8 +226,6 @@ async fn send(
                 Err(Failed::seen(error, Failure::SendFailed { reason }))
             }
         },
-        () = cx.ct.cancelled() => Err(super::answered::by_the_client().into()),
-        () = session.closed.cancelled() => Err(Failed::lost()),
     }
 }
 
@@ -243,8 +241,9 @@ async fn within<F: Future>(limit: Option<Duration>, response: F) -> Option<F::Ou
 struct Abandoned<'a> {
     session: &'a Session,
     id: Option<RequestId>,
-    /// Why, as the server is told.
-    reason: &'static str,
+    /// The client's cancellation of the request it serves: the reason the server is told,
+    /// once it is cancelled, whoever drops this (`super::answered` may, first).
+    client: &'a tokio_util::sync::CancellationToken,
 }
 
 impl Abandoned<'_> {
@@ -270,7 +269,12 @@ impl Abandoned<'_> {
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            cancel_upstream(self.session, id, self.reason);
+            let reason = if self.client.is_cancelled() {
+                "cancelled by the client"
+            } else {
+                "the gateway no longer waits for it"
+            };
+            cancel_upstream(self.session, id, reason);
         }
     }
 }

@@ -390,7 +390,11 @@ impl ServerHandler for Gateway {
             return answered("prompts/get", &cancelled, self.answer_prompt(request, cx)).await;
         }
         self.answer_asking(request, cx, |gateway, request, cx| {
-            Box::pin(async move { unpanicked("prompts/get", gateway.answer_prompt(request, cx)).await })
+            // Its own cancellation (the call's) ends what it waits for, as the client's does.
+            Box::pin(async move {
+                let cancelled = cx.ct.clone();
+                answered("prompts/get", &cancelled, gateway.answer_prompt(request, cx)).await
+            })
         })
         .await
     }
@@ -433,7 +437,10 @@ impl ServerHandler for Gateway {
             return answered("resources/read", &cancelled, self.answer_read(request, cx)).await;
         }
         self.answer_asking(request, cx, |gateway, request, cx| {
-            Box::pin(async move { unpanicked("resources/read", gateway.answer_read(request, cx)).await })
+            Box::pin(async move {
+                let cancelled = cx.ct.clone();
+                answered("resources/read", &cancelled, gateway.answer_read(request, cx)).await
+            })
         })
         .await
     }
@@ -724,21 +731,25 @@ impl Gateway {
         answer: impl FnOnce(Gateway, P, RequestContext<RoleServer>) -> BoxFuture<'static, Result<R, ErrorData>>,
     ) -> Result<R, ErrorData> {
         let what = request.what();
-        let (state, answers) = request.resumed();
-        let call = match held::take_ours(state, answers) {
-            Some((state, answers)) => self.hub.held.resume(&state, &what, &self.counted(&cx), answers)?,
-            None => {
-                self.ready(&cx).await?;
-                let deadline = self.deadline_of(&what);
-                let gateway = self.clone();
-                Call::new(what, self.counted(&cx), deadline, &cx, move |cx| {
-                    let answer = answer(gateway, request, cx);
-                    Box::pin(async move { answer.await.map(Into::into) })
-                })
-            }
-        };
-        let answer = self.hub.held.answer(call, &cx).await;
-        answer.and_then(held::read)
+        // Not given up at the client's cancellation: `Held::answer` winds the call down.
+        unpanicked(what.method, async {
+            let (state, answers) = request.resumed();
+            let call = match held::take_ours(state, answers) {
+                Some((state, answers)) => self.hub.held.resume(&state, &what, &self.counted(&cx), answers)?,
+                None => {
+                    self.ready(&cx).await?;
+                    let deadline = self.deadline_of(&what);
+                    let gateway = self.clone();
+                    Call::new(what.clone(), self.counted(&cx), deadline, &cx, move |cx| {
+                        let answer = answer(gateway, request, cx);
+                        Box::pin(async move { answer.await.map(Into::into) })
+                    })
+                }
+            };
+            let answer = self.hub.held.answer(call, &cx).await;
+            answer.and_then(held::read)
+        })
+        .await
     }
 
     /// How long the request `what` may take in all: its server's deadline for it.

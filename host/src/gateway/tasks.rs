@@ -257,7 +257,7 @@ impl Gateway {
                 None,
             ));
         }
-        let (server, upstream_name, to) = self.task_upstream(&name).await?;
+        let (server, upstream_name, to) = self.task_upstream(&name, cx).await?;
         params["name"] = Value::String(upstream_name);
         self.own.tasks.room()?;
         // The task's progress comes as long as it runs: its route is kept with the task.
@@ -308,12 +308,18 @@ impl Gateway {
 
     /// The server of the tool the client calls `name`, the tool's name there, and the
     /// server's instance, for a task-augmented call: refused for a server that takes none.
-    async fn task_upstream(&self, name: &str) -> Result<(Arc<str>, String, Instance), ErrorData> {
+    /// The wait for a server restarting ends with the client's cancellation.
+    pub(super) async fn task_upstream(
+        &self,
+        name: &str,
+        cx: &RequestContext<RoleServer>,
+    ) -> Result<(Arc<str>, String, Instance), ErrorData> {
         let catalogue = self.own.catalogue();
         let (route, _) =
             catalogue.tool(name).ok_or_else(|| ErrorData::invalid_params(format!("unknown tool `{name}`"), None))?;
         let server = route.server.clone();
-        let to = self.upstream(&server, self.limits(&server).timeout).await?;
+        let within = self.limits(&server).timeout;
+        let to = super::answered::until_cancelled(&cx.ct, self.upstream(&server, within)).await??;
         if !to.session.dropped.task_calls() {
             return Err(ErrorData::new(
                 rmcp::model::ErrorCode::METHOD_NOT_FOUND,

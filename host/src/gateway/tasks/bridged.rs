@@ -59,7 +59,7 @@ impl Gateway {
         cx: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        let (server, upstream_name, to) = self.task_upstream(&name).await?;
+        let (server, upstream_name, to) = self.task_upstream(&name, cx).await?;
         let owner = task_owner(cx);
         if !self.hub.routing.relayed.has_room(owner.as_deref()) {
             return Err(ErrorData::invalid_params(

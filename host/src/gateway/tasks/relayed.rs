@@ -33,6 +33,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::json;
 
+use super::super::answered::until_cancelled;
 use super::super::call::{Tasks, request_meta};
 use super::super::forward::{Fault, Instance, Out};
 use super::super::server::Gateway;
@@ -466,9 +467,9 @@ impl Gateway {
             None if entry.process => return None,
             // A `url` server's task outlives the connection it was made on: it is asked
             // for on the server's current one, or later.
-            None => match self.upstream(&entry.server, timeout).await {
-                Ok(to) => to,
-                Err(e) => return Some(Err(e)),
+            None => match until_cancelled(&cx.ct, self.upstream(&entry.server, timeout)).await {
+                Ok(Ok(to)) => to,
+                Ok(Err(e)) | Err(e) => return Some(Err(e)),
             },
         };
         let meta: RequestMetaObject = request_meta(&to.session, cx, Tasks::Yes);
