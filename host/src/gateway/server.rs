@@ -258,6 +258,8 @@ impl ServerHandler for Gateway {
                     // rmcp acknowledged the listen before this ran: what changed in
                     // between was not heard, so the client is told to read it afresh.
                     Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
+                    // Cancelled: the rest are not followed either, nor logged one by one.
+                    Err(_) if cx.ct.is_cancelled() => break,
                     Err(e) => {
                         tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
                     }
