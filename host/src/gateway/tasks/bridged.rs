@@ -130,6 +130,8 @@ impl Gateway {
                         },
                         Err(e) => return Some(Err(e)),
                     },
+                    // A poll its client cancelled missed nothing of the server's.
+                    Err(e) if cx.ct.is_cancelled() => return Some(Err(e)),
                     // Its result could not be had this time: asked again on the next polls,
                     // and past a few misses in a row the task failed, for good.
                     Err(e) => {
@@ -143,8 +145,11 @@ impl Gateway {
             }
             TaskStatus::InputRequired => {
                 // 2025-11-25 asks on the `tasks/result` request, which the extension has no
-                // place for: the task could never go on, so it is cancelled and ends here.
-                let _ = self.to_task(entry, "tasks/cancel", ask("tasks/cancel"), cx).await;
+                // place for: the task could never go on, so it is cancelled and ends here,
+                // whether or not the client still waits for this poll.
+                let mut apart = cx.clone();
+                apart.ct = tokio_util::sync::CancellationToken::new();
+                let _ = self.to_task(entry, "tasks/cancel", ask("tasks/cancel"), &apart).await;
                 let why = "the server asked the client for input, which a client on 2026-07-28 cannot give a server on 2025-11-25 through Rebound: the task was cancelled";
                 return Some(Ok(self.failed_for_good(id, entry, why)));
             }
