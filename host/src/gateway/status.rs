@@ -148,11 +148,12 @@ fn reload_json(reloaded: &Reloaded) -> Value {
 /// there) that are not closed and clean: of the server (`own_breaker`) and of its tools
 /// (`own_tool_breakers`, by name), in `entry`.
 fn own_breakers(entry: &mut Value, setup: &Setup, server: &str, own: &SessionServers) {
-    let (Some(Blame::Client(key)), Some(policy)) = (own.blamed.get(), setup.engine.policy(server)) else { return };
-    if let Some(snapshot) = policy.breakers.own(*key).map(|b| b.snapshot()).filter(troubled) {
+    let (Some(Blame::Client(culprit)), Some(policy)) = (own.blamed.get(), setup.engine.policy(server)) else { return };
+    let key = culprit.own;
+    if let Some(snapshot) = policy.breakers.own(key).map(|b| b.snapshot()).filter(troubled) {
         entry["own_breaker"] = breaker_json(&snapshot);
     }
-    let tools = policy.breakers.own_tools(*key);
+    let tools = policy.breakers.own_tools(key);
     if !tools.is_empty() {
         let tools = tools.iter().map(|(t, s)| (t.clone(), breaker_json(s))).collect();
         entry["own_tool_breakers"] = Value::Object(tools);

@@ -19,7 +19,7 @@ use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
 use crate::recovery::Failure;
-use crate::recovery::breaker::Blame;
+use crate::recovery::breaker::{Blame, Culprit};
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
 use crate::recovery::report;
 use crate::redact::Secrets;
@@ -356,17 +356,27 @@ impl Upstream for Upstreams<'_> {
 /// its /64, as every share per address), so that a client cannot open a shared breaker
 /// for everyone by opening a second session; a session on this machine (loopback) by the
 /// session, since local clients all share one address. (A client with no session, on
-/// 2026-07-28, by its address wherever it is.)
+/// 2026-07-28, by its address wherever it is.) The shared breakers tell an IPv6 client
+/// apart by its site (its /48), so that two /64s of one site cannot open them for everyone;
+/// its own breakers stay its /64's, so that its failures shed no neighbour's calls.
 pub fn blame_of(session: Option<&str>, address: Option<std::net::IpAddr>) -> Blame {
     static KEYS: std::sync::LazyLock<std::hash::RandomState> = std::sync::LazyLock::new(Default::default);
     use std::hash::BuildHasher as _;
     let by_session = session.filter(|_| address.is_none_or(|ip| ip.to_canonical().is_loopback()));
-    let key = match (by_session, address) {
-        (Some(session), _) => KEYS.hash_one(("session", session)),
-        (None, Some(ip)) => KEYS.hash_one(("address", super::http::address_client(ip))),
+    let (own, shared) = match (by_session, address) {
+        (Some(session), _) => {
+            let key = KEYS.hash_one(("session", session));
+            (key, key)
+        }
+        (None, Some(ip)) => {
+            let address = super::http::address_client(ip);
+            let site = super::http::network_of(&address);
+            let own = KEYS.hash_one(("address", &address));
+            (own, site.map_or(own, |site| KEYS.hash_one(("site", site))))
+        }
         (None, None) => return Blame::Server,
     };
-    Blame::Client(key)
+    Blame::Client(Culprit { own, shared })
 }
 
 fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, message: &str, attempts: usize) {
@@ -417,5 +427,22 @@ mod tests {
         assert_ne!(blame_of(None, ip("127.0.0.1")), blame_of(one, ip("127.0.0.1")));
         assert!(matches!(blame_of(one, ip("::1")), Blame::Client(_)));
         assert_eq!(blame_of(None, None), Blame::Server);
+    }
+
+    /// The /64s of one IPv6 site are each a client of its own breakers, and one client of
+    /// the shared ones; an IPv4 address and a local session are one client of both.
+    #[test]
+    fn the_shared_breakers_tell_an_ipv6_site_apart_as_one_client() {
+        let culprit = |session, address| match blame_of(session, ip(address)) {
+            Blame::Client(culprit) => culprit,
+            Blame::Server => panic!("a client"),
+        };
+        let (a, b) = (culprit(None, "2001:db8:1:2::1"), culprit(None, "2001:db8:1:3::1"));
+        assert_ne!(a.own, b.own);
+        assert_eq!(a.shared, b.shared);
+        assert_ne!(a.shared, culprit(None, "2001:db8:2:2::1").shared, "another site");
+        for c in [culprit(None, "203.0.113.7"), culprit(Some("session one"), "127.0.0.1")] {
+            assert_eq!(c.own, c.shared);
+        }
     }
 }

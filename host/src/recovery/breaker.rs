@@ -436,7 +436,7 @@ mod blame;
 pub mod levels;
 
 use blame::Failures;
-pub use blame::{Blame, Blamed};
+pub use blame::{Blame, Blamed, Culprit};
 
 pub use levels::{MAX_TOOL_BREAKERS, Permits, ServerBreakers, Shed, ToolBreakers};
 

@@ -6,12 +6,14 @@
 //! On a server many clients share, a retry also costs the client a token of its own
 //! ([`Budgets`]): a client's budget starts at half the reserve and grows with its calls,
 //! so one client whose calls keep failing spends its own deposits and half a reserve of
-//! the server's, and leaves the rest to the others.
+//! the server's, and leaves the rest to the others. A client here is the one the shared
+//! breakers count ([`Culprit::shared`]): the /64s of an IPv6 site share one budget, so
+//! that two of them cannot spend the whole reserve.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::breaker::Blame;
+use super::breaker::{Blame, Culprit};
 
 /// The most clients of one server with a budget of their own; past it, full ones make
 /// room, and a client that finds none retries on the server's budget alone.
@@ -59,7 +61,7 @@ impl Budgets {
     /// A call was made, by `blame`'s client if many share the server.
     pub fn deposit(&self, blame: Blame) {
         self.server.deposit();
-        if let Blame::Client(client) = blame
+        if let Blame::Client(Culprit { shared: client, .. }) = blame
             && self.any_client.load(std::sync::atomic::Ordering::Relaxed)
         {
             let own_max = self.own_max();
@@ -73,7 +75,7 @@ impl Budgets {
     /// the client's own when many share the server. Else says whose budget is spent.
     pub fn withdraw(&self, blame: Blame) -> Result<(), Spent> {
         let server = || if self.server.withdraw() { Ok(()) } else { Err(Spent::Server) };
-        let Blame::Client(client) = blame else { return server() };
+        let Blame::Client(Culprit { shared: client, .. }) = blame else { return server() };
         let own_max = self.own_max();
         let mut clients = self.clients.lock().expect("not poisoned");
         if !clients.contains_key(&client) && clients.len() >= MAX_CLIENT_BUDGETS {
@@ -157,7 +159,7 @@ mod tests {
     #[test]
     fn one_failing_client_leaves_the_others_their_retries() {
         let b = Budgets::new(0.2, 10);
-        let (failing, other) = (Blame::Client(1), Blame::Client(2));
+        let (failing, other) = (Blame::client(1), Blame::client(2));
         let mut retries = 0;
         for i in 0..1000 {
             b.deposit(failing);
@@ -175,6 +177,16 @@ mod tests {
         assert_eq!(b.withdraw(Blame::Server), Err(Spent::Server));
     }
 
+    /// Two /64s of one IPv6 site spend one client's budget between them, not two.
+    #[test]
+    fn the_clients_of_one_site_share_one_budget() {
+        let b = Budgets::new(0.2, 10);
+        let of_site = |own| Blame::Client(Culprit { own, shared: 7 });
+        let spent = (0..20).filter(|i| b.withdraw(of_site(i % 2)).is_ok()).count();
+        assert_eq!(spent, 5, "half the reserve, for the site");
+        assert_eq!(b.withdraw(Blame::client(8)), Ok(()), "another client still retries");
+    }
+
     /// At most [`MAX_CLIENT_BUDGETS`] clients have a budget of their own: past it, a full
     /// one (its calls have topped it up since it last retried) makes room, and while none
     /// is full a new client retries on the server's budget alone.
@@ -182,12 +194,12 @@ mod tests {
     fn client_budgets_are_bounded_and_full_ones_make_room() {
         let b = Budgets::new(1.0, 100_000);
         for client in 0..MAX_CLIENT_BUDGETS as u64 {
-            assert_eq!(b.withdraw(Blame::Client(client)), Ok(()));
+            assert_eq!(b.withdraw(Blame::client(client)), Ok(()));
         }
-        let newcomer = Blame::Client(u64::MAX);
+        let newcomer = Blame::client(u64::MAX);
         assert_eq!(b.withdraw(newcomer), Ok(()), "on the server's budget alone");
         assert!(!b.clients.lock().unwrap().contains_key(&u64::MAX), "no budget of its own");
-        b.deposit(Blame::Client(0));
+        b.deposit(Blame::client(0));
         assert_eq!(b.withdraw(newcomer), Ok(()));
         let clients = b.clients.lock().unwrap();
         assert!(clients.contains_key(&u64::MAX) && !clients.contains_key(&0), "client 0, full, made room");

@@ -19,8 +19,29 @@ pub enum Blame {
     /// The server: every failure of a server that serves one client, and one that proves
     /// the request never reached the server, whoever sent it.
     Server,
-    /// One client of the many a server serves, by a key (see the gateway's `blame_of`).
-    Client(u64),
+    /// One client of the many a server serves (see the gateway's `blame_of`).
+    Client(Culprit),
+}
+
+/// A client a failure is blamed on, by two keys: its own, whose breakers shed its calls
+/// alone, and the wider one the shared breakers tell clients apart by, which a holder of
+/// many own keys (the /64s of one IPv6 site) cannot multiply. The shared breakers leave out
+/// the failures of the one that failed most: were they told apart by the own key, two /64s
+/// of one site could open a shared breaker for everyone; were the own breakers keyed by the
+/// wide one, a site's failing /64 would shed its neighbours' calls too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Culprit {
+    /// Whose own breakers its calls go through.
+    pub own: u64,
+    /// Whom the shared breakers count its failures against.
+    pub shared: u64,
+}
+
+impl Blame {
+    /// One client whose own key is its shared one.
+    pub const fn client(key: u64) -> Self {
+        Self::Client(Culprit { own: key, shared: key })
+    }
 }
 
 /// One failure as a breaker counts it: whom it is blamed on, and the connection it was
@@ -82,7 +103,7 @@ impl Failures {
         let Blamed { on, lost } = failure.into();
         self.total += 1;
         let key = match on {
-            Blame::Client(key) => Some(key),
+            Blame::Client(culprit) => Some(culprit.shared),
             Blame::Server => None,
         };
         if let Some(key) = key {
@@ -97,7 +118,7 @@ impl Failures {
     /// of the last few) a part in that failure, once; the total does not grow. A failure
     /// lost with another session, or blamed on the server, changes nothing.
     pub fn join(&mut self, failure: Blamed) {
-        let Blamed { on: Blame::Client(key), lost: Some(id) } = failure else {
+        let Blamed { on: Blame::Client(Culprit { shared: key, .. }), lost: Some(id) } = failure else {
             return;
         };
         let Some((_, with)) = self.losses.iter_mut().find(|(lost, _)| *lost == id) else {
@@ -136,7 +157,7 @@ impl Failures {
 
     /// Whether any of them is blamed on `blame`'s client.
     pub fn blames(&self, blame: Blame) -> bool {
-        matches!(blame, Blame::Client(key) if self.clients.iter().any(|(k, _)| *k == key))
+        matches!(blame, Blame::Client(c) if self.clients.iter().any(|(k, _)| *k == c.shared))
     }
 
     pub fn merge(&mut self, other: &Failures) {
@@ -159,13 +180,13 @@ mod tests {
     fn the_client_that_failed_most_is_left_out() {
         let mut f = Failures::default();
         for _ in 0..10 {
-            f.add(Blame::Client(1));
+            f.add(Blame::client(1));
         }
         assert_eq!((f.total(), f.of_others()), (10, 0));
-        f.add(Blame::Client(2));
+        f.add(Blame::client(2));
         f.add(Blame::Server);
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (12, 10, 2));
-        assert!(f.blames(Blame::Client(2)) && !f.blames(Blame::Client(3)) && !f.blames(Blame::Server));
+        assert!(f.blames(Blame::client(2)) && !f.blames(Blame::client(3)) && !f.blames(Blame::Server));
     }
 
     /// The calls one lost connection took down are one failure, which each of their
@@ -176,27 +197,27 @@ mod tests {
         let lost = |on, id| Blamed { on, lost: Some(id) };
         let mut f = Failures::default();
         for crash in 0..5 {
-            f.add(lost(Blame::Client(1), crash));
-            f.join(lost(Blame::Client(2), crash));
-            f.join(lost(Blame::Client(2), crash));
-            f.join(lost(Blame::Client(3 + crash % 2), crash));
-            f.join(lost(Blame::Client(9), crash + 1));
+            f.add(lost(Blame::client(1), crash));
+            f.join(lost(Blame::client(2), crash));
+            f.join(lost(Blame::client(2), crash));
+            f.join(lost(Blame::client(3 + crash % 2), crash));
+            f.join(lost(Blame::client(9), crash + 1));
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (5, 5, 0), "{f:?}");
         // A crash clients 1 and 2 had no part in is what the others say; so is a failure
         // of another kind, and one lost with no connection named (one request's own).
-        f.add(lost(Blame::Client(3), 9));
-        f.join(lost(Blame::Client(4), 9));
+        f.add(lost(Blame::client(3), 9));
+        f.join(lost(Blame::client(4), 9));
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (6, 5, 1), "{f:?}");
-        f.add(Blame::Client(3));
-        f.add(Blamed { on: Blame::Client(4), lost: None });
+        f.add(Blame::client(3));
+        f.add(Blamed { on: Blame::client(4), lost: None });
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (8, 5, 3), "{f:?}");
         // Two crashes whose calls come back interleaved are one failure each.
         let mut f = Failures::default();
         for (client, crash) in [(1, 10), (2, 20), (3, 10), (3, 20), (4, 10)] {
             match f.losses.iter().any(|(id, _)| *id == crash) {
-                true => f.join(lost(Blame::Client(client), crash)),
-                false => f.add(lost(Blame::Client(client), crash)),
+                true => f.join(lost(Blame::client(client), crash)),
+                false => f.add(lost(Blame::client(client), crash)),
             }
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (2, 2, 0), "client 3 was in both: {f:?}");
@@ -213,11 +234,11 @@ mod tests {
     fn past_the_clients_it_tells_apart_the_fewest_failures_are_the_servers() {
         let mut f = Failures::default();
         for key in 0..(MAX_CLIENTS as u64 + 4) {
-            f.add(Blame::Client(key));
+            f.add(Blame::client(key));
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (20, 1, 19));
         for _ in 0..30 {
-            f.add(Blame::Client(99));
+            f.add(Blame::client(99));
         }
         assert_eq!((f.total(), f.most_of_one(), f.of_others()), (50, 30, 20));
         let mut sum = Failures::default();

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Blame, Blamed, Breaker, Outcome, Permit, Snapshot};
+use super::{Blame, Blamed, Breaker, Culprit, Outcome, Permit, Snapshot};
 use crate::config::BreakerConfig;
 use crate::recovery::clock::{Clock, Rng};
 
@@ -209,7 +209,7 @@ pub struct Permits {
 /// A client's own breakers for one call: the permits of those it had.
 #[derive(Debug)]
 struct Own {
-    client: u64,
+    client: Culprit,
     server: Option<Permit>,
     tool: Option<Permit>,
 }
@@ -240,7 +240,7 @@ impl ServerBreakers {
             // (Until some client has failed here, none has breakers of its own to ask.)
             Blame::Client(client) if !self.clients.ever_held() => Some(Own { client, server: None, tool: None }),
             Blame::Client(client) => {
-                let keys = self.own_keys(client, tool);
+                let keys = self.own_keys(client.own, tool);
                 let admit = |key: &ClientKey, tool| {
                     self.clients.existing(key).map(|b| b.admit().map_err(|r| shed(r, tool, true))).transpose()
                 };
@@ -292,7 +292,7 @@ impl ServerBreakers {
         // Its own breakers count its failures as they come: they serve it alone.
         let tool_answered = || self.tools.existing(tool_name).is_some_and(|b| b.answered_since(since));
         let own_confined = confined || (may_be_confined && tool_answered());
-        let keys = self.own_keys(own.client, tool_name);
+        let keys = self.own_keys(own.client.own, tool_name);
         // Of a tool only when the tool has a breaker of its own by name (all but tools
         // past the most kept), by which the client's status finds it.
         let named = own.tool.is_some() || self.tools.existing(tool_name).is_some();
@@ -319,7 +319,7 @@ impl ServerBreakers {
     /// then, and is not counted.
     pub fn refused_at(&self, tool: &str, blame: Blame, at: Instant) -> Option<&'static str> {
         if let Blame::Client(client) = blame {
-            let (server_key, tool_key) = self.own_keys(client, tool);
+            let (server_key, tool_key) = self.own_keys(client.own, tool);
             if self.clients.existing(&server_key).is_some_and(|b| b.open_at(at)) {
                 return Some("the circuit breaker of this client's calls to the server is open");
             }

@@ -198,7 +198,7 @@ async fn a_probe_from_an_earlier_half_open_period_has_no_say() {
 
 fn fail_as(b: &Arc<Breaker>, client: u64, n: u32) {
     for _ in 0..n {
-        b.admit().expect("admitted").record_blaming(Outcome::Failure, Blame::Client(client));
+        b.admit().expect("admitted").record_blaming(Outcome::Failure, Blame::client(client));
     }
 }
 
@@ -226,7 +226,7 @@ async fn one_clients_failures_alone_do_not_open_it() {
     // Another client's success ends the run.
     let b = defaults();
     fail_as(&b, 1, 10);
-    b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(2));
+    b.admit().unwrap().record_blaming(Outcome::Success, Blame::client(2));
     fail_as(&b, 2, 4);
     fail_as(&b, 3, 4);
     assert_eq!(b.phase(), Phase::Closed, "four of the others' since");
@@ -240,7 +240,7 @@ async fn the_calls_one_crash_takes_down_are_one_failure() {
     let b = defaults();
     let crash = |id: u64, clients: &[u64]| {
         for &client in clients {
-            let lost = Blamed { on: Blame::Client(client), lost: Some(id) };
+            let lost = Blamed { on: Blame::client(client), lost: Some(id) };
             b.admit().expect("admitted").record_blaming(Outcome::Failure, lost);
         }
     };
@@ -262,10 +262,10 @@ async fn the_calls_one_crash_takes_down_are_one_failure() {
 #[tokio::test(start_paused = true)]
 async fn a_crash_is_one_failure_however_its_calls_come_back() {
     let b = defaults();
-    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(1) };
+    let lost = |client| Blamed { on: Blame::client(client), lost: Some(1) };
     b.admit().unwrap().record_blaming(Outcome::Failure, lost(1));
     tokio::time::advance(Duration::from_secs(7)).await;
-    b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(3));
+    b.admit().unwrap().record_blaming(Outcome::Success, Blame::client(3));
     b.admit().unwrap().record_blaming(Outcome::Failure, lost(2));
     let s = b.snapshot();
     assert_eq!((s.consecutive_failures, s.window_calls, s.window_failures), (0, 2, 1), "{s:?}");
@@ -276,7 +276,7 @@ async fn a_crash_is_one_failure_however_its_calls_come_back() {
 #[tokio::test(start_paused = true)]
 async fn crashes_whose_calls_come_back_interleaved_are_one_failure_each() {
     let b = defaults();
-    let lost = |client, id| Blamed { on: Blame::Client(client), lost: Some(id) };
+    let lost = |client, id| Blamed { on: Blame::client(client), lost: Some(id) };
     for (client, id) in [(1, 10), (2, 20), (3, 10), (4, 20), (5, 10)] {
         b.admit().unwrap().record_blaming(Outcome::Failure, lost(client, id));
     }
@@ -298,14 +298,14 @@ async fn probes_lost_in_one_crash_are_one_failed_probe() {
     let b = breaker(BreakerConfig { half_open_max_calls: 3, ..BreakerConfig::default() });
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(61)).await;
-    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(9) };
-    let (one, two) = (b.admit_for(Blame::Client(1)).unwrap(), b.admit_for(Blame::Client(2)).unwrap());
+    let lost = |client| Blamed { on: Blame::client(client), lost: Some(9) };
+    let (one, two) = (b.admit_for(Blame::client(1)).unwrap(), b.admit_for(Blame::client(2)).unwrap());
     one.record_blaming(Outcome::Failure, lost(1));
     two.record_blaming(Outcome::Failure, lost(2));
     assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, successes: 0 }), "{:?}", b.phase());
-    assert!(b.admit_for(Blame::Client(1)).is_err() && b.admit_for(Blame::Client(2)).is_err());
+    assert!(b.admit_for(Blame::client(1)).is_err() && b.admit_for(Blame::client(2)).is_err());
     for _ in 0..2 {
-        b.admit_for(Blame::Client(3)).expect("another's probe").record_blaming(Outcome::Success, Blame::Client(3));
+        b.admit_for(Blame::client(3)).expect("another's probe").record_blaming(Outcome::Success, Blame::client(3));
     }
     assert_eq!(b.phase(), Phase::Closed);
 }
@@ -319,12 +319,12 @@ async fn a_crash_whose_first_failure_is_out_of_date_is_counted_with_the_next() {
     let stale = b.admit().unwrap();
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(61)).await;
-    let probe = b.admit_for(Blame::Client(2)).expect("a probe");
-    let lost = |client| Blamed { on: Blame::Client(client), lost: Some(9) };
+    let probe = b.admit_for(Blame::client(2)).expect("a probe");
+    let lost = |client| Blamed { on: Blame::client(client), lost: Some(9) };
     stale.record_blaming(Outcome::Failure, lost(1));
     probe.record_blaming(Outcome::Failure, lost(2));
     assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, .. }), "{:?}", b.phase());
-    assert!(b.admit_for(Blame::Client(2)).is_err(), "its probe failed: it waits");
+    assert!(b.admit_for(Blame::client(2)).is_err(), "its probe failed: it waits");
     assert_eq!(b.snapshot().consecutive_failures, 1);
 }
 
@@ -339,7 +339,7 @@ async fn the_failure_rate_leaves_out_the_client_that_failed_most() {
     // Client 1 always fails, client 2 always answers: all of the failures are one's.
     for _ in 0..20 {
         fail_as(&b, 1, 1);
-        b.admit().unwrap().record_blaming(Outcome::Success, Blame::Client(2));
+        b.admit().unwrap().record_blaming(Outcome::Success, Blame::client(2));
     }
     assert_eq!(b.phase(), Phase::Closed, "half the calls failed, all of them one client's");
     // Without client 1's 20 failed calls: 20 answered; the others' failures must reach half.
@@ -358,14 +358,14 @@ async fn one_clients_failed_probe_does_not_reopen_it() {
     let b = defaults();
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(61)).await;
-    b.admit_for(Blame::Client(1)).expect("a probe").record_blaming(Outcome::Failure, Blame::Client(1));
+    b.admit_for(Blame::client(1)).expect("a probe").record_blaming(Outcome::Failure, Blame::client(1));
     assert!(matches!(b.phase(), Phase::HalfOpen { in_flight: 0, successes: 0 }), "{:?}", b.phase());
     // It waits as long as the breaker would have reopened for it (its second opening).
-    let wait = b.admit_for(Blame::Client(1)).expect_err("not its probe again");
+    let wait = b.admit_for(Blame::client(1)).expect_err("not its probe again");
     assert!(wait >= Duration::from_secs(96) && wait <= Duration::from_secs(120), "{wait:?}");
     let now = tokio::time::Instant::now();
-    assert!(b.refuses_at(Blame::Client(1), now) && !b.refuses_at(Blame::Client(2), now));
-    b.admit_for(Blame::Client(2)).expect("another's probe").record_blaming(Outcome::Failure, Blame::Client(2));
+    assert!(b.refuses_at(Blame::client(1), now) && !b.refuses_at(Blame::client(2), now));
+    b.admit_for(Blame::client(2)).expect("another's probe").record_blaming(Outcome::Failure, Blame::client(2));
     assert!(matches!(b.phase(), Phase::Open { .. }));
 }
 
@@ -376,12 +376,12 @@ async fn a_client_alone_probes_again_after_its_wait() {
     let b = defaults();
     fail(&b, 5);
     tokio::time::advance(Duration::from_secs(61)).await;
-    b.admit_for(Blame::Client(1)).unwrap().record_blaming(Outcome::Failure, Blame::Client(1));
-    let wait = b.admit_for(Blame::Client(1)).expect_err("waits");
+    b.admit_for(Blame::client(1)).unwrap().record_blaming(Outcome::Failure, Blame::client(1));
+    let wait = b.admit_for(Blame::client(1)).expect_err("waits");
     tokio::time::advance(wait).await;
-    let probe = b.admit_for(Blame::Client(1)).expect("a probe of a new half-open period");
-    probe.record_blaming(Outcome::Success, Blame::Client(1));
-    b.admit_for(Blame::Client(1)).unwrap().record_blaming(Outcome::Success, Blame::Client(1));
+    let probe = b.admit_for(Blame::client(1)).expect("a probe of a new half-open period");
+    probe.record_blaming(Outcome::Success, Blame::client(1));
+    b.admit_for(Blame::client(1)).unwrap().record_blaming(Outcome::Success, Blame::client(1));
     assert_eq!(b.phase(), Phase::Closed);
 }
 
@@ -424,7 +424,7 @@ mod levels {
 
     fn fail_as(b: &ServerBreakers, tool: &str, client: u64, n: u32) {
         for _ in 0..n {
-            let permits = b.admit(tool, Blame::Client(client)).expect("admitted");
+            let permits = b.admit(tool, Blame::client(client)).expect("admitted");
             b.failed(permits, tool, failed(Outcome::Failure, true, false));
         }
     }
@@ -435,16 +435,16 @@ mod levels {
     async fn one_client_is_shed_alone_until_another_fails_too() {
         let b = breakers();
         fail_as(&b, "fetch", 1, 5);
-        let shed = b.admit("fetch", Blame::Client(1)).expect_err("its own breaker is open");
+        let shed = b.admit("fetch", Blame::client(1)).expect_err("its own breaker is open");
         assert!(shed.own && !shed.tool, "{shed:?}");
         assert_eq!(b.own(1).unwrap().snapshot().state, "open");
         assert_eq!(b.server.snapshot().state, "closed");
-        let other = b.admit("fetch", Blame::Client(2)).expect("another client's call goes through");
+        let other = b.admit("fetch", Blame::client(2)).expect("another client's call goes through");
         b.succeeded(other);
         assert!(b.own(2).is_none(), "no breaker of its own without a failure");
         let now = tokio::time::Instant::now();
-        assert!(b.refused_at("fetch", Blame::Client(1), now).is_some_and(|w| w.contains("this client")));
-        assert_eq!(b.refused_at("fetch", Blame::Client(2), now), None);
+        assert!(b.refused_at("fetch", Blame::client(1), now).is_some_and(|w| w.contains("this client")));
+        assert_eq!(b.refused_at("fetch", Blame::client(2), now), None);
 
         // (Client 2's success above ended client 1's run.) The others' failures open
         // the shared breaker for everyone: five in a row, without those of the client
@@ -454,8 +454,36 @@ mod levels {
         }
         assert_eq!(b.server.snapshot().state, "closed", "four of the others'");
         fail_as(&b, "fetch", 7, 1);
-        let shed = b.admit("fetch", Blame::Client(3)).expect_err("the server's breaker is open");
+        let shed = b.admit("fetch", Blame::client(3)).expect_err("the server's breaker is open");
         assert!(!shed.own, "{shed:?}");
+    }
+
+    /// Two clients the shared breakers count as one (two /64s of one IPv6 site) open no
+    /// shared breaker by failing in turn, where two clients of their own would; each is
+    /// shed by its own breakers alone, and a third client's calls go on.
+    #[tokio::test(start_paused = true)]
+    async fn two_clients_of_one_site_are_one_client_to_the_shared_breakers() {
+        let of_site = |own| Blame::Client(Culprit { own, shared: 100 });
+        let fail = |b: &ServerBreakers, blame| {
+            let permits = b.admit("fetch", blame).expect("admitted");
+            b.failed(permits, "fetch", failed(Outcome::Failure, true, false));
+        };
+        let b = breakers();
+        for _ in 0..5 {
+            fail(&b, of_site(1));
+            fail(&b, of_site(2));
+        }
+        assert_eq!(b.server.snapshot().state, "closed", "one client's ten failures");
+        assert_eq!((b.own(1).unwrap().snapshot().state, b.own(2).unwrap().snapshot().state), ("open", "open"));
+        b.succeeded(b.admit("fetch", Blame::client(3)).expect("another client's call goes through"));
+
+        // The same failures from two clients apart open the shared breaker.
+        let b = breakers();
+        for _ in 0..5 {
+            fail(&b, Blame::client(1));
+            fail(&b, Blame::client(2));
+        }
+        assert_eq!(b.server.snapshot().state, "open");
     }
 
     /// The calls one crash took down are one failure at every level: a client's own
@@ -466,7 +494,7 @@ mod levels {
         let b = breakers();
         for crash in 0..4 {
             for client in [1, 1, 1, 2] {
-                let permits = b.admit("fetch", Blame::Client(client)).expect("admitted");
+                let permits = b.admit("fetch", Blame::client(client)).expect("admitted");
                 b.failed(permits, "fetch", Failed { lost: Some(crash), ..failed(Outcome::Failure, false, false) });
             }
         }
@@ -474,7 +502,7 @@ mod levels {
         assert_eq!(b.own(1).unwrap().snapshot().state, "closed");
         assert_eq!(b.server.snapshot().consecutive_failures, 4);
         assert_eq!(b.server.snapshot().state, "closed", "each crash was both clients'");
-        let permits = b.admit("fetch", Blame::Client(1)).expect("admitted");
+        let permits = b.admit("fetch", Blame::client(1)).expect("admitted");
         b.failed(permits, "fetch", Failed { lost: Some(4), ..failed(Outcome::Failure, false, false) });
         assert_eq!(b.own(1).unwrap().snapshot().state, "open", "the fifth crash");
         assert_eq!(b.server.snapshot().state, "closed");
@@ -485,7 +513,7 @@ mod levels {
     async fn an_undelivered_request_counts_for_everyone() {
         let b = breakers();
         for _ in 0..5 {
-            let permits = b.admit("fetch", Blame::Client(1)).unwrap();
+            let permits = b.admit("fetch", Blame::client(1)).unwrap();
             b.failed(permits, "fetch", failed(Outcome::Failure, false, true));
         }
         assert_eq!(b.server.snapshot().state, "open");
@@ -539,13 +567,13 @@ mod levels {
     #[tokio::test(start_paused = true)]
     async fn a_client_failing_a_tool_that_answers_others_is_shed_from_it_alone() {
         let b = breakers();
-        b.succeeded(b.admit("fetch", Blame::Client(2)).unwrap());
+        b.succeeded(b.admit("fetch", Blame::client(2)).unwrap());
         fail_as(&b, "fetch", 1, 5);
-        let shed = b.admit("fetch", Blame::Client(1)).expect_err("its own breaker of the tool");
+        let shed = b.admit("fetch", Blame::client(1)).expect_err("its own breaker of the tool");
         assert!(shed.own && shed.tool, "{shed:?}");
         assert!(b.own(1).is_none(), "no breaker of the server of its own: its failures were the tool's");
-        b.succeeded(b.admit("other", Blame::Client(1)).expect("its calls of other tools go on"));
+        b.succeeded(b.admit("other", Blame::client(1)).expect("its calls of other tools go on"));
         assert!(b.reset_tool("fetch"));
-        assert!(b.admit("fetch", Blame::Client(1)).is_ok(), "reset with the tool's");
+        assert!(b.admit("fetch", Blame::client(1)).is_ok(), "reset with the tool's");
     }
 }

@@ -99,7 +99,7 @@ impl Upstream for Script {
     }
 
     fn blame(&self, _server: &str) -> Blame {
-        self.client.lock().unwrap().map_or(Blame::Server, Blame::Client)
+        self.client.lock().unwrap().map_or(Blame::Server, Blame::client)
     }
 }
 
