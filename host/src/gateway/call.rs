@@ -262,7 +262,7 @@ async fn answer(
             }
         },
         () = cx.ct.cancelled() => {
-            cancel_upstream(session, id, "cancelled by the client");
+            cancel_upstream(session, id, why_cancelled(cx));
             Err(Failure::Cancelled)
         }
         () = session.closed.cancelled() => Err(Failure::ConnectionLost {
@@ -338,6 +338,12 @@ pub(super) const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
 
 /// How long a cancellation may take to be written once its request is over.
 const CANCEL_WRITE: Duration = Duration::from_secs(1);
+
+/// Why the client's request of `cx` was cancelled, as its server is told: by the client,
+/// unless it is a held call the gateway gave up on (`super::held`).
+pub(super) fn why_cancelled(cx: &RequestContext<RoleServer>) -> &'static str {
+    cx.extensions.get::<super::held::Bridge>().map_or(super::held::BY_THE_CLIENT, |b| b.why_cancelled())
+}
 
 /// Tells `session`'s server its request `id` is no longer wanted, off the caller's path.
 /// The write may wait behind a server that stopped reading its input: a server process

@@ -19,7 +19,7 @@ use rmcp::model::{ClientRequest, RequestId, RequestMetaObject, ServerResult};
 use rmcp::service::{PeerRequestOptions, RequestContext, RequestHandle};
 use rmcp::{ErrorData, RoleClient, RoleServer, ServiceError};
 
-use super::call::{cancel_upstream, from_service_error, hand_over, unread};
+use super::call::{cancel_upstream, from_service_error, hand_over, unread, why_cancelled};
 use super::pins::Pin;
 use super::routing::{ProgressGuard, ProgressTo};
 use super::server::Gateway;
@@ -163,7 +163,7 @@ impl Gateway {
         call.sent(session.id, sent.id.clone());
         let progress = ProgressTo::of(cx, client_token)
             .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), to));
-        let mut abandoned = Abandoned { session, id: Some(sent.id.clone()), client: &cx.ct };
+        let mut abandoned = Abandoned { session, id: Some(sent.id.clone()), cx };
         let response = sent.await_response();
         let answer = tokio::select! {
             biased;
@@ -241,9 +241,9 @@ async fn within<F: Future>(limit: Option<Duration>, response: F) -> Option<F::Ou
 struct Abandoned<'a> {
     session: &'a Session,
     id: Option<RequestId>,
-    /// The client's cancellation of the request it serves: the reason the server is told,
-    /// once it is cancelled, whoever drops this (`super::answered` may, first).
-    client: &'a tokio_util::sync::CancellationToken,
+    /// The client's request it serves: once cancelled, why is what the server is told,
+    /// whoever drops this (`super::answered` may, first).
+    cx: &'a RequestContext<RoleServer>,
 }
 
 impl Abandoned<'_> {
@@ -269,11 +269,8 @@ impl Abandoned<'_> {
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
-            let reason = if self.client.is_cancelled() {
-                "cancelled by the client"
-            } else {
-                "the gateway no longer waits for it"
-            };
+            let reason =
+                if self.cx.ct.is_cancelled() { why_cancelled(self.cx) } else { "the gateway no longer waits for it" };
             cancel_upstream(self.session, id, reason);
         }
     }

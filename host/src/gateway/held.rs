@@ -78,11 +78,33 @@ struct Question {
 }
 
 /// Where a server's requests during one call of a 2026-07-28 client go: in the call's
-/// request context, where `Routing::track_call` finds it.
+/// request context, where `Routing::track_call` finds it; and why the call was cancelled.
 #[derive(Clone)]
-pub struct Bridge(mpsc::Sender<Question>);
+pub struct Bridge(mpsc::Sender<Question>, Why);
+
+/// What the server is told of a client's request the client cancelled.
+pub const BY_THE_CLIENT: &str = "cancelled by the client";
+
+/// What the server is told of a held call the gateway gave up on: its client did not
+/// come back for it in time, there was no room to hold it, or the gateway is stopping.
+const GIVEN_UP: &str = "the gateway gave up on it: its client did not come back for it";
+
+/// Why a held call was cancelled, set once, before its cancellation.
+#[derive(Clone, Default)]
+struct Why(Arc<std::sync::OnceLock<&'static str>>);
+
+impl Why {
+    fn set(&self, why: &'static str) {
+        let _ = self.0.set(why);
+    }
+}
 
 impl Bridge {
+    /// Why the call it serves was cancelled, as its server is told.
+    pub fn why_cancelled(&self) -> &'static str {
+        self.1.0.get().copied().unwrap_or(BY_THE_CLIENT)
+    }
+
     /// Puts `server`'s `request` to the call's client as a question, and waits for its
     /// answer, or until the server gives up on it (`cancel`).
     pub async fn ask(
@@ -188,6 +210,8 @@ pub struct Call {
     asked: u64,
     /// The call's own cancellation: the client's request ends with each round.
     ct: CancellationToken,
+    /// Why it was cancelled, for its server.
+    why: Why,
     /// The client's request waiting for the call's answer now, where its progress goes.
     waiting: Waiting,
     /// Until when it is kept for its client: its deadline (which ends it upstream, as it
@@ -199,6 +223,7 @@ impl Drop for Call {
     /// A call nobody will come back for is cancelled, and winds down as any call does
     /// (cancelled upstream); the server's questions are answered with an error.
     fn drop(&mut self) {
+        self.why.set(GIVEN_UP);
         self.ct.cancel();
         self.waiting.set(None);
         self.outcome.detach();
@@ -235,11 +260,11 @@ impl Call {
         make: impl FnOnce(Bridge, CancellationToken) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
     ) -> Self {
         let (tx, questions) = mpsc::channel(MAX_QUESTIONS);
-        let ct = CancellationToken::new();
-        let outcome = Outcome::Running(make(Bridge(tx), ct.clone()));
+        let (ct, why) = (CancellationToken::new(), Why::default());
+        let outcome = Outcome::Running(make(Bridge(tx, why.clone()), ct.clone()));
         let until = Instant::now() + deadline.saturating_add(KEPT_AFTER);
         let (pending, waiting) = (BTreeMap::new(), Waiting::default());
-        Self { what, client, outcome, questions, pending, asked: 0, ct, waiting, until }
+        Self { what, client, outcome, questions, pending, asked: 0, ct, why, waiting, until }
     }
 
     /// Queues a server's question for the client whose capabilities are `caps`, or
@@ -357,9 +382,10 @@ impl Held {
                     // Wound down here (cancelled upstream, in the errors log), on this
                     // request's handler, which a shutdown waits for; past WIND_DOWN, on a
                     // task of its own as the call is dropped.
+                    call.why.set(BY_THE_CLIENT);
                     call.ct.cancel();
                     let _ = tokio::time::timeout(WIND_DOWN, call.outcome.wait()).await;
-                    return Err(ErrorData::internal_error("cancelled by the client", None));
+                    return Err(ErrorData::internal_error(BY_THE_CLIENT, None));
                 }
             }
         }
@@ -438,7 +464,8 @@ impl Held {
         // A request cancelled as it is answered: rmcp drops its answer, and nobody would
         // come back for the call.
         if cancelled.is_cancelled() {
-            return Err(ErrorData::internal_error("cancelled by the client", None));
+            call.why.set(BY_THE_CLIENT);
+            return Err(ErrorData::internal_error(BY_THE_CLIENT, None));
         }
         call.outcome.detach();
         calls.insert(state.clone(), call);
@@ -581,15 +608,18 @@ mod tests {
         serde_json::from_value(caps).unwrap()
     }
 
+    /// Why a call was cancelled, as its server would be told, once it is.
+    type Told = Arc<Mutex<Option<&'static str>>>;
+
     /// A call whose server asks its client for its roots, and answers with what it heard;
-    /// `cancelled` is set if the call is cancelled meanwhile.
-    fn asking_roots(client: &str, cancelled: Arc<AtomicBool>) -> Call {
+    /// `cancelled` is given why, if the call is cancelled meanwhile.
+    fn asking_roots(client: &str, cancelled: Told) -> Call {
         Call::of(what(), client.into(), Duration::from_secs(10), move |bridge, ct| {
             Box::pin(async move {
                 let heard = tokio::select! {
                     biased;
                     () = ct.cancelled() => {
-                        cancelled.store(true, Ordering::SeqCst);
+                        *cancelled.lock().unwrap() = Some(bridge.why_cancelled());
                         return Err(ErrorData::internal_error("cancelled", None));
                     }
                     heard = bridge.ask("files", UpstreamRequest::Roots, CancellationToken::new()) => heard,
@@ -671,16 +701,31 @@ mod tests {
     async fn a_call_its_client_does_not_come_back_for_ends_and_is_cancelled() {
         let held = Held::default();
         let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancelled = Told::default();
         let (_, state) = asked(held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.unwrap());
         tokio::time::sleep(Duration::from_secs(9) + KEPT_AFTER).await;
-        assert!(!cancelled.load(Ordering::SeqCst), "kept until its deadline and 60 s more");
+        assert_eq!(*cancelled.lock().unwrap(), None, "kept until its deadline and 60 s more");
         // Past that, it is ended even though nothing else happens: cancelled, so that the
         // attempt cancels upstream too.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert!(cancelled.load(Ordering::SeqCst));
+        assert_eq!(*cancelled.lock().unwrap(), Some(GIVEN_UP), "the server is not told the client cancelled it");
         let late = held.resume(&state, &what(), "a", None).err().unwrap();
         assert!(late.message.contains("no call the gateway still holds"), "{}", late.message);
+    }
+
+    /// A call its client cancels is cancelled as the client's doing; one the gateway gives
+    /// up on (above) says so instead.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_its_client_cancels_is_cancelled_by_the_client() {
+        let held = Held::default();
+        let (roots, request) = (caps(json!({"roots": {}})), CancellationToken::new());
+        let cancelled = Told::default();
+        request.cancel();
+        assert!(held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.is_err());
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*cancelled.lock().unwrap(), Some(BY_THE_CLIENT));
     }
 
     #[tokio::test(start_paused = true)]
@@ -746,9 +791,11 @@ mod tests {
         for _ in 0..MAX_HELD_PER_CLIENT {
             asked(held.answer_for(asking_roots("a", Arc::default()), &roots, &request).await.unwrap());
         }
-        let cancelled = Arc::new(AtomicBool::new(false));
+        let cancelled = Told::default();
         let refused = held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.err().unwrap();
         assert!(refused.message.contains("answer those first"), "{}", refused.message);
+        tokio::task::yield_now().await;
+        assert_eq!(*cancelled.lock().unwrap(), Some(GIVEN_UP), "refused, it is cancelled as given up");
         // Another client is not held back.
         asked(held.answer_for(asking_roots("b", Arc::default()), &roots, &request).await.unwrap());
     }
