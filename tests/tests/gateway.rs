@@ -719,6 +719,38 @@ async fn a_server_that_stops_reading_fails_the_attempt_and_is_restarted() {
     gw.close().await;
 }
 
+/// A server that stops reading its input cannot hold an attempt past its timeout. rmcp
+/// ends an attempt at its timeout only once the cancellation it writes is written, and
+/// that write waits behind the request that filled the server's pipe: the attempt ran on
+/// to the call's deadline, and the fallback answered only then. Now the attempt ends at
+/// its timeout, the fallback answers, and the server, which took nothing for a second, is
+/// restarted.
+#[tokio::test]
+async fn a_server_that_stops_reading_cannot_hold_an_attempt_past_its_timeout() {
+    let gw = Gateway::start(|dir| {
+        let mut a = faulty("a", dir, &["--deaf-after-calls", "0"]);
+        let fallbacks = json!({"echo": [{"server": "b", "tool": "echo"}]});
+        a["recovery"] = json!({"timeout_ms": 500, "retry": {"max_attempts": 1}, "fallbacks": fallbacks});
+        let mut b = faulty("b", dir, &[]);
+        b["recovery"] = json!({"timeout_ms": 3000});
+        json!({"mcpServers": {"a": a, "b": b}, "rebound": {"restart": {"initial_delay_ms": 50}}})
+    })
+    .await;
+    // It reads this call, then nothing more: its fallback answers at its timeout.
+    assert!(text(&gw.call("a__echo", json!({"message": "unheard"})).await).starts_with("b: unheard"));
+    // This request fills its pipe.
+    let big = "x".repeat(256 << 10);
+    let r = gw.call("a__echo", json!({"message": big})).await;
+    let t = text(&r);
+    assert!(t.starts_with("b: xxx"), "{}", &t[..t.len().min(300)]);
+    // Its attempt ended at its timeout, not at the call's deadline.
+    let why = &t[t.len().saturating_sub(200)..];
+    assert!(why.ends_with("because `echo` failed: no answer within 500 ms]"), "{why}");
+    eventually("a restart", || gw.state("a", "starts").len() >= 2).await;
+    gw.logged("the server stopped reading its input").await;
+    gw.close().await;
+}
+
 /// A server that stops reading small requests never fills its pipe, so no write ever
 /// blocks: it is found out by the `ping` it does not answer once a call timed out and it
 /// serves nothing else. While it serves another call (a server on one thread may be busy

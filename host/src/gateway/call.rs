@@ -21,6 +21,7 @@ use crate::recovery::Failure;
 use crate::transport::ServerHandle;
 use crate::transport::Session;
 use crate::transport::http_client::SendError;
+use crate::transport::lines::CANCEL_WRITE;
 
 /// How to make one attempt.
 #[derive(Debug, Clone, Copy)]
@@ -237,10 +238,13 @@ async fn answer(
     cx: &RequestContext<RoleServer>,
     call: &CallGuard,
 ) -> Result<ServerResult, Failure> {
-    // rmcp sends `notifications/cancelled` when its timeout fires, and that write can
-    // wait forever behind a server that stopped reading. The call ends at its deadline
-    // regardless; the cancel is left a moment more, off the call's path, and a server
-    // that has not taken it by then is restarted.
+    // rmcp sends `notifications/cancelled` when its timeout fires, and waits until it is
+    // written. A server process's transport writes it on a task of its own, and ends the
+    // session of a server that has not taken it within a second (`ServerLines`), so the
+    // attempt ends at its timeout even behind a server that stopped reading; a `url`
+    // server's is a request of its own. The call ends at its deadline regardless; past it
+    // the cancel is left a moment more, off the call's path, and a server that has not
+    // taken it by then is restarted.
     let id = handle.id.clone();
     let mut response = Box::pin(handle.await_response());
     let outcome = tokio::select! {
@@ -335,9 +339,6 @@ pub(super) fn declares_tasks(cx: &RequestContext<RoleServer>, for_client: bool) 
 /// The prefix of the `_meta` keys MCP reserves for itself (revision, client, capabilities,
 /// log level): the gateway's connection to the server sets its own.
 pub(super) const PROTOCOL_KEYS: &str = "io.modelcontextprotocol/";
-
-/// How long a cancellation may take to be written once its request is over.
-const CANCEL_WRITE: Duration = Duration::from_secs(1);
 
 /// Why the client's request of `cx` was cancelled, as its server is told: by the client,
 /// unless it is a held call the gateway gave up on (`super::held`).

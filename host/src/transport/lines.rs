@@ -12,13 +12,15 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use rmcp::ErrorData;
 use rmcp::RoleClient;
-use rmcp::model::JsonRpcMessage;
+use rmcp::model::{ClientNotification, JsonRpcMessage};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio_util::sync::CancellationToken;
 
 use super::id_scan::{IdScan, Scanned};
 use super::malformed::{INVALID_REQUEST, PARSE_ERROR, Unreadable};
@@ -53,6 +55,32 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
         write.flush().await
     }
 
+    /// Writes `line` (one message, without its newline) within `within`: one that cannot
+    /// begin by then (another write holds the output) is not written; one cut short leaves
+    /// part of a line on the output, which is then closed, so that nothing is written
+    /// after it.
+    pub async fn write_within(&self, mut line: Vec<u8>, within: Duration) -> Result<(), Unwritten> {
+        line.push(b'\n');
+        let deadline = tokio::time::Instant::now() + within;
+        let Ok(mut write) = tokio::time::timeout_at(deadline, self.write.lock()).await else {
+            return Err(Unwritten::Waited);
+        };
+        let Some(out) = write.as_mut() else {
+            return Err(Unwritten::Failed(std::io::ErrorKind::NotConnected.into()));
+        };
+        let written = async {
+            out.write_all(&line).await?;
+            out.flush().await
+        };
+        match tokio::time::timeout_at(deadline, written).await {
+            Ok(written) => written.map_err(Unwritten::Failed),
+            Err(_) => {
+                *write = None;
+                Err(Unwritten::Cut)
+            }
+        }
+    }
+
     /// Closes the output; later writes fail.
     pub async fn close(&self) -> std::io::Result<()> {
         let taken = self.write.lock().await.take();
@@ -61,6 +89,16 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
         }
         Ok(())
     }
+}
+
+/// Why [`Out::write_within`] did not write its line.
+#[derive(Debug)]
+pub enum Unwritten {
+    /// Another write held the output all along: nothing was written.
+    Waited,
+    /// Cut short: the output is closed.
+    Cut,
+    Failed(std::io::Error),
 }
 
 /// Bytes of lines on their way out, counted until written or given up.
@@ -291,8 +329,15 @@ pub struct ServerLines<R, W> {
     dropped: Arc<Dropped>,
     /// Put in `initialize`'s capabilities, which rmcp's type cannot carry.
     tasks: Option<ClientTasks>,
+    /// Cancelled once the server is found to have stopped reading its input: its session
+    /// ends (`receive` ends), and the server is restarted as after a crash.
+    deaf: CancellationToken,
     _role: PhantomData<fn() -> RoleClient>,
 }
+
+/// How long a cancellation may take to reach a server's input before the server is taken
+/// to have stopped reading it.
+pub const CANCEL_WRITE: Duration = Duration::from_secs(1);
 
 impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R, W> {
     /// A server told, when initialised, that the client runs `tasks` as tasks; its lines
@@ -312,8 +357,29 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             awaited: Awaited::default(),
             dropped,
             tasks,
+            deaf: CancellationToken::new(),
             _role: PhantomData,
         }
+    }
+
+    /// Writes a cancellation on a task of its own, within [`CANCEL_WRITE`]: rmcp waits for
+    /// the write of the cancellation it sends when a request's time is up before it says
+    /// so, and behind a server that stopped reading its input that write never ends (nor
+    /// would the attempt, until the whole call's deadline). A server that has not taken
+    /// it by then has stopped reading, and its session ends.
+    fn cancel_detached(&self, line: Vec<u8>) {
+        let (out, deaf) = (self.out.clone(), self.deaf.clone());
+        tokio::spawn(async move {
+            let why = match out.write_within(line, CANCEL_WRITE).await {
+                Ok(()) | Err(Unwritten::Failed(_)) => return,
+                Err(Unwritten::Waited) => {
+                    "it has taken nothing it was sent for a second, so a cancellation could not be written"
+                }
+                Err(Unwritten::Cut) => "it stopped taking a cancellation halfway",
+            };
+            tracing::warn!("the server stopped reading its input: {why}; its session ends");
+            deaf.cancel();
+        });
     }
 
     /// `item` as written: an `initialize` with the client's `tasks` capability.
@@ -384,13 +450,29 @@ where
     ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.awaited.sent(&item);
         let encoded = self.encode(&item).map_err(std::io::Error::from);
+        let cancellation = matches!(&item, JsonRpcMessage::Notification(n)
+            if matches!(n.notification, ClientNotification::CancelledNotification(_)));
+        if let (true, Ok(line)) = (cancellation, &encoded) {
+            self.cancel_detached(line.clone());
+        }
         let out = self.out.clone();
-        async move { out.write(encoded?).await }
+        async move {
+            match cancellation {
+                true => encoded.map(drop),
+                false => out.write(encoded?).await,
+            }
+        }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
         loop {
-            match self.lines.next().await {
+            // (`Lines::next` is cancel-safe.)
+            let next = tokio::select! {
+                biased;
+                () = self.deaf.cancelled() => return None,
+                next = self.lines.next() => next,
+            };
+            match next {
                 Ok(Line::Complete) => {}
                 Ok(Line::TooLong(scanned, past)) => {
                     tracing::warn!("the server sent a message {past}; it was skipped");
@@ -413,8 +495,10 @@ where
         }
     }
 
+    /// Behind a server that stopped reading its input, a write holds the output for good:
+    /// it goes with the session's tasks, and the supervisor stops the process.
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.out.close().await
+        tokio::time::timeout(CANCEL_WRITE, self.out.close()).await.unwrap_or(Ok(()))
     }
 }
 
@@ -468,6 +552,40 @@ mod tests {
         lines.clear();
         // A last line without its newline is not a message.
         assert_eq!(lines.next().await.unwrap(), Line::End);
+    }
+
+    /// A server that stops reading its input: the request that filled its pipe waits, the
+    /// cancellation of it is taken as sent at once (rmcp waits for that before it ends the
+    /// attempt), and a second later, not written, it ends the server's session.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancellation_the_server_does_not_take_ends_its_session_not_the_attempt() {
+        use rmcp::model::{
+            CallToolRequestParams, CancelledNotification, CancelledNotificationParam, ClientRequest, JsonRpcRequest,
+            NumberOrString,
+        };
+        let (ours, _theirs) = tokio::io::duplex(1 << 10);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = ServerLines::new(read, write, (1 << 16, usize::MAX), Arc::default(), None);
+        let mut params = CallToolRequestParams::new("echo");
+        params.arguments = Some(serde_json::json!({"message": "x".repeat(4 << 10)}).as_object().cloned().unwrap());
+        let call = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
+        let call = JsonRpcMessage::Request(JsonRpcRequest::new(NumberOrString::Number(1), call));
+        let mut filling = Box::pin(transport.send(call));
+        assert!(futures::poll!(&mut filling).is_pending(), "the pipe is full");
+        let cancel = CancelledNotification::new(CancelledNotificationParam::new(
+            Some(NumberOrString::Number(1)),
+            Some("timed out".into()),
+        ));
+        let cancel = JsonRpcMessage::notification(ClientNotification::from(cancel));
+        tokio::time::timeout(Duration::from_millis(10), transport.send(cancel)).await.expect("taken at once").unwrap();
+        let ended = tokio::time::timeout(CANCEL_WRITE * 2, transport.receive()).await.expect("the session ended");
+        assert!(ended.is_none());
+        drop(filling);
+        // A cancellation that began to be written and was cut short closes the output.
+        let (ours, _theirs) = tokio::io::duplex(16);
+        let out = Out::new(ours);
+        assert!(matches!(out.write_within(vec![b'x'; 64], CANCEL_WRITE).await, Err(Unwritten::Cut)));
+        assert!(out.write(b"{}".to_vec()).await.is_err(), "nothing is written after part of a line");
     }
 
     #[tokio::test]
