@@ -187,37 +187,67 @@ pub fn classify_sent(
 const MAX_READ: usize = 10_000;
 const MAX_ECHOES: usize = 256;
 
-/// The strings in `sent` that would classify a failure on their own (an outage, a rate
-/// limit, an unknown tool, refused arguments), longest first.
+/// What in `sent` would classify a failure on its own (an outage, a rate limit, an
+/// unknown tool, refused arguments), longest first: its strings, its numbers (`{"id":
+/// 503}` echoed as "item 503 not found") and its objects' keys, each also as JSON writes
+/// it (a tool's structured content is read as JSON, where a quote or a line break in an
+/// echoed string is escaped).
 fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
     use serde_json::Value;
     let says =
         |s: &str| from_text(s, SystemTime::UNIX_EPOCH).is_some() || mentions_unknown_tool(s) || refuses_arguments(s);
     let mut found = Vec::new();
-    let mut pending: Vec<&Value> = sent.values().collect();
+    let mut keep = |s: &str, found: &mut Vec<String>| {
+        if says(s) {
+            let quoted = Value::from(s).to_string();
+            let escaped = &quoted[1..quoted.len() - 1];
+            if escaped != s {
+                found.push(escaped.to_owned());
+            }
+            found.push(s.to_owned());
+        }
+    };
+    let mut pending: Vec<(Option<&String>, &Value)> = sent.iter().map(|(k, v)| (Some(k), v)).collect();
     let mut read = 0;
-    while let Some(value) = pending.pop() {
+    while let Some((key, value)) = pending.pop() {
         read += 1;
         if found.len() >= MAX_ECHOES || read > MAX_READ {
             break;
         }
+        if let Some(key) = key {
+            keep(key, &mut found);
+        }
         match value {
-            Value::String(s) if says(s) => found.push(s.clone()),
-            Value::Array(items) => pending.extend(items),
-            Value::Object(map) => pending.extend(map.values()),
-            _ => {}
+            Value::String(s) => keep(s, &mut found),
+            Value::Number(n) => keep(&n.to_string(), &mut found),
+            Value::Array(items) => pending.extend(items.iter().map(|v| (None, v))),
+            Value::Object(map) => pending.extend(map.iter().map(|(k, v)| (Some(k), v))),
+            Value::Bool(_) | Value::Null => {}
         }
     }
+    found.truncate(MAX_ECHOES);
     found.sort_by_key(|s| std::cmp::Reverse(s.len()));
     found
 }
 
-/// `text` with each of `echoes` taken out.
+/// `text` with each of `echoes` taken out, in any case of its ASCII letters (a tool may
+/// echo a value upper-cased; the reading of the text ignores case too).
 fn without(mut text: String, echoes: &[String]) -> String {
     for echo in echoes {
-        if text.contains(echo.as_str()) {
-            text = text.replace(echo.as_str(), " ");
+        let (lower, echo) = (text.to_ascii_lowercase(), echo.to_ascii_lowercase());
+        if echo.is_empty() || !lower.contains(&echo) {
+            continue;
         }
+        // Lower-casing ASCII letters moves no byte: a match in `lower` is one in `text`.
+        let mut out = String::with_capacity(text.len());
+        let mut last = 0;
+        for (at, _) in lower.match_indices(&echo) {
+            out.push_str(&text[last..at]);
+            out.push(' ');
+            last = at + echo.len();
+        }
+        out.push_str(&text[last..]);
+        text = out;
     }
     text
 }
@@ -441,6 +471,27 @@ mod tests {
         assert_eq!(classify_sent(&tool_error("rate limit exceeded"), Some(sent), now).category, Category::RateLimit);
         let refused = tool_error("Input validation error: Invalid arguments for tool t: level");
         assert_eq!(classify_sent(&refused, Some(sent), now).category, Category::ToolValidation);
+    }
+
+    /// A number, a key, a value echoed in another case or escaped in structured content
+    /// is what the caller sent too.
+    #[test]
+    fn what_the_caller_sent_in_any_form_does_not_classify_its_failure() {
+        let now = SystemTime::UNIX_EPOCH;
+        let counts = |failure: &Failure, sent: serde_json::Value| classify_sent(failure, sent.as_object(), now);
+        let c = counts(&tool_error("item 503 not found"), serde_json::json!({"id": 503}));
+        assert_eq!((c.category, c.counts_for_breaker), (Category::ToolExecution, false));
+        assert!(counts(&tool_error("item 503 not found"), serde_json::json!({"id": 7})).counts_for_breaker);
+        let key = serde_json::json!({"filter": {"service unavailable": true}});
+        assert!(!counts(&tool_error("unknown field `service unavailable`"), key).counts_for_breaker);
+        let shouted = serde_json::json!({"q": "service unavailable"});
+        assert!(!counts(&tool_error("NO MATCH FOR SERVICE UNAVAILABLE"), shouted).counts_for_breaker);
+        let mut structured = CallToolResult::error(vec![ContentBlock::text("no match")]);
+        structured.structured_content = Some(serde_json::json!({"query": "\"x\" 503 service unavailable"}));
+        let structured = Failure::ToolError { result: Box::new(structured) };
+        assert!(classify(&structured, now).counts_for_breaker, "as read without the arguments");
+        let sent = serde_json::json!({"q": "\"x\" 503 service unavailable"});
+        assert!(!counts(&structured, sent).counts_for_breaker);
     }
 
     #[test]
