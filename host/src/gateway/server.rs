@@ -561,8 +561,9 @@ impl Gateway {
         if !input::client_is_asked(&cx) {
             return self.answer_call(request, cx).await;
         }
-        if self.bridges(&request, &cx).await {
-            return self.bridge_call(request, &cx).await;
+        // (`answer_call` and `answer_asking` answer a panic of their own.)
+        if unpanicked("tools/call", async { Ok(self.bridges(&request, &cx).await) }).await? {
+            return unpanicked("tools/call", self.bridge_call(request, &cx)).await;
         }
         self.answer_asking(request, cx, |gateway, request, cx| {
             Box::pin(async move { gateway.answer_call(request, cx).await })
