@@ -197,7 +197,7 @@ fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
     let says =
         |s: &str| from_text(s, SystemTime::UNIX_EPOCH).is_some() || mentions_unknown_tool(s) || refuses_arguments(s);
     let mut found = Vec::new();
-    let mut keep = |s: &str, found: &mut Vec<String>| {
+    let keep = |s: &str, found: &mut Vec<String>| {
         if says(s) {
             let quoted = Value::from(s).to_string();
             let escaped = &quoted[1..quoted.len() - 1];
