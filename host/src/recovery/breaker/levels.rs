@@ -26,9 +26,10 @@ use super::{Blame, Blamed, Breaker, Culprit, Outcome, Permit, Snapshot};
 use crate::config::BreakerConfig;
 use crate::recovery::clock::{Clock, Rng};
 
-/// The most tools of one server that get a breaker of their own; calls of further tools
-/// are guarded by the server's breaker alone. Tool names come from the server's listing
-/// and from adapters' plans, so their number needs a bound.
+/// The most tools of one server that have a breaker of their own at once; past them, idle
+/// ones make room, and calls of a tool that finds none are guarded by the server's breaker
+/// alone, where its failures count in full. Tool names come from the server's listing and
+/// from adapters' plans, so their number needs a bound.
 pub const MAX_TOOL_BREAKERS: usize = 1024;
 
 /// The most breakers of their own that clients of one server hold (one for the server
@@ -220,7 +221,7 @@ impl ServerBreakers {
             server: Breaker::new(config, clock.clone(), rng.clone()),
             // A tool's breaker keeps what it knows for the server's life; a client's makes
             // room for others' once idle.
-            tools: Keyed::new(config, clock.clone(), rng.clone(), (MAX_TOOL_BREAKERS, false)),
+            tools: Keyed::new(config, clock.clone(), rng.clone(), (MAX_TOOL_BREAKERS, true)),
             clients: Keyed::new(config, clock, rng, (MAX_CLIENT_BREAKERS, true)),
             tool_hash: RandomState::new(),
         }
@@ -275,7 +276,8 @@ impl ServerBreakers {
     pub fn failed(&self, permits: Permits, tool_name: &str, failed: Failed) {
         let Failed { outcome, tool_level, undelivered, lost, since } = failed;
         let Permits { server, tool, own } = permits;
-        let may_be_confined = outcome == Outcome::Failure && tool_level;
+        // (A tool with no breaker of its own has nowhere else to count its failures.)
+        let may_be_confined = outcome == Outcome::Failure && tool_level && tool.is_some();
         let confined = may_be_confined && self.tools.others_answered(tool_name, since);
         let at = |confined: bool| if confined { Outcome::Ignored } else { outcome };
         let tool_outcome = if undelivered { Outcome::Ignored } else { outcome };

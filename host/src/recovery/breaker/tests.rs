@@ -405,7 +405,7 @@ async fn a_breaker_left_alone_for_a_window_is_idle() {
 
 mod levels {
     use super::*;
-    use crate::recovery::breaker::levels::{Failed, MAX_CLIENT_BREAKERS};
+    use crate::recovery::breaker::levels::{Failed, MAX_CLIENT_BREAKERS, MAX_TOOL_BREAKERS};
 
     fn breakers() -> ServerBreakers {
         breakers_with(BreakerConfig::default())
@@ -484,6 +484,29 @@ mod levels {
             fail(&b, Blame::client(2));
         }
         assert_eq!(b.server.snapshot().state, "open");
+    }
+
+    /// Past the most tools with a breaker of their own, idle ones make room; while none is
+    /// idle, a tool without one counts its failures at the server's level, even while
+    /// other tools answer (before, they counted nowhere, and the tool was never shed).
+    #[tokio::test(start_paused = true)]
+    async fn tools_past_the_most_with_breakers_still_count_their_failures() {
+        let b = breakers();
+        for n in 0..MAX_TOOL_BREAKERS {
+            b.succeeded(b.admit(&format!("t{n}"), Blame::Server).unwrap());
+        }
+        for _ in 0..5 {
+            let permits = b.admit("late", Blame::Server).unwrap();
+            b.failed(permits, "late", failed(Outcome::Failure, true, false));
+            b.succeeded(b.admit("t0", Blame::Server).unwrap());
+        }
+        assert!(b.tools.existing("late").is_none(), "every tool's breaker is busy");
+        let s = b.server.snapshot();
+        assert_eq!(s.window_failures, 5, "{s:?}");
+        // A window later they are idle: the next tool gets a breaker of its own.
+        tokio::time::advance(Duration::from_millis(BreakerConfig::default().window_ms)).await;
+        b.succeeded(b.admit("later", Blame::Server).unwrap());
+        assert!(b.tools.existing("later").is_some());
     }
 
     /// The calls one crash took down are one failure at every level: a client's own
