@@ -240,45 +240,7 @@ impl ServerHandler for Gateway {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let cx = context.request_context();
-        self.attach(cx);
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let listen: Arc<str> = format!("{} listen {}", self.own.client, NEXT.fetch_add(1, Ordering::Relaxed)).into();
-        // A client on 2026-07-28 has no session over HTTP: its listen requests count
-        // together by its address, as its requests in flight do (`http::limits`).
-        let counted = self.counted(cx);
-        let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
-        self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), counted.clone(), reach);
-        // However the request ends (rmcp may drop this future when it is cancelled), its
-        // entry goes, and the upstream subscriptions only it held end.
-        let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
-        let subscribe = async {
-            for uri in context.accepted().resource_subscriptions.iter().flatten() {
-                match self.subscribe_to(&listen, &counted, uri, &cx.ct).await {
-                    // rmcp acknowledged the listen before this ran: what changed in
-                    // between was not heard, so the client is told to read it afresh.
-                    Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
-                    // Cancelled: the rest are not followed either, nor logged one by one.
-                    Err(_) if cx.ct.is_cancelled() => break,
-                    Err(e) => {
-                        tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
-                    }
-                }
-            }
-        };
-        // Open until the client cancels it, or the gateway shuts down.
-        let open = async {
-            tokio::select! {
-                () = context.cancelled() => {}
-                () = self.hub.closing().cancelled() => {}
-            }
-        };
-        tokio::select! {
-            () = subscribe => open.await,
-            () = context.cancelled() => {}
-            () = self.hub.closing().cancelled() => {}
-        }
-        Ok(())
+        unpanicked("subscriptions/listen", self.answer_listen(&context)).await
     }
 
     async fn initialize(
@@ -286,24 +248,7 @@ impl ServerHandler for Gateway {
         request: InitializeRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
-        cx.peer.set_peer_info(request.clone());
-        let tasks = client_tasks(&cx);
-        if self.hub.downstreams.front() == Front::Stdio {
-            self.hub.offer(&request.capabilities, tasks.clone());
-        }
-        // Here, not at `notifications/initialized`: rmcp handles that notification on a
-        // task of its own, which the client's first requests can overtake.
-        let ip = http_address(&cx);
-        if ip.is_some() {
-            let _ = self.own.blamed.set(super::tool_call::blame_of(Some(&self.own.client), ip));
-        }
-        let address = ip.map(|ip| super::http::address_client(ip).into());
-        self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone(), address);
-        self.hub.errors.open_view(&self.own.client);
-        self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
-        let mut answer = self.negotiate_initialize(&request)?;
-        answer.capabilities.extensions = None;
-        Ok(answer)
+        unpanicked("initialize", self.answer_initialize(request, cx)).await
     }
 
     async fn get_task(
@@ -477,31 +422,7 @@ impl ServerHandler for Gateway {
     }
 
     async fn set_level(&self, request: SetLevelRequestParams, _: RequestContext<RoleServer>) -> Result<(), ErrorData> {
-        self.hub.downstreams.set_level(&self.own.client, request.level);
-        // Shared servers log at the most verbose level any session asked for; each
-        // session hears only what its own level lets through, of its own calls.
-        let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
-        let (own, shared_instances) = (self.own.own_instances(), self.hub.shared_instances());
-        let levels = own.iter().map(|h| (h, request.level)).chain(shared_instances.iter().map(|h| (h, shared)));
-        // All at once, each within its server's `recovery.timeout_ms`: a server that does
-        // not answer holds up neither the others nor the client.
-        let set = levels.filter_map(|(handle, level)| {
-            let session = handle.state().session.filter(|s| s.is_live())?;
-            session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
-            let within = self.limits(&handle.name).timeout;
-            Some(async move {
-                // Every session's level, on a shared server: what it says meanwhile is no
-                // one client's.
-                let set = session.peer.set_level(SetLevelRequestParams::new(level));
-                match self.hub.aside(handle.instance, within, set).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
-                    Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),
-                }
-            })
-        });
-        futures::future::join_all(set).await;
-        Ok(())
+        unpanicked("logging/setLevel", self.answer_set_level(request)).await
     }
 
     async fn on_cancelled(&self, _: CancelledNotificationParam, _: NotificationContext<RoleServer>) {
@@ -949,5 +870,105 @@ fn rename_content(content: &mut ResourceContents, exposed: &str) {
             *uri = exposed.to_owned();
         }
         _ => {}
+    }
+}
+
+impl Gateway {
+    /// `subscriptions/listen`, within `unpanicked`.
+    async fn answer_listen(&self, context: &SubscriptionContext) -> Result<(), ErrorData> {
+        let cx = context.request_context();
+        self.attach(cx);
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let listen: Arc<str> = format!("{} listen {}", self.own.client, NEXT.fetch_add(1, Ordering::Relaxed)).into();
+        // A client on 2026-07-28 has no session over HTTP: its listen requests count
+        // together by its address, as its requests in flight do (`http::limits`).
+        let counted = self.counted(cx);
+        let reach = Reach::Listen { sink: context.sink().clone(), open: cx.ct.clone() };
+        self.hub.downstreams.add_listen(listen.clone(), self.own.client.clone(), counted.clone(), reach);
+        // However the request ends (rmcp may drop this future when it is cancelled), its
+        // entry goes, and the upstream subscriptions only it held end.
+        let _ended = Ended { hub: self.hub.clone(), client: listen.clone() };
+        let subscribe = async {
+            for uri in context.accepted().resource_subscriptions.iter().flatten() {
+                match self.subscribe_to(&listen, &counted, uri, &cx.ct).await {
+                    // rmcp acknowledged the listen before this ran: what changed in
+                    // between was not heard, so the client is told to read it afresh.
+                    Ok((instance, uri)) => self.hub.downstreams.announce(&listen, instance, &uri),
+                    // Cancelled: the rest are not followed either, nor logged one by one.
+                    Err(_) if cx.ct.is_cancelled() => break,
+                    Err(e) => {
+                        tracing::info!(session = %self.own.client, %uri, "a listen request's resource cannot be followed: {}", e.message);
+                    }
+                }
+            }
+        };
+        // Open until the client cancels it, or the gateway shuts down.
+        let open = async {
+            tokio::select! {
+                () = context.cancelled() => {}
+                () = self.hub.closing().cancelled() => {}
+            }
+        };
+        tokio::select! {
+            () = subscribe => open.await,
+            () = context.cancelled() => {}
+            () = self.hub.closing().cancelled() => {}
+        }
+        Ok(())
+    }
+
+    /// `initialize`, within `unpanicked`.
+    async fn answer_initialize(
+        &self,
+        request: InitializeRequestParams,
+        cx: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        cx.peer.set_peer_info(request.clone());
+        let tasks = client_tasks(&cx);
+        if self.hub.downstreams.front() == Front::Stdio {
+            self.hub.offer(&request.capabilities, tasks.clone());
+        }
+        // Here, not at `notifications/initialized`: rmcp handles that notification on a
+        // task of its own, which the client's first requests can overtake.
+        let ip = http_address(&cx);
+        if ip.is_some() {
+            let _ = self.own.blamed.set(super::tool_call::blame_of(Some(&self.own.client), ip));
+        }
+        let address = ip.map(|ip| super::http::address_client(ip).into());
+        self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone(), address);
+        self.hub.errors.open_view(&self.own.client);
+        self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
+        let mut answer = self.negotiate_initialize(&request)?;
+        answer.capabilities.extensions = None;
+        Ok(answer)
+    }
+
+    /// `logging/setLevel`, within `unpanicked`.
+    async fn answer_set_level(&self, request: SetLevelRequestParams) -> Result<(), ErrorData> {
+        self.hub.downstreams.set_level(&self.own.client, request.level);
+        // Shared servers log at the most verbose level any session asked for; each
+        // session hears only what its own level lets through, of its own calls.
+        let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
+        let (own, shared_instances) = (self.own.own_instances(), self.hub.shared_instances());
+        let levels = own.iter().map(|h| (h, request.level)).chain(shared_instances.iter().map(|h| (h, shared)));
+        // All at once, each within its server's `recovery.timeout_ms`: a server that does
+        // not answer holds up neither the others nor the client.
+        let set = levels.filter_map(|(handle, level)| {
+            let session = handle.state().session.filter(|s| s.is_live())?;
+            session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
+            let within = self.limits(&handle.name).timeout;
+            Some(async move {
+                // Every session's level, on a shared server: what it says meanwhile is no
+                // one client's.
+                let set = session.peer.set_level(SetLevelRequestParams::new(level));
+                match self.hub.aside(handle.instance, within, set).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
+                    Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),
+                }
+            })
+        });
+        futures::future::join_all(set).await;
+        Ok(())
     }
 }
