@@ -53,10 +53,10 @@ impl Bursts {
         if !self.by_kind.contains_key(&kind) && self.by_kind.len() >= MAX_KINDS {
             (kind, base) = (OTHERS.to_owned(), None);
         }
-        if !self.by_kind.contains_key(&kind) {
-            if let Some(base) = base {
-                *self.apart.entry(base).or_default() += 1;
-            }
+        if !self.by_kind.contains_key(&kind)
+            && let Some(base) = base
+        {
+            *self.apart.entry(base).or_default() += 1;
         }
         let mixed = kind == OTHERS;
         let burst = self.by_kind.entry(kind).or_insert_with(|| Burst { mixed, ..Burst::new(now) });
