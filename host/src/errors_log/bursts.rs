@@ -15,12 +15,9 @@ pub const BURST: u32 = 10;
 pub const WINDOW: Duration = Duration::from_secs(10);
 /// The most a window's summary is written after the window ends.
 pub const SUMMARY_DELAY: Duration = Duration::from_secs(1);
-/// Kinds tracked at once; past this, the entries of kinds not tracked are one kind of
-/// their own ([`OTHERS`]), so that a flood of many kinds cannot rotate its start away
-/// either.
+/// Kinds tracked at once; past this, entries are written in full (the writer's queue
+/// still bounds them).
 const MAX_KINDS: usize = 1024;
-/// The kind of the entries of every kind past [`MAX_KINDS`].
-const OTHERS: &str = "\u{0}others";
 /// Client sessions counted apart per kind of failure; the failures of any more (a
 /// client on 2026-07-28 is a new session with every request) are counted together.
 const SESSIONS_APART: usize = 8;
@@ -41,29 +38,26 @@ struct Burst {
     first: Option<Value>,
     /// The last entry counted instead of written.
     last: Option<Value>,
-    /// The entries of many kinds ([`OTHERS`]).
-    mixed: bool,
 }
 
 impl Bursts {
     /// Whether `entry` is written now (else it is counted), and the summary of the kind's
     /// previous window if that just ended with entries counted.
     pub fn admit(&mut self, entry: &Value, now: Instant) -> (bool, Option<Value>) {
-        let (mut kind, mut base) = self.kind(entry);
-        if !self.by_kind.contains_key(&kind) && self.by_kind.len() >= MAX_KINDS {
-            (kind, base) = (OTHERS.to_owned(), None);
+        let (kind, base) = self.kind(entry);
+        if !self.by_kind.contains_key(&kind) {
+            if self.by_kind.len() >= MAX_KINDS {
+                return (true, None);
+            }
+            if let Some(base) = base {
+                *self.apart.entry(base).or_default() += 1;
+            }
         }
-        if !self.by_kind.contains_key(&kind)
-            && let Some(base) = base
-        {
-            *self.apart.entry(base).or_default() += 1;
-        }
-        let mixed = kind == OTHERS;
-        let burst = self.by_kind.entry(kind).or_insert_with(|| Burst { mixed, ..Burst::new(now) });
+        let burst = self.by_kind.entry(kind).or_insert_with(|| Burst::new(now));
         let mut summary = None;
         if now.duration_since(burst.started) >= WINDOW {
             summary = burst.summary();
-            *burst = Burst { mixed, ..Burst::new(now) };
+            *burst = Burst::new(now);
         }
         if burst.written < BURST {
             burst.written += 1;
@@ -125,20 +119,15 @@ const TOGETHER: &str = "*";
 
 impl Burst {
     fn new(now: Instant) -> Self {
-        Self { started: now, written: 0, suppressed: 0, first: None, last: None, mixed: false }
+        Self { started: now, written: 0, suppressed: 0, first: None, last: None }
     }
 
     fn summary(&mut self) -> Option<Value> {
         let mut last = self.last.take()?;
         let count = std::mem::take(&mut self.suppressed);
         let first = self.first.take().unwrap_or(Value::Null);
-        let said = last["message"].as_str().unwrap_or("");
-        let message = match self.mixed {
-            false => format!("{count} more like this, not written one by one: {said}"),
-            true => format!(
-                "{count} more failures of kinds past the {MAX_KINDS} counted apart, not written one by one; the last: {said}"
-            ),
-        };
+        let message =
+            format!("{count} more like this, not written one by one: {}", last["message"].as_str().unwrap_or(""));
         last["message"] = json!(message);
         last["repeated"] = json!({"count": count, "first": first, "last": last["timestamp"].clone()});
         Some(last)
@@ -171,20 +160,6 @@ mod tests {
         assert!(s["message"].as_str().unwrap().starts_with("990 more like this"));
         // A new window writes in full again.
         assert!(b.admit(&entry("t", 2000), start + WINDOW * 2).0);
-    }
-
-    /// Past the kinds counted apart, the rest are one kind: a flood of many kinds is
-    /// written as its first entries and a count too.
-    #[tokio::test(start_paused = true)]
-    async fn a_flood_of_many_kinds_is_counted_too() {
-        let mut b = Bursts::default();
-        let start = Instant::now();
-        let written = (0..MAX_KINDS + 100).filter(|i| b.admit(&entry(&format!("t{i}"), 0), start).0).count();
-        assert_eq!(written, MAX_KINDS + BURST as usize);
-        let summaries = b.flush(start + WINDOW);
-        assert_eq!(summaries.len(), 1, "{summaries:?}");
-        assert_eq!(summaries[0]["repeated"]["count"], 90);
-        assert!(summaries[0]["message"].as_str().unwrap().starts_with("90 more failures of kinds past the 1024"));
     }
 
     /// One client's flood is its own: another client's failures of the same kind are
