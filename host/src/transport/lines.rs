@@ -31,17 +31,19 @@ use crate::weight::Weigher;
 /// Output: one JSON message a line, written whole under a lock.
 pub struct Out<W> {
     write: Arc<tokio::sync::Mutex<Option<W>>>,
+    /// Bytes the other side has taken so far: whether a write that holds the output moves.
+    taken: Arc<AtomicU64>,
 }
 
 impl<W> Clone for Out<W> {
     fn clone(&self) -> Self {
-        Self { write: self.write.clone() }
+        Self { write: self.write.clone(), taken: self.taken.clone() }
     }
 }
 
 impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
     pub fn new(write: W) -> Self {
-        Self { write: Arc::new(tokio::sync::Mutex::new(Some(write))) }
+        Self { write: Arc::new(tokio::sync::Mutex::new(Some(write))), taken: Arc::default() }
     }
 
     /// Writes `line` (one message, without its newline) and flushes it.
@@ -51,28 +53,41 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
         let Some(write) = write.as_mut() else {
             return Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "the output is closed"));
         };
-        write.write_all(&line).await?;
+        self.write_counted(write, &line).await
+    }
+
+    /// Writes all of `line` to `write`, counting what is taken as it goes, and flushes it.
+    async fn write_counted(&self, write: &mut W, mut line: &[u8]) -> std::io::Result<()> {
+        while !line.is_empty() {
+            let n = write.write(line).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.taken.fetch_add(n as u64, Ordering::Relaxed);
+            line = &line[n..];
+        }
         write.flush().await
     }
 
-    /// Writes `line` (one message, without its newline) within `within`: one that cannot
-    /// begin by then (another write holds the output) is not written; one cut short leaves
-    /// part of a line on the output, which is then closed, so that nothing is written
-    /// after it.
+    /// Writes `line` (one message, without its newline) unless the other side stops taking
+    /// what it is sent for `within`: not written while another write that holds the output
+    /// makes no progress for that long; one cut short (its own bytes not taken within it)
+    /// leaves part of a line on the output, which is then closed, so that nothing is
+    /// written after it. A write ahead of it that is slowly taken is waited for.
     pub async fn write_within(&self, mut line: Vec<u8>, within: Duration) -> Result<(), Unwritten> {
         line.push(b'\n');
-        let deadline = tokio::time::Instant::now() + within;
-        let Ok(mut write) = tokio::time::timeout_at(deadline, self.write.lock()).await else {
-            return Err(Unwritten::Waited);
+        let mut write = loop {
+            let seen = self.taken.load(Ordering::Relaxed);
+            match tokio::time::timeout(within, self.write.lock()).await {
+                Ok(write) => break write,
+                Err(_) if self.taken.load(Ordering::Relaxed) != seen => continue,
+                Err(_) => return Err(Unwritten::Waited),
+            }
         };
         let Some(out) = write.as_mut() else {
             return Err(Unwritten::Failed(std::io::ErrorKind::NotConnected.into()));
         };
-        let written = async {
-            out.write_all(&line).await?;
-            out.flush().await
-        };
-        match tokio::time::timeout_at(deadline, written).await {
+        match tokio::time::timeout(within, self.write_counted(out, &line)).await {
             Ok(written) => written.map_err(Unwritten::Failed),
             Err(_) => {
                 *write = None;
@@ -94,7 +109,8 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Out<W> {
 /// Why [`Out::write_within`] did not write its line.
 #[derive(Debug)]
 pub enum Unwritten {
-    /// Another write held the output all along: nothing was written.
+    /// Another write held the output, and the other side took none of it for the time
+    /// given: nothing was written.
     Waited,
     /// Cut short: the output is closed.
     Cut,
@@ -365,8 +381,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
     /// Writes a cancellation on a task of its own, within [`CANCEL_WRITE`]: rmcp waits for
     /// the write of the cancellation it sends when a request's time is up before it says
     /// so, and behind a server that stopped reading its input that write never ends (nor
-    /// would the attempt, until the whole call's deadline). A server that has not taken
-    /// it by then has stopped reading, and its session ends.
+    /// would the attempt, until the whole call's deadline). A server that takes nothing it
+    /// is sent for that long has stopped reading, and its session ends; one still taking a
+    /// request ahead of it, however slowly, is waited for.
     fn cancel_detached(&self, line: Vec<u8>) {
         let (out, deaf) = (self.out.clone(), self.deaf.clone());
         tokio::spawn(async move {
@@ -586,6 +603,34 @@ mod tests {
         let out = Out::new(ours);
         assert!(matches!(out.write_within(vec![b'x'; 64], CANCEL_WRITE).await, Err(Unwritten::Cut)));
         assert!(out.write(b"{}".to_vec()).await.is_err(), "nothing is written after part of a line");
+    }
+
+    /// A cancellation behind a large write that the other side takes slowly waits for it,
+    /// however long it takes: only a write that makes no progress is given up on.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_behind_one_slowly_taken_waits_for_it() {
+        use tokio::io::AsyncReadExt as _;
+        let (ours, mut theirs) = tokio::io::duplex(1 << 10);
+        let out = Out::new(ours);
+        let large = out.clone();
+        let writing = tokio::spawn(async move { large.write(vec![b'x'; 16 << 10]).await });
+        tokio::task::yield_now().await;
+        let reading = tokio::spawn(async move {
+            let mut taken = Vec::new();
+            let mut piece = [0u8; 512];
+            while !taken.ends_with(b"}\n") {
+                tokio::time::sleep(CANCEL_WRITE / 2).await;
+                let n = theirs.read(&mut piece).await.unwrap();
+                taken.extend_from_slice(&piece[..n]);
+            }
+            taken
+        });
+        let started = tokio::time::Instant::now();
+        out.write_within(b"{}".to_vec(), CANCEL_WRITE).await.expect("written after the large one");
+        assert!(started.elapsed() > CANCEL_WRITE * 4, "it waited well past its second");
+        writing.await.unwrap().unwrap();
+        let taken = reading.await.unwrap();
+        assert_eq!(taken.len(), (16 << 10) + 1 + 3, "the large line, then the cancellation, whole");
     }
 
     #[tokio::test]
