@@ -87,7 +87,7 @@ pub const BY_THE_CLIENT: &str = "cancelled by the client";
 
 /// What the server is told of a held call the gateway gave up on: its client did not
 /// come back for it in time, there was no room to hold it, or the gateway is stopping.
-const GIVEN_UP: &str = "the gateway gave up on it: its client did not come back for it";
+const GIVEN_UP: &str = "the gateway gave up on it (its client did not come back for it in time, there was no room to hold it, or the gateway is stopping)";
 
 /// Why a held call was cancelled, set once, before its cancellation.
 #[derive(Clone, Default)]

@@ -199,12 +199,12 @@ fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
     let mut found = Vec::new();
     let keep = |s: &str, found: &mut Vec<String>| {
         if says(s) {
+            found.push(s.to_owned());
             let quoted = Value::from(s).to_string();
             let escaped = &quoted[1..quoted.len() - 1];
             if escaped != s {
                 found.push(escaped.to_owned());
             }
-            found.push(s.to_owned());
         }
     };
     let mut pending: Vec<(Option<&String>, &Value)> = sent.iter().map(|(k, v)| (Some(k), v)).collect();
@@ -233,8 +233,9 @@ fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
 /// `text` with each of `echoes` taken out, in any case of its ASCII letters (a tool may
 /// echo a value upper-cased; the reading of the text ignores case too).
 fn without(mut text: String, echoes: &[String]) -> String {
+    let mut lower = text.to_ascii_lowercase();
     for echo in echoes {
-        let (lower, echo) = (text.to_ascii_lowercase(), echo.to_ascii_lowercase());
+        let echo = echo.to_ascii_lowercase();
         if echo.is_empty() || !lower.contains(&echo) {
             continue;
         }
@@ -248,6 +249,7 @@ fn without(mut text: String, echoes: &[String]) -> String {
         }
         out.push_str(&text[last..]);
         text = out;
+        lower = text.to_ascii_lowercase();
     }
     text
 }

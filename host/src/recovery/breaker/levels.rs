@@ -219,8 +219,8 @@ impl ServerBreakers {
     pub fn new(config: BreakerConfig, clock: Arc<dyn Clock>, rng: Arc<Rng>) -> Self {
         Self {
             server: Breaker::new(config, clock.clone(), rng.clone()),
-            // A tool's breaker keeps what it knows for the server's life; a client's makes
-            // room for others' once idle.
+            // Past the most kept, a tool's idle breaker makes room for another tool's, as a
+            // client's does for another client's.
             tools: Keyed::new(config, clock.clone(), rng.clone(), (MAX_TOOL_BREAKERS, true)),
             clients: Keyed::new(config, clock, rng, (MAX_CLIENT_BREAKERS, true)),
             tool_hash: RandomState::new(),
