@@ -345,10 +345,31 @@ pub struct ServerLines<R, W> {
     dropped: Arc<Dropped>,
     /// Put in `initialize`'s capabilities, which rmcp's type cannot carry.
     tasks: Option<ClientTasks>,
-    /// Cancelled once the server is found to have stopped reading its input: its session
-    /// ends (`receive` ends), and the server is restarted as after a crash.
-    deaf: CancellationToken,
+    /// Said once the server is found to have stopped reading its input: its session ends
+    /// (`receive` ends, and the supervisor, told, restarts the server at once).
+    deaf: Deaf,
     _role: PhantomData<fn() -> RoleClient>,
+}
+
+/// Said once a server is found to have stopped reading its input, with why: its supervisor
+/// closes the session at once (no call is given to it past that moment) and restarts it.
+#[derive(Debug, Clone, Default)]
+pub struct Deaf {
+    found: CancellationToken,
+    why: Arc<std::sync::OnceLock<&'static str>>,
+}
+
+impl Deaf {
+    fn found(&self, why: &'static str) {
+        let _ = self.why.set(why);
+        self.found.cancel();
+    }
+
+    /// Once the server is found to have stopped reading: why.
+    pub async fn found_out(&self) -> &'static str {
+        self.found.cancelled().await;
+        self.why.get().copied().unwrap_or("it stopped reading its input")
+    }
 }
 
 /// How long a cancellation may take to reach a server's input before the server is taken
@@ -373,9 +394,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             awaited: Awaited::default(),
             dropped,
             tasks,
-            deaf: CancellationToken::new(),
+            deaf: Deaf::default(),
             _role: PhantomData,
         }
+    }
+
+    /// Says on `deaf` when the server is found to have stopped reading its input.
+    pub fn telling(mut self, deaf: Deaf) -> Self {
+        self.deaf = deaf;
+        self
     }
 
     /// Writes a cancellation on a task of its own, within [`CANCEL_WRITE`]: rmcp waits for
@@ -390,12 +417,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             let why = match out.write_within(line, CANCEL_WRITE).await {
                 Ok(()) | Err(Unwritten::Failed(_)) => return,
                 Err(Unwritten::Waited) => {
-                    "it has taken nothing it was sent for a second, so a cancellation could not be written"
+                    "it stopped reading its input: it took nothing it was sent for a second, so a cancellation could not be written"
                 }
-                Err(Unwritten::Cut) => "it stopped taking a cancellation halfway",
+                Err(Unwritten::Cut) => "it stopped reading its input: it stopped taking a cancellation halfway",
             };
-            tracing::warn!("the server stopped reading its input: {why}; its session ends");
-            deaf.cancel();
+            deaf.found(why);
         });
     }
 
@@ -486,7 +512,7 @@ where
             // (`Lines::next` is cancel-safe.)
             let next = tokio::select! {
                 biased;
-                () = self.deaf.cancelled() => return None,
+                () = self.deaf.found.cancelled() => return None,
                 next = self.lines.next() => next,
             };
             match next {

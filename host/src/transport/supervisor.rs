@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::http_client::{Tap, Tapped};
+use super::lines::Deaf;
 use super::listen::Follows;
 use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
@@ -517,6 +518,8 @@ struct Connection {
     /// Cancelled when rmcp's service loop ends (the server closed its output), so the
     /// join handle itself is awaited only once, in `stop`.
     service_ended: CancellationToken,
+    /// Said when a stdio server is found to have stopped reading its input.
+    deaf: Deaf,
     stop: CancellationToken,
     session: Arc<Session>,
 }
@@ -720,6 +723,9 @@ impl Supervisor {
         let mut asked = self.restart.subscribe();
         let lost = tokio::select! {
             lost = exited(&mut conn.process) => lost,
+            // Found before rmcp's service ends (it drains for seconds): the session is
+            // closed now, so no call is given to it meanwhile.
+            why = conn.deaf.found_out() => why.to_owned(),
             () = conn.service_ended.cancelled() => match conn.process {
                 None => "the HTTP session ended".to_owned(),
                 // Usually the process is exiting; its status says more.
@@ -797,11 +803,12 @@ impl Supervisor {
         let lifecycle = self.lifecycle();
         let asked = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
         let dropped = Arc::new(Dropped::default());
-        let (running, process, stop) = match self.connect(id, caps, lifecycle, &dropped).await {
+        let deaf = Deaf::default();
+        let (running, process, stop) = match self.connect(id, caps, lifecycle, &dropped, &deaf).await {
             // A server that cannot take the question is initialised at once, afresh.
             Err(e) if asked && e.handshake => {
                 tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
-                self.connect(id, caps, ClientLifecycleMode::Initialize, &dropped).await
+                self.connect(id, caps, ClientLifecycleMode::Initialize, &dropped, &deaf).await
             }
             connected => connected,
         }
@@ -852,7 +859,7 @@ impl Supervisor {
             closed.cancel();
             ended.cancel();
         });
-        Ok(Connection { process, service, service_ended, stop, session })
+        Ok(Connection { process, service, service_ended, deaf, stop, session })
     }
 
     /// How the connection starts (`mcpServers.NAME.protocol`, and what the last start
@@ -868,13 +875,15 @@ impl Supervisor {
         }
     }
 
-    /// Connects to the server (a new process for a stdio one) and initialises session `id`.
+    /// Connects to the server (a new process for a stdio one, which says on `deaf` when it
+    /// stops reading its input) and initialises session `id`.
     async fn connect(
         &self,
         id: u64,
         caps: &Offered,
         lifecycle: ClientLifecycleMode,
         dropped: &Arc<Dropped>,
+        deaf: &Deaf,
     ) -> Result<(RunningService<RoleClient, UpstreamHandler>, Option<ServerProcess>, CancellationToken), ConnectError>
     {
         let handler = UpstreamHandler {
@@ -886,7 +895,8 @@ impl Supervisor {
         let stop = CancellationToken::new();
         match &self.config.launch {
             Launch::Stdio(launch) => {
-                let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop, dropped.clone()).await?;
+                let told = (dropped.clone(), deaf.clone());
+                let (process, running) = self.start_stdio(launch, handler, lifecycle, &stop, told).await?;
                 Ok((running, Some(process), stop))
             }
             Launch::Http(http) => {
@@ -906,7 +916,9 @@ impl Supervisor {
         handler: UpstreamHandler,
         lifecycle: ClientLifecycleMode,
         stop: &CancellationToken,
-        dropped: Arc<Dropped>,
+        // What its transport tells the session: what rmcp's types drop of the server's
+        // answers, and when the server stops reading its input.
+        (dropped, deaf): (Arc<Dropped>, Deaf),
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
         let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
             if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
@@ -926,7 +938,8 @@ impl Supervisor {
             (MAX_MESSAGE_BYTES, MAX_MESSAGE_WEIGHT),
             dropped,
             tasks,
-        );
+        )
+        .telling(deaf);
         let transport = self.in_order(transport, &handler, None);
         let init = tokio::select! {
             r = tokio::time::timeout(self.how.init_timeout, serve_client_with_lifecycle_and_ct(handler, transport, lifecycle, stop.clone())) => r,
