@@ -650,6 +650,35 @@ async fn a_call_waiting_to_retry_through_a_relaunch_is_answered_by_the_new_proce
     let _ = client.cancel().await;
 }
 
+/// A session's own instance that a reload relaunches with shorter timeouts finishes the
+/// call it runs under its old ones: it stops once that call is done, not at the new
+/// configuration's deadline; the next call goes to the new process.
+#[tokio::test]
+async fn a_session_instance_relaunched_with_shorter_timeouts_finishes_its_longer_call() {
+    let launch = |dir: &Path, anew: bool| {
+        let mut s = faulty("s", dir, if anew { &["--name", "anew"] } else { &[] });
+        s["scope"] = json!("session");
+        let timeout_ms = if anew { 200 } else { 30000 };
+        s["recovery"] =
+            json!({"timeout_ms": timeout_ms, "retry": {"max_attempts": 1, "initial_delay_ms": 1, "max_delay_ms": 1}});
+        json!({"mcpServers": {"s": s}, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| launch(dir, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let lines = |file: &str| std::fs::read_to_string(dir.join("s").join(file)).unwrap_or_default().lines().count();
+    let slow = call(&client, "s__slow", json!({"ms": 6000}));
+    let relaunch = async {
+        eventually("the slow call in flight", || lines("calls") >= 1).await;
+        rewrite_config(&dir, &launch(&dir, true));
+        eventually("the new process started", || lines("starts") >= 2).await;
+    };
+    let (answered, ()) = tokio::join!(slow, relaunch);
+    assert_eq!(text(&answered), "s: slept 6000 ms", "{answered:?}");
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "next"})).await), "anew: next");
+    let _ = client.cancel().await;
+}
+
 /// A process a reload replaced, still finishing a call, that crashes meanwhile is not
 /// started again with its old launch: its call fails, and the new process serves.
 #[tokio::test]

@@ -202,7 +202,7 @@ impl Hub {
             // again with its old launch if it ends meanwhile.
             self.keep(&handle, Kept::Retired);
             let removed = !changes.relaunched(handle.instance);
-            self.retire(handle, &current, removed);
+            self.retire(handle, &[&current], removed);
         }
         self.unpark(&next);
         // Their servers' entries, their adapters or the plugin limits may have changed.
@@ -218,11 +218,12 @@ impl Hub {
     }
 
     /// Stops `handle`, which a reload replaced (or, `removed`, took out): once the calls
-    /// in flight on it are done, within the longest deadline of its tools in `was` (the
-    /// setup that ran it). Meanwhile it is not started again if it ends.
-    pub fn retire(self: &Arc<Self>, handle: Arc<ServerHandle>, was: &Setup, removed: bool) {
+    /// in flight on it are done, within the longest deadline of its tools in any setup of
+    /// `was` (those its calls may have started under). Meanwhile it is not started again
+    /// if it ends.
+    pub fn retire(self: &Arc<Self>, handle: Arc<ServerHandle>, was: &[&Setup], removed: bool) {
         handle.retire();
-        let longest = was.config.longest_deadline(&handle.name);
+        let longest = was.iter().filter_map(|setup| setup.config.longest_deadline(&handle.name)).max();
         let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
         let hub = self.clone();
         tokio::spawn(async move {

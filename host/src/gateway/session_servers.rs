@@ -76,7 +76,7 @@ type Relaunched = Vec<(Arc<ServerHandle>, Arc<ServerHandle>)>;
 
 /// How a relaunch coming up settled.
 enum Relaunch {
-    /// It serves from now on; the old instance served under this setup.
+    /// It serves from now on; the old instance served under this setup since the reload.
     TookOver(Arc<Setup>),
     /// It did not come up: the old instance serves on.
     Failed,
@@ -187,11 +187,14 @@ impl SessionServers {
                 } else {
                     tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
                 }
-                self.hub.retire(handle.clone(), was, true);
+                self.hub.retire(handle.clone(), &[was], true);
             }
         }
+        // The old instances served under `before`'s setup, and serve under `next`'s until
+        // their relaunches take over.
+        let served_under = before.as_ref().map(|b| b.on.clone());
         for (old, new) in relaunched {
-            self.take_over_when_up(old, new);
+            self.take_over_when_up(old, new, served_under.clone());
         }
         next
     }
@@ -220,16 +223,18 @@ impl SessionServers {
     }
 
     /// `new`, the relaunch of `old`, takes its place once it is up, as a shared server's
-    /// does: `old` finishes its calls and stops, the subscriptions move. One that does
-    /// not come up is stopped, and `old` keeps serving with its launch (tried again at the
-    /// next reload); one a later reload superseded was stopped there.
-    fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>) {
+    /// does: `old` finishes its calls (those begun under `before`, the setup it served
+    /// under before the reload, and since) and stops, the subscriptions move. One that
+    /// does not come up is stopped, and `old` keeps serving with its launch (tried again
+    /// at the next reload); one a later reload superseded was stopped there.
+    fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>, before: Option<Arc<Setup>>) {
         let (session, within) = (Arc::downgrade(self), self.hub.supervision().init_timeout * 3);
         tokio::spawn(async move {
             settle(std::iter::once(&new), Instant::now() + within).await;
             let Some(session) = session.upgrade() else { return new.shutdown().await };
             match session.settle_relaunch(&old, &new) {
-                Relaunch::TookOver(was) => {
+                Relaunch::TookOver(since) => {
+                    let was: Vec<&Setup> = before.iter().map(|b| &**b).chain([&*since]).collect();
                     session.hub.retire(old, &was, false);
                     session.rebuild(false);
                 }
