@@ -575,15 +575,23 @@ impl Hub {
         Catalogue::build(&listings, setup.config.settings.tool_names)
     }
 
-    /// Stops every server in parallel, the sessions' own instances and those a reload
-    /// retired (still finishing calls) too, and waits until their processes are gone.
+    /// Begins shutdown ([`Self::close`]: nothing new starts) and stops every server in
+    /// parallel, the sessions' own instances and those a reload retired (still finishing
+    /// calls) too, and waits until their processes are gone. Instances a reload under way
+    /// started meanwhile (it checked before shutdown began) are stopped in a pass after.
     pub async fn shutdown(&self) {
-        let instances: Vec<_> =
-            self.instances.lock().expect("not poisoned").iter().filter_map(|(h, _)| h.upgrade()).collect();
-        let setup = self.setup();
-        let shared = |h: &&Arc<ServerHandle>| setup.servers.values().any(|s| s.instance == h.instance);
-        let all = setup.servers.values().chain(instances.iter().filter(|h| !shared(h)));
-        futures::future::join_all(all.map(|h| h.shutdown())).await;
+        self.close();
+        let mut stopped = std::collections::HashSet::new();
+        loop {
+            let setup = self.setup();
+            let kept = self.instances.lock().expect("not poisoned").iter().filter_map(|(h, _)| h.upgrade()).collect();
+            let all: Vec<Arc<ServerHandle>> = setup.servers.values().cloned().chain::<Vec<_>>(kept).collect();
+            let left: Vec<_> = all.into_iter().filter(|h| stopped.insert(h.instance)).collect();
+            if left.is_empty() {
+                break;
+            }
+            futures::future::join_all(left.iter().map(|h| h.shutdown())).await;
+        }
         self.errors.flush(std::time::Duration::from_secs(1)).await;
     }
 }
