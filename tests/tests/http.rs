@@ -1107,12 +1107,16 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
     let client = gw.client(None).await.unwrap();
     let late = gw.client(None).await.unwrap();
     assert_eq!(text(&call(&client, "echo", json!({"message": "up"})).await), "a: up");
-    // One call that finishes within the grace period, one that never would.
+    // One call that finishes within the grace period, one that never would, and a read
+    // that never would either.
     let slow = call(&client, "slow", json!({"ms": 800}));
     let hang = call(&client, "hang", json!({}));
+    let read = client.peer().read_resource(rmcp::model::ReadResourceRequestParams::new("faulty://a/items/hang"));
+    let read = tokio::time::timeout(Duration::from_secs(30), read);
     let term = async {
         let in_flight = || ["slow", "hang"].iter().all(|t| gw.state("a", "calls").contains(&t.to_string()));
         eventually("both calls in flight", in_flight).await;
+        eventually("the read in flight", || !gw.state("a", "reads").is_empty()).await;
         gw.sigterm();
         gw.logged("shutting down: waiting up to").await;
         // Nor a new event stream.
@@ -1139,10 +1143,12 @@ async fn on_sigterm_calls_in_flight_are_answered_before_the_gateway_exits() {
         assert!(metrics.lines().any(|l| l == r#"rebound_server_status{server="a",status="ready"} 1"#), "{metrics}");
         refused
     };
-    let (slow, hang, refused) = tokio::join!(slow, hang, term);
+    let (slow, hang, read, refused) = tokio::join!(slow, hang, read, term);
     assert!(text(&slow).contains("slept 800 ms"), "{}", text(&slow));
     assert_eq!(hang.is_error, Some(true));
     assert!(text(&hang).contains("shut down while `hang` was running"), "{}", text(&hang));
+    let read = read.expect("the read is answered before the gateway exits").expect_err("with an error");
+    assert!(read.to_string().contains("the gateway shut down while `resources/read`"), "{read}");
     assert!(refused.expect("refused at once").is_err(), "a call was taken after SIGTERM");
     let mut gw = gw;
     let status = tokio::time::timeout(Duration::from_secs(10), gw.child.wait()).await.unwrap().unwrap();

@@ -8,7 +8,8 @@
 //! before the answer. It is bounded: the server has a time to answer it (a task's result
 //! excepted: that waits for the client's cancellation), and handing it over is bounded
 //! too, though rmcp takes a request for writing at once. Given up on for any reason (its
-//! time, the client's cancellation, the caller dropping it), it is cancelled upstream,
+//! time, the client's cancellation, the caller dropping it, the gateway stopping: its
+//! client is answered that it shut down), it is cancelled upstream,
 //! and a server process that does not take the cancellation within a second has stopped
 //! reading its input: it is restarted (`call::cancel_upstream`).
 
@@ -170,6 +171,9 @@ impl Gateway {
             answer = within(out.answer_within, response) => answer,
             () = cx.ct.cancelled() => return Err(super::answered::by_the_client().into()),
             () = session.closed.cancelled() => return Err(Failed::lost()),
+            // Past the grace period, the gateway ends what is still out, answered before
+            // it stops (cancelled upstream as it is given up).
+            () = self.hub.stopping().cancelled() => return Err(shut_down(server, out.method).into()),
         };
         if matches!(answer, Some(Ok(_) | Err(rmcp::ServiceError::McpError(_)))) {
             call.answered();
@@ -201,6 +205,14 @@ impl Gateway {
         let setup = self.hub.setup();
         Duration::from_millis(setup.config.servers.get(server).map_or(0, |s| s.recovery.ping_timeout_ms))
     }
+}
+
+/// What a client is told of its request still out when the gateway ended it to stop.
+fn shut_down(server: &str, method: &str) -> ErrorData {
+    let message = format!(
+        "the gateway shut down while `{method}` to server `{server}` was out; ask again once the gateway is back"
+    );
+    ErrorData::internal_error(message, None)
 }
 
 /// `request` handed over to `session`'s writer within `hand_over`, unless the client
