@@ -351,6 +351,32 @@ async fn a_secret_a_reload_brings_is_hidden_from_the_adapters_it_keeps() {
     gw.close().await;
 }
 
+/// A secret of an earlier configuration (here one a reload took out) is hidden from an
+/// adapter a reload brings in as well: it may see what a process still running an
+/// earlier launch says.
+#[tokio::test]
+async fn a_secret_an_earlier_configuration_had_is_hidden_from_an_adapter_a_reload_brings() {
+    const KEY: &str = "sk-live-0246813579abcdef";
+    let gw = hostile("launder", json!({}), json!({})).await;
+    let dir = gw.dir.path().to_owned();
+    let mut first = config(&dir, "launder", json!({}), json!({}));
+    first["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
+    first["mcpServers"]["c"] = faulty("c", &dir, &[]);
+    rewrite_config(&dir, &first);
+    assert!(until_offered(gw.client.peer(), "c__echo", true).await, "the first reload was applied");
+    // The key gone, and `a`'s adapter a new one (its configuration changed).
+    let mut next = config(&dir, "launder", json!({"adapter_config": {"mode": "launder", "anew": true}}), json!({}));
+    next["mcpServers"]["d"] = faulty("d", &dir, &[]);
+    rewrite_config(&dir, &next);
+    assert!(until_offered(gw.client.peer(), "d__echo", true).await, "the second reload was applied");
+    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
+    let answer = text(&r);
+    assert!(answer.contains("laundered: "), "{answer}");
+    let reversed: String = KEY.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
+    assert!(!answer.contains(&reversed), "{answer}");
+    gw.close().await;
+}
+
 /// A session keeps its copy of the adapter across reloads; a secret that a later reload
 /// brings is hidden from that copy too, even after an earlier reload moved the adapter
 /// to new limits.

@@ -197,6 +197,9 @@ impl Setup {
                     if self.unchanged(config, server) {
                         changes.new_adapter_code.push(server.to_string());
                     }
+                    // It may see what a process still running an earlier launch
+                    // says (a relaunch not yet up, or one that failed).
+                    fresh.hide(&self.secrets);
                     adapters.insert(server, fresh.clone());
                 }
             }
