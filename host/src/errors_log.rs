@@ -126,7 +126,7 @@ pub struct ErrorsLog {
     next_id: AtomicU64,
     path: PathBuf,
     /// Replaced on reload (by the old ones and the new).
-    secrets: std::sync::RwLock<Secrets>,
+    secrets: crate::redact::Current,
 }
 
 impl ErrorsLog {
@@ -147,7 +147,7 @@ impl ErrorsLog {
             written,
             next_id: AtomicU64::new(0),
             path,
-            secrets: std::sync::RwLock::new(secrets),
+            secrets: crate::redact::Current::new(secrets),
         });
         // Ends a flood's window even when no entry of its kind follows, within a second.
         let weak = Arc::downgrade(&log);
@@ -350,7 +350,7 @@ impl ErrorsLog {
     }
 
     fn push(&self, mut entry: Value) {
-        let secrets = self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let secrets = self.secrets.get();
         secrets.redact_json_within(&mut entry, MAX_TEXT_BYTES);
         let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());
         if let Some(summary) = summary {
@@ -430,14 +430,19 @@ impl ErrorsLog {
 
     /// From now on, entries carry none of `secrets` either.
     pub fn set_secrets(&self, secrets: Secrets) {
-        *self.secrets.write().unwrap_or_else(std::sync::PoisonError::into_inner) = secrets;
+        self.secrets.set(secrets);
     }
 
     /// What it hides now: every secret of the setups applied, and of a reload about to
     /// apply once it rotated a token (the reports of the gateway's state are hidden with
     /// them too).
     pub fn secrets(&self) -> Secrets {
-        self.secrets.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.secrets.get()
+    }
+
+    /// What it hides, as it changes: for what outlives a reload (a call's trace).
+    pub fn current_secrets(&self) -> crate::redact::Current {
+        self.secrets.clone()
     }
 
     /// Entries not written because the writer fell behind or the file was unwritable.
@@ -888,7 +893,7 @@ mod tests {
             written: Arc::default(),
             next_id: AtomicU64::new(0),
             path: "unwritten.jsonl".into(),
-            secrets: std::sync::RwLock::new(Secrets::default()),
+            secrets: crate::redact::Current::default(),
         };
         let lost = Trouble { ended: Ended::Lost("gone".into()), next: Next::Restart(Duration::from_millis(250)) };
         // Each of another server: no flood to fold them into.

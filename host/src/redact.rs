@@ -228,6 +228,25 @@ impl Secrets {
     }
 }
 
+/// The secrets hidden now, shared: what a reload adds is hidden at once from everything
+/// that holds it, a call that began before the reload included (its report, its trace).
+#[derive(Debug, Clone, Default)]
+pub struct Current(Arc<RwLock<Secrets>>);
+
+impl Current {
+    pub fn new(secrets: Secrets) -> Self {
+        Self(Arc::new(RwLock::new(secrets)))
+    }
+
+    pub fn get(&self) -> Secrets {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub fn set(&self, secrets: Secrets) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = secrets;
+    }
+}
+
 static FOR_LOGS: RwLock<Option<Secrets>> = RwLock::new(None);
 
 /// From now on, every log line written through [`RedactedStderr`] is redacted with

@@ -31,7 +31,7 @@ use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;
 use crate::recovery::engine::{Ending, Record, Role};
 use crate::recovery::plan::{Advisor, FailureContext, Step};
-use crate::redact::Secrets;
+use crate::redact::Current;
 
 static TRACING: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();
 
@@ -114,8 +114,9 @@ impl Attempt {
 /// One client call's trace.
 pub struct CallTrace {
     context: Context,
-    /// Removed from every text the spans carry.
-    secrets: Secrets,
+    /// Removed from every text the spans carry: the secrets hidden when the text is
+    /// recorded (a reload during the call adds its own).
+    secrets: Current,
     children: Mutex<Vec<Child>>,
 }
 
@@ -131,7 +132,7 @@ impl CallTrace {
         tool: &str,
         traceparent: Option<&str>,
         tracestate: Option<&str>,
-        secrets: Secrets,
+        secrets: Current,
     ) -> Option<Arc<Self>> {
         let tracer = tracer()?;
         let parent = parent(traceparent, tracestate);
@@ -197,7 +198,7 @@ impl CallTrace {
 
     /// `text` without secrets, at most `TEXT_MAX` bytes.
     fn text(&self, text: &str) -> String {
-        let mut text = self.secrets.redact(text).into_owned();
+        let mut text = self.secrets.get().redact(text).into_owned();
         crate::text::cap(&mut text, TEXT_MAX);
         text
     }

@@ -93,7 +93,7 @@ impl Gateway {
             ));
         };
         let recovery = self.own.recovery();
-        let trace = start_trace(&cx, &route.name, &recovery.setup.secrets);
+        let trace = start_trace(&cx, &route.name, &self.hub.errors);
         let traced;
         let advisor = match (&trace, recovery.advisor()) {
             (Some(trace), Some(inner)) => {
@@ -131,7 +131,9 @@ impl Gateway {
             trace.finish(&record, &ending);
         }
         self.account(&recovery, &record, &ending, started.elapsed());
-        Ok(response(ending, &record, &recovery.setup.secrets))
+        // Hidden from its report: the secrets of every setup applied, one a reload applied
+        // during the call included (its attempts may have met the new launch).
+        Ok(response(ending, &record, &self.hub.errors.secrets()))
     }
 
     /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
@@ -160,8 +162,13 @@ impl Gateway {
 }
 
 /// The trace of a call of `tool` when tracing is on, continuing the client's trace: its
-/// HTTP request's `traceparent` header, else its `_meta.traceparent`.
-fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -> Option<Arc<CallTrace>> {
+/// HTTP request's `traceparent` header, else its `_meta.traceparent`; its texts without
+/// the secrets `errors` hides, as they change.
+fn start_trace(
+    cx: &RequestContext<RoleServer>,
+    tool: &str,
+    errors: &crate::errors_log::ErrorsLog,
+) -> Option<Arc<CallTrace>> {
     if !crate::telemetry::enabled() {
         return None;
     }
@@ -178,7 +185,7 @@ fn start_trace(cx: &RequestContext<RoleServer>, tool: &str, secrets: &Secrets) -
         Some(tp) => (Some(tp), header("tracestate")),
         None => (meta("traceparent"), meta("tracestate")),
     };
-    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref(), secrets.clone())
+    CallTrace::start(tool, traceparent.as_deref(), tracestate.as_deref(), errors.current_secrets())
 }
 
 /// The engine's way upstream for one client request.
