@@ -1039,6 +1039,18 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
         warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains("`mcpServer` is not a key Rebound reads"))),
         "{applied}"
     );
+    // A setting the reload applies is said to have changed; one it holds back until the
+    // next start is said to be held back, not "nothing changed".
+    let mut settings = json!({"mcpServers": {"a": faulty("a", &dir, &[]), "b": faulty("b", &dir, &[])}});
+    settings["rebound"] = json!({"errors_log": dir.join("elsewhere.jsonl"), "plugin_timeout_ms": 1500});
+    rewrite_config(&dir, &settings);
+    let applied_thrice = || gw.log.lock().unwrap().matches("configuration reloaded from").count() >= 3;
+    eventually("the file with new settings applied", applied_thrice).await;
+    let applied = reload().await;
+    assert_eq!(applied["applied"], "changed rebound.plugin_timeout_ms", "{applied}");
+    let warnings = applied["warnings"].as_array().cloned().unwrap_or_default();
+    let held = "rebound.errors_log changed: that takes effect at the next start";
+    assert!(warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains(held))), "{applied}");
 }
 
 #[tokio::test]

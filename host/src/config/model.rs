@@ -309,6 +309,45 @@ pub struct Settings {
     pub http: HttpSettings,
 }
 
+impl Settings {
+    /// The settings a reload applies that differ between `self` and `new`, by key.
+    pub fn applied_changes(&self, new: &Settings) -> Vec<&'static str> {
+        let changed = [
+            ("plugins_dir", self.plugins_dir != new.plugins_dir),
+            ("tool_names", self.tool_names != new.tool_names),
+            ("startup_timeout_ms", self.startup_timeout_ms != new.startup_timeout_ms),
+            ("plugin_timeout_ms", self.plugin_timeout_ms != new.plugin_timeout_ms),
+            ("plugin_memory_mb", self.plugin_memory_mb != new.plugin_memory_mb),
+            ("plugin_max_calls", self.plugin_max_calls != new.plugin_max_calls),
+            ("plugin_cache_dir", self.plugin_cache_dir != new.plugin_cache_dir),
+            ("plugin_compile_timeout_ms", self.plugin_compile_timeout_ms != new.plugin_compile_timeout_ms),
+            ("gateway_tools", self.gateway_tools != new.gateway_tools),
+        ];
+        changed.into_iter().filter_map(|(key, changed)| changed.then_some(key)).collect()
+    }
+
+    /// What in `new` a reload does not apply, each said as the operator should read it:
+    /// it takes effect at the next start, or for servers started from now on. (The
+    /// tokens' own rules are `reload::rotate_tokens`'.)
+    pub fn held_back(&self, new: &Settings) -> Vec<String> {
+        let mut held = Vec::new();
+        let later = [
+            ("rebound.http (but its tokens)", self.http.but_tokens() != new.http.but_tokens()),
+            ("rebound.errors_log", self.errors_log != new.errors_log),
+            ("rebound.errors_log_max_bytes", self.errors_log_max_bytes != new.errors_log_max_bytes),
+        ];
+        for (key, _) in later.into_iter().filter(|(_, changed)| *changed) {
+            held.push(format!("{key} changed: that takes effect at the next start, not on reload"));
+        }
+        if self.restart != new.restart || self.init_timeout_ms != new.init_timeout_ms {
+            held.push(
+                "rebound.restart or init_timeout_ms changed: they apply to servers started from now on".to_owned(),
+            );
+        }
+        held
+    }
+}
+
 /// The streamable HTTP front (`rebound.http`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -367,6 +406,11 @@ pub enum ProxyHeader {
 pub const MAX_TRUSTED_PROXIES: usize = 256;
 
 impl HttpSettings {
+    /// These settings with no tokens: what a reload compares apart from them.
+    pub fn but_tokens(&self) -> HttpSettings {
+        HttpSettings { auth_token: None, operator_token: None, ..self.clone() }
+    }
+
     /// `trusted_proxies` as blocks of addresses; an entry that is neither an address nor
     /// a block (which loading the config refuses) is left out.
     pub fn proxies(&self) -> Vec<ipnet::IpNet> {

@@ -209,6 +209,13 @@ impl Hub {
         for session in self.live_sessions() {
             session.reloaded();
         }
+        // The gateway's own tools and resources came or went.
+        if changes.settings.contains(&"gateway_tools") {
+            self.downstreams
+                .broadcast(rmcp::model::ServerNotification::ToolListChangedNotification(Default::default()));
+            self.downstreams
+                .broadcast(rmcp::model::ServerNotification::ResourceListChangedNotification(Default::default()));
+        }
         if changes.sessions == Touched::Added {
             // Sessions without instances of their own yet start them when they next ask.
             let changed = rmcp::model::ToolListChangedNotification::default();

@@ -144,24 +144,19 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
         |e: tokio::task::JoinError| config::ConfigError::Read { path: path.into(), source: std::io::Error::other(e) };
     let mut config = loaded.map_err(failed)??;
     let current = hub.setup();
-    let rotated = rotate_tokens(&current.config.settings.http, &mut config.settings.http)?;
+    let (rotated, held_tokens) = rotate_tokens(&current.config.settings.http, &mut config.settings.http)?;
     // What loading its plugins logs (an adapter's fault may quote its configuration) is
     // redacted with the new file's secrets too, applied or not.
     let secrets = current.secrets.union(&crate::redact::Secrets::of(&config));
     crate::redact::redact_logs(secrets.clone());
     config.log_warnings();
-    let warnings = config.warnings.clone();
-    if but_tokens(&config.settings.http) != but_tokens(&current.config.settings.http)
-        || config.settings.errors_log != current.config.settings.errors_log
-        || config.settings.errors_log_max_bytes != current.config.settings.errors_log_max_bytes
-    {
-        tracing::warn!(
-            "rebound.http (but its tokens) and the errors log's settings take effect at the next start, not on reload"
-        );
-    }
-    let (old, new) = (&current.config.settings, &config.settings);
-    if old.restart != new.restart || old.init_timeout_ms != new.init_timeout_ms {
-        tracing::warn!("rebound.restart and init_timeout_ms apply to servers started from now on");
+    // What the file says that this reload does not apply is shown with its outcome too
+    // (`rebound_status` is where a stdio client's operator sees it).
+    let mut warnings = config.warnings.clone();
+    warnings.extend(held_tokens);
+    warnings.extend(current.config.settings.held_back(&config.settings));
+    for held in &warnings[config.warnings.len()..] {
+        tracing::warn!("reload: {held}");
     }
     let for_plugins = config.clone();
     let runtime = current.plugins.runtime.clone();
@@ -200,20 +195,20 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
 /// One set where there was none, or removed, would open the gateway, or lock its clients
 /// out, while it serves: that takes effect at the next start, and until then `new` keeps
 /// the token the gateway has (a token from the environment is the same one again). The
-/// tokens that rotate; refused if the operator's would then be the clients' (the file's
-/// own check passed before a kept token came back).
-fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) -> Result<Vec<&'static str>, Refused> {
+/// tokens that rotate, and what is held back; refused if the operator's would then be the
+/// clients' (the file's own check passed before a kept token came back).
+fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) -> Result<(Vec<&'static str>, Vec<String>), Refused> {
     let tokens = [
         ("auth_token", &old.auth_token, &mut new.auth_token),
         ("operator_token", &old.operator_token, &mut new.operator_token),
     ];
-    let mut rotated = Vec::new();
+    let (mut rotated, mut held) = (Vec::new(), Vec::new());
     for (key, was, is) in tokens {
         if was.is_some() != is.is_some() {
             let what = if was.is_some() { "removed" } else { "set" };
-            tracing::warn!(
-                "reload: rebound.http.{key} is {what} by the file: that takes effect at the next start; until then the gateway keeps what it has"
-            );
+            held.push(format!(
+                "rebound.http.{key} is {what} by the file: that takes effect at the next start; until then the gateway keeps what it has"
+            ));
             is.clone_from(was);
         } else if was != is {
             rotated.push(key);
@@ -222,14 +217,10 @@ fn rotate_tokens(old: &HttpSettings, new: &mut HttpSettings) -> Result<Vec<&'sta
     if new.operator_token.is_some() && new.operator_token == new.auth_token {
         return Err(Refused::SameTokens);
     }
-    Ok(rotated)
+    Ok((rotated, held))
 }
 
 /// `http` without its tokens, which a reload rotates: what else changed waits for a start.
-fn but_tokens(http: &HttpSettings) -> HttpSettings {
-    HttpSettings { auth_token: None, operator_token: None, ..http.clone() }
-}
-
 /// What a configuration file, and the adapters in its `plugins_dir`, were when the gateway
 /// read them (each file's device and inode, when its contents and its inode last changed,
 /// and its length), taken before they are read: a change saved while the gateway starts,
@@ -585,17 +576,19 @@ mod tests {
         };
         let old = http(Some("clients"), Some("operator"));
         let mut new = http(Some("clients-2"), Some("operator-2"));
-        assert_eq!(rotate_tokens(&old, &mut new).unwrap(), ["auth_token", "operator_token"]);
+        assert_eq!(rotate_tokens(&old, &mut new).unwrap(), (vec!["auth_token", "operator_token"], vec![]));
         assert_eq!(new, http(Some("clients-2"), Some("operator-2")));
         let mut removed = http(None, Some("operator-2"));
-        assert!(rotate_tokens(&old, &mut removed).unwrap().contains(&"operator_token"));
+        let (rotated, held) = rotate_tokens(&old, &mut removed).unwrap();
+        assert!(rotated.contains(&"operator_token"));
         assert_eq!(removed.auth_token.as_deref(), Some("clients"), "kept until the next start");
+        assert!(held[0].starts_with("rebound.http.auth_token is removed by the file"), "said: {held:?}");
         // The file alone passes its check; with the kept token it would open the
         // operator's routes to every client.
         assert!(matches!(rotate_tokens(&old, &mut http(None, Some("clients"))), Err(Refused::SameTokens)));
         assert!(matches!(rotate_tokens(&old, &mut http(Some("operator"), None)), Err(Refused::SameTokens)));
         let mut none = http(None, None);
-        assert!(rotate_tokens(&http(Some("clients"), None), &mut none).unwrap().is_empty());
+        assert!(rotate_tokens(&http(Some("clients"), None), &mut none).unwrap().0.is_empty());
         assert_eq!(none, http(Some("clients"), None));
     }
 

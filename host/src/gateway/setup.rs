@@ -54,6 +54,8 @@ pub struct Changes {
     /// What changed among the `scope: session` servers, whose instances the running
     /// sessions bring in line.
     pub sessions: Touched,
+    /// The gateway-wide settings applied that changed (`rebound.KEY`).
+    pub settings: Vec<&'static str>,
 }
 
 impl Changes {
@@ -95,6 +97,7 @@ impl Changes {
             part("new adapter code for", &self.new_adapter_code),
             part("kept running (the new launch did not start)", &self.kept_running),
             part("relaunching in each running session (taking over once up)", &self.relaunching),
+            part("changed", &self.settings.iter().map(|key| format!("rebound.{key}")).collect::<Vec<_>>()),
         ]
         .into_iter()
         .flatten()
@@ -136,7 +139,8 @@ impl Setup {
         mut plugins: Prepared,
         spawn: &dyn Fn(&ServerConfig) -> Arc<ServerHandle>,
     ) -> (Self, Changes) {
-        let mut changes = Changes::default();
+        let mut changes =
+            Changes { settings: self.config.settings.applied_changes(&config.settings), ..Default::default() };
         let kept_adapters = self.keep_adapters(&config, &mut plugins, &mut changes);
         let servers = self.next_servers(&config, spawn, &mut changes);
         self.session_changes(&config, &mut changes);
