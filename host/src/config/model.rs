@@ -220,29 +220,23 @@ impl std::fmt::Display for ToolPattern {
 }
 
 /// Whether `text` matches `pattern`, where `*` matches any run of characters (none
-/// included) and everything else only itself. Linear in the inputs' product at worst.
+/// included) and everything else only itself. Linear in the inputs' sum (a pattern may be
+/// an adapter's, and a tool name its plan's): the literal parts between the stars are
+/// found in order, each at its leftmost place, which is where a match takes it if any does,
+/// the first anchored at the start and the last at the end.
 fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    // Where the last `*` was, and where in the text it started matching.
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && p[pi] != '*' && p[pi] == t[ti] {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            // Let the last `*` swallow one more character.
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(last) = parts.next_back() else { return pattern == text };
+    // (Taken off the text in turn, the two cannot overlap in it.)
+    let Some(mut rest) = text.strip_prefix(first).and_then(|t| t.strip_suffix(last)) else { return false };
+    for part in parts {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
         }
     }
-    p[pi..].iter().all(|c| *c == '*')
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
