@@ -662,7 +662,7 @@ impl Engine {
                 }
                 _ => None,
             };
-            let plan = plan::compose(advised, &call.policy.recovery, &call.tool, &class, &builtin);
+            let plan = plan::compose(advised, &call.policy.recovery, (&call.server, &call.tool), &class, &builtin);
             if let Some(own) = own.clone().filter(|_| plan.steps.is_empty()) {
                 return Ending::Answered(own.into());
             }

@@ -94,16 +94,20 @@ pub struct Plan {
 /// names keeps the configured arguments and no adapter limit applies to it. Whether the
 /// arguments were invalid or the client cancelled is the gateway's own judgement
 /// (`builtin`), not the adapter's, so no adapter can keep the fallbacks from running.
+/// (`server` and `tool` are the call's: a fallback or step that names no server is on
+/// `server`, however it is spelt.)
 pub fn compose(
     advised: Option<Vec<Step>>,
     recovery: &RecoveryConfig,
-    tool: &str,
+    (server, tool): (&str, &str),
     class: &Classification,
     builtin: &Classification,
 ) -> Plan {
     let mut plan = Plan { steps: Vec::new(), give_up: None };
-    let configured = |server: &Option<String>, alt: &str| {
-        recovery.fallbacks.get(tool).into_iter().flatten().any(|a| a.tool == alt && a.server == *server)
+    let same =
+        |a: &Option<String>, b: &Option<String>| a.as_deref().unwrap_or(server) == b.as_deref().unwrap_or(server);
+    let configured = |on: &Option<String>, alt: &str| {
+        recovery.fallbacks.get(tool).into_iter().flatten().find(|a| a.tool == alt && same(&a.server, on))
     };
     match advised {
         Some(steps) => {
@@ -113,8 +117,10 @@ pub fn compose(
                         plan.give_up = Some(action);
                         break;
                     }
-                    Step::Alternative { server, tool: alt, .. } if configured(&server, &alt) => {
-                        plan.steps.push((Step::Alternative { server, tool: alt, arguments: None }, Origin::Config));
+                    // As the configuration has it, which is what runs it.
+                    Step::Alternative { server: on, tool: alt, .. } if let Some(entry) = configured(&on, &alt) => {
+                        let step = Step::Alternative { server: entry.server.clone(), tool: alt, arguments: None };
+                        plan.steps.push((step, Origin::Config));
                     }
                     step => plan.steps.push((step, Origin::Adapter)),
                 }
@@ -129,9 +135,10 @@ pub fn compose(
         return plan;
     }
     for alt in recovery.fallbacks.get(tool).into_iter().flatten() {
-        let named = plan.steps.iter().any(
-            |(s, _)| matches!(s, Step::Alternative { server, tool, .. } if *tool == alt.tool && *server == alt.server),
-        );
+        let named = plan
+            .steps
+            .iter()
+            .any(|(s, _)| matches!(s, Step::Alternative { server: on, tool, .. } if *tool == alt.tool && same(on, &alt.server)));
         if !named {
             let step = Step::Alternative { server: alt.server.clone(), tool: alt.tool.clone(), arguments: None };
             plan.steps.push((step, Origin::Config));
@@ -194,7 +201,7 @@ mod tests {
 
     #[test]
     fn without_an_adapter_retry_then_every_fallback() {
-        let p = compose(None, &recovery(), "search", &timeout(), &timeout());
+        let p = compose(None, &recovery(), ("lean", "search"), &timeout(), &timeout());
         assert_eq!(
             p.steps,
             [(Step::Retry(None), Origin::Builtin), (alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]
@@ -205,7 +212,7 @@ mod tests {
     #[test]
     fn an_adapters_plan_runs_first_and_its_give_up_comes_last() {
         let advised = vec![Step::Retry(None), alt("finder"), Step::GiveUp("try later".into()), alt("never")];
-        let p = compose(Some(advised), &recovery(), "search", &timeout(), &timeout());
+        let p = compose(Some(advised), &recovery(), ("lean", "search"), &timeout(), &timeout());
         // A configured fallback the adapter names stays the configuration's (its
         // arguments, no adapter limits), at the adapter's position.
         assert_eq!(
@@ -214,8 +221,34 @@ mod tests {
         );
         assert_eq!(p.give_up.as_deref(), Some("try later"));
         let with_args = Step::Alternative { server: None, tool: "finder".into(), arguments: Some(JsonObject::new()) };
-        let p = compose(Some(vec![with_args]), &recovery(), "search", &timeout(), &timeout());
+        let p = compose(Some(vec![with_args]), &recovery(), ("lean", "search"), &timeout(), &timeout());
         assert_eq!(p.steps[0], (alt("finder"), Origin::Config), "the configured arguments, not the adapter's");
+    }
+
+    /// A configured fallback on the call's own server is the same fallback whether its
+    /// server is named or left out, in the configuration or in the adapter's step: it runs
+    /// once, as configured.
+    #[test]
+    fn a_configured_fallback_named_with_its_own_server_stays_the_configurations() {
+        let bad = Some(serde_json::json!({"q": "the adapter's"}).as_object().cloned().unwrap());
+        let named = |server: Option<&str>| Step::Alternative {
+            server: server.map(Into::into),
+            tool: "loogle".into(),
+            arguments: bad.clone(),
+        };
+        let p = compose(Some(vec![named(Some("lean"))]), &recovery(), ("lean", "search"), &timeout(), &timeout());
+        assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
+        // The other spelling: configured with its server, named by the adapter without.
+        let mut spelt = RecoveryConfig::default();
+        let on_lean = Alternative { tool: "loogle".into(), server: Some("lean".into()), arguments: None };
+        spelt.fallbacks.insert("search".into(), vec![on_lean]);
+        let p = compose(Some(vec![named(None)]), &spelt, ("lean", "search"), &timeout(), &timeout());
+        let configured = Step::Alternative { server: Some("lean".into()), tool: "loogle".into(), arguments: None };
+        assert_eq!(p.steps, [(configured, Origin::Config)]);
+        // Another server's tool of that name is the adapter's own step.
+        let p = compose(Some(vec![named(Some("other"))]), &recovery(), ("lean", "search"), &timeout(), &timeout());
+        assert_eq!(p.steps[0], (named(Some("other")), Origin::Adapter));
+        assert_eq!(p.steps.len(), 3);
     }
 
     #[test]
@@ -223,33 +256,33 @@ mod tests {
         let invalid = class(Failure::Rpc { code: -32602, message: "bad".into(), data: None });
         let cancelled = class(Failure::Cancelled);
         for said in [invalid, cancelled] {
-            let p = compose(Some(vec![]), &recovery(), "search", &said, &timeout());
+            let p = compose(Some(vec![]), &recovery(), ("lean", "search"), &said, &timeout());
             assert_eq!(p.steps.len(), 2, "the gateway's classification decides: {said:?}");
         }
     }
 
     #[test]
     fn an_adapter_that_only_gives_up_still_gets_the_fallbacks() {
-        let p = compose(Some(vec![Step::GiveUp("no".into())]), &recovery(), "search", &timeout(), &timeout());
+        let p = compose(Some(vec![Step::GiveUp("no".into())]), &recovery(), ("lean", "search"), &timeout(), &timeout());
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
     }
 
     #[test]
     fn invalid_arguments_and_cancellations_get_no_fallbacks() {
         let invalid = class(Failure::Rpc { code: -32602, message: "bad".into(), data: None });
-        assert!(compose(None, &recovery(), "search", &invalid, &invalid).steps.is_empty());
+        assert!(compose(None, &recovery(), ("lean", "search"), &invalid, &invalid).steps.is_empty());
         let cancelled = class(Failure::Cancelled);
-        assert!(compose(None, &recovery(), "search", &cancelled, &cancelled).steps.is_empty());
+        assert!(compose(None, &recovery(), ("lean", "search"), &cancelled, &cancelled).steps.is_empty());
         // Unless the server's adapter plans one then: its plan is its own.
         let planned = Some(vec![Step::Alternative { server: None, tool: "loogle".into(), arguments: None }]);
-        let p = compose(planned, &recovery(), "search", &invalid, &invalid);
+        let p = compose(planned, &recovery(), ("lean", "search"), &invalid, &invalid);
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config)]);
     }
 
     #[test]
     fn an_open_breaker_is_not_retried_but_falls_back() {
         let open = class(Failure::CircuitOpen { retry_in: Duration::from_secs(1), tool: None, own: false });
-        let p = compose(None, &recovery(), "search", &open, &open);
+        let p = compose(None, &recovery(), ("lean", "search"), &open, &open);
         assert_eq!(p.steps, [(alt("loogle"), Origin::Config), (alt("finder"), Origin::Config)]);
     }
 }
