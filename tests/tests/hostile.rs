@@ -290,6 +290,20 @@ async fn a_log_flood_is_capped_and_counted() {
     gw.close().await;
 }
 
+/// What the gateway logs of a plan's step it refused (here its target, a server outside
+/// the grant) is shown on one line: the adapter cannot forge the gateway's log lines.
+#[tokio::test]
+async fn a_refused_step_cannot_forge_a_line_of_the_gateways_log() {
+    let gw = hostile("forge-denied", json!({}), json!({})).await;
+    let r = gw.call("a__fail", json!({"message": "boom"})).await;
+    assert_eq!(r.is_error, Some(true));
+    gw.logged("refused a step of the adapter's plan").await;
+    let log = gw.log.lock().unwrap().clone();
+    assert!(!log.lines().any(|l| l.starts_with("2026-01-01")), "a forged line: {log}");
+    assert!(!log.contains('\u{2028}'), "a line separator in the log: {log}");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn a_plan_past_its_size_limits_is_a_fault_and_the_built_in_plan_answers() {
     for (mode, why) in [

@@ -233,7 +233,7 @@ impl Adapter {
             let due = logged.get(&d.denial).is_none_or(|at| now.duration_since(*at) >= DENIAL_LOG_EVERY);
             if due {
                 logged.insert(d.denial, now);
-                let target = capped(&d.target, 200);
+                let target = crate::text::shown(&d.target, 200);
                 tracing::warn!(adapter = %self.name, server = %self.server, denial = d.denial.as_str(), "refused a step of the adapter's plan ({target}): {}", d.denial.explain());
             }
         }

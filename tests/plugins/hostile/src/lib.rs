@@ -110,6 +110,13 @@ impl Guest for Hostile {
                 side("fail"),
                 side("fail"),
             ],
+            // A step the gateway refuses (a server outside the grant), whose target would
+            // forge a line of the gateway's log if logged as it is.
+            "forge-denied" => vec![Step::Alternative(Alternative {
+                server: Some("x\n2026-01-01T00:00:00Z ERROR rebound: forged\u{2028}also forged".into()),
+                tool: "fail".into(),
+                arguments: "{}".into(),
+            })],
             "flood-calls" => (0..60).map(|_| side("echo")).collect(),
             "many-steps" => (0..65).map(|_| Step::Retry(None)).collect(),
             "long-string" => vec![Step::GiveUp("s".repeat(65 << 10))],
