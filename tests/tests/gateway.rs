@@ -447,6 +447,21 @@ async fn a_subscription_is_made_again_after_a_restart_and_the_resource_announced
     gw.close().await;
 }
 
+/// A subscription is kept for as long as it lasts, so its URI is bounded: one past 8 KiB
+/// is refused, and never reaches the server.
+#[tokio::test]
+async fn a_subscription_to_a_uri_past_its_bound_is_refused() {
+    let gw = Gateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}})).await;
+    let uri = format!("faulty://a/items/{}", "x".repeat(8 << 10));
+    let refused = gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await;
+    let refused = refused.expect_err("refused").to_string();
+    assert!(refused.contains("longer than the 8192 the gateway keeps a subscription for"), "{refused}");
+    let uri = "faulty://a/readme";
+    gw.client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
+    assert_eq!(gw.state("a", "subscribes"), [uri], "only the one within the bound reached the server");
+    gw.close().await;
+}
+
 /// A subscription the gateway gave up on (the server answered later than the call's
 /// timeout) may have been made by the server all the same; nobody would ever end it, so
 /// the gateway undoes it there.

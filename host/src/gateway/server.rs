@@ -706,6 +706,10 @@ pub(super) fn task_owner(cx: &RequestContext<RoleServer>) -> Option<Arc<str>> {
 /// The most resources one `subscriptions/listen` request follows.
 const MAX_LISTENED: usize = 256;
 
+/// The longest resource URI a subscription is kept for (each is kept in the gateway, and
+/// by the server, for as long as the subscription lasts).
+pub const MAX_SUBSCRIBED_URI: usize = 8 << 10;
+
 /// Ends a listen request's entry when dropped (see [`Hub::session_ended`]).
 struct Ended {
     hub: Arc<Hub>,
@@ -781,7 +785,8 @@ impl Gateway {
     }
 
     /// Subscribes `client` (a session, or a listen request) to the resource it knows as
-    /// `exposed`: upstream, unless another client already holds that subscription. It
+    /// `exposed` (of at most [`MAX_SUBSCRIBED_URI`] bytes, since it is kept as long as the
+    /// subscription is): upstream, unless another client already holds that subscription. It
     /// counts against the share of `counted` (the session, or a 2026-07-28 client's
     /// address). Returns the server instance and the URI it knows. Until the
     /// subscription is recorded, `cancelled` ends the wait for its server.
@@ -792,6 +797,13 @@ impl Gateway {
         exposed: &str,
         cancelled: &CancellationToken,
     ) -> Result<(u64, String), ErrorData> {
+        if exposed.len() > MAX_SUBSCRIBED_URI {
+            let message = format!(
+                "the resource URI is {} bytes, longer than the {MAX_SUBSCRIBED_URI} the gateway keeps a subscription for",
+                exposed.len()
+            );
+            return Err(ErrorData::invalid_params(message, None));
+        }
         // `to` holds the instance until the subscription is made on it.
         let (subscription, server, to) = loop {
             let chosen = async {
