@@ -99,6 +99,37 @@ fn initialize() -> Value {
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
 }
 
+/// What a client's `initialize` says is kept for its session's life, so it is bounded by
+/// what it weighs once read: capabilities of thousands of values are refused, and the
+/// session is not kept.
+#[tokio::test]
+async fn an_initialize_too_heavy_to_keep_is_refused() {
+    let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}}), &[]).await;
+    let mut heavy = initialize();
+    heavy["params"]["capabilities"]["experimental"] = json!({"x": {"values": vec![0; 4000]}});
+    let answer = post(&gw, &heavy).send().await.unwrap();
+    let session = answer.headers().get("mcp-session-id").map(|s| s.to_str().unwrap().to_owned());
+    let body = answer.text().await.unwrap();
+    assert!(body.contains("past the 262144 the gateway keeps for a session"), "{body}");
+    // The session the handshake began is not kept.
+    if let Some(session) = session {
+        let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+        let mut gone = false;
+        for _ in 0..100 {
+            let answer = post(&gw, &list).header("mcp-session-id", &session).send().await.unwrap();
+            if answer.status() == StatusCode::NOT_FOUND {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(gone, "the refused session still answers");
+    }
+    // One of an ordinary weight opens a session.
+    let answer = post(&gw, &initialize()).send().await.unwrap();
+    assert!(answer.headers().get("mcp-session-id").is_some(), "{answer:?}");
+}
+
 #[tokio::test]
 async fn rust_sdk_client_over_http_gets_recovery_progress_and_server_requests() {
     let gw = HttpGateway::start(

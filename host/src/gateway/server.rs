@@ -706,6 +706,10 @@ pub(super) fn task_owner(cx: &RequestContext<RoleServer>) -> Option<Arc<str>> {
 /// The most resources one `subscriptions/listen` request follows.
 const MAX_LISTENED: usize = 256;
 
+/// The most a client's `initialize` (its capabilities and client information) may weigh
+/// once read ([`crate::weight`]): real clients' weigh a few KiB.
+pub const MAX_INITIALIZE_WEIGHT: usize = 256 << 10;
+
 /// The longest resource URI a subscription is kept for (each is kept in the gateway, and
 /// by the server, for as long as the subscription lasts).
 pub const MAX_SUBSCRIBED_URI: usize = 8 << 10;
@@ -935,6 +939,16 @@ impl Gateway {
         request: InitializeRequestParams,
         cx: RequestContext<RoleServer>,
     ) -> Result<InitializeResult, ErrorData> {
+        // Kept for the session's life (by rmcp too, and offered to its own servers): a
+        // client's `initialize` is bounded by what it weighs once read, not only by the
+        // body it came in, whose weight is let go of once it is answered.
+        let weight = crate::weight::json(&serde_json::to_vec(&request).unwrap_or_default());
+        if weight > MAX_INITIALIZE_WEIGHT {
+            let message = format!(
+                "the initialize request's capabilities and client information weigh {weight} bytes once read, past the {MAX_INITIALIZE_WEIGHT} the gateway keeps for a session"
+            );
+            return Err(ErrorData::invalid_params(message, None));
+        }
         cx.peer.set_peer_info(request.clone());
         let tasks = client_tasks(&cx);
         if self.hub.downstreams.front() == Front::Stdio {
