@@ -1936,3 +1936,61 @@ async fn a_sessions_running_tasks_are_cancelled_upstream_when_it_ends() {
     eventually("the ended session's task is cancelled upstream", || !cancelled().is_empty()).await;
     assert_eq!(cancelled(), "task-1\n", "only the ended session's");
 }
+
+/// A body sent slowly holds, while it is read, what it says it will take, against its
+/// client's share: one client's stalled uploads cannot hold memory outside the budget,
+/// and what they held is let go of when they end.
+#[tokio::test]
+async fn bodies_still_arriving_count_against_their_clients_share() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let gw = HttpGateway::start(
+        |dir| {
+            let http = json!({"trusted_proxies": ["127.0.0.1", "::1"]});
+            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": http}})
+        },
+        &[],
+    )
+    .await;
+    let authority = gw.base.trim_start_matches("http://").to_owned();
+    let stalled = || async {
+        let mut socket = tokio::net::TcpStream::connect(&authority).await.unwrap();
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nX-Forwarded-For: 198.51.100.4\r\nContent-Length: {}\r\n\r\n{{",
+            4 << 20
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket
+    };
+    // A quarter of the 1 GiB budget, 256 MiB, is one address's: 64 uploads of 4 MiB.
+    let mut uploads = Vec::new();
+    for _ in 0..64 {
+        uploads.push(stalled().await);
+    }
+    // Once they are all being read, the next is refused at once.
+    let mut refused = String::new();
+    for _ in 0..20 {
+        let mut next = stalled().await;
+        let mut answer = vec![0u8; 1024];
+        match tokio::time::timeout(Duration::from_secs(2), next.read(&mut answer)).await {
+            Ok(Ok(n)) => {
+                refused = String::from_utf8_lossy(&answer[..n]).into_owned();
+                break;
+            }
+            _ => uploads.push(next),
+        }
+    }
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    // Ended, they hold nothing: a large body of the same client's is read.
+    drop(uploads);
+    let padding = "x".repeat((4 << 20) - 100);
+    let notification = json!({"jsonrpc": "2.0", "method": "notifications/padding", "params": {"p": padding}});
+    let mut last = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..100 {
+        last = post(&gw, &notification).header("x-forwarded-for", "198.51.100.4").send().await.unwrap().status();
+        if last != StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_ne!(last, StatusCode::TOO_MANY_REQUESTS, "what the ended uploads held was let go of");
+}

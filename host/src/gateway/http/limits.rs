@@ -310,10 +310,20 @@ pub(super) async fn limit(
         return next.run(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    let body = match read_body(body, front.settings.max_body_bytes).await {
+    // While it is read, a body takes what it says it will (else the most it may), held as
+    // its weight: bodies sent slowly hold no memory outside the budget, and each has
+    // `BODY_WITHIN` to arrive.
+    let max = front.settings.max_body_bytes;
+    let reading = declared_length(&parts.headers).map_or(max, |length| length.min(max));
+    let reading = match front.limits.parsed.hold(|| super::address_client(client), reading) {
+        Ok(reading) => reading,
+        Err(past) => return too_heavy(&front, past, reading),
+    };
+    let body = match read_body(body, max).await {
         Ok(body) => body,
         Err(refused) => return refused,
     };
+    drop(reading);
     // Weighed before anything reads it, the probe included.
     let weight = parsed::weight(&body);
     let held = match front.limits.parsed.hold(|| super::address_client(client), weight) {
@@ -400,9 +410,21 @@ fn too_heavy(front: &Front, past: Past, weight: usize) -> Response {
     response
 }
 
-/// A request's body, at most `max` bytes.
+/// How long a request's body may take to arrive once its headers have.
+const BODY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The length a request's headers say its body has.
+fn declared_length(headers: &axum::http::HeaderMap) -> Option<usize> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
+/// A request's body, at most `max` bytes, within [`BODY_WITHIN`].
 async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response> {
-    axum::body::to_bytes(body, max).await.map_err(|e| {
+    let Ok(read) = tokio::time::timeout(BODY_WITHIN, axum::body::to_bytes(body, max)).await else {
+        let message = format!("the request body did not arrive within {} s", BODY_WITHIN.as_secs());
+        return Err(refuse(StatusCode::REQUEST_TIMEOUT, &message));
+    };
+    read.map_err(|e| {
         if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
             refuse(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than rebound.http.max_body_bytes")
         } else {
