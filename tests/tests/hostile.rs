@@ -448,6 +448,23 @@ async fn an_adapters_own_category_never_becomes_a_metric_label() {
     let _ = client.cancel().await;
 }
 
+/// A granted restart restarts the process the failed call ran on: a call an open breaker
+/// shed never reached one, and restarts nothing.
+#[tokio::test]
+async fn a_call_a_breaker_shed_restarts_nothing() {
+    let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true},
+        "recovery": {"timeout_ms": 300, "retry": {"max_attempts": 1},
+            "breaker": {"failure_threshold": 1, "open_ms": 600000}}});
+    let gw = hostile("reach", grant, json!({})).await;
+    gw.call("a__hang", json!({})).await;
+    eventually("restarted once", || gw.state("a", "starts").len() == 2).await;
+    let shed = gw.call("a__hang", json!({})).await;
+    assert!(text(&shed).contains("circuit"), "{}", text(&shed));
+    gw.logged("not restarted: the call never reached a process of it").await;
+    assert_eq!(gw.state("a", "starts").len(), 2, "the healthy process is left running");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn granted_restarts_count_towards_the_crash_loop() {
     let grant = json!({"adapter_allow": {"tools": ["a/*", "b/fail"], "restart": true}});

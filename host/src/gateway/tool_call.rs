@@ -322,12 +322,16 @@ impl Upstream for Upstreams<'_> {
                     );
                     return;
                 }
-                Some((_, session)) => Some(session),
-                // No attempt of the call failed on an instance (none was ready, or a
-                // breaker shed them): the server's current session, as asked.
-                None => None,
+                Some((_, session)) => session,
+                // No attempt of the call reached a process (a breaker shed them, or none
+                // was ready): there is none it ran on to restart. (A breaker is open to let
+                // the server rest, and the supervisor starts what is not up.)
+                None => {
+                    tracing::info!(server, "not restarted: the call never reached a process of it");
+                    return;
+                }
             };
-            if let Err(nr) = handle.restart(session, within).await {
+            if let Err(nr) = handle.restart(Some(session), within).await {
                 tracing::warn!(server, "restart asked by the adapter did not complete: {:?}", nr.status);
             }
         })
