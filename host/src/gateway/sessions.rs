@@ -186,6 +186,13 @@ fn eviction_order(used: &HashMap<SessionId, Use>) -> Vec<SessionId> {
     order.into_iter().map(|(id, _)| id).collect()
 }
 
+/// The client address of the HTTP request that carried `message` (`http::ClientIp`).
+fn maker_of(message: &ClientJsonRpcMessage) -> Option<std::net::IpAddr> {
+    let rmcp::model::JsonRpcMessage::Request(request) = message else { return None };
+    let parts = rmcp::model::GetExtensions::extensions(&request.request).get::<axum::http::request::Parts>()?;
+    parts.extensions.get::<super::http::ClientIp>().map(|client| client.0)
+}
+
 /// `stream`, counted as open (by `open`) for as long as it lives.
 fn counted<S: Stream + Send + Sync + 'static>(
     open: Open,
@@ -218,6 +225,12 @@ impl SessionManager for CappedSessions {
         message: ClientJsonRpcMessage,
     ) -> Result<ServerJsonRpcMessage, Self::Error> {
         self.touch(id);
+        // Its maker is known from here, not only once the answer is on its way: a client
+        // that hangs up meanwhile leaves a session of its own (rmcp keeps it), which must
+        // not count as another client's when room is made.
+        if let Some(ip) = maker_of(&message) {
+            self.made_by(id, ip);
+        }
         self.inner.initialize_session(id, message).await
     }
 
@@ -274,6 +287,22 @@ impl SessionManager for CappedSessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The address `initialize_session` records as the session's maker is that of the
+    /// HTTP request the `initialize` came in (rmcp puts the request's parts in it).
+    #[test]
+    fn an_initializes_maker_is_its_requests_address() {
+        use rmcp::model::{ClientRequest, InitializeRequest, JsonRpcMessage, JsonRpcRequest, NumberOrString};
+        let ip: std::net::IpAddr = [198, 51, 100, 4].into();
+        let (mut parts, ()) = axum::http::Request::new(()).into_parts();
+        parts.extensions.insert(super::super::http::ClientIp(ip));
+        let mut request = ClientRequest::InitializeRequest(InitializeRequest::new(Default::default()));
+        rmcp::model::GetExtensions::extensions_mut(&mut request).insert(parts);
+        let message = JsonRpcMessage::Request(JsonRpcRequest::new(NumberOrString::Number(0), request));
+        assert_eq!(maker_of(&message), Some(ip));
+        let bare = ClientRequest::InitializeRequest(InitializeRequest::new(Default::default()));
+        assert_eq!(maker_of(&JsonRpcMessage::Request(JsonRpcRequest::new(NumberOrString::Number(0), bare))), None);
+    }
 
     fn session(ip: &str, streams: usize, at: Instant) -> Use {
         Use { at, streams, owner: Some(Maker::of(ip.parse().unwrap())) }
