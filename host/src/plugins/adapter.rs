@@ -505,6 +505,9 @@ pub const MAX_PLAN_STEPS: usize = 64;
 pub const MAX_PLAN_BYTES: usize = 1 << 20;
 /// The most bytes in one string of a plan or classification.
 pub const MAX_STRING_BYTES: usize = 64 << 10;
+/// The most a plan's arguments may weigh once read ([`crate::weight`]): 1 MiB of text
+/// may be half a million values, some 64 MiB once read, kept while the plan runs.
+pub const MAX_PLAN_WEIGHT: usize = 4 << 20;
 /// The most bytes in an adapter's own category name (`other(...)`).
 pub const MAX_CATEGORY_BYTES: usize = 256;
 
@@ -513,8 +516,13 @@ fn check_plan(steps: &[wit::Step]) -> Result<(), String> {
     if steps.len() > MAX_PLAN_STEPS {
         return Err(format!("its plan has {} steps, more than {MAX_PLAN_STEPS}", steps.len()));
     }
-    let mut total = 0usize;
+    let (mut total, mut weight) = (0usize, 0usize);
     for step in steps {
+        if let wit::Step::SideCall(wit::ToolCall { arguments, .. })
+        | wit::Step::Alternative(wit::Alternative { arguments, .. }) = step
+        {
+            weight = weight.saturating_add(crate::weight::json(arguments.as_bytes()));
+        }
         let texts: Vec<&str> = match step {
             wit::Step::Retry(_) | wit::Step::Restart => vec![],
             wit::Step::SideCall(c) => vec![&c.tool, &c.arguments],
@@ -530,6 +538,9 @@ fn check_plan(steps: &[wit::Step]) -> Result<(), String> {
     }
     if total > MAX_PLAN_BYTES {
         return Err(format!("its plan carries {total} bytes of text, more than {MAX_PLAN_BYTES}"));
+    }
+    if weight > MAX_PLAN_WEIGHT {
+        return Err(format!("its plan's arguments weigh {weight} bytes once read, more than {MAX_PLAN_WEIGHT}"));
     }
     Ok(())
 }
@@ -707,6 +718,12 @@ mod tests {
         assert!(check_plan(&heavy).unwrap_err().contains("bytes of text"));
         let side = wit::Step::SideCall(wit::ToolCall { tool: "t".into(), arguments: "a".repeat(MAX_STRING_BYTES + 1) });
         assert!(check_plan(&[side]).is_err(), "arguments count too");
+        // Within the text's bounds, but half a million values once read.
+        let zeros = |n: usize| format!("{{\"a\":[{}0]}}", "0,".repeat(n));
+        let side = |arguments: String| wit::Step::SideCall(wit::ToolCall { tool: "t".into(), arguments });
+        let many: Vec<_> = (0..16).map(|_| side(zeros(30_000))).collect();
+        assert!(check_plan(&many).unwrap_err().contains("weigh"), "many values");
+        assert!(check_plan(&[side(zeros(1000))]).is_ok());
     }
 
     #[test]
