@@ -193,6 +193,7 @@ impl Hub {
         // Before the new setup is seen: a session that starts its own instance of such a
         // server at once finds its subscriptions parked.
         self.park_made_session(&next, &changes);
+        changes.count_on();
         let next = Arc::new(next);
         *self.setup.write().expect("not poisoned") = next.clone();
         self.rebuild(false);

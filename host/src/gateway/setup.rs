@@ -56,9 +56,29 @@ pub struct Changes {
     pub sessions: Touched,
     /// The gateway-wide settings applied that changed (`rebound.KEY`).
     pub settings: Vec<&'static str>,
+    /// Adapters replaced, and their replacements, which take up their counts.
+    counted_on: CountedOn,
+}
+
+/// Replaced adapters and their replacements.
+#[derive(Default)]
+struct CountedOn(Vec<(Arc<Adapter>, Arc<Adapter>)>);
+
+impl std::fmt::Debug for CountedOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} adapters replaced", self.0.len())
+    }
 }
 
 impl Changes {
+    /// The replaced adapters' counts taken up by their replacements: just before the new
+    /// setup is put in place, so that what the old ones count while it comes up is kept.
+    pub fn count_on(&mut self) {
+        for (old, fresh) in self.counted_on.0.drain(..) {
+            fresh.count_on_from(&old);
+        }
+    }
+
     /// Whether instance `instance`, retired, gives way to a relaunch (not removed).
     pub fn relaunched(&self, instance: u64) -> bool {
         self.moved.iter().any(|(old, _)| *old == instance)
@@ -208,9 +228,11 @@ impl Setup {
                 }
             }
             // Replaced (new code, or its server's entry changed): its counts go on, so
-            // that `/metrics` never counts an adapter's faults back down.
+            // that `/metrics` never counts an adapter's faults back down. Taken up as the
+            // new setup is put in place (`Changes::count_on`): until then the old one
+            // serves, and its counts go on.
             if let Some(old) = self.plugins.adapters.get(server).filter(|_| !kept.contains(server)) {
-                fresh.count_on_from(old);
+                changes.counted_on.0.push((old.clone(), fresh.clone()));
             }
         }
         plugins.adapters = adapters;
