@@ -1196,7 +1196,7 @@ async fn restart_settings_apply_to_servers_started_after_the_reload() {
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
     let old = pid(&dir, "a");
     rewrite_config(&dir, &restarts(config(&dir, 60000, &[]), 600_000));
-    gw.logged("rebound.restart and init_timeout_ms apply to servers started from now on").await;
+    gw.logged("rebound.restart or init_timeout_ms changed: they apply to servers started from now on").await;
     // Applied (not only read): then a keeps its process, and crashes.
     gw.logged("configuration reloaded from").await;
     assert_eq!(pid(&dir, "a"), old, "a kept its process");
