@@ -310,11 +310,11 @@ pub(super) async fn limit(
         return next.run(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    // While it is read, a body takes what it says it will (else the most it may), held as
-    // its weight: bodies sent slowly hold no memory outside the budget, and each has
-    // `BODY_WITHIN` to arrive.
+    // While it is read, a body holds what it says it will take (one that does not say is
+    // held once read), as its weight: bodies sent slowly hold no memory outside the
+    // budget, and each has `within` to arrive.
     let max = front.settings.max_body_bytes;
-    let reading = declared_length(&parts.headers).map_or(max, |length| length.min(max));
+    let reading = declared_length(&parts.headers).map_or(0, |length| length.min(max).min(parsed::ADDRESS_SHARE));
     let reading = match front.limits.parsed.hold(|| super::address_client(client), reading) {
         Ok(reading) => reading,
         Err(past) => return too_heavy(&front, past, reading),
@@ -410,18 +410,22 @@ fn too_heavy(front: &Front, past: Past, weight: usize) -> Response {
     response
 }
 
-/// How long a request's body may take to arrive once its headers have.
-const BODY_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a request's body may take to arrive once its headers have: 30 s, or for a
+/// larger `max_body_bytes` than 7.5 MiB, as long as that takes at 256 KiB/s.
+fn body_within(max: usize) -> std::time::Duration {
+    std::time::Duration::from_secs(30).max(std::time::Duration::from_secs((max >> 18) as u64))
+}
 
 /// The length a request's headers say its body has.
 fn declared_length(headers: &axum::http::HeaderMap) -> Option<usize> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-/// A request's body, at most `max` bytes, within [`BODY_WITHIN`].
+/// A request's body, at most `max` bytes, within [`body_within`] it.
 async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response> {
-    let Ok(read) = tokio::time::timeout(BODY_WITHIN, axum::body::to_bytes(body, max)).await else {
-        let message = format!("the request body did not arrive within {} s", BODY_WITHIN.as_secs());
+    let within = body_within(max);
+    let Ok(read) = tokio::time::timeout(within, axum::body::to_bytes(body, max)).await else {
+        let message = format!("the request body did not arrive within {} s", within.as_secs());
         return Err(refuse(StatusCode::REQUEST_TIMEOUT, &message));
     };
     read.map_err(|e| {
