@@ -320,6 +320,15 @@ impl Settings {
         changed.into_iter().filter_map(|(key, changed)| changed.then_some(key)).collect()
     }
 
+    /// What a reload does not apply, as it runs (`running`'s): `rebound.http` but its
+    /// tokens (which `reload::rotate_tokens` keeps or rotates), and the errors log's.
+    pub fn keep_running(&mut self, running: &Settings) {
+        let (auth_token, operator_token) = (self.http.auth_token.take(), self.http.operator_token.take());
+        self.http = HttpSettings { auth_token, operator_token, ..running.http.clone() };
+        self.errors_log.clone_from(&running.errors_log);
+        self.errors_log_max_bytes = running.errors_log_max_bytes;
+    }
+
     /// What in `new` a reload does not apply, each said as the operator should read it:
     /// it takes effect at the next start, or for servers started from now on. (The
     /// tokens' own rules are `reload::rotate_tokens`'.)

@@ -151,13 +151,17 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
     crate::redact::redact_logs(secrets.clone());
     config.log_warnings();
     // What the file says that this reload does not apply is shown with its outcome too
-    // (`rebound_status` is where a stdio client's operator sees it).
-    let mut warnings = config.warnings.clone();
-    warnings.extend(held_tokens);
-    warnings.extend(current.config.settings.held_back(&config.settings));
-    for held in &warnings[config.warnings.len()..] {
+    // (`rebound_status` is where a stdio client's operator sees it), first, so that a cap
+    // on them leaves out the file's own warnings rather than these; and what runs stays
+    // the configuration's, which the next reload compares against (the tokens kept, by
+    // `rotate_tokens`).
+    let mut held = held_tokens;
+    held.extend(current.config.settings.held_back(&config.settings));
+    for held in &held {
         tracing::warn!("reload: {held}");
     }
+    config.settings.keep_running(&current.config.settings);
+    let warnings: Vec<String> = held.into_iter().chain(config.warnings.iter().cloned()).collect();
     let for_plugins = config.clone();
     let runtime = current.plugins.runtime.clone();
     // Then what loading left in the heap arenas goes back (`memory`), the compiler's
@@ -180,12 +184,15 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
     if !rotated.is_empty() && !hub.closing().is_cancelled() {
         hub.errors.set_secrets(secrets.clone());
         tokens.send_replace(Tokens::of(&config.settings.http));
-        for key in rotated {
+        for key in &rotated {
             tracing::info!("reload: rebound.http.{key} rotated: requests from now on need the new one");
         }
     }
     // Loading may take a while: shutdown may have begun meanwhile.
-    let changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
+    let mut changes = hub.apply(config, plugins).await.ok_or(Refused::ShuttingDown)?;
+    changes
+        .settings
+        .extend(rotated.iter().map(|key| if *key == "auth_token" { "http.auth_token" } else { "http.operator_token" }));
     Ok((changes, warnings))
 }
 
@@ -563,6 +570,31 @@ mod tests {
         std::fs::write(&next, r#"{"mcpServers": {}}"#).unwrap();
         std::fs::rename(&next, &path).unwrap();
         assert_ne!(Stamp::of(&path), read, "a new file in its place");
+    }
+
+    /// What a reload holds back is said at each reload until it runs (the configuration
+    /// keeps what runs), and a file back to what runs says nothing of it.
+    #[test]
+    fn what_a_reload_holds_back_is_said_until_it_runs() {
+        let settings = |rebound: serde_json::Value| {
+            let text = serde_json::json!({"mcpServers": {"a": {"command": "x"}}, "rebound": rebound}).to_string();
+            crate::config::parse(&text, Path::new("/x/rebound.json"), &|_| None).unwrap().settings
+        };
+        let changed = || {
+            settings(
+                serde_json::json!({"errors_log": "/x/elsewhere.jsonl", "http": {"max_sessions": 9}, "plugin_timeout_ms": 1500}),
+            )
+        };
+        let running = settings(serde_json::json!({}));
+        let mut applied = changed();
+        let held = running.held_back(&applied);
+        assert!(held.iter().any(|h| h.starts_with("rebound.errors_log changed")), "{held:?}");
+        assert!(held.iter().any(|h| h.starts_with("rebound.http (but its tokens) changed")), "{held:?}");
+        assert_eq!(running.applied_changes(&applied), ["plugin_timeout_ms"]);
+        applied.keep_running(&running);
+        assert_eq!((&applied.errors_log, &applied.http), (&running.errors_log, &running.http));
+        assert_eq!(applied.held_back(&changed()).len(), 2, "still held back at the next reload");
+        assert!(applied.held_back(&settings(serde_json::json!({}))).is_empty(), "back to what runs");
     }
 
     /// Tokens rotate; one set or removed is kept; and a kept token never makes the
