@@ -224,6 +224,10 @@ impl ServerHandler for Gateway {
             if uris.len() == MAX_LISTENED {
                 break;
             }
+            // (One past the bound would be refused as it is followed.)
+            if uri.len() > MAX_SUBSCRIBED_URI {
+                continue;
+            }
             let Some((server, _)) = catalogue.resource(uri) else { continue };
             if uris.contains(uri) || !self.subscribable(&server) {
                 continue;
