@@ -679,6 +679,37 @@ async fn a_session_instance_relaunched_with_shorter_timeouts_finishes_its_longer
     let _ = client.cancel().await;
 }
 
+/// A shared server's process finishes a call under the deadline it began with, though a
+/// later reload shortened its timeouts (the process kept) before another relaunched it.
+#[tokio::test]
+async fn a_relaunched_process_finishes_a_call_begun_two_reloads_before() {
+    let launch = |dir: &Path, timeout_ms: u64, anew: bool| {
+        let mut a = faulty("a", dir, if anew { &["--name", "anew"] } else { &[] });
+        a["recovery"] =
+            json!({"timeout_ms": timeout_ms, "retry": {"max_attempts": 1, "initial_delay_ms": 1, "max_delay_ms": 1}});
+        json!({"mcpServers": {"a": a}})
+    };
+    let gw = HttpGateway::start(|dir| launch(dir, 30000, false), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    let lines = |file: &str| std::fs::read_to_string(dir.join("a").join(file)).unwrap_or_default().lines().count();
+    let slow = call(&client, "slow", json!({"ms": 6000}));
+    let reloads = async {
+        eventually("the slow call in flight", || lines("calls") >= 1).await;
+        let applied = |n: usize| {
+            let log = gw.log.clone();
+            move || log.lock().unwrap().matches("configuration reloaded from").count() >= n
+        };
+        rewrite_config(&dir, &launch(&dir, 200, false));
+        eventually("the shorter timeout applied", applied(1)).await;
+        rewrite_config(&dir, &launch(&dir, 200, true));
+        eventually("the new process started", || lines("starts") >= 2).await;
+    };
+    let (answered, ()) = tokio::join!(slow, reloads);
+    assert_eq!(text(&answered), "a: slept 6000 ms", "{answered:?}");
+    let _ = client.cancel().await;
+}
+
 /// A process a reload replaced, still finishing a call, that crashes meanwhile is not
 /// started again with its old launch: its call fails, and the new process serves.
 #[tokio::test]

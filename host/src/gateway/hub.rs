@@ -131,7 +131,9 @@ impl Hub {
                 },
             }
         });
-        for handle in hub.setup().servers.values() {
+        let setup = hub.setup();
+        setup.served_by(setup.servers.values());
+        for handle in setup.servers.values() {
             hub.watch(handle, None);
         }
         if front == Front::Http {
@@ -194,6 +196,7 @@ impl Hub {
         // server at once finds its subscriptions parked.
         self.park_made_session(&next, &changes);
         changes.count_on();
+        next.served_by(next.servers.values());
         let next = Arc::new(next);
         *self.setup.write().expect("not poisoned") = next.clone();
         self.rebuild(false);
@@ -203,7 +206,7 @@ impl Hub {
             // again with its old launch if it ends meanwhile.
             self.keep(&handle, Kept::Retired);
             let removed = !changes.relaunched(handle.instance);
-            self.retire(handle, &[&current], removed);
+            self.retire(handle, removed);
         }
         self.unpark(&next);
         // Their servers' entries, their adapters or the plugin limits may have changed.
@@ -226,13 +229,12 @@ impl Hub {
     }
 
     /// Stops `handle`, which a reload replaced (or, `removed`, took out): once the calls
-    /// in flight on it are done, within the longest deadline of its tools in any setup of
-    /// `was` (those its calls may have started under). Meanwhile it is not started again
-    /// if it ends.
-    pub fn retire(self: &Arc<Self>, handle: Arc<ServerHandle>, was: &[&Setup], removed: bool) {
+    /// in flight on it are done, within the longest deadline of its tools in any setup it
+    /// served under ([`ServerHandle::longest_call`]: its calls may have begun under any
+    /// of them). Meanwhile it is not started again if it ends.
+    pub fn retire(self: &Arc<Self>, handle: Arc<ServerHandle>, removed: bool) {
         handle.retire();
-        let longest = was.iter().filter_map(|setup| setup.config.longest_deadline(&handle.name)).max();
-        let within = longest.map_or(Duration::from_secs(60), Duration::from_millis);
+        let within = handle.longest_call().unwrap_or(Duration::from_secs(60));
         let hub = self.clone();
         tokio::spawn(async move {
             let deadline = Instant::now() + within;

@@ -76,8 +76,8 @@ type Relaunched = Vec<(Arc<ServerHandle>, Arc<ServerHandle>)>;
 
 /// How a relaunch coming up settled.
 enum Relaunch {
-    /// It serves from now on; the old instance served under this setup since the reload.
-    TookOver(Arc<Setup>),
+    /// It serves from now on.
+    TookOver,
     /// It did not come up: the old instance serves on.
     Failed,
     /// A later reload wants another launch, or none.
@@ -164,6 +164,9 @@ impl SessionServers {
             let relaunches = (&mut own.coming, &mut relaunched);
             Arc::new(self.start(&setup, &scoped, (peer, caps), before.as_deref(), relaunches))
         });
+        if let Some(next) = &next {
+            setup.served_by(next.servers.values());
+        }
         own.serving.clone_from(&next);
         // Under the lock, like a relaunch's: a reload that removes the new instance next
         // ends them after.
@@ -179,7 +182,6 @@ impl SessionServers {
         }
         for handle in before.iter().flat_map(|b| b.servers.values()) {
             if !next.as_ref().is_some_and(|n| n.has(handle)) {
-                let was = &before.as_ref().expect("had it").on;
                 // Made shared: the session's subscriptions move to the shared instance.
                 if let Some(shared) = setup.servers.get(&handle.name) {
                     tracing::info!(session = %self.client, server = %handle.name, "a reload made the server shared: the session's own instance stops once its calls are done, and its subscriptions move to the shared one");
@@ -187,14 +189,11 @@ impl SessionServers {
                 } else {
                     tracing::info!(session = %self.client, server = %handle.name, "a reload removed the session's own instance: it stops once its calls are done");
                 }
-                self.hub.retire(handle.clone(), &[was], true);
+                self.hub.retire(handle.clone(), true);
             }
         }
-        // The old instances served under `before`'s setup, and serve under `next`'s until
-        // their relaunches take over.
-        let served_under = before.as_ref().map(|b| b.on.clone());
         for (old, new) in relaunched {
-            self.take_over_when_up(old, new, served_under.clone());
+            self.take_over_when_up(old, new);
         }
         next
     }
@@ -223,19 +222,18 @@ impl SessionServers {
     }
 
     /// `new`, the relaunch of `old`, takes its place once it is up, as a shared server's
-    /// does: `old` finishes its calls (those begun under `before`, the setup it served
-    /// under before the reload, and since) and stops, the subscriptions move. One that
-    /// does not come up is stopped, and `old` keeps serving with its launch (tried again
-    /// at the next reload); one a later reload superseded was stopped there.
-    fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>, before: Option<Arc<Setup>>) {
+    /// does: `old` finishes its calls (under the deadlines they began with) and stops, the
+    /// subscriptions move. One that does not come up is stopped, and `old` keeps serving
+    /// with its launch (tried again at the next reload); one a later reload superseded
+    /// was stopped there.
+    fn take_over_when_up(self: &Arc<Self>, old: Arc<ServerHandle>, new: Arc<ServerHandle>) {
         let (session, within) = (Arc::downgrade(self), self.hub.supervision().init_timeout * 3);
         tokio::spawn(async move {
             settle(std::iter::once(&new), Instant::now() + within).await;
             let Some(session) = session.upgrade() else { return new.shutdown().await };
             match session.settle_relaunch(&old, &new) {
-                Relaunch::TookOver(since) => {
-                    let was: Vec<&Setup> = before.iter().map(|b| &**b).chain([&*since]).collect();
-                    session.hub.retire(old, &was, false);
+                Relaunch::TookOver => {
+                    session.hub.retire(old, false);
                     session.rebuild(false);
                 }
                 Relaunch::Failed => {
@@ -263,11 +261,10 @@ impl SessionServers {
         let Some(next) = own.serving.as_ref().and_then(|o| o.taken_over(old, new, &self.client)) else {
             return Relaunch::Superseded;
         };
-        let was = next.on.clone();
         own.serving = Some(Arc::new(next));
         // Moved under the lock: a reload that removes `new` next retires it only after.
         self.hub.move_subscriptions_to(old.instance, new.clone());
-        Relaunch::TookOver(was)
+        Relaunch::TookOver
     }
 
     /// This session's instances of `scoped`, as `setup` configures them: those of

@@ -127,6 +127,17 @@ impl Changes {
 }
 
 impl Setup {
+    /// Records on each of `handles`, which serve under this setup, how long a call begun
+    /// under it may take ([`ServerHandle::may_take`]): a retired one then finishes the
+    /// calls of every setup it served under (`Hub::retire`).
+    pub fn served_by<'a>(&self, handles: impl IntoIterator<Item = &'a Arc<ServerHandle>>) {
+        for handle in handles {
+            if let Some(ms) = self.config.longest_deadline(&handle.name) {
+                handle.may_take(std::time::Duration::from_millis(ms));
+            }
+        }
+    }
+
     /// `name` keeps `running`, the instance `current` has: its new launch did not come
     /// up. Its entry keeps the new file's settings (its policy and adapter were made
     /// from them) but `current`'s launch and protocol, which `running` was started with:

@@ -355,6 +355,9 @@ pub struct ServerHandle {
     retired: CancellationToken,
     restart: Restart,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The longest a call on it may take, in milliseconds, under any configuration it
+    /// served under ([`ServerHandle::may_take`]).
+    longest_call_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Why a server could not take a call.
@@ -424,6 +427,19 @@ impl ServerHandle {
         self.retired.cancel();
     }
 
+    /// A configuration it serves under lets a call on it take up to `longest`.
+    pub fn may_take(&self, longest: Duration) {
+        let ms = u64::try_from(longest.as_millis()).unwrap_or(u64::MAX);
+        self.longest_call_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The longest a call on it may take under any configuration it served under (none
+    /// said yet: `None`), which is how long a retired one waits for its calls in flight.
+    pub fn longest_call(&self) -> Option<Duration> {
+        let ms = self.longest_call_ms.load(Ordering::Relaxed);
+        (ms > 0).then(|| Duration::from_millis(ms))
+    }
+
     /// Whether a reload replaced or removed this instance.
     pub fn is_retired(&self) -> bool {
         self.retired.is_cancelled()
@@ -470,7 +486,8 @@ pub fn spawn_supervisor(
     };
     let task = tokio::spawn(sup.run());
     let task = std::sync::Mutex::new(Some(task));
-    ServerHandle { name, instance, config, state: rx, shutdown, retired, restart, task }
+    let longest_call_ms = std::sync::atomic::AtomicU64::new(0);
+    ServerHandle { name, instance, config, state: rx, shutdown, retired, restart, task, longest_call_ms }
 }
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
@@ -803,11 +820,13 @@ impl Supervisor {
         let lifecycle = self.lifecycle();
         let asked = matches!(lifecycle, ClientLifecycleMode::Auto { .. });
         let dropped = Arc::new(Dropped::default());
-        let deaf = Deaf::default();
+        let mut deaf = Deaf::default();
         let (running, process, stop) = match self.connect(id, caps, lifecycle, &dropped, &deaf).await {
-            // A server that cannot take the question is initialised at once, afresh.
+            // A server that cannot take the question is initialised at once, afresh (what
+            // the first connection found does not hold for the second).
             Err(e) if asked && e.handshake => {
                 tracing::info!(server = %self.name, "asking for MCP 2026-07-28 failed ({}); initialising instead", e.message);
+                deaf = Deaf::default();
                 self.connect(id, caps, ClientLifecycleMode::Initialize, &dropped, &deaf).await
             }
             connected => connected,
