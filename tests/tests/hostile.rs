@@ -354,15 +354,26 @@ async fn a_secret_a_reload_brings_is_hidden_from_the_adapters_it_keeps() {
     let dir = gw.dir.path().to_owned();
     let mut next = config(&dir, "launder", json!({}), json!({}));
     next["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
-    next["mcpServers"]["c"] = faulty("c", &dir, &[]);
-    rewrite_config(&dir, &next);
-    assert!(until_offered(gw.client.peer(), "c__echo", true).await, "the reload was applied");
-    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
+    reloaded_with(&gw, next, "c").await;
+    launders_without(&gw, KEY).await;
+    gw.close().await;
+}
+
+/// `config`, with a server `marker` added, applied by a reload.
+async fn reloaded_with(gw: &Gateway, mut config: Value, marker: &str) {
+    config["mcpServers"][marker] = faulty(marker, gw.dir.path(), &[]);
+    rewrite_config(gw.dir.path(), &config);
+    let tool = format!("{marker}__echo");
+    assert!(until_offered(gw.client.peer(), &tool, true).await, "the reload adding {marker} was not applied");
+}
+
+/// The `launder` adapter's answer to a failure that quotes `key`: laundered, without it.
+async fn launders_without(gw: &Gateway, key: &str) {
+    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {key}")})).await;
     let answer = text(&r);
     assert!(answer.contains("laundered: "), "{answer}");
-    let reversed: String = KEY.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
+    let reversed: String = key.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
     assert!(!answer.contains(&reversed), "{answer}");
-    gw.close().await;
 }
 
 /// A secret of an earlier configuration (here one a reload took out) is hidden from an
@@ -375,19 +386,11 @@ async fn a_secret_an_earlier_configuration_had_is_hidden_from_an_adapter_a_reloa
     let dir = gw.dir.path().to_owned();
     let mut first = config(&dir, "launder", json!({}), json!({}));
     first["mcpServers"]["b"]["env"] = json!({"API_KEY": KEY});
-    first["mcpServers"]["c"] = faulty("c", &dir, &[]);
-    rewrite_config(&dir, &first);
-    assert!(until_offered(gw.client.peer(), "c__echo", true).await, "the first reload was applied");
+    reloaded_with(&gw, first, "c").await;
     // The key gone, and `a`'s adapter a new one (its configuration changed).
-    let mut next = config(&dir, "launder", json!({"adapter_config": {"mode": "launder", "anew": true}}), json!({}));
-    next["mcpServers"]["d"] = faulty("d", &dir, &[]);
-    rewrite_config(&dir, &next);
-    assert!(until_offered(gw.client.peer(), "d__echo", true).await, "the second reload was applied");
-    let r = gw.call("a__fail", json!({"message": format!("auth failed for key {KEY}")})).await;
-    let answer = text(&r);
-    assert!(answer.contains("laundered: "), "{answer}");
-    let reversed: String = KEY.chars().rev().map(|c| if c == '-' { '_' } else { c }).collect();
-    assert!(!answer.contains(&reversed), "{answer}");
+    let next = config(&dir, "launder", json!({"adapter_config": {"mode": "launder", "anew": true}}), json!({}));
+    reloaded_with(&gw, next, "d").await;
+    launders_without(&gw, KEY).await;
     gw.close().await;
 }
 
