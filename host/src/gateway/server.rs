@@ -434,15 +434,15 @@ impl ServerHandler for Gateway {
         // upstream.
     }
 
-    async fn on_roots_list_changed(&self, _: NotificationContext<RoleServer>) {
-        let Some(_on_its_way) = self.onward("notifications/roots/list_changed") else { return };
+    async fn on_roots_list_changed(&self, cx: NotificationContext<RoleServer>) {
+        let Some(_on_its_way) = self.onward("notifications/roots/list_changed", &cx) else { return };
         for session in self.concerned_sessions() {
             let _ = tokio::time::timeout(onward::SEND_WITHIN, session.peer.notify_roots_list_changed()).await;
         }
     }
 
-    async fn on_custom_notification(&self, notification: CustomNotification, _: NotificationContext<RoleServer>) {
-        let Some(_on_its_way) = self.onward(&notification.method) else { return };
+    async fn on_custom_notification(&self, notification: CustomNotification, cx: NotificationContext<RoleServer>) {
+        let Some(_on_its_way) = self.onward(&notification.method, &cx) else { return };
         // The status of a task the client runs for a server goes to that server connection
         // only (`super::asked_tasks`); that of no such task, nowhere.
         let status = notification.method == "notifications/tasks/status";
@@ -467,11 +467,13 @@ impl ServerHandler for Gateway {
 impl Gateway {
     /// Room for this client's notification `method` on its way to its servers, or none
     /// (it is dropped, and logged): see [`onward`].
-    fn onward(&self, method: &str) -> Option<onward::OnItsWay> {
-        let admitted = onward::admit(&self.own.client);
+    fn onward(&self, method: &str, cx: &NotificationContext<RoleServer>) -> Option<onward::OnItsWay> {
+        let parts = cx.extensions.get::<axum::http::request::Parts>();
+        let ip = parts.and_then(|p| p.extensions.get::<super::http::ClientIp>()).map(|c| c.0);
+        let admitted = onward::admit(&self.own.client, ip.map(super::http::address_client));
         if admitted.is_none() {
             // Not a warning: a client flooding would flood the log with it.
-            tracing::debug!(session = %self.own.client, "a client's {} not passed on to its servers: {} of its notifications (or {} of all clients') are still on their way, held by a server not reading them", crate::text::shown(method, 64), onward::PER_CLIENT, onward::IN_ALL);
+            tracing::debug!(session = %self.own.client, "a client's {} not passed on to its servers: {} of its notifications (or {} of its address's, or {} of all clients') are still on their way, held by a server not reading them", crate::text::shown(method, 64), onward::PER_CLIENT, onward::PER_ADDRESS, onward::IN_ALL);
         }
         admitted
     }
