@@ -468,9 +468,8 @@ impl Gateway {
     /// Room for this client's notification `method` on its way to its servers, or none
     /// (it is dropped, and logged): see [`onward`].
     fn onward(&self, method: &str, cx: &NotificationContext<RoleServer>) -> Option<onward::OnItsWay> {
-        let parts = cx.extensions.get::<axum::http::request::Parts>();
-        let ip = parts.and_then(|p| p.extensions.get::<super::http::ClientIp>()).map(|c| c.0);
-        let admitted = onward::admit(&self.own.client, ip.map(super::http::address_client));
+        let address = super::http::ClientIp::of(&cx.extensions).map(super::http::address_client);
+        let admitted = onward::admit(&self.own.client, address);
         if admitted.is_none() {
             // Not a warning: a client flooding would flood the log with it.
             tracing::debug!(session = %self.own.client, "a client's {} not passed on to its servers: {} of its notifications (or {} of its address's, or {} of all clients') are still on their way, held by a server not reading them", crate::text::shown(method, 64), onward::PER_CLIENT, onward::PER_ADDRESS, onward::IN_ALL);
@@ -746,8 +745,7 @@ fn client_tasks(cx: &RequestContext<RoleServer>) -> Option<ClientTasks> {
 /// The address of the client whose request `cx` is, when it came over HTTP (its
 /// connection's, or the one a trusted proxy names).
 pub(super) fn http_address(cx: &RequestContext<RoleServer>) -> Option<std::net::IpAddr> {
-    let parts = cx.extensions.get::<axum::http::request::Parts>()?;
-    parts.extensions.get::<super::http::ClientIp>().map(|client| client.0)
+    super::http::ClientIp::of(&cx.extensions)
 }
 
 impl Gateway {

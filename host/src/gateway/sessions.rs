@@ -189,8 +189,7 @@ fn eviction_order(used: &HashMap<SessionId, Use>) -> Vec<SessionId> {
 /// The client address of the HTTP request that carried `message` (`http::ClientIp`).
 fn maker_of(message: &ClientJsonRpcMessage) -> Option<std::net::IpAddr> {
     let rmcp::model::JsonRpcMessage::Request(request) = message else { return None };
-    let parts = rmcp::model::GetExtensions::extensions(&request.request).get::<axum::http::request::Parts>()?;
-    parts.extensions.get::<super::http::ClientIp>().map(|client| client.0)
+    super::http::ClientIp::of(rmcp::model::GetExtensions::extensions(&request.request))
 }
 
 /// `stream`, counted as open (by `open`) for as long as it lives.

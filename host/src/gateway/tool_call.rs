@@ -22,7 +22,6 @@ use crate::recovery::Failure;
 use crate::recovery::breaker::{Blame, Culprit};
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
 use crate::recovery::report;
-use crate::redact::Secrets;
 use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::ServerHandle;
 
@@ -131,9 +130,7 @@ impl Gateway {
             trace.finish(&record, &ending);
         }
         self.account(&recovery, &record, &ending, started.elapsed());
-        // Hidden from its report: the secrets of every setup applied, one a reload applied
-        // during the call included (its attempts may have met the new launch).
-        Ok(response(ending, &record, &self.hub.errors.secrets()))
+        Ok(response(ending, &record, &self.hub.errors))
     }
 
     /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
@@ -401,11 +398,16 @@ fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, messa
 /// What the client is answered once a call ended: the result, with what recovery did in
 /// its `_meta`, or an `isError` result saying why nothing worked. An answer that is not a
 /// complete result (a 2026-07-28 server's questions) goes as it is.
-fn response(ending: Ending, record: &Record, secrets: &Secrets) -> CallToolResponse {
+/// The client's answer to the call `record` tells of. What Rebound adds to it hides the
+/// secrets `errors` hides: those of every setup applied, one a reload applied during the
+/// call included (its attempts may have met the new launch); read only when there is
+/// something to add, not on every success.
+fn response(ending: Ending, record: &Record, errors: &crate::errors_log::ErrorsLog) -> CallToolResponse {
     let mut result = match ending {
-        Ending::Answered(CallToolResponse::Complete(result)) => report::recovered(result, record, secrets),
+        Ending::Answered(CallToolResponse::Complete(result)) if report::as_answered(record) => result,
+        Ending::Answered(CallToolResponse::Complete(result)) => report::recovered(result, record, &errors.secrets()),
         Ending::Answered(other) => return other,
-        Ending::GaveUp => report::gave_up(record, secrets),
+        Ending::GaveUp => report::gave_up(record, &errors.secrets()),
     };
     result.result_type = Some(ResultType::COMPLETE);
     result.into()

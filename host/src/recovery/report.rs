@@ -201,12 +201,18 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
     result
 }
 
+/// Whether a call's answer passes as its server gave it, with nothing to note
+/// ([`recovered`]): one attempt answered it, and nothing was left untried.
+pub fn as_answered(record: &Record) -> bool {
+    record.attempts.len() < 2 && record.not_tried.is_empty()
+}
+
 /// Notes on a successful result how it was obtained, when that took recovery. The
 /// result itself is the server's and passes as it is; what Rebound adds is redacted.
 /// A tool's own error answered after other attempts failed says what was tried too, and
 /// whether any of it may have run.
 pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets) -> CallToolResult {
-    if record.attempts.len() < 2 && record.not_tried.is_empty() {
+    if as_answered(record) {
         return result;
     }
     let Some(by) = record.answered_by() else {

@@ -28,6 +28,15 @@ pub struct Proxies {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientIp(pub IpAddr);
 
+impl ClientIp {
+    /// The client address of the HTTP request whose parts rmcp put in `extensions` (a
+    /// message's or a request context's), if it came over HTTP.
+    pub fn of(extensions: &rmcp::model::Extensions) -> Option<IpAddr> {
+        let parts = extensions.get::<axum::http::request::Parts>()?;
+        parts.extensions.get::<ClientIp>().map(|client| client.0)
+    }
+}
+
 /// At most this many hops of the header are read, from its end; a chain of trusted
 /// proxies longer than that is taken to end at the last one read.
 const MAX_HOPS: usize = 32;
