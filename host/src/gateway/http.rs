@@ -30,6 +30,7 @@ mod listens;
 mod parsed;
 mod revoked;
 mod tasks;
+mod unread;
 
 pub use client_ip::ClientIp;
 use limits::{ClientLimits, limit};
@@ -95,8 +96,9 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, tokens: TokenCell, shutdown:
     eprintln!("rebound: listening on http://{local}/mcp");
     // Every answer goes out at once: without TCP_NODELAY, an answer written in two parts
     // (an SSE priming event, then the message) waits for the client's delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
+    // A client that stops reading its answers loses its connection (`unread`).
+    let listener = unread::Listener(listener).tap_io(|tcp| {
+        if let Err(e) = tcp.get_mut().set_nodelay(true) {
             tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
         }
     });
