@@ -106,15 +106,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // stdout is the protocol: every log line goes to stderr, written by a thread of its
     // own, so that a client that does not drain the gateway's stderr never stops the
-    // runtime. Past LOG_LINES_QUEUED lines waiting, lines are dropped, not queued.
+    // runtime. Past LOG_LINES_QUEUED lines waiting (of at most MAX_LOG_LINE bytes each),
+    // lines are dropped, not queued.
     let (log, written) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .buffered_lines_limit(LOG_LINES_QUEUED)
         .lossy(true)
         .thread_name("rebound-log")
-        .finish(rebound::redact::RedactedStderr);
+        .finish(std::io::stderr());
     let log_written = Log { dropped: log.error_counter(), written };
     tracing_subscriber::fmt()
-        .with_writer(log)
+        // Each line is redacted, kept to one line and cut before it is queued.
+        .with_writer(move || rebound::redact::LogLine(log.clone()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("REBOUND_LOG").unwrap_or_else(|_| "info,rmcp=warn".into()),
         )

@@ -249,32 +249,48 @@ impl Current {
 
 static FOR_LOGS: RwLock<Option<Secrets>> = RwLock::new(None);
 
-/// From now on, every log line written through [`RedactedStderr`] is redacted with
+/// From now on, every log line written through [`LogLine`] is redacted with
 /// `secrets`. Set when the configuration is loaded, and again on each reload.
 pub fn redact_logs(secrets: Secrets) {
     *FOR_LOGS.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(secrets);
 }
 
-/// stderr for the log, redacting each line: libraries log too, and rmcp quotes an
-/// upstream's URL (query and all) when it cannot connect. `tracing-subscriber` formats an
-/// event whole and writes it in one call.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RedactedStderr;
+/// The most a line of the gateway's log takes: a server's error text can be 64 MiB, and
+/// the lines waiting for stderr are counted, not weighed.
+pub const MAX_LOG_LINE: usize = 8 * 1024;
 
-impl Write for RedactedStderr {
+/// A log line on its way out, written to `W` as it should read: redacted (libraries log
+/// too, and rmcp quotes an upstream's URL, query and all, when it cannot connect), on one
+/// line (a line break or terminal escape in a server's text, which many log lines quote,
+/// is written out, so that it can forge no line of the log), and at most
+/// [`MAX_LOG_LINE`] bytes. `tracing-subscriber` formats an event whole and writes it in
+/// one call, so this sees each line whole, before it is queued.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogLine<W>(pub W);
+
+impl<W: Write> Write for LogLine<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let mut stderr = std::io::stderr().lock();
         let secrets = FOR_LOGS.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        match (secrets, std::str::from_utf8(buf)) {
-            (Some(secrets), Ok(text)) => stderr.write_all(secrets.redact(text).as_bytes())?,
-            _ => stderr.write_all(buf)?,
-        }
+        self.0.write_all(as_logged(buf, secrets.as_ref()).as_bytes())?;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
+        self.0.flush()
     }
+}
+
+/// `line` as [`LogLine`] writes it with `secrets` hidden, ending in one line break.
+fn as_logged(line: &[u8], secrets: Option<&Secrets>) -> String {
+    let line = String::from_utf8_lossy(line);
+    let line = line.strip_suffix('\n').unwrap_or(&line);
+    let redacted = match secrets {
+        Some(secrets) => Cow::Owned(secrets.redact_capped(line, MAX_LOG_LINE)),
+        None => Cow::Borrowed(line),
+    };
+    let mut logged = crate::text::shown(&redacted, MAX_LOG_LINE);
+    logged.push('\n');
+    logged
 }
 
 /// `secret` as it reads written plainly and written escaped (see [`Secrets::in_order`]).
@@ -370,6 +386,29 @@ mod tests {
         let hidden = huge.union(&config(1));
         assert_eq!(hidden.values.len(), 2);
         assert_eq!(config(1).union(&huge).values.len(), 3, "a current value is kept whatever its size");
+    }
+
+    /// A server's text in a log line can neither forge another line, nor fill the queue
+    /// with a 64 MiB line, nor leave the start of a secret where the line is cut.
+    #[test]
+    fn a_log_line_is_one_line_redacted_and_bounded() {
+        let forged = b"2026-11-29 WARN call failed: oops\n2026-11-29 ERROR rebound: forged\x1b[2J\n";
+        assert_eq!(
+            as_logged(forged, None),
+            "2026-11-29 WARN call failed: oops\\n2026-11-29 ERROR rebound: forged\\u{1b}[2J\n"
+        );
+        let huge = format!("WARN call failed: {}\n", "x".repeat(64 << 20));
+        let logged = as_logged(huge.as_bytes(), None);
+        assert!(logged.len() <= MAX_LOG_LINE + 8, "{} bytes", logged.len());
+        assert!(logged.ends_with("…\n"));
+        let secrets = Secrets::in_order(vec!["hunter2-the-long-secret".into()], usize::MAX);
+        for at in MAX_LOG_LINE - 30..MAX_LOG_LINE + 5 {
+            let line = format!("{}hunter2-the-long-secret and more\n", "y".repeat(at));
+            let logged = as_logged(line.as_bytes(), Some(&secrets));
+            assert!(!logged.contains("hunter2-"), "the secret's start is kept when it begins at {at}");
+            assert!(logged.len() <= MAX_LOG_LINE + 8 && logged.ends_with('\n'));
+        }
+        assert_eq!(as_logged(b"fine hunter2-the-long-secret\n", Some(&secrets)), format!("fine {MASK}\n"));
     }
 
     /// A secret reads as a server may print it: escaped inside JSON (Python escapes what

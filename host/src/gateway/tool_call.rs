@@ -387,7 +387,12 @@ pub fn blame_of(session: Option<&str>, address: Option<std::net::IpAddr>) -> Bla
     Blame::Client(Culprit { own, shared })
 }
 
+/// How much of a failure's text the gateway's log shows: a server's error can be 64 MiB,
+/// and a line break in it would forge a line of the log.
+const LOGGED_MESSAGE: usize = 4096;
+
 fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, message: &str, attempts: usize) {
+    let message = crate::text::shown(message, LOGGED_MESSAGE);
     match level {
         tracing::Level::ERROR => tracing::error!(server, tool, category, attempts, "call failed: {message}"),
         tracing::Level::WARN => tracing::warn!(server, tool, category, attempts, "call failed: {message}"),
