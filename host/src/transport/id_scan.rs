@@ -106,7 +106,7 @@ impl IdScan {
                 }
             }
             b'{' | b'[' => {
-                self.depth += 1;
+                self.depth = self.depth.saturating_add(1);
                 self.at = if self.depth == 1 && b == b'{' { At::Key } else { At::Elsewhere };
             }
             b'}' | b']' => {

@@ -348,8 +348,17 @@ pub struct ServerLines<R, W> {
     /// Said once the server is found to have stopped reading its input: its session ends
     /// (`receive` ends, and the supervisor, told, restarts the server at once).
     deaf: Deaf,
+    /// Room for the answers and notifications waiting to be written ([`WAITING_WRITES`]).
+    waiting: Arc<tokio::sync::Semaphore>,
     _role: PhantomData<fn() -> RoleClient>,
 }
+
+/// The answers (to the server's own requests) and notifications that may wait to be
+/// written to a server at once. rmcp writes each on a task of its own, so a server that
+/// stops reading its input and sends request after request (a ping rmcp answers at once)
+/// would have its answers pile up for ever: past this many waiting, it is taken to have
+/// stopped reading. (The clients' notifications on their way to it take at most 256.)
+const WAITING_WRITES: usize = 1024;
 
 /// Said once a server is found to have stopped reading its input, with why: its supervisor
 /// closes the session at once (no call is given to it past that moment) and restarts it.
@@ -395,6 +404,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> ServerLines<R
             dropped,
             tasks,
             deaf: Deaf::default(),
+            waiting: Arc::new(tokio::sync::Semaphore::new(WAITING_WRITES)),
             _role: PhantomData,
         }
     }
@@ -498,8 +508,20 @@ where
         if let (true, Ok(line)) = (cancellation, &encoded) {
             self.cancel_detached(line.clone());
         }
+        // A request is written by rmcp's loop itself, one at a time; what else it writes
+        // waits on a task of its own, and is counted.
+        let waiting = match &item {
+            JsonRpcMessage::Request(_) => None,
+            _ if cancellation => None,
+            _ => Some(self.waiting.clone().try_acquire_owned().map_err(|_| {
+                self.deaf
+                    .found("it stopped reading its input: 1024 answers and notifications waited to be written to it");
+                std::io::Error::other("the server stopped reading its input")
+            })),
+        };
         let out = self.out.clone();
         async move {
+            let _waiting = waiting.transpose()?;
             match cancellation {
                 true => encoded.map(drop),
                 false => out.write(encoded?).await,
@@ -629,6 +651,38 @@ mod tests {
         let out = Out::new(ours);
         assert!(matches!(out.write_within(vec![b'x'; 64], CANCEL_WRITE).await, Err(Unwritten::Cut)));
         assert!(out.write(b"{}".to_vec()).await.is_err(), "nothing is written after part of a line");
+    }
+
+    /// A server that stops reading its input and asks on (pings rmcp answers at once):
+    /// its answers wait, each on a task of rmcp's, until WAITING_WRITES wait, and the next
+    /// ends its session rather than piling up for ever.
+    #[tokio::test(start_paused = true)]
+    async fn answers_a_server_does_not_take_end_its_session_past_a_bound() {
+        use rmcp::model::{ClientResult, NumberOrString};
+        let (ours, _theirs) = tokio::io::duplex(1 << 10);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = ServerLines::new(read, write, (1 << 16, usize::MAX), Arc::default(), None);
+        let answer = |n| JsonRpcMessage::response(ClientResult::empty(()), NumberOrString::Number(n));
+        // As rmcp sends, each answer on a task of its own: kept, polled once. The first
+        // few fill the pipe and are done; the rest wait.
+        type Sent = std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+        let mut waiting: Vec<Sent> = Vec::new();
+        let refused = loop {
+            let n = waiting.len() as i64;
+            assert!(n <= 2 * WAITING_WRITES as i64, "answers pile up past the bound");
+            let mut sent = Box::pin(transport.send(answer(n))) as Sent;
+            match futures::poll!(&mut sent) {
+                std::task::Poll::Ready(Err(e)) => break e,
+                _ => waiting.push(sent),
+            }
+        };
+        let written = 1024 / r#"{"jsonrpc":"2.0","id":1000,"result":{}}"#.len();
+        assert!(waiting.len() >= WAITING_WRITES, "refused at {}: {refused}", waiting.len());
+        assert!(waiting.len() <= WAITING_WRITES + written + 1, "refused at {}", waiting.len());
+        let ended =
+            tokio::time::timeout(Duration::from_millis(10), transport.receive()).await.expect("the session ended");
+        assert!(ended.is_none());
+        assert!(transport.deaf.found_out().await.contains("1024 answers"));
     }
 
     /// A cancellation behind a large write that the other side takes slowly waits for it,

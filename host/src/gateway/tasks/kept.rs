@@ -196,7 +196,7 @@ impl Started {
             instance,
             tool,
             created: now,
-            expires: created["ttl"].as_u64().map(|ms| now + Duration::from_millis(ms)),
+            expires: created["ttl"].as_u64().and_then(|ms| now.checked_add(Duration::from_millis(ms))),
             created_at,
             state: Mutex::new(Held::By(session)),
             owner,
