@@ -247,7 +247,10 @@ async fn answer(
     // taken it by then is restarted.
     let id = handle.id.clone();
     let mut response = Box::pin(handle.await_response());
+    // An answer in hand is the outcome, whatever else is ready at the same moment (a
+    // server that answers and exits: its answer, not a lost connection).
     let outcome = tokio::select! {
+        biased;
         r = tokio::time::timeout(how.max_total, &mut response) => match r {
             Ok(answered) => {
                 if matches!(answered, Ok(_) | Err(ServiceError::McpError(_))) {

@@ -244,6 +244,15 @@ impl Upstreams<'_> {
             },
         })?;
         let spent = started.elapsed();
+        // The wait for the server took the time the call had left: nothing is sent, so
+        // that nothing starts past the call's deadline (and a call that may not be
+        // repeated is not reported as one that may have taken effect).
+        if spent >= max_total {
+            return Err(Failure::Unavailable {
+                status: handle.state().status,
+                reason: Some("the call's deadline passed while it waited for the server; it was not sent".into()),
+            });
+        }
         // From the call's policy (a session's own server keeps the configuration its
         // session started with): a reload may have changed it, not the process.
         let recovery = self.recovery.engine().policy(server).map(|p| &p.recovery);
