@@ -347,6 +347,10 @@ impl Upstream for Upstreams<'_> {
         &self.cx.ct
     }
 
+    fn alone(&self) -> bool {
+        self.resume.is_some()
+    }
+
     /// A shared server over HTTP serves many clients: a failure there is blamed on this
     /// one ([`blame_of`]). A session's own instance serves it alone, as does every server
     /// over stdio.

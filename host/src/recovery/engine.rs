@@ -76,6 +76,12 @@ pub trait Upstream: Send + Sync {
     /// started since is only waited for, and nothing is done when a reload replaced or
     /// removed that instance (its successor has done nothing wrong).
     fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()>;
+    /// Whether only the tool called may answer: a call resumed with the client's answers
+    /// to its server's questions, which no other tool asked. No alternative runs for it,
+    /// configured or planned.
+    fn alone(&self) -> bool {
+        false
+    }
     /// Cancelled once the client no longer wants the call: nothing more starts for it (no
     /// retry, no step of a plan), and a wait in progress ends.
     fn cancellation(&self) -> &CancellationToken;
@@ -662,7 +668,10 @@ impl Engine {
                 }
                 _ => None,
             };
-            let plan = plan::compose(advised, &call.policy.recovery, (&call.server, &call.tool), &class, &builtin);
+            let mut plan = plan::compose(advised, &call.policy.recovery, (&call.server, &call.tool), &class, &builtin);
+            if call.upstream.alone() {
+                plan.steps.retain(|(step, _)| !matches!(step, Step::Alternative { .. }));
+            }
             if let Some(own) = own.clone().filter(|_| plan.steps.is_empty()) {
                 return Ending::Answered(own.into());
             }

@@ -29,6 +29,8 @@ struct Script {
     /// Whom the calls are from, when the server serves many clients (by default it
     /// serves one).
     client: Mutex<Option<u64>>,
+    /// A resumed call, which only the tool called may answer.
+    alone: bool,
 }
 
 fn ok(text: &str) -> Result<CallToolResponse, Failure> {
@@ -96,6 +98,10 @@ impl Upstream for Script {
 
     fn cancellation(&self) -> &CancellationToken {
         &self.cancelled
+    }
+
+    fn alone(&self) -> bool {
+        self.alone
     }
 
     fn blame(&self, _server: &str) -> Blame {
@@ -339,6 +345,39 @@ async fn a_tools_own_error_is_passed_through_untouched() {
     assert_eq!(e.policy("s").unwrap().breakers.server.snapshot().consecutive_failures, 0);
 }
 
+/// A call resumed with the client's answers to its server's questions goes to the tool
+/// called alone: it is retried as any call is, but no fallback, configured or planned,
+/// answers it (none asked those questions).
+#[tokio::test(start_paused = true)]
+async fn a_resumed_call_is_answered_by_its_own_tool_alone() {
+    let mut r = defaults();
+    r.fallbacks.insert("leansearch".into(), vec![Alternative { tool: "loogle".into(), server: None, arguments: None }]);
+    let script = || {
+        Script { alone: true, ..Script::new(&[("s/leansearch", true), ("s/loogle", true)]) }
+            .then("s/leansearch", vec![timeout(), timeout(), timeout(), tool_error("API error 500")])
+    };
+    let e = engine(&[server("s", r.clone())]);
+    let up = script();
+    let (ending, record) = run(&e, &up, "leansearch").await;
+    assert!(up.calls("s/loogle").is_empty(), "a fallback answered a resumed call: {record:?}");
+    assert!(up.calls("s/leansearch").len() > 1, "a resumed call is retried as any is");
+    assert!(record.answered_by().is_none(), "{ending:?}");
+    let up = script();
+    let (_, record) = advised(
+        &e,
+        &up,
+        &planner(vec![Step::Alternative { server: None, tool: "loogle".into(), arguments: None }]),
+        "leansearch",
+    )
+    .await;
+    assert!(up.calls("s/loogle").is_empty(), "an adapter's alternative answered a resumed call: {record:?}");
+    // The same call, not resumed, goes on to its fallback.
+    let up = Script { alone: false, ..script() };
+    let e = engine(&[server("s", r.clone())]);
+    let (_, record) = run(&e, &up, "leansearch").await;
+    assert_eq!(up.calls("s/loogle").len(), 1, "{record:?}");
+}
+
 /// A tool's own error is a failure of the tool: its configured fallbacks run, with no
 /// adapter or one that plans nothing, and the first that answers is the answer.
 #[tokio::test(start_paused = true)]
@@ -385,8 +424,8 @@ async fn a_tools_own_error_goes_to_its_configured_fallbacks() {
     let own_words = "Schema validation error: the `arguments` field of the proof is malformed";
     let up =
         Script::new(&[("s/leansearch", true), ("s/loogle", true)]).then("s/leansearch", vec![tool_error(own_words)]);
-    run(&e, &up, "leansearch").await;
-    assert_eq!(up.calls("s/loogle").len(), 1);
+    let (_, record) = run(&e, &up, "leansearch").await;
+    assert_eq!(up.calls("s/loogle").len(), 1, "{record:?}");
 }
 
 /// The report's `status` is `partial` when any attempt may have run, not only the last:
