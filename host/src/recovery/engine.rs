@@ -1030,8 +1030,17 @@ impl Engine {
             record.denied.push(Denied { denial, target: call.server.to_string() });
             return;
         }
-        let within = call.deadline.saturating_duration_since(self.clock.now());
+        // Configured fallbacks have their time, whatever an adapter plans: the wait for the
+        // server to come back leaves the next one its timeout before the deadline.
+        let remaining = call.deadline.saturating_duration_since(self.clock.now());
+        let reserved = self.fallback_reserve(call, spent);
+        let within = remaining.saturating_sub(reserved.as_ref().map_or(Duration::ZERO, |(_, needs)| *needs));
         if within.is_zero() {
+            if let Some((fallback, _)) = reserved {
+                record.stopped = Some(format!(
+                    "the plan's restart was skipped: it could take the time the fallback `{fallback}` needs before the call's deadline"
+                ));
+            }
             return;
         }
         spent.restarted = true;

@@ -87,8 +87,9 @@ impl Upstream for Script {
         })
     }
 
-    fn restart(&self, server: &str, _within: Duration) -> BoxFuture<'_, ()> {
-        self.calls.lock().unwrap().push((format!("{server}/<restart>"), Instant::now(), Duration::ZERO, None));
+    fn restart(&self, server: &str, within: Duration) -> BoxFuture<'_, ()> {
+        // Its "timeout": how long it may wait for the server to come back.
+        self.calls.lock().unwrap().push((format!("{server}/<restart>"), Instant::now(), within, None));
         Box::pin(async {})
     }
 
@@ -1088,6 +1089,25 @@ async fn an_adapters_step_leaves_the_configured_fallback_its_time() {
     assert_eq!(answered(&ending), "ok", "{record:?}");
     assert_eq!(record.answered_by().unwrap().tool, "b");
     assert_eq!(up.calls("s/poke").len(), 0, "60 s for it and 60 s for the fallback do not fit in 100 s");
+}
+
+/// An adapter's restart waits for the server to come back only as long as leaves the
+/// configured fallback its time; with no time to spare, it is not made.
+#[tokio::test(start_paused = true)]
+async fn an_adapters_restart_leaves_the_configured_fallback_its_time() {
+    for (deadline, waits) in [(150_000, Some(Duration::from_secs(30))), (100_000, None)] {
+        let mut r = defaults();
+        (r.timeout_ms, r.deadline_ms, r.retry.max_attempts) = (60_000, Some(deadline), 1);
+        r.fallbacks.insert("a".into(), vec![Alternative { tool: "b".into(), server: None, arguments: None }]);
+        let mut s = server("s", r);
+        s.adapter_allow.restart = true;
+        let e = engine(&[s]);
+        let up = Script::new(&[("s/a", true), ("s/b", true)]).then("s/a", vec![timeout()]);
+        let (ending, record) = advised(&e, &up, &planner(vec![Step::Restart]), "a").await;
+        assert_eq!(record.answered_by().unwrap().tool, "b", "{ending:?} {record:?}");
+        let restarts: Vec<Duration> = up.calls("s/<restart>").into_iter().map(|(_, within, _)| within).collect();
+        assert_eq!(restarts, Vec::from_iter(waits), "deadline {deadline} ms");
+    }
 }
 
 /// An upstream whose every call panics.
