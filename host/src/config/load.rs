@@ -944,27 +944,29 @@ impl Ctx<'_> {
     }
 
     fn check_recovery(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
-        let positive = |k: &str, v: u64, default: &str| {
-            if v == 0 {
-                Err(self.err(
-                    format!("{key}.{k}"),
-                    "must be greater than 0",
-                    format!("give a positive number, or leave it out for the default ({default})"),
-                ))
-            } else {
-                Ok(())
-            }
+        // Times past a day, and counts past what any server needs, are typos: a call
+        // would be held (and a replaced process kept for it) for years.
+        const DAY: u64 = 86_400_000;
+        let bounded = |k: &str, v: u64, max: u64, default: &str| {
+            let (message, fix) = match v {
+                0 => ("must be greater than 0".to_owned(), "give a positive number"),
+                v if v > max => (format!("{v} is past the most it may be, {max}"), "give a smaller number"),
+                _ => return Ok(()),
+            };
+            Err(self.err(format!("{key}.{k}"), message, format!("{fix}, or leave it out for the default ({default})")))
         };
-        positive("timeout_ms", r.timeout_ms, "60000")?;
-        positive("retry.max_attempts", r.retry.max_attempts.into(), "3")?;
-        positive("retry.budget_reserve", r.retry.budget_reserve.into(), "10")?;
-        positive("breaker.failure_threshold", r.breaker.failure_threshold.into(), "5")?;
-        positive("breaker.success_threshold", r.breaker.success_threshold.into(), "2")?;
-        positive("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into(), "1")?;
+        bounded("timeout_ms", r.timeout_ms, DAY, "60000")?;
+        bounded("retry.max_attempts", r.retry.max_attempts.into(), 100, "3")?;
+        bounded("retry.budget_reserve", r.retry.budget_reserve.into(), 1_000_000, "10")?;
+        bounded("breaker.failure_threshold", r.breaker.failure_threshold.into(), 1_000_000, "5")?;
+        bounded("breaker.success_threshold", r.breaker.success_threshold.into(), 1_000_000, "2")?;
+        bounded("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into(), 1_000_000, "1")?;
         if let Some(d) = r.deadline_ms {
-            positive("deadline_ms", d, "timeout_ms × retry.max_attempts plus the backoff cap")?;
+            bounded("deadline_ms", d, DAY, "timeout_ms × retry.max_attempts plus the backoff cap")?;
         }
-        positive("breaker.window_ms", r.breaker.window_ms, "60000")?;
+        bounded("breaker.window_ms", r.breaker.window_ms, DAY, "60000")?;
+        bounded("breaker.max_open_ms", r.breaker.max_open_ms, DAY, "600000")?;
+        bounded("retry.max_delay_ms", r.retry.max_delay_ms.max(1), DAY, "30000")?;
         if r.breaker.max_open_ms < r.breaker.open_ms {
             return Err(self.err(
                 format!("{key}.breaker.max_open_ms"),
@@ -1001,12 +1003,8 @@ impl Ctx<'_> {
             ));
         }
         for (tool, t) in &r.tools {
-            if t.timeout_ms == Some(0) {
-                return Err(self.err(
-                    format!("{key}.tools.{tool}.timeout_ms"),
-                    "must be greater than 0",
-                    "give a positive number, or leave it out for the server's timeout_ms",
-                ));
+            if let Some(timeout) = t.timeout_ms {
+                bounded(&format!("tools.{tool}.timeout_ms"), timeout, DAY, "the server's timeout_ms")?;
             }
         }
         Ok(())

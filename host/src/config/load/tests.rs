@@ -214,6 +214,22 @@ fn broken_configs_name_the_key_and_the_fix() {
         "mcpServers.a.recovery.timeout_ms",
         "greater than 0",
     );
+    // A typo's extra digits would hold calls for years.
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retry": {"max_attempts": 3000}}}}}"#,
+        "mcpServers.a.recovery.retry.max_attempts",
+        "3000 is past the most it may be, 100",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"deadline_ms": 18446744073709551615}}}}"#,
+        "mcpServers.a.recovery.deadline_ms",
+        "past the most it may be, 86400000",
+    );
+    rejects(
+        r#"{"mcpServers": {"a": {"command": "x", "recovery": {"tools": {"t": {"timeout_ms": 900000000}}}}}}"#,
+        "mcpServers.a.recovery.tools.t.timeout_ms",
+        "past the most",
+    );
     rejects(
         r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retry": {"multiplier": 0.5}}}}}"#,
         "mcpServers.a.recovery.retry.multiplier",
