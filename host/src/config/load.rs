@@ -67,6 +67,16 @@ struct RawDefaults {
 /// The largest configuration file read: a thousand servers' entries fit many times over.
 pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
 
+/// The most servers one configuration runs.
+pub const MAX_SERVERS: usize = 1024;
+
+/// The most `rebound.defaults.recovery` may take, written out: every server gets a copy.
+const MAX_DEFAULTS_BYTES: usize = 64 << 10;
+
+/// The most the `${VAR}`s of one configuration may expand to, together: a variable can be
+/// referred to many times, and its value may be long.
+const MAX_EXPANDED_BYTES: usize = 4 * MAX_CONFIG_BYTES as usize;
+
 /// Reads and validates the configuration at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = read(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
@@ -100,7 +110,7 @@ fn read(path: &Path) -> std::io::Result<String> {
 pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let mut root = object(text, path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let ctx = Ctx { path, env, expanded: Default::default() };
+    let ctx = Ctx { path, env, expanded: Default::default(), expanded_bytes: Default::default() };
     let mut warnings = Vec::new();
     for key in root.keys().filter(|k| !matches!(k.as_str(), "rebound" | "mcpServers")) {
         // A section written almost right would leave every setting at its default unseen
@@ -126,6 +136,13 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
         None => RawSettings::default(),
     };
     let defaults = Value::Object(raw.defaults.recovery.clone());
+    if serde_json::to_vec(&defaults).map_or(usize::MAX, |t| t.len()) > MAX_DEFAULTS_BYTES {
+        return Err(ctx.err(
+            "rebound.defaults.recovery",
+            format!("is past the most it may take, {} KiB written out: every server gets a copy", MAX_DEFAULTS_BYTES >> 10),
+            "keep the settings many servers share here, and a server's own tools and fallbacks under its own `recovery`",
+        ));
+    }
     // Checked alone so that a mistake in the defaults is reported where it is written.
     let _: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
 
@@ -205,6 +222,14 @@ impl Ctx<'_> {
                 ));
             }
         };
+        if servers.len() > MAX_SERVERS {
+            return Err(ConfigError::invalid(
+                path,
+                "mcpServers",
+                format!("names {} servers, past the most one gateway runs, {MAX_SERVERS}", servers.len()),
+                "split them across gateways, each with a configuration of its own",
+            ));
+        }
         let mut resolved = IndexMap::new();
         for (name, entry) in servers {
             let key = format!("mcpServers.{name}");
@@ -345,6 +370,8 @@ struct Ctx<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     /// The variables expanded so far, with their values.
     expanded: std::cell::RefCell<Vec<(String, String)>>,
+    /// What they expanded to, together, in bytes ([`MAX_EXPANDED_BYTES`]).
+    expanded_bytes: std::cell::Cell<usize>,
 }
 
 impl Ctx<'_> {
@@ -896,6 +923,18 @@ impl Ctx<'_> {
                 // Known only when a session's instance starts (`ServerConfig::for_session`).
                 _ if name == "REBOUND_SESSION" => out.push_str(SESSION_VAR),
                 (Some(v), _) => {
+                    let total = self.expanded_bytes.get().saturating_add(v.len());
+                    if total > MAX_EXPANDED_BYTES {
+                        return Err(self.err(
+                            key,
+                            format!(
+                                "expands ${{{name}}} past the most the configuration's variables may expand to together, {} MiB",
+                                MAX_EXPANDED_BYTES >> 20
+                            ),
+                            "refer to long variables less often, or write the value once in a file the server reads",
+                        ));
+                    }
+                    self.expanded_bytes.set(total);
                     out.push_str(&v);
                     self.expanded.borrow_mut().push((name.to_owned(), v));
                 }

@@ -214,6 +214,28 @@ fn broken_configs_name_the_key_and_the_fix() {
         "mcpServers.a.recovery.timeout_ms",
         "greater than 0",
     );
+    // What a file under 4 MiB could make gigabytes of: every server's copy of the
+    // defaults, many servers, a long variable referred to many times.
+    let many_tools: String =
+        (0..4000).map(|n| format!(r#""tool_{n}": {{"timeout_ms": 1000}}"#)).collect::<Vec<_>>().join(",");
+    rejects(
+        &format!(
+            r#"{{"mcpServers": {{"a": {{"command": "x"}}}}, "rebound": {{"defaults": {{"recovery": {{"tools": {{{many_tools}}}}}}}}}}}"#
+        ),
+        "rebound.defaults.recovery",
+        "past the most it may take, 64 KiB",
+    );
+    let many_servers: String =
+        (0..1025).map(|n| format!(r#""s{n}": {{"command": "x"}}"#)).collect::<Vec<_>>().join(",");
+    rejects(&format!(r#"{{"mcpServers": {{{many_servers}}}}}"#), "mcpServers", "names 1025 servers, past the most");
+    let refs = vec!["${LONG}"; 20].join("");
+    let expanded = parse(
+        &format!(r#"{{"mcpServers": {{"a": {{"command": "x", "args": ["{refs}"]}}}}}}"#),
+        Path::new("/etc/rebound/rebound.json"),
+        &|name: &str| (name == "LONG").then(|| "x".repeat(1 << 20)),
+    );
+    let refused = expanded.expect_err("20 MiB of one variable").to_string();
+    assert!(refused.contains("mcpServers.a.args") && refused.contains("past the most"), "{refused}");
     // A typo's extra digits would hold calls for years.
     rejects(
         r#"{"mcpServers": {"a": {"command": "x", "recovery": {"retry": {"max_attempts": 3000}}}}}"#,
