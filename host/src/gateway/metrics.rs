@@ -212,12 +212,27 @@ impl ToolNames {
     }
 }
 
+/// The longest tool name a label shows whole; a longer one is cut, and told apart from
+/// the others cut there by a hash of it all.
+const MAX_LABEL: usize = 128;
+
 /// A tool name as a label value. prometheus-client writes label values as they are, and
 /// tool names come from the servers: a quote or a line break would break the exposition.
-/// Parentheses go too, so that no server's tool is labelled [`OTHER_TOOLS`].
+/// Parentheses go too, so that no server's tool is labelled [`OTHER_TOOLS`]. A server's
+/// name can be of any length, and its labels are kept for good and written on every
+/// scrape: past [`MAX_LABEL`] bytes, it is cut.
 fn label(name: &str) -> String {
+    use std::hash::{Hash, Hasher};
     let kept = |c: char| !matches!(c, '"' | '\\' | '(' | ')') && !c.is_control();
-    name.chars().map(|c| if kept(c) { c } else { '_' }).collect()
+    let head = &name[..name.floor_char_boundary(MAX_LABEL)];
+    let mut label: String = head.chars().map(|c| if kept(c) { c } else { '_' }).collect();
+    if head.len() < name.len() {
+        // Fixed keys: the same name has the same label for as long as the gateway runs.
+        let mut hash = std::hash::DefaultHasher::new();
+        name.hash(&mut hash);
+        label.push_str(&format!("…{:016x}", hash.finish()));
+    }
+    label
 }
 
 fn breaker_value(state: &str) -> i64 {
@@ -325,5 +340,19 @@ mod tests {
     fn label_values_cannot_break_the_exposition() {
         assert_eq!(super::label("lean_goal"), "lean_goal");
         assert_eq!(super::label("evil\"} 1\nfake{x=\"1"), "evil_} 1_fake{x=_1");
+    }
+
+    /// A server's 256 KiB tool names would be kept as labels for good, and written on
+    /// every scrape: cut, each still its own.
+    #[test]
+    fn long_tool_names_are_cut_and_told_apart() {
+        let (a, b) = (format!("{}a", "x".repeat(256 << 10)), format!("{}b", "x".repeat(256 << 10)));
+        let (la, lb) = (super::label(&a), super::label(&b));
+        assert!(la.len() <= super::MAX_LABEL + 24, "{} bytes", la.len());
+        assert!(la.starts_with(&"x".repeat(super::MAX_LABEL)));
+        assert_ne!(la, lb, "two names cut at the same place keep labels of their own");
+        assert_eq!(la, super::label(&a), "the same name, the same label");
+        let exactly = "y".repeat(super::MAX_LABEL);
+        assert_eq!(super::label(&exactly), exactly, "a name up to the bound is shown whole");
     }
 }
