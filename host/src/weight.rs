@@ -17,6 +17,24 @@ pub fn json(text: &[u8]) -> usize {
     weigher.weight()
 }
 
+/// What `value` weighs written out as JSON ([`json`]): weighed as it is written, never
+/// written whole.
+pub fn of<T: serde::Serialize + ?Sized>(value: &T) -> usize {
+    struct Fed(Weigher);
+    impl std::io::Write for Fed {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.feed(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut fed = Fed(Weigher::default());
+    let _ = serde_json::to_writer(&mut fed, value);
+    fed.0.weight()
+}
+
 /// [`json`] over text that comes in pieces (as a serializer writes it): fed piece by
 /// piece, it weighs as the whole would.
 #[derive(Debug, Default)]

@@ -1120,18 +1120,36 @@ fn once_each<T>(items: Vec<T>, name: impl Fn(&T) -> String) -> Vec<T> {
 pub const MAX_LISTED: usize = 10_000;
 const MAX_PAGES: usize = 100;
 
-/// Every page of a listing, from `page(cursor)`, within [`MAX_LISTED`] and [`MAX_PAGES`].
+/// The most a listing kept may weigh ([`crate::weight`]): 10,000 tools with schemas of a
+/// hundred values each fit; a server's pages of 60 MiB descriptions do not (each page is
+/// bounded as it is read, but a listing keeps them all, and the catalogue copies it).
+pub const MAX_LISTING_WEIGHT: usize = 256 << 20;
+
+/// Every page of a listing, from `page(cursor)`, within [`MAX_LISTED`], [`MAX_PAGES`]
+/// and [`MAX_LISTING_WEIGHT`].
 async fn paged<T, F, Fut>(what: &str, mut page: F) -> Result<Vec<T>, rmcp::ServiceError>
 where
+    T: serde::Serialize,
     F: FnMut(Option<String>) -> Fut,
     Fut: Future<Output = Result<(Vec<T>, Option<String>), rmcp::ServiceError>>,
 {
     let mut all = Vec::new();
     let mut cursor = None;
     let mut seen = std::collections::HashSet::new();
+    let mut weight = 0usize;
     for _ in 0..MAX_PAGES {
         let (items, next) = page(cursor).await?;
-        all.extend(items);
+        for item in items {
+            weight = weight.saturating_add(crate::weight::of(&item));
+            if weight > MAX_LISTING_WEIGHT {
+                tracing::warn!(
+                    "the server's {what} weigh more than {} MiB once read; the rest are left out",
+                    MAX_LISTING_WEIGHT >> 20
+                );
+                return Ok(all);
+            }
+            all.push(item);
+        }
         if all.len() > MAX_LISTED {
             all.truncate(MAX_LISTED);
             tracing::warn!("the server lists more than {MAX_LISTED} {what}; the rest are left out");
@@ -1184,6 +1202,16 @@ mod tests {
             })
         };
         assert_eq!(paged("tools", ends).await.unwrap(), [1, 2, 3]);
+        // Pages of heavy items (a million values, about 130 MiB once read, each): kept up
+        // to the weight, not the count.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let heavy = |_| {
+            let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            async move { Ok((vec![vec![0u8; 1 << 20]], Some(n.to_string()))) }
+        };
+        let kept = paged("tools", heavy).await.unwrap();
+        assert_eq!(kept.len(), 1, "the listing ends at its weight");
+        assert_eq!(next.into_inner(), 2, "and no page is asked for past it");
         assert_eq!(once_each(vec![1, 2, 1, 3, 2], u8::to_string), [1, 2, 3]);
     }
 
