@@ -198,7 +198,10 @@ impl Catalogue {
 }
 
 /// For each server, the exposed name of each of its items (`None`: hidden, because the
-/// policy is `never` and an earlier server has the name).
+/// policy is `never` and an earlier server has the name, or another server's item has it
+/// prefixed). A prefixed name (`server__tool`) is its server's before any listed name: a
+/// server listing `github__create_issue` itself cannot take the name of `github`'s
+/// `create_issue`, which a collision has prefixed.
 fn exposed_names<'a>(
     listings: &'a [(Arc<str>, Arc<Listing>)],
     policy: ToolNames,
@@ -211,8 +214,7 @@ fn exposed_names<'a>(
             *owners.entry(name).or_default() += 1;
         }
     }
-    let mut taken: HashMap<String, ()> = HashMap::new();
-    listings
+    let wanted: Vec<Vec<(String, bool)>> = listings
         .iter()
         .zip(&per_server)
         .map(|((server, _), list)| {
@@ -224,16 +226,30 @@ fn exposed_names<'a>(
                         ToolNames::Never => false,
                     };
                     let exposed = if prefixed { format!("{server}{SEPARATOR}{name}") } else { (*name).to_owned() };
-                    if taken.insert(exposed.clone(), ()).is_some() {
-                        tracing::warn!(server = %server, "`{exposed}` is already served by another server; this one is hidden");
-                        None
-                    } else {
-                        Some(exposed)
-                    }
+                    (exposed, prefixed)
                 })
                 .collect()
         })
-        .collect()
+        .collect();
+    let mut exposed: Vec<Vec<Option<String>>> = wanted.iter().map(|list| vec![None; list.len()]).collect();
+    let mut taken: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    // The prefixed names first, then the rest, each in the configuration's order.
+    for prefixed_pass in [true, false] {
+        for (s, list) in wanted.iter().enumerate() {
+            for (i, (name, prefixed)) in list.iter().enumerate() {
+                if *prefixed != prefixed_pass {
+                    continue;
+                }
+                if taken.insert(name) {
+                    exposed[s][i] = Some(name.clone());
+                } else {
+                    let server = &listings[s].0;
+                    tracing::warn!(server = %server, "`{name}` is already served by another server; this one is hidden");
+                }
+            }
+        }
+    }
+    exposed
 }
 
 #[cfg(test)]
@@ -265,6 +281,21 @@ mod tests {
     #[test]
     fn never_keeps_the_first_owner() {
         assert_eq!(names(ToolNames::Never), ["echo", "add", "mul"]);
+    }
+
+    /// A server listing another's prefixed name itself, ahead of it in the
+    /// configuration, cannot take it: the call goes to the server the prefix names.
+    #[test]
+    fn a_listed_name_cannot_take_another_servers_prefixed_one() {
+        let servers = [
+            ("m".into(), listing(&["create_issue", "github__create_issue"])),
+            ("github".into(), listing(&["create_issue"])),
+        ];
+        let cat = Catalogue::build(&servers, ToolNames::Conditional);
+        let (route, _) = cat.tool("github__create_issue").unwrap();
+        assert_eq!((&*route.server, route.name.as_str()), ("github", "create_issue"));
+        let names: Vec<&str> = cat.tools.iter().map(|t| t.name.as_ref()).collect();
+        assert_eq!(names, ["m__create_issue", "github__create_issue"], "m's own is hidden");
     }
 
     #[test]
