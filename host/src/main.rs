@@ -134,7 +134,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // A configuration's key names, an adapter's words: shown, line by line, so
+            // that none drives the terminal of whoever reads them.
+            for (n, line) in format!("{e:#}").lines().enumerate() {
+                let line = rebound::text::shown(line, 16 << 10);
+                if n == 0 { eprintln!("error: {line}") } else { eprintln!("{line}") }
+            }
             ExitCode::FAILURE
         }
     }
@@ -215,14 +220,17 @@ fn check(path: PathBuf) -> Result<()> {
     }
     for (server, adapter) in plugins.adapters.iter() {
         for line in grant_mismatches(&config.servers[&**server], &adapter.name, &adapter.declared()) {
-            println!("  warning: {line}");
+            println!("  warning: {}", rebound::text::shown(&line, 4096));
         }
     }
     if !plugins.failures.is_empty() {
         let mut seen = std::collections::BTreeSet::new();
         for (_, name, e) in &plugins.failures {
             if seen.insert(name) {
-                eprintln!("error: plugin {name}: {e}");
+                for (n, line) in e.lines().enumerate() {
+                    let line = rebound::text::shown(line, 4096);
+                    if n == 0 { eprintln!("error: plugin {name}: {line}") } else { eprintln!("{line}") }
+                }
             }
         }
         anyhow::bail!(

@@ -66,8 +66,23 @@ pub enum Reader<'a> {
 pub fn status(hub: &Hub, own: &SessionServers) -> Value {
     let mut status = full_status(hub, &Reader::Client(own));
     without_adapter_output(&mut status);
+    if hub.downstreams.front() != Front::Stdio {
+        without_plugins_dir(&mut status, &hub.setup().config.settings.plugins_dir);
+    }
     hub.errors.secrets().redact_json(&mut status);
     status
+}
+
+/// `status` without where the gateway keeps its plugins: over HTTP the clients are not
+/// the operator (see `errors_log`), and an adapter that failed to load is named by its
+/// file's name alone.
+fn without_plugins_dir(status: &mut Value, plugins_dir: &std::path::Path) {
+    let dir = format!("{}/", plugins_dir.display());
+    for server in status["servers"].as_array_mut().into_iter().flatten() {
+        if let Some(Value::String(error)) = server.get_mut("adapter_error") {
+            *error = error.replace(&dir, "");
+        }
+    }
 }
 
 /// `status` without what adapters printed.
@@ -594,6 +609,19 @@ fn counts(c: &Counters) -> Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An HTTP client's status names a plugin that failed to load by its file's name, not
+    /// where the gateway keeps it.
+    #[test]
+    fn a_clients_status_does_not_say_where_the_plugins_are() {
+        let mut status = json!({"servers": [
+            {"name": "a", "adapter_error": "x: /srv/rebound/plugins/x.wasm: speaks rebound:adapter@9.0.0"},
+            {"name": "b"},
+        ]});
+        without_plugins_dir(&mut status, std::path::Path::new("/srv/rebound/plugins"));
+        assert_eq!(status["servers"][0]["adapter_error"], "x: x.wasm: speaks rebound:adapter@9.0.0");
+        assert!(status["servers"][1].get("adapter_error").is_none());
+    }
 
     /// Names in the document are a server's and an adapter's words: no escape sequence
     /// in them reaches the operator's terminal.
