@@ -81,7 +81,14 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
     let runtime = match reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache)) {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!("the plugin runtime could not start ({e:#}); every server uses the built-in classifier");
+            // Each server's adapter failed with it: shown in the status, and a reload
+            // refused (not taken with no adapters at all).
+            let why = format!("the plugin runtime could not start: {e:#}");
+            tracing::error!("{why}; every server uses the built-in classifier");
+            prepared.failures = wanted
+                .iter()
+                .map(|(server, adapter)| ((*server).to_owned(), (*adapter).to_owned(), why.clone()))
+                .collect();
             return prepared;
         }
     };
