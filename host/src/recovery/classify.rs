@@ -178,8 +178,13 @@ pub fn classify_sent(
     sent: Option<&serde_json::Map<String, serde_json::Value>>,
     now: SystemTime,
 ) -> Classification {
-    let echoes = sent.map(echoes).unwrap_or_default();
-    let clean = |text: String| without(text, &echoes);
+    let echoes = sent.map_or(Some(Vec::new()), echoes);
+    // Arguments past what is read for echoes could hide any text in what was not read:
+    // the failure's text is then not read either, and it classifies by its kind alone.
+    let clean = |text: String| match &echoes {
+        Some(echoes) => without(text, echoes),
+        None => String::new(),
+    };
     classified(failure, now, &clean)
 }
 
@@ -191,8 +196,10 @@ const MAX_ECHOES: usize = 256;
 /// unknown tool, refused arguments), longest first: its strings, its numbers (`{"id":
 /// 503}` echoed as "item 503 not found") and its objects' keys, each also as JSON writes
 /// it (a tool's structured content is read as JSON, where a quote or a line break in an
-/// echoed string is escaped).
-fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+/// echoed string is escaped). `None` when `sent` is past what is read ([`MAX_READ`]
+/// values, [`MAX_ECHOES`] found): the caller chooses the order they are read in, so what
+/// was left unread could be anything.
+fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Option<Vec<String>> {
     use serde_json::Value;
     let says =
         |s: &str| from_text(s, SystemTime::UNIX_EPOCH).is_some() || mentions_unknown_tool(s) || refuses_arguments(s);
@@ -212,7 +219,7 @@ fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
     while let Some((key, value)) = pending.pop() {
         read += 1;
         if found.len() >= MAX_ECHOES || read > MAX_READ {
-            break;
+            return None;
         }
         if let Some(key) = key {
             keep(key, &mut found);
@@ -225,9 +232,8 @@ fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
             Value::Bool(_) | Value::Null => {}
         }
     }
-    found.truncate(MAX_ECHOES);
     found.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    found
+    Some(found)
 }
 
 /// `text` with each of `echoes` taken out, in any case of its ASCII letters (a tool may
@@ -473,6 +479,27 @@ mod tests {
         assert_eq!(classify_sent(&tool_error("rate limit exceeded"), Some(sent), now).category, Category::RateLimit);
         let refused = tool_error("Input validation error: Invalid arguments for tool t: level");
         assert_eq!(classify_sent(&refused, Some(sent), now).category, Category::ToolValidation);
+    }
+
+    /// Arguments past what is read for echoes cannot hide one behind them: the caller
+    /// chooses what is read first, so a failure's text is then not read at all.
+    #[test]
+    fn what_the_caller_sent_past_the_bound_does_not_classify_its_failure() {
+        let now = SystemTime::UNIX_EPOCH;
+        let zeros = vec![0; MAX_READ + 1];
+        let sent = serde_json::json!({"a": "503 service unavailable", "z": zeros});
+        let echoed = tool_error("no such file: 503 service unavailable");
+        let c = classify_sent(&echoed, sent.as_object(), now);
+        assert_eq!((c.category, c.counts_for_breaker, c.retryable), (Category::ToolExecution, false, false));
+        let many: serde_json::Map<String, serde_json::Value> = (0..2 * MAX_ECHOES)
+            .map(|n| (format!("k{n}"), serde_json::json!(format!("{n} rate limit exceeded"))))
+            .collect();
+        let mut many = many;
+        many.insert("a".into(), serde_json::json!("503 service unavailable"));
+        assert!(!classify_sent(&echoed, Some(&many), now).counts_for_breaker, "nor past the most echoes found");
+        // Under the bound, the tool's own words still count.
+        let sent = serde_json::json!({"z": vec![0; 100]});
+        assert!(classify_sent(&tool_error("503 service unavailable"), sent.as_object(), now).counts_for_breaker);
     }
 
     /// A number, a key, a value echoed in another case or escaped in structured content
