@@ -28,7 +28,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Sse, SseStream};
 
-use super::supervisor::MAX_MESSAGE_BYTES;
+use super::supervisor::{MAX_MESSAGE_BYTES, MAX_MESSAGE_WEIGHT};
 use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
 
@@ -161,10 +161,20 @@ impl Tap {
     ) -> futures::stream::BoxStream<'static, Result<Sse, SseError>> {
         let tap = self.clone();
         events
-            .inspect_ok(move |event| {
-                if event.event.as_deref().is_none_or(|kind| kind.is_empty() || kind == "message") {
-                    tap.saw(event.data.as_deref().unwrap_or_default().as_bytes());
-                }
+            .and_then(move |event| {
+                let data = event.data.as_deref().unwrap_or_default().as_bytes();
+                // Each event is bounded in bytes as it is read; what it would weigh once
+                // read is bounded here, before anything reads it, as a stdio server's
+                // line is (a 64 MiB answer of `[0,0,…]` is gigabytes once read).
+                let answer = if crate::weight::json(data) > MAX_MESSAGE_WEIGHT {
+                    Err(SseError::Body(Box::new(std::io::Error::other(too_heavy()))))
+                } else {
+                    if event.event.as_deref().is_none_or(|kind| kind.is_empty() || kind == "message") {
+                        tap.saw(data);
+                    }
+                    Ok(event)
+                };
+                std::future::ready(answer)
             })
             .boxed()
     }
@@ -272,6 +282,9 @@ impl Tapped {
             }
             Kind::Json => {
                 let body = read_at_most(response, max_event).await?;
+                if crate::weight::json(&body) > MAX_MESSAGE_WEIGHT {
+                    return Err(StreamableHttpError::UnexpectedServerResponse(too_heavy().into()));
+                }
                 // Read once: as it came when it is read here, else as rmcp reads it.
                 let answer = match self.tap.answer(&body) {
                     Some(answer) => answer,
@@ -287,6 +300,11 @@ impl Tapped {
             Kind::Other(kind) => Err(StreamableHttpError::UnexpectedContentType(kind)),
         }
     }
+}
+
+/// Why a message of a `url` server's was not read.
+fn too_heavy() -> String {
+    format!("the server's message would weigh more than {} MiB once read; it was not read", MAX_MESSAGE_WEIGHT >> 20)
 }
 
 /// What a response's body is, by its `Content-Type`.
@@ -500,16 +518,18 @@ impl StreamableHttpClient for Tapped {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, Error> {
-        if let JsonRpcMessage::Request(request) = &message
-            && self.tap.sent(&message)
-        {
-            // However the post ends, the answer is no longer awaited here unless it is
+        // Every request's answer is read here, so that what it would weigh once read is
+        // bounded before anything reads it (rmcp's reading bounds its bytes alone).
+        if let JsonRpcMessage::Request(request) = &message {
+            // However the post ends, an answer read here is no longer awaited unless it is
             // to come on an SSE stream (a JSON answer is read already).
-            let waiting = Waiting { tap: &self.tap, id: Some(request.id.clone()) };
+            let waiting = self.tap.sent(&message).then(|| Waiting { tap: &self.tap, id: Some(request.id.clone()) });
             let posted =
                 self.post_read(uri, message, session_id, auth_header, custom_headers, max_sse_event_size).await;
             // rmcp awaits the answer on a stream after both (after a 202, the GET stream).
-            if matches!(posted, Ok(StreamableHttpPostResponse::Sse(..) | StreamableHttpPostResponse::Accepted)) {
+            if let Some(waiting) = waiting
+                && matches!(posted, Ok(StreamableHttpPostResponse::Sse(..) | StreamableHttpPostResponse::Accepted))
+            {
                 waiting.keep();
             }
             return posted;
@@ -726,6 +746,29 @@ mod tests {
         let events: Vec<_> = events.collect().await;
         assert_eq!(events.len(), 1);
         as_sent(&tap, serde_json::from_str(events[0].as_ref().unwrap().data.as_ref().unwrap()).unwrap());
+    }
+
+    /// A tool call's answer (read by rmcp's types, not here) that would weigh more than
+    /// a GiB once read, in a JSON body or an SSE event, is refused before anything reads
+    /// it: a 64 MiB answer of `[0,0,…]` is gigabytes read.
+    #[tokio::test]
+    async fn an_answer_too_heavy_to_read_is_refused_unread() {
+        fn heavy() -> String {
+            let zeros = vec!["0"; 9 << 20].join(",");
+            format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"content":[],"v":[{zeros}]}}}}"#)
+        }
+        let call: ClientJsonRpcMessage =
+            message(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo"}}));
+        let client = Tapped::new(Tap::new(Arc::default(), None)).unwrap();
+        let uri = server(|| ([(CONTENT_TYPE, "application/json")], heavy()).into_response()).await;
+        let posted = client.post_message(uri, call.clone(), None, None, HashMap::new()).await;
+        assert!(format!("{:?}", posted.unwrap_err()).contains("weigh more than 1024 MiB"));
+        let uri =
+            server(|| ([(CONTENT_TYPE, "text/event-stream")], format!("data: {}\n\n", heavy())).into_response()).await;
+        let posted = client.post_message(uri, call, None, None, HashMap::new()).await;
+        let Ok(StreamableHttpPostResponse::Sse(events, _)) = posted else { panic!("{posted:?}") };
+        let events: Vec<_> = events.collect().await;
+        assert!(events[0].as_ref().unwrap_err().to_string().contains("weigh more than 1024 MiB"), "{events:?}");
     }
 
     /// What a post answered with `answer` comes to; nothing is left waiting after it.
