@@ -112,6 +112,11 @@ impl Status {
     }
 }
 
+/// The pause between two re-listings of one session: a server announcing list changes
+/// without end (each answer with another) has its lists read, the catalogue rebuilt and
+/// every client told at most once a pause, not as fast as it can answer.
+const RELIST_PAUSE: Duration = Duration::from_secs(1);
+
 /// What a server offers, as it last listed it.
 #[derive(Debug, Default)]
 pub struct Listing {
@@ -268,8 +273,9 @@ impl Session {
     /// Re-lists everything the server's capabilities say it has, each time within
     /// `within`, and calls `listed` after each listing; a server that does not answer in
     /// time keeps its previous listing. Asked while a re-listing is under way, it returns
-    /// at once, and the one under way lists once more when done: however many list
-    /// changes a server announces, one re-listing runs at a time, and none is missed.
+    /// at once, and the one under way lists once more when done, after [`RELIST_PAUSE`]:
+    /// however many list changes a server announces, one re-listing runs at a time, and
+    /// none is missed.
     pub async fn refresh(&self, within: Duration, listed: impl Fn()) {
         {
             let mut relisting = self.relisting.lock().expect("not poisoned");
@@ -291,14 +297,19 @@ impl Session {
                 ),
             }
             listed();
-            // Asked again meanwhile: list again; else done, in the same breath (a request
-            // coming between the two would be lost).
-            let mut relisting = self.relisting.lock().expect("not poisoned");
-            if !std::mem::take(&mut relisting.again) {
-                relisting.running = false;
-                std::mem::forget(done);
-                return;
+            // Asked again meanwhile: list again, after a pause in which more changes
+            // count as one; else done, in the same breath (a request coming between the
+            // two would be lost).
+            {
+                let mut relisting = self.relisting.lock().expect("not poisoned");
+                if !relisting.again {
+                    relisting.running = false;
+                    std::mem::forget(done);
+                    return;
+                }
             }
+            tokio::time::sleep(RELIST_PAUSE).await;
+            self.relisting.lock().expect("not poisoned").again = false;
         }
     }
 
