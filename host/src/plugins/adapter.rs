@@ -116,8 +116,10 @@ impl Adapter {
         config: &serde_json::Value,
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
+        let room = runtime.room(name);
         let mut adapter = Self {
-            room: runtime.room(name),
+            kv: Kv::counted_in(room.stored.clone()),
+            room,
             runtime,
             pre: loaded.pre.clone(),
             info: loaded.info.clone(),
@@ -125,7 +127,6 @@ impl Adapter {
             digest: loaded.digest,
             server: server.into(),
             config: config.to_string().into(),
-            kv: Kv::default(),
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::default(),
             health: Arc::default(),

@@ -39,11 +39,17 @@ impl Drop for Entries {
 }
 
 impl Kv {
+    /// An empty store whose bytes count towards [`MAX_ADAPTER_BYTES`] in `all`, with
+    /// those of every other store of the same adapter (its runtime room's), whichever
+    /// server it serves.
+    pub fn counted_in(all: Arc<AtomicUsize>) -> Self {
+        Self { entries: Arc::new(Mutex::new(Entries { map: BTreeMap::new(), bytes: 0, all })) }
+    }
+
     /// An empty store for another copy of the same adapter: its bytes count with this
     /// one's towards [`MAX_ADAPTER_BYTES`].
     pub fn sibling(&self) -> Self {
-        let all = self.lock().all.clone();
-        Self { entries: Arc::new(Mutex::new(Entries { map: BTreeMap::new(), bytes: 0, all })) }
+        Self::counted_in(self.lock().all.clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -144,7 +150,9 @@ mod tests {
 
     #[test]
     fn the_stores_of_an_adapters_copies_are_bounded_together_and_free_what_they_held() {
-        let first = Kv::default();
+        // As the adapter's first store for a server is made: counted in its room's total,
+        // which its stores for every other server share (checked below with siblings).
+        let first = Kv::counted_in(Arc::default());
         let value = "v".repeat(MAX_VALUE);
         let per_store = MAX_STORE_BYTES / (MAX_VALUE + 4);
         let fill = |kv: &Kv| (0..per_store).filter(|i| kv.set(format!("{i:04}"), value.clone())).count();
