@@ -8,7 +8,8 @@
 //! Those requests are posted here ([`Tapped`]), so that their answer is read from the
 //! JSON body or the SSE events that carry it before rmcp reads it; every other message
 //! goes through rmcp's own reqwest client. The transport ([`super::upstream::InOrder`])
-//! then puts what was read here in place of rmcp's reading of the same answer.
+//! then puts what was read here in place of rmcp's reading of the same answer. Every SSE
+//! event, whoever reads it, is weighed first ([`weighed`]): rmcp bounds its bytes alone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -160,21 +161,11 @@ impl Tap {
         events: impl Stream<Item = Result<Sse, SseError>> + Send + 'static,
     ) -> futures::stream::BoxStream<'static, Result<Sse, SseError>> {
         let tap = self.clone();
-        events
-            .and_then(move |event| {
-                let data = event.data.as_deref().unwrap_or_default().as_bytes();
-                // Each event is bounded in bytes as it is read; what it would weigh once
-                // read is bounded here, before anything reads it, as a stdio server's
-                // line is (a 64 MiB answer of `[0,0,…]` is gigabytes once read).
-                let answer = if crate::weight::json(data) > MAX_MESSAGE_WEIGHT {
-                    Err(SseError::Body(Box::new(std::io::Error::other(too_heavy()))))
-                } else {
-                    if event.event.as_deref().is_none_or(|kind| kind.is_empty() || kind == "message") {
-                        tap.saw(data);
-                    }
-                    Ok(event)
-                };
-                std::future::ready(answer)
+        weighed(events)
+            .inspect_ok(move |event| {
+                if event.event.as_deref().is_none_or(|kind| kind.is_empty() || kind == "message") {
+                    tap.saw(event.data.as_deref().unwrap_or_default().as_bytes());
+                }
             })
             .boxed()
     }
@@ -305,6 +296,28 @@ impl Tapped {
 /// Why a message of a `url` server's was not read.
 fn too_heavy() -> String {
     format!("the server's message would weigh more than {} MiB once read; it was not read", MAX_MESSAGE_WEIGHT >> 20)
+}
+
+/// `events`, each weighed before anything reads it, as a stdio server's line is (64 MiB of
+/// `[0,0,…]` is gigabytes once read): one past [`MAX_MESSAGE_WEIGHT`] becomes, in its
+/// place (its event id kept, for a resumed stream), the error answer to the request it
+/// answered, found by its `id` as it goes by, or nothing for a message that answers
+/// nothing. (An error would end the stream, and rmcp would resume it, to be sent the
+/// same event again.)
+fn weighed<E>(events: impl Stream<Item = Result<Sse, E>>) -> impl Stream<Item = Result<Sse, E>> {
+    events.map_ok(|mut event| {
+        let data = event.data.as_deref().unwrap_or_default().as_bytes();
+        if crate::weight::json(data) <= MAX_MESSAGE_WEIGHT {
+            return event;
+        }
+        let mut scan = super::id_scan::IdScan::default();
+        scan.feed(data);
+        event.data = scan.finish().answers().flatten().map(|id| {
+            let error = rmcp::ErrorData::internal_error(too_heavy(), None);
+            serde_json::to_string(&ServerJsonRpcMessage::error(error, Some(id))).unwrap_or_default()
+        });
+        event
+    })
 }
 
 /// What a response's body is, by its `Content-Type`.
@@ -518,18 +531,16 @@ impl StreamableHttpClient for Tapped {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, Error> {
-        // Every request's answer is read here, so that what it would weigh once read is
-        // bounded before anything reads it (rmcp's reading bounds its bytes alone).
-        if let JsonRpcMessage::Request(request) = &message {
-            // However the post ends, an answer read here is no longer awaited unless it is
+        if let JsonRpcMessage::Request(request) = &message
+            && self.tap.sent(&message)
+        {
+            // However the post ends, the answer is no longer awaited here unless it is
             // to come on an SSE stream (a JSON answer is read already).
-            let waiting = self.tap.sent(&message).then(|| Waiting { tap: &self.tap, id: Some(request.id.clone()) });
+            let waiting = Waiting { tap: &self.tap, id: Some(request.id.clone()) };
             let posted =
                 self.post_read(uri, message, session_id, auth_header, custom_headers, max_sse_event_size).await;
             // rmcp awaits the answer on a stream after both (after a 202, the GET stream).
-            if let Some(waiting) = waiting
-                && matches!(posted, Ok(StreamableHttpPostResponse::Sse(..) | StreamableHttpPostResponse::Accepted))
-            {
+            if matches!(posted, Ok(StreamableHttpPostResponse::Sse(..) | StreamableHttpPostResponse::Accepted)) {
                 waiting.keep();
             }
             return posted;
@@ -549,6 +560,11 @@ impl StreamableHttpClient for Tapped {
             // A request to run as a task comes on the stream of the call it serves.
             Ok(StreamableHttpPostResponse::Sse(events, session)) if self.tap.tasks.is_some() => {
                 Ok(StreamableHttpPostResponse::Sse(self.tap.events(events), session))
+            }
+            // rmcp bounds an event by its bytes alone (a JSON body's 16 MiB are within the
+            // weight): a tool call's answer, say, is weighed here.
+            Ok(StreamableHttpPostResponse::Sse(events, session)) => {
+                Ok(StreamableHttpPostResponse::Sse(weighed(events).boxed(), session))
             }
             posted => posted,
         }
@@ -748,27 +764,35 @@ mod tests {
         as_sent(&tap, serde_json::from_str(events[0].as_ref().unwrap().data.as_ref().unwrap()).unwrap());
     }
 
-    /// A tool call's answer (read by rmcp's types, not here) that would weigh more than
-    /// a GiB once read, in a JSON body or an SSE event, is refused before anything reads
-    /// it: a 64 MiB answer of `[0,0,…]` is gigabytes read.
+    /// An answer that would weigh more than a GiB once read is not read: a tool call's
+    /// SSE event (read by rmcp, past its byte bound alone) becomes the error answer to
+    /// the call, the stream going on; a JSON body read here fails its post.
     #[tokio::test]
     async fn an_answer_too_heavy_to_read_is_refused_unread() {
-        fn heavy() -> String {
+        fn heavy(id: u64) -> String {
             let zeros = vec!["0"; 9 << 20].join(",");
-            format!(r#"{{"jsonrpc":"2.0","id":3,"result":{{"content":[],"v":[{zeros}]}}}}"#)
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"v":[{zeros}]}}}}"#)
         }
         let call: ClientJsonRpcMessage =
             message(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo"}}));
         let client = Tapped::new(Tap::new(Arc::default(), None)).unwrap();
-        let uri = server(|| ([(CONTENT_TYPE, "application/json")], heavy()).into_response()).await;
-        let posted = client.post_message(uri, call.clone(), None, None, HashMap::new()).await;
-        assert!(format!("{:?}", posted.unwrap_err()).contains("weigh more than 1024 MiB"));
-        let uri =
-            server(|| ([(CONTENT_TYPE, "text/event-stream")], format!("data: {}\n\n", heavy())).into_response()).await;
+        let uri = server(|| {
+            ([(CONTENT_TYPE, "text/event-stream")], format!("id: 9\ndata: {}\n\ndata: {{}}\n\n", heavy(3)))
+                .into_response()
+        })
+        .await;
         let posted = client.post_message(uri, call, None, None, HashMap::new()).await;
         let Ok(StreamableHttpPostResponse::Sse(events, _)) = posted else { panic!("{posted:?}") };
         let events: Vec<_> = events.collect().await;
-        assert!(events[0].as_ref().unwrap_err().to_string().contains("weigh more than 1024 MiB"), "{events:?}");
+        assert_eq!(events.len(), 2, "the stream goes on");
+        let first = events[0].as_ref().unwrap();
+        assert_eq!(first.id.as_deref(), Some("9"), "its event id kept, for a resumed stream");
+        let answer: Value = serde_json::from_str(first.data.as_deref().unwrap()).unwrap();
+        assert_eq!(answer["id"], 3, "{answer}");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("weigh more than 1024 MiB"), "{answer}");
+        let uri = server(|| ([(CONTENT_TYPE, "application/json")], heavy(7)).into_response()).await;
+        let (posted, _) = post(uri, None).await;
+        assert!(format!("{:?}", posted.unwrap_err()).contains("weigh more than 1024 MiB"));
     }
 
     /// What a post answered with `answer` comes to; nothing is left waiting after it.
