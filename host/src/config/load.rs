@@ -1006,6 +1006,7 @@ impl Ctx<'_> {
         bounded("breaker.window_ms", r.breaker.window_ms, DAY, "60000")?;
         bounded("breaker.max_open_ms", r.breaker.max_open_ms, DAY, "600000")?;
         bounded("retry.max_delay_ms", r.retry.max_delay_ms.max(1), DAY, "30000")?;
+        bounded("ping_timeout_ms", r.ping_timeout_ms.max(1), DAY, "30000; 0: never")?;
         if r.breaker.max_open_ms < r.breaker.open_ms {
             return Err(self.err(
                 format!("{key}.breaker.max_open_ms"),

@@ -77,7 +77,7 @@ pub fn status(hub: &Hub, own: &SessionServers) -> Value {
 /// the operator (see `errors_log`), and an adapter that failed to load is named by its
 /// file's name alone.
 fn without_plugins_dir(status: &mut Value, plugins_dir: &std::path::Path) {
-    let dir = format!("{}/", plugins_dir.display());
+    let dir = format!("{}/", plugins_dir.display().to_string().trim_end_matches('/'));
     for server in status["servers"].as_array_mut().into_iter().flatten() {
         if let Some(Value::String(error)) = server.get_mut("adapter_error") {
             *error = error.replace(&dir, "");
@@ -618,8 +618,15 @@ mod tests {
             {"name": "a", "adapter_error": "x: /srv/rebound/plugins/x.wasm: speaks rebound:adapter@9.0.0"},
             {"name": "b"},
         ]});
+        let named = status.clone();
         without_plugins_dir(&mut status, std::path::Path::new("/srv/rebound/plugins"));
         assert_eq!(status["servers"][0]["adapter_error"], "x: x.wasm: speaks rebound:adapter@9.0.0");
+        let mut status = named;
+        without_plugins_dir(&mut status, std::path::Path::new("/srv/rebound/plugins/"));
+        assert_eq!(
+            status["servers"][0]["adapter_error"], "x: x.wasm: speaks rebound:adapter@9.0.0",
+            "written with a /"
+        );
         assert!(status["servers"][1].get("adapter_error").is_none());
     }
 

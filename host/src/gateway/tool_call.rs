@@ -139,14 +139,10 @@ impl Gateway {
             self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
-                log_at(
-                    level,
-                    &record.server,
-                    &record.tool,
-                    class.category.as_str(),
-                    &failure.message(),
-                    record.attempts.len(),
-                );
+                // Redacted as it is cut, so that the cut leaves no start of a secret for
+                // the log's own redaction to miss.
+                let message = self.hub.errors.secrets().redact_capped(&failure.message(), LOGGED_MESSAGE);
+                log_at(level, &record.server, &record.tool, class.category.as_str(), &message, record.attempts.len());
             }
         }
         if !record.denied.is_empty()

@@ -1155,6 +1155,10 @@ impl Engine {
     /// fallback that will run may take (its timeout), so that the fallbacks, which always
     /// run, are never left without time by the retries before them.
     fn fallback_reserve(&self, call: &Call<'_>, spent: &Spent) -> Option<(String, Duration)> {
+        // A call only its own tool may answer runs no fallback to keep time for.
+        if call.upstream.alone() {
+            return None;
+        }
         let fallbacks = call.policy.recovery.fallbacks.get(&call.tool)?;
         fallbacks.iter().find_map(|alt| {
             let server = alt.server.as_deref().unwrap_or(&call.server);

@@ -3,8 +3,9 @@
 //! open: a client that sends calls and never reads their answers would hold them all, for
 //! hours, with nothing to tell it from a slow link. So a write that makes no progress for
 //! [`STALL`] ends the connection, and with it whatever waited to be written on it. A
-//! stream with nothing to say writes nothing and is never cut; a slow reader that takes a
-//! byte now and then is never cut either.
+//! stream with nothing to say writes nothing and is never cut; a reader that keeps taking
+//! what it was sent, however slowly, is never cut either (its backlog in the system
+//! shrinking counts, [`Backlog`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,15 +37,37 @@ impl axum::serve::Listener for Listener {
     }
 }
 
+/// What a connection has written that its client has not yet taken, where the system
+/// says: Linux wakes a writer only once a third of a full send buffer has drained, so a
+/// client reading a few KiB a second behind megabytes can leave a write waiting for
+/// minutes while it reads. A backlog that shrank is progress.
+pub(super) trait Backlog {
+    fn backlog(&self) -> Option<usize>;
+}
+
+impl Backlog for TcpStream {
+    #[allow(unsafe_code, reason = "an ioctl that reads one number of the socket's")]
+    fn backlog(&self) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int, the bytes in the socket's send
+        // queue, through the pointer, which points at one; the descriptor is this
+        // stream's, open for as long as `self` is.
+        let said = unsafe { libc::ioctl(self.as_raw_fd(), libc::TIOCOUTQ, &raw mut queued) };
+        (said == 0).then(|| usize::try_from(queued).unwrap_or(0))
+    }
+}
+
 /// A connection whose writes fail once one has waited `limit` without progress.
 pub(super) struct Watched<S> {
     io: S,
     limit: Duration,
-    /// Set when a write first finds no room, cleared by any progress.
-    stalled: Option<Pin<Box<Sleep>>>,
+    /// Set when a write first finds no room, cleared by any progress; with the backlog
+    /// then.
+    stalled: Option<(Pin<Box<Sleep>>, Option<usize>)>,
 }
 
-impl<S> Watched<S> {
+impl<S: Backlog> Watched<S> {
     fn new(io: S, limit: Duration) -> Self {
         Self { io, limit, stalled: None }
     }
@@ -61,13 +84,23 @@ impl<S> Watched<S> {
             return poll;
         }
         let limit = self.limit;
-        let stalled = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match stalled.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+        loop {
+            let backlog = self.io.backlog();
+            let (sleep, then) = self.stalled.get_or_insert_with(|| (Box::pin(tokio::time::sleep(limit)), backlog));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Taken, if slowly: wait on from here.
+            if let (Some(now), Some(then)) = (backlog, *then)
+                && now < then
+            {
+                self.stalled = None;
+                continue;
+            }
+            return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("the client read nothing for {} s", limit.as_secs()),
-            ))),
-            Poll::Pending => Poll::Pending,
+            )));
         }
     }
 }
@@ -78,7 +111,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+impl<S: AsyncWrite + Backlog + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let poll = Pin::new(&mut self.io).poll_write(cx, buf);
         self.watch(poll, cx)
@@ -114,6 +147,38 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const LIMIT: Duration = Duration::from_secs(60);
+
+    /// A pipe in memory has no system queue to read.
+    impl Backlog for tokio::io::DuplexStream {
+        fn backlog(&self) -> Option<usize> {
+            None
+        }
+    }
+
+    /// A real connection whose client reads a little, too little for the system to wake
+    /// the writer: its shrinking backlog is progress, and only a limit's length without
+    /// any ends it.
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_too_slow_to_wake_the_writer_is_not_cut_while_it_reads() {
+        use std::io::Read as _;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let mut io = Watched::new(TcpStream::from_std(server).unwrap(), LIMIT);
+        let chunk = vec![7u8; 64 << 10];
+        while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(1), io.write(&chunk)).await {}
+        let stalled = tokio::time::Instant::now();
+        let before = io.io.backlog().expect("a socket says its backlog");
+        let mut taken = vec![0u8; 64 << 10];
+        client.read_exact(&mut taken).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(io.io.backlog().unwrap() < before, "the system moved what the client made room for");
+        let error = tokio::time::timeout(LIMIT * 3, io.write_all(&chunk)).await.expect("ends").unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        let waited = stalled.elapsed();
+        assert!(waited >= 2 * LIMIT - Duration::from_millis(2), "cut after {waited:?}, while the client read");
+    }
 
     /// Fills `io` until a write would wait, and says how much went in.
     async fn fill(io: &mut Watched<tokio::io::DuplexStream>) -> usize {

@@ -372,6 +372,15 @@ async fn a_resumed_call_is_answered_by_its_own_tool_alone() {
     )
     .await;
     assert!(up.calls("s/loogle").is_empty(), "an adapter's alternative answered a resumed call: {record:?}");
+    // Nor is time kept for the fallbacks that will not run: with 70 s left after the
+    // first timeout, a retry (60 s) fits, where the fallback's 60 s would not fit too.
+    let mut tight = r.clone();
+    (tight.timeout_ms, tight.deadline_ms, tight.retry.initial_delay_ms, tight.retry.max_delay_ms) =
+        (60_000, Some(130_000), 1, 1);
+    let e = engine(&[server("s", tight)]);
+    let up = script();
+    run(&e, &up, "leansearch").await;
+    assert!(up.calls("s/leansearch").len() > 1, "the retry is not refused for a fallback's sake");
     // The same call, not resumed, goes on to its fallback.
     let up = Script { alone: false, ..script() };
     let e = engine(&[server("s", r.clone())]);
