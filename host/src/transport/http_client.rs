@@ -313,7 +313,9 @@ fn weighed<E>(events: impl Stream<Item = Result<Sse, E>>) -> impl Stream<Item = 
         let mut scan = super::id_scan::IdScan::default();
         scan.feed(data);
         event.data = scan.finish().answers().flatten().map(|id| {
-            let error = rmcp::ErrorData::internal_error(too_heavy(), None);
+            // As a stdio server's answer too long to read: the request ran.
+            let data = serde_json::json!({ super::lines::DROPPED_ANSWER: MAX_MESSAGE_WEIGHT });
+            let error = rmcp::ErrorData::internal_error(too_heavy(), Some(data));
             serde_json::to_string(&ServerJsonRpcMessage::error(error, Some(id))).unwrap_or_default()
         });
         event
@@ -790,6 +792,7 @@ mod tests {
         let answer: Value = serde_json::from_str(first.data.as_deref().unwrap()).unwrap();
         assert_eq!(answer["id"], 3, "{answer}");
         assert!(answer["error"]["message"].as_str().unwrap().contains("weigh more than 1024 MiB"), "{answer}");
+        assert_eq!(answer["error"]["data"][super::super::lines::DROPPED_ANSWER], MAX_MESSAGE_WEIGHT, "the call ran");
         let uri = server(|| ([(CONTENT_TYPE, "application/json")], heavy(7)).into_response()).await;
         let (posted, _) = post(uri, None).await;
         assert!(format!("{:?}", posted.unwrap_err()).contains("weigh more than 1024 MiB"));

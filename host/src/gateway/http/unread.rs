@@ -85,13 +85,13 @@ impl<S: Backlog> Watched<S> {
         }
         let limit = self.limit;
         loop {
-            let backlog = self.io.backlog();
-            let (sleep, then) = self.stalled.get_or_insert_with(|| (Box::pin(tokio::time::sleep(limit)), backlog));
+            let io = &self.io;
+            let (sleep, then) = self.stalled.get_or_insert_with(|| (Box::pin(tokio::time::sleep(limit)), io.backlog()));
             if sleep.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
             // Taken, if slowly: wait on from here.
-            if let (Some(now), Some(then)) = (backlog, *then)
+            if let (Some(now), Some(then)) = (io.backlog(), *then)
                 && now < then
             {
                 self.stalled = None;
@@ -160,18 +160,24 @@ mod tests {
     /// any ends it.
     #[tokio::test(start_paused = true)]
     async fn a_reader_too_slow_to_wake_the_writer_is_not_cut_while_it_reads() {
-        use std::io::Read as _;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        server.set_nonblocking(true).unwrap();
-        let mut io = Watched::new(TcpStream::from_std(server).unwrap(), LIMIT);
+        use tokio::io::AsyncReadExt as _;
+        // Buffers of fixed sizes (no autotuning): reading 64 KiB of a 256 KiB receive
+        // buffer never drains a third of the 1 MiB send buffer behind it.
+        let listening = tokio::net::TcpSocket::new_v4().unwrap();
+        listening.set_send_buffer_size(1 << 20).unwrap();
+        listening.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = listening.listen(1).unwrap();
+        let connecting = tokio::net::TcpSocket::new_v4().unwrap();
+        connecting.set_recv_buffer_size(256 << 10).unwrap();
+        let mut client = connecting.connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let mut io = Watched::new(server, LIMIT);
         let chunk = vec![7u8; 64 << 10];
         while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(1), io.write(&chunk)).await {}
         let stalled = tokio::time::Instant::now();
         let before = io.io.backlog().expect("a socket says its backlog");
         let mut taken = vec![0u8; 64 << 10];
-        client.read_exact(&mut taken).unwrap();
+        client.read_exact(&mut taken).await.unwrap();
         std::thread::sleep(Duration::from_millis(50));
         assert!(io.io.backlog().unwrap() < before, "the system moved what the client made room for");
         let error = tokio::time::timeout(LIMIT * 3, io.write_all(&chunk)).await.expect("ends").unwrap_err();
