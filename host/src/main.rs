@@ -134,12 +134,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A configuration's key names, an adapter's words: shown, line by line, so
-            // that none drives the terminal of whoever reads them.
-            for (n, line) in format!("{e:#}").lines().enumerate() {
-                let line = rebound::text::shown(line, 16 << 10);
-                if n == 0 { eprintln!("error: {line}") } else { eprintln!("{line}") }
-            }
+            eprint_shown("error: ", &format!("{e:#}"), 16 << 10);
             ExitCode::FAILURE
         }
     }
@@ -227,10 +222,7 @@ fn check(path: PathBuf) -> Result<()> {
         let mut seen = std::collections::BTreeSet::new();
         for (_, name, e) in &plugins.failures {
             if seen.insert(name) {
-                for (n, line) in e.lines().enumerate() {
-                    let line = rebound::text::shown(line, 4096);
-                    if n == 0 { eprintln!("error: plugin {name}: {line}") } else { eprintln!("{line}") }
-                }
+                eprint_shown(&format!("error: plugin {name}: "), e, 4096);
             }
         }
         anyhow::bail!(
@@ -240,6 +232,16 @@ fn check(path: PathBuf) -> Result<()> {
     }
     println!("ok");
     Ok(())
+}
+
+/// `text` on stderr after `first`, each of its lines `shown` (at most `max` bytes): a
+/// configuration's key names and an adapter's words are in it, and none may drive the
+/// terminal of whoever reads them.
+fn eprint_shown(first: &str, text: &str, max: usize) {
+    for (n, line) in text.lines().enumerate() {
+        let line = rebound::text::shown(line, max);
+        if n == 0 { eprintln!("{first}{line}") } else { eprintln!("{line}") }
+    }
 }
 
 /// Where a server's grant (`adapter_allow`) and what its adapter declared differ. A step

@@ -20,19 +20,9 @@ pub fn json(text: &[u8]) -> usize {
 /// What `value` weighs written out as JSON ([`json`]): weighed as it is written, never
 /// written whole.
 pub fn of<T: serde::Serialize + ?Sized>(value: &T) -> usize {
-    struct Fed(Weigher);
-    impl std::io::Write for Fed {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.feed(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut fed = Fed(Weigher::default());
-    let _ = serde_json::to_writer(&mut fed, value);
-    fed.0.weight()
+    let mut weigher = Weigher::default();
+    let _ = serde_json::to_writer(&mut weigher, value);
+    weigher.weight()
 }
 
 /// [`json`] over text that comes in pieces (as a serializer writes it): fed piece by
@@ -66,6 +56,18 @@ impl Weigher {
     /// What the text fed so far weighs.
     pub fn weight(&self) -> usize {
         self.bytes.saturating_add(self.more.saturating_add(1).saturating_mul(PER_VALUE))
+    }
+}
+
+/// A serializer's sink: what it writes is fed, and kept nowhere.
+impl std::io::Write for Weigher {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.feed(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
