@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+/// The most of a key, a message or a hint an error shows.
+const MAX_SHOWN: usize = 4096;
+
 /// Why a configuration could not be used. Every variant's message names the file and,
 /// where one is at fault, the dotted key path, and ends with a `hint:` line.
 #[derive(Debug, thiserror::Error)]
@@ -16,7 +19,16 @@ pub enum ConfigError {
         "{path}:{line}:{column}: not valid JSON: {message}\nhint: fix the JSON at that line and column (trailing commas and comments are not allowed)"
     )]
     Syntax { path: PathBuf, line: usize, column: usize, message: String },
-    #[error("{path}: `{key}`: {message}\nhint: {hint}")]
+    /// Each part is shown as text from outside is (`crate::text::shown`): key names are
+    /// the file's, and are quoted in the message and the hint too; one with a line break
+    /// or a terminal escape in it would otherwise forge lines of the error, or drive the
+    /// terminal that shows it.
+    #[error(
+        "{path}: `{key}`: {message}\nhint: {hint}",
+        key = crate::text::shown(.key, MAX_SHOWN),
+        message = crate::text::shown(.message, MAX_SHOWN),
+        hint = crate::text::shown(.hint, MAX_SHOWN)
+    )]
     Invalid { path: PathBuf, key: String, message: String, hint: String },
 }
 

@@ -291,6 +291,18 @@ fn refusals_never_quote_what_may_be_secret() {
     assert!(said[2].0.contains("not an http(s) URL"), "{}", said[2].0);
 }
 
+/// A key's name is the file's: one with a line break or a terminal escape in it is shown
+/// written out, so that the refusal stays two lines (the fault, its hint) and drives
+/// no terminal.
+#[test]
+fn a_refused_keys_name_forges_no_line() {
+    let json = r#"{"mcpServers": {"a\nerror: forged\u001b[2J": {"command": "x", "bogus": 1}}}"#;
+    let err = parse(json, Path::new("/r.json"), &env).expect_err("unknown key");
+    let text = err.to_string();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains(r"a\nerror: forged\u{1b}[2J") && !text.contains('\u{1b}'), "{text}");
+}
+
 #[test]
 fn the_plugin_cache_is_kept_apart_from_the_plugins() {
     for cache in ["plugins", "plugins/cache", "./plugins/../plugins/x"] {
