@@ -178,14 +178,10 @@ pub fn classify_sent(
     sent: Option<&serde_json::Map<String, serde_json::Value>>,
     now: SystemTime,
 ) -> Classification {
-    let echoes = sent.map_or(Some(Vec::new()), echoes);
     // Arguments past what is read for echoes could hide any text in what was not read:
-    // the failure's text is then not read either, and it classifies by its kind alone.
-    let clean = |text: String| match &echoes {
-        Some(echoes) => without(text, echoes),
-        None => String::new(),
-    };
-    classified(failure, now, &clean)
+    // every word that classifies a text which they hold anywhere is taken out instead.
+    let echoes = sent.map_or_else(Vec::new, |sent| echoes(sent).unwrap_or_else(|| words_in(sent)));
+    classified(failure, now, &|text| without(text, &echoes))
 }
 
 /// The most of a call's argument values read for [`echoes`], and the most taken out.
@@ -198,7 +194,7 @@ const MAX_ECHOES: usize = 256;
 /// it (a tool's structured content is read as JSON, where a quote or a line break in an
 /// echoed string is escaped). `None` when `sent` is past what is read ([`MAX_READ`]
 /// values, [`MAX_ECHOES`] found): the caller chooses the order they are read in, so what
-/// was left unread could be anything.
+/// was left unread could be anything ([`words_in`] reads it).
 fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Option<Vec<String>> {
     use serde_json::Value;
     let says =
@@ -376,43 +372,58 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     use Kind::Bug;
     use Severity::{High, Medium};
     let t = text.to_ascii_lowercase();
-    // A status code is a number of its own, not digits of another ("row 15030").
-    let has = |words: &[&str]| {
-        words.iter().any(|w| match w.bytes().all(|b| b.is_ascii_digit()) {
-            true => t.match_indices(w).any(|(at, _)| {
-                let alone = |b: Option<&u8>| !b.is_some_and(u8::is_ascii_alphanumeric);
-                alone(at.checked_sub(1).and_then(|i| t.as_bytes().get(i))) && alone(t.as_bytes().get(at + w.len()))
-            }),
-            false => t.contains(w),
-        })
-    };
-    let mut c = if has(&["429", "rate limit", "rate-limit", "ratelimit", "too many requests", "quota exceeded"]) {
+    let has = |words: &[&str]| words.iter().any(|w| says(&t, w));
+    let mut c = if has(RATE_LIMITED) {
         C::RateLimit.with(true, false, Medium, Bug)
-    } else if has(&[
-        "503",
-        "service unavailable",
-        "overloaded",
-        "temporarily unavailable",
-        "502 bad gateway",
-        "504 gateway",
-    ]) {
+    } else if has(UNAVAILABLE) {
         C::ServerUnavailable.with(true, true, High, Bug)
-    } else if has(&["timed out", "timeout", "aborterror", "operation was aborted", "deadline exceeded"]) {
+    } else if has(TIMED_OUT) {
         C::Timeout.with(true, true, High, Bug)
-    } else if has(&[
-        "econnrefused",
-        "connection refused",
-        "econnreset",
-        "connection reset",
-        "broken pipe",
-        "network is unreachable",
-    ]) {
+    } else if has(UNREACHABLE) {
         C::Connection.with(true, true, High, Bug)
     } else {
         return None;
     };
     c.retry_after = retry_after::parse(text, now);
     Some(c)
+}
+
+/// The words [`from_text`] reads, in lower case, each list a category's.
+const RATE_LIMITED: &[&str] = &["429", "rate limit", "rate-limit", "ratelimit", "too many requests", "quota exceeded"];
+const UNAVAILABLE: &[&str] =
+    &["503", "service unavailable", "overloaded", "temporarily unavailable", "502 bad gateway", "504 gateway"];
+const TIMED_OUT: &[&str] = &["timed out", "timeout", "aborterror", "operation was aborted", "deadline exceeded"];
+const UNREACHABLE: &[&str] =
+    &["econnrefused", "connection refused", "econnreset", "connection reset", "broken pipe", "network is unreachable"];
+/// The words [`mentions_unknown_tool`] and [`refuses_arguments`] read, in lower case.
+const UNKNOWN_TOOL: &[&str] = &["tool", "not found", "unknown", "no such tool"];
+const REFUSED: &[&str] = &[" validation error for ", " validation errors for ", "input validation error"];
+
+/// Whether `lower` (a text in lower case) says `word`; a status code only as a number of
+/// its own, not digits of another ("row 15030").
+fn says(lower: &str, word: &str) -> bool {
+    if !word.bytes().all(|b| b.is_ascii_digit()) {
+        return lower.contains(word);
+    }
+    lower.match_indices(word).any(|(at, _)| {
+        let alone = |b: Option<&u8>| !b.is_some_and(u8::is_ascii_alphanumeric);
+        alone(at.checked_sub(1).and_then(|i| lower.as_bytes().get(i))) && alone(lower.as_bytes().get(at + word.len()))
+    })
+}
+
+/// Every word that classifies a failure's text which the caller wrote itself somewhere
+/// in `sent`: what stands in for [`echoes`] when `sent` is past what is read for them.
+/// The whole of `sent` is searched (written out, in lower case), so nothing the caller
+/// ordered first can hide what follows; a word found is then not read in the failure's
+/// text, wherever it is in it, and the rest of the text still classifies (a bulk-data
+/// tool's real "service unavailable" does, unless its arguments hold those words too).
+fn words_in(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
+    let written = serde_json::to_string(sent).unwrap_or_default().to_ascii_lowercase();
+    let words = [RATE_LIMITED, UNAVAILABLE, TIMED_OUT, UNREACHABLE, UNKNOWN_TOOL, REFUSED, &retry_after::KEYS];
+    let mut found: Vec<String> =
+        words.into_iter().flatten().filter(|w| says(&written, w)).map(|w| (*w).to_owned()).collect();
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    found
 }
 
 impl Category {
@@ -481,8 +492,10 @@ mod tests {
         assert_eq!(classify_sent(&refused, Some(sent), now).category, Category::ToolValidation);
     }
 
-    /// Arguments past what is read for echoes cannot hide one behind them: the caller
-    /// chooses what is read first, so a failure's text is then not read at all.
+    /// Arguments past what is read for echoes cannot hide one behind them (the caller
+    /// chooses what is read first): every word that classifies a text which they hold
+    /// anywhere is taken out of the failure's, and the tool's own other words still
+    /// classify it.
     #[test]
     fn what_the_caller_sent_past_the_bound_does_not_classify_its_failure() {
         let now = SystemTime::UNIX_EPOCH;
@@ -491,12 +504,27 @@ mod tests {
         let echoed = tool_error("no such file: 503 service unavailable");
         let c = classify_sent(&echoed, sent.as_object(), now);
         assert_eq!((c.category, c.counts_for_breaker, c.retryable), (Category::ToolExecution, false, false));
+        // Hidden last, in another case, past every value read.
+        let sent = serde_json::json!({"a": zeros, "z": "Service Unavailable"});
+        let echoed = tool_error("no such file: service unavailable");
+        assert_eq!(classify_sent(&echoed, sent.as_object(), now).category, Category::ToolExecution);
         let many: serde_json::Map<String, serde_json::Value> = (0..2 * MAX_ECHOES)
             .map(|n| (format!("k{n}"), serde_json::json!(format!("{n} rate limit exceeded"))))
             .collect();
         let mut many = many;
         many.insert("a".into(), serde_json::json!("503 service unavailable"));
         assert!(!classify_sent(&echoed, Some(&many), now).counts_for_breaker, "nor past the most echoes found");
+        // A bulk-data tool's own outage, its rate limit and its hint still read.
+        let bulk = serde_json::json!({"rows": vec![15030; MAX_READ + 1], "q": "quarterly report"});
+        let bulk = bulk.as_object();
+        let c = classify_sent(&tool_error("503 service unavailable"), bulk, now);
+        assert_eq!((c.category, c.counts_for_breaker), (Category::ServerUnavailable, true));
+        let c = classify_sent(&tool_error("rate limit exceeded, retry after 30"), bulk, now);
+        assert_eq!((c.category, c.retry_after), (Category::RateLimit, Some(Duration::from_secs(30))));
+        // A hint the caller wrote is not the server's.
+        let hinted = serde_json::json!({"rows": vec![0; MAX_READ + 1], "note": "retry after 86400"});
+        let c = classify_sent(&tool_error("rate limit exceeded, retry after 86400"), hinted.as_object(), now);
+        assert_eq!((c.category, c.retry_after), (Category::RateLimit, None));
         // Under the bound, the tool's own words still count.
         let sent = serde_json::json!({"z": vec![0; 100]});
         assert!(classify_sent(&tool_error("503 service unavailable"), sent.as_object(), now).counts_for_breaker);

@@ -18,7 +18,7 @@ pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
     // huge error text from costing more than a bounded scan.
     let text = prefix(text, SCAN_BYTES);
     let lower = text.to_ascii_lowercase();
-    for key in ["retry-after", "retry_after", "retryafter", "retry after", "retry in", "try again in"] {
+    for key in KEYS {
         let mut from = 0;
         while let Some(i) = lower[from..].find(key) {
             let start = from + i + key.len();
@@ -38,6 +38,9 @@ pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
     }
     None
 }
+
+/// What introduces a hint, in lower case.
+pub const KEYS: [&str; 6] = ["retry-after", "retry_after", "retryafter", "retry after", "retry in", "try again in"];
 
 /// How much of a text is searched for a hint.
 const SCAN_BYTES: usize = 64 << 10;
