@@ -404,6 +404,11 @@ fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
     let huge = std::fs::File::create(dir.path().join("huge.wasm")).unwrap();
     std::io::Write::write_all(&mut &huge, b"\0asm\x0d\0\x01\0").unwrap();
     huge.set_len(33 << 20).unwrap();
+    // Compiles (the compiler process allocates on demand), but past the instance pool's
+    // memory: refused once compiled, and never compiled again in the gateway itself, out
+    // of the compiler process's time and memory bounds.
+    let pooled = "(component (core module $m (memory 1025)) (core instance (instantiate $m)))";
+    std::fs::write(dir.path().join("pooled.wasm"), wat::parse_str(pooled).unwrap()).unwrap();
     for (adapter, needles) in [
         (
             "future",
@@ -414,13 +419,22 @@ fn check_rejects_broken_plugins_naming_the_file_and_the_reason() {
         ("core", &["core.wasm", "core WebAssembly module"]),
         ("broken", &["broken.wasm", "does not compile"]),
         ("huge", &["huge.wasm", "larger than 32 MiB"]),
+        ("pooled", &["pooled.wasm", "past what the plugin runtime allows", "memory"]),
     ] {
         let (ok, out) = check(dir.path(), adapter);
         assert!(!ok, "{adapter} accepted: {out}");
         for n in needles {
             assert!(out.contains(n), "{n:?} not in: {out}");
         }
+        assert!(!out.contains("compiling in the gateway instead"), "{out}");
     }
+    // So too through the cache, where a first start puts what it compiled.
+    let cached = tempfile::tempdir().unwrap();
+    let (ok, out) = check_in(cached.path(), dir.path(), "pooled");
+    assert!(!ok && out.contains("past what the plugin runtime allows"), "{out}");
+    assert!(!out.contains("compiling in the gateway instead"), "{out}");
+    let entries = std::fs::read_dir(cached.path().join("cache")).unwrap().count();
+    assert_eq!(entries, 0, "nothing refused is kept: {out}");
     let (ok, out) = check(&root().join("target/plugins"), "lean-fallback");
     assert!(ok, "{out}");
     assert!(out.contains("plugin lean-fallback: lean-fallback 0.1.0"), "{out}");

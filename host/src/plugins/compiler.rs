@@ -72,6 +72,9 @@ pub fn compile_apart(bytes: &[u8], out: &Path, timeout: Duration) -> Result<(), 
         .arg(SUBCOMMAND)
         .arg(out)
         .arg(std::process::id().to_string())
+        // Nothing of the gateway's environment (where the servers' `${VAR}` secrets come
+        // from) reaches the process that reads what a plugin's author wrote.
+        .env_clear()
         // Its compiler threads' stacks count towards its memory limit.
         .env("RAYON_NUM_THREADS", threads.to_string())
         .stdin(Stdio::piped())

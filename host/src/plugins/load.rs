@@ -342,7 +342,7 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
         return Ok((compile_uncached(runtime, bytes)?, false));
     };
     let file = dir.join(format!("{}.cwasm", cache_key(engine, bytes)));
-    if let Some(cached) = load_cached(engine, &file) {
+    if let Ok(cached) = load_cached(engine, &file) {
         return Ok((cached, true));
     }
     // A name no other gateway sharing the folder picks, created afresh (never truncating
@@ -363,6 +363,18 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
     Ok((install(engine, &tmp, &file).unwrap_or(component), false))
 }
 
+/// Why compiled code was not loaded.
+#[derive(Debug)]
+enum Unloaded {
+    /// It was not stored or could not be read: nothing is said of the component.
+    NotRead,
+    /// wasmtime refused it: past what the gateway's engine allows (the instance pool's
+    /// memories, tables and instances, which only the gateway's engine checks). The
+    /// component's fault: compiling it again, in the gateway, would only be refused again
+    /// once compiled, with none of the compiler process's bounds on the way.
+    Refused(wasmtime::Error),
+}
+
 /// Without a cache, still in a compiler process where the program enabled that, with its
 /// bounds: into a temporary folder of this user's alone, gone once the code is read.
 fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component> {
@@ -374,8 +386,8 @@ fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component
         match private {
             Ok(dir) => {
                 let file = dir.path().join("plugin.cwasm");
-                if let Some(compiled) = compile_apart(runtime, bytes, &file, || read_compiled(&runtime.engine, &file))?
-                {
+                let load = || read_compiled(&runtime.engine, &file);
+                if let Some(compiled) = compile_apart(runtime, bytes, &file, load)? {
                     return Ok(compiled);
                 }
             }
@@ -389,28 +401,32 @@ fn compile_uncached(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<Component
 
 /// Compiles `bytes` in a compiler process into the new file `tmp`, and loads what it wrote
 /// with `load`: the component's fault if the compiler refused it, ran out of time or
-/// memory; `None` when the process could not deliver for any other reason (then it is
-/// compiled in memory) or in a program that does not compile this way.
+/// memory, or the gateway's engine refused what it compiled; `None` when the process
+/// could not deliver for any other reason (then it is compiled in memory) or in a
+/// program that does not compile this way.
 fn compile_apart(
     runtime: &Runtime,
     bytes: &[u8],
     tmp: &Path,
-    load: impl FnOnce() -> Option<Component>,
+    load: impl FnOnce() -> Result<Component, Unloaded>,
 ) -> anyhow::Result<Option<Component>> {
     if !compiler::enabled() {
         return Ok(None);
     }
     match compiler::compile_apart(bytes, tmp, runtime.compile_timeout()) {
-        Ok(()) => {
-            let loaded = load();
-            if loaded.is_none() {
+        Ok(()) => match load() {
+            Ok(loaded) => Ok(Some(loaded)),
+            Err(Unloaded::Refused(e)) => {
+                Err(anyhow::Error::from(e).context("compiled, it is past what the plugin runtime allows"))
+            }
+            Err(Unloaded::NotRead) => {
                 tracing::warn!(
                     "the compiled plugin {} could not be stored and loaded; compiling in the gateway instead",
                     tmp.display()
                 );
+                Ok(None)
             }
-            Ok(loaded)
-        }
+        },
         Err(CompileError::Failed(reason)) => anyhow::bail!(reason),
         Err(e) => {
             tracing::warn!("{e}; compiling in the gateway instead");
@@ -420,10 +436,13 @@ fn compile_apart(
 }
 
 /// Puts the compiled code written to `tmp` in the cache as `file` (whole, by a rename),
-/// and loads it from there; `None`, with `tmp` gone, if either fails.
-fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Option<Component> {
-    let installed = std::fs::rename(tmp, file).ok().and_then(|()| load_cached(engine, file));
-    if installed.is_none() {
+/// and loads it from there; with `tmp` gone if either fails.
+fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Result<Component, Unloaded> {
+    let installed = match std::fs::rename(tmp, file) {
+        Ok(()) => load_cached(engine, file),
+        Err(_) => Err(Unloaded::NotRead),
+    };
+    if installed.is_err() {
         let _ = std::fs::remove_file(tmp);
     }
     installed
@@ -432,22 +451,22 @@ fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Option<Compone
 /// The compiled code a compiler process wrote to `file`, in a temporary folder of this
 /// user's alone: read into memory, not mapped from the file (a temporary folder is often
 /// on a filesystem where code cannot be mapped to run, `noexec`).
-fn read_compiled(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
+fn read_compiled(engine: &wasmtime::Engine, file: &Path) -> Result<Component, Unloaded> {
     if !cached_entry_is_ours(file) {
-        return None;
+        return Err(Unloaded::NotRead);
     }
-    let compiled = std::fs::read(file).ok()?;
+    let compiled = std::fs::read(file).map_err(|_| Unloaded::NotRead)?;
     // SAFETY: the file is a regular file of this user's (checked right above) in a folder
     // made for this compile that only this user can enter, written by a compiler process
     // (this same binary, `compiler::run`) with `Component::serialize` for this engine's
     // settings; wasmtime checks the header against this engine too.
     #[allow(unsafe_code, reason = "loading the component our own compiler process just compiled")]
     let loaded = unsafe { Component::deserialize(engine, &compiled) };
-    loaded.inspect_err(|e| tracing::warn!("the compiled plugin {} does not load: {e}", file.display())).ok()
+    loaded.map_err(Unloaded::Refused)
 }
 
 /// The cache entry `file`, if it is ours and loads; one that fails to load is removed.
-fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
+fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Result<Component, Unloaded> {
     if !cached_entry_is_ours(file) {
         if std::fs::symlink_metadata(file).is_ok() {
             tracing::warn!(
@@ -455,7 +474,7 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
                 file.display()
             );
         }
-        return None;
+        return Err(Unloaded::NotRead);
     }
     // SAFETY: the file is a regular file in a folder only this user can write (checked
     // when the runtime started, and `cached_entry_is_ours` right above), named by the
@@ -465,12 +484,11 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Option<Component> {
     // header against this engine too, and an entry that fails to load is compiled afresh.
     #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
     let cached = unsafe { Component::deserialize_file(engine, file) };
-    cached
-        .inspect_err(|e| {
-            tracing::warn!("discarding the cached plugin {}: {e}", file.display());
-            let _ = std::fs::remove_file(file);
-        })
-        .ok()
+    cached.map_err(|e| {
+        tracing::warn!("discarding the cached plugin {}: {e}", file.display());
+        let _ = std::fs::remove_file(file);
+        Unloaded::Refused(e)
+    })
 }
 
 /// Whether `file` is a regular file (not a link) of this user's that nobody else can
