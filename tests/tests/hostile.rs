@@ -345,6 +345,21 @@ async fn an_adapter_never_sees_a_secret_so_it_cannot_launder_one() {
     gw.close().await;
 }
 
+/// What an adapter says of a failure is redacted before anyone is shown it, the agent
+/// reading its note on the tool's own error included: it may know a secret it was never
+/// shown (here one the operator put in its configuration too).
+#[tokio::test]
+async fn an_adapters_own_words_are_redacted_where_the_agent_reads_them() {
+    const KEY: &str = "sk-live-13579bdf02468ace";
+    let extra = json!({"env": {"API_KEY": KEY}, "adapter_config": {"mode": "tell-config", "key": KEY}});
+    let gw = hostile("tell-config", extra, json!({})).await;
+    let r = gw.call("a__fail", json!({"message": "no such file"})).await;
+    let answer = text(&r);
+    assert!(answer.contains("[rebound: {") && answer.contains("tell-config"), "{answer}");
+    assert!(!answer.contains(KEY), "{answer}");
+    gw.close().await;
+}
+
 /// A secret a reload brings (here another server's) is hidden at once from an adapter the
 /// reload keeps running.
 #[tokio::test]

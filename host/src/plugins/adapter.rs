@@ -119,6 +119,7 @@ impl Adapter {
         let room = runtime.room(name);
         let mut adapter = Self {
             kv: Kv::counted_in(room.stored.clone()),
+            lane: Lane::within(room.observing.clone()),
             room,
             runtime,
             pre: loaded.pre.clone(),
@@ -130,7 +131,6 @@ impl Adapter {
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::default(),
             health: Arc::default(),
-            lane: Lane::default(),
         };
         let declared = {
             let adapter = &adapter;
@@ -378,12 +378,28 @@ impl Adapter {
         let end = self.after_what_came_before().await;
         let Some(Reply::Classify(refined)) = self.call_by("classify", request, end).await else { return None };
         match check_class(refined?) {
-            Ok(c) => Some(from_class(c, kind)),
+            // Its words may reach the client as they are (a note on the tool's own error):
+            // redacted here, once, whoever shows them, as everything it is shown was.
+            Ok(c) => Some(self.redacted(from_class(c, kind))),
             Err(why) => {
                 self.fault("classify", why, None);
                 None
             }
         }
+    }
+
+    /// `class` with the adapter's own words (its message, a category of its own)
+    /// redacted: it may know a secret (a key in its configuration, one it stored before
+    /// a reload made it secret).
+    fn redacted(&self, mut class: Classification) -> Classification {
+        let secrets = self.secrets();
+        if let Some(message) = &mut class.message {
+            *message = secrets.redact(message).into_owned();
+        }
+        if let Category::Other(name) = &mut class.category {
+            *name = secrets.redact(name).into_owned();
+        }
+        class
     }
 
     /// Asks the adapter for a plan; one over the size limits is a fault (the built-in
