@@ -37,7 +37,8 @@ pub const HOSTCALL_FUEL: usize = 2 << 20;
 /// What one adapter (with all its copies) may hold at once: a share of the pool's
 /// instances, so that one slow adapter never starves the others, and of the plugins'
 /// threads, so that its calls there never wait behind one another, and of the bytes its
-/// stores hold, for however many servers it serves.
+/// stores hold and its successful calls waiting to be shown to it, for however many
+/// servers it serves.
 #[derive(Clone)]
 pub struct Room {
     pub share: Arc<tokio::sync::Semaphore>,
@@ -45,6 +46,9 @@ pub struct Room {
     /// The bytes held by the stores of every copy of the adapter, for every server it
     /// serves (`kv::MAX_ADAPTER_BYTES`).
     pub stored: Arc<std::sync::atomic::AtomicUsize>,
+    /// The bytes of the calls waiting to be observed by every copy of the adapter, for
+    /// every server it serves (`adapter::lane::QUEUE_BYTES`).
+    pub observing: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One call into an adapter.
@@ -316,7 +320,8 @@ impl Runtime {
     /// A room of its own, for a call no adapter's room bounds.
     fn new_room(&self) -> Room {
         let share = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize / 2));
-        Room { share, turns: Arc::new(tokio::sync::Semaphore::new(self.driver.per_adapter())), stored: Arc::default() }
+        let turns = Arc::new(tokio::sync::Semaphore::new(self.driver.per_adapter()));
+        Room { share, turns, stored: Arc::default(), observing: Arc::default() }
     }
 
     /// Runs `request` in a fresh instance of `pre` whose store holds `state`, and stops it

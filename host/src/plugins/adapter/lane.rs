@@ -17,10 +17,11 @@ use crate::weight::Weigher;
 /// Successful calls waiting to be shown; past this they are dropped and counted.
 const QUEUE: usize = 256;
 
-/// The most bytes of text (arguments and results) waiting to be shown, for one adapter
-/// and every session's copy of it together; a call that would take the queue past it is
-/// dropped and counted, so that an adapter slow to observe holds at most this much of
-/// the gateway's memory, however large the answers and however many sessions.
+/// The most bytes of text (arguments and results) waiting to be shown, for one adapter,
+/// every server it serves and every session's copy of it together; a call that would
+/// take the queue past it is dropped and counted, so that an adapter slow to observe
+/// holds at most this much of the gateway's memory, however large the answers and
+/// however many servers and sessions.
 pub const QUEUE_BYTES: usize = 16 << 20;
 
 enum Job {
@@ -39,6 +40,12 @@ pub(super) struct Lane {
 }
 
 impl Lane {
+    /// A lane of its own whose calls count in `queued`, with those of every lane sharing
+    /// it (the adapter's, for all the servers it serves).
+    pub fn within(queued: Arc<AtomicUsize>) -> Self {
+        Self { tx: OnceLock::new(), queued, dropped: Arc::default() }
+    }
+
     /// A lane of its own (its order, its worker) within this one's bytes.
     pub fn sharing(&self) -> Self {
         Self { tx: OnceLock::new(), queued: self.queued.clone(), dropped: self.dropped.clone() }
@@ -182,6 +189,11 @@ mod tests {
         let (tx, _rx) = mpsc::channel(QUEUE);
         copy.queue(|_| tx, call(5 << 20));
         assert_eq!(lane.dropped.load(Ordering::Relaxed), 3, "the copy's call is past the bytes they share");
+        // So is the adapter's lane for another server it serves, its drops its own.
+        let other = Lane::within(lane.queued.clone());
+        let (tx, _rx) = mpsc::channel(QUEUE);
+        other.queue(|_| tx, call(5 << 20));
+        assert_eq!(other.dropped.load(Ordering::Relaxed), 1, "another server's call is past the bytes they share");
     }
 
     /// A call that cannot fit is found so before it is copied, measured no further than
