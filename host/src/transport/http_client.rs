@@ -300,10 +300,10 @@ fn too_heavy() -> String {
 
 /// `events`, each weighed before anything reads it, as a stdio server's line is (64 MiB of
 /// `[0,0,…]` is gigabytes once read): one past [`MAX_MESSAGE_WEIGHT`] becomes, in its
-/// place (its event id kept, for a resumed stream), the error answer to the request it
-/// answered, found by its `id` as it goes by, or nothing for a message that answers
-/// nothing. (An error would end the stream, and rmcp would resume it, to be sent the
-/// same event again.)
+/// place (its event id kept, for a resumed stream), found by its `id` as it goes by, the
+/// error answer to the request it answered, an [`UNREAD_REQUEST`] in place of a request
+/// of the server's, or nothing for a message that answers nothing. (An error would end
+/// the stream, and rmcp would resume it, to be sent the same event again.)
 fn weighed<E>(events: impl Stream<Item = Result<Sse, E>>) -> impl Stream<Item = Result<Sse, E>> {
     events.map_ok(|mut event| {
         let data = event.data.as_deref().unwrap_or_default().as_bytes();
@@ -312,14 +312,34 @@ fn weighed<E>(events: impl Stream<Item = Result<Sse, E>>) -> impl Stream<Item = 
         }
         let mut scan = super::id_scan::IdScan::default();
         scan.feed(data);
-        event.data = scan.finish().answers().flatten().map(|id| {
+        event.data = in_place_of_too_heavy(&scan.finish());
+        event
+    })
+}
+
+/// The method of the request that stands in for a request of a `url` server's too heavy
+/// to read: the gateway's handler of the server's requests refuses it (`-32600`), as a
+/// stdio server's too long a line is refused, so that the server is not left waiting. A
+/// server that sends a request of this method itself has it refused too.
+pub const UNREAD_REQUEST: &str = "rebound/unreadRequest";
+
+/// What a message too heavy to read, `scanned` as it went by, is read as instead.
+fn in_place_of_too_heavy(scanned: &super::id_scan::Scanned) -> Option<String> {
+    let message = match scanned.answers() {
+        Some(answered) => {
             // As a stdio server's answer too long to read: the request ran.
             let data = serde_json::json!({ super::lines::DROPPED_ANSWER: MAX_MESSAGE_WEIGHT });
             let error = rmcp::ErrorData::internal_error(too_heavy(), Some(data));
-            serde_json::to_string(&ServerJsonRpcMessage::error(error, Some(id))).unwrap_or_default()
-        });
-        event
-    })
+            serde_json::to_value(ServerJsonRpcMessage::error(error, Some(answered?))).ok()?
+        }
+        None => serde_json::json!({"jsonrpc": "2.0", "id": scanned.id.clone()?, "method": UNREAD_REQUEST}),
+    };
+    Some(message.to_string())
+}
+
+/// The error a `url` server's request too heavy to read is answered with.
+pub fn unread_request() -> rmcp::ErrorData {
+    rmcp::ErrorData::invalid_request(format!("Invalid Request: {}", too_heavy().replace("message", "request")), None)
 }
 
 /// What a response's body is, by its `Content-Type`.
@@ -779,14 +799,23 @@ mod tests {
             message(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo"}}));
         let client = Tapped::new(Tap::new(Arc::default(), None)).unwrap();
         let uri = server(|| {
-            ([(CONTENT_TYPE, "text/event-stream")], format!("id: 9\ndata: {}\n\ndata: {{}}\n\n", heavy(3)))
-                .into_response()
+            let zeros = vec!["0"; 9 << 20].join(",");
+            let asked =
+                format!(r#"{{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":[{zeros}]}}"#);
+            let events = format!("id: 9\ndata: {}\n\ndata: {asked}\n\ndata: {{}}\n\n", heavy(3));
+            ([(CONTENT_TYPE, "text/event-stream")], events).into_response()
         })
         .await;
         let posted = client.post_message(uri, call, None, None, HashMap::new()).await;
         let Ok(StreamableHttpPostResponse::Sse(events, _)) = posted else { panic!("{posted:?}") };
         let events: Vec<_> = events.collect().await;
-        assert_eq!(events.len(), 2, "the stream goes on");
+        assert_eq!(events.len(), 3, "the stream goes on");
+        // The server's own request too heavy to read is one the gateway's handler refuses.
+        let asked: ServerJsonRpcMessage =
+            serde_json::from_str(events[1].as_ref().unwrap().data.as_deref().unwrap()).expect("read as a request");
+        let JsonRpcMessage::Request(asked) = asked else { panic!("{asked:?}") };
+        assert_eq!(asked.id, rmcp::model::RequestId::String("s1".into()));
+        assert!(matches!(&asked.request, rmcp::model::ServerRequest::CustomRequest(c) if c.method == UNREAD_REQUEST));
         let first = events[0].as_ref().unwrap();
         assert_eq!(first.id.as_deref(), Some("9"), "its event id kept, for a resumed stream");
         let answer: Value = serde_json::from_str(first.data.as_deref().unwrap()).unwrap();

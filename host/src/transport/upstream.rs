@@ -228,6 +228,9 @@ impl ClientHandler for UpstreamHandler {
         request: CustomRequest,
         cx: RequestContext<RoleClient>,
     ) -> Result<CustomResult, ErrorData> {
+        if request.method == super::http_client::UNREAD_REQUEST {
+            return Err(super::http_client::unread_request());
+        }
         match self.ask(UpstreamRequest::Custom(request), &cx).await? {
             ClientResult::CustomResult(r) => Ok(r),
             other => serde_json::to_value(other)
