@@ -481,14 +481,22 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
 /// `max_bytes` to `PATH.1`. Gateways sharing one log (two stdio clients of one
 /// configuration) take turns: each holds the file's lock from its size check to its
 /// write, and one that finds the file moved while it waited writes to the new one. The
-/// log is readable by its owner alone: it quotes every client's failures.
+/// log is readable by its owner alone: it quotes every client's failures. A symbolic link
+/// in the log's place is not followed (whoever could write the log's folder would have
+/// the gateway write to, and take for its own, any file its user may write), and a line
+/// written in part (a full disk) is taken back, so that the next is not glued to it.
 fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     for _ in 0..LOCK_TRIES {
-        let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(path)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(path)?;
         // Another gateway stopped (Ctrl-Z) or hung while holding the lock must not stop
         // this one's writer: a turn is waited for a while, then the entry is dropped.
         let file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
@@ -507,7 +515,7 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
         {
             tracing::debug!("the errors log {} keeps its permissions: {e}", path.display());
         }
-        let current = std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+        let current = std::fs::symlink_metadata(path).map(|m| (m.dev(), m.ino())).ok();
         if current != Some((ours.dev(), ours.ino())) {
             continue; // moved by another gateway while this one waited for the lock
         }
@@ -517,7 +525,11 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
             std::fs::rename(path, rotated)?;
             continue;
         }
-        return (&*file).write_all(line);
+        let written = (&*file).write_all(line);
+        if written.is_err() {
+            let _ = file.set_len(ours.len());
+        }
+        return written;
     }
     Err(std::io::Error::other("another process kept the log locked, or kept moving it"))
 }
@@ -867,6 +879,22 @@ mod tests {
         // 400 lines, rotated once at 300: every one is in one file or the other.
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().lines().count();
         assert_eq!(read(&path) + read(&dir.path().join("errors.jsonl.1")), 400);
+    }
+
+    /// A symbolic link put in the log's place (by whoever can write its folder) is not
+    /// followed: the file it names is neither written nor made the gateway's.
+    #[test]
+    fn a_link_in_the_logs_place_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim.txt");
+        std::fs::write(&victim, "x").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = dir.path().join("errors.jsonl");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        assert!(append(&path, b"{}\n", 1 << 20).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "x");
+        assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o644);
     }
 
     #[tokio::test]

@@ -140,11 +140,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long `rebound status` waits for the gateway's whole answer.
+const STATUS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
     let base = url.trim_end_matches('/').trim_end_matches("/mcp");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let doc: serde_json::Value = runtime.block_on(async {
-        let mut request = reqwest::Client::new().get(format!("{base}/status"));
+        // A wedged gateway, the one an operator most wants to look at, answers nothing:
+        // the command says so rather than wait for ever.
+        let mut request = reqwest::Client::new().get(format!("{base}/status")).timeout(STATUS_WITHIN);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -382,7 +387,9 @@ fn half_the_cores(cores: std::io::Result<std::num::NonZeroUsize>) -> usize {
 
 /// Serves clients over `http` or stdio until the clients go or a signal comes: SIGTERM
 /// and SIGINT stop new calls and answer those in flight first (over HTTP within
-/// `shutdown_grace_ms`; over stdio at once, that the gateway shut down).
+/// `shutdown_grace_ms`; over stdio at once, that the gateway shut down). A second signal
+/// meanwhile ends the wait: the gateway exits at once, and the watchdog stops its
+/// servers.
 async fn run(
     hub: &Arc<Hub>,
     http: Option<std::net::SocketAddr>,
@@ -398,17 +405,17 @@ async fn run(
             None => serve_stdio(hub.clone(), max_in_flight, shutdown.clone()).await,
         }
     };
-    let signals = async {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-        shutdown.cancel();
-    };
     tokio::pin!(serving);
     tokio::select! {
+        r = &mut serving => return r,
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    }
+    shutdown.cancel();
+    tokio::select! {
         r = &mut serving => r,
-        () = signals => serving.await,
+        _ = term.recv() => anyhow::bail!("a second SIGTERM: exiting without waiting for the calls in flight"),
+        _ = int.recv() => anyhow::bail!("a second SIGINT: exiting without waiting for the calls in flight"),
     }
 }
 
