@@ -48,9 +48,18 @@ pub async fn known(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let ip = client_ip(peer.ip(), request.headers(), &front.proxies);
+    let ip = loopback_as_one(client_ip(peer.ip(), request.headers(), &front.proxies));
     request.extensions_mut().insert(ClientIp(ip));
     next.run(request).await
+}
+
+/// `ip`, every loopback address (all of 127.0.0.0/8, `::1`) as one, `127.0.0.1`: any
+/// process on the machine may connect from any of them, and counted apart, one process
+/// using many would take many addresses' shares of what is counted per address, and make
+/// another local client, on `127.0.0.1` alone, the address holding the most sessions,
+/// whose sessions are closed first.
+pub fn loopback_as_one(ip: IpAddr) -> IpAddr {
+    if ip.to_canonical().is_loopback() { IpAddr::V4(std::net::Ipv4Addr::LOCALHOST) } else { ip }
 }
 
 /// The client of a request from `peer` with `headers`: `peer`, unless it is one of the
@@ -121,6 +130,20 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// Every address a process on this machine can connect from is one client: many of
+    /// them give it no more than one.
+    #[test]
+    fn every_loopback_address_is_one_client() {
+        for local in ["127.0.0.1", "127.0.1.9", "127.255.255.254", "::1", "::ffff:127.0.0.2"] {
+            assert_eq!(loopback_as_one(ip(local)), ip("127.0.0.1"), "{local}");
+            let one = super::super::super::http::address_client(loopback_as_one(ip(local)));
+            assert_eq!(one, "address 127.0.0.1", "{local}");
+        }
+        for other in ["10.0.0.1", "2001:db8::1", "::ffff:198.51.100.4", "0.0.0.0"] {
+            assert_eq!(loopback_as_one(ip(other)), ip(other), "{other}");
+        }
     }
 
     fn headers(lines: &[&str]) -> HeaderMap {
