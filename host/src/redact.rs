@@ -111,8 +111,8 @@ impl Secrets {
     /// `newest_first` as secrets, without repeats, keeping the first `own` values whole and
     /// of the rest (earlier configurations') what fits in [`MAX_EARLIER`]. Each is hidden
     /// also as it reads once escaped: inside a JSON string (`\"`, `\\`, and `\u00e9` as
-    /// Python writes what is not ASCII) and percent-decoded (a URL's password as a server
-    /// that parsed the URL prints it).
+    /// Python writes what is not ASCII), percent-decoded (a URL's password as a server
+    /// that parsed the URL prints it) and percent-encoded (a key a server put in a URL).
     pub(crate) fn in_order(newest_first: Vec<String>, own: usize) -> Self {
         let mut seen = std::collections::HashSet::new();
         let (mut earlier, mut bytes) = (0, 0);
@@ -293,6 +293,12 @@ fn as_logged(line: &[u8], secrets: Option<&Secrets>) -> String {
     logged
 }
 
+/// What a URL's encoders leave as it is: RFC 3986's unreserved characters, and `/` too
+/// for a path's (Python's `quote`).
+const UNRESERVED: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const UNRESERVED_AND_SLASH: &percent_encoding::AsciiSet = &UNRESERVED.remove(b'/');
+
 /// `secret` as it reads written plainly and written escaped (see [`Secrets::in_order`]).
 fn as_written(secret: &str) -> Vec<String> {
     let mut forms = vec![secret.to_owned()];
@@ -311,6 +317,11 @@ fn as_written(secret: &str) -> Vec<String> {
     forms.push(json);
     if let Ok(decoded) = percent_encoding::percent_decode_str(secret).decode_utf8() {
         forms.push(decoded.into_owned());
+    }
+    // And percent-encoded, as a server that puts it in a URL writes it (`+` and `/` of a
+    // cloud provider's key as `%2B` and `%2F`), by an encoder that keeps `/` or not.
+    for kept in [UNRESERVED, UNRESERVED_AND_SLASH] {
+        forms.push(percent_encoding::utf8_percent_encode(secret, kept).to_string());
     }
     forms.retain(|f| f.len() >= 3);
     forms.sort();
@@ -419,6 +430,10 @@ mod tests {
         assert_eq!(s.redact(r#"{"pw": "pa\"ss-wörd"}"#), r#"{"pw": "[redacted]"}"#);
         assert_eq!(s.redact(r#"{"pw": "pa\"ss-w\u00f6rd"}"#), r#"{"pw": "[redacted]"}"#);
         assert_eq!(s.redact("login with p@ssw0rd"), "login with [redacted]");
+        // A key with `+`, `/` and `=` in it, as a server writes it in a URL.
+        let s = Secrets::in_order(vec!["ab+c/d=xyz12345".into()], usize::MAX);
+        assert_eq!(s.redact("GET /q?key=ab%2Bc%2Fd%3Dxyz12345&x=1"), "GET /q?key=[redacted]&x=1");
+        assert_eq!(s.redact("GET /ab%2Bc/d%3Dxyz12345/x"), "GET /[redacted]/x");
         // A URL in an `env` value, and short passwords by their name.
         let s = secrets(
             r#"{"mcpServers": {"a": {"command": "a", "env": {"DATABASE_URL": "postgres://me:hunter22@db/app", "DB_PW": "hunter2"}}}}"#,
