@@ -522,7 +522,13 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
         if ours.len() > 0 && ours.len() + line.len() as u64 > max_bytes {
             let mut rotated = path.as_os_str().to_owned();
             rotated.push(".1");
-            std::fs::rename(path, rotated)?;
+            if let Err(e) = std::fs::rename(path, rotated) {
+                // A folder the gateway may not write (a log made for it beforehand, in
+                // `/var/log`): the log starts again in place, rather than take no entry
+                // from now on, and keeps its bound.
+                tracing::warn!("cannot rotate the errors log {} ({e}): emptied in place", path.display());
+                file.set_len(0)?;
+            }
             continue;
         }
         let written = (&*file).write_all(line);
@@ -879,6 +885,23 @@ mod tests {
         // 400 lines, rotated once at 300: every one is in one file or the other.
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().lines().count();
         assert_eq!(read(&path) + read(&dir.path().join("errors.jsonl.1")), 400);
+    }
+
+    /// A log that cannot be rotated (here because a folder is where its `.1` would go;
+    /// in use, because its folder is not the gateway's to write) is emptied in place past
+    /// its cap, and the newest entries are kept.
+    #[test]
+    fn a_log_that_cannot_be_rotated_is_emptied_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        std::fs::create_dir(dir.path().join("errors.jsonl.1")).unwrap();
+        std::fs::write(dir.path().join("errors.jsonl.1/in-the-way"), "").unwrap();
+        let line = |n: usize| format!("{{\"n\":{n:04}}}\n");
+        let size = line(0).len() as u64;
+        let written: Vec<_> = (0..25).map(|n| append(&path, line(n).as_bytes(), size * 10)).collect();
+        assert!(written.iter().all(Result::is_ok), "{written:?}");
+        let kept = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(kept, (20..25).map(line).collect::<String>());
     }
 
     /// A symbolic link put in the log's place (by whoever can write its folder) is not
