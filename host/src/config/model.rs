@@ -171,6 +171,11 @@ impl AdapterGrant {
     pub fn allows_tool(&self, server: &str, tool: &str) -> bool {
         self.tools.iter().any(|p| p.matches(server, tool))
     }
+
+    /// Whether a pattern without `*` names `server/tool` itself.
+    pub fn names_tool(&self, server: &str, tool: &str) -> bool {
+        self.tools.iter().any(|p| p.server == server && p.tool == tool)
+    }
 }
 
 /// A `server/tool` pattern; `*` in either part matches any run of characters.

@@ -287,10 +287,15 @@ pub enum Denial {
     /// The adapter did not declare that it needs this (0.2.0's `declare`), whatever the
     /// configuration grants.
     Undeclared,
+    /// The server marks the tool destructive (`destructiveHint: true`), and the grant
+    /// does not name it: a pattern with `*`, the default grant of the server's own tools
+    /// among them, does not grant a destructive tool.
+    Destructive,
 }
 
 impl Denial {
-    pub const ALL: [Denial; 5] = [Denial::Grant, Denial::Restart, Denial::Calls, Denial::Replay, Denial::Undeclared];
+    pub const ALL: [Denial; 6] =
+        [Denial::Grant, Denial::Restart, Denial::Calls, Denial::Replay, Denial::Undeclared, Denial::Destructive];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -299,6 +304,7 @@ impl Denial {
             Self::Calls => "max-calls",
             Self::Replay => "replay",
             Self::Undeclared => "undeclared",
+            Self::Destructive => "destructive",
         }
     }
 
@@ -310,6 +316,9 @@ impl Denial {
             Self::Calls => "the call's plans already made `rebound.plugin_max_calls` calls",
             Self::Replay => "the tool is not safe to replay and already ran for this call",
             Self::Undeclared => "the adapter did not declare that it needs this (its `declare`), whatever is granted",
+            Self::Destructive => {
+                "the server marks the tool destructive, and `adapter_allow.tools` does not name it (a pattern with `*` grants no destructive tool)"
+            }
         }
     }
 }
@@ -846,7 +855,8 @@ impl Engine {
     }
 
     /// Whether a step an adapter asked for may call `server/tool`: inside its grant and its
-    /// declaration, within the call's plan limit, not a second run of a tool that is
+    /// declaration (a tool its server marks destructive named in the grant itself, not
+    /// matched by a `*`), within the call's plan limit, not a second run of a tool that is
     /// unsafe to replay (one of the call's configured fallbacks, which always run, counts
     /// as run), and with retry budget left on the adapter's own server (so that an
     /// adapter can never spend another server's). Steps from the configuration always may.
@@ -865,6 +875,11 @@ impl Engine {
         let Some(target) = self.servers.get(server) else { return false };
         if !self.permitted(call, record, origin, (server, tool)) {
             return false;
+        }
+        if annotations.is_some_and(|a| a.destructive_hint == Some(true) && a.read_only_hint != Some(true))
+            && !call.policy.grant.names_tool(server, tool)
+        {
+            return deny(call, record, Denial::Destructive, (server, tool));
         }
         if spent.plan_calls >= self.max_plan_calls {
             return deny(call, record, Denial::Calls, (server, tool));

@@ -1209,6 +1209,34 @@ async fn plans_are_bounded_per_client_call() {
     assert_eq!(kinds, HashSet::from([Denial::Replay, Denial::Restart, Denial::Calls]));
 }
 
+/// A tool its server marks destructive is no adapter's to call unless the grant names it:
+/// the default grant of the server's own tools (`s/*`) does not, nor does any `*`.
+#[tokio::test(start_paused = true)]
+async fn an_adapter_calls_a_destructive_tool_only_where_the_grant_names_it() {
+    let destructive = ToolAnnotations::new().read_only(false).destructive(true).idempotent(true);
+    let script = || {
+        let mut up = Script::new(&[("s/a", true), ("s/look", true)]).then("s/a", vec![timeout()]);
+        up.tools.insert("s/wipe".into(), Some(destructive.clone()));
+        up
+    };
+    let side = |tool: &str| Step::SideCall { tool: tool.into(), arguments: JsonObject::new() };
+    let plan = || planner(vec![side("wipe"), side("look")]);
+    let up = script();
+    let e = engine(&[server("s", one_attempt())]);
+    let (_, record) = advised(&e, &up, &plan(), "a").await;
+    assert_eq!(up.calls("s/wipe").len(), 0, "not under the default grant");
+    assert_eq!(up.calls("s/look").len(), 1, "what is not destructive still runs");
+    assert_eq!(record.denied, [Denied { denial: Denial::Destructive, target: "s/wipe".into() }]);
+    assert_eq!(e.policy("s").unwrap().counters.denied[Denial::Destructive as usize].load(Ordering::Relaxed), 1);
+    // Named in the grant, it runs.
+    let up = script();
+    let mut s = server("s", one_attempt());
+    s.adapter_allow.tools = ["s/*", "s/wipe"].map(|p| crate::config::ToolPattern::parse(p).unwrap()).to_vec();
+    let (_, record) = advised(&engine(&[s]), &up, &plan(), "a").await;
+    assert_eq!(up.calls("s/wipe").len(), 1, "{record:?}");
+    assert!(record.denied.is_empty(), "{record:?}");
+}
+
 /// A tool unsafe to replay that is one of the call's configured fallbacks, which always
 /// run, is not the adapter's to call first: it would run twice in one client call.
 #[tokio::test(start_paused = true)]
