@@ -1106,22 +1106,27 @@ impl Engine {
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                self.record_failure(policy, (tool, started), permits, (&failure, &class));
+                // Out of time with less than half its timeout to run in (the call's
+                // deadline cut it short, after a restart waited for, say), an attempt says
+                // nothing of the server: it was not given the time its configuration allows.
+                let cut_short = matches!(failure, Failure::Timeout { .. }) && remaining < timeout / 2;
+                self.record_failure(policy, (tool, started), permits, (&failure, &class), cut_short);
                 Err((failure, class))
             }
         }
     }
 
     /// Records a failed attempt of `tool`, `started` then, on the breakers it was let
-    /// through.
+    /// through; one `cut_short` of its timeout by the call's deadline counts for nothing.
     fn record_failure(
         &self,
         policy: &ServerPolicy,
         (tool, started): (&str, tokio::time::Instant),
         permits: Permits,
         (failure, class): (&Failure, &Classification),
+        cut_short: bool,
     ) {
-        let outcome = if class.counts_for_breaker {
+        let outcome = if class.counts_for_breaker && !cut_short {
             Outcome::Failure
         } else if matches!(failure, Failure::ToolError { .. }) && !class.retryable {
             Outcome::Success

@@ -846,6 +846,23 @@ fn unavailable() -> Result<CallToolResponse, Failure> {
     tool_error("upstream answered 503 Service Unavailable")
 }
 
+/// An attempt the call's deadline left less than half its timeout, which then ran out of
+/// time, says nothing of the server: it does not count for the breakers. One given at
+/// least half does.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_the_deadline_cut_short_does_not_count_against_the_server() {
+    for (deadline_ms, counts) in [(200, false), (300, true)] {
+        let mut r = one_attempt();
+        (r.timeout_ms, r.deadline_ms, r.breaker.failure_threshold) = (500, Some(deadline_ms), 1);
+        let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(), ok("up")]);
+        let e = engine(&[server("s", r)]);
+        run(&e, &up, "read").await;
+        let (ending, _) = run(&e, &up, "read").await;
+        let open = up.calls("s/read").len() == 1;
+        assert_eq!(open, counts, "given {deadline_ms} ms of 500: {}", answered(&ending));
+    }
+}
+
 fn one_attempt() -> RecoveryConfig {
     let mut r = defaults();
     r.retry.max_attempts = 1;
