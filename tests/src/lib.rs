@@ -364,20 +364,8 @@ pub async fn http_client_as(
     url: &str,
     token: Option<&str>,
 ) -> Result<RunningService<RoleClient, TestClient>, String> {
-    http_client_from(client, None, url, token).await
-}
-
-/// [`http_client_as`], connecting from the local address `from` (another loopback
-/// address, `127.0.0.2`, is another client's address to the gateway).
-pub async fn http_client_from(
-    client: TestClient,
-    from: Option<std::net::IpAddr>,
-    url: &str,
-    token: Option<&str>,
-) -> Result<RunningService<RoleClient, TestClient>, String> {
     let config = transport_config(url, token);
-    let http = reqwest::Client::builder().local_address(from).build().map_err(|e| e.to_string())?;
-    http_client_over(client, http, config).await
+    http_client_over(client, reqwest::Client::new(), config).await
 }
 
 /// A client connected through a proxy on this machine that names it `client_ip` in its

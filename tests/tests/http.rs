@@ -1053,16 +1053,24 @@ async fn sessions_are_capped_and_the_least_recently_used_goes_first() {
 }
 
 /// A client that opens session after session closes its own, not another client's:
-/// the sessions closed for room are those of the address holding the most.
+/// the sessions closed for room are those of the address holding the most. (Two
+/// addresses, as a proxy on this machine names them: every loopback address is one.)
 #[tokio::test]
 async fn a_client_opening_sessions_cannot_close_another_clients() {
     let gw = HttpGateway::start(
-        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_sessions": 3}}}),
+        |dir| {
+            let http = json!({"max_sessions": 3, "trusted_proxies": ["127.0.0.1"]});
+            json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": http}})
+        },
         &[],
     )
     .await;
-    let from = |ip: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(ip)).build().unwrap();
-    let (alice, bob) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let from = |ip: &str| {
+        let headers =
+            reqwest::header::HeaderMap::from_iter([("x-forwarded-for".parse().unwrap(), ip.parse().unwrap())]);
+        reqwest::Client::builder().default_headers(headers).build().unwrap()
+    };
+    let (alice, bob) = (from("198.51.100.1"), from("198.51.100.2"));
     let open = |client: &reqwest::Client| {
         let init =
             client.post(gw.url()).header("accept", "application/json, text/event-stream").json(&initialize()).send();
@@ -1673,13 +1681,15 @@ async fn one_client_cannot_take_all_the_room_for_subscriptions_from_the_others()
         |dir| {
             let mut own = faulty("own", dir, &[]);
             own["scope"] = json!("session");
-            json!({"mcpServers": {"a": faulty("a", dir, &[]), "own": own}, "rebound": {"http": {"auth_token": TOKEN}}})
+            let http = json!({"auth_token": TOKEN, "trusted_proxies": ["127.0.0.1"]});
+            json!({"mcpServers": {"a": faulty("a", dir, &[]), "own": own}, "rebound": {"http": http}})
         },
         &[],
     )
     .await;
-    let elsewhere = Some(std::net::IpAddr::from([127, 0, 0, 2]));
-    let bob = rebound_tests::http_client_from(Default::default(), elsewhere, &gw.url(), Some(TOKEN)).await.unwrap();
+    // Another address, as a proxy on this machine names it (every loopback address is
+    // one); Ada's, with no header, is the proxy's own.
+    let bob = rebound_tests::http_client_forwarded("198.51.100.2", &gw.url(), Some(TOKEN)).await.unwrap();
     let (ada, ada_again) = (gw.client(Some(TOKEN)).await.unwrap(), gw.client(Some(TOKEN)).await.unwrap());
     let item = |i: &str| SubscribeRequestParams::new(format!("faulty://a/items/{i}"));
     for i in 0..128 {
