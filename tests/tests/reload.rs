@@ -858,8 +858,11 @@ async fn a_plugins_folder_made_after_the_start_is_watched() {
         std::fs::copy(&built, dir.join("target/plugins/thanos-classify.wasm")).unwrap();
         assert!(until(true).await, "the adapter loaded from the folder {round}");
         // Where the server had none: new adapter code for it (what it may do is the new
-        // adapter's to declare).
-        assert!(gw.log.lock().unwrap().contains("new adapter code for a"), "{round}");
+        // adapter's to declare). Logged as the reload is applied, and read from the
+        // gateway's stderr a moment after the status shows it.
+        let log = gw.log.clone();
+        let said = move || log.lock().unwrap().matches("new adapter code for a").count() >= times;
+        eventually(&format!("the reload logged ({round})"), said).await;
         std::fs::remove_dir_all(dir.join("target")).unwrap();
         assert!(until(false).await, "the adapter gone with the folder");
     }
