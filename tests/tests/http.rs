@@ -1240,6 +1240,54 @@ async fn while_the_gateway_drains_a_2026_client_that_leaves_has_its_call_cancell
     exits_with_the_call_cancelled(gw).await;
 }
 
+/// A client on 2026-07-28 whose call the gateway holds on a server's question may still
+/// answer it while the gateway drains: the call is in flight, and has the grace to finish
+/// as any other. A new call is refused, and the gateway exits once it is done.
+#[tokio::test]
+async fn while_the_gateway_drains_a_2026_client_may_still_answer_its_held_call() {
+    let mut gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"shutdown_grace_ms": 600_000}}}),
+        &[],
+    )
+    .await;
+    let call = |id: u64, back: Value| {
+        let mut meta = modern_meta();
+        meta["io.modelcontextprotocol/clientCapabilities"] = json!({"elicitation": {}});
+        let mut params = json!({"name": "elicit", "arguments": {}, "_meta": meta});
+        params.as_object_mut().unwrap().extend(back.as_object().cloned().unwrap_or_default());
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+        let sent = post(&gw, &request)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "elicit")
+            .send();
+        async move {
+            let answer = sent.await.unwrap();
+            let status = answer.status();
+            let body = answer.text().await.unwrap();
+            let json =
+                body.lines().find_map(|l| l.strip_prefix("data: ").filter(|d| d.starts_with('{'))).unwrap_or(&body);
+            (status, serde_json::from_str::<Value>(json).unwrap_or(Value::Null))
+        }
+    };
+    let (_, asked) = call(1, json!({})).await;
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let key = result["inputRequests"].as_object().unwrap().keys().next().unwrap().clone();
+    let state = result["requestState"].as_str().unwrap().to_owned();
+    gw.sigterm();
+    gw.logged("shutting down: waiting up to").await;
+    let (refused, _) = call(2, json!({})).await;
+    assert_eq!(refused, StatusCode::SERVICE_UNAVAILABLE, "a new call while it drains");
+    let answer = json!({key: {"action": "accept", "content": {"name": "Ada"}}});
+    let (status, done) = call(3, json!({"requestState": state, "inputResponses": answer})).await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let text = done["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("elicited: ") && text.contains("Ada"), "{done}");
+    let exited = tokio::time::timeout(Duration::from_secs(60), gw.child.wait()).await;
+    assert!(exited.expect("exits long before its grace is over").unwrap().success());
+}
+
 /// A gateway whose `hang` runs for as long as it drains (ten minutes), with an errors log.
 async fn draining_with_a_hang_upstream() -> HttpGateway {
     HttpGateway::start(

@@ -392,6 +392,20 @@ impl Held {
     }
 
     /// Takes out the call `state` names, for the same request (`what`) of the same
+    /// How many calls wait for their clients' answers.
+    pub fn waiting(&self) -> usize {
+        self.calls.lock().expect("not poisoned").len()
+    }
+
+    /// Returns once no call waits for its client's answers (answered, or past its time):
+    /// while the gateway drains, a call held is a call in flight, with the grace to
+    /// finish as any other.
+    pub async fn none_waiting(&self) {
+        while self.waiting() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// `client`, with the client's `answers` passed to its server; [`Held::answer`] goes
     /// on with it.
     pub fn resume(

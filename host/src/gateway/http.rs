@@ -160,21 +160,23 @@ fn check_exposure(local: SocketAddr, settings: &HttpSettings) -> Result<()> {
 
 /// Shutdown: new requests are refused (503), those in flight get `grace` to finish, and
 /// so do the tool calls whose client went away (a call goes on without its request) or
-/// cancelled them (one ends as cancelled after its request has closed); the tool calls
-/// still running then are ended with an error result, which is sent before the streams
-/// close, and written to the errors log.
+/// cancelled them (one ends as cancelled after its request has closed), and the calls of
+/// 2026-07-28 clients held for their answers (which the clients may still send); the tool
+/// calls still running then are ended with an error result, which is sent before the
+/// streams close, and written to the errors log.
 async fn drain(front: &Front, grace: Duration) {
     front.limits.draining.store(true, Ordering::SeqCst);
     front.hub.close();
-    let (requests, calls) = (front.limits.in_flight(), front.hub.calls_answering());
-    if requests + calls > 0 {
+    let (requests, calls, held) = (front.limits.in_flight(), front.hub.calls_answering(), front.hub.held.waiting());
+    if requests + calls + held > 0 {
         tracing::info!(
-            "shutting down: waiting up to {} ms for {requests} request(s) in flight and {calls} tool call(s) running",
+            "shutting down: waiting up to {} ms for {requests} request(s) in flight, {calls} tool call(s) running and {held} held for their clients' answers",
             grace.as_millis()
         );
     }
-    // No request in flight, and no tool call's handler still running.
+    // No request in flight, no tool call's handler still running, none held.
     let settled = || async {
+        front.hub.held.none_waiting().await;
         front.limits.drained().await;
         front.hub.all_answered().await;
     };

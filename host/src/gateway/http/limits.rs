@@ -182,13 +182,16 @@ pub(super) enum Probe {
 }
 
 /// Of a request's `params`: whether it has a `task` (not `null`), its `protocolVersion`,
-/// and the requests its `capabilities` say it runs as tasks (an `initialize`'s, which
-/// rmcp's types drop). Whatever `params` is, it reads (what is not an object, as nothing).
+/// the requests its `capabilities` say it runs as tasks (an `initialize`'s, which
+/// rmcp's types drop), and whether its `requestState` is one the gateway made (a
+/// 2026-07-28 client's answer to the questions of a call the gateway holds). Whatever
+/// `params` is, it reads (what is not an object, as nothing).
 #[derive(Default)]
 pub(super) struct ParamsProbe {
     pub task: bool,
     pub protocol_version: Option<String>,
     pub client_tasks: Option<Box<ClientTasks>>,
+    pub resumes_held: bool,
 }
 
 impl<'de> serde::Deserialize<'de> for ParamsProbe {
@@ -210,6 +213,10 @@ impl<'de> serde::Deserialize<'de> for ParamsProbe {
                         "capabilities" => {
                             probe.client_tasks =
                                 ClientTasks::of(&map.next_value::<serde_json::Value>()?["tasks"]).map(Box::new);
+                        }
+                        "requestState" => {
+                            let state = map.next_value::<serde_json::Value>()?;
+                            probe.resumes_held = super::super::held::Held::is_ours(state.as_str());
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -341,6 +348,7 @@ pub(super) async fn limit(
     };
     let (counts, id) = (probe.is_request(), probe.id());
     let opens_session = matches!(probe.request(), Some(("initialize", _)));
+    let resumes_held = matches!(probe.request(), Some(("tools/call", params)) if params.resumes_held);
     mark(&mut parts, &probe);
     let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
@@ -349,7 +357,7 @@ pub(super) async fn limit(
     if !counts {
         return sent_holding(answer_unreadable(next.run(request).await, kept.as_deref(), &front), held);
     }
-    let permit = match admit(&front, &request, (client, opens_session), id) {
+    let permit = match admit(&front, &request, (client, opens_session, resumes_held), id) {
         Ok(permit) => permit,
         Err(refused) => return *refused,
     };
@@ -439,14 +447,16 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
 
 /// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
 /// gateway's or, without one, its client's `address`: refused past `max_concurrent_per_client`, for an id
-/// already in flight in its session, and while the gateway drains. An `initialize`
+/// already in flight in its session, and while the gateway drains, except a 2026-07-28
+/// client's answer to a call the gateway holds (`resumes_held`): that call is in flight,
+/// and has the grace to finish as any other. An `initialize`
 /// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
 /// client's listen requests there, held open, must not keep its neighbours behind one
 /// address from opening sessions.
 fn admit(
     front: &Front,
     request: &Request,
-    (address, opening): (IpAddr, bool),
+    (address, opening, resumes_held): (IpAddr, bool, bool),
     id: Option<serde_json::Value>,
 ) -> Result<ClientPermit, Box<Response>> {
     // Only a session of the gateway's: rmcp serves a 2026-07-28 request without one,
@@ -484,7 +494,7 @@ fn admit(
     };
     // After the permit is counted, so that a drain that has begun either sees it or
     // has already refused it.
-    if front.limits.draining.load(Ordering::SeqCst) {
+    if front.limits.draining.load(Ordering::SeqCst) && !resumes_held {
         drop(permit);
         return Err(Box::new(shutting_down()));
     }
