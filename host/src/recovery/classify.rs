@@ -178,10 +178,50 @@ pub fn classify_sent(
     sent: Option<&serde_json::Map<String, serde_json::Value>>,
     now: SystemTime,
 ) -> Classification {
-    // Arguments past what is read for echoes could hide any text in what was not read:
-    // every word that classifies a text which they hold anywhere is taken out instead.
-    let echoes = sent.map_or_else(Vec::new, |sent| echoes(sent).unwrap_or_else(|| words_in(sent)));
-    classified(failure, now, &|text| without(text, &echoes))
+    classified(failure, now, &Reading { sent, echoes: Default::default(), unread: Default::default() })
+}
+
+/// How a failure's text is read, given what the caller sent: with the caller's echoes
+/// taken out, or, for arguments past what is read for echoes (which could hide any text
+/// in what was not read), without acting on any word of the reading's the caller wrote
+/// anywhere ([`words_in`]). Each is found only when a text is read (a timeout's never
+/// is), and once.
+struct Reading<'a> {
+    sent: Option<&'a serde_json::Map<String, serde_json::Value>>,
+    echoes: std::cell::OnceCell<Option<Vec<String>>>,
+    unread: std::cell::OnceCell<Unread>,
+}
+
+impl Reading<'_> {
+    /// `text` with the caller's echoes taken out.
+    fn text(&self, text: String) -> String {
+        match self.echoes() {
+            Some(echoes) => without(text, echoes),
+            None => text,
+        }
+    }
+
+    fn echoes(&self) -> Option<&[String]> {
+        self.echoes.get_or_init(|| self.sent.map_or(Some(Vec::new()), echoes)).as_deref()
+    }
+
+    /// The words of the reading's not to act on.
+    fn unread(&self) -> &Unread {
+        self.unread.get_or_init(|| match (self.echoes(), self.sent) {
+            (None, Some(sent)) => words_in(sent),
+            _ => Unread::default(),
+        })
+    }
+}
+
+/// Words of the reading's (its lists below) that it passes over in a failure's text.
+#[derive(Debug, Default)]
+struct Unread(Vec<&'static str>);
+
+impl Unread {
+    fn skips(&self, word: &str) -> bool {
+        self.0.contains(&word)
+    }
 }
 
 /// The most of a call's argument values read for [`echoes`], and the most taken out.
@@ -197,8 +237,12 @@ const MAX_ECHOES: usize = 256;
 /// was left unread could be anything ([`words_in`] reads it).
 fn echoes(sent: &serde_json::Map<String, serde_json::Value>) -> Option<Vec<String>> {
     use serde_json::Value;
-    let says =
-        |s: &str| from_text(s, SystemTime::UNIX_EPOCH).is_some() || mentions_unknown_tool(s) || refuses_arguments(s);
+    let none = Unread::default();
+    let says = |s: &str| {
+        from_text(s, SystemTime::UNIX_EPOCH, &none).is_some()
+            || mentions_unknown_tool(s, &none)
+            || refuses_arguments(s, &none)
+    };
     let mut found = Vec::new();
     let keep = |s: &str, found: &mut Vec<String>| {
         if says(s) {
@@ -256,7 +300,7 @@ fn without(mut text: String, echoes: &[String]) -> String {
     text
 }
 
-fn classified(failure: &Failure, now: SystemTime, clean: &dyn Fn(String) -> String) -> Classification {
+fn classified(failure: &Failure, now: SystemTime, reading: &Reading<'_>) -> Classification {
     use Category as C;
     use Kind::{Bug, Config, User};
     use Severity::{High, Low, Medium};
@@ -304,27 +348,29 @@ fn classified(failure: &Failure, now: SystemTime, clean: &dyn Fn(String) -> Stri
         Failure::Internal { .. } => C::Other("internal".into()).with(false, false, Severity::Critical, Bug),
         Failure::Protocol { .. } => C::Protocol.with(false, true, High, Bug),
         Failure::Rpc { code, message, data } => {
-            let text = clean(format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default()));
+            let text = reading.text(format!("{message} {}", data.as_ref().map(|d| d.to_string()).unwrap_or_default()));
+            let unread = reading.unread();
             match *code {
                 // The server answered that the request timed out behind it.
                 ABORTED => C::Timeout.with(true, true, High, Bug),
                 -32700 | -32600 => C::Protocol.with(false, true, High, Bug),
                 -32601 => C::Capability.with(false, false, Medium, Config),
                 // SDKs answer an unknown tool name with -32602 too.
-                -32602 if mentions_unknown_tool(&text) => C::ToolNotFound.with(true, false, Medium, Config),
+                -32602 if mentions_unknown_tool(&text, unread) => C::ToolNotFound.with(true, false, Medium, Config),
                 -32602 => C::ToolValidation.with(false, false, Low, User),
                 -32002 => C::ToolExecution.with(false, false, Medium, User),
-                _ => from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, Bug)),
+                _ => from_text(&text, now, unread).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, Bug)),
             }
         }
         Failure::ToolError { result } => {
-            let text = clean(failure_text(failure, result));
-            if refuses_arguments(&clean(failure.message())) {
+            let text = reading.text(failure_text(failure, result));
+            let unread = reading.unread();
+            if refuses_arguments(&reading.text(failure.message()), unread) {
                 return C::ToolValidation.with(false, false, Low, User);
             }
             // A tool that reports its own error is a healthy server saying no, unless
             // the text says the trouble is an outage or transient.
-            from_text(&text, now).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
+            from_text(&text, now, unread).unwrap_or_else(|| C::ToolExecution.with(false, false, Medium, User))
         }
     }
 }
@@ -334,13 +380,15 @@ fn classified(failure: &Failure, now: SystemTime, clean: &dyn Fn(String) -> Stri
 /// arguments for tool NAME: ..." and Python's "Error executing tool NAME: 1 validation
 /// error for NAMEArguments ..." (pydantic's). The agent is to fix its call; another tool
 /// would get the same arguments.
-fn refuses_arguments(text: &str) -> bool {
+fn refuses_arguments(text: &str, unread: &Unread) -> bool {
     // pydantic names the model it validated ("1 validation error for M", "2 validation
     // errors for M"): the SDK's is `<tool>Arguments`.
     let model = |rest: &str| rest.split(char::is_whitespace).next().is_some_and(|m| m.ends_with("Arguments"));
-    let pydantic =
-        [" validation error for ", " validation errors for "].iter().any(|said| text.split(said).skip(1).any(model));
-    text.contains("Input validation error: Invalid arguments for tool ") || pydantic
+    let saids = [" validation error for ", " validation errors for "].into_iter().filter(|said| !unread.skips(said));
+    let pydantic = saids.into_iter().any(|said| text.split(said).skip(1).any(model));
+    let typescript =
+        !unread.skips("input validation error") && text.contains("Input validation error: Invalid arguments for tool ");
+    typescript || pydantic
 }
 
 /// The tool's error text, and its structured content, where hints may hide.
@@ -353,9 +401,10 @@ fn failure_text(failure: &Failure, result: &rmcp::model::CallToolResult) -> Stri
     text
 }
 
-fn mentions_unknown_tool(text: &str) -> bool {
+fn mentions_unknown_tool(text: &str, unread: &Unread) -> bool {
     let t = text.to_ascii_lowercase();
-    (t.contains("tool") && (t.contains("not found") || t.contains("unknown"))) || t.contains("no such tool")
+    let has = |word: &str| !unread.skips(word) && t.contains(word);
+    (has("tool") && (has("not found") || has("unknown"))) || has("no such tool")
 }
 
 /// Outages and transient conditions recognised in free text (HTTP status codes, common
@@ -367,12 +416,12 @@ fn mentions_unknown_tool(text: &str) -> bool {
 /// trips that tool's breaker first and leaves the server's other tools, often the
 /// alternatives (`lean_leansearch` → `lean_loogle`), serving. A rate limit does not count:
 /// the server is healthy and asked to be called later.
-fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
+fn from_text(text: &str, now: SystemTime, unread: &Unread) -> Option<Classification> {
     use Category as C;
     use Kind::Bug;
     use Severity::{High, Medium};
     let t = text.to_ascii_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| says(&t, w));
+    let has = |words: &[&str]| words.iter().any(|w| !unread.skips(w) && says(&t, w));
     let mut c = if has(RATE_LIMITED) {
         C::RateLimit.with(true, false, Medium, Bug)
     } else if has(UNAVAILABLE) {
@@ -384,7 +433,7 @@ fn from_text(text: &str, now: SystemTime) -> Option<Classification> {
     } else {
         return None;
     };
-    c.retry_after = retry_after::parse(text, now);
+    c.retry_after = retry_after::parse_without(text, now, |key| unread.skips(key));
     Some(c)
 }
 
@@ -411,19 +460,47 @@ fn says(lower: &str, word: &str) -> bool {
     })
 }
 
-/// Every word that classifies a failure's text which the caller wrote itself somewhere
-/// in `sent`: what stands in for [`echoes`] when `sent` is past what is read for them.
-/// The whole of `sent` is searched (written out, in lower case), so nothing the caller
-/// ordered first can hide what follows; a word found is then not read in the failure's
-/// text, wherever it is in it, and the rest of the text still classifies (a bulk-data
-/// tool's real "service unavailable" does, unless its arguments hold those words too).
-fn words_in(sent: &serde_json::Map<String, serde_json::Value>) -> Vec<String> {
-    let written = serde_json::to_string(sent).unwrap_or_default().to_ascii_lowercase();
+/// Every word of the reading's that the caller wrote itself somewhere in `sent` (in a
+/// string, a number or a key, in any case): what stands in for [`echoes`] when `sent` is
+/// past what is read for them. All of `sent` is searched, so nothing the caller ordered
+/// first can hide what follows; a word found is passed over wherever it is in the
+/// failure's text, and the rest of the text still classifies (a bulk-data tool's real
+/// "service unavailable" does, unless its arguments hold those words too). Nothing is
+/// taken out of the text: taking out a word could join what was on either side of it
+/// into another (`tool503tool`).
+fn words_in(sent: &serde_json::Map<String, serde_json::Value>) -> Unread {
+    use serde_json::Value;
     let words = [RATE_LIMITED, UNAVAILABLE, TIMED_OUT, UNREACHABLE, UNKNOWN_TOOL, REFUSED, &retry_after::KEYS];
-    let mut found: Vec<String> =
-        words.into_iter().flatten().filter(|w| says(&written, w)).map(|w| (*w).to_owned()).collect();
-    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
-    found
+    let mut left: Vec<&'static str> = words.into_iter().flatten().copied().collect();
+    let mut found = Vec::new();
+    let mut look = |s: &str| {
+        let lower = s.to_ascii_lowercase();
+        let (said, rest): (Vec<&'static str>, _) = left.iter().partition(|w| says(&lower, w));
+        found.extend(said);
+        left = rest;
+        left.is_empty()
+    };
+    let mut pending: Vec<(Option<&String>, &Value)> = sent.iter().map(|(k, v)| (Some(k), v)).collect();
+    while let Some((key, value)) = pending.pop() {
+        let done = key.is_some_and(|k| look(k))
+            || match value {
+                Value::String(s) => look(s),
+                Value::Number(n) => look(&n.to_string()),
+                Value::Array(items) => {
+                    pending.extend(items.iter().map(|v| (None, v)));
+                    false
+                }
+                Value::Object(map) => {
+                    pending.extend(map.iter().map(|(k, v)| (Some(k), v)));
+                    false
+                }
+                Value::Bool(_) | Value::Null => false,
+            };
+        if done {
+            break;
+        }
+    }
+    Unread(found)
 }
 
 impl Category {
@@ -521,6 +598,11 @@ mod tests {
         assert_eq!((c.category, c.counts_for_breaker), (Category::ServerUnavailable, true));
         let c = classify_sent(&tool_error("rate limit exceeded, retry after 30"), bulk, now);
         assert_eq!((c.category, c.retry_after), (Category::RateLimit, Some(Duration::from_secs(30))));
+        // Nothing is taken out of the text, so nothing the caller wrote around a word it
+        // also sent is joined into another ("tool503tool" would read " 503 ").
+        let joined = serde_json::json!({"rows": vec![0; MAX_READ + 1], "q": "tool503tool", "r": "tool"});
+        let c = classify_sent(&tool_error("no such file: tool503tool"), joined.as_object(), now);
+        assert_eq!((c.category, c.counts_for_breaker), (Category::ToolExecution, false));
         // A hint the caller wrote is not the server's.
         let hinted = serde_json::json!({"rows": vec![0; MAX_READ + 1], "note": "retry after 86400"});
         let c = classify_sent(&tool_error("rate limit exceeded, retry after 86400"), hinted.as_object(), now);

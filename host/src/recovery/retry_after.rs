@@ -14,11 +14,17 @@ pub const MAX: Duration = Duration::from_secs(24 * 3600);
 /// 250ms`, `retry_after_seconds: 1.5`, `"retryAfter": 2`, or an HTTP date after
 /// `Retry-After:`. `now` is the wall clock, for dates.
 pub fn parse(text: &str, now: SystemTime) -> Option<Duration> {
+    parse_without(text, now, |_| false)
+}
+
+/// [`parse`], passing over the keys `skips` says (a caller's own words, which are not
+/// the server's hint).
+pub fn parse_without(text: &str, now: SystemTime, skips: impl Fn(&str) -> bool) -> Option<Duration> {
     // A hint is near the start of what a server says; reading a bounded prefix keeps a
     // huge error text from costing more than a bounded scan.
     let text = prefix(text, SCAN_BYTES);
     let lower = text.to_ascii_lowercase();
-    for key in KEYS {
+    for key in KEYS.into_iter().filter(|key| !skips(key)) {
         let mut from = 0;
         while let Some(i) = lower[from..].find(key) {
             let start = from + i + key.len();
