@@ -73,8 +73,10 @@ pub fn compile_apart(bytes: &[u8], out: &Path, timeout: Duration) -> Result<(), 
         .arg(out)
         .arg(std::process::id().to_string())
         // Nothing of the gateway's environment (where the servers' `${VAR}` secrets come
-        // from) reaches the process that reads what a plugin's author wrote.
+        // from) reaches the process that reads what a plugin's author wrote, but the one
+        // variable wasmtime's settings read, which its compiled code must match.
         .env_clear()
+        .envs(std::env::vars_os().filter(|(name, _)| name == "WASMTIME_BACKTRACE_DETAILS"))
         // Its compiler threads' stacks count towards its memory limit.
         .env("RAYON_NUM_THREADS", threads.to_string())
         .stdin(Stdio::piped())

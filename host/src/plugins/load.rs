@@ -449,18 +449,20 @@ fn install(engine: &wasmtime::Engine, tmp: &Path, file: &Path) -> Result<Compone
 }
 
 /// The compiled code a compiler process wrote to `file`, in a temporary folder of this
-/// user's alone: read into memory, not mapped from the file (a temporary folder is often
-/// on a filesystem where code cannot be mapped to run, `noexec`).
+/// user's alone, or a cache entry that could not be mapped: read into memory, not mapped
+/// from the file (a temporary folder is often on a filesystem where code cannot be mapped
+/// to run, `noexec`).
 fn read_compiled(engine: &wasmtime::Engine, file: &Path) -> Result<Component, Unloaded> {
     if !cached_entry_is_ours(file) {
         return Err(Unloaded::NotRead);
     }
     let compiled = std::fs::read(file).map_err(|_| Unloaded::NotRead)?;
     // SAFETY: the file is a regular file of this user's (checked right above) in a folder
-    // made for this compile that only this user can enter, written by a compiler process
-    // (this same binary, `compiler::run`) with `Component::serialize` for this engine's
-    // settings; wasmtime checks the header against this engine too.
-    #[allow(unsafe_code, reason = "loading the component our own compiler process just compiled")]
+    // made for this compile that only this user can enter, or in the cache, a folder only
+    // this user can write (`load_cached`), written by a compiler process (this same
+    // binary, `compiler::run`) or by `compile`, with `Component::serialize` for this
+    // engine's settings; wasmtime checks the header against this engine too.
+    #[allow(unsafe_code, reason = "loading the component our own compiler process compiled")]
     let loaded = unsafe { Component::deserialize(engine, &compiled) };
     loaded.map_err(Unloaded::Refused)
 }
@@ -484,10 +486,11 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Result<Component, Unlo
     // header against this engine too, and an entry that fails to load is compiled afresh.
     #[allow(unsafe_code, reason = "loading our own cached, compiled component")]
     let cached = unsafe { Component::deserialize_file(engine, file) };
-    cached.map_err(|e| {
-        tracing::warn!("discarding the cached plugin {}: {e}", file.display());
+    // Mapped from the file where it can be, else read into memory (a cache on a
+    // `noexec` file system cannot be mapped to run): refused only when that fails too.
+    cached.or_else(|_| read_compiled(engine, file)).inspect_err(|e| {
+        tracing::warn!("discarding the cached plugin {}: {e:?}", file.display());
         let _ = std::fs::remove_file(file);
-        Unloaded::Refused(e)
     })
 }
 
