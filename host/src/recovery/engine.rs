@@ -1106,10 +1106,12 @@ impl Engine {
             }
             Err(failure) => {
                 let (failure, class) = failed(failure);
-                // Out of time with less than half its timeout to run in (the call's
-                // deadline cut it short, after a restart waited for, say), an attempt says
-                // nothing of the server: it was not given the time its configuration allows.
-                let cut_short = matches!(failure, Failure::Timeout { .. }) && remaining < timeout / 2;
+                // Out of time with less than half the time its configuration allows it
+                // (its timeout, or a shorter configured deadline) to run in, the rest of
+                // the call's deadline spent (a restart waited for, say), an attempt says
+                // nothing of the server.
+                let allowed = policy.recovery.deadline_ms.map_or(timeout, |d| timeout.min(Duration::from_millis(d)));
+                let cut_short = matches!(failure, Failure::Timeout { .. }) && remaining < allowed / 2;
                 self.record_failure(policy, (tool, started), permits, (&failure, &class), cut_short);
                 Err((failure, class))
             }

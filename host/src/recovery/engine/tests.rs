@@ -846,20 +846,25 @@ fn unavailable() -> Result<CallToolResponse, Failure> {
     tool_error("upstream answered 503 Service Unavailable")
 }
 
-/// An attempt the call's deadline left less than half its timeout, which then ran out of
-/// time, says nothing of the server: it does not count for the breakers. One given at
-/// least half does.
+/// An attempt the call's deadline left less than half the time its configuration allows
+/// it, which then ran out of time, says nothing of the server: it does not count for the
+/// breakers. One given at least half does.
 #[tokio::test(start_paused = true)]
 async fn a_timeout_the_deadline_cut_short_does_not_count_against_the_server() {
-    for (deadline_ms, counts) in [(200, false), (300, true)] {
+    // (A deadline configured shorter than the timeout is all an attempt is allowed: one
+    // given the whole of it counts.)
+    for (deadline_ms, spent_ms, counts) in [(1000, 0, true), (1000, 300, true), (1000, 800, false), (200, 0, true)] {
         let mut r = one_attempt();
         (r.timeout_ms, r.deadline_ms, r.breaker.failure_threshold) = (500, Some(deadline_ms), 1);
         let up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout(), ok("up")]);
         let e = engine(&[server("s", r)]);
-        run(&e, &up, "read").await;
+        let policy = e.policy("s").unwrap();
+        let call = (&up, policy, ("s", "read", Role::Primary, Blame::Server));
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(deadline_ms - spent_ms);
+        let _ = e.attempt(call.0, call.1, call.2, &None, Duration::from_millis(500), deadline).await;
         let (ending, _) = run(&e, &up, "read").await;
         let open = up.calls("s/read").len() == 1;
-        assert_eq!(open, counts, "given {deadline_ms} ms of 500: {}", answered(&ending));
+        assert_eq!(open, counts, "{spent_ms} ms of {deadline_ms} spent: {}", answered(&ending));
     }
 }
 
