@@ -412,11 +412,17 @@ async fn run(
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
     }
     shutdown.cancel();
-    tokio::select! {
-        r = &mut serving => r,
-        _ = term.recv() => anyhow::bail!("a second SIGTERM: exiting without waiting for the calls in flight"),
-        _ = int.recv() => anyhow::bail!("a second SIGINT: exiting without waiting for the calls in flight"),
-    }
+    let again = tokio::select! {
+        r = &mut serving => return r,
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    // At once: not even the servers' stop sequence, which the watchdog takes over when
+    // this process is gone, nor the log's flush (so said on stderr itself).
+    eprintln!(
+        "rebound: a second {again}: exiting without waiting for the calls in flight; the watchdog stops the servers"
+    );
+    std::process::exit(1)
 }
 
 /// `log` is the log's writer: finished (so flushed) before the process exits.

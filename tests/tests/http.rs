@@ -1288,6 +1288,28 @@ async fn while_the_gateway_drains_a_2026_client_may_still_answer_its_held_call()
     assert!(exited.expect("exits long before its grace is over").unwrap().success());
 }
 
+/// A second SIGTERM while the gateway drains (here for ten minutes, a call hanging) ends
+/// the wait: the gateway exits at once, saying so.
+#[tokio::test]
+async fn a_second_sigterm_ends_the_drain_at_once() {
+    let mut gw = draining_with_a_hang_upstream().await;
+    let params = json!({"name": "hang", "arguments": {}, "_meta": modern_meta()});
+    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
+    let call = post(&gw, &request)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "hang");
+    let _waiting = tokio::spawn(async move { call.send().await });
+    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
+    gw.sigterm();
+    gw.logged("shutting down: waiting up to").await;
+    gw.sigterm();
+    let exited = tokio::time::timeout(Duration::from_secs(30), gw.child.wait()).await;
+    let status = exited.expect("exits at once, not after its ten minutes of grace").unwrap();
+    assert!(!status.success(), "{status}");
+    gw.logged("a second SIGTERM: exiting without waiting").await;
+}
+
 /// A gateway whose `hang` runs for as long as it drains (ten minutes), with an errors log.
 async fn draining_with_a_hang_upstream() -> HttpGateway {
     HttpGateway::start(
