@@ -364,14 +364,16 @@ fn compile(runtime: &Runtime, bytes: &[u8]) -> anyhow::Result<(Component, bool)>
 }
 
 /// Why compiled code was not loaded.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum Unloaded {
     /// It was not stored or could not be read: nothing is said of the component.
+    #[error("it could not be stored or read")]
     NotRead,
     /// wasmtime refused it: past what the gateway's engine allows (the instance pool's
     /// memories, tables and instances, which only the gateway's engine checks). The
     /// component's fault: compiling it again, in the gateway, would only be refused again
     /// once compiled, with none of the compiler process's bounds on the way.
+    #[error("{0}")]
     Refused(wasmtime::Error),
 }
 
@@ -489,7 +491,7 @@ fn load_cached(engine: &wasmtime::Engine, file: &Path) -> Result<Component, Unlo
     // Mapped from the file where it can be, else read into memory (a cache on a
     // `noexec` file system cannot be mapped to run): refused only when that fails too.
     cached.or_else(|_| read_compiled(engine, file)).inspect_err(|e| {
-        tracing::warn!("discarding the cached plugin {}: {e:?}", file.display());
+        tracing::warn!("discarding the cached plugin {}: {e}", file.display());
         let _ = std::fs::remove_file(file);
     })
 }

@@ -384,8 +384,9 @@ fn refuses_arguments(text: &str, unread: &Unread) -> bool {
     // pydantic names the model it validated ("1 validation error for M", "2 validation
     // errors for M"): the SDK's is `<tool>Arguments`.
     let model = |rest: &str| rest.split(char::is_whitespace).next().is_some_and(|m| m.ends_with("Arguments"));
-    let saids = [" validation error for ", " validation errors for "].into_iter().filter(|said| !unread.skips(said));
-    let pydantic = saids.into_iter().any(|said| text.split(said).skip(1).any(model));
+    let mut saids =
+        [" validation error for ", " validation errors for "].into_iter().filter(|said| !unread.skips(said));
+    let pydantic = saids.any(|said| text.split(said).skip(1).any(model));
     let typescript =
         !unread.skips("input validation error") && text.contains("Input validation error: Invalid arguments for tool ");
     typescript || pydantic
