@@ -391,7 +391,6 @@ impl Held {
         }
     }
 
-    /// Takes out the call `state` names, for the same request (`what`) of the same
     /// How many calls wait for their clients' answers.
     pub fn waiting(&self) -> usize {
         self.calls.lock().expect("not poisoned").len()
@@ -406,6 +405,7 @@ impl Held {
         }
     }
 
+    /// Takes out the call `state` names, for the same request (`what`) of the same
     /// `client`, with the client's `answers` passed to its server; [`Held::answer`] goes
     /// on with it.
     pub fn resume(
