@@ -66,6 +66,18 @@ fn listen(gw: &HttpGateway, id: u32, resource: &str) -> reqwest::RequestBuilder 
     post(gw, &listen).header("mcp-protocol-version", "2026-07-28").header("mcp-method", "subscriptions/listen")
 }
 
+/// A raw 2026-07-28 client's `tools/call` (request `id`) of `tool`, its `params` with
+/// `extra` added (a `_meta` of its own, a `requestState` sent back).
+fn modern_call(gw: &HttpGateway, id: u64, tool: &str, extra: Value) -> reqwest::RequestBuilder {
+    let mut params = json!({"name": tool, "arguments": {}, "_meta": modern_meta()});
+    params.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+    post(gw, &request)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+}
+
 /// `GET /readyz`, with `token` as the bearer token: its status and its body.
 async fn readyz(gw: &HttpGateway, token: Option<&str>) -> (StatusCode, Value) {
     let mut get = reqwest::Client::new().get(format!("{}/readyz", gw.base));
@@ -1225,17 +1237,7 @@ async fn while_the_gateway_drains_a_client_can_still_cancel_its_call() {
 #[tokio::test]
 async fn while_the_gateway_drains_a_2026_client_that_leaves_has_its_call_cancelled() {
     let gw = draining_with_a_hang_upstream().await;
-    let params = json!({"name": "hang", "arguments": {}, "_meta": modern_meta()});
-    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
-    let call = post(&gw, &request)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "hang");
-    // Reads its answer until it leaves.
-    let waiting = tokio::spawn(async move { call.send().await.unwrap().text().await });
-    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
-    gw.sigterm();
-    gw.logged("shutting down: waiting up to").await;
+    let waiting = hanging_as_it_drains(&gw).await;
     waiting.abort(); // its connection closes
     exits_with_the_call_cancelled(gw).await;
 }
@@ -1253,14 +1255,9 @@ async fn while_the_gateway_drains_a_2026_client_may_still_answer_its_held_call()
     let call = |id: u64, back: Value| {
         let mut meta = modern_meta();
         meta["io.modelcontextprotocol/clientCapabilities"] = json!({"elicitation": {}});
-        let mut params = json!({"name": "elicit", "arguments": {}, "_meta": meta});
-        params.as_object_mut().unwrap().extend(back.as_object().cloned().unwrap_or_default());
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
-        let sent = post(&gw, &request)
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", "elicit")
-            .send();
+        let mut extra = json!({"_meta": meta});
+        extra.as_object_mut().unwrap().extend(back.as_object().cloned().unwrap_or_default());
+        let sent = modern_call(&gw, id, "elicit", extra).send();
         async move {
             let answer = sent.await.unwrap();
             let status = answer.status();
@@ -1293,21 +1290,23 @@ async fn while_the_gateway_drains_a_2026_client_may_still_answer_its_held_call()
 #[tokio::test]
 async fn a_second_sigterm_ends_the_drain_at_once() {
     let mut gw = draining_with_a_hang_upstream().await;
-    let params = json!({"name": "hang", "arguments": {}, "_meta": modern_meta()});
-    let request = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
-    let call = post(&gw, &request)
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", "tools/call")
-        .header("mcp-name", "hang");
-    let _waiting = tokio::spawn(async move { call.send().await });
-    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
-    gw.sigterm();
-    gw.logged("shutting down: waiting up to").await;
+    let _waiting = hanging_as_it_drains(&gw).await;
     gw.sigterm();
     let exited = tokio::time::timeout(Duration::from_secs(30), gw.child.wait()).await;
     let status = exited.expect("exits at once, not after its ten minutes of grace").unwrap();
     assert!(!status.success(), "{status}");
     gw.logged("a second SIGTERM: exiting without waiting").await;
+}
+
+/// A 2026-07-28 client's call of `hang` on `gw`, its answer read on a task of its own
+/// (returned), and `gw` sent SIGTERM once the call is upstream: it drains.
+async fn hanging_as_it_drains(gw: &HttpGateway) -> tokio::task::JoinHandle<reqwest::Result<String>> {
+    let call = modern_call(gw, 1, "hang", json!({}));
+    let waiting = tokio::spawn(async move { call.send().await?.text().await });
+    eventually("the call upstream", || gw.state("a", "calls").contains(&"hang".to_owned())).await;
+    gw.sigterm();
+    gw.logged("shutting down: waiting up to").await;
+    waiting
 }
 
 /// A gateway whose `hang` runs for as long as it drains (ten minutes), with an errors log.
