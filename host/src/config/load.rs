@@ -143,8 +143,12 @@ pub fn parse(text: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> R
             "keep the settings many servers share here, and a server's own tools and fallbacks under its own `recovery`",
         ));
     }
-    // Checked alone so that a mistake in the defaults is reported where it is written.
-    let _: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
+    // Checked alone so that a mistake in the defaults is reported where it is written (the
+    // keys' relations, `initial_delay_ms` to `max_delay_ms` and the like, only once a
+    // server's own keys are over them).
+    let alone: RecoveryConfig = ctx.typed("rebound.defaults.recovery", defaults.clone())?;
+    ctx.check_bounds("rebound.defaults.recovery", &alone)?;
+    ctx.check_ratios("rebound.defaults.recovery", &alone)?;
 
     let plugins_dir = resolve(&base, raw.plugins_dir.clone().unwrap_or_else(|| "target/plugins".into()));
     let servers = ctx.servers(root.remove("mcpServers"), &defaults, &base, &plugins_dir, &mut warnings)?;
@@ -516,7 +520,9 @@ impl Ctx<'_> {
             merge(&mut recovery, own);
         }
         let recovery: RecoveryConfig = self.typed(&format!("{key}.recovery"), recovery)?;
-        self.check_recovery(&format!("{key}.recovery"), &recovery)?;
+        self.check_bounds(&format!("{key}.recovery"), &recovery)?;
+        self.check_ratios(&format!("{key}.recovery"), &recovery)?;
+        self.check_relations(&format!("{key}.recovery"), &recovery)?;
         Ok(recovery)
     }
 
@@ -982,9 +988,10 @@ impl Ctx<'_> {
         Err(self.err(key, format!("unknown adapter \"{name}\": no {name}.wasm"), available))
     }
 
-    fn check_recovery(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
-        // Times past a day, and counts past what any server needs, are typos: a call
-        // would be held (and a replaced process kept for it) for years.
+    /// Each number of `r` within its bounds: times past a day, and counts past what any
+    /// server needs, are typos (a call would be held, and a replaced process kept for it,
+    /// for years).
+    fn check_bounds(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
         const DAY: u64 = 86_400_000;
         let bounded = |k: &str, v: u64, max: u64, default: &str| {
             let (message, fix) = match v {
@@ -1001,19 +1008,24 @@ impl Ctx<'_> {
         bounded("breaker.success_threshold", r.breaker.success_threshold.into(), 1_000_000, "2")?;
         bounded("breaker.half_open_max_calls", r.breaker.half_open_max_calls.into(), 1_000_000, "1")?;
         if let Some(d) = r.deadline_ms {
-            bounded("deadline_ms", d, DAY, "timeout_ms × retry.max_attempts plus the backoff cap")?;
+            let derived = "timeout_ms × retry.max_attempts, plus the backoff cap and each fallback's timeout";
+            bounded("deadline_ms", d, DAY, derived)?;
         }
         bounded("breaker.window_ms", r.breaker.window_ms, DAY, "60000")?;
+        bounded("breaker.open_ms", r.breaker.open_ms.max(1), DAY, "60000")?;
         bounded("breaker.max_open_ms", r.breaker.max_open_ms, DAY, "600000")?;
-        bounded("retry.max_delay_ms", r.retry.max_delay_ms.max(1), DAY, "30000")?;
+        bounded("retry.max_delay_ms", r.retry.max_delay_ms.max(1), DAY, "60000")?;
         bounded("ping_timeout_ms", r.ping_timeout_ms.max(1), DAY, "30000; 0: never")?;
-        if r.breaker.max_open_ms < r.breaker.open_ms {
-            return Err(self.err(
-                format!("{key}.breaker.max_open_ms"),
-                "is smaller than breaker.open_ms",
-                "raise max_open_ms to at least open_ms (default 600000), or lower open_ms",
-            ));
+        for (tool, t) in &r.tools {
+            if let Some(timeout) = t.timeout_ms {
+                bounded(&format!("tools.{tool}.timeout_ms"), timeout, DAY, "the server's timeout_ms")?;
+            }
         }
+        Ok(())
+    }
+
+    /// The ratios and factors of `r`, each within its range.
+    fn check_ratios(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
         if !(r.retry.budget_ratio >= 0.0 && r.retry.budget_ratio.is_finite()) {
             return Err(self.err(
                 format!("{key}.retry.budget_ratio"),
@@ -1035,17 +1047,24 @@ impl Ctx<'_> {
                 "use a number of at least 1.0 (2.0 doubles each delay)",
             ));
         }
+        Ok(())
+    }
+
+    /// The keys of `r` that must agree with one another.
+    fn check_relations(&self, key: &str, r: &RecoveryConfig) -> Result<(), ConfigError> {
+        if r.breaker.max_open_ms < r.breaker.open_ms {
+            return Err(self.err(
+                format!("{key}.breaker.max_open_ms"),
+                "is smaller than breaker.open_ms",
+                "raise max_open_ms to at least open_ms (default 600000), or lower open_ms",
+            ));
+        }
         if r.retry.initial_delay_ms > r.retry.max_delay_ms {
             return Err(self.err(
                 format!("{key}.retry.initial_delay_ms"),
                 "is larger than retry.max_delay_ms",
                 "lower initial_delay_ms or raise max_delay_ms",
             ));
-        }
-        for (tool, t) in &r.tools {
-            if let Some(timeout) = t.timeout_ms {
-                bounded(&format!("tools.{tool}.timeout_ms"), timeout, DAY, "the server's timeout_ms")?;
-            }
         }
         Ok(())
     }

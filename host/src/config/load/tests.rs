@@ -168,6 +168,35 @@ fn settings_past_their_bounds_are_refused() {
         "mcpServers.a.recovery.breaker.failure_threshold",
         "default (5)",
     );
+    rejects(
+        &recovery(r#"{"retry": {"max_delay_ms": 90000000}}"#),
+        "mcpServers.a.recovery.retry.max_delay_ms",
+        "(60000)",
+    );
+    rejects(&recovery(r#"{"breaker": {"open_ms": 90000000}}"#), "mcpServers.a.recovery.breaker.open_ms", "(60000)");
+    // A mistake in the defaults is named where it is written, even with no server to
+    // take it; the keys' relations wait for each server's own keys over them.
+    let defaults = |r: &str, servers: &str| {
+        format!(r#"{{"mcpServers": {{{servers}}}, "rebound": {{"defaults": {{"recovery": {r}}}}}}}"#)
+    };
+    let a = r#""a": {"command": "a"}"#;
+    rejects(
+        &defaults(r#"{"retry": {"max_attempts": 500}}"#, a),
+        "rebound.defaults.recovery.retry.max_attempts",
+        "past the most it may be, 100",
+    );
+    rejects(
+        &defaults(r#"{"breaker": {"failure_rate": 2}}"#, ""),
+        "rebound.defaults.recovery.breaker.failure_rate",
+        "not a fraction",
+    );
+    let own = r#""a": {"command": "a", "recovery": {"retry": {"max_delay_ms": 120000}}}"#;
+    ok(&defaults(r#"{"retry": {"initial_delay_ms": 90000}}"#, own));
+    rejects(
+        &defaults(r#"{"retry": {"initial_delay_ms": 90000}}"#, a),
+        "mcpServers.a.recovery.retry.initial_delay_ms",
+        "larger than retry.max_delay_ms",
+    );
     let c = ok(&with(r#"{"plugin_memory_mb": 64, "restart": {"down_retry_ms": 1000}}"#));
     assert_eq!((c.settings.plugin_memory_mb, c.settings.restart.down_retry_ms), (64, 1000));
 }
