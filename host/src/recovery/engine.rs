@@ -441,6 +441,24 @@ pub fn is_idempotent(recovery: &RecoveryConfig, tool: &str, annotations: Option<
 /// The default for `rebound.plugin_max_calls`.
 pub const DEFAULT_PLAN_CALLS: u32 = 8;
 
+/// Whether its server marks a tool destructive (and not read-only).
+fn marks_destructive(a: &ToolAnnotations) -> bool {
+    a.destructive_hint == Some(true) && a.read_only_hint != Some(true)
+}
+
+/// Whether an adapter's word that `call` never reached its server (the transport knowing
+/// nothing of it) may buy a replay: not of a tool the configuration marks
+/// `idempotent: false`, nor of one its server marks destructive unless the grant names
+/// it, as for the adapter's own steps.
+fn believes_not_delivered(call: &Call<'_>) -> bool {
+    let configured_unsafe = call.policy.recovery.tools.get(&call.tool).and_then(|t| t.idempotent) == Some(false);
+    let destructive = || {
+        let annotations = call.upstream.annotations(&call.server, &call.tool).ok().flatten();
+        annotations.as_ref().is_some_and(marks_destructive) && !call.policy.grant.names_tool(&call.server, &call.tool)
+    };
+    !configured_unsafe && !destructive()
+}
+
 /// One client call, as the engine runs it.
 struct Call<'a> {
     upstream: &'a dyn Upstream,
@@ -715,8 +733,8 @@ impl Engine {
     }
 
     /// Asks the adapter, if any, to refine the built-in classification and to propose a
-    /// plan. What it says is bounded: waits are clamped, and it cannot claim that a call
-    /// the configuration marks unsafe was never delivered.
+    /// plan. What it says is bounded: waits are clamped, and its claim that a call was
+    /// never delivered stands only where [`believes_not_delivered`] allows it.
     async fn consult(
         &self,
         call: &Call<'_>,
@@ -742,8 +760,7 @@ impl Engine {
             None => builtin.clone(),
         };
         class.retry_after = class.retry_after.map(|d| d.min(retry_after::MAX));
-        let declared_unsafe = call.policy.recovery.tools.get(&call.tool).and_then(|t| t.idempotent) == Some(false);
-        if declared_unsafe && !builtin.not_delivered {
+        if class.not_delivered && !builtin.not_delivered && !believes_not_delivered(call) {
             class.not_delivered = false;
         }
         let advised = self.by_deadline(call, advisor.plan(&ctx, &class)).await.flatten();
@@ -876,9 +893,7 @@ impl Engine {
         if !self.permitted(call, record, origin, (server, tool)) {
             return false;
         }
-        if annotations.is_some_and(|a| a.destructive_hint == Some(true) && a.read_only_hint != Some(true))
-            && !call.policy.grant.names_tool(server, tool)
-        {
+        if annotations.is_some_and(marks_destructive) && !call.policy.grant.names_tool(server, tool) {
             return deny(call, record, Denial::Destructive, (server, tool));
         }
         if spent.plan_calls >= self.max_plan_calls {

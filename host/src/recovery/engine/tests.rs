@@ -1318,6 +1318,37 @@ async fn config_that_forbids_a_replay_wins_over_an_adapter() {
     assert_eq!(up.calls("s/hol_send").len(), 1);
 }
 
+/// An adapter's word that a call never ran buys no replay of a tool its server marks
+/// destructive, unless the grant names the tool (as for its own steps).
+#[tokio::test(start_paused = true)]
+async fn an_adapters_word_buys_no_replay_of_a_destructive_tool_the_grant_does_not_name() {
+    let destructive = ToolAnnotations::new().read_only(false).destructive(true);
+    let script = || {
+        let mut up = Script::new(&[]).then("s/wipe", vec![tool_error("Session 'main' not found"); 2]);
+        up.tools.insert("s/wipe".into(), Some(destructive.clone()));
+        up
+    };
+    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    lost.retryable = true;
+    lost.not_delivered = true;
+    let a = Planner {
+        plan: vec![Step::Retry(Some(Duration::ZERO))],
+        reclassify: Some(lost),
+        observed: Mutex::default(),
+        consulted: Default::default(),
+    };
+    let up = script();
+    let (ending, _) = advised(&engine(&[server("s", defaults())]), &up, &a, "wipe").await;
+    assert!(matches!(ending, Ending::GaveUp));
+    assert_eq!(up.calls("s/wipe").len(), 1, "not replayed under the default grant");
+    // Named in the grant, the adapter's word is taken.
+    let up = script();
+    let mut s = server("s", defaults());
+    s.adapter_allow.tools = ["s/*", "s/wipe"].map(|p| crate::config::ToolPattern::parse(p).unwrap()).to_vec();
+    let (_, record) = advised(&engine(&[s]), &up, &a, "wipe").await;
+    assert_eq!(up.calls("s/wipe").len(), 2, "{record:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_adapters_absurd_waits_are_clamped() {
     let up = Script::new(&[("s/a", true)]).then("s/a", vec![timeout()]);
