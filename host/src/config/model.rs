@@ -447,9 +447,16 @@ impl Default for HttpSettings {
             auth_token: None,
             operator_token: None,
             allowed_hosts: ["localhost", "127.0.0.1", "[::1]", "::1"].map(String::from).to_vec(),
-            allowed_origins: ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*", "https://localhost:*"]
-                .map(String::from)
-                .to_vec(),
+            allowed_origins: [
+                "http://localhost:*",
+                "http://127.0.0.1:*",
+                "http://[::1]:*",
+                "https://localhost:*",
+                "https://127.0.0.1:*",
+                "https://[::1]:*",
+            ]
+            .map(String::from)
+            .to_vec(),
             max_body_bytes: 4 << 20,
             max_concurrent_per_client: 32,
             max_sessions: 256,

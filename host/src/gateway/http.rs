@@ -617,6 +617,23 @@ mod tests {
     }
 
     #[test]
+    fn by_default_pages_on_this_machine_are_allowed_over_http_and_https() {
+        let defaults = crate::config::HttpSettings::default().allowed_origins;
+        for ok in [
+            "http://localhost:5173",
+            "https://localhost:8443",
+            "https://127.0.0.1:3000",
+            "https://[::1]",
+            "http://[::1]:80",
+        ] {
+            assert!(origin_allowed(&defaults, ok), "{ok}");
+        }
+        for bad in ["https://localhost.evil.com", "http://127.0.0.2:3000", "https://evil.com", "null"] {
+            assert!(!origin_allowed(&defaults, bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn bearer_tokens_are_read_from_the_authorization_header() {
         let mut h = HeaderMap::new();
         assert_eq!(bearer(&h), None);
