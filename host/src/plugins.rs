@@ -1,10 +1,12 @@
 //! The adapter plugin host: WebAssembly components that carry one server's knowledge of
-//! its failures (`wit/since_v0.1.0/adapter.wit`), run sandboxed in wasmtime.
+//! its failures (`wit/since_v0.2.0/adapter.wit`; adapters built against
+//! `wit/since_v0.1.0` keep loading), run sandboxed in wasmtime.
 //!
 //! One [`Runtime`] (engine, linker, compiled-component cache) loads each adapter once
 //! ([`load::load`]: checked, compiled or taken from the cache, pre-instantiated); every
-//! call then runs in a fresh store with a memory cap and an epoch deadline, on a blocking
-//! thread ([`adapter::Adapter`]). Faults are contained: logged with the plugin's stderr,
+//! call then runs in a fresh store with a memory cap and an epoch deadline, on the
+//! caller's task until the guest first yields, then on the plugins' own thread
+//! ([`adapter::Adapter`]). Faults are contained: logged with the plugin's stderr,
 //! answered with "no opinion" (so the built-in classifier stands), and a plugin that keeps
 //! faulting is quarantined for a while.
 
