@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::asked_tasks::{ABOUT_ONE, AskedTasks, Refused};
 use super::downstreams::Front;
 use super::hub::Hub;
-use super::routing::{Caller, ClientPeer, MAX_ASKED, Serves, ask, to_client};
+use super::routing::{Caller, ClientPeer, MAX_ASKED, Routing, Serves, ask, to_client};
 use crate::transport::supervisor::Trouble;
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::upstream::RELATED_TASK;
@@ -145,42 +145,11 @@ impl HubRelay {
         if plain {
             kind = Kind::Other;
         }
-        let caller = match &kind {
-            Kind::AboutTask { id: Some(id), .. } => match hub.routing.run_by_clients.runner(asker.session, id) {
-                // Over HTTP on the stream of the call it was asked during, while that lasts.
-                Some((to, during)) => {
-                    let during = during.filter(|d| hub.routing.is_in_flight(self.instance, &to.client, d));
-                    Caller::Client { to, during }
-                }
-                None => Caller::Nobody("the task it names is no task a client of the gateway runs for this server"),
-            },
-            Kind::AboutTask { id: None, .. } => Caller::Nobody("it names no task (`taskId`, a string, is required)"),
-            _ => {
-                let serves = match &self.owner {
-                    Some(owner) => {
-                        Serves::One(Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }))
-                    }
-                    None if hub.downstreams.front() == Front::Http => Serves::Many,
-                    None => Serves::One(hub.downstreams.only_stdio_client()),
-                };
-                hub.routing.caller((server, self.instance), &asker, serves)
-            }
-        };
+        let caller = self.caller(hub, server, &asker, &kind);
         let (server, routing) = (server.to_owned(), hub.routing.clone());
         Box::pin(async move {
             let request = if plain { untasked(request)? } else { request };
-            // About a task whose creation the gateway has not read yet, perhaps.
-            let caller = match (caller, &asker.task) {
-                (Caller::Nobody(why), Some(task)) => {
-                    let owner = tokio::select! {
-                        owner = routing.task_owner_soon(asker.session, task) => owner,
-                        () = asker.cancel.cancelled() => None,
-                    };
-                    owner.map_or(Caller::Nobody(why), |to| Caller::Client { to, during: None })
-                }
-                (caller, _) => caller,
-            };
-            let (to, originating) = match caller {
+            let (to, originating) = match settled(caller, &routing, &asker).await {
                 Caller::Client { to, during } => (to, during),
                 // That client takes no tasks: it is asked the question itself.
                 Caller::Held(bridge) => return bridge.ask(&server, untasked(request)?, asker.cancel).await,
@@ -208,6 +177,47 @@ impl HubRelay {
                 ErrorData::internal_error(format!("Rebound: the client's task was refused: {}", refused.why), None)
             })
         })
+    }
+
+    /// Who is asked a server's request of `kind`, as far as can be told at once: about a
+    /// task, the client that runs it; else the client `routing` finds for it.
+    fn caller(&self, hub: &Hub, server: &str, asker: &Asker, kind: &Kind) -> Caller {
+        match kind {
+            Kind::AboutTask { id: Some(id), .. } => match hub.routing.run_by_clients.runner(asker.session, id) {
+                // Over HTTP on the stream of the call it was asked during, while that lasts.
+                Some((to, during)) => {
+                    let during = during.filter(|d| hub.routing.is_in_flight(self.instance, &to.client, d));
+                    Caller::Client { to, during }
+                }
+                None => Caller::Nobody("the task it names is no task a client of the gateway runs for this server"),
+            },
+            Kind::AboutTask { id: None, .. } => Caller::Nobody("it names no task (`taskId`, a string, is required)"),
+            _ => {
+                let serves = match &self.owner {
+                    Some(owner) => {
+                        Serves::One(Some(ClientPeer { client: owner.client.clone(), peer: owner.peer.clone() }))
+                    }
+                    None if hub.downstreams.front() == Front::Http => Serves::Many,
+                    None => Serves::One(hub.downstreams.only_stdio_client()),
+                };
+                hub.routing.caller((server, self.instance), asker, serves)
+            }
+        }
+    }
+}
+
+/// `caller`, or for a request about a task whose creation the gateway has not read yet,
+/// the client that task turns out to be of (while the server still wants an answer).
+async fn settled(caller: Caller, routing: &Routing, asker: &Asker) -> Caller {
+    match (caller, &asker.task) {
+        (Caller::Nobody(why), Some(task)) => {
+            let owner = tokio::select! {
+                owner = routing.task_owner_soon(asker.session, task) => owner,
+                () = asker.cancel.cancelled() => None,
+            };
+            owner.map_or(Caller::Nobody(why), |to| Caller::Client { to, during: None })
+        }
+        (caller, _) => caller,
     }
 }
 
