@@ -160,6 +160,29 @@ impl Hub {
         if self.life.closing.is_cancelled() {
             return None;
         }
+        let (mut next, mut changes, init_timeout) = self.next_setup(&current, config, plugins);
+        // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
+        if self.offer.borrow().is_some() {
+            // A start's steps each have `init_timeout`: the handshake (twice, when the
+            // server answers `server/discover` with an error and is initialised instead),
+            // then the first listing.
+            settle(changes.started.iter(), Instant::now() + init_timeout * 3).await;
+            self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
+        }
+        // Shutdown began while the new instances started: they are kept, and stopped with
+        // the rest; nothing is put in place.
+        if self.life.closing.is_cancelled() {
+            return None;
+        }
+        self.put_in_place(next, &mut changes);
+        self.tell_clients(&changes);
+        Some(changes)
+    }
+
+    /// The setup of `config` after `current`, its new instances starting (watched, and
+    /// kept to be stopped at shutdown), the secrets of both hidden; and how long each
+    /// step of a start may take.
+    fn next_setup(self: &Arc<Self>, current: &Setup, config: Config, plugins: Prepared) -> (Setup, Changes, Duration) {
         // A server launched anew (added, or its launch or protocol changed) is asked what
         // it speaks.
         for (name, server) in &config.servers {
@@ -169,7 +192,7 @@ impl Hub {
             }
         }
         let how = supervision(&config, &Secrets::of(&config), &self.life.revisions);
-        let (mut next, mut changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
+        let (mut next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
         // What was secret stays hidden: it may be in text written before the reload.
         let secrets = current.secrets.union(&next.secrets);
         crate::redact::redact_logs(secrets.clone());
@@ -179,28 +202,21 @@ impl Hub {
             self.watch(handle, None);
             self.keep(handle, Kept::Starting);
         }
-        // (Over stdio before the client's `initialize`, nothing starts yet: nothing to wait for.)
-        if self.offer.borrow().is_some() {
-            // A start's steps each have `init_timeout`: the handshake (twice, when the
-            // server answers `server/discover` with an error and is initialised instead),
-            // then the first listing.
-            settle(changes.started.iter(), Instant::now() + how.init_timeout * 3).await;
-            self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
-        }
-        // Shutdown began while the new instances started: they are kept, and stopped with
-        // the rest; nothing is put in place.
-        if self.life.closing.is_cancelled() {
-            return None;
-        }
+        (next, changes, how.init_timeout)
+    }
+
+    /// Puts `next` in place of the current setup: the catalogue rebuilt, subscriptions
+    /// moved to the new instances, the replaced ones retired, sessions brought in line.
+    fn put_in_place(self: &Arc<Self>, next: Setup, changes: &mut Changes) {
         // Before the new setup is seen: a session that starts its own instance of such a
         // server at once finds its subscriptions parked.
-        self.park_made_session(&next, &changes);
+        self.park_made_session(&next, changes);
         changes.count_on();
         next.served_by(next.servers.values());
         let next = Arc::new(next);
         *self.setup.write().expect("not poisoned") = next.clone();
         self.rebuild(false);
-        self.move_subscriptions(&changes);
+        self.move_subscriptions(changes);
         for handle in changes.retired.iter().cloned() {
             // Still running its calls: stopped at shutdown like the rest, and not started
             // again with its old launch if it ends meanwhile.
@@ -213,6 +229,11 @@ impl Hub {
         for session in self.live_sessions() {
             session.reloaded();
         }
+    }
+
+    /// Tells every client what a reload's `changes` changed of the gateway's own tools
+    /// and resources, or of the sessions' servers.
+    fn tell_clients(&self, changes: &Changes) {
         // The gateway's own tools and resources came or went.
         if changes.settings.contains(&"gateway_tools") {
             self.downstreams
@@ -225,7 +246,6 @@ impl Hub {
             let changed = rmcp::model::ToolListChangedNotification::default();
             self.downstreams.broadcast(rmcp::model::ServerNotification::ToolListChangedNotification(changed));
         }
-        Some(changes)
     }
 
     /// Stops `handle`, which a reload replaced (or, `removed`, took out): once the calls
