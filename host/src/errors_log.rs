@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::locks::Locked;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Classification, classify};
 use crate::recovery::engine::{Record, Role};
@@ -157,7 +158,7 @@ impl ErrorsLog {
             loop {
                 tick.tick().await;
                 let Some(log) = weak.upgrade() else { break };
-                let summaries = log.bursts.lock().expect("not poisoned").flush(tokio::time::Instant::now());
+                let summaries = log.bursts.locked().flush(tokio::time::Instant::now());
                 for s in summaries {
                     log.send(s);
                 }
@@ -352,14 +353,14 @@ impl ErrorsLog {
     fn push(&self, mut entry: Value) {
         let secrets = self.secrets.get();
         secrets.redact_json_within(&mut entry, MAX_TEXT_BYTES);
-        let (write, summary) = self.bursts.lock().expect("not poisoned").admit(&entry, tokio::time::Instant::now());
+        let (write, summary) = self.bursts.locked().admit(&entry, tokio::time::Instant::now());
         if let Some(summary) = summary {
             self.send(summary);
         }
         if write {
             self.send(entry);
         } else {
-            self.recent.lock().expect("not poisoned").keep_own(kept(&entry));
+            self.recent.locked().keep_own(kept(&entry));
         }
     }
 
@@ -368,7 +369,7 @@ impl ErrorsLog {
     /// without waiting for the writer's thread).
     pub async fn flush(&self, within: std::time::Duration) {
         let far = tokio::time::Instant::now() + bursts::WINDOW;
-        let summaries = self.bursts.lock().expect("not poisoned").flush(far);
+        let summaries = self.bursts.locked().flush(far);
         for s in summaries {
             self.send(s);
         }
@@ -395,7 +396,7 @@ impl ErrorsLog {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             entry["id"] = Value::String(format!("{}_r{id}", entry["id"].as_str().unwrap_or("err")));
         }
-        self.recent.lock().expect("not poisoned").keep(&entry);
+        self.recent.locked().keep(&entry);
         // A summary that cannot be written loses every entry it counts.
         let stands_for = entry["repeated"]["count"].as_u64().unwrap_or(1);
         match self.tx.try_send(entry) {
@@ -406,25 +407,25 @@ impl ErrorsLog {
 
     /// The newest entries, oldest first.
     pub fn recent(&self) -> Vec<Value> {
-        self.recent.lock().expect("not poisoned").all.iter().cloned().collect()
+        self.recent.locked().all.iter().cloned().collect()
     }
 
     /// From now on `session` (an MCP session, the stdio client) keeps its own entries, to
     /// read with [`Self::recent_of`].
     pub fn open_view(&self, session: &str) {
-        self.recent.lock().expect("not poisoned").readers.insert(session.to_owned());
+        self.recent.locked().readers.insert(session.to_owned());
     }
 
     /// `session` has ended: its view is forgotten.
     pub fn close_view(&self, session: &str) {
-        let mut recent = self.recent.lock().expect("not poisoned");
+        let mut recent = self.recent.locked();
         recent.readers.remove(session);
         recent.by_session.shift_remove(session);
     }
 
     /// The newest entries of client session `session`'s calls, oldest first.
     pub fn recent_of(&self, session: &str) -> Vec<Value> {
-        let recent = self.recent.lock().expect("not poisoned");
+        let recent = self.recent.locked();
         recent.by_session.get(session).map(|entries| entries.iter().cloned().collect()).unwrap_or_default()
     }
 

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod errors_log;
 pub mod gateway;
+pub mod locks;
 pub mod memory;
 pub mod pace;
 pub mod plugins;

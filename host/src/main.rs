@@ -86,6 +86,20 @@ impl Log {
     }
 }
 
+/// A panic (a bug; the gateway answers the call it was in with an error) is written to
+/// the log as every line is: redacted, on one line, queued for stderr. The default hook
+/// writes to stderr itself, and on a stderr the client does not read would stop the
+/// panicking thread, and over stdio with it the whole gateway.
+fn log_panic(info: &std::panic::PanicHookInfo<'_>) {
+    let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+    let backtrace = std::backtrace::Backtrace::capture();
+    let backtrace = match backtrace.status() {
+        std::backtrace::BacktraceStatus::Captured => format!("; {backtrace}"),
+        _ => String::new(),
+    };
+    tracing::error!(at, "Rebound panicked (a bug): {}{backtrace}", rebound::text::of_panic(info.payload()));
+}
+
 fn main() -> ExitCode {
     // The watchdog (see `transport::watchdog`) is this binary too, with a hidden word.
     if std::env::args().nth(1).as_deref() == Some(rebound::transport::watchdog::SUBCOMMAND) {
@@ -122,6 +136,7 @@ fn main() -> ExitCode {
         )
         .with_ansi(false)
         .init();
+    std::panic::set_hook(Box::new(log_panic));
     let result = match cli.command {
         Command::Serve { config, http } => serve(config, http, log_written),
         Command::Check { config } => check(config),

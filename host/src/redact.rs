@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use serde_json::Value;
 
 use crate::config::{Config, Launch};
+use crate::locks::ReadWrite;
 
 const MASK: &str = "[redacted]";
 
@@ -239,11 +240,11 @@ impl Current {
     }
 
     pub fn get(&self) -> Secrets {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.0.reading().clone()
     }
 
     pub fn set(&self, secrets: Secrets) {
-        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = secrets;
+        *self.0.writing() = secrets;
     }
 }
 
@@ -252,7 +253,7 @@ static FOR_LOGS: RwLock<Option<Secrets>> = RwLock::new(None);
 /// From now on, every log line written through [`LogLine`] is redacted with
 /// `secrets`. Set when the configuration is loaded, and again on each reload.
 pub fn redact_logs(secrets: Secrets) {
-    *FOR_LOGS.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(secrets);
+    *FOR_LOGS.writing() = Some(secrets);
 }
 
 /// The most a line of the gateway's log takes: a server's error text can be 64 MiB, and
@@ -270,7 +271,7 @@ pub struct LogLine<W>(pub W);
 
 impl<W: Write> Write for LogLine<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let secrets = FOR_LOGS.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let secrets = FOR_LOGS.reading().clone();
         self.0.write_all(as_logged(buf, secrets.as_ref()).as_bytes())?;
         Ok(buf.len())
     }

@@ -26,6 +26,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolResult, JsonObject};
 
+use crate::locks::Locked;
 use crate::recovery::Failure;
 use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;
@@ -193,7 +194,7 @@ impl CallTrace {
     }
 
     fn push(&self, child: Child) {
-        self.children.lock().expect("not poisoned").push(child);
+        self.children.locked().push(child);
     }
 
     /// `text` without secrets, at most `TEXT_MAX` bytes.
@@ -206,7 +207,7 @@ impl CallTrace {
     /// The call ended: its children end, with what the engine's record says of each
     /// attempt (role, the wait before it), then its own span.
     pub fn finish(&self, record: &Record, ending: &Ending) {
-        let children = std::mem::take(&mut *self.children.lock().expect("not poisoned"));
+        let children = std::mem::take(&mut *self.children.locked());
         // The record's attempts that reached a server, in order, are the upstream children
         // (every call of the gateway's `Upstream` is one, whether it got through or not).
         let sent = record.attempts.iter().filter(|a| {

@@ -17,6 +17,12 @@ pub fn cap(text: &mut String, max: usize) {
     }
 }
 
+/// The message a panic (a bug) was raised with.
+pub fn of_panic(payload: &(dyn std::any::Any + Send)) -> &str {
+    let text = payload.downcast_ref::<&str>().copied();
+    text.or_else(|| payload.downcast_ref::<String>().map(String::as_str)).unwrap_or("a panic without a message")
+}
+
 /// Text from outside as the host shows it (an adapter's in a log line, `rebound check`,
 /// the status; a configuration's key names in `rebound check`'s warnings):
 /// at most `max` bytes, on one line, its control characters (line breaks, terminal

@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::routing::ClientPeer;
+use crate::locks::Locked;
 
 /// The most tasks kept for one server connection.
 pub const PER_CONNECTION: usize = 256;
@@ -132,7 +133,7 @@ impl AskedTasks {
         }
         let now = Instant::now();
         let ttl = task["ttl"].as_u64().map_or(LONGEST, |ms| Duration::from_millis(ms).min(LONGEST));
-        let mut connections = self.connections.lock().expect("not poisoned");
+        let mut connections = self.connections.locked();
         // A connection's first task: those whose tasks have all run their time go, one
         // forgotten before an answer on its way was noted among them.
         if !connections.contains_key(&session) {
@@ -158,7 +159,7 @@ impl AskedTasks {
     /// The client that runs task `id` for upstream `session`, and the call its server
     /// asked during.
     pub fn runner(&self, session: u64, id: &str) -> Option<(ClientPeer, Option<RequestId>)> {
-        let connections = self.connections.lock().expect("not poisoned");
+        let connections = self.connections.locked();
         let runner = connections.get(&session)?.get(id).filter(|r| r.is_live(Instant::now()))?;
         Some((runner.by.clone(), runner.during.clone()))
     }
@@ -170,7 +171,7 @@ impl AskedTasks {
         if !ended {
             return;
         }
-        let mut connections = self.connections.lock().expect("not poisoned");
+        let mut connections = self.connections.locked();
         if let Some(runner) = connections.get_mut(&session).and_then(|tasks| tasks.get_mut(id)) {
             runner.until = runner.until.min(Instant::now() + AFTER_END);
         }
@@ -179,7 +180,7 @@ impl AskedTasks {
     /// A client's answer to upstream `session`'s `tasks/list`, with only the tasks
     /// `client` runs for it.
     pub fn only_theirs(&self, session: u64, client: &str, mut answer: Value) -> Value {
-        let connections = self.connections.lock().expect("not poisoned");
+        let connections = self.connections.locked();
         let (tasks, now) = (connections.get(&session), Instant::now());
         let theirs = |task: &Value| {
             let runner = task["taskId"].as_str().and_then(|id| tasks?.get(id));
@@ -196,14 +197,14 @@ impl AskedTasks {
         if id.len() > MAX_ID_BYTES {
             return false; // never kept, and not hashed
         }
-        let connections = self.connections.lock().expect("not poisoned");
+        let connections = self.connections.locked();
         let runner = connections.get(&session).and_then(|tasks| tasks.get(id));
         runner.is_some_and(|r| r.is_live(Instant::now()) && *r.by.client == *client)
     }
 
     /// Upstream `session` ended: the tasks run for it are no one's any more.
     pub fn forget_connection(&self, session: u64) {
-        self.connections.lock().expect("not poisoned").remove(&session);
+        self.connections.locked().remove(&session);
     }
 
     /// `client` is asked to run a request as a task: until the count is dropped (once
@@ -225,7 +226,7 @@ impl AskedTasks {
                 if kept() {
                     return true;
                 }
-                if self.asking.lock().expect("not poisoned").get(client).is_none_or(|a| a.questions == 0) {
+                if self.asking.locked().get(client).is_none_or(|a| a.questions == 0) {
                     return false;
                 }
                 answered.await;
@@ -234,7 +235,7 @@ impl AskedTasks {
         if kept() {
             return true;
         }
-        let room = self.asking.lock().expect("not poisoned").get_mut(client).is_some_and(|a| {
+        let room = self.asking.locked().get_mut(client).is_some_and(|a| {
             let room = a.questions > 0 && a.statuses < EARLY_STATUSES;
             a.statuses += usize::from(room);
             room
@@ -248,7 +249,7 @@ impl AskedTasks {
 
     /// Changes `client`'s entry, which goes once nothing is counted in it.
     fn change(&self, client: &Arc<str>, change: impl FnOnce(&mut Asking)) {
-        let mut asking = self.asking.lock().expect("not poisoned");
+        let mut asking = self.asking.locked();
         let entry = asking.entry(client.clone()).or_default();
         change(entry);
         if entry.questions == 0 && entry.statuses == 0 {

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::routing::ClientPeer;
 use super::tally::Tally;
+use crate::locks::Locked;
 use crate::transport::listen::{Follower, MAX_FOLLOWED};
 
 /// How clients reach this gateway.
@@ -210,7 +211,7 @@ impl Sending {
     /// Sends `notification` to `to`.
     pub fn send(self: &Arc<Self>, to: &ClientPeer, notification: ServerNotification) {
         let peer = to.peer.clone();
-        let placed = self.addresses.lock().expect("not poisoned").get(&to.client).cloned();
+        let placed = self.addresses.locked().get(&to.client).cloned();
         let to = placed.unwrap_or_else(|| Share::new(to.client.clone(), None));
         self.spawn(to, encoded_len(&notification), async move {
             if let Err(e) = peer.send_notification(notification).await {
@@ -223,18 +224,18 @@ impl Sending {
     fn place(&self, client: Arc<str>, address: Arc<str>) {
         // Its site read from its address once, not for each notification.
         let share = Share::new(client.clone(), Some(address));
-        self.addresses.lock().expect("not poisoned").insert(client, share);
+        self.addresses.locked().insert(client, share);
     }
 
     /// The session `client` ended.
     fn forget(&self, client: &str) {
-        self.addresses.lock().expect("not poisoned").remove(client);
+        self.addresses.locked().remove(client);
     }
 
     /// Runs `delivery` of a notification `bytes` long to `to` on a task of its own,
     /// within the bounds.
     fn spawn(self: &Arc<Self>, to: Share, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
-        let taken = self.load.lock().expect("not poisoned").take(&to, bytes);
+        let taken = self.load.locked().take(&to, bytes);
         if !taken {
             let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if dropped.is_power_of_two() || dropped == 0 {
@@ -250,14 +251,14 @@ impl Sending {
             if tokio::time::timeout(SEND_WITHIN, delivery).await.is_err() {
                 tracing::debug!("a notification waited {} s for its client; given up", SEND_WITHIN.as_secs());
             }
-            sending.load.lock().expect("not poisoned").give_back(&to, bytes);
+            sending.load.locked().give_back(&to, bytes);
         });
     }
 
     /// Notifications on their way now, in all.
     #[cfg(test)]
     fn load(&self) -> (usize, usize) {
-        let all = self.load.lock().expect("not poisoned").all;
+        let all = self.load.locked().all;
         (all.n, all.bytes)
     }
 }
@@ -368,7 +369,7 @@ impl Downstreams {
 
     fn add_entry(&self, (client, owner, counted): (Arc<str>, Arc<str>, Arc<str>), follows_as: Arc<str>, reach: Reach) {
         // Closed entries stay until `remove`, which ends the subscriptions they held.
-        let mut list = self.list.lock().expect("not poisoned");
+        let mut list = self.list.locked();
         list.retain(|d| d.client != client);
         let subscriptions = HashSet::new();
         list.push(Downstream { client, owner, counted, follows_as, reach, level: None, subscriptions });
@@ -383,7 +384,7 @@ impl Downstreams {
 
     /// How each live client is reached.
     fn reaches(&self) -> Vec<To> {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         list.iter()
             .filter(|d| !d.reach.is_closed())
             .map(|d| To { reach: d.reach.clone(), counted: d.counted.clone() })
@@ -395,7 +396,7 @@ impl Downstreams {
         if self.front != Front::Stdio {
             return None;
         }
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         let mut sessions = list.iter().filter(|d| !d.reach.is_closed()).filter_map(|d| Some((d, d.reach.session()?)));
         match (sessions.next(), sessions.next()) {
             (Some((only, peer)), None) => Some(ClientPeer { client: only.client.clone(), peer: peer.clone() }),
@@ -430,7 +431,7 @@ impl Downstreams {
 
     /// Each live client's reach with each of what `pick` takes from it.
     fn live<T>(&self, pick: impl Fn(&Downstream) -> Vec<T>) -> Vec<(To, T)> {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         list.iter()
             .filter(|d| !d.reach.is_closed())
             .flat_map(|d| pick(d).into_iter().map(|t| (To { reach: d.reach.clone(), counted: d.counted.clone() }, t)))
@@ -439,7 +440,7 @@ impl Downstreams {
 
     /// Whether `client` wants a log message at `level` (of its own session-scoped server).
     pub fn wants_log(&self, client: &str, level: LoggingLevel) -> bool {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         // A 2026-07-28 client (no session entry) asks for logs per request, never here.
         list.iter()
             .find(|d| &*d.client == client && d.reach.session().is_some())
@@ -465,7 +466,7 @@ impl Downstreams {
 
     /// `client` set its log level.
     pub fn set_level(&self, client: &str, level: LoggingLevel) {
-        let mut list = self.list.lock().expect("not poisoned");
+        let mut list = self.list.locked();
         if let Some(d) = list.iter_mut().find(|d| &*d.client == client) {
             d.level = Some(level);
         }
@@ -478,7 +479,7 @@ impl Downstreams {
 
     /// The most verbose level any live session (or only `only`) asked for.
     pub fn level(&self, only: Option<&str>) -> Option<LoggingLevel> {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         list.iter()
             .filter(|d| !d.reach.is_closed() && only.is_none_or(|c| c == &*d.client))
             .filter_map(|d| d.level)
@@ -491,7 +492,7 @@ impl Downstreams {
     /// `subscription.exposed` on whichever instance holds it now: a reload may have moved
     /// it to a relaunched server's new one.
     pub fn subscribe(&self, client: &str, subscription: Subscription, on: bool) -> bool {
-        let mut list = self.list.lock().expect("not poisoned");
+        let mut list = self.list.locked();
         let Some(d) = list.iter_mut().find(|d| &*d.client == client) else { return false };
         if on {
             d.subscriptions.insert(subscription);
@@ -505,7 +506,7 @@ impl Downstreams {
     /// a subscription is made upstream for it, which an unsubscribe (or its end) may
     /// have overtaken.
     pub fn holds(&self, client: &str, instance: u64, uri: &str) -> bool {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         list.iter()
             .filter(|d| &*d.client == client && !d.reach.is_closed())
             .any(|d| d.subscriptions.iter().any(|s| s.instance == instance && s.uri == uri))
@@ -533,7 +534,7 @@ impl Downstreams {
     /// Who is subscribed to which URI of server instance `instance`, among the live
     /// sessions and listen requests (re-applied after it restarts).
     pub fn subscriptions(&self, instance: u64) -> Vec<(Follower, String)> {
-        let list = self.list.lock().expect("not poisoned");
+        let list = self.list.locked();
         list.iter()
             .filter(|d| !d.reach.is_closed())
             .flat_map(|d| {
@@ -548,7 +549,7 @@ impl Downstreams {
     /// subscriptions follow it, or end (unless they are parked: [`Self::park`]). Returns
     /// those moved, to be followed on `new`.
     pub fn reinstance(&self, old: u64, new: Option<u64>) -> Vec<(Follower, String)> {
-        if new.is_none() && self.parked.lock().expect("not poisoned").values().any(|p| *p == old) {
+        if new.is_none() && self.parked.locked().values().any(|p| *p == old) {
             return Vec::new();
         }
         self.move_where(old, new, |_| true)
@@ -557,7 +558,7 @@ impl Downstreams {
     /// The subscriptions to instance `old` of the entries `whose` move to `new` (returned),
     /// or end.
     fn move_where(&self, old: u64, new: Option<u64>, whose: impl Fn(&Downstream) -> bool) -> Vec<(Follower, String)> {
-        let mut list = self.list.lock().expect("not poisoned");
+        let mut list = self.list.locked();
         let mut moved = Vec::new();
         for d in list.iter_mut().filter(|d| whose(d)) {
             let these: Vec<Subscription> = d.subscriptions.iter().filter(|s| s.instance == old).cloned().collect();
@@ -579,7 +580,7 @@ impl Downstreams {
     /// Those of a 2026-07-28 client's listen requests over HTTP end: such a client
     /// reaches shared servers only. Those parked earlier for `server` join them.
     pub fn park(&self, server: Arc<str>, old: u64) {
-        let before = self.parked.lock().expect("not poisoned").insert(server, old);
+        let before = self.parked.locked().insert(server, old);
         if let Some(before) = before {
             self.move_where(before, Some(old), |_| true);
         }
@@ -591,20 +592,20 @@ impl Downstreams {
     /// `client`'s subscriptions parked for `server` (its session's and its listen
     /// requests') move to its own instance `new` (returned, to be followed there).
     pub fn claim(&self, client: &str, server: &str, new: u64) -> Vec<(Follower, String)> {
-        let Some(old) = self.parked.lock().expect("not poisoned").get(server).copied() else { return Vec::new() };
+        let Some(old) = self.parked.locked().get(server).copied() else { return Vec::new() };
         self.move_where(old, Some(new), |d| &*d.client == client || &*d.owner == client)
     }
 
     /// The servers whose subscriptions are parked.
     pub fn parked(&self) -> Vec<Arc<str>> {
-        self.parked.lock().expect("not poisoned").keys().cloned().collect()
+        self.parked.locked().keys().cloned().collect()
     }
 
     /// `server`'s subscriptions wait no longer: they move to the shared instance `new`
     /// (returned, to be followed there: a reload made it shared again), or end (`None`:
     /// it was removed).
     pub fn unpark(&self, server: &str, new: Option<u64>) -> Vec<(Follower, String)> {
-        let Some(old) = self.parked.lock().expect("not poisoned").remove(server) else { return Vec::new() };
+        let Some(old) = self.parked.locked().remove(server) else { return Vec::new() };
         self.move_where(old, new, |_| true)
     }
 
@@ -612,7 +613,7 @@ impl Downstreams {
     /// is forgotten, and the subscriptions of every entry gone are returned (instance,
     /// URI, the entry's name), each to be given up upstream.
     pub fn remove(&self, client: &str) -> Vec<(u64, String, Arc<str>)> {
-        let mut list = self.list.lock().expect("not poisoned");
+        let mut list = self.list.locked();
         // Closed entries go too: a session or listen request whose end was not seen.
         let (gone, kept): (Vec<_>, Vec<_>) =
             list.drain(..).partition(|d| &*d.client == client || &*d.owner == client || d.reach.is_closed());

@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::routing::{Waiting, as_request};
+use crate::locks::Locked;
 use crate::transport::UpstreamRequest;
 
 /// The start of every `requestState` the gateway makes itself (a server's own passes on
@@ -393,7 +394,7 @@ impl Held {
 
     /// How many calls wait for their clients' answers.
     pub fn waiting(&self) -> usize {
-        self.calls.lock().expect("not poisoned").len()
+        self.calls.locked().len()
     }
 
     /// Returns once no call waits for its client's answers (answered, or past its time):
@@ -415,7 +416,7 @@ impl Held {
         client: &str,
         answers: Option<InputResponses>,
     ) -> Result<Call, ErrorData> {
-        let mut calls = self.calls.lock().expect("not poisoned");
+        let mut calls = self.calls.locked();
         let mut call = match calls.remove(state) {
             Some(call) if *call.client != *client || call.until <= Instant::now() => {
                 // Another client's is not named to this one.
@@ -450,7 +451,7 @@ impl Held {
     fn hold(&self, mut call: Call, cancelled: &CancellationToken) -> Result<ServerResult, ErrorData> {
         let questions: InputRequests = call.pending.iter().map(|(k, p)| (k.clone(), p.question.clone())).collect();
         let state = format!("{}{:032x}", prefix(), rand::random::<u128>());
-        let mut calls = self.calls.lock().expect("not poisoned");
+        let mut calls = self.calls.locked();
         let of_client = calls.values().filter(|c| c.client == call.client).count();
         let network = crate::gateway::http::network_of(&call.client);
         let of_network = |network: &str| {
@@ -506,7 +507,7 @@ async fn sweep(calls: std::sync::Weak<Mutex<HashMap<String, Call>>>) {
         let Some(calls) = calls.upgrade() else { return };
         let now = Instant::now();
         let ended: Vec<Call> = {
-            let mut calls = calls.lock().expect("not poisoned");
+            let mut calls = calls.locked();
             let expired: Vec<String> = calls.iter().filter(|(_, c)| c.until <= now).map(|(k, _)| k.clone()).collect();
             expired.iter().filter_map(|k| calls.remove(k)).collect()
         };

@@ -24,6 +24,7 @@ use super::session_servers::SessionServers;
 use super::setup::{Changes, Setup, Touched};
 use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
+use crate::locks::{Locked, ReadWrite};
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::supervisor::{Revisions, ServerHandle, ServerState, Status, Supervision, spawn_supervisor};
@@ -145,7 +146,7 @@ impl Hub {
     /// The configuration's shared servers, engine and adapters, as they are now. A call
     /// keeps the one it started with.
     pub fn setup(&self) -> Arc<Setup> {
-        self.setup.read().expect("not poisoned").clone()
+        self.setup.reading().clone()
     }
 
     /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
@@ -214,7 +215,7 @@ impl Hub {
         changes.count_on();
         next.served_by(next.servers.values());
         let next = Arc::new(next);
-        *self.setup.write().expect("not poisoned") = next.clone();
+        *self.setup.writing() = next.clone();
         self.rebuild(false);
         self.move_subscriptions(changes);
         for handle in changes.retired.iter().cloned() {
@@ -375,7 +376,7 @@ impl Hub {
 
     /// The running instances of `scope: session` server `name`, one per session using it.
     pub fn instances_of(&self, name: &str) -> Vec<Arc<ServerHandle>> {
-        let list = self.instances.lock().expect("not poisoned");
+        let list = self.instances.locked();
         let sessions =
             list.iter().filter(|(_, kept)| matches!(kept, Kept::Session(_))).filter_map(|(h, _)| h.upgrade());
         sessions.filter(|h| &*h.name == name && !h.is_stopped() && !h.is_retired()).collect()
@@ -385,7 +386,7 @@ impl Hub {
     fn instance(&self, instance: u64) -> Option<Arc<ServerHandle>> {
         let shared = self.setup().servers.values().find(|h| h.instance == instance).cloned();
         shared.or_else(|| {
-            let own = self.instances.lock().expect("not poisoned");
+            let own = self.instances.locked();
             own.iter().filter_map(|(h, _)| h.upgrade()).find(|h| h.instance == instance)
         })
     }
@@ -395,7 +396,7 @@ impl Hub {
     /// (a level set in between would otherwise reach only the instances they replace).
     pub fn shared_instances(&self) -> Vec<Arc<ServerHandle>> {
         let mut all: Vec<Arc<ServerHandle>> = self.setup().servers.values().cloned().collect();
-        let list = self.instances.lock().expect("not poisoned");
+        let list = self.instances.locked();
         let starting = list.iter().filter(|(_, kept)| matches!(kept, Kept::Starting)).filter_map(|(h, _)| h.upgrade());
         for handle in starting {
             // (Still tagged once in place, and when a later reload retires it.)
@@ -416,7 +417,7 @@ impl Hub {
     /// Every session with instances of its own running, once each.
     fn live_sessions(&self) -> Vec<Arc<SessionServers>> {
         let mut sessions: Vec<Weak<SessionServers>> = Vec::new();
-        for (handle, kept) in self.instances.lock().expect("not poisoned").iter() {
+        for (handle, kept) in self.instances.locked().iter() {
             if let Kept::Session(session) = kept
                 && handle.strong_count() > 0
                 && !sessions.iter().any(|s| Weak::ptr_eq(s, session))
@@ -435,13 +436,13 @@ impl Hub {
     }
 
     fn keep(&self, handle: &Arc<ServerHandle>, why: Kept) {
-        let mut list = self.instances.lock().expect("not poisoned");
+        let mut list = self.instances.locked();
         list.retain(|(w, _)| w.strong_count() > 0);
         list.push((Arc::downgrade(handle), why));
     }
 
     pub fn catalogue(&self) -> Arc<Catalogue> {
-        self.catalogue.read().expect("not poisoned").clone()
+        self.catalogue.reading().clone()
     }
 
     /// `server`'s `recovery.timeout_ms` (30 s for one no longer configured).
@@ -579,7 +580,7 @@ impl Hub {
     pub fn rebuild(&self, force: bool) {
         // Held while reading the servers' states, so that two rebuilds racing cannot
         // store a catalogue older than the one before it.
-        let mut current = self.catalogue.write().expect("not poisoned");
+        let mut current = self.catalogue.writing();
         let next = Arc::new(self.build_catalogue(&|_| None));
         tracing::debug!(tools = next.tools.len(), "catalogue rebuilt");
         let prev = std::mem::replace(&mut *current, next.clone());
@@ -614,7 +615,7 @@ impl Hub {
         let mut stopped = std::collections::HashSet::new();
         loop {
             let setup = self.setup();
-            let kept = self.instances.lock().expect("not poisoned").iter().filter_map(|(h, _)| h.upgrade()).collect();
+            let kept = self.instances.locked().iter().filter_map(|(h, _)| h.upgrade()).collect();
             let all: Vec<Arc<ServerHandle>> = setup.servers.values().cloned().chain::<Vec<_>>(kept).collect();
             let left: Vec<_> = all.into_iter().filter(|h| stopped.insert(h.instance)).collect();
             if left.is_empty() {

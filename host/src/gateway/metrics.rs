@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::snapshot::Snapshot;
+use crate::locks::Locked;
 use crate::recovery::engine::{Denial, Ending, Record};
 use crate::transport::Status;
 
@@ -202,7 +203,7 @@ impl ToolNames {
     /// `tool`'s label among `server`'s: its own name, or [`OTHER_TOOLS`] past [`MAX_TOOL_LABELS`].
     fn label(&self, server: &str, tool: &str) -> String {
         let name = label(tool);
-        let mut seen = self.seen.lock().expect("not poisoned");
+        let mut seen = self.seen.locked();
         let names = seen.entry(server.to_owned()).or_default();
         if names.contains(&name) || names.len() < MAX_TOOL_LABELS && names.insert(name.clone()) {
             name

@@ -8,10 +8,11 @@
 //! server that does not read would otherwise hold its notifications in memory without
 //! end, and one address opening sessions would take every other client's room.
 
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex};
 
 pub use super::downstreams::SEND_WITHIN;
 use super::tally::Tally;
+use crate::locks::Locked;
 
 /// The most notifications of one client (a session, or over HTTP a request of a
 /// 2026-07-28 client) on their way to its servers at once.
@@ -31,7 +32,7 @@ static ON_THEIR_WAY: LazyLock<Mutex<OnTheirWay>> = LazyLock::new(Mutex::default)
 
 fn on_their_way() -> std::sync::MutexGuard<'static, OnTheirWay> {
     // Taken in a guard's `drop`: a panic elsewhere never makes it unusable.
-    ON_THEIR_WAY.lock().unwrap_or_else(PoisonError::into_inner)
+    ON_THEIR_WAY.locked()
 }
 
 /// One notification of a client on its way, counted until dropped: under the client,

@@ -13,6 +13,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::tally::Tally;
+use crate::locks::Locked;
 
 /// How many of something are out, by key.
 pub struct Counts<K>(Arc<Mutex<Tally<K>>>);
@@ -42,7 +43,7 @@ impl<K: Eq + Hash + Clone> Counts<K> {
 
     /// Counts one more under `key`, unless `max` are counted there already.
     pub fn count_below(&self, key: K, max: usize) -> Option<Counted<K>> {
-        let mut counts = self.0.lock().expect("not poisoned");
+        let mut counts = self.0.locked();
         if counts.of(&key) >= max {
             return None;
         }
@@ -52,13 +53,13 @@ impl<K: Eq + Hash + Clone> Counts<K> {
 
     /// How many are counted under `key`.
     pub fn on(&self, key: &K) -> usize {
-        self.0.lock().expect("not poisoned").of(key)
+        self.0.locked().of(key)
     }
 }
 
 impl<K: Eq + Hash> Drop for Counted<K> {
     fn drop(&mut self) {
-        self.counts.lock().expect("not poisoned").take_back(&self.key, 1);
+        self.counts.locked().take_back(&self.key, 1);
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use crate::locks::Locked;
+
 /// Calls kept per server.
 pub const KEPT: usize = 120;
 
@@ -29,7 +31,7 @@ impl RecentCalls {
     pub fn push(&self, server: &str, took: Duration, outcome: &'static str) {
         let at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let call = Call { at_ms, took_ms: took.as_secs_f64() * 1000.0, outcome };
-        let mut by_server = self.by_server.lock().expect("not poisoned");
+        let mut by_server = self.by_server.locked();
         let calls = match by_server.get_mut(server) {
             Some(calls) => calls,
             None => by_server.entry(server.to_owned()).or_default(),
@@ -42,12 +44,7 @@ impl RecentCalls {
 
     /// `server`'s last calls, oldest first.
     pub fn of(&self, server: &str) -> Vec<Call> {
-        self.by_server
-            .lock()
-            .expect("not poisoned")
-            .get(server)
-            .map(|c| c.iter().copied().collect())
-            .unwrap_or_default()
+        self.by_server.locked().get(server).map(|c| c.iter().copied().collect()).unwrap_or_default()
     }
 }
 

@@ -19,6 +19,7 @@ use super::hub::Hub;
 use super::setup::Changes;
 use crate::config;
 use crate::config::HttpSettings;
+use crate::locks::{Locked, ReadWrite};
 
 /// Changes that come together (an editor writes, renames, touches) are applied once,
 /// this long after the first.
@@ -101,12 +102,12 @@ impl LastReload {
             ReloadOutcome::Refused(why) => ReloadOutcome::Refused(cap(why)),
         };
         let reloaded = Reloaded { at: std::time::SystemTime::now(), outcome };
-        *self.0.lock().expect("not poisoned") = Some(reloaded);
+        *self.0.locked() = Some(reloaded);
     }
 
     /// The last reload's outcome, if there was one.
     pub fn get(&self) -> Option<Reloaded> {
-        self.0.lock().expect("not poisoned").clone()
+        self.0.locked().clone()
     }
 }
 
@@ -388,8 +389,8 @@ impl Watched {
                 }
                 Err(e) => return tracing::debug!("the configuration's watcher: {e}"),
             };
-            let plugins = plugins_seen.read().expect("not poisoned");
-            let target = seen_target.read().expect("not poisoned");
+            let plugins = plugins_seen.reading();
+            let target = seen_target.reading();
             // The plugins folder, or a folder on its way, made, removed or renamed.
             let made = matches!(
                 event.kind,
@@ -438,7 +439,7 @@ impl Watched {
     /// (`ln -sfn`), the new one's instead.
     fn follow_link(&mut self) {
         let target = std::fs::canonicalize(&self.file).ok().filter(|t| *t != self.file);
-        if *self.target.read().expect("not poisoned") == target {
+        if *self.target.reading() == target {
             return;
         }
         let dir = target.as_deref().and_then(Path::parent).map(Path::to_path_buf);
@@ -461,7 +462,7 @@ impl Watched {
         if let Some(target) = target.as_ref().filter(|_| self.watcher.is_some() && self.file.is_symlink()) {
             tracing::info!("{} links to {}: that is watched too", self.file.display(), target.display());
         }
-        *self.target.write().expect("not poisoned") = target;
+        *self.target.writing() = target;
     }
 
     /// Watches `plugins_dir`, and the folder holding it or, while that is not there, the
@@ -510,7 +511,7 @@ impl Watched {
                 let _ = w.unwatch(&dir);
             }
         }
-        *self.plugins_now.write().expect("not poisoned") = absolute(&now);
+        *self.plugins_now.writing() = absolute(&now);
         self.plugins_dir = now;
         self.rewatch();
     }

@@ -64,6 +64,7 @@ use tokio_util::sync::CancellationToken;
 use super::asked_tasks::AskedTasks;
 use super::early::Early;
 use super::held::Bridge;
+use crate::locks::Locked;
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::{Asker, UpstreamRequest};
 
@@ -309,7 +310,7 @@ impl Routing {
 
     fn track(self: &Arc<Self>, instance: u64, call: InFlight) -> CallGuard {
         let id = call.id;
-        self.in_flight.lock().expect("not poisoned").entry(instance).or_default().push(call);
+        self.in_flight.locked().entry(instance).or_default().push(call);
         CallGuard { routing: self.clone(), instance, id, answered: AtomicBool::new(false) }
     }
 
@@ -324,7 +325,7 @@ impl Routing {
     ) -> TaskOwner {
         let key = (session, id.to_owned());
         let number = self.next_task.fetch_add(1, Ordering::Relaxed);
-        self.tasks.lock().expect("not poisoned").insert(key.clone(), TaskEntry { number, owner, ended });
+        self.tasks.locked().insert(key.clone(), TaskEntry { number, owner, ended });
         self.owned.notify_waiters();
         TaskOwner { routing: self.clone(), key, number }
     }
@@ -362,14 +363,14 @@ impl Routing {
 
     /// The client that started task `id` on upstream `session`, while it is there.
     pub fn task_owner(&self, session: u64, id: &str) -> Option<ClientPeer> {
-        let owner = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))?.owner.clone();
+        let owner = self.tasks.locked().get(&(session, id.to_owned()))?.owner.clone();
         (!owner.peer.is_transport_closed()).then_some(owner)
     }
 
     /// Whether a client has task `id` on upstream `session` running (not seen ended, nor
     /// forgotten, nor expired), while that client is there.
     pub fn task_running(&self, session: u64, id: &str) -> bool {
-        let tasks = self.tasks.lock().expect("not poisoned");
+        let tasks = self.tasks.locked();
         tasks
             .get(&(session, id.to_owned()))
             .is_some_and(|t| !t.ended.is_cancelled() && !t.owner.peer.is_transport_closed())
@@ -380,7 +381,7 @@ impl Routing {
     pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<ClientPeer> {
         let id = status["taskId"].as_str()?;
         if matches!(status["status"].as_str(), Some("completed" | "failed" | "cancelled"))
-            && let Some(entry) = self.tasks.lock().expect("not poisoned").get(&(session, id.to_owned()))
+            && let Some(entry) = self.tasks.locked().get(&(session, id.to_owned()))
         {
             entry.ended.cancel();
         }
@@ -396,7 +397,7 @@ impl Routing {
                 None => Caller::Nobody("the task this request belongs to is no task a client of the gateway has now"),
             };
         }
-        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let in_flight = self.in_flight.locked();
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         // The gateway's own requests count where the server serves several clients; one
         // with a client of its own says nothing but to that client.
@@ -455,19 +456,19 @@ impl Routing {
 
     /// Upstream request `request` on `session` ended (or was sent again) now.
     fn gone(&self, session: u64, request: RequestId) {
-        self.gone.lock().expect("not poisoned").add((session, request), Instant::now());
+        self.gone.locked().add((session, request), Instant::now());
     }
 
     /// Whether upstream request `request` on `session` ended a moment ago.
     fn is_gone(&self, session: u64, request: &RequestId) -> bool {
-        let gone = self.gone.lock().expect("not poisoned");
+        let gone = self.gone.locked();
         gone.at.get(&(session, request.clone())).is_some_and(|at| at.elapsed() < ENDED_COUNTS)
     }
 
     /// Whether a task of a client other than `client` runs on upstream `session`: what
     /// the server says without naming a task may be that task's.
     fn another_runs_a_task(&self, session: u64, client: &str) -> bool {
-        let tasks = self.tasks.lock().expect("not poisoned");
+        let tasks = self.tasks.locked();
         tasks.iter().any(|((s, _), t)| *s == session && *t.owner.client != *client && !t.ended.is_cancelled())
     }
 
@@ -475,7 +476,7 @@ impl Routing {
     fn call_ended(&self, instance: u64, client: Arc<str>, how: Ending) {
         let now = Instant::now();
         let fresh = |ended: &Ended| still_counts(ended, now);
-        let mut ended = self.ended.lock().expect("not poisoned");
+        let mut ended = self.ended.locked();
         if ended.by_instance.len() > ENDED_KEPT && ended.swept.is_none_or(|at| now.duration_since(at) >= SWEEP_EVERY) {
             ended.by_instance.retain(|_, clients| {
                 clients.retain(fresh);
@@ -507,7 +508,7 @@ impl Routing {
     /// about the other. (Not one answered before: that is the case of every client that
     /// calls after another, whose calls' lines would all be held back.)
     fn another_answered(&self, instance: u64, client: &str) -> bool {
-        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let in_flight = self.in_flight.locked();
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         let Some(first) = calls.iter().filter(|c| *c.client == *client).map(|c| c.since).min() else {
             return false;
@@ -520,7 +521,7 @@ impl Routing {
     /// Whether a call that ended on `instance` a moment ago is `such`.
     fn another_ended_as(&self, instance: u64, such: impl Fn(&Ended) -> bool) -> bool {
         let now = Instant::now();
-        let ended = self.ended.lock().expect("not poisoned");
+        let ended = self.ended.locked();
         ended.by_instance.get(&instance).is_some_and(|clients| clients.iter().any(|e| still_counts(e, now) && such(e)))
     }
 
@@ -549,7 +550,7 @@ impl Routing {
 
     /// Whether `client`'s request `request` is still in flight on `instance`.
     pub fn is_in_flight(&self, instance: u64, client: &str, request: &RequestId) -> bool {
-        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let in_flight = self.in_flight.locked();
         let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
         calls.iter().any(|c| *c.client == *client && c.request == *request)
     }
@@ -557,14 +558,14 @@ impl Routing {
     /// Clients' calls in flight on `instance` (not the gateway's own requests, which a
     /// stop ends), and requests that hold it ([`Self::pins`]).
     pub fn in_flight_on(&self, instance: u64) -> usize {
-        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let in_flight = self.in_flight.locked();
         let calls = in_flight.get(&instance).map_or(0, |calls| calls.iter().filter(|c| c.peer.is_some()).count());
         calls + self.pins.on(&instance)
     }
 
     /// Clients' calls in flight on any instance.
     pub fn in_flight(&self) -> usize {
-        let in_flight = self.in_flight.lock().expect("not poisoned");
+        let in_flight = self.in_flight.locked();
         in_flight.values().flatten().filter(|c| c.peer.is_some()).count()
     }
 
@@ -572,8 +573,8 @@ impl Routing {
     /// arrives, until [`Routing::unmap_progress`].
     pub fn map_progress(&self, session: u64, upstream: ProgressToken, to: ProgressTo) {
         let mut route = ProgressRoute { to, forwarder: None };
-        let mut routes = self.progress.lock().expect("not poisoned");
-        for p in self.early_progress.lock().expect("not poisoned").take(session, &upstream) {
+        let mut routes = self.progress.locked();
+        for p in self.early_progress.locked().take(session, &upstream) {
             route.forward(p);
         }
         routes.insert((session, upstream), route);
@@ -588,7 +589,7 @@ impl Routing {
     /// Ends the mapping; the forwarder, if progress came, is to be flushed before the
     /// answer is sent.
     pub fn unmap_progress(&self, session: u64, upstream: &ProgressToken) -> Option<ProgressForwarder> {
-        let route = self.progress.lock().expect("not poisoned").remove(&(session, upstream.clone()))?;
+        let route = self.progress.locked().remove(&(session, upstream.clone()))?;
         route.forwarder.map(|(_, task)| ProgressForwarder(task))
     }
 
@@ -598,12 +599,12 @@ impl Routing {
     /// the gateway gives ([`MAX_PROGRESS_TOKEN`]) is no call's, and dropped.
     pub fn progress(&self, session: u64, p: ProgressNotificationParam) {
         let Some(p) = bounded(p) else { return };
-        let mut routes = self.progress.lock().expect("not poisoned");
+        let mut routes = self.progress.locked();
         if let Some(route) = routes.get_mut(&(session, p.progress_token.clone())) {
             route.forward(p);
             return;
         }
-        self.early_progress.lock().expect("not poisoned").keep(session, p);
+        self.early_progress.locked().keep(session, p);
     }
 }
 
@@ -647,7 +648,7 @@ impl ProgressTo {
             Self::Waiting(waiting) => {
                 // Counted under the lock, so that whoever sets the next listener and then
                 // waits for what is on its way sees this one.
-                let current = waiting.0.listener.lock().expect("not poisoned");
+                let current = waiting.0.listener.locked();
                 let listener = current.clone()?;
                 waiting.0.queued.send_modify(|n| *n += 1);
                 drop(current);
@@ -674,7 +675,7 @@ struct WaitingFor {
 impl Waiting {
     /// Progress that comes from now on goes to `peer` under `token`, or nowhere.
     pub fn set(&self, to: Option<Listener>) {
-        *self.0.listener.lock().expect("not poisoned") = to;
+        *self.0.listener.locked() = to;
     }
 
     /// Waits until the progress given to the request that waited so far has been handed
@@ -799,14 +800,14 @@ impl TaskOwner {
     /// Whether the task's id on its connection is still this task's: a server may give
     /// it to a new task (once its time to live is up, say), whose owner it is then.
     pub fn owns(&self) -> bool {
-        let tasks = self.routing.tasks.lock().expect("not poisoned");
+        let tasks = self.routing.tasks.locked();
         tasks.get(&self.key).is_some_and(|entry| entry.number == self.number)
     }
 }
 
 impl Drop for TaskOwner {
     fn drop(&mut self) {
-        let mut tasks = self.routing.tasks.lock().expect("not poisoned");
+        let mut tasks = self.routing.tasks.locked();
         if tasks.get(&self.key).is_some_and(|entry| entry.number == self.number) {
             tasks.remove(&self.key);
         }
@@ -837,13 +838,13 @@ impl CallGuard {
     pub fn others_in_flight(&self, session: u64) -> impl Fn(tokio::time::Instant) -> bool + Send + 'static {
         let (routing, instance) = (self.routing.clone(), self.instance);
         let mine = {
-            let in_flight = self.routing.in_flight.lock().expect("not poisoned");
+            let in_flight = self.routing.in_flight.locked();
             let this = in_flight.get(&instance).and_then(|calls| calls.iter().find(|c| c.id == self.id));
             this.map(|c| (c.client.clone(), c.request.clone()))
         };
         move |before| {
             let calls = {
-                let in_flight = routing.in_flight.lock().expect("not poisoned");
+                let in_flight = routing.in_flight.locked();
                 let calls = in_flight.get(&instance).map(Vec::as_slice).unwrap_or_default();
                 calls.iter().any(|c| {
                     let same =
@@ -852,19 +853,13 @@ impl CallGuard {
                 })
             };
             // A task the server has not said ended may be what it works on.
-            calls
-                || routing
-                    .tasks
-                    .lock()
-                    .expect("not poisoned")
-                    .iter()
-                    .any(|((s, _), t)| *s == session && !t.ended.is_cancelled())
+            calls || routing.tasks.locked().iter().any(|((s, _), t)| *s == session && !t.ended.is_cancelled())
         }
     }
 
     /// The attempt went out as request `request` on upstream session `session`.
     pub fn sent(&self, session: u64, request: RequestId) {
-        let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
+        let mut in_flight = self.routing.in_flight.locked();
         if let Some(call) = in_flight.get_mut(&self.instance).and_then(|c| c.iter_mut().find(|c| c.id == self.id)) {
             // Marked gone before the lock is released, as in `drop`: what the server says
             // about the old request meanwhile finds it in one or the other.
@@ -881,7 +876,7 @@ impl Drop for CallGuard {
         // The call's end is noted before it leaves the calls in flight (both under their
         // lock, which the rule takes first): what the server says meanwhile finds it in
         // one or the other.
-        let mut in_flight = self.routing.in_flight.lock().expect("not poisoned");
+        let mut in_flight = self.routing.in_flight.locked();
         let Some(calls) = in_flight.get_mut(&self.instance) else { return };
         let Some(at) = calls.iter().position(|c| c.id == self.id) else { return };
         let call = calls.remove(at);

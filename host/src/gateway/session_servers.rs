@@ -29,6 +29,7 @@ use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use super::tasks::Tasks;
 use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
+use crate::locks::Locked;
 use crate::plugins::Adapters;
 use crate::recovery::breaker::Blame;
 use crate::recovery::engine::Engine;
@@ -141,7 +142,7 @@ impl SessionServers {
     /// configuration after a reload (the instances it gives up stop once their calls are
     /// done); none before it initialised or when no server is `session`-scoped.
     fn own(self: &Arc<Self>) -> Option<Arc<Own>> {
-        let mut own = self.own.lock().expect("not poisoned");
+        let mut own = self.own.locked();
         // Read under the lock: a request that read an older setup cannot bring the
         // session back to it after a newer one was applied.
         let setup = self.hub.setup();
@@ -250,7 +251,7 @@ impl SessionServers {
     /// `old` from now on if it is up and still wanted (see [`Own::taken_over`]); else it
     /// failed (as [`keeps_old`] says for a shared server) or was superseded.
     fn settle_relaunch(&self, old: &Arc<ServerHandle>, new: &Arc<ServerHandle>) -> Relaunch {
-        let mut own = self.own.lock().expect("not poisoned");
+        let mut own = self.own.locked();
         if !own.coming.get(&new.name).is_some_and(|c| Arc::ptr_eq(c, new)) {
             return Relaunch::Superseded;
         }
@@ -369,7 +370,7 @@ impl SessionServers {
     pub fn catalogue(self: &Arc<Self>) -> Arc<Catalogue> {
         let shared = self.hub.catalogue();
         let own = self.own();
-        match (&*self.catalogue.lock().expect("not poisoned"), &own) {
+        match (&*self.catalogue.locked(), &own) {
             (None, None) => return shared,
             (Some(b), Some(own)) if Arc::ptr_eq(&b.shared, &shared) && Arc::ptr_eq(&b.own, own) => {
                 return b.catalogue.clone();
@@ -391,7 +392,7 @@ impl SessionServers {
     fn built(self: &Arc<Self>, force: bool, first: bool) -> Arc<Catalogue> {
         // Its instances are read under the catalogue's lock: two builds racing store the
         // newer last.
-        let mut cached = self.catalogue.lock().expect("not poisoned");
+        let mut cached = self.catalogue.locked();
         let own = self.own();
         let shared = self.hub.catalogue();
         let (prev, next) = match own {
@@ -471,7 +472,7 @@ impl SessionServers {
 
     /// Its own instances as last brought in line with the configuration.
     fn current(&self) -> Option<Arc<Own>> {
-        self.own.lock().expect("not poisoned").serving.clone()
+        self.own.locked().serving.clone()
     }
 
     /// Its own instances only.
@@ -483,7 +484,7 @@ impl SessionServers {
     pub fn recovery(&self) -> Recovery {
         let setup = self.hub.setup();
         let Some(own) = self.current() else { return Recovery { setup, own: None } };
-        let mut cached = own.recovery.lock().expect("not poisoned");
+        let mut cached = own.recovery.locked();
         let built = match &*cached {
             Some((on, built)) if Arc::ptr_eq(on, &setup) => built.clone(),
             _ => {
@@ -502,7 +503,7 @@ impl Drop for SessionServers {
             self.hub.session_ended(&self.client);
         }
         self.hub.errors.close_view(&self.client);
-        let own = std::mem::take(self.own.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let own = std::mem::take(self.own.locked_mut());
         let Some(serving) = own.serving else { return };
         tracing::info!(session = %self.client, "the session ended; stopping its own servers");
         let servers: Vec<_> = serving.servers.values().chain(own.coming.values()).cloned().collect();

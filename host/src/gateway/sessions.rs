@@ -18,6 +18,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId};
 use tokio::time::Instant;
 
+use crate::locks::Locked;
+
 /// rmcp's in-memory sessions, at most `max` of them, each closed after `idle` without
 /// a request from its client.
 pub struct CappedSessions {
@@ -62,7 +64,7 @@ struct Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(&self.id) {
+        if let Some(u) = self.used.locked().get_mut(&self.id) {
             u.streams = u.streams.saturating_sub(1);
             u.at = Instant::now();
         }
@@ -94,8 +96,7 @@ impl CappedSessions {
                 let Some(sessions) = weak.upgrade() else { return };
                 let idle: Vec<SessionId> = sessions
                     .used
-                    .lock()
-                    .expect("not poisoned")
+                    .locked()
                     .iter()
                     .filter(|(_, u)| u.streams == 0 && u.at.elapsed() >= sessions.idle)
                     .map(|(id, _)| id.clone())
@@ -116,25 +117,25 @@ impl CappedSessions {
 
     /// Session `id` was made by a client at `ip`.
     pub fn made_by(&self, id: &str, ip: std::net::IpAddr) {
-        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+        if let Some(u) = self.used.locked().get_mut(id) {
             u.owner = Some(Maker::of(ip));
         }
     }
 
     /// Whether `id` names a session open now.
     pub fn knows(&self, id: &str) -> bool {
-        self.used.lock().expect("not poisoned").contains_key(id)
+        self.used.locked().contains_key(id)
     }
 
     fn touch(&self, id: &SessionId) {
-        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+        if let Some(u) = self.used.locked().get_mut(id) {
             u.at = Instant::now();
         }
     }
 
     /// Marks a stream of `id` open until the returned guard is dropped.
     fn open(&self, id: &SessionId) -> Open {
-        if let Some(u) = self.used.lock().expect("not poisoned").get_mut(id) {
+        if let Some(u) = self.used.locked().get_mut(id) {
             u.streams += 1;
             u.at = Instant::now();
         }
@@ -145,7 +146,7 @@ impl CappedSessions {
     /// both take the last place: the sessions to close (see [`eviction_order`]), already
     /// forgotten here.
     fn make_room(&self) -> Vec<SessionId> {
-        let mut used = self.used.lock().expect("not poisoned");
+        let mut used = self.used.locked();
         let over = (used.len() + 1).saturating_sub(self.max);
         if over == 0 {
             return Vec::new();
@@ -214,7 +215,7 @@ impl SessionManager for CappedSessions {
             let _ = self.inner.close_session(&old).await;
         }
         let (id, transport) = self.inner.create_session().await?;
-        self.used.lock().expect("not poisoned").insert(id.clone(), Use { at: Instant::now(), streams: 0, owner: None });
+        self.used.locked().insert(id.clone(), Use { at: Instant::now(), streams: 0, owner: None });
         Ok((id, transport))
     }
 
@@ -238,7 +239,7 @@ impl SessionManager for CappedSessions {
     }
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
-        self.used.lock().expect("not poisoned").remove(id);
+        self.used.locked().remove(id);
         self.closed.store(true, std::sync::atomic::Ordering::Release);
         self.inner.close_session(id).await
     }

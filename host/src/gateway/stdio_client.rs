@@ -33,6 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::locks::Locked;
 use crate::transport::id_scan::Scanned;
 use crate::transport::lines::{Line, Lines, Out, Past, Queued, Refusals, Unsent};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};
@@ -111,7 +112,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin + Send + 'static> StdioClient<R
         async move {
             loop {
                 let idle = admission.idle.notified();
-                if admission.in_flight.lock().expect("not poisoned").is_empty() {
+                if admission.in_flight.locked().is_empty() {
                     return;
                 }
                 idle.await;
@@ -271,10 +272,10 @@ impl Admission {
             && let ClientNotification::CancelledNotification(c) = &n.notification
             && let Some(id) = &c.params.request_id
         {
-            self.free(&mut self.in_flight.lock().expect("not poisoned"), id);
+            self.free(&mut self.in_flight.locked(), id);
         }
         let ClientJsonRpcMessage::Request(request) = message else { return Ok(()) };
-        let mut in_flight = self.in_flight.lock().expect("not poisoned");
+        let mut in_flight = self.in_flight.locked();
         let error = if in_flight.contains_key(&request.id) {
             ErrorData::invalid_request(
                 format!("a request with id {} is already in flight; give each request its own id", request.id),
@@ -298,12 +299,12 @@ impl Admission {
 
     /// The request now holding `id`, to free once its answer is written.
     fn holder(&self, id: &RequestId) -> Option<u64> {
-        self.in_flight.lock().expect("not poisoned").get(id).copied()
+        self.in_flight.locked().get(id).copied()
     }
 
     /// Frees `id` if request `holder` still holds it.
     fn done(&self, id: &RequestId, holder: u64) {
-        let mut in_flight = self.in_flight.lock().expect("not poisoned");
+        let mut in_flight = self.in_flight.locked();
         if in_flight.get(id) == Some(&holder) {
             self.free(&mut in_flight, id);
         }

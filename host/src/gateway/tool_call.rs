@@ -18,6 +18,7 @@ use super::hub::Hub;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
+use crate::locks::Locked;
 use crate::recovery::Failure;
 use crate::recovery::breaker::{Blame, Culprit};
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
@@ -272,14 +273,14 @@ impl Upstreams<'_> {
 
     /// Notes that an attempt on `handle` failed in `session`.
     fn failed(&self, handle: Arc<ServerHandle>, session: u64) {
-        let mut failed_on = self.failed_on.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut failed_on = self.failed_on.locked();
         failed_on.retain(|(h, _)| h.name != handle.name);
         failed_on.push((handle, session));
     }
 
     /// The instance and session `server`'s last failed attempt ran on.
     fn failed_on(&self, server: &str) -> Option<(Arc<ServerHandle>, u64)> {
-        let failed_on = self.failed_on.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let failed_on = self.failed_on.locked();
         failed_on.iter().find(|(h, _)| &*h.name == server).cloned()
     }
 }

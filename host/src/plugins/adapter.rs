@@ -12,6 +12,7 @@ use super::load::{Info, Loaded, Needs};
 use super::runtime::{Fault, Pre, Reply, Request, Room, Runtime};
 use super::state::{CappedPipe, LogBudget, State};
 use crate::config::AdapterGrant;
+use crate::locks::{Locked, ReadWrite};
 use crate::text::capped;
 
 mod lane;
@@ -186,14 +187,14 @@ impl Adapter {
 
     /// What is hidden from the adapter now.
     fn secrets(&self) -> Secrets {
-        self.secrets.read().expect("not poisoned").clone()
+        self.secrets.reading().clone()
     }
 
     /// From now on hides `more` too, from this adapter and its forks: a reload may bring
     /// new secrets (another server's, the gateway's token), and what was secret stays
     /// hidden.
     pub fn hide(&self, more: &Secrets) {
-        let mut secrets = self.secrets.write().expect("not poisoned");
+        let mut secrets = self.secrets.writing();
         *secrets = secrets.union(more);
     }
 
@@ -210,11 +211,11 @@ impl Adapter {
     /// code or settings may be what fixed it.
     pub fn count_on_from(&self, old: &Adapter) {
         let (faults, busy, too_heavy) = {
-            let h = old.health.lock().expect("not poisoned");
+            let h = old.health.locked();
             (h.total_faults, h.busy, h.too_heavy)
         };
         {
-            let mut h = self.health.lock().expect("not poisoned");
+            let mut h = self.health.locked();
             h.total_faults += faults;
             h.busy += busy;
             h.too_heavy += too_heavy;
@@ -228,7 +229,7 @@ impl Adapter {
     /// once a minute (they are counted in full in the metrics).
     pub fn report_denied(&self, denied: &[Denied]) {
         let now = Instant::now();
-        let mut health = self.health.lock().expect("not poisoned");
+        let mut health = self.health.locked();
         let logged = &mut health.denials_logged;
         for d in denied {
             let due = logged.get(&d.denial).is_none_or(|at| now.duration_since(*at) >= DENIAL_LOG_EVERY);
@@ -250,7 +251,7 @@ impl Adapter {
     }
 
     pub fn health(&self) -> HealthReport {
-        let h = self.health.lock().expect("not poisoned");
+        let h = self.health.locked();
         HealthReport {
             name: self.name.to_string(),
             version: self.info.version.clone(),
@@ -269,7 +270,7 @@ impl Adapter {
     }
 
     fn quarantined(&self) -> bool {
-        let mut h = self.health.lock().expect("not poisoned");
+        let mut h = self.health.locked();
         match h.quarantined_until {
             Some(until) if Instant::now() < until => true,
             Some(_) => {
@@ -284,7 +285,7 @@ impl Adapter {
 
     /// A fault in `what`, `message` in the host's words, with what the adapter printed.
     fn fault(&self, what: &str, message: String, printed: Option<String>) {
-        let mut h = self.health.lock().expect("not poisoned");
+        let mut h = self.health.locked();
         let now = Instant::now();
         h.total_faults += 1;
         let quarantine = h.faults.reached(now.into(), FAULT_WINDOW, FAULT_LIMIT);
@@ -305,7 +306,7 @@ impl Adapter {
 
     /// Counts a call not shown to the adapter because it weighs more than [`Self::heaviest`].
     fn not_shown(&self, what: &str, weight: Option<usize>) {
-        self.health.lock().expect("not poisoned").too_heavy += 1;
+        self.health.locked().too_heavy += 1;
         let weight = weight.map_or_else(String::new, |w| format!(" {w} bytes"));
         tracing::debug!(adapter = %self.name, server = %self.server, "{what}: not asked: the call would weigh{weight} once read, more than a quarter of the adapter's memory");
     }
@@ -342,7 +343,7 @@ impl Adapter {
             self.runtime.limits.memory,
         );
         let Ok(Ok(mine)) = tokio::time::timeout_at(end.into(), self.room.share.clone().acquire_owned()).await else {
-            self.health.lock().expect("not poisoned").busy += 1;
+            self.health.locked().busy += 1;
             tracing::debug!(adapter = %self.name, server = %self.server, "{what}: every instance it may hold is busy");
             return None;
         };
@@ -357,7 +358,7 @@ impl Adapter {
                 Some(reply)
             }
             Err(Fault::Busy) => {
-                self.health.lock().expect("not poisoned").busy += 1;
+                self.health.locked().busy += 1;
                 tracing::debug!(adapter = %self.name, server = %self.server, "{what}: the instance pool was busy past most of its deadline");
                 None
             }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::locks::Locked;
+
 /// Limits of one store (documented in the WIT).
 const MAX_KEY: usize = 256;
 const MAX_VALUE: usize = 64 << 10;
@@ -53,7 +55,7 @@ impl Kv {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.entries.locked()
     }
 
     pub fn get(&self, key: &str) -> Option<String> {

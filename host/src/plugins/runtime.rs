@@ -16,6 +16,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::{self, v0_1, v0_2};
 use super::state::State;
+use crate::locks::Locked;
 use v0_1::rebound::adapter::types as wit;
 
 pub use driver::{TICK, TickGuard};
@@ -313,7 +314,7 @@ impl Runtime {
     /// threads, one for every server it serves (and every copy of it), so that an adapter
     /// configured for many servers takes no more than one.
     pub fn room(&self, name: &str) -> Room {
-        let mut rooms = self.rooms.lock().expect("not poisoned");
+        let mut rooms = self.rooms.locked();
         rooms.entry(name.into()).or_insert_with(|| self.new_room()).clone()
     }
 

@@ -10,6 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
 use super::bindings::v0_2::rebound::adapter as v0_2;
 use super::kv::Kv;
+use crate::locks::Locked;
 use crate::text::shown;
 
 /// The longest `host.log` line kept; the rest is cut.
@@ -115,7 +116,7 @@ impl LogBudget {
     /// Whether one more line may be written now.
     fn take(&self) -> bool {
         let now = std::time::Instant::now();
-        let mut w = self.window.lock().expect("not poisoned");
+        let mut w = self.window.locked();
         if w.0.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
             *w = (Some(now), 0);
         }
@@ -255,7 +256,7 @@ impl CappedPipe {
     /// What was written, lossily as text on one line ([`shown`]), with a note when some
     /// was dropped.
     pub fn text(&self) -> String {
-        let buf = self.buf.lock().expect("not poisoned");
+        let buf = self.buf.locked();
         let mut t = shown(String::from_utf8_lossy(&buf).trim(), usize::MAX);
         if buf.len() >= self.cap {
             t.push_str(" …(truncated)");
@@ -287,7 +288,7 @@ impl wasmtime_wasi::p2::Pollable for CappedPipe {
 
 impl wasmtime_wasi::p2::OutputStream for CappedPipe {
     fn write(&mut self, bytes: bytes::Bytes) -> wasmtime_wasi::p2::StreamResult<()> {
-        let mut b = self.buf.lock().expect("not poisoned");
+        let mut b = self.buf.locked();
         let room = self.cap.saturating_sub(b.len());
         b.extend_from_slice(&bytes[..bytes.len().min(room)]);
         Ok(())

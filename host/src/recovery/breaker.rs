@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::clock::{Clock, Rng};
 use crate::config::BreakerConfig;
+use crate::locks::Locked;
 
 /// What a finished call tells the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +186,7 @@ impl Breaker {
     /// whose probe already failed in this period.
     pub fn admit_for(self: &Arc<Self>, blame: Blame) -> Result<Permit, Duration> {
         let now = self.clock.now();
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.locked();
         s.last_used = Some(now);
         let probe = match s.phase {
             Phase::Closed => false,
@@ -220,7 +221,7 @@ impl Breaker {
 
     /// Closes the breaker by hand (`rebound_reset_breaker`).
     pub fn reset(&self) {
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.locked();
         s.phase = Phase::Closed;
         s.end_run();
         s.openings = 0;
@@ -236,7 +237,7 @@ impl Breaker {
     /// Whether it will still refuse a call blamed on `blame` at `at`: open, or half-open
     /// with that client's probe failed and its wait not over.
     pub fn refuses_at(&self, blame: Blame, at: Instant) -> bool {
-        let s = self.state.lock().expect("not poisoned");
+        let s = self.state.locked();
         match s.phase {
             Phase::Closed => false,
             Phase::Open { until } => at < until,
@@ -245,12 +246,12 @@ impl Breaker {
     }
 
     pub fn phase(&self) -> Phase {
-        self.state.lock().expect("not poisoned").phase
+        self.state.locked().phase
     }
 
     pub fn snapshot(&self) -> Snapshot {
         let now = self.clock.now();
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.locked();
         self.prune(&mut s, now);
         let (calls, failures) = window_totals(&s.window);
         let (state, retry_in) = match s.phase {
@@ -272,7 +273,7 @@ impl Breaker {
 
     fn record(&self, probe: bool, cycle: u64, outcome: Outcome, blame: Blamed) {
         let now = self.clock.now();
-        let mut s = self.state.lock().expect("not poisoned");
+        let mut s = self.state.locked();
         s.last_used = Some(now);
         if outcome == Outcome::Success {
             s.last_success = Some(now);
@@ -329,7 +330,7 @@ impl Breaker {
 
     /// Whether a call through this breaker succeeded at `since` or later.
     pub fn answered_since(&self, since: Instant) -> bool {
-        self.state.lock().expect("not poisoned").last_success.is_some_and(|t| t >= since)
+        self.state.locked().last_success.is_some_and(|t| t >= since)
     }
 
     fn open(&self, s: &mut State, now: Instant) {
@@ -388,7 +389,7 @@ impl Breaker {
     /// knows is stale, and nothing would be lost with it.
     pub fn idle(&self) -> bool {
         let now = self.clock.now();
-        let s = self.state.lock().expect("not poisoned");
+        let s = self.state.locked();
         let window = Duration::from_millis(self.config.window_ms);
         let unused = s.last_used.is_none_or(|t| now.saturating_duration_since(t) >= window);
         // An opening is remembered for a window after it ended, so that the next one of

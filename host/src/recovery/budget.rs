@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::breaker::{Blame, Culprit};
+use crate::locks::Locked;
 
 /// The most clients of one server with a budget of their own; past it, full ones make
 /// room, and a client that finds none retries on the server's budget alone.
@@ -65,7 +66,7 @@ impl Budgets {
             && self.any_client.load(std::sync::atomic::Ordering::Relaxed)
         {
             let own_max = self.own_max();
-            if let Some(tokens) = self.clients.lock().expect("not poisoned").get_mut(&client) {
+            if let Some(tokens) = self.clients.locked().get_mut(&client) {
                 *tokens = (*tokens + self.server.ratio).min(own_max);
             }
         }
@@ -77,7 +78,7 @@ impl Budgets {
         let server = || if self.server.withdraw() { Ok(()) } else { Err(Spent::Server) };
         let Blame::Client(Culprit { shared: client, .. }) = blame else { return server() };
         let own_max = self.own_max();
-        let mut clients = self.clients.lock().expect("not poisoned");
+        let mut clients = self.clients.locked();
         if !clients.contains_key(&client) && clients.len() >= MAX_CLIENT_BUDGETS {
             clients.retain(|_, tokens| *tokens < own_max);
         }
@@ -116,13 +117,13 @@ impl RetryBudget {
 
     /// A call was made.
     pub fn deposit(&self) {
-        let mut t = self.tokens.lock().expect("not poisoned");
+        let mut t = self.tokens.locked();
         *t = (*t + self.ratio).min(self.max);
     }
 
     /// Takes the token for one retry, if there is one.
     pub fn withdraw(&self) -> bool {
-        let mut t = self.tokens.lock().expect("not poisoned");
+        let mut t = self.tokens.locked();
         if *t >= 1.0 {
             *t -= 1.0;
             true
@@ -132,7 +133,7 @@ impl RetryBudget {
     }
 
     pub fn tokens(&self) -> f64 {
-        *self.tokens.lock().expect("not poisoned")
+        *self.tokens.locked()
     }
 }
 

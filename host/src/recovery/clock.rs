@@ -9,6 +9,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng};
 use tokio::time::Instant;
 
+use crate::locks::Locked;
+
 /// Monotonic time, wall time and sleeping.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Instant;
@@ -49,7 +51,7 @@ impl Rng {
     }
 
     pub fn unit(&self) -> f64 {
-        self.0.lock().expect("not poisoned").random::<f64>()
+        self.0.locked().random::<f64>()
     }
 }
 

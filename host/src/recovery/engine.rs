@@ -47,6 +47,7 @@ use super::failure::Failure;
 use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
+use crate::locks::Locked;
 use crate::transport::Status;
 
 /// Why a call the client cancelled stopped where it did.
@@ -427,7 +428,7 @@ impl std::fmt::Debug for Engine {
 
 /// `name`'s counters in `tallies`, made on first use.
 fn tally(tallies: &std::sync::Mutex<HashMap<Arc<str>, Arc<Counters>>>, name: &Arc<str>) -> Arc<Counters> {
-    tallies.lock().expect("not poisoned").entry(name.clone()).or_default().clone()
+    tallies.locked().entry(name.clone()).or_default().clone()
 }
 
 /// Whether `tool` may be replayed: config says so, or its annotations do.
@@ -654,7 +655,7 @@ impl Engine {
         match driven {
             Ok(ending) => (ending, record),
             Err(panic) => {
-                let reason = panic_message(&*panic);
+                let reason = crate::text::of_panic(&*panic).to_owned();
                 let failure = Failure::Internal { reason };
                 let class = classify(&failure, self.clock.wall());
                 record.push(&call.server, &call.tool, Role::Primary, Some((failure, class)), Duration::ZERO);
@@ -1305,15 +1306,6 @@ fn with_note(mut result: CallToolResult, note: Option<&str>) -> CallToolResult {
         result.content.push(rmcp::model::ContentBlock::text(format!("[rebound: {note}]")));
     }
     result
-}
-
-/// The text of a caught panic.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// The alternative's arguments: `"$name"` copies the original argument `name`.

@@ -32,6 +32,7 @@ use sse_stream::{Sse, SseStream};
 use super::supervisor::{MAX_MESSAGE_BYTES, MAX_MESSAGE_WEIGHT};
 use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
+use crate::locks::Locked;
 
 /// The most answers awaited here (past it, rmcp's reading of a new one stands), and the
 /// most read here and not yet taken by the transport (each is taken as soon as rmcp has
@@ -72,10 +73,10 @@ impl Tap {
         {
             // A session begun again (one expired) numbers its requests afresh: what was
             // read in the last one answers nothing in this one.
-            lock(&self.read).clear();
-            lock(&self.asked).clear();
+            self.read.locked().clear();
+            self.asked.locked().clear();
         }
-        let mut awaited = lock(&self.awaited);
+        let mut awaited = self.awaited.locked();
         let reads = reads && awaited.len() < MAX_READ;
         if reads {
             awaited.sent(message);
@@ -86,7 +87,7 @@ impl Tap {
     /// The answer in one message from the server as it came (a JSON body, an SSE event's
     /// data), when it answers a request read here and rmcp's types would change it.
     fn answer(&self, raw: &[u8]) -> Option<ServerJsonRpcMessage> {
-        let mut awaited = lock(&self.awaited);
+        let mut awaited = self.awaited.locked();
         if awaited.is_empty() && self.tasks.is_none() {
             return None;
         }
@@ -102,7 +103,7 @@ impl Tap {
             JsonRpcMessage::Request(request) => (&self.asked, request.id.clone()),
             _ => return,
         };
-        let mut kept = lock(kept);
+        let mut kept = kept.locked();
         if kept.len() >= MAX_READ {
             kept.clear(); // messages rmcp never passed on
         }
@@ -111,7 +112,7 @@ impl Tap {
 
     /// Request `id` will have no answer read here: it failed, was given up, or was answered.
     fn forget(&self, id: &RequestId) {
-        lock(&self.awaited).forget(id);
+        self.awaited.locked().forget(id);
     }
 
     /// A message rmcp is about to send, whether it posts it or not: a request cancelled
@@ -123,7 +124,7 @@ impl Tap {
             && let Some(id) = &c.params.request_id
         {
             self.forget(id);
-            lock(&self.read).remove(id);
+            self.read.locked().remove(id);
         }
     }
 
@@ -137,7 +138,7 @@ impl Tap {
             }
             // The same request only if it has the same method too: one rmcp could not read
             // leaves its reading here behind, and a session begun again reuses ids.
-            let Some(ours) = lock(&self.asked).remove(&request.id) else { return message };
+            let Some(ours) = self.asked.locked().remove(&request.id) else { return message };
             let method = |m: &ServerJsonRpcMessage| serde_json::to_value(m).ok().map(|v| v["method"].clone());
             return if method(&ours) == method(&message) { ours } else { message };
         }
@@ -147,7 +148,7 @@ impl Tap {
             _ => return message,
         };
         self.forget(id);
-        let mut read = lock(&self.read);
+        let mut read = self.read.locked();
         match read.remove(id) {
             Some(ours) if matches!(message, JsonRpcMessage::Response(_)) => ours,
             _ => message,
@@ -169,12 +170,6 @@ impl Tap {
             })
             .boxed()
     }
-}
-
-/// A lock whose holder cannot leave it half-changed (each is one map operation), so one
-/// that panicked does not poison it for the rest, nor make a drop guard panic in turn.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Forgets a request's wait when dropped: its post failed, or rmcp gave it up midway.
@@ -939,7 +934,7 @@ mod tests {
             let by_rmcp: ServerJsonRpcMessage = serde_json::from_value(asked.clone()).unwrap();
             let passed = serde_json::to_value(tap.replace(by_rmcp)).unwrap();
             assert_eq!(passed["params"].get("task").is_some(), kept, "{passed}");
-            assert!(lock(&tap.asked).is_empty());
+            assert!(tap.asked.locked().is_empty());
         }
         // What was read here for a request rmcp never passed on does not stand in for
         // another request with its id.
@@ -955,17 +950,17 @@ mod tests {
     async fn a_request_accepted_for_later_waits_until_cancelled() {
         let (posted, tap) = post(server(|| Status::ACCEPTED.into_response()).await, None).await;
         assert!(matches!(posted, Ok(StreamableHttpPostResponse::Accepted)));
-        assert_eq!(lock(&tap.awaited).len(), 1, "its answer is to come on the GET stream");
+        assert_eq!(tap.awaited.locked().len(), 1, "its answer is to come on the GET stream");
         // Cancelled: whether rmcp posts the cancellation or not (on 2026-07-28 it does
         // not), nothing is kept for it, awaited or read and not yet passed on.
         let cancel: ClientJsonRpcMessage = message(json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
             "params": {"requestId": 7}}));
         tap.sending(&cancel);
-        assert!(lock(&tap.awaited).is_empty());
+        assert!(tap.awaited.locked().is_empty());
         assert!(tap.sent(&task_result(7)));
         tap.saw(TASK.as_bytes());
-        assert_eq!(lock(&tap.read).len(), 1);
+        assert_eq!(tap.read.locked().len(), 1);
         tap.sending(&cancel);
-        assert!(lock(&tap.awaited).is_empty() && lock(&tap.read).is_empty());
+        assert!(tap.awaited.locked().is_empty() && tap.read.locked().is_empty());
     }
 }

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::supervisor::{Session, restart_delay};
 use super::upstream::{Relay, UpstreamEvent};
 use crate::config::RestartPolicy;
+use crate::locks::Locked;
 
 /// The most resources of one server session the gateway follows at once: each is a
 /// request kept open on the server.
@@ -149,7 +150,7 @@ impl Follows {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Followed> {
-        self.followed.lock().expect("not poisoned")
+        self.followed.locked()
     }
 
     /// `who` joins the open follow of `uri`, waits for the one being opened, or opens it

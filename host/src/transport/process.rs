@@ -14,6 +14,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::config::StdioLaunch;
+use crate::locks::Locked;
 use crate::redact::Secrets;
 
 /// How long a child gets after stdin closes, and again after SIGTERM.
@@ -128,7 +129,7 @@ impl ServerProcess {
                         line.push_str(" …(cut)");
                     }
                     tracing::info!(target: "rebound::upstream", server = %name, "{line}");
-                    let mut tail = tail.lock().expect("not poisoned");
+                    let mut tail = tail.locked();
                     if tail.len() == TAIL_LINES {
                         tail.pop_front();
                     }
@@ -141,7 +142,7 @@ impl ServerProcess {
 
     /// `"; stderr: …"` with the server's last stderr lines, or nothing.
     pub fn stderr_tail(&self) -> String {
-        let tail = self.tail.lock().expect("not poisoned");
+        let tail = self.tail.locked();
         if tail.is_empty() {
             String::new()
         } else {

@@ -27,6 +27,7 @@ use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
 use super::upstream::{InOrder, Offered, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
+use crate::locks::{Locked, ReadWrite};
 use crate::pace::Recent;
 use crate::redact::Secrets;
 
@@ -69,18 +70,18 @@ pub struct Revisions(Arc<std::sync::Mutex<std::collections::HashSet<Arc<str>>>>)
 
 impl Revisions {
     fn initialises(&self, server: &str) -> bool {
-        self.0.lock().expect("not poisoned").contains(server)
+        self.0.locked().contains(server)
     }
 
     /// `server` is launched anew (a reload changed its launch, or added it): what its
     /// old process spoke says nothing of the new one's.
     pub fn forget(&self, server: &str) {
-        self.0.lock().expect("not poisoned").remove(server);
+        self.0.locked().remove(server);
     }
 
     /// `server`'s start ended: initialised on `revision`, or (`None`) failed.
     pub fn learn(&self, server: &Arc<str>, revision: Option<&ProtocolVersion>) {
-        let mut known = self.0.lock().expect("not poisoned");
+        let mut known = self.0.locked();
         if revision.is_some_and(ProtocolVersion::has_initialize) {
             known.insert(server.clone());
         } else {
@@ -174,7 +175,7 @@ struct Relisted<'a>(&'a std::sync::Mutex<Relisting>);
 
 impl Drop for Relisted<'_> {
     fn drop(&mut self) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).running = false;
+        self.0.locked().running = false;
     }
 }
 
@@ -278,7 +279,7 @@ impl Session {
     /// none is missed.
     pub async fn refresh(&self, within: Duration, listed: impl Fn()) {
         {
-            let mut relisting = self.relisting.lock().expect("not poisoned");
+            let mut relisting = self.relisting.locked();
             if relisting.running {
                 relisting.again = true;
                 return;
@@ -289,7 +290,7 @@ impl Session {
         let done = Relisted(&self.relisting);
         loop {
             match tokio::time::timeout(within, list_all(&self.peer, self.info.as_deref(), &self.dropped)).await {
-                Ok(listing) => *self.listing.write().expect("not poisoned") = Arc::new(listing),
+                Ok(listing) => *self.listing.writing() = Arc::new(listing),
                 Err(_) => tracing::warn!(
                     session = self.id,
                     "re-listing took longer than {} ms; the previous listing stays",
@@ -301,7 +302,7 @@ impl Session {
             // count as one; else done, in the same breath (a request coming between the
             // two would be lost).
             {
-                let mut relisting = self.relisting.lock().expect("not poisoned");
+                let mut relisting = self.relisting.locked();
                 if !relisting.again {
                     relisting.running = false;
                     std::mem::forget(done);
@@ -309,13 +310,13 @@ impl Session {
                 }
             }
             tokio::time::sleep(RELIST_PAUSE).await;
-            self.relisting.lock().expect("not poisoned").again = false;
+            self.relisting.locked().again = false;
         }
     }
 
     /// What the server offers, as last listed.
     pub fn listing(&self) -> Arc<Listing> {
-        self.listing.read().expect("not poisoned").clone()
+        self.listing.reading().clone()
     }
 }
 
@@ -459,7 +460,7 @@ impl ServerHandle {
     /// Stops the server and waits for its process to be gone, whoever else waits too.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let task = self.task.lock().expect("not poisoned").take();
+        let task = self.task.locked().take();
         match task {
             Some(task) => _ = task.await,
             // Another caller awaits the supervisor: `Stopped` is published once the
@@ -495,11 +496,34 @@ pub fn spawn_supervisor(
         retired: retired.clone(),
         restart: restart.clone(),
     };
-    let task = tokio::spawn(sup.run());
+    let task = tokio::spawn(supervised(sup));
     let task = std::sync::Mutex::new(Some(task));
     let longest_call_ms = std::sync::atomic::AtomicU64::new(0);
     ServerHandle { name, instance, config, state: rx, shutdown, retired, restart, task, longest_call_ms }
 }
+
+/// `sup` run; should it panic (a bug), its server is given up on where every caller and
+/// the status see it: its session closed, the server `down` and saying why, not `ready`
+/// for ever with nothing serving it. (Its process went with the supervisor.)
+async fn supervised(sup: Supervisor) {
+    use futures::FutureExt as _;
+    let (name, tx) = (sup.name.clone(), sup.tx.clone());
+    if std::panic::AssertUnwindSafe(sup.run()).catch_unwind().await.is_ok() {
+        return;
+    }
+    tracing::error!(server = %name, "Rebound's supervision of this server failed (a bug): it is down until the gateway restarts or a reload relaunches it");
+    tx.send_modify(|s| {
+        s.status = Status::Down;
+        s.last_error = Some(SUPERVISION_FAILED.into());
+        if let Some(session) = &s.session {
+            session.closed.cancel();
+        }
+    });
+}
+
+/// Why a server whose supervision panicked is down.
+const SUPERVISION_FAILED: &str =
+    "Rebound's supervision of this server failed (a bug, in the gateway's log); restart the gateway";
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
 pub fn restart_delay(policy: &RestartPolicy, attempt: u32) -> Duration {

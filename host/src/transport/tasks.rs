@@ -20,6 +20,8 @@ use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, JsonRpcRe
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::locks::Locked;
+
 /// The methods of MCP 2025-11-25's tasks, which a client sends about a task it started.
 pub const METHODS: [&str; 4] = ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"];
 
@@ -169,7 +171,7 @@ impl Dropped {
     }
 
     pub(super) fn take_listed(&self) -> HashMap<String, TaskSupport> {
-        std::mem::take(&mut *self.listed.lock().expect("not poisoned"))
+        std::mem::take(&mut *self.listed.locked())
     }
 
     /// Reads an answer to `initialize` (a line rmcp reads too).
@@ -209,7 +211,7 @@ impl Dropped {
             execution: Option<Value>,
         }
         let Ok(answer) = serde_json::from_slice::<Answer>(line) else { return };
-        let mut listed = self.listed.lock().expect("not poisoned");
+        let mut listed = self.listed.locked();
         // A name listed twice is the first tool of that name (as the listing keeps it).
         let mut seen = std::collections::HashSet::new();
         for tool in answer.result.tools {

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use rmcp::model::{
     CancelledNotificationParam, ClientCapabilities, ClientJsonRpcMessage, ClientResult, CreateMessageRequestParams,
@@ -43,6 +44,18 @@ pub enum UpstreamRequest {
     Roots,
     Elicitation(ElicitRequestParams),
     Custom(CustomRequest),
+}
+
+impl UpstreamRequest {
+    /// Its JSON-RPC method (a custom one's as the server wrote it).
+    pub fn method(&self) -> &str {
+        match self {
+            Self::Sampling(_) => "sampling/createMessage",
+            Self::Roots => "roots/list",
+            Self::Elicitation(_) => "elicitation/create",
+            Self::Custom(c) => &c.method,
+        }
+    }
 }
 
 /// Who is asking, for a request from a server.
@@ -161,8 +174,26 @@ impl UpstreamHandler {
         };
         let task = related_task(&cx.meta, &request);
         let asker = Asker { session: self.session, during, cancel: cx.ct.clone(), task };
-        self.relay.request(&self.server, asker, request).await
+        let method = crate::text::capped(request.method(), 256);
+        unpanicked(&self.server, &method, async { self.relay.request(&self.server, asker, request).await }).await
     }
+}
+
+/// `asked`, the answer to `server`'s request of `method`, an error in place of a panic (a
+/// bug): rmcp answers nothing for a handler that panics, and the server would wait.
+async fn unpanicked(
+    server: &str,
+    method: &str,
+    asked: impl Future<Output = Result<ClientResult, ErrorData>>,
+) -> Result<ClientResult, ErrorData> {
+    std::panic::AssertUnwindSafe(asked).catch_unwind().await.unwrap_or_else(|_| {
+        tracing::error!(
+            server,
+            method,
+            "Rebound failed while passing on a request of the server (a bug); the server is told so"
+        );
+        Err(ErrorData::internal_error(format!("Rebound failed while passing on `{method}` (a bug, in its log)"), None))
+    })
 }
 
 /// The task `request` says it belongs to, in its `_meta` (`meta`, where rmcp put it when it
@@ -277,6 +308,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A server's request whose passing on panics (a bug) is answered with an error: the
+    /// server is not left waiting.
+    #[tokio::test]
+    async fn a_panic_passing_on_a_servers_request_answers_it_with_an_error() {
+        let asked = async { panic!("a bug") };
+        let answer = unpanicked("everything", UpstreamRequest::Roots.method(), asked).await;
+        assert!(answer.unwrap_err().message.contains("`roots/list` (a bug"));
+        let fine = unpanicked("everything", "roots/list", async { Ok(ClientResult::empty(())) }).await;
+        assert!(fine.is_ok());
+    }
 
     #[test]
     fn a_requests_task_is_read_where_rmcp_put_its_meta_or_in_its_params_as_sent() {

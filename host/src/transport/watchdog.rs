@@ -16,6 +16,8 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::locks::Locked;
+
 /// The subcommand that runs the watchdog (hidden from `--help`).
 pub const SUBCOMMAND: &str = "__watchdog";
 
@@ -54,7 +56,7 @@ pub fn note(pgid: Pid, ours: bool) {
         let line = format!("{}{}\n", if ours { '+' } else { '-' }, pgid.as_raw());
         // A short line on a pipe the watchdog keeps reading: never blocks for long. If the
         // watchdog is gone there is nobody to tell.
-        let _ = w.pipe.lock().expect("not poisoned").write_all(line.as_bytes());
+        let _ = w.pipe.locked().write_all(line.as_bytes());
     }
 }
 

@@ -18,6 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::parsed::{self, Past};
 use super::{ClientIp, Front, refuse};
+use crate::locks::Locked;
 use crate::transport::malformed::Unreadable;
 use crate::transport::tasks::ClientTasks;
 
@@ -87,7 +88,7 @@ impl ClientLimits {
         in_all: Vec<(String, usize)>,
     ) -> Result<ClientPermit, Refusal> {
         // Under the lock, so that a permit dropped meanwhile cannot remove the entry.
-        let mut clients = self.clients.lock().expect("not poisoned");
+        let mut clients = self.clients.locked();
         let mut permits = Vec::with_capacity(in_all.len() + 1);
         let shares = std::iter::once((client, self.per_client)).chain(in_all);
         for (key, most) in shares {
@@ -147,7 +148,7 @@ impl Drop for ClientPermit {
         if self.limits.total.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.limits.idle.notify_waiters();
         }
-        let mut clients = self.limits.clients.lock().expect("not poisoned");
+        let mut clients = self.limits.clients.locked();
         give_back(&mut clients, std::mem::take(&mut self.permits), self.id.as_deref());
     }
 }

@@ -16,6 +16,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::gateway::tally::Tally;
+use crate::locks::Locked;
 
 pub use crate::weight::json as weight;
 
@@ -67,7 +68,7 @@ impl Budget {
         }
         let address = address();
         let network = super::network_of(&address);
-        let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = self.held.locked();
         let (total, by_address) = &mut *held;
         if by_address.of(&address) + weight > ADDRESS_SHARE
             || network.as_deref().is_some_and(|n| by_address.of(n) + weight > NETWORK_SHARE)
@@ -93,7 +94,7 @@ impl Budget {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.budget.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut held = self.budget.held.locked();
         let (total, by_address) = &mut *held;
         *total -= self.weight;
         for key in std::iter::once(&self.address).chain(&self.network) {

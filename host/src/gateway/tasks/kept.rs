@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::routing::{ProgressGuard, TaskOwner};
+use crate::locks::Locked;
 use crate::transport::Session;
 
 /// The tasks one client session keeps through the gateway at once. Past it, tasks that
@@ -68,7 +69,7 @@ enum Held {
 impl Tasks {
     /// Makes room for one more task, or says why there is none.
     pub(super) fn room(&self) -> Result<(), ErrorData> {
-        make_room(&mut self.started.lock().expect("not poisoned"))
+        make_room(&mut self.started.locked())
     }
 
     /// Keeps task `id` (`created`, the server's `task` object, from `origin`), owned in
@@ -83,7 +84,7 @@ impl Tasks {
         origin: Origin,
         owner: impl FnOnce(&Origin, &CancellationToken) -> TaskOwner,
     ) -> Result<Arc<Started>, ErrorData> {
-        let mut started = self.started.lock().expect("not poisoned");
+        let mut started = self.started.locked();
         if let Some(other) = started.get(id).filter(|t| !t.is_over() && t.owner.owns()) {
             return Err(ErrorData::internal_error(
                 format!(
@@ -110,20 +111,20 @@ impl Tasks {
     /// The session's task `id`; not one whose server has since given its id to another
     /// task (once its time to live is up, say), which may be another client's.
     pub(super) fn get(&self, id: &str) -> Result<Arc<Started>, ErrorData> {
-        let task = self.started.lock().expect("not poisoned").get(id).cloned();
+        let task = self.started.locked().get(id).cloned();
         task.filter(|t| t.owner.owns()).ok_or_else(|| {
             ErrorData::invalid_params(format!("unknown task `{id}`: no task of this session has that id"), None)
         })
     }
 
     pub(super) fn forget(&self, id: &str) {
-        if let Some(task) = self.started.lock().expect("not poisoned").remove(id) {
+        if let Some(task) = self.started.locked().remove(id) {
             task.settled.cancel();
         }
     }
 
     pub(super) fn all(&self) -> Vec<(String, Arc<Started>)> {
-        let started = self.started.lock().expect("not poisoned");
+        let started = self.started.locked();
         let owned = started.iter().filter(|(_, t)| t.owner.owns());
         let mut all: Vec<_> = owned.map(|(id, t)| (id.clone(), t.clone())).collect();
         all.sort_by_key(|(_, t)| t.created);
@@ -170,7 +171,7 @@ fn make_room(started: &mut HashMap<String, Arc<Started>>) -> Result<(), ErrorDat
 /// shared server, 256 a session at a time).
 impl Drop for Tasks {
     fn drop(&mut self) {
-        for (id, task) in self.started.get_mut().expect("not poisoned") {
+        for (id, task) in self.started.locked_mut() {
             // (Not one whose id the server has since given to another task.)
             if !task.is_over()
                 && task.owner.owns()
@@ -215,7 +216,7 @@ impl Started {
 
     /// Its progress no longer goes to the client: it ended, or its instance is gone.
     pub(super) fn stop_progress(&self) {
-        drop(self.progress.lock().expect("not poisoned").take());
+        drop(self.progress.locked().take());
     }
 
     /// Whether it no longer needs a place: the client saw it end, or it was lost, or its
@@ -225,14 +226,14 @@ impl Started {
     }
 
     pub(super) fn lost(&self) -> Option<(String, SystemTime)> {
-        match &*self.state.lock().expect("not poisoned") {
+        match &*self.state.locked() {
             Held::By(_) => None,
             Held::Lost { why, at } => Some((why.clone(), *at)),
         }
     }
 
     pub(super) fn session(&self) -> Option<Arc<Session>> {
-        match &*self.state.lock().expect("not poisoned") {
+        match &*self.state.locked() {
             Held::By(session) => Some(session.clone()),
             Held::Lost { .. } => None,
         }
@@ -249,7 +250,7 @@ impl Started {
     /// The instance is gone: from now on the gateway answers for the task. True the
     /// first time.
     pub(super) fn lose(&self) -> bool {
-        let mut state = self.state.lock().expect("not poisoned");
+        let mut state = self.state.locked();
         if matches!(*state, Held::Lost { .. }) {
             return false;
         }

@@ -39,6 +39,7 @@ use super::super::forward::{Fault, Instance, Out};
 use super::super::server::Gateway;
 use super::super::tally::Tally;
 use super::{MAX_ID_BYTES, lost_record};
+use crate::locks::Locked;
 use crate::recovery::Failure;
 use crate::transport::Session;
 
@@ -245,7 +246,7 @@ impl Relayed {
             ended_as: std::sync::OnceLock::new(),
             result_misses: std::sync::atomic::AtomicU32::new(0),
         };
-        let mut tasks = self.tasks.lock().expect("not poisoned");
+        let mut tasks = self.tasks.locked();
         if !tasks.has_room(origin.owner.as_deref()) {
             drop(tasks);
             // Concurrent calls may all have found room when they were sent: the client's
@@ -264,7 +265,7 @@ impl Relayed {
     /// Whether there is room for one more task of `owner`'s: a call is made a task only
     /// then, so that one is not refused once its server has started it.
     pub fn has_room(&self, owner: Option<&str>) -> bool {
-        self.tasks.lock().expect("not poisoned").has_room(owner)
+        self.tasks.locked().has_room(owner)
     }
 
     /// Whether a task an HTTP client had relayed may still run on `server` (not seen
@@ -272,7 +273,7 @@ impl Relayed {
     /// asks without naming a task may be that task's, and so any client's, since a client
     /// on 2026-07-28 is known only by its address.
     pub fn may_run_on(&self, server: &str) -> bool {
-        let tasks = self.tasks.lock().expect("not poisoned");
+        let tasks = self.tasks.locked();
         let last = tasks.per_server.get(server).and_then(|deadlines| deadlines.last_key_value());
         last.is_some_and(|(until, _)| *until > Instant::now())
     }
@@ -281,7 +282,7 @@ impl Relayed {
     /// lost with it (each answered failed when next asked about) and take no share, nor
     /// count as running there, from now on.
     pub fn connection_lost(&self, instance: u64) {
-        let mut tasks = self.tasks.lock().expect("not poisoned");
+        let mut tasks = self.tasks.locked();
         let lost: Vec<Arc<Entry>> = tasks
             .by_id
             .values()
@@ -295,7 +296,7 @@ impl Relayed {
 
     /// The task the gateway's id `id` stands for, while it is kept.
     fn get(&self, id: &str) -> Result<Arc<Entry>, ErrorData> {
-        let mut tasks = self.tasks.lock().expect("not poisoned");
+        let mut tasks = self.tasks.locked();
         match tasks.by_id.get(id) {
             Some(entry) if entry.until > Instant::now() => Ok(entry.clone()),
             Some(_) => {
@@ -307,18 +308,18 @@ impl Relayed {
     }
 
     pub(super) fn forget(&self, id: &str) {
-        self.tasks.lock().expect("not poisoned").remove(id);
+        self.tasks.locked().remove(id);
     }
 
     /// Task `entry` was seen ended: it is kept (it may be asked about again) but no longer
     /// takes its owner's share.
     fn ended(&self, entry: &Entry) {
-        self.tasks.lock().expect("not poisoned").release(entry);
+        self.tasks.locked().release(entry);
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.tasks.lock().expect("not poisoned").by_id.len()
+        self.tasks.locked().by_id.len()
     }
 }
 

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use tokio_util::task::AbortOnDropHandle;
 use wasmtime::Engine;
 
+use crate::locks::Locked;
+
 /// How often the epoch advances while plugins run.
 pub const TICK: Duration = Duration::from_millis(5);
 
@@ -120,7 +122,7 @@ impl Wake for Stamp {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let mut stamp = self.0.lock().expect("not poisoned");
+        let mut stamp = self.0.locked();
         stamp.0.get_or_insert_with(Instant::now);
         if let Some(waker) = &stamp.1 {
             waker.wake_by_ref();
@@ -133,7 +135,7 @@ impl<F: Future> Future for Queued<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let waker = {
-            let mut stamp = self.woken.0.lock().expect("not poisoned");
+            let mut stamp = self.woken.0.locked();
             if let Some(at) = stamp.0.take() {
                 let waited = u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.queued.fetch_add(waited, Ordering::Relaxed);
@@ -143,7 +145,7 @@ impl<F: Future> Future for Queued<F> {
         };
         let polled = self.call.as_mut().poll(&mut Context::from_waker(&waker));
         // Woken while it ran, it is ready again only from now: the rest was its own time.
-        let mut stamp = self.woken.0.lock().expect("not poisoned");
+        let mut stamp = self.woken.0.locked();
         if let Some(at) = stamp.0.as_mut() {
             *at = Instant::now();
         }

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 
 use super::{Blame, Blamed, Breaker, Culprit, Outcome, Permit, Snapshot};
 use crate::config::BreakerConfig;
+use crate::locks::Locked;
 use crate::recovery::clock::{Clock, Rng};
 
 /// The most tools of one server that have a breaker of their own at once; past them, idle
@@ -84,7 +85,7 @@ impl<K: Eq + Hash> Keyed<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut map = self.by_key.lock().expect("not poisoned");
+        let mut map = self.by_key.locked();
         if let Some(b) = map.get(key) {
             return Some((b.clone(), false));
         }
@@ -93,7 +94,7 @@ impl<K: Eq + Hash> Keyed<K> {
         }
         if map.len() >= self.max {
             let now = self.clock.now();
-            let mut full_at = self.full_at.lock().expect("not poisoned");
+            let mut full_at = self.full_at.locked();
             let pause = Duration::from_millis(self.config.window_ms / 10);
             if full_at.is_some_and(|at| now.saturating_duration_since(at) < pause) {
                 return None;
@@ -119,7 +120,7 @@ impl<K: Eq + Hash> Keyed<K> {
         if !self.any.load(std::sync::atomic::Ordering::Relaxed) {
             return None;
         }
-        self.by_key.lock().expect("not poisoned").get(key).cloned()
+        self.by_key.locked().get(key).cloned()
     }
 
     /// Whether it has ever held a breaker.
@@ -129,7 +130,7 @@ impl<K: Eq + Hash> Keyed<K> {
 
     /// Closes every breaker.
     pub fn reset_all(&self) {
-        for b in self.by_key.lock().expect("not poisoned").values() {
+        for b in self.by_key.locked().values() {
             b.reset();
         }
     }
@@ -138,7 +139,7 @@ impl<K: Eq + Hash> Keyed<K> {
 impl ToolBreakers {
     /// Every tool's breaker that is not closed and clean, by name.
     pub fn troubled(&self) -> Vec<(String, Snapshot)> {
-        let map = self.by_key.lock().expect("not poisoned");
+        let map = self.by_key.locked();
         let mut out: Vec<(String, Snapshot)> =
             map.iter().map(|(t, b)| (t.clone(), b.snapshot())).filter(|(_, s)| troubled(s)).collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -148,7 +149,7 @@ impl ToolBreakers {
     /// Whether a tool other than `tool` answered at `since` or later: evidence that the
     /// server is up and a failure of `tool` is confined to it.
     pub fn others_answered(&self, tool: &str, since: Instant) -> bool {
-        let map = self.by_key.lock().expect("not poisoned");
+        let map = self.by_key.locked();
         map.iter().any(|(t, b)| t != tool && b.answered_since(since))
     }
 }
@@ -348,7 +349,7 @@ impl ServerBreakers {
         if !self.clients.ever_held() {
             return Vec::new();
         }
-        let names: Vec<String> = self.tools.by_key.lock().expect("not poisoned").keys().cloned().collect();
+        let names: Vec<String> = self.tools.by_key.locked().keys().cloned().collect();
         let mut out: Vec<(String, Snapshot)> = names
             .into_iter()
             .filter_map(|name| {
@@ -365,7 +366,7 @@ impl ServerBreakers {
     /// sheds now: clients whose calls alone fail.
     pub fn clients_shed(&self) -> usize {
         let now = self.clients.clock.now();
-        let map = self.clients.by_key.lock().expect("not poisoned");
+        let map = self.clients.by_key.locked();
         let shed = map.iter().filter(|(_, b)| b.refuses_at(Blame::Server, now)).map(|((client, _), _)| *client);
         shed.collect::<std::collections::HashSet<u64>>().len()
     }
@@ -380,7 +381,7 @@ impl ServerBreakers {
     /// Closes the breaker of `tool`, and the clients' own for it; false if it has none.
     pub fn reset_tool(&self, tool: &str) -> bool {
         let hash = Some(self.tool_hash.hash_one(tool));
-        for (_, b) in self.clients.by_key.lock().expect("not poisoned").iter().filter(|((_, t), _)| *t == hash) {
+        for (_, b) in self.clients.by_key.locked().iter().filter(|((_, t), _)| *t == hash) {
             b.reset();
         }
         self.tools.existing(tool).map(|b| b.reset()).is_some()
