@@ -148,21 +148,28 @@ impl rmcp::Service<RoleServer> for GatewayService {
         request: rmcp::model::ClientRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ServerResult, ErrorData> {
-        // Only a request rmcp will go on to read: `ready` takes the client's capabilities
-        // from it.
-        if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_))
-            && context.meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty()
-        {
-            // Cancelled, it is not read.
-            let _ = self.0.ready(&context).await;
-        }
-        let tasks_revision = context.protocol_version() == Some(ProtocolVersion::V_2025_11_25);
-        match rmcp::Service::handle_request(&self.0, request, context).await? {
-            rmcp::model::ServerResult::ListToolsResult(list) if tasks_revision => {
-                Ok(super::tasks::with_task_support(list, &self.0.own.catalogue()))
+        // Every request is answered, whatever part of its handling panics (rmcp's own
+        // handlers, and the steps around the gateway's, included): rmcp answers nothing
+        // for a handler that panics.
+        let method = crate::text::capped(request.method(), 256);
+        unpanicked(&method, async move {
+            // Only a request rmcp will go on to read: `ready` takes the client's
+            // capabilities from it.
+            if matches!(request, rmcp::model::ClientRequest::SubscriptionsListenRequest(_))
+                && context.meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty()
+            {
+                // Cancelled, it is not read.
+                let _ = self.0.ready(&context).await;
             }
-            answer => Ok(answer),
-        }
+            let tasks_revision = context.protocol_version() == Some(ProtocolVersion::V_2025_11_25);
+            match rmcp::Service::handle_request(&self.0, request, context).await? {
+                rmcp::model::ServerResult::ListToolsResult(list) if tasks_revision => {
+                    Ok(super::tasks::with_task_support(list, &self.0.own.catalogue()))
+                }
+                answer => Ok(answer),
+            }
+        })
+        .await
     }
 
     async fn handle_notification(
