@@ -16,7 +16,7 @@ use std::time::SystemTime;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Classification, classify};
 use crate::recovery::engine::{Record, Role};
@@ -152,15 +152,18 @@ impl ErrorsLog {
         });
         // Ends a flood's window even when no entry of its kind follows, within a second.
         let weak = Arc::downgrade(&log);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(bursts::SUMMARY_DELAY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(log) = weak.upgrade() else { break };
-                let summaries = log.bursts.locked().flush(tokio::time::Instant::now());
-                for s in summaries {
-                    log.send(s);
+        crate::lasting::spawn("errors log's flood summaries", move || {
+            let weak = weak.clone();
+            async move {
+                let mut tick = tokio::time::interval(bursts::SUMMARY_DELAY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(log) = weak.upgrade() else { break };
+                    let summaries = log.bursts.locked().flush(tokio::time::Instant::now());
+                    for s in summaries {
+                        log.send(s);
+                    }
                 }
             }
         });

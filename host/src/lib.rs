@@ -4,7 +4,7 @@
 pub mod config;
 pub mod errors_log;
 pub mod gateway;
-pub mod locks;
+pub mod lasting;
 pub mod memory;
 pub mod pace;
 pub mod plugins;

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use serde_json::Value;
 
 use crate::config::{Config, Launch};
-use crate::locks::ReadWrite;
+use crate::lasting::ReadWrite;
 
 const MASK: &str = "[redacted]";
 

@@ -26,7 +26,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolResult, JsonObject};
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;

@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::routing::ClientPeer;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The most tasks kept for one server connection.
 pub const PER_CONNECTION: usize = 256;

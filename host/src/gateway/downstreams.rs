@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::routing::ClientPeer;
 use super::tally::Tally;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::listen::{Follower, MAX_FOLLOWED};
 
 /// How clients reach this gateway.

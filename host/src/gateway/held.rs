@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::routing::{Waiting, as_request};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::UpstreamRequest;
 
 /// The start of every `requestState` the gateway makes itself (a server's own passes on
@@ -485,7 +485,10 @@ impl Held {
         call.outcome.detach();
         calls.insert(state.clone(), call);
         drop(calls);
-        self.sweeping.get_or_init(|| drop(tokio::spawn(sweep(Arc::downgrade(&self.calls)))));
+        self.sweeping.get_or_init(|| {
+            let calls = Arc::downgrade(&self.calls);
+            drop(crate::lasting::spawn("sweep of held calls", move || sweep(calls.clone())));
+        });
         Ok(ServerResult::InputRequiredResult(InputRequiredResult::new(Some(questions), Some(state))))
     }
 }

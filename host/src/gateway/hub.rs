@@ -24,7 +24,7 @@ use super::session_servers::SessionServers;
 use super::setup::{Changes, Setup, Touched};
 use crate::config::{Config, ServerConfig};
 use crate::errors_log::ErrorsLog;
-use crate::locks::{Locked, ReadWrite};
+use crate::lasting::{Locked, ReadWrite};
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
 use crate::transport::supervisor::{Revisions, ServerHandle, ServerState, Status, Supervision, spawn_supervisor};

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::snapshot::Snapshot;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::engine::{Denial, Ending, Record};
 use crate::transport::Status;
 

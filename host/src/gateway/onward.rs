@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 pub use super::downstreams::SEND_WITHIN;
 use super::tally::Tally;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The most notifications of one client (a session, or over HTTP a request of a
 /// 2026-07-28 client) on their way to its servers at once.

@@ -13,7 +13,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use super::tally::Tally;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// How many of something are out, by key.
 pub struct Counts<K>(Arc<Mutex<Tally<K>>>);

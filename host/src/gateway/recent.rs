@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// Calls kept per server.
 pub const KEPT: usize = 120;

@@ -19,7 +19,7 @@ use super::hub::Hub;
 use super::setup::Changes;
 use crate::config;
 use crate::config::HttpSettings;
-use crate::locks::{Locked, ReadWrite};
+use crate::lasting::{Locked, ReadWrite};
 
 /// Changes that come together (an editor writes, renames, touches) are applied once,
 /// this long after the first.

@@ -64,7 +64,7 @@ use tokio_util::sync::CancellationToken;
 use super::asked_tasks::AskedTasks;
 use super::early::Early;
 use super::held::Bridge;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::tasks::ClientTaskRequest;
 use crate::transport::{Asker, UpstreamRequest};
 

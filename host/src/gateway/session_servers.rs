@@ -29,7 +29,7 @@ use super::relay::{HubRelay, Owner};
 use super::setup::Setup;
 use super::tasks::Tasks;
 use crate::config::{Launch, SESSION_VAR, Scope, ServerConfig};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::plugins::Adapters;
 use crate::recovery::breaker::Blame;
 use crate::recovery::engine::Engine;

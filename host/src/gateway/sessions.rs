@@ -18,7 +18,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::session::{RestoreOutcome, ServerSseMessage, SessionId};
 use tokio::time::Instant;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// rmcp's in-memory sessions, at most `max` of them, each closed after `idle` without
 /// a request from its client.
@@ -89,28 +89,31 @@ impl CappedSessions {
     pub fn close_idle(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let every = (self.idle / 4).clamp(std::time::Duration::from_millis(250), std::time::Duration::from_secs(30));
-        tokio::spawn(async move {
-            let mut closed_last_round = false;
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(sessions) = weak.upgrade() else { return };
-                let idle: Vec<SessionId> = sessions
-                    .used
-                    .locked()
-                    .iter()
-                    .filter(|(_, u)| u.streams == 0 && u.at.elapsed() >= sessions.idle)
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                // A closed session's task ends after `close_session` returns: what it held is
-                // free by the next round, and goes back to the system then.
-                if closed_last_round {
-                    tokio::task::spawn_blocking(crate::memory::trim);
+        crate::lasting::spawn("closing of idle HTTP sessions", move || {
+            let weak = weak.clone();
+            async move {
+                let mut closed_last_round = false;
+                loop {
+                    tokio::time::sleep(every).await;
+                    let Some(sessions) = weak.upgrade() else { return };
+                    let idle: Vec<SessionId> = sessions
+                        .used
+                        .locked()
+                        .iter()
+                        .filter(|(_, u)| u.streams == 0 && u.at.elapsed() >= sessions.idle)
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    // A closed session's task ends after `close_session` returns: what it held is
+                    // free by the next round, and goes back to the system then.
+                    if closed_last_round {
+                        tokio::task::spawn_blocking(crate::memory::trim);
+                    }
+                    for id in idle {
+                        tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
+                        let _ = sessions.close_session(&id).await;
+                    }
+                    closed_last_round = sessions.closed.swap(false, std::sync::atomic::Ordering::AcqRel);
                 }
-                for id in idle {
-                    tracing::info!(session = %id, "closing an HTTP session idle for {} ms (rebound.http.session_idle_ms)", sessions.idle.as_millis());
-                    let _ = sessions.close_session(&id).await;
-                }
-                closed_last_round = sessions.closed.swap(false, std::sync::atomic::Ordering::AcqRel);
             }
         });
     }

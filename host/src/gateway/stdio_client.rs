@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::id_scan::Scanned;
 use crate::transport::lines::{Line, Lines, Out, Past, Queued, Refusals, Unsent};
 use crate::transport::malformed::{INVALID_REQUEST, Unreadable};

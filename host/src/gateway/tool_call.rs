@@ -18,7 +18,7 @@ use super::hub::Hub;
 use super::server::Gateway;
 use super::session_servers::{Recovery, SessionServers};
 use super::status;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::recovery::breaker::{Blame, Culprit};
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};

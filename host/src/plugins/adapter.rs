@@ -12,7 +12,7 @@ use super::load::{Info, Loaded, Needs};
 use super::runtime::{Fault, Pre, Reply, Request, Room, Runtime};
 use super::state::{CappedPipe, LogBudget, State};
 use crate::config::AdapterGrant;
-use crate::locks::{Locked, ReadWrite};
+use crate::lasting::{Locked, ReadWrite};
 use crate::text::capped;
 
 mod lane;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// Limits of one store (documented in the WIT).
 const MAX_KEY: usize = 256;

@@ -16,7 +16,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::{self, v0_1, v0_2};
 use super::state::State;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use v0_1::rebound::adapter::types as wit;
 
 pub use driver::{TICK, TickGuard};

@@ -10,7 +10,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use super::bindings::v0_1::rebound::adapter::{host, store, types};
 use super::bindings::v0_2::rebound::adapter as v0_2;
 use super::kv::Kv;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::text::shown;
 
 /// The longest `host.log` line kept; the rest is cut.

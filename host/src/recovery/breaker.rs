@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::clock::{Clock, Rng};
 use crate::config::BreakerConfig;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// What a finished call tells the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use super::breaker::{Blame, Culprit};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The most clients of one server with a budget of their own; past it, full ones make
 /// room, and a client that finds none retries on the server's budget alone.

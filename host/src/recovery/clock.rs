@@ -9,7 +9,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng as _, SeedableRng};
 use tokio::time::Instant;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// Monotonic time, wall time and sleeping.
 pub trait Clock: Send + Sync + 'static {

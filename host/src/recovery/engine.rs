@@ -47,7 +47,7 @@ use super::failure::Failure;
 use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::Status;
 
 /// Why a call the client cancelled stopped where it did.

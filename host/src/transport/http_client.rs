@@ -32,7 +32,7 @@ use sse_stream::{Sse, SseStream};
 use super::supervisor::{MAX_MESSAGE_BYTES, MAX_MESSAGE_WEIGHT};
 use super::tasks::{ClientTasks, Dropped};
 use super::typed::Awaited;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The most answers awaited here (past it, rmcp's reading of a new one stands), and the
 /// most read here and not yet taken by the transport (each is taken as soon as rmcp has

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::supervisor::{Session, restart_delay};
 use super::upstream::{Relay, UpstreamEvent};
 use crate::config::RestartPolicy;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The most resources of one server session the gateway follows at once: each is a
 /// request kept open on the server.

@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::config::StdioLaunch;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::redact::Secrets;
 
 /// How long a child gets after stdin closes, and again after SIGTERM.

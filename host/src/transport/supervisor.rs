@@ -27,7 +27,7 @@ use super::process::ServerProcess;
 use super::tasks::{Dropped, TaskSupport};
 use super::upstream::{InOrder, Offered, Relay, UpstreamHandler};
 use crate::config::{HttpLaunch, Launch, Protocol, RestartPolicy, ServerConfig, StdioLaunch};
-use crate::locks::{Locked, ReadWrite};
+use crate::lasting::{Locked, ReadWrite};
 use crate::pace::Recent;
 use crate::redact::Secrets;
 

@@ -20,7 +20,7 @@ use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, JsonRpcRe
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The methods of MCP 2025-11-25's tasks, which a client sends about a task it started.
 pub const METHODS: [&str; 4] = ["tasks/get", "tasks/result", "tasks/list", "tasks/cancel"];

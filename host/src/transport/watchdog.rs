@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// The subcommand that runs the watchdog (hidden from `--help`).
 pub const SUBCOMMAND: &str = "__watchdog";

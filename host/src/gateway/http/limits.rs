@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::parsed::{self, Past};
 use super::{ClientIp, Front, refuse};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::malformed::Unreadable;
 use crate::transport::tasks::ClientTasks;
 

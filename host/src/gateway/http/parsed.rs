@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::gateway::tally::Tally;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 pub use crate::weight::json as weight;
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::routing::{ProgressGuard, TaskOwner};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::transport::Session;
 
 /// The tasks one client session keeps through the gateway at once. Past it, tasks that

@@ -39,7 +39,7 @@ use super::super::forward::{Fault, Instance, Out};
 use super::super::server::Gateway;
 use super::super::tally::Tally;
 use super::{MAX_ID_BYTES, lost_record};
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::transport::Session;
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tokio_util::task::AbortOnDropHandle;
 use wasmtime::Engine;
 
-use crate::locks::Locked;
+use crate::lasting::Locked;
 
 /// How often the epoch advances while plugins run.
 pub const TICK: Duration = Duration::from_millis(5);

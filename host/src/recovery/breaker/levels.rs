@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::{Blame, Blamed, Breaker, Culprit, Outcome, Permit, Snapshot};
 use crate::config::BreakerConfig;
-use crate::locks::Locked;
+use crate::lasting::Locked;
 use crate::recovery::clock::{Clock, Rng};
 
 /// The most tools of one server that have a breaker of their own at once; past them, idle
