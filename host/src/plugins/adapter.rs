@@ -352,7 +352,8 @@ impl Adapter {
         let printed = output.text();
         match result {
             Ok(reply) => {
-                if !printed.is_empty() {
+                // Within the adapter's log budget, as its `host.log` lines are.
+                if !printed.is_empty() && tracing::enabled!(tracing::Level::DEBUG) && self.log.take() {
                     tracing::debug!(adapter = %self.name, server = %self.server, "adapter output: {printed}");
                 }
                 Some(reply)

@@ -114,7 +114,7 @@ pub struct LogBudget {
 
 impl LogBudget {
     /// Whether one more line may be written now.
-    fn take(&self) -> bool {
+    pub(super) fn take(&self) -> bool {
         let now = std::time::Instant::now();
         let mut w = self.window.locked();
         if w.0.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
