@@ -729,6 +729,15 @@ async fn a_call_the_client_cancelled_does_not_consult_its_adapter() {
     assert_eq!(up.calls("s/read").len(), 1);
 }
 
+/// An adapter that says each failure never reached the server (and worth retrying), and
+/// plans `plan`.
+fn never_delivered(plan: Vec<Step>) -> Planner {
+    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    lost.retryable = true;
+    lost.not_delivered = true;
+    Planner { plan, reclassify: Some(lost), observed: Mutex::default(), consulted: Default::default() }
+}
+
 async fn advised(e: &Engine, up: &Script, advisor: &Planner, tool: &str) -> (Ending, Record) {
     let annotations = up.annotations("s", tool).ok().flatten();
     e.run(
@@ -788,21 +797,13 @@ async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
     let up = Script::new(&[("s/hol_send", false), ("s/hol_start", false)])
         .then("s/hol_send", vec![tool_error("Session 'main' not found")]);
     let e = engine(&[server("s", defaults())]);
-    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
-    lost.retryable = true;
-    lost.not_delivered = true;
-    let a = Planner {
-        plan: vec![
-            Step::SideCall {
-                tool: "hol_start".into(),
-                arguments: json!({"workdir": "/w", "name": "main"}).as_object().unwrap().clone(),
-            },
-            Step::Retry(Some(Duration::ZERO)),
-        ],
-        reclassify: Some(lost),
-        observed: Mutex::default(),
-        consulted: Default::default(),
-    };
+    let a = never_delivered(vec![
+        Step::SideCall {
+            tool: "hol_start".into(),
+            arguments: json!({"workdir": "/w", "name": "main"}).as_object().unwrap().clone(),
+        },
+        Step::Retry(Some(Duration::ZERO)),
+    ]);
     let (ending, record) = advised(&e, &up, &a, "hol_send").await;
     assert_eq!(answered(&ending), "ok");
     assert_eq!(up.calls("s/hol_send").len(), 2);
@@ -1304,15 +1305,7 @@ async fn config_that_forbids_a_replay_wins_over_an_adapter() {
     r.tools.insert("hol_send".into(), ToolRecovery { idempotent: Some(false), ..Default::default() });
     let up = Script::new(&[("s/hol_send", false)]).then("s/hol_send", vec![tool_error("Session 'main' not found")]);
     let e = engine(&[server("s", r)]);
-    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
-    lost.retryable = true;
-    lost.not_delivered = true;
-    let a = Planner {
-        plan: vec![Step::Retry(Some(Duration::ZERO))],
-        reclassify: Some(lost),
-        observed: Mutex::default(),
-        consulted: Default::default(),
-    };
+    let a = never_delivered(vec![Step::Retry(Some(Duration::ZERO))]);
     let (ending, _) = advised(&e, &up, &a, "hol_send").await;
     assert!(matches!(ending, Ending::GaveUp));
     assert_eq!(up.calls("s/hol_send").len(), 1);
@@ -1328,15 +1321,7 @@ async fn an_adapters_word_buys_no_replay_of_a_destructive_tool_the_grant_does_no
         up.tools.insert("s/wipe".into(), Some(destructive.clone()));
         up
     };
-    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
-    lost.retryable = true;
-    lost.not_delivered = true;
-    let a = Planner {
-        plan: vec![Step::Retry(Some(Duration::ZERO))],
-        reclassify: Some(lost),
-        observed: Mutex::default(),
-        consulted: Default::default(),
-    };
+    let a = never_delivered(vec![Step::Retry(Some(Duration::ZERO))]);
     let up = script();
     let (ending, _) = advised(&engine(&[server("s", defaults())]), &up, &a, "wipe").await;
     assert!(matches!(ending, Ending::GaveUp));
@@ -1390,16 +1375,8 @@ async fn a_step_the_adapter_did_not_declare_is_refused_even_when_granted() {
 async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
     let up = Script::new(&[("s/write", false)]).then("s/write", vec![tool_error("lost"); 5]);
     let e = engine(&[server("s", defaults())]);
-    let mut lost = classify(&tool_error("x").unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
-    lost.retryable = true;
-    lost.not_delivered = true;
     // Claims non-delivery on every failure, and asks for a retry every time.
-    let a = Planner {
-        plan: vec![Step::Retry(Some(Duration::ZERO))],
-        reclassify: Some(lost),
-        observed: Mutex::default(),
-        consulted: Default::default(),
-    };
+    let a = never_delivered(vec![Step::Retry(Some(Duration::ZERO))]);
     struct Always(Planner);
     impl Advisor for Always {
         fn classify(&self, f: &FailureContext<'_>, c: &Classification) -> BoxFuture<'static, Option<Classification>> {
