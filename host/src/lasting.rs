@@ -23,7 +23,10 @@ const AGAIN_AFTER: Duration = Duration::from_secs(1);
 
 /// Runs the loop `make` makes on the runtime, logged and started again whenever it panics,
 /// until it ends of itself. `what` names it in the log.
-pub fn spawn<F>(what: &'static str, make: impl Fn() -> F + Send + 'static) -> tokio::task::JoinHandle<()>
+pub fn spawn<F>(
+    what: impl std::fmt::Display + Send + 'static,
+    make: impl Fn() -> F + Send + 'static,
+) -> tokio::task::JoinHandle<()>
 where
     F: Future<Output = ()> + Send + 'static,
 {

@@ -453,11 +453,8 @@ fn marks_destructive(a: &ToolAnnotations) -> bool {
 /// it, as for the adapter's own steps.
 fn believes_not_delivered(call: &Call<'_>) -> bool {
     let configured_unsafe = call.policy.recovery.tools.get(&call.tool).and_then(|t| t.idempotent) == Some(false);
-    let destructive = || {
-        let annotations = call.upstream.annotations(&call.server, &call.tool).ok().flatten();
-        annotations.as_ref().is_some_and(marks_destructive) && !call.policy.grant.names_tool(&call.server, &call.tool)
-    };
-    !configured_unsafe && !destructive()
+    let destructive = call.destructive && !call.policy.grant.names_tool(&call.server, &call.tool);
+    !configured_unsafe && !destructive
 }
 
 /// One client call, as the engine runs it.
@@ -469,6 +466,8 @@ struct Call<'a> {
     tool: String,
     arguments: Option<JsonObject>,
     safe: bool,
+    /// Its server marks the tool destructive (as listed when the call began).
+    destructive: bool,
     /// Whom a failure of the tool called is blamed on ([`Upstream::blame`]).
     blame: Blame,
     started: tokio::time::Instant,
@@ -650,7 +649,9 @@ impl Engine {
         // Asked once: every attempt of the tool called, its retries and its budget's.
         let blame = upstream.blame(&server);
         policy.budget.deposit(blame);
-        let call = Call { upstream, advisor, policy, server, tool, arguments, safe, blame, started, deadline };
+        let destructive = annotations.is_some_and(marks_destructive);
+        let call =
+            Call { upstream, advisor, policy, server, tool, arguments, safe, destructive, blame, started, deadline };
         let driven = AssertUnwindSafe(self.drive(&call, &mut record)).catch_unwind().await;
         match driven {
             Ok(ending) => (ending, record),

@@ -496,40 +496,42 @@ pub fn spawn_supervisor(
         retired: retired.clone(),
         restart: restart.clone(),
     };
-    let task = tokio::spawn(supervised(sup));
+    let task = supervised(sup);
     let task = std::sync::Mutex::new(Some(task));
     let longest_call_ms = std::sync::atomic::AtomicU64::new(0);
     ServerHandle { name, instance, config, state: rx, shutdown, retired, restart, task, longest_call_ms }
 }
 
-/// `sup` run; should it panic (a bug), its server is given up on where every caller and
-/// the status see it: its session closed, the server `down` and saying why, not `ready`
-/// for ever with nothing serving it. (Its process went with the supervisor.)
-async fn supervised(sup: Supervisor) {
-    use futures::FutureExt as _;
-    let (name, tx) = (sup.name.clone(), sup.tx.clone());
-    if std::panic::AssertUnwindSafe(sup.run()).catch_unwind().await.is_ok() {
-        return;
-    }
-    tracing::error!(server = %name, "Rebound's supervision of this server failed (a bug): it is down until the gateway restarts or a reload relaunches it");
-    tx.send_modify(|s| {
-        s.status = Status::Down;
-        s.last_error = Some(SUPERVISION_FAILED.into());
-        if let Some(session) = &s.session {
-            session.closed.cancel();
+/// `sup` run, and should it panic (a bug), run again as a server that ended: its process
+/// went with the supervisor, so its session is closed and the server is `restarting`,
+/// saying why, until the new start is up; not `ready` for ever with nothing serving it.
+fn supervised(sup: Supervisor) -> tokio::task::JoinHandle<()> {
+    let what = format!("supervision of the server `{}`", sup.name);
+    let again = std::sync::atomic::AtomicBool::new(false);
+    crate::lasting::spawn(what, move || {
+        if again.swap(true, Ordering::Relaxed) {
+            sup.tx.send_modify(|s| {
+                s.status = Status::Restarting;
+                s.last_error = Some(SUPERVISION_FAILED.into());
+                if let Some(session) = &s.session {
+                    session.closed.cancel();
+                }
+            });
         }
-    });
+        sup.clone().run()
+    })
 }
 
-/// Why a server whose supervision panicked is down.
+/// Why a server whose supervision panicked is starting again.
 const SUPERVISION_FAILED: &str =
-    "Rebound's supervision of this server failed (a bug, in the gateway's log); restart the gateway";
+    "Rebound's supervision of this server failed (a bug, in the gateway's log); it starts again";
 
 /// The delay before restart number `attempt` (0-based): `initial · 2^attempt`, capped.
 pub fn restart_delay(policy: &RestartPolicy, attempt: u32) -> Duration {
     crate::pace::grown(policy.initial_delay_ms, 2.0, policy.max_delay_ms, attempt)
 }
 
+#[derive(Clone)]
 struct Supervisor {
     name: Arc<str>,
     config: ServerConfig,

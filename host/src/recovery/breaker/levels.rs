@@ -60,7 +60,7 @@ pub type ToolBreakers = Keyed<String>;
 
 impl<K> std::fmt::Debug for Keyed<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Keyed").field("breakers", &self.by_key.lock().map(|m| m.len()).unwrap_or(0)).finish()
+        f.debug_struct("Keyed").field("breakers", &self.by_key.locked().len()).finish()
     }
 }
 
