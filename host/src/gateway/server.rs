@@ -137,6 +137,38 @@ impl Gateway {
 pub struct GatewayService(Gateway);
 
 impl Gateway {
+    /// What of `requested` a `subscriptions/listen` request is acknowledged with.
+    fn subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        // Every list change, and updates of the resources asked for whose server takes
+        // subscriptions (at most `MAX_LISTENED`, each once, and no more of one server than
+        // a client's share of it): the acknowledgement says which.
+        let catalogue = self.own.catalogue();
+        let mut uris: Vec<String> = Vec::new();
+        // Per server: how many taken, of how many this client may have.
+        let mut per_server: std::collections::HashMap<String, (usize, usize)> = std::collections::HashMap::new();
+        for uri in requested.resource_subscriptions.iter().flatten() {
+            if uris.len() == MAX_LISTENED {
+                break;
+            }
+            // (One past the bound would be refused as it is followed.)
+            if uri.len() > MAX_SUBSCRIBED_URI {
+                continue;
+            }
+            let Some((server, _)) = catalogue.resource(uri) else { continue };
+            if uris.contains(uri) || !self.subscribable(&server) {
+                continue;
+            }
+            let (taken, share) = per_server.entry(server.to_string()).or_insert_with(|| (0, self.share(&server)));
+            if taken < share {
+                *taken += 1;
+                uris.push(uri.clone());
+            }
+        }
+        let mut accepted = requested.clone();
+        accepted.resource_subscriptions = requested.resource_subscriptions.as_ref().map(|_| uris);
+        Some(accepted)
+    }
+
     pub fn into_service(self) -> GatewayService {
         GatewayService(self)
     }
@@ -220,34 +252,12 @@ impl ServerHandler for Gateway {
     }
 
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
-        // Every list change, and updates of the resources asked for whose server takes
-        // subscriptions (at most `MAX_LISTENED`, each once, and no more of one server than
-        // a client's share of it): the acknowledgement says which.
-        let catalogue = self.own.catalogue();
-        let mut uris: Vec<String> = Vec::new();
-        // Per server: how many taken, of how many this client may have.
-        let mut per_server: std::collections::HashMap<String, (usize, usize)> = std::collections::HashMap::new();
-        for uri in requested.resource_subscriptions.iter().flatten() {
-            if uris.len() == MAX_LISTENED {
-                break;
-            }
-            // (One past the bound would be refused as it is followed.)
-            if uri.len() > MAX_SUBSCRIBED_URI {
-                continue;
-            }
-            let Some((server, _)) = catalogue.resource(uri) else { continue };
-            if uris.contains(uri) || !self.subscribable(&server) {
-                continue;
-            }
-            let (taken, share) = per_server.entry(server.to_string()).or_insert_with(|| (0, self.share(&server)));
-            if taken < share {
-                *taken += 1;
-                uris.push(uri.clone());
-            }
-        }
-        let mut accepted = requested.clone();
-        accepted.resource_subscriptions = requested.resource_subscriptions.as_ref().map(|_| uris);
-        Some(accepted)
+        // rmcp calls this outside any handler: a panic (a bug) refuses the request.
+        let accepted = std::panic::AssertUnwindSafe(|| self.subscription_filter(requested));
+        std::panic::catch_unwind(accepted).unwrap_or_else(|_| {
+            tracing::error!("Rebound failed while reading a `subscriptions/listen` request (a bug); it is refused");
+            None
+        })
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
