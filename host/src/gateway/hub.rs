@@ -270,7 +270,8 @@ impl Hub {
     }
 
     /// A relaunched server whose new process did not come up while its old one serves, or
-    /// is starting again after a crash, keeps the old one (and its subscriptions), which a
+    /// is starting again after a crash, keeps the old one (its subscriptions, and its
+    /// breakers and budget unless their settings changed), which a
     /// typo in `command` would otherwise take down with its tools; the new one is stopped.
     /// (An old process that is down, crash-looping, gives way to the new launch.)
     async fn keep_what_did_not_relaunch(&self, current: &Setup, next: &mut Setup, changes: &mut Changes) {
@@ -291,6 +292,8 @@ impl Hub {
                 running.name
             );
             next.keep_running(current, &running.name, running.clone());
+            // Its breakers and budget tell how that process fares.
+            next.engine = Arc::new(next.engine.with_health_of(&current.engine, &running.name));
             changes.moved.retain(|m| *m != (old, new));
             changes.retired.retain(|h| h.instance != old);
             changes.restarted.retain(|n| **n != *running.name);

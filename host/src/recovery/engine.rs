@@ -163,7 +163,7 @@ impl Counters {
 }
 
 /// Everything the engine keeps for one server.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ServerPolicy {
     pub recovery: RecoveryConfig,
     /// The server's, one per tool (for failures confined to one tool), and each client's
@@ -555,6 +555,21 @@ impl Engine {
         servers.extend(policies.iter().map(|(k, v)| (k.clone(), v.clone())));
         let (tallies, clock, rng) = (self.tallies.clone(), self.clock.clone(), self.rng.clone());
         Self { servers, tallies, clock, rng, max_plan_calls: self.max_plan_calls }
+    }
+
+    /// This engine with `server`'s breakers and retry budget those of `from`'s policy for
+    /// it, when its recovery settings are the same in both: a reload whose relaunch of the
+    /// server did not come up keeps its process serving, which they tell of.
+    pub fn with_health_of(&self, from: &Engine, server: &str) -> Self {
+        let mut kept = HashMap::new();
+        if let (Some(now), Some(was)) = (self.servers.get(server), from.servers.get(server))
+            && now.recovery == was.recovery
+        {
+            let mut policy = (**now).clone();
+            policy.keep_health_of(was);
+            kept.insert(Arc::from(server), Arc::new(policy));
+        }
+        self.overlay(&kept)
     }
 
     /// The engine of a new configuration: each server keeps of its policy what `keep`

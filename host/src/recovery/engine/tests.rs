@@ -1531,6 +1531,23 @@ fn a_reload_keeps_of_a_policy_what_it_is_told() {
     assert_eq!(same(before, next(PolicyKept::Nothing).policy("s").unwrap()), (false, false, false));
 }
 
+/// A relaunch that did not come up keeps its server's breakers and budget, unless their
+/// settings changed.
+#[test]
+fn a_failed_relaunch_keeps_the_health_of_the_process_still_serving() {
+    let e = engine(&[server("s", defaults())]);
+    let relaunched = |r: RecoveryConfig| e.reconfigure(&[server("s", r)], &|_| PolicyKept::Nothing, &|_| None, 8);
+    let health = |e: &Engine| (e.policy("s").unwrap().breakers.clone(), e.policy("s").unwrap().budget.clone());
+    let kept = relaunched(defaults()).with_health_of(&e, "s");
+    assert!(Arc::ptr_eq(&health(&kept).0, &health(&e).0) && Arc::ptr_eq(&health(&kept).1, &health(&e).1));
+    let other = RecoveryConfig {
+        breaker: crate::config::BreakerConfig { failure_threshold: 9, ..Default::default() },
+        ..defaults()
+    };
+    let fresh = relaunched(other).with_health_of(&e, "s");
+    assert!(!Arc::ptr_eq(&health(&fresh).0, &health(&e).0), "new breaker settings: new breakers");
+}
+
 /// A server's counters are its name's for the gateway's life: carried over a reload, kept
 /// while it is removed and found again when it is added back; a session's own instance
 /// counts for itself and for the server.
