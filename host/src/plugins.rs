@@ -63,24 +63,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
     if wanted.is_empty() {
         return prepared;
     }
-    let limits = runtime::Limits {
-        memory: config.settings.plugin_memory_mb.saturating_mul(1 << 20),
-        timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
-    };
-    let cache = config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache);
-    // (A cache the configuration names in the plugins folder is refused by `config`.)
-    let cache = cache.filter(|c| {
-        let apart = !crate::config::within(c, &config.settings.plugins_dir);
-        if !apart {
-            tracing::warn!(
-                "not using the plugin cache at {}: it is in the plugins folder; plugins are compiled on every start",
-                c.display()
-            );
-        }
-        apart
-    });
-    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
-    let runtime = match reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache)) {
+    let runtime = match runtime_for(config, runtime) {
         Ok(r) => r,
         Err(e) => {
             // Each server's adapter failed with it: shown in the status, and a reload
@@ -105,12 +88,49 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
             Err(e) => tracing::error!(adapter = %name, "{e}"),
         }
     }
-    for (server, adapter) in wanted {
+    introduce(&mut prepared, &runtime, config, &wanted, &loads);
+    prepared.runtime = Some(runtime);
+    prepared
+}
+
+/// The runtime `config`'s limits and cache ask for: `runtime` (a reload's previous one)
+/// when they are its own, else a new one.
+fn runtime_for(config: &Config, runtime: Option<Arc<Runtime>>) -> anyhow::Result<Arc<Runtime>> {
+    let limits = runtime::Limits {
+        memory: config.settings.plugin_memory_mb.saturating_mul(1 << 20),
+        timeout: Duration::from_millis(config.settings.plugin_timeout_ms),
+    };
+    let cache = config.settings.plugin_cache_dir.clone().or_else(Runtime::default_cache);
+    // (A cache the configuration names in the plugins folder is refused by `config`.)
+    let cache = cache.filter(|c| {
+        let apart = !crate::config::within(c, &config.settings.plugins_dir);
+        if !apart {
+            tracing::warn!(
+                "not using the plugin cache at {}: it is in the plugins folder; plugins are compiled on every start",
+                c.display()
+            );
+        }
+        apart
+    });
+    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
+    reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache))
+}
+
+/// Each server of `wanted` given its adapter from `loads`, introduced to the server (its
+/// `declare` asked with the server's `adapter_config`); a failure is the server's.
+fn introduce(
+    prepared: &mut Prepared,
+    runtime: &Arc<Runtime>,
+    config: &Config,
+    wanted: &[(&str, &str)],
+    loads: &[(String, Result<load::Loaded, LoadError>)],
+) {
+    let secrets = crate::redact::Secrets::of(config);
+    for &(server, adapter) in wanted {
         let config_json = &config.servers[server].adapter_config;
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
-                let secrets = crate::redact::Secrets::of(config);
-                match Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets) {
+                match Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets.clone()) {
                     Ok(a) => prepared.adapters.insert(server, a),
                     Err(e) => {
                         // Its `declare` may have chosen the words: bounded, on one line.
@@ -124,6 +144,4 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
             None => {}
         }
     }
-    prepared.runtime = Some(runtime);
-    prepared
 }
