@@ -168,7 +168,11 @@ fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
-        let response = request.send().await.with_context(|| format!("cannot reach the gateway at {base}"))?;
+        let unanswered = |e: reqwest::Error| match e.is_timeout() {
+            true => anyhow::anyhow!("the gateway at {base} did not answer within {} s", STATUS_WITHIN.as_secs()),
+            false => anyhow::Error::new(e).context(format!("cannot reach the gateway at {base}")),
+        };
+        let response = request.send().await.map_err(unanswered)?;
         match response.status() {
             reqwest::StatusCode::UNAUTHORIZED => {
                 anyhow::bail!(
@@ -176,7 +180,10 @@ fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
                 )
             }
             s if !s.is_success() => anyhow::bail!("the gateway answered {s} for {base}/status"),
-            _ => response.json().await.context("the gateway's status is not JSON"),
+            _ => response.json().await.map_err(|e| match e.is_timeout() {
+                true => unanswered(e),
+                false => anyhow::Error::new(e).context("the gateway's status is not JSON"),
+            }),
         }
     })?;
     if json {

@@ -1609,6 +1609,12 @@ async fn rebound_status_finds_its_token_in_the_environment_and_prints_json() {
     let closed = socket.local_addr().unwrap();
     let (ok, _, err) = status(&format!("http://{closed}"), &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
     assert!(!ok && err.contains("cannot reach the gateway at"), "{err}");
+    // A wedged gateway: its connection made (by the kernel, the socket listening), its
+    // request never answered. The command gives up and says so.
+    let wedged = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", wedged.local_addr().unwrap());
+    let (ok, _, err) = status(&url, &[], &[("REBOUND_OPERATOR_TOKEN", OPERATOR)]);
+    assert!(!ok && err.contains("did not answer within 10 s"), "{err}");
 }
 
 /// A client on 2026-07-28 that listens the moment the gateway starts, before its server's
