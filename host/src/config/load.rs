@@ -206,6 +206,29 @@ impl Ctx<'_> {
         plugins_dir: &Path,
         warnings: &mut Vec<String>,
     ) -> Result<IndexMap<String, ServerConfig>, ConfigError> {
+        let mut resolved = IndexMap::new();
+        for (name, entry) in self.server_entries(servers)? {
+            let key = format!("mcpServers.{name}");
+            validate_server_name(self, &key, &name)?;
+            let Value::Object(entry) = entry else {
+                return Err(ConfigError::invalid(
+                    self.path,
+                    key,
+                    "must be an object",
+                    r#"write {"command": "...", "args": []} or {"url": "https://..."}"#,
+                ));
+            };
+            if !self.enabled(&key, &entry, warnings)? {
+                continue;
+            }
+            let server = self.server(&key, &name, entry, defaults, base, plugins_dir)?;
+            resolved.insert(name, server);
+        }
+        Ok(resolved)
+    }
+
+    /// `mcpServers`, which must be an object of at most [`MAX_SERVERS`] entries.
+    fn server_entries(&self, servers: Option<Value>) -> Result<serde_json::Map<String, Value>, ConfigError> {
         let path = self.path;
         let servers = match servers {
             Some(Value::Object(servers)) => servers,
@@ -234,44 +257,40 @@ impl Ctx<'_> {
                 "split them across gateways, each with a configuration of its own",
             ));
         }
-        let mut resolved = IndexMap::new();
-        for (name, entry) in servers {
-            let key = format!("mcpServers.{name}");
-            validate_server_name(self, &key, &name)?;
-            let Value::Object(entry) = entry else {
-                return Err(ConfigError::invalid(
-                    path,
-                    key,
-                    "must be an object",
-                    r#"write {"command": "...", "args": []} or {"url": "https://..."}"#,
-                ));
-            };
-            for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
-                // A known key misspelt would leave its setting unseen (`arg`, `adpater`):
-                // refused. Anything else may be another client's, passed over.
-                if let Some(meant) = meant_server_key(k) {
-                    let hint = format!("write it `{meant}`");
-                    return Err(ConfigError::invalid(path, format!("{key}.{k}"), "is not a key Rebound knows", hint));
-                }
-                warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
+        Ok(servers)
+    }
+
+    /// Whether the server `key` (its `entry`) is not disabled; its keys Rebound does not
+    /// know are warned of, and one that is a known key misspelt is refused.
+    fn enabled(
+        &self,
+        key: &str,
+        entry: &serde_json::Map<String, Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<bool, ConfigError> {
+        let path = self.path;
+        for k in entry.keys().filter(|k| !SERVER_KEYS.contains(&k.as_str())) {
+            // A known key misspelt would leave its setting unseen (`arg`, `adpater`):
+            // refused. Anything else may be another client's, passed over.
+            if let Some(meant) = meant_server_key(k) {
+                let hint = format!("write it `{meant}`");
+                return Err(ConfigError::invalid(path, format!("{key}.{k}"), "is not a key Rebound knows", hint));
             }
-            if let Some(disabled) = entry.get("disabled").filter(|d| !d.is_boolean() && !d.is_null()) {
-                let message = format!("must be true or false, not {disabled}");
-                return Err(ConfigError::invalid(
-                    path,
-                    format!("{key}.disabled"),
-                    message,
-                    r#"write "disabled": true"#,
-                ));
-            }
-            if entry.get("disabled").and_then(Value::as_bool) == Some(true) {
-                warnings.push(format!("{}: `{key}` is disabled", path.display()));
-                continue;
-            }
-            let server = self.server(&key, &name, entry, defaults, base, plugins_dir)?;
-            resolved.insert(name, server);
+            warnings.push(format!("{}: `{key}.{k}` is not a key Rebound knows; it is ignored", path.display()));
         }
-        Ok(resolved)
+        match entry.get("disabled") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(true),
+            Some(Value::Bool(true)) => {
+                warnings.push(format!("{}: `{key}` is disabled", path.display()));
+                Ok(false)
+            }
+            Some(disabled) => Err(ConfigError::invalid(
+                path,
+                format!("{key}.disabled"),
+                format!("must be true or false, not {disabled}"),
+                r#"write "disabled": true"#,
+            )),
+        }
     }
 
     /// Every server an adapter's allowed tools or a fallback names is one of `servers`.
