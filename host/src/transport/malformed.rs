@@ -53,28 +53,9 @@ impl Unreadable {
     /// Classifies `bytes`, which did not decode as a message (of a client, or of a server:
     /// the reasons are the same).
     pub fn of(bytes: &[u8]) -> Self {
-        let value = match serde_json::from_slice::<Value>(bytes) {
-            Ok(value) => value,
-            // Nesting past serde_json's depth limit lands here too: it is not JSON we read.
-            Err(e) => return Self::answered(PARSE_ERROR, format!("Parse error: {e}"), Value::Null),
-        };
-        let object = match value {
-            Value::Object(object) => object,
-            Value::Array(_) => {
-                return Self::answered(
-                    INVALID_REQUEST,
-                    "Invalid Request: JSON-RPC batches are not part of MCP (since 2025-06-18); send one message at a time"
-                        .into(),
-                    Value::Null,
-                );
-            }
-            _ => {
-                return Self::answered(
-                    INVALID_REQUEST,
-                    "Invalid Request: a JSON-RPC message is a JSON object".into(),
-                    Value::Null,
-                );
-            }
+        let object = match Self::object_of(bytes) {
+            Ok(object) => object,
+            Err(unreadable) => return unreadable,
         };
         let is_notification = object.contains_key("method") && !object.contains_key("id");
         let is_answer =
@@ -84,29 +65,51 @@ impl Unreadable {
         let is_request = id.is_some()
             && object.get("jsonrpc") == Some(&json!("2.0"))
             && object.get("method").is_some_and(Value::is_string);
-        // serde's untagged enums say only "did not match any variant": say what is wrong.
+        let (code, message) = Self::what_is_wrong(&object, id.as_ref());
+        Self { code, message, wants_answer: !is_notification && !is_answer, is_request, id: id.unwrap_or(Value::Null) }
+    }
+
+    /// `bytes` as a JSON object, else what is wrong with them.
+    fn object_of(bytes: &[u8]) -> Result<serde_json::Map<String, Value>, Self> {
+        let value = match serde_json::from_slice::<Value>(bytes) {
+            Ok(value) => value,
+            // Nesting past serde_json's depth limit lands here too: it is not JSON we read.
+            Err(e) => return Err(Self::answered(PARSE_ERROR, format!("Parse error: {e}"), Value::Null)),
+        };
+        let why = match value {
+            Value::Object(object) => return Ok(object),
+            Value::Array(_) => {
+                "Invalid Request: JSON-RPC batches are not part of MCP (since 2025-06-18); send one message at a time"
+            }
+            _ => "Invalid Request: a JSON-RPC message is a JSON object",
+        };
+        Err(Self::answered(INVALID_REQUEST, why.into(), Value::Null))
+    }
+
+    /// The error code and message for the JSON object `object`, which did not decode as a
+    /// message; `id` is its id, if one MCP takes. (serde's untagged enums say only "did not
+    /// match any variant": this says what is wrong.)
+    fn what_is_wrong(object: &serde_json::Map<String, Value>, id: Option<&Value>) -> (i64, String) {
         let structured = matches!(object.get("params"), Some(Value::Object(_) | Value::Array(_)));
         let bad_id = object.get("id").filter(|_| id.is_none());
         // What the sender wrote is quoted only in part: it goes into log lines.
-        let method = object.get("method").map(|m| match m {
-            Value::String(method) => Value::String(capped(method, QUOTED_BYTES)),
-            other => other.clone(),
-        });
-        let (code, why) = match method.as_ref() {
-            Some(Value::String(method)) if let Some(bad) = bad_id => (
+        // (`Some(None)`: a `method` that is not a string.)
+        let method = object.get("method").map(|m| m.as_str().map(|m| capped(m, QUOTED_BYTES)));
+        match method {
+            Some(Some(method)) if let Some(bad) = bad_id => (
                 INVALID_REQUEST,
                 format!(
                     "Invalid Request: the id of `{method}` must be a string or an integer (of 64 bits, signed), not {}",
                     capped(&bad.to_string(), QUOTED_BYTES)
                 ),
             ),
-            Some(Value::String(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
+            Some(Some(method)) if object.get("jsonrpc") != Some(&json!("2.0")) => {
                 (INVALID_REQUEST, format!("Invalid Request: `{method}` needs \"jsonrpc\": \"2.0\""))
             }
-            Some(Value::String(method)) if structured && id.is_some() => {
+            Some(Some(method)) if structured && id.is_some() => {
                 (INVALID_PARAMS, format!("Invalid params: the `params` of `{method}` are not what it takes"))
             }
-            Some(Value::String(method)) => {
+            Some(Some(method)) => {
                 (INVALID_REQUEST, format!("Invalid Request: the `params` of `{method}` must be an object"))
             }
             Some(_) => (INVALID_REQUEST, "Invalid Request: `method` must be a string".into()),
@@ -115,13 +118,6 @@ impl Unreadable {
                 "Invalid Request: a message has a `method` (a request or notification) or a `result` or `error` (an answer)"
                     .into(),
             ),
-        };
-        Self {
-            code,
-            message: why,
-            wants_answer: !is_notification && !is_answer,
-            is_request,
-            id: id.unwrap_or(Value::Null),
         }
     }
 
