@@ -240,6 +240,31 @@ async fn a_relaunch_that_cannot_start_leaves_the_running_server_serving() {
     let _ = client.cancel().await;
 }
 
+/// With the running process, a relaunch that cannot start keeps its breakers and retry
+/// budget: they tell how that process fares.
+#[tokio::test]
+async fn a_relaunch_that_cannot_start_keeps_the_running_servers_breakers() {
+    let (gw, dir, client) = serving_a_and_b().await;
+    // Two clients' timeouts open b's breaker (one client's alone would open its own).
+    let other = gw.client(None).await.unwrap();
+    assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
+    assert_eq!(call(&other, "b__hang", json!({})).await.is_error, Some(true));
+    let before = status(&client).await;
+    assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
+    let mut broken = config(&dir, 60000, &[]);
+    broken["mcpServers"]["b"]["command"] = json!("/nonexistent/faulty-server");
+    rewrite_config(&dir, &broken);
+    let log = gw.log.clone();
+    eventually("the reload applied", move || {
+        log.lock().unwrap().contains("kept running (the new launch did not start) b")
+    })
+    .await;
+    let after = status(&client).await;
+    assert_eq!(server(&after, "b")["breaker"]["state"], "open", "{after}");
+    let _ = other.cancel().await;
+    let _ = client.cancel().await;
+}
+
 /// The same, while the running server is starting again after a crash: its old launch,
 /// which worked, is kept and comes back; the new one, which cannot start, is stopped.
 #[tokio::test]
