@@ -55,6 +55,17 @@ async fn serving_a_and_b() -> (HttpGateway, std::path::PathBuf, Client) {
     (gw, dir, client)
 }
 
+/// Opens b's breaker with the timeouts of two clients (one client's alone would open only
+/// breakers of its own); returns the second client and the status with it open.
+async fn with_b_open(gw: &HttpGateway, client: &Client) -> (Client, Value) {
+    let other = gw.client(None).await.unwrap();
+    assert_eq!(call(client, "b__hang", json!({})).await.is_error, Some(true));
+    assert_eq!(call(&other, "b__hang", json!({})).await.is_error, Some(true));
+    let open = status(client).await;
+    assert_eq!(server(&open, "b")["breaker"]["state"], "open", "{open}");
+    (other, open)
+}
+
 fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
     status["servers"].as_array().unwrap().iter().find(|s| s["name"] == name).unwrap_or(&Value::Null)
 }
@@ -62,12 +73,7 @@ fn server<'a>(status: &'a Value, name: &str) -> &'a Value {
 #[tokio::test]
 async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refused() {
     let (gw, dir, client) = serving_a_and_b().await;
-    // Two clients' timeouts: one client's alone would open only breakers of its own.
-    let other = gw.client(None).await.unwrap();
-    assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
-    assert_eq!(call(&other, "b__hang", json!({})).await.is_error, Some(true));
-    let before = status(&client).await;
-    assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
+    let (_other, before) = with_b_open(&gw, &client).await;
     let (a_pid, b_pid) = (pid(&dir, "a"), pid(&dir, "b"));
 
     // Add a server and change a's timeouts.
@@ -245,12 +251,7 @@ async fn a_relaunch_that_cannot_start_leaves_the_running_server_serving() {
 #[tokio::test]
 async fn a_relaunch_that_cannot_start_keeps_the_running_servers_breakers() {
     let (gw, dir, client) = serving_a_and_b().await;
-    // Two clients' timeouts open b's breaker (one client's alone would open its own).
-    let other = gw.client(None).await.unwrap();
-    assert_eq!(call(&client, "b__hang", json!({})).await.is_error, Some(true));
-    assert_eq!(call(&other, "b__hang", json!({})).await.is_error, Some(true));
-    let before = status(&client).await;
-    assert_eq!(server(&before, "b")["breaker"]["state"], "open", "{before}");
+    let (other, _) = with_b_open(&gw, &client).await;
     let mut broken = config(&dir, 60000, &[]);
     broken["mcpServers"]["b"]["command"] = json!("/nonexistent/faulty-server");
     rewrite_config(&dir, &broken);
