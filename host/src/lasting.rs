@@ -17,9 +17,12 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 
-/// How long a background loop that panicked waits before it starts again: a bug that
-/// panics at once every time costs a log line a second, not a spinning core.
-const AGAIN_AFTER: Duration = Duration::from_secs(1);
+/// How long a background loop that panicked waits before it starts again: a second after
+/// its first panic, doubling with each panic in a row up to a minute, so that a bug that
+/// panics at once every time costs a log line a minute, not a spinning core. A loop that
+/// ran longer than [`AGAIN_AFTER_MAX`] before it panicked starts again after a second.
+const AGAIN_AFTER_MS: u64 = 1_000;
+const AGAIN_AFTER_MAX: Duration = Duration::from_secs(60);
 
 /// Runs the loop `make` makes on the runtime, logged and started again whenever it panics,
 /// until it ends of itself. `what` names it in the log.
@@ -31,9 +34,19 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     tokio::spawn(async move {
-        while std::panic::AssertUnwindSafe(make()).catch_unwind().await.is_err() {
-            tracing::error!("Rebound's {what} failed (a bug); it starts again");
-            tokio::time::sleep(AGAIN_AFTER).await;
+        let mut in_a_row = 0;
+        loop {
+            let started = tokio::time::Instant::now();
+            if std::panic::AssertUnwindSafe(make()).catch_unwind().await.is_ok() {
+                return;
+            }
+            if started.elapsed() > AGAIN_AFTER_MAX {
+                in_a_row = 0;
+            }
+            let wait = crate::pace::grown(AGAIN_AFTER_MS, 2.0, AGAIN_AFTER_MAX.as_millis() as u64, in_a_row);
+            in_a_row = in_a_row.saturating_add(1);
+            tracing::error!("Rebound's {what} failed (a bug); it starts again in {} s", wait.as_secs());
+            tokio::time::sleep(wait).await;
         }
     })
 }
@@ -90,6 +103,31 @@ mod tests {
         });
         task.await.expect("ended of itself");
         assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 3, "twice again after a panic, then done");
+    }
+
+    /// A loop that panics each time waits a second, then twice as long each time, up to a
+    /// minute; one that ran for longer than that before its panic waits a second again.
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_that_panics_each_time_waits_longer_each_time() {
+        let starts = Arc::new(Mutex::new(Vec::new()));
+        let (seen, t0) = (starts.clone(), tokio::time::Instant::now());
+        let task = spawn("test loop", move || {
+            let run = {
+                let mut seen = seen.locked();
+                seen.push(t0.elapsed().as_secs());
+                seen.len()
+            };
+            async move {
+                // The ninth run lasts two minutes before its panic; the tenth ends.
+                if run == 9 {
+                    tokio::time::sleep(Duration::from_secs(120)).await;
+                }
+                assert!(run >= 10, "a bug in run {run}");
+            }
+        });
+        task.await.expect("ended of itself");
+        // Waits of 1, 2, 4, 8, 16, 32, 60, 60 s; then 120 s of running and a wait of 1 s.
+        assert_eq!(*starts.locked(), [0, 1, 3, 7, 15, 31, 63, 123, 183, 304]);
     }
 
     /// A lock a panic left poisoned is still taken, with what it held.

@@ -311,41 +311,61 @@ impl Stamp {
 /// Watches `path` (read as `read` says) and the configured `plugins_dir`, and reloads on
 /// each change or when `hangups` yields, rotating the HTTP front's `tokens`. Runs until
 /// the hub is gone.
-pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, mut hangups: mpsc::Receiver<()>, tokens: TokenCell) {
+pub fn watch(hub: &Arc<Hub>, path: PathBuf, read: Stamp, hangups: mpsc::Receiver<()>, tokens: TokenCell) {
     // Events name paths under the folder watched: compare absolute paths.
     let path = std::path::absolute(&path).unwrap_or(path);
-    let (tx, mut changed) = mpsc::channel::<()>(1);
+    let (tx, changed) = mpsc::channel::<()>(1);
     let since_read = tx.clone();
-    let mut watched = Watched::start(&path, hub.setup().config.settings.plugins_dir.clone(), tx);
+    let watched = Watched::start(&path, hub.setup().config.settings.plugins_dir.clone(), tx);
     if read.again() != read {
         let _ = since_read.try_send(());
     }
     let hub = Arc::downgrade(hub);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                Some(()) = changed.recv() => {
-                    tokio::time::sleep(SETTLE).await;
-                    while changed.try_recv().is_ok() {}
-                    tracing::info!("{} or its plugins changed; reloading", path.display());
-                }
-                Some(()) = hangups.recv() => tracing::info!("SIGHUP: reloading {}", path.display()),
-                else => break,
-            }
-            let Some(hub) = hub.upgrade() else { break };
-            // Shutting down: what a reload would start, nothing would stop.
-            if hub.closing().is_cancelled() {
-                break;
-            }
-            // A plugins folder made (again) since it was watched is watched from now on,
-            // before it is read; so is a link's new target.
-            watched.rewatch();
-            watched.follow_link();
-            if reload(&hub, &path, &tokens).await.is_ok() {
-                watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
-            }
+    // Kept outside each run of the loop, so that one started again after a panic (a bug)
+    // still hears of changes and hangups.
+    let state = Arc::new(tokio::sync::Mutex::new((changed, hangups, watched)));
+    let path: Arc<Path> = path.into();
+    drop(crate::lasting::spawn("configuration watcher", move || {
+        let (state, hub, path, tokens) = (state.clone(), hub.clone(), path.clone(), tokens.clone());
+        async move {
+            let (changed, hangups, watched) = &mut *state.lock().await;
+            watch_loop(changed, hangups, watched, &hub, &path, &tokens).await;
         }
-    });
+    }));
+}
+
+/// Reloads on each change and hangup until the hub is gone or closing (see [`watch`]).
+async fn watch_loop(
+    changed: &mut mpsc::Receiver<()>,
+    hangups: &mut mpsc::Receiver<()>,
+    watched: &mut Watched,
+    hub: &std::sync::Weak<Hub>,
+    path: &Path,
+    tokens: &TokenCell,
+) {
+    loop {
+        tokio::select! {
+            Some(()) = changed.recv() => {
+                tokio::time::sleep(SETTLE).await;
+                while changed.try_recv().is_ok() {}
+                tracing::info!("{} or its plugins changed; reloading", path.display());
+            }
+            Some(()) = hangups.recv() => tracing::info!("SIGHUP: reloading {}", path.display()),
+            else => break,
+        }
+        let Some(hub) = hub.upgrade() else { break };
+        // Shutting down: what a reload would start, nothing would stop.
+        if hub.closing().is_cancelled() {
+            break;
+        }
+        // A plugins folder made (again) since it was watched is watched from now on,
+        // before it is read; so is a link's new target.
+        watched.rewatch();
+        watched.follow_link();
+        if reload(&hub, path, tokens).await.is_ok() {
+            watched.follow_plugins_dir(hub.setup().config.settings.plugins_dir.clone());
+        }
+    }
 }
 
 /// The folders watched: the configuration file's, `plugins_dir` and the folder holding it
