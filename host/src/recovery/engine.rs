@@ -1139,11 +1139,15 @@ impl Engine {
             Err(failure) => {
                 let (failure, class) = failed(failure);
                 // Out of time with less than half the time its configuration allows it
-                // (its timeout, or a shorter configured deadline) to run in, the rest of
-                // the call's deadline spent (a restart waited for, say), an attempt says
-                // nothing of the server.
+                // (its timeout, or a shorter configured deadline) to run in, the rest
+                // spent before it (earlier attempts) or within it before it was sent (a
+                // restart waited for: `after` is how long the server had it), an attempt
+                // says nothing of the server.
                 let allowed = policy.recovery.deadline_ms.map_or(timeout, |d| timeout.min(Duration::from_millis(d)));
-                let cut_short = matches!(failure, Failure::Timeout { .. }) && remaining < allowed / 2;
+                let cut_short = match failure {
+                    Failure::Timeout { after } => after.min(remaining) < allowed / 2,
+                    _ => false,
+                };
                 self.record_failure(policy, (tool, started), permits, (&failure, &class), cut_short);
                 Err((failure, class))
             }

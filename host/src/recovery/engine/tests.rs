@@ -31,6 +31,9 @@ struct Script {
     client: Mutex<Option<u64>>,
     /// A resumed call, which only the tool called may answer.
     alone: bool,
+    /// How long each call first waits for its server (a restart under way), within the
+    /// time it was given.
+    waits: Duration,
 }
 
 fn ok(text: &str) -> Result<CallToolResponse, Failure> {
@@ -70,18 +73,21 @@ impl Upstream for Script {
         role: Role,
         arguments: Option<JsonObject>,
         timeout: Duration,
-        _max_total: Duration,
+        max_total: Duration,
     ) -> BoxFuture<'_, Result<CallToolResponse, Failure>> {
         let key = format!("{server}/{tool}");
         self.roles.lock().unwrap().push((key.clone(), role));
         self.calls.lock().unwrap().push((key.clone(), Instant::now(), timeout, arguments));
         let answer =
             self.answers.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or_else(|| ok("ok"));
+        let waits = self.waits.min(max_total);
         Box::pin(async move {
-            // A timeout takes its time.
+            tokio::time::sleep(waits).await;
+            // A timeout takes what time is left, of which the server was given all.
             if let Err(Failure::Timeout { .. }) = &answer {
-                tokio::time::sleep(timeout).await;
-                return Err(Failure::Timeout { after: timeout });
+                let after = timeout.min(max_total - waits);
+                tokio::time::sleep(after).await;
+                return Err(Failure::Timeout { after });
             }
             answer
         })
@@ -866,6 +872,22 @@ async fn a_timeout_the_deadline_cut_short_does_not_count_against_the_server() {
         let (ending, _) = run(&e, &up, "read").await;
         let open = up.calls("s/read").len() == 1;
         assert_eq!(open, counts, "{spent_ms} ms of {deadline_ms} spent: {}", answered(&ending));
+    }
+}
+
+/// The same when the time went waiting for the server within the attempt (a restart under
+/// way): the server had only what was left of it.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_cut_short_by_a_wait_for_the_server_does_not_count_against_it() {
+    for (waits_ms, counts) in [(59_000, false), (0, true), (20_000, true)] {
+        let mut r = one_attempt();
+        (r.timeout_ms, r.deadline_ms, r.breaker.failure_threshold) = (60_000, Some(80_000), 1);
+        let mut up = Script::new(&[("s/read", true)]).then("s/read", vec![timeout()]);
+        up.waits = Duration::from_millis(waits_ms);
+        let e = engine(&[server("s", r)]);
+        let _ = run(&e, &up, "read").await;
+        let state = e.policy("s").unwrap().breakers.server.snapshot().state;
+        assert_eq!(state == "open", counts, "after a wait of {waits_ms} ms: {state}");
     }
 }
 
