@@ -1289,6 +1289,38 @@ async fn a_2026_client_answers_an_older_servers_question_on_its_next_call_and_no
     assert!(raw.answers(1).await[0]["error"]["message"].as_str().unwrap().contains("names no call"));
 }
 
+/// A call the gateway has no room left to hold for a 2026-07-28 client's answers is
+/// refused to that client with a JSON-RPC error and cancelled on its server; it is no
+/// errors-log entry (least of all one saying its client cancelled it).
+#[tokio::test]
+async fn a_call_refused_for_want_of_room_to_hold_it_is_cancelled_upstream_and_not_logged() {
+    let mut raw = RawStdio::spawn(&[], json!({}));
+    // The calls one client may have held at once (README).
+    let room = 32;
+    // One at a time: a stdio server's question goes to the newest call in flight.
+    for id in 1..=room {
+        raw.send(modern_call(id, "elicit", json!({}))).await;
+        let asked = raw.answers(1).await.remove(0);
+        assert_eq!(asked["result"]["resultType"], "input_required", "{asked}");
+    }
+    raw.send(modern_call(room + 1, "elicit", json!({}))).await;
+    let refused = raw.answers(1).await.remove(0);
+    assert!(refused["error"]["message"].as_str().unwrap().contains("answer those first"), "{refused}");
+    let dir = raw._dir.path().to_owned();
+    eventually("the refused call cancelled upstream", || rebound_tests::state_in(&dir, "a", "cancelled").len() == 1)
+        .await;
+    // A failure after it is written; the refusal is not.
+    raw.send(modern_call(room + 2, "fail", json!({}))).await;
+    raw.answers(1).await;
+    let errors = || -> Vec<Value> {
+        let log = std::fs::read_to_string(dir.join("rebound-errors.jsonl")).unwrap_or_default();
+        log.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    eventually("the tool's failure written", || errors().iter().any(|e| e["context"]["tool_name"] == "fail")).await;
+    let elicit: Vec<Value> = errors().into_iter().filter(|e| e["context"]["tool_name"] == "elicit").collect();
+    assert!(elicit.is_empty(), "{elicit:?}");
+}
+
 /// A request of a client on 2026-07-28 that declares the tasks extension, or not.
 fn modern_request(id: u64, method: &str, params: Value, tasks: bool) -> Value {
     let mut meta = modern_meta();

@@ -87,8 +87,13 @@ pub struct Bridge(mpsc::Sender<Question>, Why);
 pub const BY_THE_CLIENT: &str = "cancelled by the client";
 
 /// What the server is told of a held call the gateway gave up on: its client did not
-/// come back for it in time, there was no room to hold it, or the gateway is stopping.
-const GIVEN_UP: &str = "the gateway gave up on it (its client did not come back for it in time, there was no room to hold it, or the gateway is stopping)";
+/// come back for it in time, or the gateway is stopping.
+const GIVEN_UP: &str =
+    "the gateway gave up on it (its client did not come back for it in time, or the gateway is stopping)";
+
+/// What the server is told of a call the gateway had no room to hold for its client's
+/// answers (refused to the client with a JSON-RPC error, and not an errors-log entry).
+const NO_ROOM: &str = "the gateway had no room left to hold it for its client's answers";
 
 /// Why a held call was cancelled, set once, before its cancellation.
 #[derive(Clone, Default)]
@@ -104,6 +109,12 @@ impl Bridge {
     /// Why the call it serves was cancelled, as its server is told.
     pub fn why_cancelled(&self) -> &'static str {
         self.1.0.get().copied().unwrap_or(BY_THE_CLIENT)
+    }
+
+    /// Whether the call was refused, there being no room to hold it: its client was told
+    /// so with a JSON-RPC error, which is the whole of what it failed.
+    pub fn refused_for_room(&self) -> bool {
+        self.1.0.get().is_some_and(|why| *why == NO_ROOM)
     }
 
     /// Puts `server`'s `request` to the call's client as a question, and waits for its
@@ -474,6 +485,7 @@ impl Held {
         };
         if let Some(message) = refused {
             // Dropped, the call is cancelled upstream.
+            call.why.set(NO_ROOM);
             return Err(ErrorData::internal_error(message, None));
         }
         // A request cancelled as it is answered: rmcp drops its answer, and nobody would
@@ -813,7 +825,7 @@ mod tests {
         let refused = held.answer_for(asking_roots("a", cancelled.clone()), &roots, &request).await.err().unwrap();
         assert!(refused.message.contains("answer those first"), "{}", refused.message);
         tokio::task::yield_now().await;
-        assert_eq!(*cancelled.lock().unwrap(), Some(GIVEN_UP), "refused, it is cancelled as given up");
+        assert_eq!(*cancelled.lock().unwrap(), Some(NO_ROOM), "refused, it is cancelled for want of room");
         // Another client is not held back.
         asked(held.answer_for(asking_roots("b", Arc::default()), &roots, &request).await.unwrap());
     }

@@ -130,14 +130,19 @@ impl Gateway {
         if let Some(trace) = &trace {
             trace.finish(&record, &ending);
         }
-        self.account(&recovery, &record, &ending, started.elapsed());
+        // A call refused for want of room to hold it was its client's JSON-RPC error.
+        let refused = cx.extensions.get::<super::held::Bridge>().is_some_and(|b| b.refused_for_room());
+        self.account(&recovery, &record, &ending, started.elapsed(), !refused);
         Ok(response(ending, &record, &self.hub.errors))
     }
 
-    /// A call ended: the errors log, the log, the adapter's refused steps, the metrics.
-    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration) {
+    /// A call ended: the errors log (unless not `to_errors_log`), the log, the adapter's
+    /// refused steps, the metrics.
+    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration, to_errors_log: bool) {
         if record.failures().next().is_some() {
-            self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
+            if to_errors_log {
+                self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
+            }
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
                 // Redacted as it is cut, so that the cut leaves no start of a secret for
