@@ -2022,6 +2022,59 @@ async fn a_sessions_running_tasks_are_cancelled_upstream_when_it_ends() {
     assert_eq!(cancelled(), "task-1\n", "only the ended session's");
 }
 
+/// A `url` server that restarts numbers its tasks afresh: the task id one session's
+/// running task had is given to another session's new task. Neither session reaches the
+/// other's task through it: the older task is unknown to its session from then on, and
+/// the new one, which the gateway cannot tell from it, is cancelled and refused.
+#[tokio::test]
+async fn a_task_id_a_restarted_server_gives_again_reaches_neither_sessions_task() {
+    let inner_dir = tempfile::tempdir().unwrap();
+    let inner_config = inner_dir.path().join("inner.json");
+    let inner = json!({"mcpServers": {"f": faulty("f", inner_dir.path(), &["--tasks"])}});
+    std::fs::write(&inner_config, inner.to_string()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let (mut first, base) = HttpGateway::spawn(&inner_config, &addr, &[], log.clone()).await;
+    let remote = json!({"url": format!("{base}/mcp"), "protocol": "2025-11-25"});
+    let gw = HttpGateway::start(|_| json!({"mcpServers": {"remote": remote}}), &[]).await;
+    let open = || async {
+        let init = post(&gw, &initialize()).send().await.unwrap();
+        let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+        drop(init);
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(&gw, &note).header("mcp-session-id", &session).send().await.unwrap();
+        session
+    };
+    let request = |session: &str, method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let sent = post(&gw, &body).header("mcp-session-id", session).header("mcp-protocol-version", "2025-11-25");
+        async move { sent.send().await.unwrap().text().await.unwrap() }
+    };
+    let (a, b) = (open().await, open().await);
+    let slow = json!({"name": "slow", "arguments": {"ms": 600000}, "task": {"ttl": 600000}});
+    let started = request(&a, "tools/call", slow).await;
+    assert!(started.contains(r#""taskId":"task-1""#), "{started}");
+
+    first.kill().await.unwrap();
+    first.wait().await.unwrap();
+    let (_second, _) = HttpGateway::spawn(&inner_config, &addr, &[], log).await;
+    // B's answer, which A must not see: "slept 7 ms".
+    let secret = json!({"name": "slow", "arguments": {"ms": 7}, "task": {"ttl": 600000}});
+    let refused = request(&b, "tools/call", secret).await;
+    assert!(refused.contains("keeps neither"), "{refused}");
+    let cancelled = || std::fs::read_to_string(inner_dir.path().join("f/tasks_cancelled")).unwrap_or_default();
+    eventually("the new task cancelled on the server", || cancelled() == "task-1\n").await;
+    let asked = request(&a, "tasks/result", json!({"taskId": "task-1"})).await;
+    assert!(!asked.contains("slept 7 ms") && asked.contains("unknown task"), "{asked}");
+    // B calls again: a task of its own.
+    let again = json!({"name": "slow", "arguments": {"ms": 9}, "task": {"ttl": 600000}});
+    let made = request(&b, "tools/call", again).await;
+    assert!(made.contains(r#""taskId":"task-2""#), "{made}");
+    let result = request(&b, "tasks/result", json!({"taskId": "task-2"})).await;
+    assert!(result.contains("f: slept 9 ms"), "{result}");
+}
+
 /// A body sent slowly holds, while it is read, what it says it will take, against its
 /// client's share: one client's stalled uploads cannot hold memory outside the budget,
 /// and what they held is let go of when they end.

@@ -376,6 +376,14 @@ impl Routing {
             .is_some_and(|t| !t.ended.is_cancelled() && !t.owner.peer.is_transport_closed())
     }
 
+    /// Forgets who has task `id` on upstream `session`, whose server has given that id to
+    /// a new task: its client finds it unknown from then on. Whether it was running (see
+    /// [`Self::task_running`]), when whose task the server means by the id cannot be told.
+    pub fn disown_task(&self, session: u64, id: &str) -> bool {
+        let disowned = self.tasks.locked().remove(&(session, id.to_owned()));
+        disowned.is_some_and(|t| !t.ended.is_cancelled() && !t.owner.peer.is_transport_closed())
+    }
+
     /// A task's status from upstream `session` (a `notifications/tasks/status`'s params):
     /// noted if it says the task ended, and the client it goes to.
     pub fn task_status(&self, session: u64, status: &serde_json::Value) -> Option<ClientPeer> {

@@ -288,22 +288,34 @@ impl Gateway {
                 None,
             ));
         }
-        // An id a task on this connection already has (a server that reuses ids): whose
-        // task it is could not be told, and cancelling it would cancel that one too.
-        if self.hub.routing.task_running(to.session.id, id) {
-            return Err(ErrorData::internal_error(
-                format!(
-                    "server `{server}` created task `{id}`, an id one of its running tasks already has; the gateway cannot tell them apart, so it does not keep the new one"
-                ),
-                None,
-            ));
-        }
+        self.given_again(&server, &to, id)?;
         let origin = Origin { server, instance: to.instance, session: to.session.clone(), tool: name, progress };
         if let Err(refused) = self.note_task(id, &answer["task"], origin, cx.peer.clone()) {
             cancel_upstream(&to.session, id, Some(self.hub.routing.aside(to.instance)));
             return Err(refused);
         }
         Ok(answer)
+    }
+
+    /// The server of `to` has given the id `id` to a new task. A task the gateway keeps
+    /// under it (a 2025-11-25 session's, or one bridged for a 2026-07-28 client) is no
+    /// longer reachable by its client: the id is the new task's now. One still running
+    /// (a server restarted that numbers its tasks afresh, or one that gives an id twice)
+    /// cannot be told from the new one, so neither is kept: the new one is cancelled on
+    /// the server, and refused.
+    pub(super) fn given_again(&self, server: &str, to: &Instance, id: &str) -> Result<(), ErrorData> {
+        let routing = &self.hub.routing;
+        routing.relayed.forget_upstream(server, &to.session, id);
+        if !routing.disown_task(to.session.id, id) {
+            return Ok(());
+        }
+        cancel_upstream(&to.session, id, Some(routing.aside(to.instance)));
+        Err(ErrorData::internal_error(
+            format!(
+                "server `{server}` created task `{id}` under the id of a task it was running already (restarted, or giving one id twice): the gateway cannot tell them apart, so it cancelled the new one and keeps neither; call again"
+            ),
+            None,
+        ))
     }
 
     /// The server of the tool the client calls `name`, the tool's name there, and the

@@ -83,6 +83,7 @@ impl Gateway {
         let created = CreateTaskResult::new(task_of(made).ok_or_else(|| {
             ErrorData::internal_error(format!("server `{server}` answered the call with a task that is not one"), None)
         })?);
+        self.given_again(&server, &to, &created.task.task_id)?;
         let session = &to.session;
         let origin = Origin { server: &server, tool: &name, instance: to.instance, session, owner, legacy: true };
         let kept = self.hub.routing.relayed.keep(created, origin);

@@ -85,18 +85,7 @@ impl Table {
         // A server that gives an id again (once its time to live is up, say) means its
         // new task by it: the older task of that id is forgotten, so that its client, who
         // may be another, cannot reach the new one through it.
-        // (A process's task is its connection's: another connection's of that id is
-        // another task already, which its own connection's loss reports.)
-        let same_task_id = |e: &Entry| {
-            e.server == entry.server
-                && e.upstream == entry.upstream
-                && (!entry.process || e.session.ptr_eq(&entry.session))
-        };
-        let reused: Vec<String> =
-            (self.by_id.iter()).filter(|(_, e)| same_task_id(e)).map(|(id, _)| id.clone()).collect();
-        for id in reused {
-            self.remove(&id);
-        }
+        self.forget_upstream(&entry.server, &entry.session, entry.process, &entry.upstream);
         if let Some(owner) = &entry.owner {
             for (share, _) in shares(owner) {
                 self.per_client.add(share, 1);
@@ -105,6 +94,21 @@ impl Table {
             entry.counted.store(true, Ordering::Release);
         }
         self.by_id.insert(id, Arc::new(entry));
+    }
+
+    /// Forgets the tasks that `server` held under its id `upstream` (on connection
+    /// `session`, if the server is a process), and says whether there were any.
+    fn forget_upstream(&mut self, server: &str, session: &Weak<Session>, process: bool, upstream: &str) -> bool {
+        // (A process's task is its connection's: another connection's of that id is
+        // another task already, which its own connection's loss reports.)
+        let same_task_id =
+            |e: &Entry| &*e.server == server && e.upstream == upstream && (!process || e.session.ptr_eq(session));
+        let reused: Vec<String> =
+            (self.by_id.iter()).filter(|(_, e)| same_task_id(e)).map(|(id, _)| id.clone()).collect();
+        for id in &reused {
+            self.remove(id);
+        }
+        !reused.is_empty()
     }
 
     fn remove(&mut self, id: &str) {
@@ -305,6 +309,13 @@ impl Relayed {
             }
             None => Err(unknown(id)),
         }
+    }
+
+    /// A server gave its id `upstream` to a new task, on connection `session`: the tasks
+    /// relayed under that id are forgotten (see `Table::insert`).
+    pub(super) fn forget_upstream(&self, server: &str, session: &Arc<Session>, upstream: &str) {
+        let process = session.is_process();
+        self.tasks.locked().forget_upstream(server, &Arc::downgrade(session), process, upstream);
     }
 
     pub(super) fn forget(&self, id: &str) {
