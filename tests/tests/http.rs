@@ -494,6 +494,29 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
     let _ = (alice.cancel().await, bob.cancel().await);
 }
 
+/// Over HTTP a shared server logs at the most verbose level any open session has asked
+/// for: a client that sets levels again and again, or alternates two, has the gateway
+/// set the shared server's level once, and hears only what its own level lets through.
+#[tokio::test]
+async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
+    use rmcp::model::LoggingLevel::{Debug, Error};
+    let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}}), &[]).await;
+    let client = rebound_tests::TestClient::default();
+    let heard = client.heard.clone();
+    let alice = rebound_tests::http_client_as(client, &gw.url(), None).await.unwrap();
+    for level in [Debug, Error, Debug, Error, Error, Debug, Error] {
+        alice.peer().set_level(rmcp::model::SetLevelRequestParams::new(level)).await.unwrap();
+    }
+    eventually("the level set upstream", || !gw.state("a", "levels").is_empty()).await;
+    assert_eq!(gw.state("a", "levels"), ["debug"]);
+    let said = |what: &str| heard.lock().unwrap().logs.iter().any(|l| l.data.to_string().contains(what));
+    call(&alice, "log", json!({"level": "warning", "message": "a quiet line"})).await;
+    call(&alice, "log", json!({"level": "error", "message": "a loud line"})).await;
+    eventually("the line her level takes", || said("a loud line")).await;
+    assert!(!said("a quiet line"), "below the level she set last");
+    let _ = alice.cancel().await;
+}
+
 /// With an operator token, what every client did (`/status`, `/metrics`) is the
 /// operator's: the clients' token no longer opens it, nor does the operator's open `/mcp`.
 #[tokio::test]

@@ -294,7 +294,9 @@ struct Downstream {
     /// (an IPv6 one's site, `http::site_of`), over stdio its session's.
     follows_as: Arc<str>,
     reach: Reach,
+    /// The level it set last, and the most verbose it has set (see [`Downstreams::level`]).
     level: Option<LoggingLevel>,
+    loudest: Option<LoggingLevel>,
     subscriptions: HashSet<Subscription>,
 }
 
@@ -372,7 +374,7 @@ impl Downstreams {
         let mut list = self.list.locked();
         list.retain(|d| d.client != client);
         let subscriptions = HashSet::new();
-        list.push(Downstream { client, owner, counted, follows_as, reach, level: None, subscriptions });
+        list.push(Downstream { client, owner, counted, follows_as, reach, level: None, loudest: None, subscriptions });
     }
 
     /// Sends `notification` to the client session `owner` however it is reached.
@@ -469,6 +471,7 @@ impl Downstreams {
         let mut list = self.list.locked();
         if let Some(d) = list.iter_mut().find(|d| &*d.client == client) {
             d.level = Some(level);
+            d.loudest = d.loudest.into_iter().chain([level]).min_by_key(|l| rank(*l));
         }
     }
 
@@ -477,12 +480,21 @@ impl Downstreams {
         self.level(Some(client)).is_some_and(|asked| rank(level) >= rank(asked))
     }
 
-    /// The most verbose level any live session (or only `only`) asked for.
+    /// The most verbose level any live session (or only `only`) asked for: the level a
+    /// shared server is set to (`only` none), or a session's own instance.
+    ///
+    /// Over HTTP, a shared server's is the most verbose any live session has asked for
+    /// since it opened: a session that lowers its level again lowers no shared server (it
+    /// hears only what its level lets through, [`Self::asked_for`]). So a client that sets
+    /// levels again and again, or alternates two, changes a shared server's level at most
+    /// once each way, and does not keep the gateway's own request out on every shared
+    /// server, during which their log lines and requests reach no client.
     pub fn level(&self, only: Option<&str>) -> Option<LoggingLevel> {
+        let sticky = only.is_none() && self.front == Front::Http;
         let list = self.list.locked();
         list.iter()
             .filter(|d| !d.reach.is_closed() && only.is_none_or(|c| c == &*d.client))
-            .filter_map(|d| d.level)
+            .filter_map(|d| if sticky { d.loudest } else { d.level })
             .min_by_key(|l| rank(*l))
     }
 

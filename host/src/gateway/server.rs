@@ -992,11 +992,15 @@ impl Gateway {
 
     /// `logging/setLevel`, within `unpanicked`.
     async fn answer_set_level(&self, request: SetLevelRequestParams) -> Result<(), ErrorData> {
+        let before = self.hub.downstreams.level(None);
         self.hub.downstreams.set_level(&self.own.client, request.level);
-        // Shared servers log at the most verbose level any session asked for; each
-        // session hears only what its own level lets through, of its own calls.
+        // Shared servers log at the most verbose level any session asked for
+        // (`Downstreams::level`); each session hears only what its own level lets
+        // through, of its own calls. Asked only when that changed: a server (re)started
+        // meanwhile is set as it becomes ready (`Hub::on_ready`).
         let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
-        let (own, shared_instances) = (self.own.own_instances(), self.hub.shared_instances());
+        let shared_instances = if before == Some(shared) { Vec::new() } else { self.hub.shared_instances() };
+        let own = self.own.own_instances();
         let levels = own.iter().map(|h| (h, request.level)).chain(shared_instances.iter().map(|h| (h, shared)));
         // All at once, each within its server's `recovery.timeout_ms`: a server that does
         // not answer holds up neither the others nor the client.
