@@ -2012,30 +2012,34 @@ async fn over_http_a_2026_clients_task_is_followed_across_its_requests() {
     assert_eq!(got["result"]["status"], "cancelled", "{got}");
 }
 
+/// Opens a session as a raw client on 2025-11-25 (`initialize`, then `initialized`).
+async fn open_session(gw: &HttpGateway) -> String {
+    let init = post(gw, &initialize()).send().await.unwrap();
+    let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
+    drop(init);
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    post(gw, &note).header("mcp-session-id", &session).send().await.unwrap();
+    session
+}
+
+/// `method` with `params` in `session` (of [`open_session`]): the answer's body.
+async fn in_session(gw: &HttpGateway, session: &str, method: &str, params: Value) -> String {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+    let sent = post(gw, &body).header("mcp-session-id", session).header("mcp-protocol-version", "2025-11-25");
+    sent.send().await.unwrap().text().await.unwrap()
+}
+
 /// A client's session that ends (here by `DELETE`) takes its tasks with it: nobody can
 /// reach them through the gateway any more, so those still running are cancelled on their
 /// (shared) server; another session's run on.
 #[tokio::test]
 async fn a_sessions_running_tasks_are_cancelled_upstream_when_it_ends() {
     let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--tasks"])}}), &[]).await;
-    let open = || async {
-        let init = post(&gw, &initialize()).send().await.unwrap();
-        let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-        drop(init);
-        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        post(&gw, &note).header("mcp-session-id", &session).send().await.unwrap();
-        session
-    };
-    let start_task = |session: String| {
-        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "slow", "arguments": {"ms": 60000}, "task": {"ttl": 600000}}});
-        let sent = post(&gw, &call).header("mcp-session-id", session).header("mcp-protocol-version", "2025-11-25");
-        async move { sent.send().await.unwrap().text().await.unwrap() }
-    };
-    let (leaving, staying) = (open().await, open().await);
-    let first = start_task(leaving.clone()).await;
+    let slow = json!({"name": "slow", "arguments": {"ms": 60000}, "task": {"ttl": 600000}});
+    let (leaving, staying) = (open_session(&gw).await, open_session(&gw).await);
+    let first = in_session(&gw, &leaving, "tools/call", slow.clone()).await;
     assert!(first.contains(r#""taskId":"task-1""#), "{first}");
-    let second = start_task(staying.clone()).await;
+    let second = in_session(&gw, &staying, "tools/call", slow).await;
     assert!(second.contains(r#""taskId":"task-2""#), "{second}");
     let cancelled = || std::fs::read_to_string(gw.dir.path().join("a/tasks_cancelled")).unwrap_or_default();
     assert_eq!(cancelled(), "", "nothing cancelled while both sessions last");
@@ -2061,22 +2065,9 @@ async fn a_task_id_a_restarted_server_gives_again_reaches_neither_sessions_task(
     let (mut first, base) = HttpGateway::spawn(&inner_config, &addr, &[], log.clone()).await;
     let remote = json!({"url": format!("{base}/mcp"), "protocol": "2025-11-25"});
     let gw = HttpGateway::start(|_| json!({"mcpServers": {"remote": remote}}), &[]).await;
-    let open = || async {
-        let init = post(&gw, &initialize()).send().await.unwrap();
-        let session = init.headers()["mcp-session-id"].to_str().unwrap().to_owned();
-        drop(init);
-        let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-        post(&gw, &note).header("mcp-session-id", &session).send().await.unwrap();
-        session
-    };
-    let request = |session: &str, method: &str, params: Value| {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let sent = post(&gw, &body).header("mcp-session-id", session).header("mcp-protocol-version", "2025-11-25");
-        async move { sent.send().await.unwrap().text().await.unwrap() }
-    };
-    let (a, b) = (open().await, open().await);
+    let (a, b) = (open_session(&gw).await, open_session(&gw).await);
     let slow = json!({"name": "slow", "arguments": {"ms": 600000}, "task": {"ttl": 600000}});
-    let started = request(&a, "tools/call", slow).await;
+    let started = in_session(&gw, &a, "tools/call", slow).await;
     assert!(started.contains(r#""taskId":"task-1""#), "{started}");
 
     first.kill().await.unwrap();
@@ -2084,17 +2075,17 @@ async fn a_task_id_a_restarted_server_gives_again_reaches_neither_sessions_task(
     let (_second, _) = HttpGateway::spawn(&inner_config, &addr, &[], log).await;
     // B's answer, which A must not see: "slept 7 ms".
     let secret = json!({"name": "slow", "arguments": {"ms": 7}, "task": {"ttl": 600000}});
-    let refused = request(&b, "tools/call", secret).await;
+    let refused = in_session(&gw, &b, "tools/call", secret).await;
     assert!(refused.contains("keeps neither"), "{refused}");
     let cancelled = || std::fs::read_to_string(inner_dir.path().join("f/tasks_cancelled")).unwrap_or_default();
     eventually("the new task cancelled on the server", || cancelled() == "task-1\n").await;
-    let asked = request(&a, "tasks/result", json!({"taskId": "task-1"})).await;
+    let asked = in_session(&gw, &a, "tasks/result", json!({"taskId": "task-1"})).await;
     assert!(!asked.contains("slept 7 ms") && asked.contains("unknown task"), "{asked}");
     // B calls again: a task of its own.
     let again = json!({"name": "slow", "arguments": {"ms": 9}, "task": {"ttl": 600000}});
-    let made = request(&b, "tools/call", again).await;
+    let made = in_session(&gw, &b, "tools/call", again).await;
     assert!(made.contains(r#""taskId":"task-2""#), "{made}");
-    let result = request(&b, "tasks/result", json!({"taskId": "task-2"})).await;
+    let result = in_session(&gw, &b, "tasks/result", json!({"taskId": "task-2"})).await;
     assert!(result.contains("f: slept 9 ms"), "{result}");
 }
 
