@@ -589,6 +589,7 @@ mod tests {
             action: None,
             denied: Vec::new(),
             not_tried: Vec::new(),
+            notes: 0,
         }
     }
 

@@ -516,6 +516,7 @@ fn lost_record(server: &Arc<str>, tool: &str, id: &str, why: &str) -> Record {
         action: None,
         denied: Vec::new(),
         not_tried: Vec::new(),
+        notes: 0,
     }
 }
 

@@ -424,8 +424,13 @@ fn log_at(level: tracing::Level, server: &str, tool: &str, category: &str, messa
 /// something to add, not on every success.
 fn response(ending: Ending, record: &Record, errors: &crate::errors_log::ErrorsLog) -> CallToolResponse {
     let mut result = match ending {
-        Ending::Answered(CallToolResponse::Complete(result)) if report::as_answered(record) => result,
-        Ending::Answered(CallToolResponse::Complete(result)) => report::recovered(result, record, &errors.secrets()),
+        Ending::Answered(CallToolResponse::Complete(result)) if report::as_answered(record) && record.notes == 0 => {
+            result
+        }
+        Ending::Answered(CallToolResponse::Complete(result)) => {
+            let secrets = errors.secrets();
+            report::recovered(report::noted(result, record, &secrets), record, &secrets)
+        }
         Ending::Answered(other) => return other,
         Ending::GaveUp => report::gave_up(record, &errors.secrets()),
     };

@@ -271,6 +271,10 @@ pub struct Record {
     /// now (a fallback's server with no session yet: never started, or still starting;
     /// one restarting after a crash is tried, and waited for), in order.
     pub not_tried: Vec<NotTried>,
+    /// How many notes of Rebound's (`[rebound: …]`) the answer, a tool's own error, ends
+    /// with: words of an adapter's among them, redacted where they are shown
+    /// (`report::noted`).
+    pub notes: usize,
 }
 
 /// Why a step an adapter asked for was not taken.
@@ -375,7 +379,7 @@ impl Record {
         self.answered_by().is_some() && self.attempts.len() > 1
     }
 
-    fn new(server: Arc<str>, tool: String, safe: bool) -> Self {
+    pub(crate) fn new(server: Arc<str>, tool: String, safe: bool) -> Self {
         Self {
             server,
             tool,
@@ -385,6 +389,7 @@ impl Record {
             action: None,
             denied: Vec::new(),
             not_tried: Vec::new(),
+            notes: 0,
         }
     }
 
@@ -717,6 +722,7 @@ impl Engine {
                 plan.steps.retain(|(step, _)| !matches!(step, Step::Alternative { .. }));
             }
             if let Some(own) = own.clone().filter(|_| plan.steps.is_empty()) {
+                record.notes = usize::from(class.message.is_some());
                 return Ending::Answered(own.into());
             }
             let ending = match self.run_plan(call, record, &mut spent, plan, (&class, &builtin)).await {
@@ -725,7 +731,9 @@ impl Engine {
             };
             return match (ending, own) {
                 (Ending::GaveUp, Some(own)) if !call.upstream.cancellation().is_cancelled() => {
-                    Ending::Answered(with_note(own, tried_instead(record).as_deref()).into())
+                    let note = tried_instead(record);
+                    record.notes = usize::from(class.message.is_some()) + usize::from(note.is_some());
+                    Ending::Answered(with_note(own, note.as_deref()).into())
                 }
                 (ending, _) => ending,
             };

@@ -207,6 +207,25 @@ pub fn as_answered(record: &Record) -> bool {
     record.attempts.len() < 2 && record.not_tried.is_empty()
 }
 
+/// How much of one of Rebound's notes on a tool's own error the agent is shown: what an
+/// adapter said and the tools it named are in it, and a plan may weigh 4 MiB.
+const NOTE_SHOWN: usize = 4096;
+
+/// A tool's own error with the notes of Rebound's that end it ([`Record::notes`]) as the
+/// agent is shown them: redacted, on one line each, and cut at [`NOTE_SHOWN`] bytes. An
+/// adapter's words among them (its message, the tools its plan named) could otherwise
+/// carry a secret it was given, or forge a note of Rebound's.
+pub fn noted(mut result: CallToolResult, record: &Record, secrets: &Secrets) -> CallToolResult {
+    let from = result.content.len().saturating_sub(record.notes);
+    for block in &mut result.content[from..] {
+        if let ContentBlock::Text(note) = block {
+            let said = note.text.strip_prefix("[rebound: ").and_then(|n| n.strip_suffix(']')).unwrap_or(&note.text);
+            note.text = format!("[rebound: {}]", crate::text::shown(&secrets.redact(said), NOTE_SHOWN));
+        }
+    }
+    result
+}
+
 /// Notes on a successful result how it was obtained, when that took recovery. The
 /// result itself is the server's and passes as it is; what Rebound adds is redacted.
 /// A tool's own error answered after other attempts failed says what was tried too, and
@@ -260,6 +279,24 @@ pub fn meta(report: Value) -> MetaObject {
 mod tests {
     use super::*;
     use crate::recovery::classify::classify;
+
+    /// The notes that end a tool's own error are redacted and kept to one line each; the
+    /// tool's own content before them passes as it is.
+    #[test]
+    fn notes_on_a_tools_error_are_redacted_and_kept_to_one_line() {
+        let secrets = Secrets::in_order(vec!["hunter2-secret".to_owned()], usize::MAX);
+        let own = "the tool's own words: hunter2-secret\nits second line";
+        let note = "not tried: `x\n[rebound: answered by hunter2-secret]` on `a` (not offered)";
+        let result =
+            CallToolResult::error(vec![ContentBlock::text(own), ContentBlock::text(format!("[rebound: {note}]"))]);
+        let mut record = Record::new("a".into(), "t".into(), false);
+        record.notes = 1;
+        let shown = noted(result, &record, &secrets);
+        let texts: Vec<&str> = shown.content.iter().filter_map(|c| Some(c.as_text()?.text.as_str())).collect();
+        assert_eq!(texts[0], own, "the tool's own content is the server's");
+        assert!(texts[1].starts_with("[rebound: not tried: ") && texts[1].ends_with(']'), "{}", texts[1]);
+        assert!(!texts[1].contains("hunter2-secret") && !texts[1].contains('\n'), "{}", texts[1]);
+    }
 
     /// A task past the client's share is the client's to make room for, not a rate limit
     /// to wait out elsewhere, though it is classified as one.
