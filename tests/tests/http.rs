@@ -517,6 +517,33 @@ async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
     let _ = alice.cancel().await;
 }
 
+/// The gateway's own tokens stay out of its servers' environment: a tool that shows its
+/// environment (a shell, a code runner) would give any client the operator's token. The
+/// rest of the environment is inherited as before, and a server's own `env` is its own.
+#[tokio::test]
+async fn no_server_process_inherits_the_gateways_tokens() {
+    let gw = HttpGateway::start(
+        |dir| {
+            let faulty = faulty("a", dir, &[]);
+            let mut args = vec![json!("-c"), json!(r#"env > "$1"; shift; exec "$@""#), json!("sh")];
+            args.push(json!(dir.join("env.txt")));
+            args.push(faulty["command"].clone());
+            args.extend(faulty["args"].as_array().unwrap().iter().cloned());
+            let server = json!({"command": "sh", "args": args, "env": {"OWN": "its own"}});
+            json!({"mcpServers": {"a": server}, "rebound": {"http": {"auth_token": "${CLIENTS_TOKEN}"}}})
+        },
+        &[("CLIENTS_TOKEN", TOKEN), ("REBOUND_OPERATOR_TOKEN", OPERATOR), ("KEPT", "inherited")],
+    )
+    .await;
+    let path = gw.dir.path().join("env.txt");
+    eventually("the server started", || std::fs::read_to_string(&path).is_ok_and(|env| env.contains("OWN="))).await;
+    let env = std::fs::read_to_string(&path).unwrap();
+    assert!(env.contains("KEPT=inherited") && env.contains("OWN=its own"), "{env}");
+    for withheld in ["CLIENTS_TOKEN", "REBOUND_OPERATOR_TOKEN", TOKEN, OPERATOR] {
+        assert!(!env.contains(withheld), "{withheld} in the server's environment");
+    }
+}
+
 /// With an operator token, what every client did (`/status`, `/metrics`) is the
 /// operator's: the clients' token no longer opens it, nor does the operator's open `/mcp`.
 #[tokio::test]

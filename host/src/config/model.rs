@@ -419,6 +419,11 @@ impl HttpSettings {
         HttpSettings { auth_token: None, operator_token: None, ..self.clone() }
     }
 
+    /// The tokens set: the clients' and the operator's.
+    pub fn tokens(&self) -> impl Iterator<Item = &str> {
+        [&self.auth_token, &self.operator_token].into_iter().flatten().map(String::as_str)
+    }
+
     /// `trusted_proxies` as blocks of addresses; an entry that is neither an address nor
     /// a block (which loading the config refuses) is left out.
     pub fn proxies(&self) -> Vec<ipnet::IpNet> {

@@ -648,6 +648,7 @@ fn supervision(config: &Config, secrets: &Secrets, revisions: &Revisions) -> Sup
         policy: config.settings.restart,
         init_timeout: Duration::from_millis(config.settings.init_timeout_ms),
         secrets: secrets.clone(),
+        withheld: crate::transport::process::withheld(config.settings.http.tokens()).into(),
         revisions: revisions.clone(),
     }
 }

@@ -4,6 +4,7 @@
 //! [`super::watchdog`], which stops it should the gateway itself be killed.
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -87,13 +88,35 @@ pub struct Pipes {
     pub stdout: ChildStdout,
 }
 
+/// The variables of the gateway's environment that hold its own HTTP tokens, which no
+/// server process inherits: `REBOUND_AUTH_TOKEN`, `REBOUND_OPERATOR_TOKEN`, and any other
+/// whose value is one of `tokens` (a `${VAR}` the configuration reads one from). A
+/// server's tool (a shell, a code runner, one that reads its environment) would otherwise
+/// show them to any client, and the operator's token opens every client's errors.
+pub fn withheld<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Vec<OsString> {
+    let tokens: Vec<&str> = tokens.into_iter().collect();
+    let holds_one = |value: &OsString| tokens.iter().any(|t| value.as_encoded_bytes() == t.as_bytes());
+    let by_value = std::env::vars_os().filter(|(_, value)| holds_one(value)).map(|(name, _)| name);
+    ["REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"].into_iter().map(OsString::from).chain(by_value).collect()
+}
+
 impl ServerProcess {
     /// Starts `launch` for the server `name`; its stderr lines go to the log under that
     /// name (stdout is the protocol).
     /// Lines are redacted with `secrets` before they are logged or kept: servers print
     /// their configuration when they fail.
-    pub fn spawn(name: &str, launch: &StdioLaunch, secrets: &Secrets) -> std::io::Result<(Self, Pipes)> {
+    /// Of the gateway's environment, the variables named `withheld` ([`withheld`]) are not
+    /// passed on; the server's own `env` is.
+    pub fn spawn(
+        name: &str,
+        launch: &StdioLaunch,
+        secrets: &Secrets,
+        withheld: &[OsString],
+    ) -> std::io::Result<(Self, Pipes)> {
         let mut cmd = Command::new(&launch.command);
+        for variable in withheld {
+            cmd.env_remove(variable);
+        }
         cmd.args(&launch.args)
             .envs(&launch.env)
             .stdin(Stdio::piped())

@@ -53,6 +53,9 @@ pub struct Supervision {
     pub init_timeout: Duration,
     /// Applied to every error before it is logged or kept in the state.
     pub secrets: Secrets,
+    /// The variables of the gateway's environment a server process does not inherit
+    /// (`process::withheld`).
+    pub withheld: Arc<[std::ffi::OsString]>,
     /// What the starts of each server (by name) showed of the revisions it speaks.
     pub revisions: Revisions,
 }
@@ -976,17 +979,19 @@ impl Supervisor {
         // answers, and when the server stops reading its input.
         (dropped, deaf): (Arc<Dropped>, Deaf),
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
-        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets).map_err(|e| {
-            if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
-                return ConnectError::other(format!(
-                    "cannot run `{}` in its `cwd` {}, which is not a folder it can enter: {e}",
-                    launch.command,
-                    cwd.display()
-                ));
-            }
-            let hint = if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
-            ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
-        })?;
+        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets, &self.how.withheld)
+            .map_err(|e| {
+                if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
+                    return ConnectError::other(format!(
+                        "cannot run `{}` in its `cwd` {}, which is not a folder it can enter: {e}",
+                        launch.command,
+                        cwd.display()
+                    ));
+                }
+                let hint =
+                    if e.kind() == std::io::ErrorKind::NotFound { " (is it installed and on PATH?)" } else { "" };
+                ConnectError::other(format!("cannot run `{}`: {e}{hint}", launch.command))
+            })?;
         let tasks = handler.offered.tasks.clone();
         let transport = super::lines::ServerLines::new(
             pipes.stdout,
