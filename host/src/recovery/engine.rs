@@ -1117,24 +1117,29 @@ impl Engine {
         timeout: Duration,
         deadline: tokio::time::Instant,
     ) -> Result<CallToolResponse, (Failure, Classification)> {
-        let failed = |f: Failure| {
+        let classified = |f: Failure| {
             let c = classify_sent(&f, arguments.as_ref(), self.clock.wall());
-            policy.counters.add(|c| &c.failures);
             (f, c)
+        };
+        // (Counted among the server's failures only once it was asked: not when no time
+        // was left, nor when a breaker shed it, which `shed` counts.)
+        let failed = |f: Failure| {
+            policy.counters.add(|c| &c.failures);
+            classified(f)
         };
         if upstream.cancellation().is_cancelled() {
             return Err((Failure::Cancelled, classify(&Failure::Cancelled, self.clock.wall())));
         }
         let remaining = deadline.saturating_duration_since(self.clock.now());
         if remaining.is_zero() {
-            return Err(failed(Failure::Timeout { after: Duration::ZERO }));
+            return Err(classified(Failure::Timeout { after: Duration::ZERO }));
         }
         let permits = match policy.breakers.admit(tool, blame) {
             Ok(permits) => permits,
             Err(shed) => {
                 policy.counters.add(|c| &c.shed);
                 let tool = shed.tool.then(|| tool.to_owned());
-                return Err(failed(Failure::CircuitOpen { retry_in: shed.retry_in, tool, own: shed.own }));
+                return Err(classified(Failure::CircuitOpen { retry_in: shed.retry_in, tool, own: shed.own }));
             }
         };
         policy.counters.add(|c| &c.attempts);

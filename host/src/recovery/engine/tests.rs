@@ -910,6 +910,10 @@ async fn an_outage_reported_as_tool_errors_opens_the_servers_breaker() {
     assert_eq!(up.calls("s/a").len(), 5, "shed after the threshold");
     let policy = e.policy("s").unwrap();
     assert_eq!(policy.breakers.server.snapshot().state, "open", "nothing showed the server was up");
+    // The attempts made failed; the calls shed are counted as shed, not as failures.
+    let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    let counters = &policy.counters;
+    assert_eq!((count(&counters.attempts), count(&counters.failures), count(&counters.shed)), (5, 5, 95));
     // Shed at once, without a call, for every tool of the server.
     let (_, record) = run(&e, &up, "b").await;
     assert!(matches!(record.last_failure(), Some((Failure::CircuitOpen { tool: None, .. }, _))));
