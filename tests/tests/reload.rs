@@ -246,6 +246,24 @@ async fn a_relaunch_that_cannot_start_leaves_the_running_server_serving() {
     let _ = client.cancel().await;
 }
 
+/// A reload that adds a server slow to start applies the rest of what it changes at
+/// once: a server it removes is gone while the new one starts, whose tools come once it
+/// is ready.
+#[tokio::test]
+async fn a_server_a_reload_adds_holds_up_nothing_else_it_changes() {
+    let (_gw, dir, client) = serving_a_and_b().await;
+    let gate = dir.join("c-gate");
+    let c = faulty("c", &dir, &["--start-gate", gate.to_str().unwrap()]);
+    let mut next = config(&dir, 60000, &[("c", c)]);
+    next["mcpServers"].as_object_mut().unwrap().remove("b");
+    rewrite_config(&dir, &next);
+    assert!(until_offered(client.peer(), "b__echo", false).await, "b is still offered while c starts");
+    assert!(!client.peer().list_all_tools().await.unwrap().iter().any(|t| t.name == "c__echo"));
+    std::fs::write(&gate, "").unwrap();
+    assert!(until_offered(client.peer(), "c__echo", true).await, "c is ready");
+    assert_eq!(text(&call(&client, "c__echo", json!({"message": "up"})).await), "c: up");
+}
+
 /// With the running process, a relaunch that cannot start keeps its breakers and retry
 /// budget: they tell how that process fares.
 #[tokio::test]

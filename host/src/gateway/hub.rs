@@ -150,8 +150,9 @@ impl Hub {
     }
 
     /// Applies `config` (validated, its adapters loaded into `plugins`) as a diff: see
-    /// [`Setup::next`]. New instances come up (each step of a start within `init_timeout_ms`) before they
-    /// replace anything, so that a relaunched server's tools never leave the catalogue;
+    /// [`Setup::next`]. New instances of servers relaunched come up (each step of a start
+    /// within `init_timeout_ms`) before they replace anything, so that a relaunched
+    /// server's tools never leave the catalogue (an added server's come once it is ready);
     /// the instances replaced or removed finish their calls in flight (each within its
     /// call deadline), then stop. Clients hear what changed. Reloads are serial.
     /// Nothing is applied once shutdown has begun (`None`): what this would start, nothing
@@ -166,8 +167,11 @@ impl Hub {
         if self.offer.borrow().is_some() {
             // A start's steps each have `init_timeout`: the handshake (twice, when the
             // server answers `server/discover` with an error and is initialised instead),
-            // then the first listing.
-            settle(changes.started.iter(), Instant::now() + init_timeout * 3).await;
+            // then the first listing. Only the instances that replace one are waited for:
+            // an added server's tools come when it is ready, as at the gateway's start, and
+            // one slow to start holds up nothing else the reload changes.
+            let relaunched = changes.started.iter().filter(|h| changes.restarted.iter().any(|n| **n == *h.name));
+            settle(relaunched, Instant::now() + init_timeout * 3).await;
             self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
         }
         // Shutdown began while the new instances started: they are kept, and stopped with
