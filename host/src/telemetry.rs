@@ -31,7 +31,7 @@ use crate::recovery::Failure;
 use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;
 use crate::recovery::engine::{Ending, Record, Role};
-use crate::recovery::plan::{Advisor, FailureContext, Step};
+use crate::recovery::plan::{Advice, Advisor, FailureContext};
 use crate::redact::Current;
 
 static TRACING: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();
@@ -287,7 +287,7 @@ impl Advisor for TracedAdvisor<'_> {
         &self,
         failure: &FailureContext<'_>,
         classification: &Classification,
-    ) -> BoxFuture<'static, Option<Vec<Step>>> {
+    ) -> BoxFuture<'static, Option<Advice>> {
         self.timed("plan", failure.server, self.inner.plan(failure, classification))
     }
 

@@ -19,7 +19,7 @@ mod lane;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Category, Classification, Kind, Severity};
 use crate::recovery::engine::{Denial, Denied};
-use crate::recovery::plan::{Advisor, FailureContext, Step};
+use crate::recovery::plan::{Advice, Advisor, FailureContext, Step};
 use crate::redact::Secrets;
 use futures::future::BoxFuture;
 use lane::{Admission, Lane};
@@ -97,7 +97,8 @@ pub struct HealthReport {
     /// answered).
     pub busy: u64,
     /// Calls it was not shown because, read as JSON, they would weigh more than a quarter
-    /// of its memory (no fault: the built-in classification answered).
+    /// of its memory, and plans not taken because the plans its calls in flight run
+    /// weighed [`MAX_PLANS_HELD`] already (no fault: the built-in answer stood).
     pub too_heavy: u64,
 }
 
@@ -406,17 +407,25 @@ impl Adapter {
 
     /// Asks the adapter for a plan; one over the size limits is a fault (the built-in
     /// plan applies).
-    async fn planned(&self, request: Request) -> Option<Vec<Step>> {
+    async fn planned(&self, request: Request) -> Option<Advice> {
         let end = self.after_what_came_before().await;
         let Some(Reply::Plan(steps)) = self.call_by("plan", request, end).await else { return None };
         let steps = steps?;
-        match check_plan(&steps).and_then(|()| steps.into_iter().map(from_step).collect()) {
-            Ok(steps) => Some(steps),
+        let checked = check_plan(&steps)
+            .and_then(|weight| Ok((weight, steps.into_iter().map(from_step).collect::<Result<_, _>>()?)));
+        let (weight, steps) = match checked {
+            Ok(checked) => checked,
             Err(why) => {
                 self.fault("plan", why, None);
-                None
+                return None;
             }
-        }
+        };
+        let Some(held) = HeldPlan::take(&self.room.planned, weight) else {
+            self.health.locked().too_heavy += 1;
+            tracing::debug!(adapter = %self.name, server = %self.server, "plan: not taken: the plans its calls in flight run weigh {MAX_PLANS_HELD} bytes or more already");
+            return None;
+        };
+        Some(Advice { steps, held: Some(Box::new(held)) })
     }
 
     /// Waits until the successful calls before this moment have been observed, and
@@ -489,7 +498,7 @@ impl Advisor for Adapters {
         Box::pin(async move { a.classified(request, kind).await })
     }
 
-    fn plan(&self, failure: &FailureContext<'_>, class: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
+    fn plan(&self, failure: &FailureContext<'_>, class: &Classification) -> BoxFuture<'static, Option<Advice>> {
         let Some(a) = self.by_server.get(failure.server).cloned() else { return Box::pin(async { None }) };
         let request = Request::Plan(to_failure(failure, &a.secrets()), to_class(class));
         Box::pin(async move { a.planned(request).await })
@@ -530,8 +539,36 @@ pub const MAX_PLAN_WEIGHT: usize = 4 << 20;
 /// The most bytes in an adapter's own category name (`other(...)`).
 pub const MAX_CATEGORY_BYTES: usize = 256;
 
-/// Whether a plan is within the size limits, or why not.
-fn check_plan(steps: &[wit::Step]) -> Result<(), String> {
+/// The most the plans of one adapter's calls in flight may weigh together, for all the
+/// servers it serves: a plan weighs up to [`MAX_PLAN_WEIGHT`], and is kept while its call
+/// runs it; without a bound, thousands of failing calls at once would hold gigabytes.
+pub const MAX_PLANS_HELD: usize = 64 << 20;
+
+/// A plan's weight against its adapter's [`MAX_PLANS_HELD`], until the plan has run.
+struct HeldPlan {
+    planned: Arc<std::sync::atomic::AtomicUsize>,
+    weight: usize,
+}
+
+impl HeldPlan {
+    /// `weight` more held in `planned`, if that stays within [`MAX_PLANS_HELD`].
+    fn take(planned: &Arc<std::sync::atomic::AtomicUsize>, weight: usize) -> Option<Self> {
+        use std::sync::atomic::Ordering::AcqRel;
+        let room = |held: usize| held.checked_add(weight).filter(|&total| total <= MAX_PLANS_HELD);
+        planned.fetch_update(AcqRel, std::sync::atomic::Ordering::Acquire, room).ok()?;
+        Some(Self { planned: planned.clone(), weight })
+    }
+}
+
+impl Drop for HeldPlan {
+    fn drop(&mut self) {
+        self.planned.fetch_sub(self.weight, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Whether a plan is within the size limits, and what it weighs once read (its texts, and
+/// its arguments as JSON values), or why not.
+fn check_plan(steps: &[wit::Step]) -> Result<usize, String> {
     if steps.len() > MAX_PLAN_STEPS {
         return Err(format!("its plan has {} steps, more than {MAX_PLAN_STEPS}", steps.len()));
     }
@@ -561,7 +598,7 @@ fn check_plan(steps: &[wit::Step]) -> Result<(), String> {
     if weight > MAX_PLAN_WEIGHT {
         return Err(format!("its plan's arguments weigh {weight} bytes once read, more than {MAX_PLAN_WEIGHT}"));
     }
-    Ok(())
+    Ok(weight.saturating_add(total))
 }
 
 /// Whether a classification is within the size limits, or why not.
@@ -722,6 +759,21 @@ fn from_step(step: wit::Step) -> Result<Step, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plans one adapter's calls in flight run weigh at most [`MAX_PLANS_HELD`]
+    /// together: one past it is not taken, and a plan that has run gives its weight back.
+    #[test]
+    fn plans_held_at_once_are_bounded_and_given_back_once_run() {
+        let planned = Arc::default();
+        let big = HeldPlan::take(&planned, MAX_PLANS_HELD - 10).unwrap();
+        assert!(HeldPlan::take(&planned, 11).is_none(), "past the bound");
+        let small = HeldPlan::take(&planned, 10).unwrap();
+        drop(big);
+        assert!(HeldPlan::take(&planned, MAX_PLANS_HELD - 10).is_some(), "room again once the big one ran");
+        drop(small);
+        assert_eq!(planned.load(std::sync::atomic::Ordering::Acquire), 0);
+        assert!(HeldPlan::take(&planned, usize::MAX).is_none(), "no overflow");
+    }
 
     fn give_up(bytes: usize) -> wit::Step {
         wit::Step::GiveUp("x".repeat(bytes))

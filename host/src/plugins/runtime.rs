@@ -50,6 +50,9 @@ pub struct Room {
     /// The bytes of the calls waiting to be observed by every copy of the adapter, for
     /// every server it serves (`adapter::lane::QUEUE_BYTES`).
     pub observing: Arc<std::sync::atomic::AtomicUsize>,
+    /// What the plans of every copy of the adapter weigh while calls run them
+    /// (`adapter::MAX_PLANS_HELD`).
+    pub planned: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One call into an adapter.
@@ -322,7 +325,7 @@ impl Runtime {
     fn new_room(&self) -> Room {
         let share = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize / 2));
         let turns = Arc::new(tokio::sync::Semaphore::new(self.driver.per_adapter()));
-        Room { share, turns, stored: Arc::default(), observing: Arc::default() }
+        Room { share, turns, stored: Arc::default(), observing: Arc::default(), planned: Arc::default() }
     }
 
     /// Runs `request` in a fresh instance of `pre` whose store holds `state`, and stops it

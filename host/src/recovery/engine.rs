@@ -44,7 +44,7 @@ use super::budget::Budgets;
 use super::classify::{Category, Classification, classify, classify_sent};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
-use super::plan::{self, Advisor, FailureContext, Origin, Plan, Step};
+use super::plan::{self, Advice, Advisor, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
 use crate::lasting::Locked;
@@ -705,6 +705,8 @@ impl Engine {
                 return Ending::GaveUp;
             }
             let (class, advised) = self.consult(call, spent.primary, &failure, &builtin).await;
+            // What the plan holds of its adapter's room, until it has run.
+            let (advised, _held) = advised.map_or((None, None), |a| (Some(a.steps), a.held));
             record.push(&call.server, &call.tool, Role::Primary, Some((failure.clone(), class.clone())), spent.waited);
             // A healthy server said no and nobody knows better: unless a configured
             // fallback answers, the agent gets the tool's own answer (its structured
@@ -766,7 +768,7 @@ impl Engine {
         attempt: u32,
         failure: &Failure,
         builtin: &Classification,
-    ) -> (Classification, Option<Vec<Step>>) {
+    ) -> (Classification, Option<Advice>) {
         // Past the call's deadline nothing more starts, an adapter call included.
         let Some(advisor) = call.advisor.filter(|_| self.clock.now() < call.deadline) else {
             return (builtin.clone(), None);

@@ -48,11 +48,8 @@ pub trait Advisor: Send + Sync {
         failure: &FailureContext<'_>,
         builtin: &Classification,
     ) -> BoxFuture<'static, Option<Classification>>;
-    fn plan(
-        &self,
-        failure: &FailureContext<'_>,
-        classification: &Classification,
-    ) -> BoxFuture<'static, Option<Vec<Step>>>;
+    fn plan(&self, failure: &FailureContext<'_>, classification: &Classification)
+    -> BoxFuture<'static, Option<Advice>>;
     fn observe(
         &self,
         server: &str,
@@ -60,6 +57,19 @@ pub trait Advisor: Send + Sync {
         arguments: Option<&JsonObject>,
         result: &CallToolResult,
     ) -> BoxFuture<'static, ()>;
+}
+
+/// An adapter's plan: its steps, and what it holds while the plan runs (the adapter's
+/// room for plans, given back when this is dropped).
+pub struct Advice {
+    pub steps: Vec<Step>,
+    pub held: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl From<Vec<Step>> for Advice {
+    fn from(steps: Vec<Step>) -> Self {
+        Self { steps, held: None }
+    }
 }
 
 /// Who put a step in a plan; it decides which limits the step runs under.

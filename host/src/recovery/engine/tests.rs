@@ -701,9 +701,9 @@ impl Advisor for Planner {
         Box::pin(async move { c })
     }
 
-    fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
+    fn plan(&self, f: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Advice>> {
         // Plans only for the first failure, like lean-fallback's "retry once".
-        let p = (f.attempt == 1).then(|| self.plan.clone()).or(Some(vec![]));
+        let p = Some((if f.attempt == 1 { self.plan.clone() } else { vec![] }).into());
         Box::pin(async move { p })
     }
 
@@ -1408,8 +1408,8 @@ async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
         fn classify(&self, f: &FailureContext<'_>, c: &Classification) -> BoxFuture<'static, Option<Classification>> {
             self.0.classify(f, c)
         }
-        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
-            let p = Some(self.0.plan.clone());
+        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Advice>> {
+            let p = Some(self.0.plan.clone().into());
             Box::pin(async move { p })
         }
         fn observe(&self, _: &str, _: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
@@ -1510,7 +1510,7 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
                 None
             })
         }
-        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Vec<Step>>> {
+        fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Advice>> {
             let slow = self.in_plan;
             Box::pin(async move {
                 if slow {
