@@ -17,6 +17,14 @@ const MAX_KEYS: usize = 1024;
 const MAX_STORE_BYTES: usize = 4 << 20;
 /// The most bytes all the stores of one adapter's copies may hold together.
 pub const MAX_ADAPTER_BYTES: usize = 64 << 20;
+/// What an entry costs beyond its key's and value's bytes (their two allocations' heads
+/// and the map's node share): an empty key and value are not free.
+const ENTRY_BYTES: usize = 64;
+
+/// The bytes an entry of `key` and `value` counts for.
+fn cost(key: &str, value: &str) -> usize {
+    ENTRY_BYTES + key.len() + value.len()
+}
 
 /// One store, shared by the calls (and the reloads) of one adapter for one server
 /// instance. Cloning it shares it.
@@ -28,7 +36,7 @@ pub struct Kv {
 #[derive(Default)]
 struct Entries {
     map: BTreeMap<String, String>,
-    /// Bytes of the keys and values in `map`.
+    /// Bytes of the entries in `map` ([`cost`]).
     bytes: usize,
     /// Bytes held by every store of the adapter's copies, this one's included.
     all: Arc<AtomicUsize>,
@@ -66,11 +74,11 @@ impl Kv {
     /// past their bounds: then nothing changes, and it says so with `false`.
     pub fn set(&self, key: String, value: String) -> bool {
         let mut e = self.lock();
-        let old = e.map.get(&key).map(|v| key.len() + v.len());
+        let old = e.map.get(&key).map(|v| cost(&key, v));
         if key.len() > MAX_KEY || value.len() > MAX_VALUE || (old.is_none() && e.map.len() >= MAX_KEYS) {
             return false;
         }
-        let (old, new) = (old.unwrap_or(0), key.len() + value.len());
+        let (old, new) = (old.unwrap_or(0), cost(&key, &value));
         if e.bytes - old + new > MAX_STORE_BYTES {
             return false;
         }
@@ -89,7 +97,7 @@ impl Kv {
     pub fn delete(&self, key: &str) {
         let mut e = self.lock();
         if let Some(value) = e.map.remove(key) {
-            let freed = key.len() + value.len();
+            let freed = cost(key, &value);
             e.bytes -= freed;
             e.all.fetch_sub(freed, Ordering::Relaxed);
         }
@@ -123,6 +131,8 @@ mod tests {
         }
         assert!(!kv.set("one too many".into(), String::new()), "past the keys");
         assert!(kv.set("k".into(), "w".into()), "an existing key can still change");
+        // Entries cost what they take beyond their bytes: empty ones too.
+        assert!(held(&kv).0 >= MAX_KEYS * ENTRY_BYTES, "{:?}", held(&kv));
         kv.delete("k-0001");
         assert!(kv.set("room again".into(), String::new()));
         assert_eq!(kv.keys("k-").len(), MAX_KEYS - 2);
@@ -133,14 +143,20 @@ mod tests {
     fn a_store_holds_at_most_its_bytes_and_counts_them_exactly() {
         let kv = Kv::default();
         let value = "v".repeat(MAX_VALUE);
-        let fits = MAX_STORE_BYTES / (MAX_VALUE + 4);
+        let fits = MAX_STORE_BYTES / (ENTRY_BYTES + 4 + MAX_VALUE);
         for i in 0..fits {
             assert!(kv.set(format!("{i:04}"), value.clone()), "{i}");
         }
         assert!(!kv.set("more".into(), value.clone()), "past 4 MiB");
         // Replacing a value counts the difference, not both.
         assert!(kv.set("0000".into(), "x".into()));
-        assert_eq!(held(&kv), ((fits - 1) * (MAX_VALUE + 4) + 5, (fits - 1) * (MAX_VALUE + 4) + 5));
+        assert_eq!(
+            held(&kv),
+            (
+                (fits - 1) * (ENTRY_BYTES + 4 + MAX_VALUE) + ENTRY_BYTES + 5,
+                (fits - 1) * (ENTRY_BYTES + 4 + MAX_VALUE) + ENTRY_BYTES + 5
+            )
+        );
         assert!(kv.set("more".into(), value.clone()), "room made by the smaller value");
         for i in 0..fits {
             kv.delete(&format!("{i:04}"));
@@ -156,7 +172,7 @@ mod tests {
         // which its stores for every other server share (checked below with siblings).
         let first = Kv::counted_in(Arc::default());
         let value = "v".repeat(MAX_VALUE);
-        let per_store = MAX_STORE_BYTES / (MAX_VALUE + 4);
+        let per_store = MAX_STORE_BYTES / (ENTRY_BYTES + 4 + MAX_VALUE);
         let fill = |kv: &Kv| (0..per_store).filter(|i| kv.set(format!("{i:04}"), value.clone())).count();
         assert_eq!(fill(&first), per_store);
         let mut copies: Vec<Kv> = Vec::new();
@@ -167,8 +183,11 @@ mod tests {
             stored += fill(&copy);
             copies.push(copy);
         }
-        assert!(stored * (MAX_VALUE + 4) <= MAX_ADAPTER_BYTES, "{stored} values");
-        assert!((stored + per_store) * (MAX_VALUE + 4) > MAX_ADAPTER_BYTES, "it was full: {stored} values");
+        assert!(stored * (ENTRY_BYTES + 4 + MAX_VALUE) <= MAX_ADAPTER_BYTES, "{stored} values");
+        assert!(
+            (stored + per_store) * (ENTRY_BYTES + 4 + MAX_VALUE) > MAX_ADAPTER_BYTES,
+            "it was full: {stored} values"
+        );
         let last = copies.last().unwrap().clone();
         assert!(!last.set("more".into(), value.clone()), "full for every copy");
         assert_eq!(last.get("0000"), None, "a copy's store is its own");
@@ -178,10 +197,13 @@ mod tests {
         let all = held(&first).1;
         assert_eq!(all, first.lock().bytes + copies.iter().map(|c| c.lock().bytes).sum::<usize>());
         drop((copies, last));
-        assert_eq!(held(&first), (per_store * (MAX_VALUE + 4), per_store * (MAX_VALUE + 4)));
+        assert_eq!(
+            held(&first),
+            (per_store * (ENTRY_BYTES + 4 + MAX_VALUE), per_store * (ENTRY_BYTES + 4 + MAX_VALUE))
+        );
         // A clone is the same store (a reload keeps it): dropping one frees nothing.
         let kept = first.clone();
         drop(first);
-        assert_eq!(held(&kept).1, per_store * (MAX_VALUE + 4));
+        assert_eq!(held(&kept).1, per_store * (ENTRY_BYTES + 4 + MAX_VALUE));
     }
 }
