@@ -450,6 +450,13 @@ async fn run(
 /// `log` is the log's writer: finished (so flushed) before the process exits.
 fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<()> {
     rebound::memory::return_large_blocks();
+    // The servers run as the gateway's user: without this, any of them could read the
+    // gateway's environment (its tokens, the secrets its configuration reads) and memory
+    // from `/proc`, whatever their own environment leaves out. Reset on `exec`, so the
+    // servers themselves are as they would be (and the gateway dumps no core).
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        tracing::warn!("the gateway's /proc entries stay readable to its servers ({e})");
+    }
     let read = rebound::gateway::reload::Stamp::of(&path);
     let config = config::load(&path)?;
     rebound::redact::redact_logs(Secrets::of(&config));

@@ -28,6 +28,13 @@ fn named_secret(name: &str) -> bool {
     SECRET_NAMES.iter().any(|n| lower.contains(n)) && !NOT_SECRET_NAMES.contains(&lower.as_str())
 }
 
+/// The variables of the gateway's environment that `config` reads (`${VAR}`) and that are
+/// named like secrets: each reaches only the servers whose own `env` passes it on
+/// (`transport::process::withheld`), not every server as the rest of the environment does.
+pub fn secret_variables(config: &Config) -> impl Iterator<Item = &str> {
+    config.expanded.iter().map(|(name, _)| name.as_str()).filter(|name| named_secret(name))
+}
+
 /// Whether `value`, under `name`, is a secret: named like one, 3 characters or more and
 /// no flag; or, whatever its name, 8 or more and no path or number.
 fn looks_secret(name: &str, value: &str) -> bool {

@@ -260,11 +260,46 @@ impl HttpGateway {
         HttpGateway { child, base, dir, log }
     }
 
+    /// [`Self::start`], the gateway running as an unprivileged user (`nobody`) when the
+    /// tests run as root, as a gateway would be deployed: what its servers, of the same
+    /// user, can reach of it is then what they could in the field. The folder is open to
+    /// that user.
+    pub async fn start_unprivileged(config: impl FnOnce(&Path) -> Value, env: &[(&str, &str)]) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = dir.path().join("rebound.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&config(dir.path())).unwrap()).unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut command = rebound();
+        if nix::unistd::geteuid().is_root() {
+            let mut as_nobody = std::process::Command::new("setpriv");
+            as_nobody.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(bin("rebound"));
+            for setting in ["REBOUND_LOG", "REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"] {
+                as_nobody.env_remove(setting);
+            }
+            command = as_nobody;
+        }
+        let (child, base) = Self::spawn_by(command, &path, "127.0.0.1:0", env, log.clone()).await;
+        HttpGateway { child, base, dir, log }
+    }
+
     /// Starts `rebound serve --http addr` on the config at `path`; returns the process and
     /// the address it listens on. Its log goes to `log` and to the test's output.
     pub async fn spawn(path: &Path, addr: &str, env: &[(&str, &str)], log: Arc<Mutex<String>>) -> (Child, String) {
+        Self::spawn_by(rebound(), path, addr, env, log).await
+    }
+
+    /// [`Self::spawn`], the gateway started by `command`.
+    async fn spawn_by(
+        command: std::process::Command,
+        path: &Path,
+        addr: &str,
+        env: &[(&str, &str)],
+        log: Arc<Mutex<String>>,
+    ) -> (Child, String) {
         use tokio::io::{AsyncBufReadExt, BufReader};
-        let mut child = tokio::process::Command::from(rebound())
+        let mut child = tokio::process::Command::from(command)
             .args(["serve", "--http", addr, "--config"])
             .arg(path)
             .envs(env.iter().copied())

@@ -517,30 +517,45 @@ async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
     let _ = alice.cancel().await;
 }
 
-/// The gateway's own tokens stay out of its servers' environment: a tool that shows its
-/// environment (a shell, a code runner) would give any client the operator's token. The
-/// rest of the environment is inherited as before, and a server's own `env` is its own.
+/// The gateway's own tokens stay out of its servers' environment, and the gateway's own
+/// environment out of their reach (`/proc`): a tool that shows either (a shell, a code
+/// runner) would give any client the operator's token. The rest of the environment is
+/// inherited as before, and a server's own `env` is its own.
 #[tokio::test]
 async fn no_server_process_inherits_the_gateways_tokens() {
-    let gw = HttpGateway::start(
+    let gw = HttpGateway::start_unprivileged(
         |dir| {
             let faulty = faulty("a", dir, &[]);
-            let mut args = vec![json!("-c"), json!(r#"env > "$1"; shift; exec "$@""#), json!("sh")];
+            // Its own environment, and what it can read of the gateway's.
+            let script = r#"env > "$1"; tr '\0' '\n' < /proc/$PPID/environ > "$1.gateway"; shift; exec "$@""#;
+            let mut args = vec![json!("-c"), json!(script), json!("sh")];
             args.push(json!(dir.join("env.txt")));
             args.push(faulty["command"].clone());
             args.extend(faulty["args"].as_array().unwrap().iter().cloned());
             let server = json!({"command": "sh", "args": args, "env": {"OWN": "its own"}});
-            json!({"mcpServers": {"a": server}, "rebound": {"http": {"auth_token": "${CLIENTS_TOKEN}"}}})
+            // Another server's credential, which the file reads for it alone.
+            let mut other = rebound_tests::faulty("b", dir, &[]);
+            other["env"] = json!({"GH_TOKEN": "${GITHUB_TOKEN}"});
+            let http = json!({"auth_token": "${CLIENTS_TOKEN}"});
+            json!({"mcpServers": {"a": server, "b": other}, "rebound": {"http": http}})
         },
-        &[("CLIENTS_TOKEN", TOKEN), ("REBOUND_OPERATOR_TOKEN", OPERATOR), ("KEPT", "inherited")],
+        &[
+            ("CLIENTS_TOKEN", TOKEN),
+            ("REBOUND_OPERATOR_TOKEN", OPERATOR),
+            ("GITHUB_TOKEN", "ghp-0123456789abcdef"),
+            ("KEPT", "inherited"),
+        ],
     )
     .await;
     let path = gw.dir.path().join("env.txt");
     eventually("the server started", || std::fs::read_to_string(&path).is_ok_and(|env| env.contains("OWN="))).await;
     let env = std::fs::read_to_string(&path).unwrap();
     assert!(env.contains("KEPT=inherited") && env.contains("OWN=its own"), "{env}");
+    let gateways = std::fs::read_to_string(gw.dir.path().join("env.txt.gateway")).unwrap_or_default();
+    assert!(!env.contains("ghp-0123456789abcdef"), "another server's credential: {env}");
     for withheld in ["CLIENTS_TOKEN", "REBOUND_OPERATOR_TOKEN", TOKEN, OPERATOR] {
         assert!(!env.contains(withheld), "{withheld} in the server's environment");
+        assert!(!gateways.contains(withheld), "{withheld} read from the gateway's environment");
     }
 }
 

@@ -511,6 +511,42 @@ async fn a_reload_while_a_sessions_relaunch_comes_up_starts_no_second_copy() {
     let _ = client.cancel().await;
 }
 
+/// A server a reload keeps, started again after that reload read the token from another
+/// variable, does not inherit that one: what its servers do not inherit follows the
+/// configuration applied last.
+#[tokio::test]
+async fn a_token_a_reload_reads_from_another_variable_stays_out_of_servers_started_later() {
+    let config = |dir: &Path, variable: &str| {
+        // Writes its environment, then its pid, at each start.
+        let script = r#"env > "$1.$$"; echo $$ >> "$1.pids"; shift; exec "$@""#;
+        let a = faulty("a", dir, &[]);
+        let mut args = vec![json!("-c"), json!(script), json!("sh"), json!(dir.join("env"))];
+        args.push(a["command"].clone());
+        args.extend(a["args"].as_array().unwrap().iter().cloned());
+        let http = json!({"auth_token": format!("${{{variable}}}")});
+        json!({"mcpServers": {"a": {"command": "sh", "args": args}}, "rebound": {"http": http}})
+    };
+    let (first, second) = ("first-token-0123456789", "second-token-0123456789");
+    let gw = HttpGateway::start(|dir| config(dir, "TOKEN_A"), &[("TOKEN_A", first), ("TOKEN_B", second)]).await;
+    let dir = gw.dir.path().to_owned();
+    let pids = || {
+        let pids = std::fs::read_to_string(dir.join("env.pids")).unwrap_or_default();
+        pids.lines().map(|l| l.parse::<i32>().unwrap()).collect::<Vec<_>>()
+    };
+    eventually("a started", || pids().len() == 1).await;
+    rewrite_config(&dir, &config(&dir, "TOKEN_B"));
+    gw.logged("rebound.http.auth_token rotated").await;
+    gw.logged("configuration reloaded").await;
+    let killed = nix::unistd::Pid::from_raw(pids()[0]);
+    nix::sys::signal::kill(killed, nix::sys::signal::Signal::SIGKILL).unwrap();
+    eventually("a started again", || pids().len() == 2).await;
+    let env = std::fs::read_to_string(dir.join(format!("env.{}", pids()[1]))).unwrap();
+    // (The first token, rotated away, opens nothing any more.)
+    for withheld in ["TOKEN_B", second] {
+        assert!(!env.contains(withheld), "{withheld} in the restarted server's environment");
+    }
+}
+
 /// A reload rotates the HTTP front's token: the new one opens it from then on, the old
 /// one no longer does, even on a session it opened. Removing the token does not open the
 /// gateway while it serves: that waits for the next start, and the token holds meanwhile.

@@ -27,6 +27,7 @@ use crate::errors_log::ErrorsLog;
 use crate::lasting::{Locked, ReadWrite};
 use crate::plugins::Prepared;
 use crate::redact::Secrets;
+use crate::transport::process::{Withheld, withheld};
 use crate::transport::supervisor::{Revisions, ServerHandle, ServerState, Status, Supervision, spawn_supervisor};
 use crate::transport::tasks::ClientTasks;
 use crate::transport::{Offered, Relay};
@@ -81,6 +82,8 @@ struct Life {
     closing: tokio_util::sync::CancellationToken,
     /// What each server's starts showed of the revisions it speaks, for all its instances.
     revisions: Revisions,
+    /// The variables no server process inherits, as the configuration applied last has them.
+    withheld: Withheld,
     /// Over HTTP with an operator token (as the gateway started): the clients are not its
     /// operators, and what is every client's is not theirs to change.
     operated: bool,
@@ -102,8 +105,9 @@ impl Hub {
         let operated = front == Front::Http && config.settings.http.operator_token.is_some();
         let hub = Arc::new_cyclic(|weak: &Weak<Hub>| {
             let secrets = Secrets::of(&config);
-            let revisions = Revisions::default();
-            let how = supervision(&config, &secrets, &revisions);
+            let (revisions, withheld) = (Revisions::default(), Withheld::default());
+            withhold(&config, &withheld);
+            let how = supervision(&config, &secrets, (&revisions, &withheld));
             let errors = ErrorsLog::start(
                 config.settings.errors_log.clone(),
                 config.settings.errors_log_max_bytes,
@@ -127,6 +131,7 @@ impl Hub {
                     answering: Default::default(),
                     closing: Default::default(),
                     revisions,
+                    withheld,
                     operated,
                     last_reload: LastReload::default(),
                 },
@@ -196,7 +201,8 @@ impl Hub {
                 self.life.revisions.forget(name);
             }
         }
-        let how = supervision(&config, &Secrets::of(&config), &self.life.revisions);
+        withhold(&config, &self.life.withheld);
+        let how = supervision(&config, &Secrets::of(&config), (&self.life.revisions, &self.life.withheld));
         let (mut next, changes) = current.next(config, plugins, &spawner(&Arc::downgrade(self), &self.offer, &how));
         // What was secret stays hidden: it may be in text written before the reload.
         let secrets = current.secrets.union(&next.secrets);
@@ -315,7 +321,7 @@ impl Hub {
     /// How every server of this gateway is supervised.
     pub fn supervision(&self) -> Supervision {
         let setup = self.setup();
-        supervision(&setup.config, &setup.secrets, &self.life.revisions)
+        supervision(&setup.config, &setup.secrets, (&self.life.revisions, &self.life.withheld))
     }
 
     /// The stdio client initialised with `caps` (and runs `tasks` as tasks): the shared
@@ -646,13 +652,19 @@ fn spawner<'a>(
     }
 }
 
+/// Withholds from the server processes started from now on what `config` has them
+/// withheld (`process::withheld`).
+fn withhold(config: &Config, held: &Withheld) {
+    held.set(withheld(config.settings.http.tokens(), crate::redact::secret_variables(config)));
+}
+
 /// What `config`'s servers are supervised with.
-fn supervision(config: &Config, secrets: &Secrets, revisions: &Revisions) -> Supervision {
+fn supervision(config: &Config, secrets: &Secrets, (revisions, held): (&Revisions, &Withheld)) -> Supervision {
     Supervision {
         policy: config.settings.restart,
         init_timeout: Duration::from_millis(config.settings.init_timeout_ms),
         secrets: secrets.clone(),
-        withheld: crate::transport::process::withheld(config.settings.http.tokens()).into(),
+        withheld: held.clone(),
         revisions: revisions.clone(),
     }
 }

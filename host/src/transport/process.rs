@@ -88,16 +88,42 @@ pub struct Pipes {
     pub stdout: ChildStdout,
 }
 
-/// The variables of the gateway's environment that hold its own HTTP tokens, which no
-/// server process inherits: `REBOUND_AUTH_TOKEN`, `REBOUND_OPERATOR_TOKEN`, and any other
-/// whose value is one of `tokens` (a `${VAR}` the configuration reads one from). A
-/// server's tool (a shell, a code runner, one that reads its environment) would otherwise
-/// show them to any client, and the operator's token opens every client's errors.
-pub fn withheld<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Vec<OsString> {
+/// The variables of the gateway's environment that no server process inherits (a
+/// server's own `env` may still pass one on):
+/// - those holding the gateway's own HTTP tokens: `REBOUND_AUTH_TOKEN`,
+///   `REBOUND_OPERATOR_TOKEN`, and any other whose value is one of `tokens` (a `${VAR}`
+///   the configuration reads one from);
+/// - `secrets`, the variables named like secrets that the configuration reads for one
+///   server or another (`redact::secret_variables`).
+///
+/// A server's tool (a shell, a code runner, one that reads its environment) would
+/// otherwise show them to any client: the operator's token opens every client's errors,
+/// and one server's credentials are not another's.
+pub fn withheld<'a>(
+    tokens: impl IntoIterator<Item = &'a str>,
+    secrets: impl IntoIterator<Item = &'a str>,
+) -> Vec<OsString> {
     let tokens: Vec<&str> = tokens.into_iter().collect();
     let holds_one = |value: &OsString| tokens.iter().any(|t| value.as_encoded_bytes() == t.as_bytes());
     let by_value = std::env::vars_os().filter(|(_, value)| holds_one(value)).map(|(name, _)| name);
-    ["REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"].into_iter().map(OsString::from).chain(by_value).collect()
+    let named = ["REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"].into_iter().chain(secrets).map(OsString::from);
+    named.chain(by_value).collect()
+}
+
+/// The variables no server process inherits ([`withheld`]), as the configuration applied
+/// last has them: one for a gateway, so that a server a reload kept, started again later,
+/// is started without the variables of the tokens that reload set.
+#[derive(Debug, Clone, Default)]
+pub struct Withheld(Arc<Mutex<Arc<[OsString]>>>);
+
+impl Withheld {
+    pub fn set(&self, names: Vec<OsString>) {
+        *self.0.locked() = names.into();
+    }
+
+    pub fn now(&self) -> Arc<[OsString]> {
+        self.0.locked().clone()
+    }
 }
 
 impl ServerProcess {

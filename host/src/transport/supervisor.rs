@@ -55,7 +55,7 @@ pub struct Supervision {
     pub secrets: Secrets,
     /// The variables of the gateway's environment a server process does not inherit
     /// (`process::withheld`).
-    pub withheld: Arc<[std::ffi::OsString]>,
+    pub withheld: super::process::Withheld,
     /// What the starts of each server (by name) showed of the revisions it speaks.
     pub revisions: Revisions,
 }
@@ -979,8 +979,8 @@ impl Supervisor {
         // answers, and when the server stops reading its input.
         (dropped, deaf): (Arc<Dropped>, Deaf),
     ) -> Result<(ServerProcess, RunningService<RoleClient, UpstreamHandler>), ConnectError> {
-        let (mut process, pipes) = ServerProcess::spawn(&self.name, launch, &self.how.secrets, &self.how.withheld)
-            .map_err(|e| {
+        let (mut process, pipes) =
+            ServerProcess::spawn(&self.name, launch, &self.how.secrets, &self.how.withheld.now()).map_err(|e| {
                 if let Some(cwd) = launch.cwd.as_ref().filter(|c| !c.is_dir()) {
                     return ConnectError::other(format!(
                         "cannot run `{}` in its `cwd` {}, which is not a folder it can enter: {e}",

@@ -38,6 +38,9 @@ pub fn start() -> std::io::Result<()> {
     let exe = std::env::current_exe()?;
     let mut child = Command::new(exe)
         .arg(SUBCOMMAND)
+        // Nothing of the gateway's environment (its tokens, the secrets its configuration
+        // reads): the servers run as the same user, and could read the watchdog's.
+        .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
