@@ -264,6 +264,36 @@ async fn a_server_a_reload_adds_holds_up_nothing_else_it_changes() {
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "up"})).await), "c: up");
 }
 
+/// A server a reload makes shared (it was `scope: session`) is waited for as a relaunch
+/// is: its tools stay offered while its shared instance comes up.
+#[tokio::test]
+async fn a_server_a_reload_makes_shared_keeps_its_tools_while_it_starts() {
+    let servers = |dir: &Path, gate: Option<&Path>| {
+        let gate = gate.map(|g| g.display().to_string());
+        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
+        let mut s = faulty("s", dir, &extra);
+        if gate.is_none() {
+            s["scope"] = json!("session");
+        }
+        json!({"mcpServers": {"a": faulty("a", dir, &[]), "s": s}, "rebound": {"tool_names": "always"}})
+    };
+    let gw = HttpGateway::start(|dir| servers(dir, None), &[]).await;
+    let dir = gw.dir.path().to_owned();
+    let client = gw.client(None).await.unwrap();
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "own"})).await), "s: own");
+    let gate = dir.join("gate");
+    rewrite_config(&dir, &servers(&dir, Some(&gate)));
+    eventually("the shared instance starting", || rebound_tests::state_in(&dir, "s", "starts").len() == 2).await;
+    for _ in 0..10 {
+        let tools = client.peer().list_all_tools().await.unwrap();
+        assert!(tools.iter().any(|t| t.name == "s__echo"), "s's tools left while it starts");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&gate, "").unwrap();
+    gw.logged("configuration reloaded").await;
+    assert_eq!(text(&call(&client, "s__echo", json!({"message": "shared"})).await), "s: shared");
+}
+
 /// With the running process, a relaunch that cannot start keeps its breakers and retry
 /// budget: they tell how that process fares.
 #[tokio::test]

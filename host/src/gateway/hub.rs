@@ -172,11 +172,12 @@ impl Hub {
         if self.offer.borrow().is_some() {
             // A start's steps each have `init_timeout`: the handshake (twice, when the
             // server answers `server/discover` with an error and is initialised instead),
-            // then the first listing. Only the instances that replace one are waited for:
-            // an added server's tools come when it is ready, as at the gateway's start, and
-            // one slow to start holds up nothing else the reload changes.
-            let relaunched = changes.started.iter().filter(|h| changes.restarted.iter().any(|n| **n == *h.name));
-            settle(relaunched, Instant::now() + init_timeout * 3).await;
+            // then the first listing. Only the instances of servers the running
+            // configuration has are waited for (relaunched, or made shared): a server the
+            // reload adds comes when it is ready, as at the gateway's start, and one slow
+            // to start holds up nothing else the reload changes.
+            let known = |h: &&Arc<ServerHandle>| current.config.servers.contains_key(&*h.name);
+            settle(changes.started.iter().filter(known), Instant::now() + init_timeout * 3).await;
             self.keep_what_did_not_relaunch(&current, &mut next, &mut changes).await;
         }
         // Shutdown began while the new instances started: they are kept, and stopped with
