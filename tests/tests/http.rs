@@ -496,11 +496,13 @@ async fn over_http_a_shared_servers_log_reaches_only_the_client_it_concerns() {
 
 /// Over HTTP a shared server logs at the most verbose level any open session has asked
 /// for: a client that sets levels again and again, or alternates two, has the gateway
-/// set the shared server's level once, and hears only what its own level lets through.
+/// set the shared server's level once (and once more where the server refused it), and
+/// hears only what its own level lets through.
 #[tokio::test]
 async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
     use rmcp::model::LoggingLevel::{Debug, Error};
-    let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}}), &[]).await;
+    let gw =
+        HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &["--refuse-first-level"])}}), &[]).await;
     let client = rebound_tests::TestClient::default();
     let heard = client.heard.clone();
     let alice = rebound_tests::http_client_as(client, &gw.url(), None).await.unwrap();
@@ -508,7 +510,8 @@ async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
         alice.peer().set_level(rmcp::model::SetLevelRequestParams::new(level)).await.unwrap();
     }
     eventually("the level set upstream", || !gw.state("a", "levels").is_empty()).await;
-    assert_eq!(gw.state("a", "levels"), ["debug"]);
+    // Refused the first time (the server's `--refuse-first-level`), asked again once.
+    assert_eq!(gw.state("a", "levels"), ["debug", "debug"]);
     let said = |what: &str| heard.lock().unwrap().logs.iter().any(|l| l.data.to_string().contains(what));
     call(&alice, "log", json!({"level": "warning", "message": "a quiet line"})).await;
     call(&alice, "log", json!({"level": "error", "message": "a loud line"})).await;

@@ -313,6 +313,8 @@ pub struct Subscription {
 pub struct Downstreams {
     front: Front,
     list: Mutex<Vec<Downstream>>,
+    /// The level every shared server took when last asked (none: not known to have).
+    shared_level: Mutex<Option<LoggingLevel>>,
     /// By server: the shared instance, gone, whose subscriptions wait for their holders'
     /// own instances of it (see [`Self::park`]).
     parked: Mutex<HashMap<Arc<str>, u64>>,
@@ -343,7 +345,8 @@ pub fn rank(level: LoggingLevel) -> u8 {
 
 impl Downstreams {
     pub fn new(front: Front) -> Self {
-        Self { front, list: Mutex::default(), parked: Mutex::default(), sending: Arc::default() }
+        let shared_level = Mutex::default();
+        Self { front, list: Mutex::default(), shared_level, parked: Mutex::default(), sending: Arc::default() }
     }
 
     pub fn front(&self) -> Front {
@@ -473,6 +476,17 @@ impl Downstreams {
             d.level = Some(level);
             d.loudest = d.loudest.into_iter().chain([level]).min_by_key(|l| rank(*l));
         }
+    }
+
+    /// The level every shared server took when last asked, if they all did.
+    pub fn shared_level(&self) -> Option<LoggingLevel> {
+        *self.shared_level.locked()
+    }
+
+    /// Every shared server took `level` (none: not all of them took the last asked, or
+    /// one started since, and was asked on its own).
+    pub fn took_shared_level(&self, level: Option<LoggingLevel>) {
+        *self.shared_level.locked() = level;
     }
 
     /// Whether `client` set a level (`logging/setLevel`) that lets a line at `level` through.

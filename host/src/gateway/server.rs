@@ -992,19 +992,22 @@ impl Gateway {
 
     /// `logging/setLevel`, within `unpanicked`.
     async fn answer_set_level(&self, request: SetLevelRequestParams) -> Result<(), ErrorData> {
-        let before = self.hub.downstreams.level(None);
-        self.hub.downstreams.set_level(&self.own.client, request.level);
+        let downstreams = &self.hub.downstreams;
+        downstreams.set_level(&self.own.client, request.level);
         // Shared servers log at the most verbose level any session asked for
         // (`Downstreams::level`); each session hears only what its own level lets
-        // through, of its own calls. Asked only when that changed: a server (re)started
-        // meanwhile is set as it becomes ready (`Hub::on_ready`).
-        let shared = self.hub.downstreams.level(None).unwrap_or(request.level);
-        let shared_instances = if before == Some(shared) { Vec::new() } else { self.hub.shared_instances() };
+        // through, of its own calls. Asked only when that is not what every shared server
+        // last took: a server (re)started meanwhile is set as it becomes ready
+        // (`Hub::on_ready`).
+        let shared = downstreams.level(None).unwrap_or(request.level);
+        let unchanged = downstreams.shared_level() == Some(shared);
+        let shared_instances = if unchanged { Vec::new() } else { self.hub.shared_instances() };
         let own = self.own.own_instances();
-        let levels = own.iter().map(|h| (h, request.level)).chain(shared_instances.iter().map(|h| (h, shared)));
+        let levels = own.iter().map(|h| (h, request.level, false));
+        let levels = levels.chain(shared_instances.iter().map(|h| (h, shared, true)));
         // All at once, each within its server's `recovery.timeout_ms`: a server that does
         // not answer holds up neither the others nor the client.
-        let set = levels.filter_map(|(handle, level)| {
+        let set = levels.filter_map(|(handle, level, is_shared)| {
             let session = handle.state().session.filter(|s| s.is_live())?;
             session.info.as_ref().is_some_and(|i| i.capabilities.logging.is_some()).then_some(())?;
             let within = self.limits(&handle.name).timeout;
@@ -1012,14 +1015,26 @@ impl Gateway {
                 // Every session's level, on a shared server: what it says meanwhile is no
                 // one client's.
                 let set = session.peer.set_level(SetLevelRequestParams::new(level));
-                match self.hub.aside(handle.instance, within, set).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}"),
-                    Err(_) => tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {} ms", within.as_millis()),
-                }
+                let took = match self.hub.aside(handle.instance, within, set).await {
+                    Ok(Ok(())) => true,
+                    Ok(Err(e)) => {
+                        tracing::debug!(server = %handle.name, "logging/setLevel failed: {e}");
+                        false
+                    }
+                    Err(_) => {
+                        let within = within.as_millis();
+                        tracing::debug!(server = %handle.name, "logging/setLevel: no answer within {within} ms");
+                        false
+                    }
+                };
+                took || !is_shared
             })
         });
-        futures::future::join_all(set).await;
+        let took = futures::future::join_all(set).await;
+        if !unchanged {
+            // One that did not take it is asked again at the next `logging/setLevel`.
+            downstreams.took_shared_level(took.iter().all(|t| *t).then_some(shared));
+        }
         Ok(())
     }
 }

@@ -299,10 +299,11 @@ impl Gateway {
 
     /// The server of `to` has given the id `id` to a new task. A task the gateway keeps
     /// under it (a 2025-11-25 session's, or one bridged for a 2026-07-28 client) is no
-    /// longer reachable by its client: the id is the new task's now. One still running
-    /// (a server restarted that numbers its tasks afresh, or one that gives an id twice)
-    /// cannot be told from the new one, so neither is kept: the new one is cancelled on
-    /// the server, and refused.
+    /// longer reachable by its client: the id is the new task's now. A session's task
+    /// still running (a server restarted that numbers its tasks afresh, or one that
+    /// gives an id twice) cannot be told from the new one, whose statuses and questions
+    /// would reach its client, so neither is kept: the new one is cancelled on the
+    /// server, and refused. (A bridged task's client only polls: it is forgotten.)
     pub(super) fn given_again(&self, server: &str, to: &Instance, id: &str) -> Result<(), ErrorData> {
         let routing = &self.hub.routing;
         routing.relayed.forget_upstream(server, &to.session, id);

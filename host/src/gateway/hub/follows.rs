@@ -128,6 +128,11 @@ impl Hub {
     pub(super) fn on_ready(self: &Arc<Self>, handle: &ServerHandle, owner: Option<&Owner>, restarted: bool) {
         let Some(session) = handle.state().session else { return };
         let only = owner.map(|o| &*o.client);
+        // Asked on its own, it may take its level after a client's newer one reached the
+        // others: the next `logging/setLevel` asks every shared server again.
+        if owner.is_none() {
+            self.downstreams.took_shared_level(None);
+        }
         let level = self
             .downstreams
             .level(only)

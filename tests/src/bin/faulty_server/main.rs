@@ -10,7 +10,7 @@
 //! restarts, `DIR/cancelled` with one line per `notifications/cancelled`, and
 //! `DIR/calls` with the name of every tool called, `DIR/late` with what `sample_late` was answered, `DIR/reads` with every resource read, `DIR/subscribes` with every resource subscribed to (one ending in `/slow` answered after 1.5 s), `DIR/unsubscribes` with every one unsubscribed from, one ending in `/sticky` never answered), `--crash-after N` (exits on the
 //! N-th tool call), `--emulate hol|lean` (with `--tools`: the fixture's tools fail the
-//! way the real servers do, see `emulate`), `--list-delay MS` (answers `tools/list` that late), `--start-delay MS` (reads nothing
+//! way the real servers do, see `emulate`), `--list-delay MS` (answers `tools/list` that late), `--refuse-first-level` (answers the first `logging/setLevel` with an error), `--start-delay MS` (reads nothing
 //! for that long, a slow start), `--start-gate FILE` (reads nothing until FILE exists, at
 //! every start: a start the test ends when it wants), `--exit-after-ms MS` (dies that long after starting,
 //! every time: a crash loop), `--tasks` (runs a call as an MCP 2025-11-25 task when the
@@ -37,6 +37,8 @@ struct Server {
     crash_after: Option<u64>,
     /// Never answer `tools/list`.
     mute_lists: bool,
+    /// Refuse the first `logging/setLevel` with an error (after noting it).
+    refuse_first_level: std::sync::atomic::AtomicBool,
     /// Answer `tools/list` this late.
     list_delay: Duration,
     /// Answer `server/discover` as a server of 2025-11-25 and older that knows the
@@ -65,6 +67,7 @@ async fn main() {
     let mut start_gate: Option<std::path::PathBuf> = None;
     let mut emulate = None;
     let mut mute_lists = false;
+    let mut refuse_first_level = false;
     let mut list_delay = Duration::ZERO;
     let mut refuse_discover = false;
     let mut stubborn = false;
@@ -106,6 +109,7 @@ async fn main() {
             "--crash-after" => crash_after = Some(value().parse().expect("--crash-after takes a number")),
             // Initialises, then never answers `tools/list`: a start that never completes.
             "--mute-lists" => mute_lists = true,
+            "--refuse-first-level" => refuse_first_level = true,
             "--list-delay" => {
                 list_delay = Duration::from_millis(value().parse().expect("--list-delay takes milliseconds"))
             }
@@ -153,6 +157,7 @@ async fn main() {
         extra_tools,
         crash_after,
         mute_lists,
+        refuse_first_level: refuse_first_level.into(),
         list_delay,
         refuse_discover,
         calls: AtomicU64::new(0),
@@ -296,7 +301,10 @@ impl Server {
                 if let Some(dir) = &self.state {
                     append(&dir.join("levels"), params["level"].as_str().unwrap_or_default());
                 }
-                Ok(json!({}))
+                match self.refuse_first_level.swap(false, Ordering::Relaxed) {
+                    true => Err((-32603, "not now".to_owned())),
+                    false => Ok(json!({})),
+                }
             }
             "tools/list" if self.mute_lists => return,
             "server/discover" if self.refuse_discover => {
