@@ -77,13 +77,20 @@ pub async fn attempt(
     // arguments: only for it are they kept (copied) past the first request.
     let asks = input::server_asks(session);
     let deadline = tokio::time::Instant::now() + how.max_total;
-    let mut round = 0;
+    let (mut round, mut served) = (0, Duration::ZERO);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let this = Attempt { timeout: how.timeout.min(left), max_total: left, ..how };
         // (A server that does not ask is called once: its request takes the params.)
         let sent = if asks { params.clone() } else { std::mem::replace(&mut params, CallToolRequestParams::new("")) };
-        let answer = match exchange(routing, session, sent, this, cx, call).await? {
+        let began = tokio::time::Instant::now();
+        let exchanged = match exchange(routing, session, sent, this, cx, call).await {
+            // The server had the call in the rounds before this one too.
+            Err(Failure::Timeout { after }) => Err(Failure::Timeout { after: after + served }),
+            other => other,
+        };
+        served += began.elapsed();
+        let answer = match exchanged? {
             // A task of the tool called, for a client that can take it (see `tasks::relayed`).
             ServerResult::CreateTaskResult(created) if declares_tasks(cx, how.called) => {
                 let owner = task_owner(cx);
