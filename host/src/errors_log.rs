@@ -176,10 +176,15 @@ impl ErrorsLog {
 
     /// Appends one entry per failed attempt of the call in `record`.
     pub fn record(&self, record: &Record, session: &str, now: SystemTime) {
+        self.record_first(record, session, now, usize::MAX);
+    }
+
+    /// [`Self::record`], of the first `failures` failures only.
+    pub fn record_first(&self, record: &Record, session: &str, now: SystemTime, failures: usize) {
         let recovered = record.answered_by().is_some();
         let alternative = record.answered_by().filter(|a| a.role == Role::Alternative).map(|a| a.tool.clone());
         let attempts = record.attempts.len();
-        for (i, (attempt, failure, class)) in record.failures().enumerate() {
+        for (i, (attempt, failure, class)) in record.failures().enumerate().take(failures) {
             let id = self.new_id(now);
             let code = match failure {
                 Failure::Rpc { code, .. } => Some(*code),

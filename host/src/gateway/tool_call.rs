@@ -130,19 +130,19 @@ impl Gateway {
         if let Some(trace) = &trace {
             trace.finish(&record, &ending);
         }
-        // A call refused for want of room to hold it was its client's JSON-RPC error.
+        // A call refused for want of room to hold it was its client's JSON-RPC error: its
+        // last attempt, cancelled for it, is no failure to write.
         let refused = cx.extensions.get::<super::held::Bridge>().is_some_and(|b| b.refused_for_room());
-        self.account(&recovery, &record, &ending, started.elapsed(), !refused);
+        self.account(&recovery, &record, &ending, started.elapsed(), refused);
         Ok(response(ending, &record, &self.hub.errors))
     }
 
-    /// A call ended: the errors log (unless not `to_errors_log`), the log, the adapter's
-    /// refused steps, the metrics.
-    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration, to_errors_log: bool) {
+    /// A call ended: the errors log (but for its last failure, when `refused`: see
+    /// [`super::held`]), the log, the adapter's refused steps, the metrics.
+    fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration, refused: bool) {
         if record.failures().next().is_some() {
-            if to_errors_log {
-                self.hub.errors.record(record, &self.own.client, recovery.engine().clock().wall());
-            }
+            let written = if refused { record.failures().count() - 1 } else { usize::MAX };
+            self.hub.errors.record_first(record, &self.own.client, recovery.engine().clock().wall(), written);
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
                 // Redacted as it is cut, so that the cut leaves no start of a secret for
