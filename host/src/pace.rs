@@ -52,11 +52,58 @@ impl Recent {
     }
 }
 
+/// At most `lines` log lines in each window of `every` (one starting at the first line
+/// past the last window), the rest counted in `dropped`: a source of lines someone else
+/// can set going (an adapter, refused requests) cannot flood the gateway's log and crowd
+/// out the lines that matter.
+#[derive(Debug)]
+pub struct LogBudget {
+    lines: u32,
+    every: Duration,
+    window: std::sync::Mutex<(Option<Instant>, u32)>,
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+impl LogBudget {
+    pub const fn new(lines: u32, every: Duration) -> Self {
+        Self { lines, every, window: std::sync::Mutex::new((None, 0)), dropped: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Whether one more line may be written now.
+    pub fn take(&self) -> bool {
+        use crate::lasting::Locked as _;
+        let now = Instant::now();
+        let mut w = self.window.locked();
+        if w.0.is_none_or(|start| now.duration_since(start) >= self.every) {
+            *w = (Some(now), 0);
+        }
+        if w.1 >= self.lines {
+            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        w.1 += 1;
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A budget writes its lines in a window, counts the rest, and writes again in the
+    /// next window.
+    #[tokio::test(start_paused = true)]
+    async fn a_log_budget_writes_so_many_lines_a_window_and_counts_the_rest() {
+        let budget = LogBudget::new(3, Duration::from_secs(60));
+        let taken = (0..10).filter(|_| budget.take()).count();
+        assert_eq!((taken, budget.dropped.load(std::sync::atomic::Ordering::Relaxed)), (3, 7));
+        tokio::time::advance(Duration::from_secs(59)).await;
+        assert!(!budget.take(), "still the same window");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(budget.take(), "a new window");
+    }
 
     #[test]
     fn a_backoff_grows_by_its_multiplier_to_its_cap_and_never_overflows() {

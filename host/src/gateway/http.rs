@@ -286,6 +286,10 @@ fn refuse(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({"error": message}))).into_response()
 }
 
+/// Requests refused for their `Host` or `Origin` (before any token is asked for) are
+/// logged at most this often; `rebound_http_rejected_total` counts them all.
+static REFUSALS_LOGGED: crate::pace::LogBudget = crate::pace::LogBudget::new(10, Duration::from_secs(60));
+
 /// DNS rebinding: a page on an attacker's domain that resolves to 127.0.0.1 reaches us
 /// with its own `Host`, and a browser marks its requests with their `Origin`.
 async fn guard(State(front): State<Front>, request: Request, next: Next) -> Response {
@@ -293,7 +297,9 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     if !host.is_some_and(|h| host_allowed(&front.settings.allowed_hosts, h)) {
         front.hub.metrics.rejected("host");
-        tracing::warn!(host = host.unwrap_or("(none)"), "refused a request for a Host that is not allowed");
+        if REFUSALS_LOGGED.take() {
+            tracing::warn!(host = host.unwrap_or("(none)"), "refused a request for a Host that is not allowed");
+        }
         return refuse(
             StatusCode::FORBIDDEN,
             "this Host is not allowed; add it to rebound.http.allowed_hosts if the gateway should answer to it",
@@ -303,7 +309,9 @@ async fn guard(State(front): State<Front>, request: Request, next: Next) -> Resp
         let origin = origin.to_str().unwrap_or("");
         if !origin_allowed(&front.settings.allowed_origins, origin) {
             front.hub.metrics.rejected("origin");
-            tracing::warn!(origin, "refused a request from an Origin that is not allowed");
+            if REFUSALS_LOGGED.take() {
+                tracing::warn!(origin, "refused a request from an Origin that is not allowed");
+            }
             return refuse(
                 StatusCode::FORBIDDEN,
                 "this Origin is not allowed; add it to rebound.http.allowed_origins if pages there may use the gateway",

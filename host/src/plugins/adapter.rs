@@ -131,7 +131,7 @@ impl Adapter {
             server: server.into(),
             config: config.to_string().into(),
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
-            log: Arc::default(),
+            log: Arc::new(super::state::log_budget()),
             health: Arc::default(),
         };
         let declared = {

@@ -229,7 +229,7 @@ fn introduce(runtime: &Runtime, pre: &Pre) -> Result<(v0_1::rebound::adapter::ty
             "-".into(),
             "null".into(),
             Default::default(),
-            Default::default(),
+            std::sync::Arc::new(super::state::log_budget()),
             output.clone(),
             runtime.limits.memory,
         )

@@ -549,7 +549,7 @@ mod tests {
     /// plugin's memory limit does not count); past it the call traps.
     #[tokio::test]
     async fn a_guest_holds_at_most_max_handles() {
-        use super::super::state::{CappedPipe, LogBudget, MAX_HANDLES, State};
+        use super::super::state::{CappedPipe, MAX_HANDLES, State, log_budget};
         let runtime = Runtime::new(Limits::default(), None).unwrap();
         let component = wasmtime::component::Component::new(&runtime.engine, wat::parse_str(HOARDER).unwrap()).unwrap();
         let linker = wasmtime::component::Linker::<State>::new(&runtime.engine);
@@ -561,7 +561,7 @@ mod tests {
                     "s".into(),
                     "{}".into(),
                     Default::default(),
-                    std::sync::Arc::new(LogBudget::default()),
+                    std::sync::Arc::new(log_budget()),
                     CappedPipe::new(64),
                     1 << 20,
                 );

@@ -11,6 +11,7 @@ use super::bindings::v0_1::rebound::adapter::{host, store, types};
 use super::bindings::v0_2::rebound::adapter as v0_2;
 use super::kv::Kv;
 use crate::lasting::Locked;
+pub use crate::pace::LogBudget;
 use crate::text::shown;
 
 /// The longest `host.log` line kept; the rest is cut.
@@ -104,29 +105,10 @@ pub struct State {
     log: Arc<LogBudget>,
 }
 
-/// How many `host.log` lines an adapter may still write in this window, and how many it
-/// lost; shared by all of its calls.
-#[derive(Debug, Default)]
-pub struct LogBudget {
-    window: Mutex<(Option<std::time::Instant>, u32)>,
-    pub dropped: std::sync::atomic::AtomicU64,
-}
-
-impl LogBudget {
-    /// Whether one more line may be written now.
-    pub(super) fn take(&self) -> bool {
-        let now = std::time::Instant::now();
-        let mut w = self.window.locked();
-        if w.0.is_none_or(|start| now.duration_since(start) >= LOG_WINDOW) {
-            *w = (Some(now), 0);
-        }
-        if w.1 >= MAX_LOG_LINES {
-            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return false;
-        }
-        w.1 += 1;
-        true
-    }
+/// How many `host.log` lines an adapter may still write in this window ([`MAX_LOG_LINES`]
+/// a [`LOG_WINDOW`]), and how many it lost; shared by all of its calls.
+pub fn log_budget() -> LogBudget {
+    LogBudget::new(MAX_LOG_LINES, LOG_WINDOW)
 }
 
 impl State {
@@ -369,7 +351,7 @@ mod tests {
     #[test]
     fn what_a_guest_has_the_host_hold_is_bounded() {
         use wasmtime_wasi::p2::bindings::random::random::Host as _;
-        let (kv, log) = (Kv::default(), Arc::new(LogBudget::default()));
+        let (kv, log) = (Kv::default(), Arc::new(log_budget()));
         let mut state = State::new("a".into(), "s".into(), "{}".into(), kv, log, CappedPipe::new(64), 1 << 20);
         let random = state.wasi.random();
         assert_eq!(random.get_random_bytes(MAX_RANDOM_BYTES).unwrap().len(), MAX_RANDOM_BYTES as usize);
