@@ -506,6 +506,10 @@ async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
     let client = rebound_tests::TestClient::default();
     let heard = client.heard.clone();
     let alice = rebound_tests::http_client_as(client, &gw.url(), None).await.unwrap();
+    // The server ready, and its readiness handled (which asks it for any level a session
+    // set: here none yet) before the levels are set, so that only they ask.
+    call(&alice, "echo", json!({"message": "up"})).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for level in [Debug, Error, Debug, Error, Error, Debug, Error] {
         alice.peer().set_level(rmcp::model::SetLevelRequestParams::new(level)).await.unwrap();
     }
