@@ -54,6 +54,15 @@ pub fn faulty(name: &str, state: &Path, extra: &[&str]) -> Value {
     json!({"command": bin("faulty-server"), "args": args})
 }
 
+/// `server` (a `command` and its `args`) started by `sh` running `script` first, with
+/// `$1` the path `file` and the server's command line after it (`shift; exec "$@"`
+/// starts the server): what the script sees of its environment is the server's.
+pub fn after_script(script: &str, file: &Path, server: &Value) -> Value {
+    let mut args = vec![json!("-c"), json!(script), json!("sh"), json!(file), server["command"].clone()];
+    args.extend(server["args"].as_array().into_iter().flatten().cloned());
+    json!({"command": "sh", "args": args})
+}
+
 /// What the test client has been told.
 #[derive(Debug, Default)]
 pub struct Heard {

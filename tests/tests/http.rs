@@ -532,16 +532,12 @@ async fn over_http_a_clients_changing_levels_set_a_shared_servers_once() {
 async fn no_server_process_inherits_the_gateways_tokens() {
     let gw = HttpGateway::start_unprivileged(
         |dir| {
-            let faulty = faulty("a", dir, &[]);
             // Its own environment, and what it can read of the gateway's.
             let script = r#"env > "$1"; tr '\0' '\n' < /proc/$PPID/environ > "$1.gateway"; shift; exec "$@""#;
-            let mut args = vec![json!("-c"), json!(script), json!("sh")];
-            args.push(json!(dir.join("env.txt")));
-            args.push(faulty["command"].clone());
-            args.extend(faulty["args"].as_array().unwrap().iter().cloned());
-            let server = json!({"command": "sh", "args": args, "env": {"OWN": "its own"}});
+            let mut server = rebound_tests::after_script(script, &dir.join("env.txt"), &faulty("a", dir, &[]));
+            server["env"] = json!({"OWN": "its own"});
             // Another server's credential, which the file reads for it alone.
-            let mut other = rebound_tests::faulty("b", dir, &[]);
+            let mut other = faulty("b", dir, &[]);
             other["env"] = json!({"GH_TOKEN": "${GITHUB_TOKEN}"});
             let http = json!({"auth_token": "${CLIENTS_TOKEN}"});
             json!({"mcpServers": {"a": server, "b": other}, "rebound": {"http": http}})

@@ -55,6 +55,13 @@ async fn serving_a_and_b() -> (HttpGateway, std::path::PathBuf, Client) {
     (gw, dir, client)
 }
 
+/// Faulty server `name`, each start of it held until the file `gate` exists, if given.
+fn gated(dir: &Path, name: &str, gate: Option<&Path>) -> Value {
+    let gate = gate.map(|g| g.display().to_string());
+    let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
+    faulty(name, dir, &extra)
+}
+
 /// Opens b's breaker with the timeouts of two clients (one client's alone would open only
 /// breakers of its own); returns the second client and the status with it open.
 async fn with_b_open(gw: &HttpGateway, client: &Client) -> (Client, Value) {
@@ -95,8 +102,7 @@ async fn an_edited_configuration_is_applied_as_a_diff_and_a_broken_one_is_refuse
 
     // A broken file is refused with the check's message; everything keeps serving.
     std::fs::write(dir.join("rebound.json"), r#"{"mcpServers": {"a": {"args": []}}}"#).unwrap();
-    let log = gw.log.clone();
-    eventually("the broken file refused", move || log.lock().unwrap().contains("reload refused")).await;
+    gw.logged("reload refused").await;
     assert!(gw.log.lock().unwrap().contains("neither `command` nor `url`"));
     assert_eq!(text(&call(&client, "c__echo", json!({"message": "still"})).await), "c: still");
     // The operator's status says so too; a client's does not (the file is the operator's).
@@ -194,8 +200,7 @@ async fn an_adapter_replaced_while_calls_run_loses_none() {
     let target = dir.join("plugins/thanos-classify.wasm");
     std::fs::copy(&replacement, dir.join("plugins/next.tmp")).unwrap();
     std::fs::rename(dir.join("plugins/next.tmp"), &target).unwrap();
-    let log = gw.log.clone();
-    eventually("the adapter reloaded", move || log.lock().unwrap().contains("new adapter code for a")).await;
+    gw.logged("new adapter code for a").await;
     let reloaded = calls();
     eventually("calls after the change", || calls() >= reloaded + 20).await;
     stop.store(true, Ordering::Relaxed);
@@ -269,9 +274,7 @@ async fn a_server_a_reload_adds_holds_up_nothing_else_it_changes() {
 #[tokio::test]
 async fn a_server_a_reload_makes_shared_keeps_its_tools_while_it_starts() {
     let servers = |dir: &Path, gate: Option<&Path>| {
-        let gate = gate.map(|g| g.display().to_string());
-        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
-        let mut s = faulty("s", dir, &extra);
+        let mut s = gated(dir, "s", gate);
         if gate.is_none() {
             s["scope"] = json!("session");
         }
@@ -303,11 +306,7 @@ async fn a_relaunch_that_cannot_start_keeps_the_running_servers_breakers() {
     let mut broken = config(&dir, 60000, &[]);
     broken["mcpServers"]["b"]["command"] = json!("/nonexistent/faulty-server");
     rewrite_config(&dir, &broken);
-    let log = gw.log.clone();
-    eventually("the reload applied", move || {
-        log.lock().unwrap().contains("kept running (the new launch did not start) b")
-    })
-    .await;
+    gw.logged("kept running (the new launch did not start) b").await;
     let after = status(&client).await;
     assert_eq!(server(&after, "b")["breaker"]["state"], "open", "{after}");
     let _ = other.cancel().await;
@@ -397,11 +396,7 @@ async fn a_reload_brings_a_running_sessions_own_servers_in_line() {
     let mut typo = servers(&dir, &[("s", &["--start-delay", "10"]), ("t", &[])]);
     typo["mcpServers"]["s"]["command"] = json!("/nonexistent/faulty-server");
     rewrite_config(&dir, &typo);
-    let log = gw.log.clone();
-    eventually("the new launch given up", move || {
-        log.lock().unwrap().contains("the session's new launch did not start")
-    })
-    .await;
+    gw.logged("the session's new launch did not start").await;
     assert_eq!(text(&call(&client, "s__echo", json!({"message": "still"})).await), "s: still");
     assert!(pid(&dir, "s") == running && alive(running), "the running instance");
 
@@ -493,9 +488,7 @@ async fn a_server_made_session_scoped_keeps_its_clients_subscriptions() {
 #[tokio::test]
 async fn a_reload_while_a_sessions_relaunch_comes_up_starts_no_second_copy() {
     let servers = |dir: &Path, gate: Option<&str>, b: bool| {
-        let gate = gate.map(|g| dir.join(g).display().to_string());
-        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
-        let mut s = faulty("s", dir, &extra);
+        let mut s = gated(dir, "s", gate.map(|g| dir.join(g)).as_deref());
         s["scope"] = json!("session");
         let mut servers = json!({"a": faulty("a", dir, &[]), "s": s});
         if b {
@@ -549,12 +542,9 @@ async fn a_token_a_reload_reads_from_another_variable_stays_out_of_servers_start
     let config = |dir: &Path, variable: &str| {
         // Writes its environment, then its pid, at each start.
         let script = r#"env > "$1.$$"; echo $$ >> "$1.pids"; shift; exec "$@""#;
-        let a = faulty("a", dir, &[]);
-        let mut args = vec![json!("-c"), json!(script), json!("sh"), json!(dir.join("env"))];
-        args.push(a["command"].clone());
-        args.extend(a["args"].as_array().unwrap().iter().cloned());
+        let a = rebound_tests::after_script(script, &dir.join("env"), &faulty("a", dir, &[]));
         let http = json!({"auth_token": format!("${{{variable}}}")});
-        json!({"mcpServers": {"a": {"command": "sh", "args": args}}, "rebound": {"http": http}})
+        json!({"mcpServers": {"a": a}, "rebound": {"http": http}})
     };
     let (first, second) = ("first-token-0123456789", "second-token-0123456789");
     let gw = HttpGateway::start(|dir| config(dir, "TOKEN_A"), &[("TOKEN_A", first), ("TOKEN_B", second)]).await;
@@ -870,8 +860,7 @@ async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_lau
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
     let old = pid(&dir, "a");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let log = gw.log.clone();
-    eventually("a restarting", move || log.lock().unwrap().contains("connection lost")).await;
+    gw.logged("connection lost").await;
     let mut greet = rmcp::model::GetPromptRequestParams::new("a__greet");
     greet.arguments = json!({"who": "ada"}).as_object().cloned();
     rewrite_config(&dir, &launch(&dir, true));
@@ -881,8 +870,7 @@ async fn requests_waiting_for_a_restart_are_answered_by_the_process_a_reload_lau
     let prompt = serde_json::to_string(&prompt.unwrap().unwrap()).unwrap();
     assert!(prompt.contains("hello ada from anew"), "{prompt}");
     assert_eq!(text(&echo), "anew: 2", "{echo:?}");
-    let log = gw.log.clone();
-    eventually("the old instance given up", move || log.lock().unwrap().contains("not started again")).await;
+    gw.logged("not started again").await;
     let _ = client.cancel().await;
 }
 
@@ -911,8 +899,7 @@ async fn a_subscription_waiting_for_a_restart_through_a_relaunch_belongs_to_the_
     assert_eq!(text(&call(&client, "a__echo", json!({"message": "1"})).await), "a: 1");
     let old = pid(&dir, "a");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(old as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let log = gw.log.clone();
-    eventually("a restarting", move || log.lock().unwrap().contains("connection lost")).await;
+    gw.logged("connection lost").await;
     rewrite_config(&dir, &launch(&dir, true));
     client.peer().subscribe(rmcp::model::SubscribeRequestParams::new(uri)).await.unwrap();
     assert_eq!(subscribed(), 1, "made on the new process");
@@ -1119,9 +1106,7 @@ async fn new_adapter_code_leaves_a_session_servers_breaker_as_it_was() {
 #[tokio::test]
 async fn a_session_instance_serving_on_through_its_relaunch_keeps_its_breaker() {
     let servers = |dir: &Path, gate: Option<&Path>| {
-        let gate = gate.map(|g| g.display().to_string());
-        let extra: Vec<&str> = gate.iter().flat_map(|g| ["--start-gate", g.as_str()]).collect();
-        let mut s = faulty("s", dir, &extra);
+        let mut s = gated(dir, "s", gate);
         s["scope"] = json!("session");
         s["recovery"] = json!({"timeout_ms": 200, "retry": {"max_attempts": 1},
             "breaker": {"failure_threshold": 1, "open_ms": 600000}});
