@@ -546,6 +546,7 @@ async fn no_server_process_inherits_the_gateways_tokens() {
             ("CLIENTS_TOKEN", TOKEN),
             ("REBOUND_OPERATOR_TOKEN", OPERATOR),
             ("GITHUB_TOKEN", "ghp-0123456789abcdef"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=otel-backend-key"),
             ("KEPT", "inherited"),
         ],
     )
@@ -556,6 +557,7 @@ async fn no_server_process_inherits_the_gateways_tokens() {
     assert!(env.contains("KEPT=inherited") && env.contains("OWN=its own"), "{env}");
     let gateways = std::fs::read_to_string(gw.dir.path().join("env.txt.gateway")).unwrap_or_default();
     assert!(!env.contains("ghp-0123456789abcdef"), "another server's credential: {env}");
+    assert!(!env.contains("otel-backend-key"), "the telemetry exporter's headers: {env}");
     for withheld in ["CLIENTS_TOKEN", "REBOUND_OPERATOR_TOKEN", TOKEN, OPERATOR] {
         assert!(!env.contains(withheld), "{withheld} in the server's environment");
         assert!(!gateways.contains(withheld), "{withheld} read from the gateway's environment");

@@ -88,11 +88,21 @@ pub struct Pipes {
     pub stdout: ChildStdout,
 }
 
+/// The standard variables holding the headers of an OTLP exporter (`crate::telemetry`).
+const OTLP_HEADERS: [&str; 4] = [
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+    "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+];
+
 /// The variables of the gateway's environment that no server process inherits (a
 /// server's own `env` may still pass one on):
 /// - those holding the gateway's own HTTP tokens: `REBOUND_AUTH_TOKEN`,
 ///   `REBOUND_OPERATOR_TOKEN`, and any other whose value is one of `tokens` (a `${VAR}`
 ///   the configuration reads one from);
+/// - the headers the gateway's OpenTelemetry exporter sends (`OTLP_HEADERS`), which
+///   usually carry the telemetry backend's key;
 /// - `secrets`, the variables named like secrets that the configuration reads for one
 ///   server or another (`redact::secret_variables`).
 ///
@@ -106,7 +116,8 @@ pub fn withheld<'a>(
     let tokens: Vec<&str> = tokens.into_iter().collect();
     let holds_one = |value: &OsString| tokens.iter().any(|t| value.as_encoded_bytes() == t.as_bytes());
     let by_value = std::env::vars_os().filter(|(_, value)| holds_one(value)).map(|(name, _)| name);
-    let named = ["REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"].into_iter().chain(secrets).map(OsString::from);
+    let own = ["REBOUND_AUTH_TOKEN", "REBOUND_OPERATOR_TOKEN"].into_iter().chain(OTLP_HEADERS);
+    let named = own.chain(secrets).map(OsString::from);
     named.chain(by_value).collect()
 }
 
