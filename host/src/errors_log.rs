@@ -493,7 +493,9 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
 /// log is readable by its owner alone: it quotes every client's failures. A symbolic link
 /// in the log's place is not followed (whoever could write the log's folder would have
 /// the gateway write to, and take for its own, any file its user may write), and a line
-/// written in part (a full disk) is taken back, so that the next is not glued to it.
+/// written in part (a full disk) is taken back, so that the next is not glued to it. Nor
+/// is a log that belongs to another user written, root excepted (one made for the gateway
+/// beforehand): its owner could read it whatever its permissions.
 fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
     if let Some(dir) = path.parent() {
@@ -517,8 +519,15 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
             Err((_, errno)) => return Err(errno.into()),
         };
         let ours = file.metadata()?;
-        // A log made before, or by another user: made the owner's where the file system
-        // lets it be, and written all the same where it does not.
+        let me = nix::unistd::geteuid().as_raw();
+        if ours.uid() != me && ours.uid() != 0 {
+            return Err(std::io::Error::other(format!(
+                "it belongs to user {}, who could read every client's failures in it: remove it, or give it to this user (uid {me})",
+                ours.uid()
+            )));
+        }
+        // A log made before, or by root for this user (in `/var/log`): made the owner's
+        // alone where the file system lets it be, and written all the same where it does not.
         if ours.permissions().mode() & 0o077 != 0
             && let Err(e) = file.set_permissions(std::fs::Permissions::from_mode(0o600))
         {
@@ -928,6 +937,27 @@ mod tests {
         assert!(append(&path, b"{}\n", 1 << 20).is_err());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "x");
         assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o644);
+    }
+
+    /// A log another user made in the log's place (in a folder both may write) is not
+    /// written: its owner could read every client's failures. Needs root to make it.
+    #[test]
+    fn a_log_that_belongs_to_another_user_is_not_written() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("errors.jsonl");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let nobody = nix::unistd::Uid::from_raw(65534);
+        nix::unistd::chown(&path, Some(nobody), None).unwrap();
+        let refused = append(&path, b"{}\n", 1 << 20).unwrap_err();
+        assert!(refused.to_string().contains("belongs to user 65534"), "{refused}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
+        nix::unistd::chown(&path, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+        append(&path, b"{}\n", 1 << 20).expect("one made for it by root is written");
     }
 
     #[tokio::test]
