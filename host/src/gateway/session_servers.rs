@@ -517,12 +517,15 @@ impl Drop for SessionServers {
 
 /// A `cwd` that names the session (`${REBOUND_SESSION}`) is the session's own folder,
 /// made when its instance starts: a server keeping its state there expects it to exist.
-/// It is kept when the session ends (it holds that state).
+/// It is kept when the session ends (it holds that state), and is its user's alone (as
+/// are any folders made above it), whatever the umask: another user of the machine
+/// reads neither the session's state nor, from the folders' names, its id.
 fn make_session_folder(template: &ServerConfig, config: &ServerConfig) {
+    use std::os::unix::fs::DirBuilderExt as _;
     if let (Launch::Stdio(template), Launch::Stdio(launch)) = (&template.launch, &config.launch)
         && let (Some(named), Some(cwd)) = (&template.cwd, &launch.cwd)
         && named.to_string_lossy().contains(SESSION_VAR)
-        && let Err(e) = std::fs::create_dir_all(cwd)
+        && let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(cwd)
     {
         tracing::warn!(server = %config.name, cwd = %cwd.display(), "cannot make the session's folder: {e}");
     }
@@ -545,7 +548,10 @@ mod tests {
             let template = &config.servers[name];
             make_session_folder(template, &template.for_session("sess_1_2"));
         }
-        assert!(root.path().join("sess_1_2").is_dir());
+        use std::os::unix::fs::PermissionsExt as _;
+        let made = std::fs::metadata(root.path().join("sess_1_2")).unwrap();
+        assert!(made.is_dir());
+        assert_eq!(made.permissions().mode() & 0o777, 0o700);
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1, "no other folder made");
     }
 }
