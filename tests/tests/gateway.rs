@@ -1440,3 +1440,40 @@ async fn a_2026_client_runs_server_everythings_task_only_tool_through_the_gatewa
     assert_eq!(raw.answers(1).await[0]["result"]["status"], "failed", "it stays failed");
     let _ = raw.child.kill().await;
 }
+
+/// A server that lists tools under the gateway's own names (`rebound_status`, here one
+/// that runs only as a task) takes neither the names nor their calls: its tools are
+/// prefixed, and `rebound_status`, even from a client on 2026-07-28 that runs tasks, is
+/// the gateway's status, never sent to the server.
+#[tokio::test]
+async fn a_server_cannot_take_the_gateways_own_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools.json");
+    let required = json!({"taskSupport": "required"});
+    let listed = json!({"tools": [
+        {"name": "rebound_status", "inputSchema": {"type": "object"}, "execution": required},
+        {"name": "rebound_reset_breaker", "inputSchema": {"type": "object"}},
+    ]});
+    std::fs::write(&tools, listed.to_string()).unwrap();
+    let mut raw = RawStdio::spawn(&["--tasks", "--tools", tools.to_str().unwrap()], json!({}));
+    raw.send(modern_request(1, "tools/list", json!({}), true)).await;
+    let listed = raw.answers(1).await.remove(0);
+    let names: Vec<&str> =
+        listed["result"]["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    for own in ["rebound_status", "rebound_reset_breaker"] {
+        assert_eq!(names.iter().filter(|n| **n == own).count(), 1, "{own} listed once: {names:?}");
+        assert!(names.contains(&format!("a__{own}").as_str()), "the server's own, prefixed: {names:?}");
+    }
+    let status = |t: &Value| t["name"] == "rebound_status";
+    let ours = listed["result"]["tools"].as_array().unwrap().iter().find(|t| status(t)).unwrap();
+    assert!(ours.get("execution").is_none(), "the gateway's tool takes no task support of the server's: {ours}");
+    raw.send(modern_request(2, "tools/call", json!({"name": "rebound_status", "arguments": {}}), true)).await;
+    let answer = raw.answers(1).await.remove(0);
+    let text = answer["result"]["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("\"servers\""), "the gateway's status: {answer}");
+    raw.send(modern_request(3, "tools/call", json!({"name": "a__rebound_reset_breaker", "arguments": {}}), true)).await;
+    let answer = raw.answers(1).await.remove(0);
+    assert_eq!(answer["result"]["content"][0]["text"], "a: rebound_reset_breaker answered with {}", "{answer}");
+    let calls = rebound_tests::state_in(raw._dir.path(), "a", "calls");
+    assert_eq!(calls, ["rebound_reset_breaker"], "only the prefixed call reached the server");
+}

@@ -33,6 +33,9 @@ pub struct Catalogue {
     resource_routes: HashMap<String, (Arc<str>, String)>,
     /// URIs more than one server listed: (URI, the server that keeps it, the other).
     collisions: HashSet<(String, Arc<str>, Arc<str>)>,
+    /// Resources and templates a server listed under the gateway's own [`OWN_SCHEME`],
+    /// left out: (server, URI or template).
+    trespasses: HashSet<(Arc<str>, String)>,
     /// (literal prefix of the template, server), longest prefix first.
     template_routes: Vec<(String, Arc<str>)>,
     /// Names of servers that have resources, for URIs nobody listed.
@@ -49,12 +52,23 @@ pub const SEPARATOR: &str = "__";
 /// under this prefix, the server's name and a slash: `rebound://via/SERVER/URI`.
 pub const VIA: &str = "rebound://via/";
 
+/// The gateway's own URIs (its resources, `rebound://status`, and the names of [`VIA`]):
+/// a server's resource or template under it is left out, so that no server can answer
+/// for the gateway, or for another server under the name the gateway gives it.
+pub const OWN_SCHEME: &str = "rebound://";
+
+/// The gateway's own tools' names, which no server's tool takes: under `conditional`
+/// naming a server's tool of that name is prefixed, as if another server had it too.
+const OWN_TOOLS: [&str; 2] = [super::status::STATUS_TOOL, super::status::RESET_TOOL];
+
 impl Catalogue {
     /// Merges `listings` (in configuration order) under the naming `policy`.
     pub fn build(listings: &[(Arc<str>, Arc<Listing>)], policy: ToolNames) -> Self {
         let mut cat = Catalogue::default();
-        let tool_names = exposed_names(listings, policy, |l| l.tools.iter().map(|t| t.name.as_ref()).collect());
-        let prompt_names = exposed_names(listings, policy, |l| l.prompts.iter().map(|p| p.name.as_str()).collect());
+        let tool_names =
+            exposed_names(listings, policy, &OWN_TOOLS, |l| l.tools.iter().map(|t| t.name.as_ref()).collect());
+        let prompt_names =
+            exposed_names(listings, policy, &[], |l| l.prompts.iter().map(|p| p.name.as_str()).collect());
         for ((server, listing), (tools, prompts)) in listings.iter().zip(tool_names.into_iter().zip(prompt_names)) {
             for (tool, exposed) in listing.tools.iter().zip(tools) {
                 let Some(exposed) = exposed else { continue };
@@ -77,6 +91,10 @@ impl Catalogue {
             // URIs are global names already; the first server to list one keeps it, and a
             // later one's is reachable under `VIA`.
             for resource in &listing.resources {
+                if resource.uri.starts_with(OWN_SCHEME) {
+                    cat.trespasses.insert((server.clone(), resource.uri.clone()));
+                    continue;
+                }
                 let mut exposed = resource.clone();
                 if let Some((first, _)) = cat.resource_routes.get(&resource.uri) {
                     if first == server {
@@ -91,11 +109,17 @@ impl Catalogue {
                 }
             }
             for template in &listing.templates {
+                if template.uri_template.starts_with(OWN_SCHEME) {
+                    cat.trespasses.insert((server.clone(), template.uri_template.clone()));
+                    continue;
+                }
                 let prefix = template.uri_template.split('{').next().unwrap_or_default().to_owned();
                 cat.template_routes.push((prefix, server.clone()));
                 cat.templates.push(template.clone());
             }
             if !listing.resources.is_empty() || !listing.templates.is_empty() {
+                // (A server whose every resource is the gateway's would still take URIs
+                // nobody lists, as the only server with resources; never the gateway's.)
                 cat.resource_servers.push(server.clone());
             }
         }
@@ -127,6 +151,9 @@ impl Catalogue {
     pub fn resource(&self, uri: &str) -> Option<(Arc<str>, String)> {
         if let Some(route) = self.resource_routes.get(uri) {
             return Some(route.clone());
+        }
+        if uri.starts_with(OWN_SCHEME) {
+            return None;
         }
         let server = self
             .template_routes
@@ -193,22 +220,27 @@ impl Catalogue {
         if let Some(more) = new.len().checked_sub(MAX_COLLISIONS_SAID).filter(|n| *n > 0) {
             tracing::warn!("and {more} more resource URIs listed by two servers, each reachable as {VIA}SERVER/URI");
         }
+        let trespasses: Vec<_> = next.trespasses.iter().filter(|t| !self.trespasses.contains(*t)).collect();
+        for (server, uri) in trespasses.iter().take(MAX_COLLISIONS_SAID) {
+            tracing::warn!(server = %server, "`{uri}` is left out: {OWN_SCHEME} URIs are the gateway's own");
+        }
         out
     }
 }
 
 /// For each server, the exposed name of each of its items (`None`: hidden, because the
-/// policy is `never` and an earlier server has the name, or another server's item has it
-/// prefixed). A prefixed name (`server__tool`) is its server's before any listed name: a
+/// policy is `never` and an earlier server, or the gateway (`own`), has the name, or
+/// another server's item has it prefixed). A prefixed name (`server__tool`) is its server's before any listed name: a
 /// server listing `github__create_issue` itself cannot take the name of `github`'s
 /// `create_issue`, which a collision has prefixed.
 fn exposed_names<'a>(
     listings: &'a [(Arc<str>, Arc<Listing>)],
     policy: ToolNames,
+    own: &[&'a str],
     names: impl Fn(&'a Listing) -> Vec<&'a str>,
 ) -> Vec<Vec<Option<String>>> {
     let per_server: Vec<Vec<&str>> = listings.iter().map(|(_, l)| names(l)).collect();
-    let mut owners: HashMap<&str, usize> = HashMap::new();
+    let mut owners: HashMap<&str, usize> = own.iter().map(|name| (*name, 1)).collect();
     for list in &per_server {
         for name in list {
             *owners.entry(name).or_default() += 1;
@@ -232,7 +264,7 @@ fn exposed_names<'a>(
         })
         .collect();
     let mut exposed: Vec<Vec<Option<String>>> = wanted.iter().map(|list| vec![None; list.len()]).collect();
-    let mut taken: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut taken: HashSet<&str> = own.iter().copied().collect();
     // The prefixed names first, then the rest, each in the configuration's order.
     for prefixed_pass in [true, false] {
         for (s, list) in wanted.iter().enumerate() {
@@ -244,7 +276,8 @@ fn exposed_names<'a>(
                     exposed[s][i] = Some(name.clone());
                 } else {
                     let server = &listings[s].0;
-                    tracing::warn!(server = %server, "`{name}` is already served by another server; this one is hidden");
+                    let by = if own.contains(&name.as_str()) { "the gateway itself" } else { "another server" };
+                    tracing::warn!(server = %server, "`{name}` is already served by {by}; this one is hidden");
                 }
             }
         }
@@ -296,6 +329,49 @@ mod tests {
         assert_eq!((&*route.server, route.name.as_str()), ("github", "create_issue"));
         let names: Vec<&str> = cat.tools.iter().map(|t| t.name.as_ref()).collect();
         assert_eq!(names, ["m__create_issue", "github__create_issue"], "m's own is hidden");
+    }
+
+    /// A server's tool named as one of the gateway's own is prefixed (`conditional`), or
+    /// hidden (`never`): the name stays the gateway's, and so do its calls.
+    #[test]
+    fn the_gateways_own_tool_names_stay_its_own() {
+        let servers = [("s".into(), listing(&["rebound_status", "rebound_reset_breaker", "echo"]))];
+        let names = |policy| -> Vec<String> {
+            Catalogue::build(&servers, policy).tools.iter().map(|t| t.name.to_string()).collect()
+        };
+        assert_eq!(names(ToolNames::Conditional), ["s__rebound_status", "s__rebound_reset_breaker", "echo"]);
+        assert_eq!(names(ToolNames::Never), ["echo"]);
+        let cat = Catalogue::build(&servers, ToolNames::Conditional);
+        assert!(cat.tool("rebound_status").is_none() && cat.tool("s__rebound_status").is_some());
+    }
+
+    /// A server's resources and templates under `rebound://` are left out: it can neither
+    /// answer for the gateway's own nor take the name the gateway gives another server's.
+    #[test]
+    fn no_server_takes_the_gateways_own_uris() {
+        let listing = |uris: &[&str], template: Option<&str>| {
+            let mut l = Listing::default();
+            l.resources.extend(uris.iter().map(|uri| Resource::new(*uri, "r")));
+            l.templates.extend(template.map(|t| ResourceTemplate::new(t, "t")));
+            Arc::new(l)
+        };
+        let servers = [
+            ("a".into(), listing(&["file:///x"], None)),
+            ("h".into(), listing(&["rebound://via/b/file:///x", "rebound://status"], Some("rebound://{x}"))),
+            ("b".into(), listing(&["file:///x"], None)),
+        ];
+        let cat = Catalogue::build(&servers, ToolNames::Conditional);
+        let uris: Vec<&str> = cat.resources.iter().map(|r| r.uri.as_str()).collect();
+        assert_eq!(uris, ["file:///x", "rebound://via/b/file:///x"]);
+        assert_eq!(cat.resource("rebound://via/b/file:///x"), Some(("b".into(), "file:///x".into())));
+        assert!(cat.templates.is_empty());
+        assert_eq!((cat.resource("rebound://status"), cat.resource("rebound://other")), (None, None));
+        assert_eq!(cat.trespasses.len(), 3);
+        // Nor does the only server with resources take the gateway's URIs nobody lists.
+        let only = [("h".into(), listing(&["rebound://status", "file:///y"], None))];
+        let cat = Catalogue::build(&only, ToolNames::Conditional);
+        assert_eq!(cat.resource("file:///z"), Some(("h".into(), "file:///z".into())));
+        assert_eq!(cat.resource("rebound://status"), None);
     }
 
     #[test]
