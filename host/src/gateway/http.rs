@@ -24,6 +24,7 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+mod accept;
 mod client_ip;
 mod limits;
 mod listens;
@@ -102,27 +103,28 @@ pub async fn serve(hub: Arc<Hub>, addr: SocketAddr, tokens: TokenCell, shutdown:
             tracing::debug!("TCP_NODELAY could not be set on a connection: {e}");
         }
     });
-    // Once the calls in flight are drained, axum stops accepting connections (and closes
-    // idle ones); until then, a new request is answered 503, which a client or a load
+    // Once the calls in flight are drained, no connection is accepted (and idle ones
+    // close); until then, a new request is answered 503, which a client or a load
     // balancer can act on, where a refused connection says nothing.
     let drained = CancellationToken::new();
-    let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(drained.clone().cancelled_owned());
-    let mut server = tokio::spawn(server.into_future());
+    let counted = accept::Counted::new(connections_per_network(&front.settings), front.proxies.clone());
+    let mut server = tokio::spawn(accept::serve(listener, app, counted, drained.clone()));
     tokio::select! {
         () = shutdown.cancelled() => {}
-        ended = &mut server => return match ended {
-            Ok(Err(e)) => Err(e).context("the HTTP server failed"),
-            _ => Ok(()),
-        },
+        ended = &mut server => return ended.context("the HTTP server failed"),
     }
     drain(&front, grace).await;
     drained.cancel();
     streams.cancel();
-    match tokio::time::timeout(Duration::from_secs(1), server).await {
-        Ok(Ok(Err(e))) => Err(e).context("the HTTP server failed"),
-        _ => Ok(()),
-    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    Ok(())
+}
+
+/// The connections one network may hold open at once: room for the requests in flight
+/// its clients may have (an HTTP/1.1 connection carries one at a time), their event
+/// streams and idle kept-alive connections.
+fn connections_per_network(settings: &HttpSettings) -> usize {
+    settings.max_concurrent_per_client.saturating_mul(16).max(64)
 }
 
 /// Refuses to listen where other machines reach the gateway without a token, and says
