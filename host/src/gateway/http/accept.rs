@@ -179,7 +179,12 @@ mod tests {
     async fn a_head_that_never_arrives_ends_its_connection_and_a_full_network_takes_no_more() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = Router::new().route("/", axum::routing::get(|| async { "hi" }));
+        let late = || async {
+            tokio::time::sleep(HEAD_TIMEOUT * 3).await;
+            "late"
+        };
+        let app =
+            Router::new().route("/", axum::routing::get(|| async { "hi" })).route("/late", axum::routing::get(late));
         let stop = CancellationToken::new();
         let server = tokio::spawn(serve(listener, app, Counted::new(2, no_proxies()), stop.clone()));
         let start = Instant::now();
@@ -193,6 +198,13 @@ mod tests {
         whole.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
         let (_, answer) = ended(whole).await;
         assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("hi"), "{answer}");
+
+        // An answer that takes longer than a head may is not cut short.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /late HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut answer = Vec::new();
+        slow.read_to_end(&mut answer).await.unwrap();
+        assert!(String::from_utf8_lossy(&answer).ends_with("late"));
 
         let held = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
         tokio::time::sleep(Duration::from_millis(10)).await;
