@@ -2193,3 +2193,34 @@ async fn bodies_still_arriving_count_against_their_clients_share() {
     }
     assert_ne!(last, StatusCode::TOO_MANY_REQUESTS, "what the ended uploads held was let go of");
 }
+
+/// A call whose client went away runs on (`on_sigterm_a_call_its_client_left_is_ended_and_logged`),
+/// and counts against the client's `max_concurrent_per_client` until it ends: leaving its
+/// calls does not let a client run more of them at once on the servers everyone shares.
+#[tokio::test]
+async fn a_call_whose_client_left_still_counts_against_it_while_it_runs() {
+    let gw = HttpGateway::start(
+        |dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}, "rebound": {"http": {"max_concurrent_per_client": 2}}}),
+        &[],
+    )
+    .await;
+    let session = open_session(&gw).await;
+    let mut statuses = Vec::new();
+    for id in 1..=6 {
+        let call =
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "hang", "arguments": {}}});
+        let sent = post(&gw, &call).header("mcp-session-id", &session).header("mcp-protocol-version", "2025-11-25");
+        let answer = sent.send().await.unwrap();
+        statuses.push(answer.status().as_u16());
+        if answer.status() == 200 {
+            let hung = id;
+            eventually("the call reached the server", || {
+                gw.state("a", "calls").len() >= usize::try_from(hung).unwrap().min(2)
+            })
+            .await;
+        }
+        drop(answer); // the client leaves; its call runs on
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429], "two calls at once, however the client left them");
+    assert_eq!(gw.state("a", "calls"), ["hang", "hang"]);
+}

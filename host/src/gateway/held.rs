@@ -255,6 +255,7 @@ impl Call {
         let waiting = Waiting::default();
         let mut call = Self::of(what, client, deadline, |bridge, ct| {
             let mut inner = cx.clone();
+            super::http::without_place(&mut inner.extensions);
             inner.ct = ct;
             inner.extensions.insert(bridge);
             inner.extensions.insert(waiting.clone());

@@ -34,6 +34,7 @@ mod tasks;
 mod unread;
 
 pub use client_ip::ClientIp;
+pub(crate) use limits::without_place;
 use limits::{ClientLimits, limit};
 
 use super::hub::Hub;

@@ -26,8 +26,8 @@ use crate::transport::tasks::ClientTasks;
 /// address before (the `initialize` request). Only JSON-RPC requests count, not the
 /// client's answers to the server's requests or its notifications (a client must always
 /// be able to answer an elicitation or cancel). The permit is held until the response
-/// body ends, so a tool call answered over SSE counts while its answer streams; a client
-/// that disconnects gives its permit back even if the call goes on.
+/// body ends and the request's handler is done, so a tool call answered over SSE counts
+/// while its answer streams, and one whose client disconnected while it goes on.
 ///
 /// A request whose JSON-RPC id is already in flight for the same client is refused at
 /// once with a JSON-RPC error: two answers with one id could not be told apart, and rmcp
@@ -358,10 +358,15 @@ pub(super) async fn limit(
     if !counts {
         return sent_holding(answer_unreadable(next.run(request).await, kept.as_deref(), &front), held);
     }
+    let mut request = request;
     let permit = match admit(&front, &request, (client, opens_session, resumes_held), id) {
-        Ok(permit) => permit,
+        Ok(permit) => Arc::new(permit),
         Err(refused) => return *refused,
     };
+    // Held as long as the request is handled too, as its weight is: a call whose client
+    // disconnected still counts against it until it ends, so that disconnecting gives a
+    // client no more calls at once.
+    request.extensions_mut().insert(permit.clone());
     let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     if opens_session && let Some(session) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
         front.sessions.made_by(session, client);
@@ -454,6 +459,24 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
 /// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
 /// client's listen requests there, held open, must not keep its neighbours behind one
 /// address from opening sessions.
+/// `extensions` (of a request's context, a copy kept beyond its handler) without the
+/// request's place among its client's requests in flight: a call held for a 2026-07-28
+/// client's answers, say, which its next request (with those answers) must find room for.
+pub fn without_place(extensions: &mut rmcp::model::Extensions) {
+    if let Some(parts) = extensions.get_mut::<axum::http::request::Parts>() {
+        parts.extensions.remove::<Arc<ClientPermit>>();
+    }
+}
+
+/// A request id as rmcp tells ids apart: `1`, `1.0` and `1e0` are one id (which a
+/// client sending both would have answered once), `1` and `"1"` two.
+fn id_key(id: &serde_json::Value) -> String {
+    match serde_json::from_value::<rmcp::model::RequestId>(id.clone()) {
+        Ok(id) => format!("{id:?}"),
+        Err(_) => id.to_string(),
+    }
+}
+
 fn admit(
     front: &Front,
     request: &Request,
@@ -473,7 +496,7 @@ fn admit(
     // its IPv6 site's.
     let in_all = if opening { Vec::new() } else { front.limits.in_all(address) };
     // Ids are a session's own; before it has one (`initialize`), there is nothing to match.
-    let key = id.as_ref().filter(|_| session.is_some()).map(serde_json::Value::to_string);
+    let key = id.as_ref().filter(|_| session.is_some()).map(id_key);
     let permit = match front.limits.try_acquire(client, key, in_all) {
         Ok(permit) => permit,
         Err(Refusal::TooMany) => {
@@ -551,6 +574,17 @@ fn answer_unreadable(response: Response, json_body: Option<&[u8]>, front: &Front
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ids are told apart as rmcp tells them: `1` written as `1.0` or `1e0` is one id
+    /// already in flight (rmcp would answer one of the two), `"1"` another.
+    #[test]
+    fn one_id_however_its_number_is_written() {
+        let key = |id: serde_json::Value| id_key(&id);
+        assert_eq!(key(serde_json::json!(1)), key(serde_json::json!(1.0)));
+        assert_eq!(key(serde_json::json!(1)), key(serde_json::json!(1e0)));
+        assert_ne!(key(serde_json::json!(1)), key(serde_json::json!("1")));
+        assert_ne!(key(serde_json::json!(1.5)), key(serde_json::json!(1)));
+    }
 
     /// Each session has its share of requests in flight, and all the sessions of one
     /// address (and its requests without one) have eight shares together: opening more
