@@ -2224,3 +2224,22 @@ async fn a_call_whose_client_left_still_counts_against_it_while_it_runs() {
     assert_eq!(statuses, [200, 200, 429, 429, 429, 429], "two calls at once, however the client left them");
     assert_eq!(gw.state("a", "calls"), ["hang", "hang"]);
 }
+
+/// A session initialises once: a second `initialize` on it is refused, and the session
+/// goes on as it was, its subscriptions on a shared server ended when it ends (a second
+/// one taken would have left them held there for good, against the client's address).
+#[tokio::test]
+async fn a_second_initialize_in_a_session_is_refused_and_loses_nothing() {
+    let gw = HttpGateway::start(|dir| json!({"mcpServers": {"a": faulty("a", dir, &[])}}), &[]).await;
+    let session = open_session(&gw).await;
+    let uri = "faulty://a/readme";
+    let subscribed = in_session(&gw, &session, "resources/subscribe", json!({"uri": uri})).await;
+    assert!(subscribed.contains(r#""result":{}"#), "{subscribed}");
+    let again = post(&gw, &initialize()).header("mcp-session-id", &session).send().await.unwrap().text().await.unwrap();
+    assert!(again.contains("initialised already"), "{again}");
+    let listed = in_session(&gw, &session, "tools/list", json!({})).await;
+    assert!(listed.contains(r#""name":"echo""#), "the session goes on: {listed}");
+    let deleted = reqwest::Client::new().delete(gw.url()).header("mcp-session-id", &session).send().await.unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    eventually("its subscription ended upstream", || gw.state("a", "unsubscribes") == [uri]).await;
+}

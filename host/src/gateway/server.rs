@@ -778,7 +778,7 @@ impl Gateway {
         }
         let caps = offered_modern(&cx.client_capabilities().unwrap_or_default());
         self.hub.offer(&caps, None);
-        self.own.initialised(cx.peer.clone(), caps, None);
+        let _ = self.own.initialised(cx.peer.clone(), caps, None);
     }
 
     /// How many resources of `server` one client may follow through the gateway (see
@@ -970,8 +970,14 @@ impl Gateway {
             );
             return Err(ErrorData::invalid_params(message, None));
         }
-        cx.peer.set_peer_info(request.clone());
+        // Once per session, first: a second would leave the first's subscriptions behind
+        // for good, held on shared servers against the client's address.
         let tasks = client_tasks(&cx);
+        if !self.own.initialised(cx.peer.clone(), request.capabilities.clone(), tasks.clone()) {
+            let message = "this session has been initialised already: `initialize` comes once, first; open a new session to start again";
+            return Err(ErrorData::invalid_request(message, None));
+        }
+        cx.peer.set_peer_info(request.clone());
         if self.hub.downstreams.front() == Front::Stdio {
             self.hub.offer(&request.capabilities, tasks.clone());
         }
@@ -984,7 +990,6 @@ impl Gateway {
         let address = ip.map(|ip| super::http::address_client(ip).into());
         self.hub.downstreams.add(self.own.client.clone(), cx.peer.clone(), address);
         self.hub.errors.open_view(&self.own.client);
-        self.own.initialised(cx.peer, request.capabilities.clone(), tasks);
         let mut answer = self.negotiate_initialize(&request)?;
         answer.capabilities.extensions = None;
         Ok(answer)

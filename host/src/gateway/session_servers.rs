@@ -128,9 +128,10 @@ impl SessionServers {
     }
 
     /// The session initialised (or, on 2026-07-28, made its first request): its
-    /// instances may start from now on, offered `caps` (and `tasks`).
-    pub fn initialised(&self, peer: Peer<RoleServer>, caps: ClientCapabilities, tasks: Option<ClientTasks>) {
-        let _ = self.peer.set((peer, offered(&caps, tasks)));
+    /// instances may start from now on, offered `caps` (and `tasks`). Whether this was
+    /// the first time: a session initialises once.
+    pub fn initialised(&self, peer: Peer<RoleServer>, caps: ClientCapabilities, tasks: Option<ClientTasks>) -> bool {
+        self.peer.set((peer, offered(&caps, tasks))).is_ok()
     }
 
     /// Whether the session has introduced itself (see [`Self::initialised`]).
