@@ -2141,6 +2141,18 @@ async fn a_task_id_a_restarted_server_gives_again_reaches_neither_sessions_task(
 /// and what they held is let go of when they end.
 #[tokio::test]
 async fn bodies_still_arriving_count_against_their_clients_share() {
+    uploads_count_while_they_arrive(&format!("Content-Length: {}\r\n\r\n{{", 4 << 20)).await;
+}
+
+/// So does a body that says no length, sent in chunks: it holds `max_body_bytes`.
+#[tokio::test]
+async fn chunked_bodies_still_arriving_count_against_their_clients_share() {
+    uploads_count_while_they_arrive("Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n").await;
+}
+
+/// Stalled uploads to `/mcp` from one client, their head ending with `rest` (and the
+/// body's first byte): past its share, the next is refused, and once they end it is not.
+async fn uploads_count_while_they_arrive(rest: &str) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let gw = HttpGateway::start(
         |dir| {
@@ -2154,8 +2166,7 @@ async fn bodies_still_arriving_count_against_their_clients_share() {
     let stalled = || async {
         let mut socket = tokio::net::TcpStream::connect(&authority).await.unwrap();
         let head = format!(
-            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nX-Forwarded-For: 198.51.100.4\r\nContent-Length: {}\r\n\r\n{{",
-            4 << 20
+            "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nX-Forwarded-For: 198.51.100.4\r\n{rest}"
         );
         socket.write_all(head.as_bytes()).await.unwrap();
         socket

@@ -318,11 +318,11 @@ pub(super) async fn limit(
         return next.run(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    // While it is read, a body holds what it says it will take (one that does not say is
-    // held once read), as its weight: bodies sent slowly hold no memory outside the
+    // While it is read, a body holds what it says it will take (one that does not say,
+    // sent in chunks, holds `max_body_bytes`), as its weight: bodies sent slowly hold no memory outside the
     // budget, and each has `within` to arrive.
     let max = front.settings.max_body_bytes;
-    let reading = declared_length(&parts.headers).map_or(0, |length| length.min(max).min(parsed::ADDRESS_SHARE));
+    let reading = declared_length(&parts.headers).unwrap_or(max).min(max).min(parsed::ADDRESS_SHARE);
     let reading = match front.limits.parsed.hold(|| super::address_client(client), reading) {
         Ok(reading) => reading,
         Err(past) => return too_heavy(&front, past, reading),
@@ -436,9 +436,23 @@ fn declared_length(headers: &axum::http::HeaderMap) -> Option<usize> {
 }
 
 /// A request's body, at most `max` bytes, within [`body_within`] it.
+/// `body`'s bytes, at most `max`, copied together as they come: a body sent in many small
+/// chunks (`Transfer-Encoding: chunked`) would otherwise be kept as one buffer for each,
+/// each holding on to the connection's read buffer it was cut from.
+async fn collect(body: Body, max: usize) -> Result<axum::body::Bytes, axum::Error> {
+    let mut body = http_body_util::Limited::new(body, max);
+    let mut bytes = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(axum::Error::new)?.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(bytes.freeze())
+}
+
 async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response> {
     let within = body_within(max);
-    let Ok(read) = tokio::time::timeout(within, axum::body::to_bytes(body, max)).await else {
+    let Ok(read) = tokio::time::timeout(within, collect(body, max)).await else {
         let message = format!("the request body did not arrive within {} s", within.as_secs());
         return Err(refuse(StatusCode::REQUEST_TIMEOUT, &message));
     };
@@ -451,14 +465,6 @@ async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response
     })
 }
 
-/// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
-/// gateway's or, without one, its client's `address`: refused past `max_concurrent_per_client`, for an id
-/// already in flight in its session, and while the gateway drains, except a 2026-07-28
-/// client's answer to a call the gateway holds (`resumes_held`): that call is in flight,
-/// and has the grace to finish as any other. An `initialize`
-/// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
-/// client's listen requests there, held open, must not keep its neighbours behind one
-/// address from opening sessions.
 /// `extensions` (of a request's context, a copy kept beyond its handler) without the
 /// request's place among its client's requests in flight: a call held for a 2026-07-28
 /// client's answers, say, which its next request (with those answers) must find room for.
@@ -477,6 +483,14 @@ fn id_key(id: &serde_json::Value) -> String {
     }
 }
 
+/// Counts `request` (whose JSON-RPC id is `id`) against its client, an MCP session of the
+/// gateway's or, without one, its client's `address`: refused past `max_concurrent_per_client`, for an id
+/// already in flight in its session, and while the gateway drains, except a 2026-07-28
+/// client's answer to a call the gateway holds (`resumes_held`): that call is in flight,
+/// and has the grace to finish as any other. An `initialize`
+/// (`opening` a session) counts apart from the address's other requests: a 2026-07-28
+/// client's listen requests there, held open, must not keep its neighbours behind one
+/// address from opening sessions.
 fn admit(
     front: &Front,
     request: &Request,
@@ -574,6 +588,18 @@ fn answer_unreadable(response: Response, json_body: Option<&[u8]>, front: &Front
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body in many small chunks is read into one buffer, and refused past the bound.
+    #[tokio::test]
+    async fn a_body_in_chunks_is_read_whole_within_its_bound() {
+        let chunks = || {
+            let bytes = (0..1000).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"x")));
+            Body::from_stream(futures::stream::iter(bytes))
+        };
+        assert_eq!(collect(chunks(), 1000).await.unwrap(), "x".repeat(1000).as_bytes());
+        let past = collect(chunks(), 999).await.unwrap_err();
+        assert!(std::error::Error::source(&past).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()));
+    }
 
     /// Ids are told apart as rmcp tells them: `1` written as `1.0` or `1e0` is one id
     /// already in flight (rmcp would answer one of the two), `"1"` another.
