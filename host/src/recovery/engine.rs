@@ -786,7 +786,8 @@ impl Engine {
             Some(refined) => refined,
             None => builtin.clone(),
         };
-        class.retry_after = class.retry_after.map(|d| d.min(retry_after::MAX));
+        // An adapter may lengthen the wait the server asked for, never shorten it.
+        class.retry_after = class.retry_after.max(builtin.retry_after).map(|d| d.min(retry_after::MAX));
         if class.not_delivered && !builtin.not_delivered && !believes_not_delivered(call) {
             class.not_delivered = false;
         }

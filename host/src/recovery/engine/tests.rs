@@ -263,6 +263,30 @@ async fn retry_after_is_honoured() {
     assert!(calls[1].0 - calls[0].0 >= Duration::from_secs(5));
 }
 
+/// An adapter may lengthen the wait a server asked for before a retry, never shorten it:
+/// with a reclassification that drops the server's `retry after 5 seconds`, a retry (at
+/// the default wait, or at once) still waits the 5 s.
+#[tokio::test(start_paused = true)]
+async fn an_adapter_cannot_shorten_the_wait_a_server_asked_for() {
+    let limited = || tool_error("429 Too Many Requests; retry after 5 seconds");
+    let mut hasty = classify(&limited().unwrap_err(), std::time::SystemTime::UNIX_EPOCH);
+    assert_eq!(hasty.retry_after, Some(Duration::from_secs(5)), "the built-in reading");
+    hasty.retry_after = None;
+    for plan in [vec![Step::Retry(None)], vec![Step::Retry(Some(Duration::ZERO))]] {
+        let up = Script::new(&[("s/search", true)]).then("s/search", vec![limited()]);
+        let a = Planner {
+            plan,
+            reclassify: Some(hasty.clone()),
+            observed: Mutex::default(),
+            consulted: Default::default(),
+        };
+        let (_, record) = advised(&engine(&[server("s", defaults())]), &up, &a, "search").await;
+        let calls = up.calls("s/search");
+        assert_eq!(calls.len(), 2, "{record:?}");
+        assert!(calls[1].0 - calls[0].0 >= Duration::from_secs(5), "{:?}", calls[1].0 - calls[0].0);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_call_the_client_cancels_while_it_waits_to_retry_is_not_tried_again() {
     let up = Script::new(&[("s/search", true)])
