@@ -141,7 +141,7 @@ impl Gateway {
     /// [`super::held`]), the log, the adapter's refused steps, the metrics.
     fn account(&self, recovery: &Recovery, record: &Record, ending: &Ending, took: Duration, refused: bool) {
         if record.failures().next().is_some() {
-            let written = if refused { record.failures().count() - 1 } else { usize::MAX };
+            let written = to_write(record, refused);
             self.hub.errors.record_first(record, &self.own.client, recovery.engine().clock().wall(), written);
             if let Some((failure, class)) = record.last_failure() {
                 let level = if record.answered_by().is_some() { tracing::Level::INFO } else { class.kind.log_level() };
@@ -438,9 +438,48 @@ fn response(ending: Ending, record: &Record, errors: &crate::errors_log::ErrorsL
     result.into()
 }
 
+/// How many of `record`'s failures go to the errors log: all of them, but for a call
+/// `refused` for want of room to hold it, whose last attempt, cancelled for that, is
+/// left out. Only a cancellation is: an attempt that timed out meanwhile (its answer
+/// waited for while the client's progress was delivered) may have run, and is written.
+fn to_write(record: &Record, refused: bool) -> usize {
+    let cancelled_last = record.last_failure().is_some_and(|(f, _)| matches!(f, Failure::Cancelled));
+    if refused && cancelled_last { record.failures().count() - 1 } else { usize::MAX }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_refused_for_room_leaves_out_its_cancellation_alone() {
+        let attempt = |failure| crate::recovery::engine::AttemptRecord {
+            server: "s".into(),
+            tool: "t".into(),
+            role: Role::Primary,
+            failure: Some(failure),
+            classification: Some(crate::recovery::classify::classify(
+                &Failure::Cancelled,
+                std::time::SystemTime::UNIX_EPOCH,
+            )),
+            waited: Duration::ZERO,
+        };
+        let record = |failures: Vec<Failure>| Record {
+            server: "s".into(),
+            tool: "t".into(),
+            attempts: failures.into_iter().map(attempt).collect(),
+            safe: true,
+            stopped: None,
+            action: None,
+            denied: vec![],
+            not_tried: vec![],
+            notes: 0,
+        };
+        let timeout = || Failure::Timeout { after: Duration::from_secs(1) };
+        assert_eq!(to_write(&record(vec![timeout(), Failure::Cancelled]), true), 1);
+        assert_eq!(to_write(&record(vec![timeout(), timeout()]), true), usize::MAX, "a timeout may have run");
+        assert_eq!(to_write(&record(vec![timeout(), Failure::Cancelled]), false), usize::MAX);
+    }
 
     fn ip(s: &str) -> Option<std::net::IpAddr> {
         Some(s.parse().unwrap())
