@@ -200,8 +200,9 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
     let answer = call_until(&gw, json!({"message": "back"}), |r| r == "a: back").await;
     assert_eq!(answer, "a: back", "tried again within down_retry_ms");
 
-    // Up for a whole crash window, it is no longer looping: a restart asked for (it stops
-    // answering even a ping) starts it again at once, without marking it down.
+    // Up for a whole crash window, it is no longer looping: restarted because it stops
+    // answering even a ping, it is started again as after a crash (after its backoff,
+    // the errors log saying why), without being marked down.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let status =
         || async { gw.call("rebound_status", json!({})).await.structured_content.unwrap()["servers"][0].clone() };
@@ -216,6 +217,8 @@ async fn a_server_marked_down_is_tried_again_and_comes_back() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(after["status"], "ready", "{after}");
+    let said = |e: &Value| e["type"] == "mcp_server_crash" && e.to_string().contains("answered no ping");
+    eventually("the errors log says why it was restarted", || gw.errors_log().iter().any(said)).await;
     gw.close().await;
 }
 

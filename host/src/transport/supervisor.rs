@@ -184,16 +184,18 @@ impl Drop for Relisted<'_> {
 
 /// Asks a server's supervisor to restart it, naming the session to end: a request for a
 /// session that is not the current one any more is moot, and one made while the
-/// supervisor is busy is seen as soon as it serves that session.
-pub type Restart = Arc<watch::Sender<u64>>;
+/// supervisor is busy is seen as soon as it serves that session. With it, what the
+/// server did wrong, when it is restarted for a fault of its own ([`Kicker`]).
+pub type Restart = Arc<watch::Sender<(u64, Option<Arc<str>>)>>;
 
-/// Asks for `session` to be restarted. Sessions are numbered in the order they start: a
-/// request for an older one, late, does not take the place of one for a newer.
-fn ask_restart(restart: &Restart, session: u64) {
+/// Asks for `session` to be restarted, for `fault` if any. Sessions are numbered in the
+/// order they start: a request for an older one, late, does not take the place of one
+/// for a newer.
+fn ask_restart(restart: &Restart, session: u64, fault: Option<&str>) {
     restart.send_if_modified(|asked| {
-        let newer = session > *asked;
+        let newer = session > asked.0;
         if newer {
-            *asked = session;
+            *asked = (session, fault.map(Arc::from));
         }
         newer
     });
@@ -205,12 +207,11 @@ impl Session {
     }
 
     /// What restarts the server while this session is its live one: the session stopped
-    /// reading what it is sent. Counts towards the crash loop, like any restart on request.
-    /// A server over HTTP has no input to stop reading (each message is a request of its
+    /// reading what it is sent, or answering. Treated as a crash (see [`Kicker`]). A
+    /// server over HTTP has no input to stop reading (each message is a request of its
     /// own, which may just be slow): its kicker does nothing.
     pub fn kicker(&self) -> Kicker {
-        let (server, closed, restart) = (self.server.clone(), self.closed.clone(), self.restart.clone());
-        Kicker { server, session: self.id, closed, restart }
+        Kicker { session: self.id, closed: self.closed.clone(), restart: self.restart.clone() }
     }
 
     /// Asks whether the server process still answers, once a request to it went
@@ -323,11 +324,12 @@ impl Session {
     }
 }
 
-/// Restarts a server without waiting, if the session it came from is still live (a live
-/// session is always its server's current one: a restart closes it first).
+/// Restarts a server that stopped answering, if the session it came from is still live (a
+/// live session is always its server's current one: a restart closes it first), as after
+/// a crash: its session lost at once, `why` its `last_error` and reported, and the next
+/// start after the backoff.
 #[derive(Debug, Clone)]
 pub struct Kicker {
-    server: Arc<str>,
     closed: CancellationToken,
     session: u64,
     restart: Option<Restart>,
@@ -338,8 +340,7 @@ impl Kicker {
         if let Some(restart) = &self.restart
             && !self.closed.is_cancelled()
         {
-            tracing::warn!(server = %self.server, "{why}; restarting it");
-            ask_restart(restart, self.session);
+            ask_restart(restart, self.session, Some(why));
         }
     }
 }
@@ -422,7 +423,7 @@ impl ServerHandle {
     pub async fn restart(&self, session: Option<u64>, within: Duration) -> Result<Arc<Session>, NotReady> {
         let before = session.or_else(|| self.state().session.map(|s| s.id));
         if let Some(session) = before {
-            ask_restart(&self.restart, session);
+            ask_restart(&self.restart, session, None);
         }
         let mut rx = self.state.clone();
         let fresh = rx.wait_for(|s| {
@@ -485,7 +486,7 @@ pub fn spawn_supervisor(
         watch::channel(ServerState { status: Status::Starting, session: None, restarts: 0, last_error: None });
     let (shutdown, retired) = (CancellationToken::new(), CancellationToken::new());
     // No session is numbered 0.
-    let restart = Arc::new(watch::Sender::new(0));
+    let restart = Arc::new(watch::Sender::new((0, None)));
     let name: Arc<str> = config.name.as_str().into();
     let instance = NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed);
     let sup = Supervisor {
@@ -794,11 +795,19 @@ impl Supervisor {
                 conn.stop().await;
                 return Served::Shutdown;
             }
-            () = async { drop(asked.wait_for(|session| *session == conn.session.id).await) } => {
-                tracing::info!(server = %self.name, "restarting on request");
-                self.tx.send_modify(|s| s.status = Status::Restarting);
-                conn.stop().await;
-                return Served::Restart { up_for: up_since.elapsed() };
+            () = async { drop(asked.wait_for(|(session, _)| *session == conn.session.id).await) } => {
+                // A fault of the server's (it stopped answering) is a lost connection, with
+                // its backoff and its report; a restart an adapter's plan asked for is not.
+                let fault = asked.borrow().1.clone();
+                match fault {
+                    Some(fault) => fault.to_string(),
+                    None => {
+                        tracing::info!(server = %self.name, "restarting on request");
+                        self.tx.send_modify(|s| s.status = Status::Restarting);
+                        conn.stop().await;
+                        return Served::Restart { up_for: up_since.elapsed() };
+                    }
+                }
             }
         };
         conn.session.closed.cancel();
