@@ -2144,10 +2144,13 @@ async fn bodies_still_arriving_count_against_their_clients_share() {
     uploads_count_while_they_arrive(&format!("Content-Length: {}\r\n\r\n{{", 4 << 20)).await;
 }
 
-/// So does a body that says no length, sent in chunks: it holds `max_body_bytes`.
+/// So does a body that says no length, sent in chunks, once past 64 KiB: it holds
+/// `max_body_bytes`.
 #[tokio::test]
 async fn chunked_bodies_still_arriving_count_against_their_clients_share() {
-    uploads_count_while_they_arrive("Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n").await;
+    let chunk = format!("{{{}", "x".repeat(64 << 10));
+    uploads_count_while_they_arrive(&format!("Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n", chunk.len()))
+        .await;
 }
 
 /// Stalled uploads to `/mcp` from one client, their head ending with `rest` (and the

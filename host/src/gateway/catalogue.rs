@@ -224,6 +224,9 @@ impl Catalogue {
         for (server, uri) in trespasses.iter().take(MAX_COLLISIONS_SAID) {
             tracing::warn!(server = %server, "`{uri}` is left out: {OWN_SCHEME} URIs are the gateway's own");
         }
+        if let Some(more) = trespasses.len().checked_sub(MAX_COLLISIONS_SAID).filter(|n| *n > 0) {
+            tracing::warn!("and {more} more {OWN_SCHEME} resources or templates of servers, left out");
+        }
         out
     }
 }

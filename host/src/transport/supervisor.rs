@@ -587,7 +587,7 @@ enum Served {
     /// The server went away (exited, closed its output, the HTTP session ended: `error`
     /// says which, redacted), after being up this long.
     Lost { up_for: Duration, error: String },
-    /// A restart was asked for (`Kicker`, an adapter's plan), after being up this long.
+    /// A restart was asked for (an adapter's plan), after being up this long.
     Restart { up_for: Duration },
     /// The gateway is stopping.
     Shutdown,
@@ -610,7 +610,8 @@ pub enum Ended {
     Lost(String),
     /// It could not be started, or did not finish initialising.
     StartFailed(String),
-    /// A restart was asked for (the server stopped answering, an adapter's plan).
+    /// A restart was asked for (an adapter's plan). One for a fault of the server's
+    /// (it stopped answering, `Kicker`) is `Lost`.
     Asked,
 }
 

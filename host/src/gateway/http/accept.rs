@@ -123,6 +123,8 @@ where
         };
         connections.spawn(serve_one(io, peer, app.clone(), held, stop.clone()));
     }
+    // Closed at once: a client connecting from now on is refused, not left waiting.
+    drop(listener);
     connections.close();
     connections.wait().await;
 }

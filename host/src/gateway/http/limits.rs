@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::Extension;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -300,10 +300,10 @@ fn unreadable(body: &[u8]) -> Response {
     (StatusCode::BAD_REQUEST, [(header::CONTENT_TYPE, "application/json")], error.to_string()).into_response()
 }
 
-/// Every POST: its body read within `max_body_bytes`, a body that is no client message
-/// answered with the protocol's error, a request counted against its client's
-/// `max_concurrent_per_client` (and refused while the gateway drains) until its response
-/// has been sent. A new event stream (`GET /mcp`) is refused while the gateway drains
+/// Every POST: its body read within `max_body_bytes` ([`read_body`]), a body that is no
+/// client message answered with the protocol's error, a request counted against its
+/// client's `max_concurrent_per_client` (and refused while the gateway drains) until its
+/// response has been sent (a tool call: and its handler is done). A new event stream (`GET /mcp`) is refused while the gateway drains
 /// too; what the operator reads (`/status`, `/metrics`) is not.
 pub(super) async fn limit(
     State(front): State<Front>,
@@ -318,20 +318,10 @@ pub(super) async fn limit(
         return next.run(request).await;
     }
     let (mut parts, body) = request.into_parts();
-    // While it is read, a body holds what it says it will take (one that does not say,
-    // sent in chunks, holds `max_body_bytes`), as its weight: bodies sent slowly hold no memory outside the
-    // budget, and each has `within` to arrive.
-    let max = front.settings.max_body_bytes;
-    let reading = declared_length(&parts.headers).unwrap_or(max).min(max).min(parsed::ADDRESS_SHARE);
-    let reading = match front.limits.parsed.hold(|| super::address_client(client), reading) {
-        Ok(reading) => reading,
-        Err(past) => return too_heavy(&front, past, reading),
-    };
-    let body = match read_body(body, max).await {
+    let body = match read_body(&front, client, &parts.headers, body).await {
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    drop(reading);
     // Weighed before anything reads it, the probe included.
     let weight = parsed::weight(&body);
     let held = match front.limits.parsed.hold(|| super::address_client(client), weight) {
@@ -350,23 +340,26 @@ pub(super) async fn limit(
     let (counts, id) = (probe.is_request(), probe.id());
     let opens_session = matches!(probe.request(), Some(("initialize", _)));
     let resumes_held = matches!(probe.request(), Some(("tools/call", params)) if params.resumes_held);
+    let calls_a_tool = matches!(probe.request(), Some(("tools/call", _)));
     mark(&mut parts, &probe);
     let (body, initialize) = super::tasks::as_sent(&mut parts.headers, body, &probe);
     // rmcp refuses a JSON body it cannot read with 415; the client gets the protocol's error.
     let kept = is_json(&parts.headers).then(|| body.clone());
-    let request = Request::from_parts(parts, Body::from(body));
+    let mut request = Request::from_parts(parts, Body::from(body));
     if !counts {
         return sent_holding(answer_unreadable(next.run(request).await, kept.as_deref(), &front), held);
     }
-    let mut request = request;
     let permit = match admit(&front, &request, (client, opens_session, resumes_held), id) {
         Ok(permit) => Arc::new(permit),
         Err(refused) => return *refused,
     };
-    // Held as long as the request is handled too, as its weight is: a call whose client
-    // disconnected still counts against it until it ends, so that disconnecting gives a
-    // client no more calls at once.
-    request.extensions_mut().insert(permit.clone());
+    // A tool call's place is held as long as it is handled too, as its weight is: one
+    // whose client disconnected still counts against it until it ends, so that leaving
+    // its calls gives a client no more at once. (Not a long poll, `tasks/result`, which
+    // would hold it for as long as its task runs, once its client gave up on it.)
+    if calls_a_tool {
+        request.extensions_mut().insert(permit.clone());
+    }
     let mut response = answer_unreadable(next.run(request).await, kept.as_deref(), &front);
     if opens_session && let Some(session) = response.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()) {
         front.sessions.made_by(session, client);
@@ -436,33 +429,70 @@ fn declared_length(headers: &axum::http::HeaderMap) -> Option<usize> {
 }
 
 /// A request's body, at most `max` bytes, within [`body_within`] it.
-/// `body`'s bytes, at most `max`, copied together as they come: a body sent in many small
-/// chunks (`Transfer-Encoding: chunked`) would otherwise be kept as one buffer for each,
-/// each holding on to the connection's read buffer it was cut from.
-async fn collect(body: Body, max: usize) -> Result<axum::body::Bytes, axum::Error> {
-    let mut body = http_body_util::Limited::new(body, max);
-    let mut bytes = bytes::BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.map_err(axum::Error::new)?.into_data() {
-            bytes.extend_from_slice(&data);
-        }
-    }
-    Ok(bytes.freeze())
-}
-
-async fn read_body(body: Body, max: usize) -> Result<axum::body::Bytes, Response> {
+/// A request's body, read within `max_body_bytes` and `body_within`. While it arrives it
+/// holds, as its weight, what it says it will take: bodies sent slowly hold no memory
+/// outside the budget. One that says nothing, sent in chunks, holds nothing while it
+/// weighs little ([`parsed::LIGHT`]: a cancellation, an answer to the server), then
+/// `max_body_bytes`; its chunks are copied together as they come.
+async fn read_body(front: &Front, client: IpAddr, headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    let max = front.settings.max_body_bytes;
+    let hold =
+        |weight: usize| front.limits.parsed.hold(|| super::address_client(client), weight).map_err(|p| (p, weight));
     let within = body_within(max);
-    let Ok(read) = tokio::time::timeout(within, collect(body, max)).await else {
+    let read = match declared_length(headers) {
+        Some(length) => {
+            let reading = length.min(max).min(parsed::ADDRESS_SHARE);
+            let _reading = hold(reading).map_err(|(past, weight)| too_heavy(front, past, weight))?;
+            tokio::time::timeout(within, axum::body::to_bytes(body, max)).await.map(|r| r.map_err(Unread::Failed))
+        }
+        None => tokio::time::timeout(within, collect(body, max, || hold(max.min(parsed::ADDRESS_SHARE)))).await,
+    };
+    let Ok(read) = read else {
         let message = format!("the request body did not arrive within {} s", within.as_secs());
         return Err(refuse(StatusCode::REQUEST_TIMEOUT, &message));
     };
-    read.map_err(|e| {
-        if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+    read.map_err(|unread| match unread {
+        Unread::Refused((past, weight)) => too_heavy(front, past, weight),
+        Unread::Failed(e)
+            if std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) =>
+        {
             refuse(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than rebound.http.max_body_bytes")
-        } else {
-            refuse(StatusCode::BAD_REQUEST, "the request body could not be read")
         }
+        Unread::Failed(_) => refuse(StatusCode::BAD_REQUEST, "the request body could not be read"),
     })
+}
+
+/// Why a body was not read.
+enum Unread {
+    /// Its weight could not be held: why, and what it was.
+    Refused((Past, usize)),
+    Failed(axum::Error),
+}
+
+/// `body`'s bytes, at most `max`, copied together as they come (kept one buffer each,
+/// each would hold on to the connection's read buffer it was cut from), with `past_light`
+/// held from when they weigh more than [`parsed::LIGHT`] until all have come.
+async fn collect<H>(
+    body: Body,
+    max: usize,
+    past_light: impl FnOnce() -> Result<H, (Past, usize)>,
+) -> Result<Bytes, Unread> {
+    let mut body = http_body_util::Limited::new(body, max);
+    let mut bytes = bytes::BytesMut::new();
+    let (mut past_light, mut held) = (Some(past_light), None);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.map_err(|e| Unread::Failed(axum::Error::new(e)))?.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+        if bytes.len() > parsed::LIGHT
+            && let Some(hold) = past_light.take()
+        {
+            held = Some(hold().map_err(Unread::Refused)?);
+        }
+    }
+    drop(held);
+    // Exactly its length: what grew by doubling is not kept with the request.
+    Ok(Bytes::copy_from_slice(&bytes))
 }
 
 /// `extensions` (of a request's context, a copy kept beyond its handler) without the
@@ -596,9 +626,23 @@ mod tests {
             let bytes = (0..1000).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"x")));
             Body::from_stream(futures::stream::iter(bytes))
         };
-        assert_eq!(collect(chunks(), 1000).await.unwrap(), "x".repeat(1000).as_bytes());
-        let past = collect(chunks(), 999).await.unwrap_err();
+        let whole = || Ok::<_, (Past, usize)>(());
+        assert_eq!(collect(chunks(), 1000, whole).await.ok().unwrap(), "x".repeat(1000).as_bytes());
+        let Err(Unread::Failed(past)) = collect(chunks(), 999, whole).await else { panic!("read past its bound") };
         assert!(std::error::Error::source(&past).is_some_and(|s| s.is::<http_body_util::LengthLimitError>()));
+        // Past `LIGHT`, and only then, its weight is held, or the body refused.
+        let held = std::cell::Cell::new(false);
+        let light = collect(chunks(), 1000, || {
+            held.set(true);
+            Ok(())
+        });
+        assert!(light.await.is_ok() && !held.get(), "a light body holds nothing");
+        let heavy = || {
+            let bytes = (0..parsed::LIGHT + 1).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"x")));
+            Body::from_stream(futures::stream::iter(bytes))
+        };
+        let refused = collect(heavy(), 1 << 20, || Err::<(), _>((Past::Address, 1 << 20)));
+        assert!(matches!(refused.await, Err(Unread::Refused((Past::Address, _)))));
     }
 
     /// Ids are told apart as rmcp tells them: `1` written as `1.0` or `1e0` is one id
