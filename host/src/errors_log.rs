@@ -495,7 +495,9 @@ fn write_loop(mut rx: mpsc::Receiver<Value>, path: &Path, max_bytes: u64, droppe
 /// the gateway write to, and take for its own, any file its user may write), and a line
 /// written in part (a full disk) is taken back, so that the next is not glued to it. Nor
 /// is a log that belongs to another user written, root excepted (one made for the gateway
-/// beforehand): its owner could read it whatever its permissions.
+/// beforehand): its owner could read it whatever its permissions; nor anything but a
+/// regular file (a device's permissions are the whole machine's, a FIFO would hold the
+/// writer).
 fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
     use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
     if let Some(dir) = path.parent() {
@@ -506,7 +508,8 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
             .create(true)
             .append(true)
             .mode(0o600)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            // Not waiting for a reader, should a FIFO be in the log's place.
+            .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
             .open(path)?;
         // Another gateway stopped (Ctrl-Z) or hung while holding the lock must not stop
         // this one's writer: a turn is waited for a while, then the entry is dropped.
@@ -519,8 +522,14 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
             Err((_, errno)) => return Err(errno.into()),
         };
         let ours = file.metadata()?;
+        if !ours.is_file() {
+            // A device (`/dev/null`) or a FIFO: neither kept nor made the owner's alone.
+            return Err(std::io::Error::other(
+                "it is not a regular file: name a file for the log (it cannot be turned off)",
+            ));
+        }
         let me = nix::unistd::geteuid().as_raw();
-        if ours.uid() != me && ours.uid() != 0 {
+        if foreign(ours.uid(), me) {
             return Err(std::io::Error::other(format!(
                 "it belongs to user {}, who could read every client's failures in it: remove it, or give it to this user (uid {me})",
                 ours.uid()
@@ -556,6 +565,12 @@ fn append(path: &Path, line: &[u8], max_bytes: u64) -> std::io::Result<()> {
         return written;
     }
     Err(std::io::Error::other("another process kept the log locked, or kept moving it"))
+}
+
+/// Whether a log owned by `owner` is another user's to a gateway running as `me`: root's
+/// is not (one made for the gateway beforehand, in `/var/log`).
+fn foreign(owner: u32, me: u32) -> bool {
+    owner != me && owner != 0
 }
 
 /// Turns at the errors log's lock, 10 ms apart, before an entry is dropped.
@@ -937,6 +952,32 @@ mod tests {
         assert!(append(&path, b"{}\n", 1 << 20).is_err());
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "x");
         assert_eq!(std::fs::metadata(&victim).unwrap().permissions().mode() & 0o777, 0o644);
+    }
+
+    /// Only a regular file is the log: a device keeps its permissions (they are the whole
+    /// machine's), and a FIFO with no reader is refused at once rather than waited on.
+    #[test]
+    fn a_device_or_a_fifo_is_not_the_log() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("errors.jsonl");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let refused = append(&fifo, b"{}\n", 1 << 20).unwrap_err();
+        assert!(
+            refused.kind() == std::io::ErrorKind::Other || refused.raw_os_error() == Some(libc::ENXIO),
+            "{refused}"
+        );
+        let null = Path::new("/dev/null");
+        let mode = || std::fs::metadata(null).unwrap().permissions().mode() & 0o777;
+        let before = mode();
+        assert!(append(null, b"{}\n", 1 << 20).unwrap_err().to_string().contains("not a regular file"));
+        assert_eq!(mode(), before, "/dev/null keeps its permissions");
+    }
+
+    #[test]
+    fn a_log_is_anothers_unless_it_is_ours_or_roots() {
+        assert!(!foreign(1000, 1000) && !foreign(0, 1000) && !foreign(0, 0));
+        assert!(foreign(1001, 1000) && foreign(65534, 0));
     }
 
     /// A log another user made in the log's place (in a folder both may write) is not

@@ -112,7 +112,9 @@ fn runtime_for(config: &Config, runtime: Option<Arc<Runtime>>) -> anyhow::Result
         }
         apart
     });
-    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == cache.as_deref());
+    // A cache folder refused before, and still refused, asks for no new runtime.
+    let usable = cache.as_deref().filter(|c| runtime::private_dir(c).is_ok());
+    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == usable);
     reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache))
 }
 

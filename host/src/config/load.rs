@@ -427,6 +427,7 @@ impl Ctx<'_> {
         plugins_dir: &Path,
     ) -> Result<ServerConfig, ConfigError> {
         let launch = self.launch(key, &mut entry, base)?;
+        self.no_other_transports_keys(key, &launch, &entry)?;
         let adapter = self.adapter(key, entry.remove("adapter"), plugins_dir)?;
         let recovery = self.recovery(key, entry.remove("recovery"), defaults)?;
         let server = ServerConfig {
@@ -505,6 +506,40 @@ impl Ctx<'_> {
                 Launch::Http(self.http(key, entry)?)
             }
         })
+    }
+
+    /// Refuses what the other transport takes and `launch`'s would drop unread: `headers`
+    /// for a server the gateway starts, `args`, `env` or `cwd` for a `url` server (left
+    /// empty, they say nothing, and pass).
+    fn no_other_transports_keys(
+        &self,
+        key: &str,
+        launch: &Launch,
+        entry: &Map<String, Value>,
+    ) -> Result<(), ConfigError> {
+        let (theirs, hint): (&[&str], &str) = match launch {
+            Launch::Stdio(_) => {
+                (&["headers"], "headers go to a `url` server; pass what a `command` needs in its `env` or `args`")
+            }
+            Launch::Http(_) => (
+                &["args", "env", "cwd"],
+                "these start a `command`; a `url` server is running already, and takes `headers`",
+            ),
+        };
+        let said = |v: &Value| match v {
+            Value::Null => false,
+            Value::Object(o) => !o.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            Value::String(s) => !s.is_empty(),
+            _ => true,
+        };
+        match theirs.iter().find(|k| entry.get(**k).is_some_and(said)) {
+            Some(k) => {
+                let transport = if matches!(launch, Launch::Stdio(_)) { "a `command`" } else { "a `url`" };
+                Err(self.err(format!("{key}.{k}"), format!("does not apply to a server with {transport}"), hint))
+            }
+            None => Ok(()),
+        }
     }
 
     /// `adapter`: the name of a plugin in `plugins_dir`, or none.
@@ -864,9 +899,17 @@ impl Ctx<'_> {
             Some(token) => (var, token),
             None => {
                 let Some(t) = in_file else { return Ok(None) };
-                // An expansion error would quote the token: say only where it is.
-                let token = self.expand(key, t).map_err(|_| {
-                    self.err(key, "has an unfinished `${`", "write `${VAR}` to read the token from VAR")
+                // An expansion error could quote part of the token: say only where it is,
+                // unless the token is only `${VAR}`, whose error names VAR alone.
+                let only_a_variable = t.strip_prefix("${").and_then(|t| t.strip_suffix('}')).is_some_and(|name| {
+                    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+                let token = self.expand(key, t).map_err(|e| {
+                    if only_a_variable {
+                        return e;
+                    }
+                    let message = "has an unfinished `${`, or a variable that is not set";
+                    self.err(key, message, "write `${VAR}` to read the token from VAR, and set VAR")
                 })?;
                 (key, token)
             }

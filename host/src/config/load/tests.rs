@@ -507,6 +507,35 @@ fn a_broken_token_is_reported_without_being_repeated() {
     assert_eq!(c.settings.http.auth_token.as_deref(), Some("literal-${not-a-var}-0123"));
 }
 
+/// A token that is only `${VAR}`, with VAR not set, is told so by name; one with the
+/// variable inside other text is not quoted.
+#[test]
+fn a_token_from_a_variable_not_set_says_which() {
+    let refused = |token: &str| {
+        let json = format!(
+            r#"{{"mcpServers": {{"a": {{"command": "a"}}}}, "rebound": {{"http": {{"auth_token": "{token}"}}}}}}"#
+        );
+        parse(&json, Path::new("/x/r.json"), &|_| None).unwrap_err().to_string()
+    };
+    assert!(refused("${GW_TOKEN}").contains("${GW_TOKEN}, which is not set"), "{}", refused("${GW_TOKEN}"));
+    let mixed = refused("hunter2-hunter2-${GW_TOKEN}");
+    assert!(mixed.contains("not set") && !mixed.contains("hunter2"), "{mixed}");
+}
+
+/// What only the other transport takes is refused, not dropped unread: `headers` for a
+/// `command`, `args`, `env` and `cwd` for a `url`; left empty, they pass.
+#[test]
+fn the_other_transports_keys_are_refused() {
+    rejects(r#"{"mcpServers": {"a": {"command": "a", "headers": {"X": "y"}}}}"#, "mcpServers.a.headers", "a `command`");
+    for (k, v) in [("args", r#"["x"]"#), ("env", r#"{"K": "v"}"#), ("cwd", r#""/tmp""#)] {
+        let json = format!(r#"{{"mcpServers": {{"a": {{"url": "http://127.0.0.1:1/mcp", "{k}": {v}}}}}}}"#);
+        rejects(&json, &format!("mcpServers.a.{k}"), "a `url`");
+    }
+    ok(
+        r#"{"mcpServers": {"a": {"url": "http://127.0.0.1:1/mcp", "env": {}, "args": []}, "b": {"command": "b", "headers": {}}}}"#,
+    );
+}
+
 #[test]
 fn adapter_grants() {
     let c = ok(r#"{"mcpServers": {"a": {"command": "x"}, "b": {"command": "y",
