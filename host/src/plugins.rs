@@ -147,3 +147,26 @@ fn introduce(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload that asks for the same limits and cache keeps the runtime, even when the
+    /// cache folder was refused (here, writable by others): refused again, it asks for no
+    /// new engine, pool and epoch thread.
+    #[tokio::test]
+    async fn a_refused_cache_folder_keeps_the_runtime_across_reloads() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let text = serde_json::json!({"mcpServers": {}, "rebound": {"plugin_cache_dir": open.join("cache")}});
+        let config = crate::config::parse(&text.to_string(), &dir.path().join("rebound.json"), &|_| None).unwrap();
+        let first = runtime_for(&config, None).unwrap();
+        assert_eq!(first.cache_dir(), None, "the cache was refused");
+        let second = runtime_for(&config, Some(first.clone())).unwrap();
+        assert!(Arc::ptr_eq(&first, &second), "a new runtime for the same settings");
+    }
+}
