@@ -20,6 +20,12 @@ fn test_plugins() -> PathBuf {
 
 /// A gateway whose server `a` uses the `misbehave` plugin in `mode`.
 async fn misbehaving(mode: &str) -> Gateway {
+    misbehaving_within(mode, 100).await
+}
+
+/// [`misbehaving`], each adapter call given `timeout_ms`: where the deadline is not what
+/// a test is about, room for a machine loaded by the other tests.
+async fn misbehaving_within(mode: &str, timeout_ms: u64) -> Gateway {
     let plugins = test_plugins();
     let mode = mode.to_owned();
     Gateway::start(move |dir| {
@@ -28,7 +34,7 @@ async fn misbehaving(mode: &str) -> Gateway {
         a["adapter_config"] = json!({"mode": mode});
         json!({
             "mcpServers": {"a": a},
-            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 100, "plugin_memory_mb": 16, "plugin_cache_dir": dir.join("cache")},
+            "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": timeout_ms, "plugin_memory_mb": 16, "plugin_cache_dir": dir.join("cache")},
         })
     })
     .await
@@ -349,7 +355,7 @@ async fn what_a_faulty_adapter_printed_is_the_operators_alone() {
 
 #[tokio::test]
 async fn a_plugin_gets_no_files_no_environment_and_no_clock() {
-    let gw = misbehaving("open-file").await;
+    let gw = misbehaving_within("open-file", 2000).await;
     let r = gw.call("fail", json!({"message": "nope"})).await;
     // The plugin's classification (its message) travels with the tool's own error.
     assert_eq!(text(&r), "nope\n[rebound: file=false env=0 clock=0]");
@@ -362,7 +368,7 @@ async fn a_plugin_gets_no_files_no_environment_and_no_clock() {
 /// the next, however many calls reuse the slot.
 #[tokio::test]
 async fn nothing_a_call_leaves_in_memory_reaches_the_next() {
-    let gw = misbehaving("remember").await;
+    let gw = misbehaving_within("remember", 2000).await;
     for i in 0..20 {
         let r = gw.call("fail", json!({"message": format!("again {i}")})).await;
         assert_eq!(text(&r), format!("again {i}\n[rebound: calls=1 found=false]"));
