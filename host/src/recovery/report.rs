@@ -150,6 +150,7 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
         ))]);
     };
     let action = record.action.clone().unwrap_or_else(|| suggested_action(server, tool, failure, class));
+    let within = |text: &str, max| inside(secrets, text, max);
     let primary = record.attempts.iter().filter(|a| a.role == Role::Primary).count();
     let alternatives: Vec<String> = record
         .attempts
@@ -157,14 +158,14 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
         .filter(|a| a.role != Role::Primary)
         .map(|a| {
             let what = if a.role == Role::SideCall { "called" } else { "tried" };
-            let how = a.failure.as_ref().map_or("ok".into(), Failure::message);
-            format!("{what} `{}` on `{}` ({how})", a.tool, a.server)
+            let how = a.failure.as_ref().map_or("ok".into(), |f| within(&f.message(), NOTE_SHOWN));
+            format!("{what} `{}` on `{}` ({how})", within(&a.tool, NOTE_SHOWN), a.server)
         })
         .collect();
     let mut text = format!(
         "rebound: `{tool}` on server `{server}` failed ({}): {}.",
-        class.category,
-        class.message.clone().unwrap_or_else(|| failure.message()),
+        within(&class.category.to_string(), NOTE_SHOWN),
+        within(&class.message.clone().unwrap_or_else(|| failure.message()), MESSAGE_SHOWN),
     );
     text.push_str(&format!("\nTried: {primary} attempt{} of `{tool}`", if primary == 1 { "" } else { "s" }));
     if !alternatives.is_empty() {
@@ -176,9 +177,9 @@ pub fn gave_up(record: &Record, secrets: &Secrets) -> CallToolResult {
         text.push_str(&format!(" Not tried: {}.", skipped.join(", ")));
     }
     if let Some(why) = &record.stopped {
-        text.push_str(&format!(" Stopped because {why}."));
+        text.push_str(&format!(" Stopped because {}.", within(why, NOTE_SHOWN)));
     }
-    text.push_str(&format!("\nWhat to do: {action}."));
+    text.push_str(&format!("\nWhat to do: {}.", within(&action, NOTE_SHOWN)));
     let data = json!({
         "status": status(record),
         "server": server,
@@ -210,6 +211,17 @@ pub fn as_answered(record: &Record) -> bool {
 /// How much of one of Rebound's notes on a tool's own error the agent is shown: what an
 /// adapter said and the tools it named are in it, and a plan may weigh 4 MiB.
 const NOTE_SHOWN: usize = 4096;
+
+/// How much of a failure's own message the report of a call that gave up shows (all of
+/// it is in the result's `_meta`).
+const MESSAGE_SHOWN: usize = 16 << 10;
+
+/// A server's or an adapter's text inside Rebound's own words: redacted, on one line
+/// (its line breaks written out) and cut at `max`, so that it cannot add a line of
+/// Rebound's (`Tried:`, `What to do:`) or a note of its own.
+fn inside(secrets: &Secrets, text: &str, max: usize) -> String {
+    crate::text::shown(&secrets.redact(text), max)
+}
 
 /// A tool's own error with the notes of Rebound's that end it ([`Record::notes`]) as the
 /// agent is shown them: redacted, on one line each, and cut at [`NOTE_SHOWN`] bytes. An
@@ -256,10 +268,15 @@ pub fn recovered(mut result: CallToolResult, record: &Record, secrets: &Secrets)
     secrets.redact_json(&mut data);
     if by.role == Role::Alternative {
         // Agents read content more than `_meta`: say in words which tool answered.
-        let why = failures.last().map(|f| secrets.redact(&f.message()).into_owned()).unwrap_or_default();
+        // The failure's own words quoted, so that where they end is plain.
+        let why = failures.last().map(|f| inside(secrets, &f.message(), NOTE_SHOWN)).unwrap_or_default();
+        let why = serde_json::to_string(&why).unwrap_or_default();
+        let tool = |name: &str| inside(secrets, name, NOTE_SHOWN);
         result.content.push(ContentBlock::text(format!(
             "[rebound: answered by `{}` on `{}` because `{}` failed: {why}]",
-            by.tool, by.server, record.tool
+            tool(&by.tool),
+            by.server,
+            tool(&record.tool)
         )));
     }
     let mut m = result.meta.take().unwrap_or_default();
