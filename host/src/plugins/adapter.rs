@@ -134,15 +134,22 @@ impl Adapter {
             log: Arc::new(super::state::log_budget()),
             health: Arc::default(),
         };
-        let declared = {
+        // Asked as loading asks (`load::LOAD_ATTEMPTS` times before a failure is taken for
+        // its own): a sound adapter kept from its deadline once by a loaded machine must
+        // not refuse a reload, a token's rotation among them.
+        let mut declared = (None, false);
+        for _ in 0..super::load::LOAD_ATTEMPTS {
             let adapter = &adapter;
             let asked = || async move {
                 let busy = adapter.health().busy;
                 (adapter.call("declare", Request::Declare).await, adapter.health().busy > busy)
             };
-            super::load::block_on(super::load::while_busy(asked, |(_, busy)| *busy))
-                .map_err(|e| format!("could not be asked what it needs: {e}"))?
-        };
+            declared = super::load::block_on(super::load::while_busy(asked, |(_, busy)| *busy))
+                .map_err(|e| format!("could not be asked what it needs: {e}"))?;
+            if matches!(declared.0, Some(Reply::Declared(_))) {
+                break;
+            }
+        }
         let (Some(Reply::Declared(manifest)), _) = declared else {
             let why = adapter.health().last_fault.unwrap_or_default();
             return Err(format!("failed when asked what it needs for `{server}`: {why}"));

@@ -216,7 +216,7 @@ fn contract(runtime: &Runtime, component: &Component, path: &Path) -> Result<&'s
 /// How many times loading asks an adapter who it is, or what it needs, before its
 /// failure is taken for its own: on a machine loaded by other processes, a sound adapter
 /// can be kept from its deadline once (its thread not run); a broken one fails each time.
-const LOAD_ATTEMPTS: usize = 3;
+pub(super) const LOAD_ATTEMPTS: usize = 3;
 
 /// Asks the adapter who it is and what it needs, under the same limits as every call: a
 /// plugin that cannot answer that ([`LOAD_ATTEMPTS`] times over) is broken (why, for its
