@@ -187,7 +187,8 @@ fn status(url: &str, token: Option<&str>, json: bool) -> Result<()> {
         }
     })?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        // The document quotes servers' errors: nothing in it drives the terminal.
+        println!("{}", rebound::text::json_for_terminal(&serde_json::to_string_pretty(&doc)?));
     } else {
         print!("{}", rebound::gateway::status::table(&doc));
     }

@@ -137,13 +137,12 @@ impl CallTrace {
     ) -> Option<Arc<Self>> {
         let tracer = tracer()?;
         let parent = parent(traceparent, tracestate);
+        // A server names its tools, at any length: each span carries at most `TEXT_MAX`.
+        let tool = crate::text::capped(tool, TEXT_MAX);
         let span = tracer
             .span_builder(format!("tools/call {tool}"))
             .with_kind(SpanKind::Server)
-            .with_attributes([
-                KeyValue::new("mcp.method.name", "tools/call"),
-                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
-            ])
+            .with_attributes([KeyValue::new("mcp.method.name", "tools/call"), KeyValue::new("gen_ai.tool.name", tool)])
             .start_with_context(tracer, &parent);
         Some(Arc::new(Self { context: parent.with_span(span), secrets, children: Mutex::default() }))
     }
@@ -151,12 +150,13 @@ impl CallTrace {
     /// An upstream call of `tool` on `server` begins.
     pub fn attempt(&self, server: &str, tool: &str) -> Option<Attempt> {
         let tracer = tracer()?;
+        let tool = crate::text::capped(tool, TEXT_MAX);
         let span = tracer
             .span_builder(format!("attempt {server}/{tool}"))
             .with_kind(SpanKind::Client)
             .with_attributes([
                 KeyValue::new("rebound.server", server.to_owned()),
-                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("gen_ai.tool.name", tool),
             ])
             .start_with_context(tracer, &self.context);
         let sc = span.span_context();

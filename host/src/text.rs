@@ -60,6 +60,22 @@ pub fn shown(text: &str, max: usize) -> String {
 /// Whether a reader's terminal or page would act on `c` rather than show it: a control
 /// character, a line or paragraph separator (U+2028, U+2029), or a bidirectional control
 /// (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which reorders what follows.
+/// `json` (as `serde_json` writes it: control characters below U+0020 escaped) with every
+/// other character a terminal would obey (C1 controls, bidirectional controls, line
+/// separators) escaped as `\uXXXX` too: the same JSON, safe to print. Outside strings
+/// JSON has only whitespace, which is left alone.
+pub fn json_for_terminal(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        if obeyed(c) && !c.is_ascii_whitespace() {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn obeyed(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -68,6 +84,15 @@ fn obeyed(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_for_a_terminal_escapes_what_a_terminal_would_obey_and_stays_the_same_json() {
+        let doc = serde_json::json!({"e": "a\u{9b}2J\u{202e}b\u{2028}", "n": [1]});
+        let text = json_for_terminal(&serde_json::to_string_pretty(&doc).unwrap());
+        assert!(!text.chars().any(|c| obeyed(c) && c != '\n'), "{text:?}");
+        assert!(text.contains(r"a\u009b2J\u202eb\u2028"), "{text}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&text).unwrap(), doc);
+    }
 
     #[test]
     fn text_is_cut_on_a_character_boundary_and_marked() {

@@ -308,6 +308,9 @@ pub fn document(hub: &Hub, operators: bool) -> Value {
     doc
 }
 
+/// The most bytes of one cell of `rebound status`'s table shown.
+const MAX_CELL: usize = 1024;
+
 /// The status document as a table for a terminal (`rebound status --url`).
 pub fn table(doc: &Value) -> String {
     let ms = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |v| format!("{v:.1}ms"));
@@ -340,10 +343,10 @@ pub fn table(doc: &Value) -> String {
             adapter,
         ]);
     }
-    // The document is a server's (names, adapter names): no escape sequence reaches the
-    // operator's terminal.
+    // The document is a server's (names, adapter names): no escape sequence, nor a
+    // character that reorders text, reaches the operator's terminal.
     for cell in rows.iter_mut().flatten() {
-        *cell = cell.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+        *cell = crate::text::shown(cell, MAX_CELL);
     }
     let widths: Vec<usize> =
         (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
@@ -355,7 +358,7 @@ pub fn table(doc: &Value) -> String {
     }
     let errors = doc["recent_errors"].as_array().map_or(0, Vec::len);
     let g = &doc["gateway"];
-    let safe = |text: &str| text.replace(char::is_control, "?");
+    let safe = |text: &str| crate::text::shown(text, MAX_CELL);
     let state = match (g["ready"].as_bool(), g["shutting_down"].as_bool()) {
         (_, Some(true)) => "shutting down",
         (Some(true), _) => "ready",
@@ -637,11 +640,12 @@ mod tests {
         let doc = json!({
             "schema": 1,
             "gateway": {"version": "1\u{1b}]0;owned\u{7}", "ready": true},
-            "servers": [{"name": "a\u{1b}[2J", "adapter": {"name": "x\u{1b}[31m", "faults": 0}, "counters": {}}],
+            "servers": [{"name": "a\u{1b}[2J\u{202e}", "adapter": {"name": "x\u{1b}[31m\u{9b}2J", "faults": 0}, "counters": {}}],
         });
         let table = table(&doc);
-        assert!(!table.chars().any(|c| c.is_control() && c != '\n'), "{table:?}");
-        assert!(table.contains("a?[2J") && table.contains("x?[31m"), "{table}");
+        let obeyed = |c: char| (c.is_control() && c != '\n') || ('\u{2028}'..='\u{202e}').contains(&c);
+        assert!(!table.chars().any(obeyed), "{table:?}");
+        assert!(table.contains(r"a\u{1b}[2J\u{202e}") && table.contains(r"x\u{1b}[31m\u{9b}2J"), "{table}");
     }
 
     /// Below the servers, the table says what else the operator must know: a drain, dropped
@@ -658,7 +662,7 @@ mod tests {
             "last_reload": {"at": "2026-11-27T17:00:00.000Z", "refused": "`mcpServers.a`: bad\u{1b}[2J"}}));
         assert!(refused.contains("(shutting down)") && refused.contains("3 errors-log entries dropped"), "{refused}");
         assert!(
-            refused.contains("last reload, at 2026-11-27T17:00:00.000Z: REFUSED, the running configuration keeps serving: `mcpServers.a`: bad?[2J"),
+            refused.contains("last reload, at 2026-11-27T17:00:00.000Z: REFUSED, the running configuration keeps serving: `mcpServers.a`: bad\\u{1b}[2J"),
             "{refused}"
         );
         let row: Vec<&str> = refused.lines().nth(1).unwrap_or_default().split_whitespace().collect();
