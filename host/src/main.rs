@@ -296,6 +296,11 @@ fn grant_mismatches(
             ));
         }
     }
+    if server.scope == rebound::config::Scope::Shared && !declared.observes.is_empty() && grant.observes.is_empty() {
+        out.push(format!(
+            "adapter {adapter} observes calls of `{name}`, a shared server: over HTTP, where it serves every client, it is shown none unless mcpServers.{name}.adapter_allow.observes grants them (or the server is \"scope\": \"session\")"
+        ));
+    }
     match (grant.restart, declared.restart) {
         (true, false) => out.push(format!(
             "mcpServers.{name}.adapter_allow.restart grants restarts, which adapter {adapter} does not ask for"

@@ -2,7 +2,7 @@
 //! publish lean-lsp-mcp's and hol4-mcp's real tools and fail the way those servers do:
 //! lean searches abort with -32001, a hung `hol_send` needs `hol_interrupt`.
 
-use rebound_tests::{Gateway, eventually, faulty, root, text};
+use rebound_tests::{Gateway, HttpGateway, eventually, faulty, root, text};
 use serde_json::{Value, json};
 
 fn fixture(name: &str) -> String {
@@ -129,4 +129,47 @@ async fn thanos_classify_is_the_default_adapter_and_advises_fixing_rejected_argu
     assert!(t.contains("the arguments were rejected; fix them against the tool's schema"), "{t}");
     assert!(t.contains("Tried: 1 attempt"), "{t}");
     gw.close().await;
+}
+
+/// Over HTTP a shared server's adapter would see every client's calls: it is shown only
+/// the tools `adapter_allow.observes` grants. hol-cursor, not granted them, never learns
+/// of the HOL session a client started, and so cannot restore it after a crash; granted
+/// them, it does.
+#[tokio::test]
+async fn over_http_a_shared_servers_adapter_observes_only_what_is_granted() {
+    for granted in [false, true] {
+        let gw = HttpGateway::start(
+            |dir| {
+                let mut server = faulty("hol", dir, &["--emulate", "hol", "--tools", &fixture("hol4-mcp-0.1.0.json")]);
+                server["adapter"] = json!("hol-cursor");
+                server["adapter_config"] = json!({"retry_delay_ms": 50});
+                if granted {
+                    server["adapter_allow"] = json!({"observes": ["hol_*"]});
+                }
+                json!({
+                    "mcpServers": {"hol": server},
+                    "rebound": {"plugins_dir": root().join("target/plugins"), "plugin_cache_dir": dir.join("cache"), "restart": {"initial_delay_ms": 50}},
+                })
+            },
+            &[],
+        )
+        .await;
+        let client = gw.client(None).await.unwrap();
+        let call = |tool: &'static str, args: Value| {
+            let mut params = rmcp::model::CallToolRequestParams::new(tool);
+            params.arguments = args.as_object().cloned();
+            client.peer().call_tool(params)
+        };
+        let started = call("hol_start", json!({"workdir": "/proj", "name": "main"})).await.unwrap();
+        assert!(text(&started).contains("started"), "{started:?}");
+        assert_eq!(call("crash", json!({})).await.unwrap().is_error, Some(true));
+        let sent = call("hol_send", json!({"session": "main", "command": "e(simp[])"})).await.unwrap();
+        let replayed = gw.state("hol", "calls").iter().filter(|c| *c == "hol_start").count();
+        assert_eq!(
+            (text(&sent) == "ok: e(simp[]) in main", replayed),
+            (granted, if granted { 2 } else { 1 }),
+            "{sent:?}"
+        );
+        let _ = client.cancel().await;
+    }
 }

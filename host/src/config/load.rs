@@ -610,7 +610,7 @@ impl Ctx<'_> {
         }
     }
 
-    /// `adapter_allow`: `{"tools": ["server/tool", ...], "restart": false}`.
+    /// `adapter_allow`: `{"tools": ["server/tool", ...], "restart": false, "observes": ["tool", ...]}`.
     fn grant(&self, key: &str, server: &str, value: Option<Value>) -> Result<AdapterGrant, ConfigError> {
         #[derive(Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -618,6 +618,8 @@ impl Ctx<'_> {
             tools: Option<Vec<String>>,
             #[serde(default)]
             restart: bool,
+            #[serde(default)]
+            observes: Vec<String>,
         }
         let Some(value) = value else { return Ok(AdapterGrant::own(server)) };
         if !value.is_object() {
@@ -628,8 +630,19 @@ impl Ctx<'_> {
             ));
         }
         let raw: Raw = self.typed(key, value)?;
+        // Tool names of its own server, with `*`.
+        let observes = raw
+            .observes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                ToolPattern::parse(&format!("{server}/{p}")).map_err(|why| {
+                    self.err(format!("{key}.observes[{i}]"), why, r#"write tool names of the server, e.g. "hol_*""#)
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let Some(patterns) = raw.tools else {
-            return Ok(AdapterGrant { restart: raw.restart, ..AdapterGrant::own(server) });
+            return Ok(AdapterGrant { restart: raw.restart, observes, ..AdapterGrant::own(server) });
         };
         let tools = patterns
             .iter()
@@ -640,7 +653,7 @@ impl Ctx<'_> {
                 })
             })
             .collect::<Result<_, _>>()?;
-        Ok(AdapterGrant { tools, restart: raw.restart })
+        Ok(AdapterGrant { tools, restart: raw.restart, observes })
     }
 
     fn stdio(&self, key: &str, entry: &mut Map<String, Value>, base: &Path) -> Result<StdioLaunch, ConfigError> {

@@ -160,12 +160,23 @@ pub struct AdapterGrant {
     pub tools: Vec<ToolPattern>,
     /// Whether its plans may restart the server. Default: no.
     pub restart: bool,
+    /// Over HTTP, the tools of a shared server (one instance for every client) whose
+    /// successful calls the adapter is shown, among those it declares: every client's.
+    /// Default: none. (A server serving one client, over stdio or `scope: session`,
+    /// shows the adapter what it declares.)
+    pub observes: Vec<ToolPattern>,
 }
 
 impl AdapterGrant {
     /// The default grant of `server`'s adapter: its own server's tools, no restart.
     pub fn own(server: &str) -> Self {
-        Self { tools: vec![ToolPattern::parse(&format!("{server}/*")).expect("a valid pattern")], restart: false }
+        let tools = vec![ToolPattern::parse(&format!("{server}/*")).expect("a valid pattern")];
+        Self { tools, restart: false, observes: Vec::new() }
+    }
+
+    /// Whether, over HTTP, the adapter of `server`, shared, may be shown `tool`'s calls.
+    pub fn observes_shared(&self, server: &str, tool: &str) -> bool {
+        self.observes.iter().any(|p| p.matches(server, tool))
     }
 
     pub fn allows_tool(&self, server: &str, tool: &str) -> bool {

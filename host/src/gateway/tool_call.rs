@@ -21,7 +21,9 @@ use super::status;
 use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::recovery::breaker::{Blame, Culprit};
+use crate::recovery::classify::Classification;
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
+use crate::recovery::plan::{Advice, Advisor, FailureContext};
 use crate::recovery::report;
 use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::ServerHandle;
@@ -98,9 +100,17 @@ impl Gateway {
         let advisor = match (&trace, recovery.advisor()) {
             (Some(trace), Some(inner)) => {
                 traced = TracedAdvisor { inner, trace: trace.clone() };
-                Some(&traced as &dyn crate::recovery::plan::Advisor)
+                Some(&traced as &dyn Advisor)
             }
             (_, advisor) => advisor,
+        };
+        let shown;
+        let advisor = match advisor {
+            Some(inner) if self.hub.downstreams.front() == Front::Http => {
+                shown = ObservedAsGranted { inner, config: &recovery.setup.config };
+                Some(&shown as &dyn Advisor)
+            }
+            advisor => advisor,
         };
         // A 2026-07-28 client calling again with its answers to the server's questions (or
         // the server's state alone): they go to that server's tool, never to an alternative.
@@ -436,6 +446,45 @@ fn response(ending: Ending, record: &Record, errors: &crate::errors_log::ErrorsL
     };
     result.result_type = Some(ResultType::COMPLETE);
     result.into()
+}
+
+/// An advisor over HTTP: a shared server's adapter (every client's) is shown only the
+/// successful calls of the tools its `adapter_allow.observes` grants; one serving a
+/// session's own instance, what it declares.
+struct ObservedAsGranted<'a> {
+    inner: &'a dyn Advisor,
+    config: &'a crate::config::Config,
+}
+
+impl Advisor for ObservedAsGranted<'_> {
+    fn classify(
+        &self,
+        failure: &FailureContext<'_>,
+        builtin: &Classification,
+    ) -> BoxFuture<'static, Option<Classification>> {
+        self.inner.classify(failure, builtin)
+    }
+
+    fn plan(&self, failure: &FailureContext<'_>, class: &Classification) -> BoxFuture<'static, Option<Advice>> {
+        self.inner.plan(failure, class)
+    }
+
+    fn observe(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: Option<&JsonObject>,
+        result: &CallToolResult,
+    ) -> BoxFuture<'static, ()> {
+        let withheld =
+            self.config.servers.get(server).is_some_and(|s| {
+                s.scope == crate::config::Scope::Shared && !s.adapter_allow.observes_shared(server, tool)
+            });
+        if withheld {
+            return Box::pin(async {});
+        }
+        self.inner.observe(server, tool, arguments, result)
+    }
 }
 
 /// How many of `record`'s failures go to the errors log: all of them, but for a call

@@ -250,11 +250,12 @@ impl Adapter {
     }
 
     /// What the adapter may ask the engine for, as it declared: its own server's tools,
-    /// and the tools and restarts it named.
+    /// and the tools and restarts it named; and the tools it observes.
     pub fn declared(&self) -> AdapterGrant {
         let mut grant = AdapterGrant::own(&self.server);
         grant.tools.extend(self.info.needs.tools.iter().cloned());
         grant.restart = self.info.needs.restart;
+        grant.observes.clone_from(&self.info.needs.observes);
         grant
     }
 

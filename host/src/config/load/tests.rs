@@ -560,6 +560,12 @@ fn adapter_grants() {
     rejects(&server(r#"{"tools": ["zz/*"]}"#), "mcpServers.a.adapter_allow.tools[0]", "names no configured server");
     rejects(&server(r#"{"tool": ["a/*"]}"#), "mcpServers.a.adapter_allow.tool", "unknown field");
     rejects(&server(r#"["a/*"]"#), "mcpServers.a.adapter_allow", "must be an object");
+    // Over HTTP, what a shared server's adapter is shown: tool names of its own server.
+    let a = ok(&server(r#"{"observes": ["hol_*", "holmake"]}"#)).servers["a"].adapter_allow.clone();
+    assert!(a.observes_shared("a", "hol_start") && a.observes_shared("a", "holmake") && !a.observes_shared("a", "ls"));
+    assert!(a.allows_tool("a", "anything"), "its tools as by default");
+    assert!(!AdapterGrant::own("a").observes_shared("a", "hol_start"), "none by default");
+    rejects(&server(r#"{"observes": [""]}"#), "mcpServers.a.adapter_allow.observes[0]", "needs both");
 }
 
 #[test]
