@@ -57,9 +57,6 @@ pub fn shown(text: &str, max: usize) -> String {
     shown
 }
 
-/// Whether a reader's terminal or page would act on `c` rather than show it: a control
-/// character, a line or paragraph separator (U+2028, U+2029), or a bidirectional control
-/// (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which reorders what follows.
 /// `json` (as `serde_json` writes it: control characters below U+0020 escaped) with every
 /// other character a terminal would obey (C1 controls, bidirectional controls, line
 /// separators) escaped as `\uXXXX` too: the same JSON, safe to print. Outside strings
@@ -76,6 +73,9 @@ pub fn json_for_terminal(json: &str) -> String {
     out
 }
 
+/// Whether a reader's terminal or page would act on `c` rather than show it: a control
+/// character, a line or paragraph separator (U+2028, U+2029), or a bidirectional control
+/// (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which reorders what follows.
 fn obeyed(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')

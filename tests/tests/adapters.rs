@@ -154,6 +154,9 @@ async fn over_http_a_shared_servers_adapter_observes_only_what_is_granted() {
             &[],
         )
         .await;
+        if !granted {
+            gw.logged("observes its calls, but over HTTP it is shown none").await;
+        }
         let client = gw.client(None).await.unwrap();
         let call = |tool: &'static str, args: Value| {
             let mut params = rmcp::model::CallToolRequestParams::new(tool);

@@ -144,6 +144,9 @@ impl Hub {
         }
         if front == Front::Http {
             hub.offer(&ClientCapabilities::default(), None);
+            for unseen in super::setup::unobserved(&setup.config, &setup.plugins.adapters) {
+                tracing::warn!("{unseen}");
+            }
         }
         hub
     }

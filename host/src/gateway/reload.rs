@@ -174,6 +174,12 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
     })
     .await
     .map_err(|e| Refused::Loading(e.to_string()))?;
+    let mut warnings = warnings;
+    if hub.downstreams.front() == super::downstreams::Front::Http {
+        let unseen = super::setup::unobserved(&config, &plugins.adapters);
+        unseen.iter().for_each(|w| tracing::warn!("reload: {w}"));
+        warnings.extend(unseen);
+    }
     if let Some((server, adapter, reason)) = plugins.failures.first() {
         // The refusal is logged and shown: hidden in it is what is secret in either file.
         let reason = secrets.redact(reason).into_owned();

@@ -347,3 +347,23 @@ fn shared(config: &Config) -> impl Iterator<Item = &ServerConfig> {
 fn same_code(a: &Adapter, b: &Adapter) -> bool {
     a.digest == b.digest && a.name == b.name
 }
+
+/// Over HTTP, a warning for each shared server whose adapter observes calls it is not
+/// shown (no `adapter_allow.observes` grants any): a gateway once showed it every
+/// client's, and an adapter that learns from them (hol-cursor) now learns nothing there.
+pub fn unobserved(config: &Config, adapters: &Adapters) -> Vec<String> {
+    adapters
+        .iter()
+        .filter(|(server, adapter)| {
+            config.servers.get(&***server).is_some_and(|s| {
+                s.scope == Scope::Shared && s.adapter_allow.observes.is_empty() && !adapter.declared().observes.is_empty()
+            })
+        })
+        .map(|(server, adapter)| {
+            format!(
+                "adapter {} of shared server `{server}` observes its calls, but over HTTP it is shown none: grant the tools in mcpServers.{server}.adapter_allow.observes (every client's calls), or give the server \"scope\": \"session\"",
+                adapter.name
+            )
+        })
+        .collect()
+}

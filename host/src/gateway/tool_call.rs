@@ -96,7 +96,7 @@ impl Gateway {
         };
         let recovery = self.own.recovery();
         let trace = start_trace(&cx, &route.name, &self.hub.errors);
-        let traced;
+        let (traced, shown);
         let advisor = match (&trace, recovery.advisor()) {
             (Some(trace), Some(inner)) => {
                 traced = TracedAdvisor { inner, trace: trace.clone() };
@@ -104,7 +104,6 @@ impl Gateway {
             }
             (_, advisor) => advisor,
         };
-        let shown;
         let advisor = match advisor {
             Some(inner) if self.hub.downstreams.front() == Front::Http => {
                 shown = ObservedAsGranted { inner, config: &recovery.setup.config };
@@ -476,11 +475,12 @@ impl Advisor for ObservedAsGranted<'_> {
         arguments: Option<&JsonObject>,
         result: &CallToolResult,
     ) -> BoxFuture<'static, ()> {
-        let withheld =
+        // (A server the configuration no longer has, after a reload, is shown nothing.)
+        let shown =
             self.config.servers.get(server).is_some_and(|s| {
-                s.scope == crate::config::Scope::Shared && !s.adapter_allow.observes_shared(server, tool)
+                s.scope == crate::config::Scope::Session || s.adapter_allow.observes_shared(server, tool)
             });
-        if withheld {
+        if !shown {
             return Box::pin(async {});
         }
         self.inner.observe(server, tool, arguments, result)

@@ -147,6 +147,8 @@ impl Adapter {
             declared = super::load::block_on(super::load::while_busy(asked, |(_, busy)| *busy))
                 .map_err(|e| format!("could not be asked what it needs: {e}"))?;
             if matches!(declared.0, Some(Reply::Declared(_))) {
+                // Misses before an answer are not faults to enter service with.
+                *adapter.health.locked() = Health::default();
                 break;
             }
         }
