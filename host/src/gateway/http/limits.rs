@@ -303,8 +303,9 @@ fn unreadable(body: &[u8]) -> Response {
 /// Every POST: its body read within `max_body_bytes` ([`read_body`]), a body that is no
 /// client message answered with the protocol's error, a request counted against its
 /// client's `max_concurrent_per_client` (and refused while the gateway drains) until its
-/// response has been sent (a tool call: and its handler is done). A new event stream (`GET /mcp`) is refused while the gateway drains
-/// too; what the operator reads (`/status`, `/metrics`) is not.
+/// response has been sent (a tool call: and its handler is done). A new event stream
+/// (`GET /mcp`) is refused while the gateway drains too; what the operator reads
+/// (`/status`, `/metrics`) is not.
 pub(super) async fn limit(
     State(front): State<Front>,
     Extension(ClientIp(client)): Extension<ClientIp>,
@@ -428,7 +429,6 @@ fn declared_length(headers: &axum::http::HeaderMap) -> Option<usize> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
-/// A request's body, at most `max` bytes, within [`body_within`] it.
 /// A request's body, read within `max_body_bytes` and `body_within`. While it arrives it
 /// holds, as its weight, what it says it will take: bodies sent slowly hold no memory
 /// outside the budget. One that says nothing, sent in chunks, holds nothing while it
