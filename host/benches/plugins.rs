@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use rebound::plugins::runtime::Limits;
-use rebound::plugins::{Adapter, Adapters, Runtime, load};
+use rebound::plugins::{Adapter, Adapters, Clients, Runtime, load};
 use rebound::recovery::Failure;
 use rebound::recovery::classify::classify;
 use rebound::recovery::plan::Advisor;
@@ -41,8 +41,15 @@ fn main() {
     println!("load from the cache: p50 {:.2} ms", percentile(&cached, 0.5).as_secs_f64() * 1e3);
 
     let secrets = rebound::redact::Secrets::default();
-    let adapter =
-        Adapter::new(runtime.clone(), &loaded, "thanos-classify", "s", &serde_json::Value::Null, secrets).unwrap();
+    let adapter = Adapter::new(
+        runtime.clone(),
+        &loaded,
+        "thanos-classify",
+        ("s", Clients::One),
+        &serde_json::Value::Null,
+        secrets,
+    )
+    .unwrap();
     let mut adapters = Adapters::default();
     adapters.insert("s", adapter.clone());
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

@@ -231,7 +231,7 @@ fn check(path: PathBuf) -> Result<()> {
             server.recovery.breaker.open_ms,
         );
     }
-    let plugins = rebound::plugins::prepare(&config);
+    let plugins = rebound::plugins::prepare(&config, rebound::plugins::Clients::One);
     for (name, info, bytes, cached) in &plugins.loaded {
         println!(
             "  plugin {name}: {} {} ({} KiB{}) ok",
@@ -481,7 +481,8 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     // exporter's client blocks on a thread of its own.
     // The adapters as they are before they are read (the file's stamp was taken before it).
     let read = read.with_plugins(&config.settings.plugins_dir);
-    let plugins = rebound::plugins::prepare(&config);
+    let front = if http.is_some() { Front::Http } else { Front::Stdio };
+    let plugins = rebound::plugins::prepare(&config, front.clients());
     // An adapter compiled in the gateway (when no compiler process could: see
     // `plugins::compiler`) leaves the compiler's working memory in the heap arenas (3 MB
     // of the 36 resident at idle, with three adapters), and loading leaves some too.
@@ -493,7 +494,6 @@ fn serve(path: PathBuf, http: Option<std::net::SocketAddr>, log: Log) -> Result<
     }
     let max_in_flight = config.settings.http.max_concurrent_per_client;
     let tokens = tokio::sync::watch::Sender::new(rebound::gateway::reload::Tokens::of(&config.settings.http));
-    let front = if http.is_some() { Front::Http } else { Front::Stdio };
     let outcome = runtime.block_on(async {
         let hub = Hub::start(config, plugins, front);
         rebound::gateway::reload::watch(&hub, path.clone(), read, hangups, tokens.clone());

@@ -49,13 +49,24 @@ pub fn adapter_for<'a>(config: &'a Config, server: &'a crate::config::ServerConf
 /// Loads every adapter `config` uses. Call it outside the async runtime: loading runs
 /// each plugin once. A plugin that fails to load is reported and its servers use the
 /// built-in classifier; nothing here fails the gateway.
-pub fn prepare(config: &Config) -> Prepared {
-    prepare_reusing(config, None)
+pub fn prepare(config: &Config, clients: Clients) -> Prepared {
+    prepare_reusing(config, None, clients)
+}
+
+/// How many clients a gateway's shared servers answer: one over stdio, any number over
+/// HTTP. An adapter of a server shared by many is shown each client's failed calls to
+/// classify and plan, and may read its store then but not write it: what it kept of one
+/// client's call could reach another's plan. (A `scope: session` server's instance
+/// serves one client on either front.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Clients {
+    One,
+    Many,
 }
 
 /// [`prepare`], on `runtime` (a reload's previous one) when its limits and cache are the
 /// ones `config` asks for: one engine, one instance pool, one epoch thread.
-pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepared {
+pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>, clients: Clients) -> Prepared {
     let mut prepared =
         Prepared { adapters: Adapters::default(), failures: Vec::new(), loaded: Vec::new(), runtime: None };
     let wanted: Vec<(&str, &str)> =
@@ -88,7 +99,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>) -> Prepar
             Err(e) => tracing::error!(adapter = %name, "{e}"),
         }
     }
-    introduce(&mut prepared, &runtime, config, &wanted, &loads);
+    introduce(&mut prepared, (&runtime, clients), config, &wanted, &loads);
     prepared.runtime = Some(runtime);
     prepared
 }
@@ -122,17 +133,19 @@ fn runtime_for(config: &Config, runtime: Option<Arc<Runtime>>) -> anyhow::Result
 /// `declare` asked with the server's `adapter_config`); a failure is the server's.
 fn introduce(
     prepared: &mut Prepared,
-    runtime: &Arc<Runtime>,
+    (runtime, clients): (&Arc<Runtime>, Clients),
     config: &Config,
     wanted: &[(&str, &str)],
     loads: &[(String, Result<load::Loaded, LoadError>)],
 ) {
     let secrets = crate::redact::Secrets::of(config);
     for &(server, adapter) in wanted {
-        let config_json = &config.servers[server].adapter_config;
+        let entry = &config.servers[server];
+        let clients = if entry.scope == crate::config::Scope::Session { Clients::One } else { clients };
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
-                match Adapter::new(runtime.clone(), loaded, adapter, server, config_json, secrets.clone()) {
+                let serving = (server, clients);
+                match Adapter::new(runtime.clone(), loaded, adapter, serving, &entry.adapter_config, secrets.clone()) {
                     Ok(a) => prepared.adapters.insert(server, a),
                     Err(e) => {
                         // Its `declare` may have chosen the words: bounded, on one line.

@@ -221,6 +221,52 @@ async fn a_session_servers_adapter_faults_count_across_sessions() {
     }
 }
 
+/// An adapter that keeps each failed call's arguments in its store, to show them with
+/// the next: over stdio, and for a session's own instance over HTTP, its store is its
+/// one client's; over HTTP a shared server's adapter classifies and plans with a store
+/// it may read but not write, so no client's call reaches another's.
+#[tokio::test]
+async fn a_shared_servers_adapter_over_http_keeps_nothing_of_a_clients_failed_call() {
+    let stdio = misbehaving_within("keep", 2000).await;
+    let first = text(&stdio.call("fail", json!({"message": "alpha"})).await);
+    assert!(first.ends_with("[rebound: seen nothing; kept=true]"), "{first}");
+    let second = text(&stdio.call("fail", json!({"message": "beta"})).await);
+    assert!(second.contains(r#"seen {"message":"alpha"}; kept=true"#), "{second}");
+    stdio.close().await;
+    for scope in ["shared", "session"] {
+        let plugins = test_plugins();
+        let gw = HttpGateway::start(
+            move |dir| {
+                let mut a = faulty("a", dir, &[]);
+                a["scope"] = json!(scope);
+                a["adapter"] = json!("misbehave");
+                a["adapter_config"] = json!({"mode": "keep"});
+                json!({"mcpServers": {"a": a}, "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 2000, "plugin_cache_dir": dir.join("cache")}})
+            },
+            &[],
+        )
+        .await;
+        let (one, two) = (gw.client(None).await.unwrap(), gw.client(None).await.unwrap());
+        let fail = |message: &str| {
+            let mut params = rmcp::model::CallToolRequestParams::new("fail");
+            params.arguments = json!({"message": message}).as_object().cloned();
+            params
+        };
+        let seen = [
+            text(&one.peer().call_tool(fail("credential of one")).await.unwrap()),
+            text(&two.peer().call_tool(fail("two")).await.unwrap()),
+            text(&one.peer().call_tool(fail("one again")).await.unwrap()),
+        ];
+        let kept = scope == "session";
+        assert!(seen[0].ends_with(&format!("seen nothing; kept={kept}]")), "{scope}: {seen:?}");
+        assert!(seen[1].ends_with(&format!("seen nothing; kept={kept}]")), "{scope}: {seen:?}");
+        let own =
+            if kept { r#"seen {"message":"credential of one"}; kept=true]"# } else { "seen nothing; kept=false]" };
+        assert!(seen[2].ends_with(own), "{scope}: {seen:?}");
+        let _ = (one.cancel().await, two.cancel().await);
+    }
+}
+
 /// Makes `a`'s adapter classify (it loops), and says how it is.
 async fn fault(gw: &Gateway) -> Value {
     gw.call("a__fail", json!({"message": "x"})).await;

@@ -38,6 +38,16 @@ pub enum Front {
     Http,
 }
 
+impl Front {
+    /// How many clients its shared servers answer, which bounds what their adapters keep.
+    pub fn clients(self) -> crate::plugins::Clients {
+        match self {
+            Front::Stdio => crate::plugins::Clients::One,
+            Front::Http => crate::plugins::Clients::Many,
+        }
+    }
+}
+
 /// How a client hears what it did not ask in a request.
 #[derive(Clone)]
 pub enum Reach {

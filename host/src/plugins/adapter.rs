@@ -41,6 +41,9 @@ pub struct Adapter {
     /// SHA-256 of the component's bytes: a reload keeps an adapter whose code is the same.
     pub digest: [u8; 32],
     server: Arc<str>,
+    /// Whether its server answers one client or many: an adapter of one shared by many
+    /// may only read its store while it classifies and plans ([`super::Clients`]).
+    clients: super::Clients,
     config: Arc<str>,
     kv: Kv,
     /// Removed from everything the adapter is shown; shared with its forks, and replaced
@@ -114,7 +117,7 @@ impl Adapter {
         runtime: Arc<Runtime>,
         loaded: &Loaded,
         name: &str,
-        server: &str,
+        (server, clients): (&str, super::Clients),
         config: &serde_json::Value,
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
@@ -129,6 +132,7 @@ impl Adapter {
             name: name.into(),
             digest: loaded.digest,
             server: server.into(),
+            clients,
             config: config.to_string().into(),
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::new(super::state::log_budget()),
@@ -180,6 +184,7 @@ impl Adapter {
             name: code.name.clone(),
             digest: code.digest,
             server: code.server.clone(),
+            clients: code.clients,
             config: code.config.clone(),
             kv,
             secrets: state.secrets.clone(),
@@ -348,7 +353,7 @@ impl Adapter {
             self.name.clone(),
             self.server.clone(),
             self.config.clone(),
-            self.kv.clone(),
+            self.kv_for(&request),
             self.log.clone(),
             output.clone(),
             self.runtime.limits.memory,
@@ -378,6 +383,17 @@ impl Adapter {
                 self.fault(what, why, Some(printed).filter(|p| !p.is_empty()));
                 None
             }
+        }
+    }
+
+    /// The store as `request` may use it: an adapter of a server that answers many
+    /// clients classifies and plans one client's failed call with a store it can read
+    /// (what `observe` kept of the calls it was granted, and `declare`) but not write, so
+    /// that nothing of that call outlives it to reach another client.
+    fn kv_for(&self, request: &Request) -> Kv {
+        match (self.clients, request) {
+            (super::Clients::Many, Request::Classify(..) | Request::Plan(..)) => self.kv.read_only(),
+            _ => self.kv.clone(),
         }
     }
 

@@ -31,6 +31,8 @@ fn cost(key: &str, value: &str) -> usize {
 #[derive(Clone, Default)]
 pub struct Kv {
     entries: Arc<Mutex<Entries>>,
+    /// A view that only reads ([`Kv::read_only`]): `set` refuses, `delete` does nothing.
+    read_only: bool,
 }
 
 #[derive(Default)]
@@ -53,7 +55,13 @@ impl Kv {
     /// those of every other store of the same adapter (its runtime room's), whichever
     /// server it serves.
     pub fn counted_in(all: Arc<AtomicUsize>) -> Self {
-        Self { entries: Arc::new(Mutex::new(Entries { map: BTreeMap::new(), bytes: 0, all })) }
+        Self { entries: Arc::new(Mutex::new(Entries { map: BTreeMap::new(), bytes: 0, all })), read_only: false }
+    }
+
+    /// This store as a call that may only read it sees it: what it holds, and a refusal
+    /// (`false`, as past a bound) for every `set`; a `delete` changes nothing.
+    pub fn read_only(&self) -> Self {
+        Self { entries: self.entries.clone(), read_only: true }
     }
 
     /// An empty store for another copy of the same adapter: its bytes count with this
@@ -73,6 +81,9 @@ impl Kv {
     /// Sets `key` to `value`, unless that would take this store or all of its adapter's
     /// past their bounds: then nothing changes, and it says so with `false`.
     pub fn set(&self, key: String, value: String) -> bool {
+        if self.read_only {
+            return false;
+        }
         let mut e = self.lock();
         let old = e.map.get(&key).map(|v| cost(&key, v));
         if key.len() > MAX_KEY || value.len() > MAX_VALUE || (old.is_none() && e.map.len() >= MAX_KEYS) {
@@ -95,6 +106,9 @@ impl Kv {
     }
 
     pub fn delete(&self, key: &str) {
+        if self.read_only {
+            return;
+        }
         let mut e = self.lock();
         if let Some(value) = e.map.remove(key) {
             let freed = cost(key, &value);
@@ -117,6 +131,24 @@ mod tests {
     fn held(kv: &Kv) -> (usize, usize) {
         let e = kv.lock();
         (e.bytes, e.all.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn a_read_only_view_reads_the_store_and_changes_nothing() {
+        let kv = Kv::counted_in(Arc::default());
+        assert!(kv.set("kept".into(), "before".into()));
+        let view = kv.read_only();
+        assert_eq!(view.get("kept").as_deref(), Some("before"));
+        assert_eq!(view.keys("ke"), ["kept"]);
+        assert!(!view.set("kept".into(), "after".into()), "a write through the view");
+        assert!(!view.set("new".into(), "value".into()), "a new key through the view");
+        view.delete("kept");
+        assert_eq!(kv.get("kept").as_deref(), Some("before"));
+        assert_eq!(kv.keys(""), ["kept"]);
+        assert_eq!(held(&kv), (cost("kept", "before"), cost("kept", "before")));
+        // The store itself still writes, and the view sees it.
+        assert!(kv.set("kept".into(), "after".into()));
+        assert_eq!(view.get("kept").as_deref(), Some("after"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! An adapter that misbehaves on purpose, as `adapter_config.mode` says, whenever it is
 //! asked to classify: it loops, eats memory, panics, floods its output, reaches for
-//! files and the environment it was not given, or looks for what an earlier call left
-//! in its memory. `plan` answers normally, so the tests
+//! files and the environment it was not given, looks for what an earlier call left in
+//! its memory, or keeps each call's arguments in its store for the next. `plan` answers normally, so the tests
 //! can tell a contained fault from a dead gateway.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit/since_v0.1.0" });
@@ -28,7 +28,7 @@ impl Guest for Misbehave {
         AdapterInfo { name: "misbehave".into(), version: "0".into(), servers: vec![], tools: vec![] }
     }
 
-    fn classify(_failure: Failure, builtin: Classification) -> Option<Classification> {
+    fn classify(failure: Failure, builtin: Classification) -> Option<Classification> {
         match mode().as_str() {
             "loop" => {
                 let mut n: u64 = 0;
@@ -79,6 +79,12 @@ impl Guest for Misbehave {
                 let mark = Box::leak(SECRET.to_vec().into_boxed_slice());
                 MARK.store(mark.as_ptr() as usize, SeqCst);
                 Some(Classification { message: Some(format!("calls={calls} found={found}")), ..builtin })
+            }
+            "keep" => {
+                // What the call before left, and whether this one's arguments are kept.
+                let seen = rebound::adapter::store::get("last").unwrap_or_else(|| "nothing".into());
+                let kept = rebound::adapter::store::set("last", &failure.arguments);
+                Some(Classification { message: Some(format!("seen {seen}; kept={kept}")), ..builtin })
             }
             _ => None,
         }
