@@ -232,13 +232,13 @@ fn check(path: PathBuf) -> Result<()> {
         );
     }
     let plugins = rebound::plugins::prepare(&config, rebound::plugins::Clients::One);
-    for (name, info, bytes, cached) in &plugins.loaded {
+    for (name, loaded) in &plugins.loaded {
         println!(
             "  plugin {name}: {} {} ({} KiB{}) ok",
-            info.name,
-            info.version,
-            bytes / 1024,
-            if *cached { ", cached" } else { "" }
+            loaded.info.name,
+            loaded.info.version,
+            loaded.bytes / 1024,
+            if loaded.from_cache { ", cached" } else { "" }
         );
     }
     for (server, adapter) in plugins.adapters.iter() {

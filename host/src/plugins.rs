@@ -35,8 +35,29 @@ pub struct Prepared {
     pub adapters: Adapters,
     /// Per server: the adapter it was meant to have and why it does not.
     pub failures: Vec<(String, String, String)>,
-    pub loaded: Vec<(String, load::Info, usize, bool)>,
+    /// By adapter name, the adapters loaded (kept for the next reload: see [`Before`]).
+    pub loaded: Vec<(String, load::Loaded)>,
     pub runtime: Option<Arc<Runtime>>,
+}
+
+impl Prepared {
+    /// What a reload may keep of these adapters.
+    pub fn before(&self) -> Before {
+        Before { runtime: self.runtime.clone(), loaded: self.loaded.clone(), adapters: self.adapters.clone() }
+    }
+}
+
+/// The adapters a reload finds running, which it keeps where nothing they were made of
+/// changed: a file of the same bytes is not compiled, instantiated and asked who it is
+/// again, and a server's adapter with the same code, runtime and `adapter_config` is not
+/// asked again what it needs (`declare`). So a reload costs no adapter calls for what it
+/// leaves alone, and an adapter that would fail to answer now (a hostile or flaky one)
+/// cannot refuse a reload that does not touch it, a token's rotation among them.
+#[derive(Clone, Default)]
+pub struct Before {
+    runtime: Option<Arc<Runtime>>,
+    loaded: Vec<(String, load::Loaded)>,
+    adapters: Adapters,
 }
 
 /// The adapter each server uses: its own, else the default when that file exists.
@@ -50,7 +71,7 @@ pub fn adapter_for<'a>(config: &'a Config, server: &'a crate::config::ServerConf
 /// each plugin once. A plugin that fails to load is reported and its servers use the
 /// built-in classifier; nothing here fails the gateway.
 pub fn prepare(config: &Config, clients: Clients) -> Prepared {
-    prepare_reusing(config, None, clients)
+    prepare_reusing(config, Before::default(), clients)
 }
 
 /// How many clients a gateway's shared servers answer: one over stdio, any number over
@@ -64,9 +85,10 @@ pub enum Clients {
     Many,
 }
 
-/// [`prepare`], on `runtime` (a reload's previous one) when its limits and cache are the
-/// ones `config` asks for: one engine, one instance pool, one epoch thread.
-pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>, clients: Clients) -> Prepared {
+/// [`prepare`] at a reload, keeping what it may of `before`: its runtime when its limits
+/// and cache are the ones `config` asks for (one engine, one instance pool, one epoch
+/// thread), and on that runtime its adapters as [`Before`] says.
+pub fn prepare_reusing(config: &Config, before: Before, clients: Clients) -> Prepared {
     let mut prepared =
         Prepared { adapters: Adapters::default(), failures: Vec::new(), loaded: Vec::new(), runtime: None };
     let wanted: Vec<(&str, &str)> =
@@ -74,7 +96,7 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>, clients: 
     if wanted.is_empty() {
         return prepared;
     }
-    let runtime = match runtime_for(config, runtime) {
+    let runtime = match runtime_for(config, before.runtime.clone()) {
         Ok(r) => r,
         Err(e) => {
             // Each server's adapter failed with it: shown in the status, and a reload
@@ -89,17 +111,22 @@ pub fn prepare_reusing(config: &Config, runtime: Option<Arc<Runtime>>, clients: 
         }
     };
     runtime.set_compile_timeout(Duration::from_millis(config.settings.plugin_compile_timeout_ms));
-    let loads = load::load_all(&runtime, &config.settings.plugins_dir, wanted.iter().map(|(_, a)| *a));
+    // What was loaded on this runtime before (its code is this runtime's engine's).
+    let same = before.runtime.as_ref().is_some_and(|r| Arc::ptr_eq(r, &runtime));
+    let (known, kept) = if same { (&before.loaded[..], &before.adapters) } else { (&[][..], &Adapters::default()) };
+    let loads = load::load_all(&runtime, &config.settings.plugins_dir, wanted.iter().map(|(_, a)| *a), known);
     for (name, result) in &loads {
         match result {
-            Ok(l) => {
+            Ok((l, load::Fresh::No)) => tracing::debug!(adapter = %name, "{}: unchanged", l.path.display()),
+            Ok((l, load::Fresh::Yes)) => {
                 tracing::info!(adapter = %name, version = %l.info.version, "loaded {} ({} KiB{})", l.path.display(), l.bytes / 1024, if l.from_cache { ", compiled code from the cache" } else { "" });
-                prepared.loaded.push((name.clone(), l.info.clone(), l.bytes, l.from_cache));
             }
             Err(e) => tracing::error!(adapter = %name, "{e}"),
         }
     }
-    introduce(&mut prepared, (&runtime, clients), config, &wanted, &loads);
+    let loads: Vec<_> = loads.into_iter().map(|(name, r)| (name, r.map(|(l, _)| l))).collect();
+    introduce(&mut prepared, (&runtime, clients), config, &wanted, (&loads, kept));
+    prepared.loaded = loads.into_iter().filter_map(|(name, r)| Some((name, r.ok()?))).collect();
     prepared.runtime = Some(runtime);
     prepared
 }
@@ -136,7 +163,7 @@ fn introduce(
     (runtime, clients): (&Arc<Runtime>, Clients),
     config: &Config,
     wanted: &[(&str, &str)],
-    loads: &[(String, Result<load::Loaded, LoadError>)],
+    (loads, kept): (&[load::Named<load::Loaded>], &Adapters),
 ) {
     let secrets = crate::redact::Secrets::of(config);
     for &(server, adapter) in wanted {
@@ -145,7 +172,16 @@ fn introduce(
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
                 let serving = (server, clients);
-                match Adapter::new(runtime.clone(), loaded, adapter, serving, &entry.adapter_config, secrets.clone()) {
+                // The same code, asked with the same configuration, has declared already.
+                let asked =
+                    kept.get(server).filter(|old| old.introduced_as((runtime, loaded), serving, &entry.adapter_config));
+                let made = match asked {
+                    Some(old) => Ok(old.renewed(secrets.clone())),
+                    None => {
+                        Adapter::new(runtime.clone(), loaded, adapter, serving, &entry.adapter_config, secrets.clone())
+                    }
+                };
+                match made {
                     Ok(a) => prepared.adapters.insert(server, a),
                     Err(e) => {
                         // Its `declare` may have chosen the words: bounded, on one line.

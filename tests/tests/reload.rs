@@ -1182,6 +1182,61 @@ async fn over_stdio_too_a_server_added_to_the_file_joins_the_running_session() {
     assert!(warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains(held))), "{applied}");
 }
 
+/// A reload loads no adapter file again whose bytes it loaded before, and asks no
+/// adapter again what it needs when its code and configuration are the same: an
+/// unchanged server keeps its adapter (its store), a server whose entry changed gets a
+/// fresh one (an empty store) without the file being loaded again, and only new bytes
+/// are loaded. The adapter here keeps each failed call's arguments in its store.
+#[tokio::test]
+async fn a_reload_loads_again_only_what_changed_and_keeps_an_unchanged_servers_adapter() {
+    let plugins = rebound_tests::root().join("target/test-plugins");
+    let file = move |dir: &Path, a_timeout: u64, b: bool| {
+        let mut a = faulty("a", dir, &[]);
+        a["adapter"] = json!("misbehave");
+        a["adapter_config"] = json!({"mode": "keep"});
+        a["recovery"] = json!({"timeout_ms": a_timeout});
+        let mut servers = json!({"a": a});
+        if b {
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({"mcpServers": servers, "rebound": {"plugins_dir": plugins, "plugin_timeout_ms": 2000, "plugin_cache_dir": dir.join("cache")}})
+    };
+    let (first, again) = (file.clone(), file.clone());
+    let gw = Gateway::start(move |dir| first(dir, 5000, false)).await;
+    let dir = gw.dir.path().to_owned();
+    let owned = gw;
+    let gw = &owned;
+    let seen = |tool: &'static str, message: &'static str| async move {
+        let answer = text(&gw.call(tool, json!({"message": message})).await);
+        answer.rsplit_once("[rebound: seen ").map(|(_, seen)| seen.trim_end_matches(']').to_owned()).unwrap_or(answer)
+    };
+    assert_eq!(seen("fail", "one").await, "nothing; kept=true");
+    let reloads = |n: usize| move || gw.log.lock().unwrap().matches("configuration reloaded from").count() >= n;
+    rewrite_config(&dir, &again(&dir, 5000, true));
+    eventually("b added", reloads(1)).await;
+    assert!(until_offered(gw.client.peer(), "b__echo", true).await);
+    assert_eq!(seen("a__fail", "two").await, r#"{"message":"one"}; kept=true"#, "a unchanged keeps its adapter");
+    rewrite_config(&dir, &again(&dir, 6000, true));
+    eventually("a's timeout changed", reloads(2)).await;
+    assert_eq!(seen("a__fail", "three").await, "nothing; kept=true", "a changed gets a fresh adapter");
+    let loads = || gw.log.lock().unwrap().matches("misbehave.wasm (").count();
+    assert_eq!(loads(), 1, "loaded again:\n{}", gw.log.lock().unwrap());
+    // New bytes (a custom section appended) are loaded.
+    let wasm = dir.join("plugins-copy");
+    std::fs::create_dir(&wasm).unwrap();
+    let mut bytes = std::fs::read(rebound_tests::root().join("target/test-plugins/misbehave.wasm")).unwrap();
+    bytes.extend([0u8, 14, 12]);
+    bytes.extend(b"rebound-testx");
+    std::fs::write(wasm.join("misbehave.wasm"), &bytes).unwrap();
+    let mut moved = again(&dir, 6000, true);
+    moved["rebound"]["plugins_dir"] = json!(wasm);
+    rewrite_config(&dir, &moved);
+    eventually("new bytes loaded", || loads() == 2).await;
+    eventually("the new plugins folder applied", reloads(3)).await;
+    assert_eq!(seen("a__fail", "four").await, "nothing; kept=true");
+    owned.close().await;
+}
+
 #[tokio::test]
 async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
     let (gw, dir, client) = serving_a_and_b().await;

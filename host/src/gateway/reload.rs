@@ -164,12 +164,12 @@ async fn attempt(hub: &Arc<Hub>, path: &Path, tokens: &TokenCell) -> Result<(Cha
     config.settings.keep_running(&current.config.settings);
     let warnings: Vec<String> = held.into_iter().chain(config.warnings.iter().cloned()).collect();
     let for_plugins = config.clone();
-    let runtime = current.plugins.runtime.clone();
+    let before = current.plugins.before();
     let clients = hub.downstreams.front().clients();
     // Then what loading left in the heap arenas goes back (`memory`), the compiler's
     // working memory included if an adapter was compiled in the gateway.
     let plugins = tokio::task::spawn_blocking(move || {
-        let plugins = crate::plugins::prepare_reusing(&for_plugins, runtime, clients);
+        let plugins = crate::plugins::prepare_reusing(&for_plugins, before, clients);
         crate::memory::trim();
         plugins
     })

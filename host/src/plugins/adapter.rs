@@ -164,6 +164,44 @@ impl Adapter {
         Ok(Arc::new(adapter))
     }
 
+    /// Whether this adapter was introduced (its `declare` asked) as `loaded` would be for
+    /// `serving` with `config`: the same code on the same runtime, the same
+    /// configuration and the same clients, so that it would declare the same needs.
+    pub fn introduced_as(
+        &self,
+        (runtime, loaded): (&Arc<Runtime>, &Loaded),
+        serving: (&str, super::Clients),
+        config: &serde_json::Value,
+    ) -> bool {
+        Arc::ptr_eq(&self.runtime, runtime)
+            && self.digest == loaded.digest
+            && (&*self.server, self.clients) == serving
+            && *self.config == *config.to_string()
+    }
+
+    /// A new adapter of the same code, runtime, configuration and declared needs, with
+    /// state of its own (an empty store and observe queue, no faults) and `secrets`
+    /// hidden: what a reload gives a server whose entry changed but not its adapter, as
+    /// [`Self::new`] would, without asking the adapter again.
+    pub fn renewed(&self, secrets: Secrets) -> Arc<Self> {
+        Arc::new(Self {
+            runtime: self.runtime.clone(),
+            pre: self.pre.clone(),
+            info: self.info.clone(),
+            name: self.name.clone(),
+            digest: self.digest,
+            server: self.server.clone(),
+            clients: self.clients,
+            config: self.config.clone(),
+            kv: Kv::counted_in(self.room.stored.clone()),
+            secrets: Arc::new(std::sync::RwLock::new(secrets)),
+            log: Arc::new(super::state::log_budget()),
+            health: Arc::default(),
+            lane: Lane::within(self.room.observing.clone()),
+            room: self.room.clone(),
+        })
+    }
+
     /// The same adapter for another instance of its server (a client session's own): the
     /// same code, configuration and declared needs, with state of its own (its key-value
     /// store, such as the HOL cursor, and its observe queue); its health (faults,
@@ -476,7 +514,7 @@ impl Adapter {
 }
 
 /// The adapters of all servers: the engine's [`Advisor`].
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Adapters {
     by_server: HashMap<Arc<str>, Arc<Adapter>>,
 }

@@ -76,6 +76,7 @@ pub enum LoadError {
 }
 
 /// A loaded adapter, ready to instantiate.
+#[derive(Clone)]
 pub struct Loaded {
     pub path: PathBuf,
     /// SHA-256 of the file's bytes.
@@ -115,7 +116,28 @@ pub struct Info {
 /// checked against what it may import and the contracts this host speaks, and asked who
 /// it is.
 pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
+    load_unless_known(runtime, path, &[]).map(|(loaded, _)| loaded)
+}
+
+/// Whether a load compiled (or took from the cache), instantiated and asked its adapter,
+/// or found the same bytes loaded before on the same runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fresh {
+    Yes,
+    No,
+}
+
+/// [`load`], unless `known` (loaded before on `runtime`) holds the same bytes: then that
+/// load, found at `path`, and nothing is asked of the adapter.
+fn load_unless_known(runtime: &Runtime, path: &Path, known: &[(String, Loaded)]) -> Result<(Loaded, Fresh), LoadError> {
     let bytes = read(path)?;
+    let digest: [u8; 32] = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&bytes).into()
+    };
+    if let Some((_, before)) = known.iter().find(|(_, l)| l.digest == digest) {
+        return Ok((Loaded { path: path.to_owned(), ..before.clone() }, Fresh::No));
+    }
     // What the component makes the host say (a compiler's error names what it found in
     // the component; `declare`'s patterns) is shown bounded and on one line.
     let invalid =
@@ -130,25 +152,25 @@ pub fn load(runtime: &Runtime, path: &Path) -> Result<Loaded, LoadError> {
     };
     let (info, manifest) = introduce(runtime, &pre).map_err(invalid)?;
     let needs = Needs::from_manifest(&manifest).map_err(|e| invalid(format!("declares {e}")))?;
-    Ok(Loaded {
-        path: path.to_owned(),
-        digest: {
-            use sha2::Digest;
-            sha2::Sha256::digest(&bytes).into()
+    Ok((
+        Loaded {
+            path: path.to_owned(),
+            digest,
+            pre,
+            // What it says of itself is shown to operators, bounded and on one line.
+            info: Info {
+                name: shown(&info.name, MAX_INFO_BYTES),
+                version: shown(&info.version, MAX_INFO_BYTES),
+                contract: version,
+                servers: info.servers.iter().take(MAX_INFO_ITEMS).map(|s| shown(s, MAX_INFO_BYTES)).collect(),
+                tools: info.tools.iter().take(MAX_INFO_ITEMS).map(|t| shown(t, MAX_INFO_BYTES)).collect(),
+                needs,
+            },
+            bytes: bytes.len(),
+            from_cache,
         },
-        pre,
-        // What it says of itself is shown to operators, bounded and on one line.
-        info: Info {
-            name: shown(&info.name, MAX_INFO_BYTES),
-            version: shown(&info.version, MAX_INFO_BYTES),
-            contract: version,
-            servers: info.servers.iter().take(MAX_INFO_ITEMS).map(|s| shown(s, MAX_INFO_BYTES)).collect(),
-            tools: info.tools.iter().take(MAX_INFO_ITEMS).map(|t| shown(t, MAX_INFO_BYTES)).collect(),
-            needs,
-        },
-        bytes: bytes.len(),
-        from_cache,
-    })
+        Fresh::Yes,
+    ))
 }
 
 /// The bytes of the component at `path`, at most [`MAX_COMPONENT_BYTES`], which must be a
@@ -525,17 +547,22 @@ fn cache_key(engine: &wasmtime::Engine, bytes: &[u8]) -> String {
     feed.0.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Loads every adapter file the configuration names, keyed by adapter name.
+/// An adapter file's load (or why not), by the adapter's name.
+pub type Named<T> = (String, Result<T, LoadError>);
+
+/// Loads every adapter file the configuration names, keyed by adapter name; a file whose
+/// bytes `known` (loaded before on `runtime`) holds is that load again ([`Fresh::No`]).
 pub fn load_all<'a>(
     runtime: &Arc<Runtime>,
     dir: &Path,
     names: impl IntoIterator<Item = &'a str>,
-) -> Vec<(String, Result<Loaded, LoadError>)> {
+    known: &[(String, Loaded)],
+) -> Vec<Named<(Loaded, Fresh)>> {
     let mut seen = std::collections::BTreeSet::new();
     names
         .into_iter()
         .filter(|n| seen.insert(n.to_string()))
-        .map(|n| (n.to_owned(), load(runtime, &dir.join(format!("{n}.wasm")))))
+        .map(|n| (n.to_owned(), load_unless_known(runtime, &dir.join(format!("{n}.wasm")), known)))
         .collect()
 }
 
