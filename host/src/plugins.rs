@@ -167,8 +167,9 @@ fn introduce(
 ) {
     let secrets = crate::redact::Secrets::of(config);
     for &(server, adapter) in wanted {
+        // (A `scope: session` server's adapter serves through its forks, one client
+        // each, `Adapter::fork`; itself, as many as the front has.)
         let entry = &config.servers[server];
-        let clients = if entry.scope == crate::config::Scope::Session { Clients::One } else { clients };
         match loads.iter().find(|(n, _)| n == adapter).map(|(_, r)| r) {
             Some(Ok(loaded)) => {
                 let serving = (server, clients);

@@ -24,14 +24,13 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
 
 use futures::future::BoxFuture;
-use rmcp::model::{CallToolResult, JsonObject};
 
 use crate::lasting::Locked;
 use crate::recovery::Failure;
 use crate::recovery::classify::Classification;
 use crate::recovery::classify::classify;
 use crate::recovery::engine::{Ending, Record, Role};
-use crate::recovery::plan::{Advice, Advisor, FailureContext};
+use crate::recovery::plan::{Advice, Advisor, Completed, FailureContext};
 use crate::redact::Current;
 
 static TRACING: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();
@@ -291,14 +290,8 @@ impl Advisor for TracedAdvisor<'_> {
         self.timed("plan", failure.server, self.inner.plan(failure, classification))
     }
 
-    fn observe(
-        &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<&JsonObject>,
-        result: &CallToolResult,
-    ) -> BoxFuture<'static, ()> {
+    fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()> {
         // Off the call's path: not part of its trace.
-        self.inner.observe(server, tool, arguments, result)
+        self.inner.observe(call)
     }
 }

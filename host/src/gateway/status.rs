@@ -114,13 +114,16 @@ fn full_status(hub: &Hub, reader: &Reader<'_>) -> Value {
                 && let Some(handle) = own.instance(name)
             {
                 let mut entry = instance_status(&setup, recovery.engine(), recovery.adapters(), &handle);
-                only_what_is_its_own(&mut entry["adapter"]);
+                only_its_name_and_quarantine(&mut entry["adapter"]);
                 return Some(entry);
             }
             match (setup.servers.get(name), &own) {
                 (Some(handle), Some((own, _))) => {
                     let mut entry = instance_status(&setup, &setup.engine, &setup.plugins.adapters, handle);
                     own_breakers(&mut entry, &setup, name, own);
+                    if hub.downstreams.front() == Front::Http {
+                        only_its_name_and_quarantine(&mut entry["adapter"]);
+                    }
                     Some(entry)
                 }
                 (Some(handle), None) => {
@@ -175,11 +178,15 @@ fn own_breakers(entry: &mut Value, setup: &Setup, server: &str, own: &SessionSer
     }
 }
 
-/// Of a session's own instance's adapter, what is not every session's: its copies share
-/// one health (faults, the last of them, what was dropped, how busy it was), which tells
-/// of the other sessions' calls. Its name and version, and whether it is quarantined
-/// (which holds for this session's calls too), are kept.
-fn only_what_is_its_own(adapter: &mut Value) {
+/// Of an adapter that serves other clients too, what a client may be shown: a session's
+/// own instance's adapter shares one health with its copies in other sessions, and over
+/// HTTP a shared server's adapter is every client's. Its health (faults, the last of them
+/// with the figures the adapter chose, lines and calls dropped, how busy it was) tells
+/// of other clients' calls, and an adapter could write in it, as counts, what it was
+/// shown of them, for another client to read. Its name and version, and whether it is
+/// quarantined (which holds for this client's calls too), are kept; the operator's
+/// `GET /status` has the rest.
+fn only_its_name_and_quarantine(adapter: &mut Value) {
     if let Some(health) = adapter.as_object_mut() {
         health.retain(|k, _| matches!(k.as_str(), "name" | "version" | "quarantined_for_ms"));
     }
@@ -684,7 +691,7 @@ mod tests {
     /// A client is shown of its own instance's adapter nothing its copies in other
     /// sessions share: how they fared tells of those sessions' calls.
     #[test]
-    fn a_sessions_adapter_shows_its_client_only_what_is_its_own() {
+    fn a_sessions_adapter_shows_its_client_only_its_name_and_quarantine() {
         let health = crate::plugins::adapter::HealthReport {
             name: "hol4".into(),
             version: "0.1.0".into(),
@@ -698,10 +705,10 @@ mod tests {
             too_heavy: 5,
         };
         let mut adapter = serde_json::to_value(health).unwrap();
-        only_what_is_its_own(&mut adapter);
+        only_its_name_and_quarantine(&mut adapter);
         assert_eq!(adapter, json!({"name": "hol4", "version": "0.1.0", "quarantined_for_ms": 500}));
         let mut none = Value::Null;
-        only_what_is_its_own(&mut none);
+        only_its_name_and_quarantine(&mut none);
         assert_eq!(none, Value::Null);
     }
 }

@@ -23,7 +23,7 @@ use crate::recovery::Failure;
 use crate::recovery::breaker::{Blame, Culprit};
 use crate::recovery::classify::Classification;
 use crate::recovery::engine::{Ending, Record, Role, Unoffered, Upstream};
-use crate::recovery::plan::{Advice, Advisor, FailureContext};
+use crate::recovery::plan::{Advice, Advisor, ArgumentsBy, Completed, FailureContext};
 use crate::recovery::report;
 use crate::telemetry::{CallTrace, TracedAdvisor};
 use crate::transport::ServerHandle;
@@ -468,22 +468,18 @@ impl Advisor for ObservedAsGranted<'_> {
         self.inner.plan(failure, class)
     }
 
-    fn observe(
-        &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<&JsonObject>,
-        result: &CallToolResult,
-    ) -> BoxFuture<'static, ()> {
-        // (A server the configuration no longer has, after a reload, is shown nothing.)
-        let shown =
-            self.config.servers.get(server).is_some_and(|s| {
-                s.scope == crate::config::Scope::Session || s.adapter_allow.observes_shared(server, tool)
-            });
+    fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()> {
+        // A call whose arguments an adapter's plan wrote may carry what it was shown of
+        // another client's failed call: what it observes it may keep. (A server the
+        // configuration no longer has, after a reload, is shown nothing.)
+        let shown = self.config.servers.get(call.server).is_some_and(|s| {
+            s.scope == crate::config::Scope::Session
+                || (call.arguments_by == ArgumentsBy::Client && s.adapter_allow.observes_shared(call.server, call.tool))
+        });
         if !shown {
             return Box::pin(async {});
         }
-        self.inner.observe(server, tool, arguments, result)
+        self.inner.observe(call)
     }
 }
 
@@ -528,6 +524,44 @@ mod tests {
         assert_eq!(to_write(&record(vec![timeout(), Failure::Cancelled]), true), 1);
         assert_eq!(to_write(&record(vec![timeout(), timeout()]), true), usize::MAX, "a timeout may have run");
         assert_eq!(to_write(&record(vec![timeout(), Failure::Cancelled]), false), usize::MAX);
+    }
+
+    /// Over HTTP, a shared server's adapter is shown a granted tool's successful call
+    /// only when the client wrote its arguments; a session's own instance's adapter, any.
+    #[test]
+    fn a_shared_adapter_over_http_observes_only_granted_calls_with_the_clients_arguments() {
+        struct Seen(std::sync::Mutex<Vec<String>>);
+        impl Advisor for Seen {
+            fn classify(
+                &self,
+                _: &FailureContext<'_>,
+                _: &Classification,
+            ) -> BoxFuture<'static, Option<Classification>> {
+                Box::pin(async { None })
+            }
+            fn plan(&self, _: &FailureContext<'_>, _: &Classification) -> BoxFuture<'static, Option<Advice>> {
+                Box::pin(async { None })
+            }
+            fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()> {
+                self.0.lock().unwrap().push(format!("{}/{}", call.server, call.tool));
+                Box::pin(async {})
+            }
+        }
+        let text = serde_json::json!({"mcpServers": {
+            "shared": {"command": "x", "adapter_allow": {"observes": ["look"]}},
+            "own": {"command": "x", "scope": "session"},
+        }});
+        let config = crate::config::parse(&text.to_string(), std::path::Path::new("/r.json"), &|_| None).unwrap();
+        let seen = Seen(std::sync::Mutex::default());
+        let shown = ObservedAsGranted { inner: &seen, config: &config };
+        let result = CallToolResult::success(vec![]);
+        for (server, tool) in [("shared", "look"), ("shared", "other"), ("own", "any"), ("gone", "look")] {
+            for arguments_by in [ArgumentsBy::Client, ArgumentsBy::Adapter] {
+                let call = Completed { server, tool, arguments: None, result: &result, arguments_by };
+                futures::executor::block_on(shown.observe(&call));
+            }
+        }
+        assert_eq!(*seen.0.lock().unwrap(), ["shared/look", "own/any", "own/any"]);
     }
 
     fn ip(s: &str) -> Option<std::net::IpAddr> {

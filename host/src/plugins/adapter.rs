@@ -19,7 +19,7 @@ mod lane;
 use crate::recovery::Failure;
 use crate::recovery::classify::{Category, Classification, Kind, Severity};
 use crate::recovery::engine::{Denial, Denied};
-use crate::recovery::plan::{Advice, Advisor, FailureContext, Step};
+use crate::recovery::plan::{Advice, Advisor, Completed, FailureContext, Step};
 use crate::redact::Secrets;
 use futures::future::BoxFuture;
 use lane::{Admission, Lane};
@@ -208,13 +208,13 @@ impl Adapter {
     /// quarantine), its share of the instance pool, its log budget, the secrets hidden
     /// from it and its observe queue's bytes stay the original's.
     pub fn fork(&self) -> Arc<Self> {
-        Self::with_state(self, self, self.kv.sibling())
+        Self::with_state(self, self, (self.kv.sibling(), super::Clients::One))
     }
 
-    /// `code`'s adapter (its code, runtime and share of the pool) with `kv` for its store
-    /// and what `state` holds for all its copies (health, log budget, secrets hidden, the
-    /// bytes its observe queues may hold), and a queue of its own.
-    fn with_state(code: &Adapter, state: &Adapter, kv: Kv) -> Arc<Self> {
+    /// `code`'s adapter (its code, runtime and share of the pool) with `kv` for its store,
+    /// serving `clients`, and what `state` holds for all its copies (health, log budget,
+    /// secrets hidden, the bytes its observe queues may hold), and a queue of its own.
+    fn with_state(code: &Adapter, state: &Adapter, (kv, clients): (Kv, super::Clients)) -> Arc<Self> {
         Arc::new(Self {
             runtime: code.runtime.clone(),
             pre: code.pre.clone(),
@@ -222,7 +222,7 @@ impl Adapter {
             name: code.name.clone(),
             digest: code.digest,
             server: code.server.clone(),
-            clients: code.clients,
+            clients,
             config: code.config.clone(),
             kv,
             secrets: state.secrets.clone(),
@@ -256,7 +256,7 @@ impl Adapter {
     /// still running write is kept too; its health (faults, quarantine), the secrets
     /// hidden from it (shared with the forks sessions keep) and the rest carry over.
     pub fn moved_to(&self, fresh: &Adapter) -> Arc<Self> {
-        Self::with_state(fresh, self, self.kv.clone())
+        Self::with_state(fresh, self, (self.kv.clone(), fresh.clients))
     }
 
     /// Takes up the counts (faults, busy and too heavy calls, dropped log lines and observed calls) of
@@ -568,13 +568,8 @@ impl Advisor for Adapters {
         Box::pin(async move { a.planned(request).await })
     }
 
-    fn observe(
-        &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<&JsonObject>,
-        result: &CallToolResult,
-    ) -> BoxFuture<'static, ()> {
+    fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()> {
+        let Completed { server, tool, arguments, result, .. } = *call;
         // An adapter that does not observe this tool costs a successful call nothing; one
         // that does sees it after the client has its answer.
         // Nor does one quarantined, one whose queue has no room for it, or one that could

@@ -44,7 +44,7 @@ use super::budget::Budgets;
 use super::classify::{Category, Classification, classify, classify_sent};
 use super::clock::{Clock, Rng};
 use super::failure::Failure;
-use super::plan::{self, Advice, Advisor, FailureContext, Origin, Plan, Step};
+use super::plan::{self, Advice, Advisor, ArgumentsBy, Completed, FailureContext, Origin, Plan, Step};
 use super::retry_after;
 use crate::config::{AdapterGrant, Alternative, RecoveryConfig, ServerConfig};
 use crate::lasting::Locked;
@@ -755,7 +755,7 @@ impl Engine {
         if spent.primary > 1 {
             call.policy.counters.add(|c| &c.recovered);
         }
-        observe(call.advisor, &call.server, &call.tool, call.arguments.as_ref(), &result).await;
+        observe(call.advisor, (&call.server, &call.tool, call.arguments.as_ref(), ArgumentsBy::Client), &result).await;
         Ending::Answered(result)
     }
 
@@ -1022,7 +1022,8 @@ impl Engine {
             .await;
         match outcome {
             Ok(result) => {
-                observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
+                let by = if origin == Origin::Adapter { ArgumentsBy::Adapter } else { ArgumentsBy::Client };
+                observe(call.advisor, (&server, &tool, args.as_ref(), by), &result).await;
                 record.push(&server, &tool, Role::SideCall, None, Duration::ZERO);
             }
             Err(f) => record.push(&server, &tool, Role::SideCall, Some(f), Duration::ZERO),
@@ -1054,6 +1055,10 @@ impl Engine {
         spent.alternatives.insert((server.clone(), tool.clone()));
         spent.called.insert((server.clone(), tool.clone()));
         policy.counters.add(|c| &c.fallbacks);
+        let by = match (origin, &arguments) {
+            (Origin::Adapter, Some(_)) => ArgumentsBy::Adapter,
+            _ => ArgumentsBy::Client,
+        };
         let args = arguments
             .or_else(|| {
                 let configured = plan::configured(&call.policy.recovery, (&call.server, &call.tool), (&server, &tool))?;
@@ -1066,7 +1071,7 @@ impl Engine {
             Ok(result) => {
                 record.push(&server, &tool, Role::Alternative, None, Duration::ZERO);
                 call.policy.counters.add(|c| &c.recovered);
-                observe(call.advisor, &server, &tool, args.as_ref(), &result).await;
+                observe(call.advisor, (&server, &tool, args.as_ref(), by), &result).await;
                 Some(result)
             }
             Err(f) => {
@@ -1303,13 +1308,11 @@ fn deny(call: &Call<'_>, record: &mut Record, denial: Denial, (server, tool): (&
 /// Shows the advisor a successful call's result (an answer that is not one, it never sees).
 async fn observe(
     advisor: Option<&dyn Advisor>,
-    server: &str,
-    tool: &str,
-    arguments: Option<&JsonObject>,
+    (server, tool, arguments, arguments_by): (&str, &str, Option<&JsonObject>, ArgumentsBy),
     answer: &CallToolResponse,
 ) {
     if let (Some(a), CallToolResponse::Complete(result)) = (advisor, answer) {
-        a.observe(server, tool, arguments, result).await;
+        a.observe(&Completed { server, tool, arguments, result, arguments_by }).await;
     }
 }
 

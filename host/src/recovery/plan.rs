@@ -50,13 +50,26 @@ pub trait Advisor: Send + Sync {
     ) -> BoxFuture<'static, Option<Classification>>;
     fn plan(&self, failure: &FailureContext<'_>, classification: &Classification)
     -> BoxFuture<'static, Option<Advice>>;
-    fn observe(
-        &self,
-        server: &str,
-        tool: &str,
-        arguments: Option<&JsonObject>,
-        result: &CallToolResult,
-    ) -> BoxFuture<'static, ()>;
+    fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()>;
+}
+
+/// A successful call, as an advisor is shown it.
+pub struct Completed<'a> {
+    pub server: &'a str,
+    pub tool: &'a str,
+    pub arguments: Option<&'a JsonObject>,
+    pub result: &'a CallToolResult,
+    /// Who wrote its arguments.
+    pub arguments_by: ArgumentsBy,
+}
+
+/// Who wrote a call's arguments: the client (its own call, a retry of it, or a
+/// configured fallback, which maps the client's arguments), or an adapter's plan, which
+/// may have put in them what it was shown of any call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgumentsBy {
+    Client,
+    Adapter,
 }
 
 /// An adapter's plan: its steps, and what it holds while the plan runs (the adapter's

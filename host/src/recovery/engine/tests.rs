@@ -731,8 +731,9 @@ impl Advisor for Planner {
         Box::pin(async move { p })
     }
 
-    fn observe(&self, server: &str, tool: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
-        self.observed.lock().unwrap().push(format!("{server}/{tool}"));
+    fn observe(&self, call: &Completed<'_>) -> BoxFuture<'static, ()> {
+        let by = if call.arguments_by == ArgumentsBy::Adapter { " (the adapter's arguments)" } else { "" };
+        self.observed.lock().unwrap().push(format!("{}/{}{by}", call.server, call.tool));
         Box::pin(async {})
     }
 }
@@ -799,7 +800,7 @@ async fn a_plan_can_interrupt_and_give_up_without_replaying() {
     assert_eq!(up.calls("s/hol_interrupt")[0].2, Some(json!({"session": "main"}).as_object().unwrap().clone()));
     assert_eq!(record.action.as_deref(), Some("the tactic was interrupted; try a smaller step"));
     assert_eq!(record.attempts.iter().map(|a| a.role).collect::<Vec<_>>(), [Role::Primary, Role::SideCall]);
-    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_interrupt"]);
+    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_interrupt (the adapter's arguments)"]);
 }
 
 /// The upstream is told what each attempt is to the client's call: only the primary may
@@ -820,6 +821,13 @@ async fn each_attempt_says_what_it_is_to_the_clients_call() {
     let roles = up.roles.lock().unwrap().clone();
     let expected = [("s/look", Role::Primary), ("s/look", Role::SideCall), ("s/b", Role::Alternative)];
     assert_eq!(roles, expected.map(|(t, r)| (t.to_owned(), r)));
+    // The advisor is told whose arguments each successful call carried: an alternative
+    // without arguments of the plan's own carries the client's.
+    assert_eq!(*a.observed.lock().unwrap(), ["s/b"]);
+    let up = Script::new(&[("s/look", true), ("s/b", true)]).then("s/look", vec![timeout()]);
+    let a = planner(vec![Step::Alternative { server: None, tool: "b".into(), arguments: Some(JsonObject::new()) }]);
+    assert_eq!(answered(&advised(&e, &up, &a, "look").await.0), "ok");
+    assert_eq!(*a.observed.lock().unwrap(), ["s/b (the adapter's arguments)"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -838,7 +846,7 @@ async fn an_adapter_that_proves_non_delivery_makes_a_replay_safe() {
     assert_eq!(answered(&ending), "ok");
     assert_eq!(up.calls("s/hol_send").len(), 2);
     assert!(record.recovered());
-    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_start", "s/hol_send"]);
+    assert_eq!(*a.observed.lock().unwrap(), ["s/hol_start (the adapter's arguments)", "s/hol_send"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1436,7 +1444,7 @@ async fn an_adapters_word_that_a_call_never_ran_buys_one_replay() {
             let p = Some(self.0.plan.clone().into());
             Box::pin(async move { p })
         }
-        fn observe(&self, _: &str, _: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
+        fn observe(&self, _: &Completed<'_>) -> BoxFuture<'static, ()> {
             Box::pin(async {})
         }
     }
@@ -1543,7 +1551,7 @@ async fn an_adapter_cannot_hold_a_call_past_its_deadline() {
                 None
             })
         }
-        fn observe(&self, _: &str, _: &str, _: Option<&JsonObject>, _: &CallToolResult) -> BoxFuture<'static, ()> {
+        fn observe(&self, _: &Completed<'_>) -> BoxFuture<'static, ()> {
             Box::pin(async {})
         }
     }

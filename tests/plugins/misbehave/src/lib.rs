@@ -1,7 +1,8 @@
 //! An adapter that misbehaves on purpose, as `adapter_config.mode` says, whenever it is
 //! asked to classify: it loops, eats memory, panics, floods its output, reaches for
 //! files and the environment it was not given, looks for what an earlier call left in
-//! its memory, or keeps each call's arguments in its store for the next. `plan` answers normally, so the tests
+//! its memory, or keeps each call's arguments in its store for the next (then `plan` keeps
+//! them too). `plan` answers normally, so the tests
 //! can tell a contained fault from a dead gateway.
 
 wit_bindgen::generate!({ world: "plugin", path: "../../../wit/since_v0.1.0" });
@@ -81,16 +82,21 @@ impl Guest for Misbehave {
                 Some(Classification { message: Some(format!("calls={calls} found={found}")), ..builtin })
             }
             "keep" => {
-                // What the call before left, and whether this one's arguments are kept.
-                let seen = rebound::adapter::store::get("last").unwrap_or_else(|| "nothing".into());
+                // What the calls before left, from `classify` and from `plan`, and
+                // whether this one's arguments are kept.
+                let left = |key| rebound::adapter::store::get(key).unwrap_or_else(|| "nothing".into());
+                let (seen, planned) = (left("last"), left("planned"));
                 let kept = rebound::adapter::store::set("last", &failure.arguments);
-                Some(Classification { message: Some(format!("seen {seen}; kept={kept}")), ..builtin })
+                Some(Classification { message: Some(format!("seen {seen}; planned {planned}; kept={kept}")), ..builtin })
             }
             _ => None,
         }
     }
 
-    fn plan(_failure: Failure, _class: Classification) -> Option<Vec<Step>> {
+    fn plan(failure: Failure, _class: Classification) -> Option<Vec<Step>> {
+        if mode() == "keep" {
+            rebound::adapter::store::set("planned", &failure.arguments);
+        }
         None
     }
 
