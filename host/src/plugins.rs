@@ -152,8 +152,16 @@ fn runtime_for(config: &Config, runtime: Option<Arc<Runtime>>) -> anyhow::Result
     });
     // A cache folder refused before, and still refused, asks for no new runtime.
     let usable = cache.as_deref().filter(|c| runtime::private_dir(c).is_ok());
-    let reusable = runtime.filter(|r| r.limits == limits && r.cache_dir() == usable);
-    reusable.map(Ok).unwrap_or_else(|| Runtime::new(limits, cache))
+    match runtime {
+        Some(r) if r.limits == limits && r.cache_dir() == usable => Ok(r),
+        before => {
+            let fresh = Runtime::new(limits, cache)?;
+            if let Some(before) = before {
+                fresh.count_on_from(&before);
+            }
+            Ok(fresh)
+        }
+    }
 }
 
 /// Each server of `wanted` given its adapter from `loads`, introduced to the server (its
@@ -218,5 +226,27 @@ mod tests {
         assert_eq!(first.cache_dir(), None, "the cache was refused");
         let second = runtime_for(&config, Some(first.clone())).unwrap();
         assert!(Arc::ptr_eq(&first, &second), "a new runtime for the same settings");
+    }
+
+    /// New plugin limits make a new runtime, on which each adapter's stores, observe
+    /// queues and plans count towards the bounds they counted towards before: adapters
+    /// moved to it keep their stores, and the new ones' join them, not a second 64 MiB.
+    #[tokio::test]
+    async fn a_new_runtime_counts_on_what_the_adapters_held_on_the_one_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = |memory: u64| {
+            let text = serde_json::json!({"mcpServers": {}, "rebound": {"plugin_memory_mb": memory, "plugin_cache_dir": dir.path().join("cache")}});
+            crate::config::parse(&text.to_string(), &dir.path().join("rebound.json"), &|_| None).unwrap()
+        };
+        let first = runtime_for(&config(16), None).unwrap();
+        first.room("kept").stored.fetch_add(100, std::sync::atomic::Ordering::Relaxed);
+        let second = runtime_for(&config(32), Some(first.clone())).unwrap();
+        assert!(!Arc::ptr_eq(&first, &second), "new limits, a new runtime");
+        let (before, after) = (first.room("kept"), second.room("kept"));
+        assert!(Arc::ptr_eq(&before.stored, &after.stored) && Arc::ptr_eq(&before.observing, &after.observing));
+        assert!(Arc::ptr_eq(&before.planned, &after.planned));
+        assert_eq!(after.stored.load(std::sync::atomic::Ordering::Relaxed), 100);
+        assert!(!Arc::ptr_eq(&before.share, &after.share), "the pool is the new runtime's");
+        assert!(!Arc::ptr_eq(&first.room("new").stored, &second.room("new").stored), "none before: its own");
     }
 }

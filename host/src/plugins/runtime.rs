@@ -321,6 +321,24 @@ impl Runtime {
         rooms.entry(name.into()).or_insert_with(|| self.new_room()).clone()
     }
 
+    /// Takes up the bytes `before` (the runtime this one replaces at a reload) counts for
+    /// each adapter: the stores, observe queues and plans its adapters still hold, which
+    /// adapters moved here keep (`Adapter::moved_to`), count towards the same bounds as
+    /// those of its new adapters, not towards a second set of them. Call it before any
+    /// room here is taken.
+    pub fn count_on_from(&self, before: &Runtime) {
+        let mut rooms = self.rooms.locked();
+        for (name, old) in before.rooms.locked().iter() {
+            let room = Room {
+                stored: old.stored.clone(),
+                observing: old.observing.clone(),
+                planned: old.planned.clone(),
+                ..self.new_room()
+            };
+            rooms.insert(name.clone(), room);
+        }
+    }
+
     /// A room of its own, for a call no adapter's room bounds.
     fn new_room(&self) -> Room {
         let share = Arc::new(tokio::sync::Semaphore::new(POOL_INSTANCES as usize / 2));
