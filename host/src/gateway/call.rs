@@ -209,7 +209,8 @@ async fn exchange(
     };
     let token = handle.progress_token.clone();
     call.sent(session.id, handle.id.clone());
-    let mapped = ProgressTo::of(cx, cx.meta.get_progress_token()).is_some_and(|to| {
+    let to = ProgressTo::of(cx, cx.meta.get_progress_token()).zip(call.client.as_ref());
+    let mapped = to.is_some_and(|to| {
         routing.map_progress(session.id, token.clone(), to);
         true
     });

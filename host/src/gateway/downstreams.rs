@@ -245,36 +245,62 @@ impl Sending {
     /// Runs `delivery` of a notification `bytes` long to `to` on a task of its own,
     /// within the bounds.
     fn spawn(self: &Arc<Self>, to: Share, bytes: usize, delivery: impl Future<Output = ()> + Send + 'static) {
-        let taken = self.load.locked().take(&to, bytes);
-        if !taken {
-            let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if dropped.is_power_of_two() || dropped == 0 {
-                tracing::warn!(
-                    "{} notifications dropped: clients read slower than servers speak ({MAX_SENDING} or {MAX_SENDING_BYTES} bytes on their way at most)",
-                    dropped + 1
-                );
-            }
-            return;
-        }
-        let sending = self.clone();
+        let Some(held) = self.take(to, bytes) else { return };
         tokio::spawn(async move {
             if tokio::time::timeout(SEND_WITHIN, delivery).await.is_err() {
                 tracing::debug!("a notification waited {} s for its client; given up", SEND_WITHIN.as_secs());
             }
-            sending.load.locked().give_back(&to, bytes);
+            drop(held);
         });
+    }
+
+    /// Room for a notification `bytes` long on its way to `client` (a session's name, as
+    /// [`ClientPeer::client`]), counted against its shares until the [`Holding`] is
+    /// dropped; none, and the notification counted as dropped, past a bound. For what
+    /// goes out in an order of its own (a call's progress), not through [`Self::send`].
+    pub fn hold(self: &Arc<Self>, client: &Arc<str>, bytes: usize) -> Option<Holding> {
+        let placed = self.addresses.locked().get(client).cloned();
+        self.take(placed.unwrap_or_else(|| Share::new(client.clone(), None)), bytes)
+    }
+
+    fn take(self: &Arc<Self>, to: Share, bytes: usize) -> Option<Holding> {
+        if self.load.locked().take(&to, bytes) {
+            return Some(Holding { sending: self.clone(), to, bytes });
+        }
+        let dropped = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if dropped.is_power_of_two() || dropped == 0 {
+            tracing::warn!(
+                "{} notifications dropped: clients read slower than servers speak ({MAX_SENDING} or {MAX_SENDING_BYTES} bytes on their way at most)",
+                dropped + 1
+            );
+        }
+        None
     }
 
     /// Notifications on their way now, in all.
     #[cfg(test)]
-    fn load(&self) -> (usize, usize) {
+    pub(super) fn load(&self) -> (usize, usize) {
         let all = self.load.locked().all;
         (all.n, all.bytes)
     }
 }
 
+/// A notification's room among those on their way ([`Sending::hold`]), given back when
+/// dropped: once it was delivered or given up.
+pub struct Holding {
+    sending: Arc<Sending>,
+    to: Share,
+    bytes: usize,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.sending.load.locked().give_back(&self.to, self.bytes);
+    }
+}
+
 /// How long `notification` is as JSON.
-fn encoded_len(notification: &ServerNotification) -> usize {
+pub fn encoded_len(notification: &impl serde::Serialize) -> usize {
     struct Counted(usize);
     impl std::io::Write for Counted {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -354,9 +380,11 @@ pub fn rank(level: LoggingLevel) -> u8 {
 }
 
 impl Downstreams {
-    pub fn new(front: Front) -> Self {
+    /// The sessions of `front`, whose notifications go out through `sending` (the one a
+    /// call's progress counts against too, `Routing::sending`).
+    pub fn new(front: Front, sending: Arc<Sending>) -> Self {
         let shared_level = Mutex::default();
-        Self { front, list: Mutex::default(), shared_level, parked: Mutex::default(), sending: Arc::default() }
+        Self { front, list: Mutex::default(), shared_level, parked: Mutex::default(), sending }
     }
 
     pub fn front(&self) -> Front {

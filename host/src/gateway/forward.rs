@@ -163,7 +163,7 @@ impl Gateway {
         let sent = send(session, (out.request, options), out.hand_over, cx).await?;
         call.sent(session.id, sent.id.clone());
         let progress = ProgressTo::of(cx, client_token)
-            .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), to));
+            .map(|to| self.hub.routing.progress_route(session.id, sent.progress_token.clone(), (to, &self.own.client)));
         let mut abandoned = Abandoned { session, id: Some(sent.id.clone()), cx };
         let response = sent.await_response();
         let answer = tokio::select! {

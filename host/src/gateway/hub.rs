@@ -114,12 +114,13 @@ impl Hub {
                 secrets.clone(),
             );
             let setup = Setup::first(config, plugins, &spawner(weak, &offer, &how));
+            let routing = Arc::new(Routing::default());
             Hub {
                 setup: RwLock::new(Arc::new(setup)),
                 errors,
                 metrics: Metrics::default(),
-                downstreams: Downstreams::new(front),
-                routing: Arc::default(),
+                downstreams: Downstreams::new(front, routing.sending.clone()),
+                routing,
                 held: Held::default(),
                 catalogue: RwLock::default(),
                 offer,

@@ -171,6 +171,9 @@ pub struct Routing {
     asked: super::pins::Counts<(u64, Arc<str>)>,
     /// Requests bound for an instance, not yet (or between rounds not) in flight on it.
     pub pins: super::pins::Pins,
+    /// The notifications on their way to clients, whose bounds a call's progress counts
+    /// against too (`Downstreams::sending`, the same).
+    pub sending: Arc<super::downstreams::Sending>,
 }
 
 /// How long a server's request about a task no client owns yet waits for its owner.
@@ -310,8 +313,9 @@ impl Routing {
 
     fn track(self: &Arc<Self>, instance: u64, call: InFlight) -> CallGuard {
         let id = call.id;
+        let client = call.peer.is_some().then(|| call.client.clone());
         self.in_flight.locked().entry(instance).or_default().push(call);
-        CallGuard { routing: self.clone(), instance, id, answered: AtomicBool::new(false) }
+        CallGuard { routing: self.clone(), instance, id, client, answered: AtomicBool::new(false) }
     }
 
     /// Task `id` on upstream `session` is `owner`'s, until the guard is dropped; `ended` is
@@ -578,9 +582,10 @@ impl Routing {
     }
 
     /// Sends progress of `session`'s `upstream` token where `to` says, in the order it
-    /// arrives, until [`Routing::unmap_progress`].
-    pub fn map_progress(&self, session: u64, upstream: ProgressToken, to: ProgressTo) {
-        let mut route = ProgressRoute { to, forwarder: None };
+    /// arrives, until [`Routing::unmap_progress`]; what waits for the client counts
+    /// against its share of the notifications on their way (`client`, a session's name).
+    pub fn map_progress(&self, session: u64, upstream: ProgressToken, (to, client): (ProgressTo, &Arc<str>)) {
+        let mut route = ProgressRoute { to, client: client.clone(), sending: self.sending.clone(), forwarder: None };
         let mut routes = self.progress.locked();
         for p in self.early_progress.locked().take(session, &upstream) {
             route.forward(p);
@@ -589,7 +594,12 @@ impl Routing {
     }
 
     /// [`Routing::map_progress`], ended when the guard is dropped or ended.
-    pub fn progress_route(self: &Arc<Self>, session: u64, upstream: ProgressToken, to: ProgressTo) -> ProgressGuard {
+    pub fn progress_route(
+        self: &Arc<Self>,
+        session: u64,
+        upstream: ProgressToken,
+        to: (ProgressTo, &Arc<str>),
+    ) -> ProgressGuard {
         self.map_progress(session, upstream.clone(), to);
         ProgressGuard { routing: self.clone(), session, upstream, ended: false }
     }
@@ -700,19 +710,26 @@ impl Waiting {
     }
 }
 
-/// A notification on its way, to whom, and the held call's `Waiting` it counts against.
-type Queued = (ProgressNotificationParam, Listener, Option<Waiting>);
+/// A notification on its way, to whom, the held call's `Waiting` it counts against, and
+/// its room among the notifications on their way.
+type Queued = (ProgressNotificationParam, Listener, Option<Waiting>, super::downstreams::Holding);
 
 /// Where one call's progress goes. The forwarding task starts with the first progress:
 /// most calls have none, and a task per call would cost every call.
 struct ProgressRoute {
     to: ProgressTo,
+    /// The session whose share of the notifications on their way its progress takes.
+    client: Arc<str>,
+    sending: Arc<super::downstreams::Sending>,
     forwarder: Option<(mpsc::Sender<Queued>, tokio::task::JoinHandle<()>)>,
 }
 
 /// The most progress notifications queued for one client's request (a task's included)
-/// while its client reads them slower than the server sends them. Past it the newest are
-/// dropped: each says how far along the work is, and a later one says it again.
+/// while its client reads them slower than the server sends them, within its share of
+/// the notifications on their way (`downstreams::MAX_SENDING_TO_ONE` and the rest).
+/// Past either the newest are dropped: each says how far along the work is, and a later
+/// one says it again. Each waits for its client [`super::downstreams::SEND_WITHIN`] at
+/// most.
 const PROGRESS_QUEUED: usize = 256;
 
 impl ProgressRoute {
@@ -721,12 +738,22 @@ impl ProgressRoute {
     /// request waiting now, not when it is sent), unless [`PROGRESS_QUEUED`] are waiting.
     fn forward(&mut self, p: ProgressNotificationParam) {
         let Some((listener, waiting)) = self.to.now() else { return };
+        let Some(held) = self.sending.hold(&self.client, super::downstreams::encoded_len(&p)) else {
+            if let Some(waiting) = waiting {
+                waiting.done();
+            }
+            return;
+        };
         let (tx, _) = self.forwarder.get_or_insert_with(|| {
             let (tx, mut rx) = mpsc::channel::<Queued>(PROGRESS_QUEUED);
             let task = tokio::spawn(async move {
-                while let Some((mut p, (peer, token), waiting)) = rx.recv().await {
+                while let Some((mut p, (peer, token), waiting, held)) = rx.recv().await {
                     p.progress_token = token;
-                    let _ = peer.notify_progress(p).await;
+                    let within = super::downstreams::SEND_WITHIN;
+                    if tokio::time::timeout(within, peer.notify_progress(p)).await.is_err() {
+                        tracing::debug!("progress waited {} s for its client; given up", within.as_secs());
+                    }
+                    drop(held);
                     if let Some(waiting) = waiting {
                         waiting.done();
                     }
@@ -734,8 +761,8 @@ impl ProgressRoute {
             });
             (tx, task)
         });
-        if let Err(refused) = tx.try_send((p, listener, waiting))
-            && let (_, _, Some(waiting)) = refused.into_inner()
+        if let Err(refused) = tx.try_send((p, listener, waiting, held))
+            && let (_, _, Some(waiting), _) = refused.into_inner()
         {
             waiting.done();
         }
@@ -827,6 +854,8 @@ pub struct CallGuard {
     routing: Arc<Routing>,
     instance: u64,
     id: u64,
+    /// The client session whose call it is (none for the gateway's own requests).
+    pub client: Option<Arc<str>>,
     /// Whether the server answered it: a call that ended unanswered (cancelled, timed
     /// out, lost) may still be served, and counts for a moment after (rule 3).
     answered: AtomicBool,
@@ -1098,6 +1127,50 @@ mod tests {
         assert!(matches!(routing.caller(("a", 2), &asker, Serves::One(None)), Caller::Client { .. }));
         drop(alone);
         assert!(matches!(routing.caller(("a", 2), &asker, own()), Caller::Client { .. }), "its end holds nothing back");
+    }
+
+    /// A call's progress waiting for its client takes the client's share of the
+    /// notifications on their way, as every notification to it does: past the share it
+    /// is dropped, and what was delivered gives its room back.
+    #[tokio::test]
+    async fn a_calls_progress_counts_against_its_clients_share_of_notifications() {
+        use rmcp::ServiceExt as _;
+        struct Heard(Arc<Mutex<Vec<f64>>>);
+        impl rmcp::ClientHandler for Heard {
+            async fn on_progress(
+                &self,
+                p: ProgressNotificationParam,
+                _: rmcp::service::NotificationContext<rmcp::RoleClient>,
+            ) {
+                self.0.lock().unwrap().push(p.progress);
+            }
+        }
+        let routing = Arc::new(Routing::default());
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(async move { super::super::asked_tasks::tests::Nothing.serve(ours).await.unwrap() });
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let _client = Heard(heard.clone()).serve(theirs).await.unwrap();
+        let server = server.await.unwrap();
+        let (alice, peer): (Arc<str>, _) = ("alice".into(), server.peer().clone());
+        let token = |t: &str| ProgressToken(rmcp::model::NumberOrString::String(t.into()));
+        let full: Vec<_> = (0..super::super::downstreams::MAX_SENDING_TO_ONE)
+            .map(|_| routing.sending.hold(&alice, 1).expect("room"))
+            .collect();
+        let to = ProgressTo::Request(peer, token("down"));
+        routing.map_progress(1, token("up"), (to, &alice));
+        routing.progress(1, ProgressNotificationParam::new(token("up"), 1.0));
+        drop(full);
+        routing.progress(1, ProgressNotificationParam::new(token("up"), 2.0));
+        routing.unmap_progress(1, &token("up")).expect("a forwarder").flush().await;
+        // (In order: had the first not been dropped, it would be heard first.)
+        for _ in 0..500 {
+            if !heard.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(heard.lock().unwrap().first(), Some(&2.0), "the first came past the client's share");
+        assert_eq!(routing.sending.load(), (0, 0), "what was delivered gave its room back");
     }
 
     /// A task id a server gives again (once the first task's time to live is up, say)
