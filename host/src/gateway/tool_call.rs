@@ -96,18 +96,11 @@ impl Gateway {
         };
         let recovery = self.own.recovery();
         let trace = start_trace(&cx, &route.name, &self.hub.errors);
-        let (traced, shown);
-        let advisor = match (&trace, recovery.advisor()) {
-            (Some(trace), Some(inner)) => {
-                traced = TracedAdvisor { inner, trace: trace.clone() };
-                Some(&traced as &dyn Advisor)
-            }
-            (_, advisor) => advisor,
-        };
+        let (mut traced, mut shown) = (None, None);
+        let advisor = traced_by(recovery.advisor(), trace.as_ref(), &mut traced);
         let advisor = match advisor {
             Some(inner) if self.hub.downstreams.front() == Front::Http => {
-                shown = ObservedAsGranted { inner, config: &recovery.setup.config };
-                Some(&shown as &dyn Advisor)
+                Some(&*shown.insert(ObservedAsGranted { inner, config: &recovery.setup.config }) as &dyn Advisor)
             }
             advisor => advisor,
         };
@@ -125,16 +118,10 @@ impl Gateway {
             failed_on: std::sync::Mutex::default(),
         };
         let started = std::time::Instant::now();
+        let (server, name) = (route.server.clone(), route.name.clone());
         let (ending, record) = recovery
             .engine()
-            .run(
-                &upstreams,
-                advisor,
-                route.server.clone(),
-                route.name.clone(),
-                tool.annotations.as_ref(),
-                request.arguments,
-            )
+            .run(&upstreams, advisor, server, name, tool.annotations.as_ref(), request.arguments)
             .await;
         if let Some(trace) = &trace {
             trace.finish(&record, &ending);
@@ -166,6 +153,18 @@ impl Gateway {
             adapter.report_denied(&record.denied);
         }
         self.hub.metrics.observe(record, ending, took);
+    }
+}
+
+/// `advisor`, its calls recorded in `trace` (the wrapper kept in `slot`) when there is one.
+fn traced_by<'a>(
+    advisor: Option<&'a dyn Advisor>,
+    trace: Option<&Arc<CallTrace>>,
+    slot: &'a mut Option<TracedAdvisor<'a>>,
+) -> Option<&'a dyn Advisor> {
+    match (advisor, trace) {
+        (Some(inner), Some(trace)) => Some(&*slot.insert(TracedAdvisor { inner, trace: trace.clone() })),
+        (advisor, _) => advisor,
     }
 }
 
