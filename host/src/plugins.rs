@@ -182,8 +182,9 @@ fn introduce(
             Some(Ok(loaded)) => {
                 let serving = (server, clients);
                 // The same code, asked with the same configuration, has declared already.
-                let asked =
-                    kept.get(server).filter(|old| old.introduced_as((runtime, loaded), serving, &entry.adapter_config));
+                let asked = kept
+                    .get(server)
+                    .filter(|old| old.introduced_as((runtime, loaded, adapter), serving, &entry.adapter_config));
                 let made = match asked {
                     Some(old) => Ok(old.renewed(secrets.clone())),
                     None => {

@@ -1243,6 +1243,62 @@ async fn a_reload_loads_again_only_what_changed_and_keeps_an_unchanged_servers_a
     owned.close().await;
 }
 
+/// A reload asks a server's adapter what it needs (`declare`, which this one logs) only
+/// when its code or `adapter_config` changed: not when another server changed, nor when
+/// its own entry did otherwise. The same bytes under another adapter name are that
+/// adapter, named as the configuration names it.
+#[tokio::test]
+async fn a_reload_asks_declare_again_only_of_what_it_changes() {
+    let plugins = rebound_tests::root().join("target/test-plugins");
+    let file = |dir: &Path, (a_timeout, config, b): (u64, Value, bool), adapter: &str| {
+        let mut a = faulty("a", dir, &[]);
+        (a["adapter"], a["adapter_config"]) = (json!(adapter), config);
+        a["recovery"] = json!({"timeout_ms": a_timeout});
+        let mut servers = json!({"a": a});
+        if b {
+            servers["b"] = faulty("b", dir, &[]);
+        }
+        json!({"mcpServers": servers, "rebound": {"plugins_dir": dir.join("plugins"), "plugin_timeout_ms": 2000, "plugin_cache_dir": dir.join("cache")}})
+    };
+    let counting = || json!({"mode": "count-declare"});
+    let first = file;
+    let gw = Gateway::start(move |dir| {
+        std::fs::create_dir(dir.join("plugins")).unwrap();
+        std::fs::copy(plugins.join("hostile.wasm"), dir.join("plugins/hostile.wasm")).unwrap();
+        first(dir, (5000, counting(), false), "hostile")
+    })
+    .await;
+    let (dir, log) = (gw.dir.path().to_owned(), gw.log.clone());
+    let asked = || log.lock().unwrap().matches("declare asked").count();
+    let reloads = |n: usize| {
+        let log = log.clone();
+        move || log.lock().unwrap().matches("configuration reloaded from").count() >= n
+    };
+    gw.logged("declare asked").await;
+    for (n, (entry, what)) in
+        [((5000, counting(), true), "another server added"), ((6000, counting(), true), "its own timeout changed")]
+            .into_iter()
+            .enumerate()
+    {
+        rewrite_config(&dir, &file(&dir, entry, "hostile"));
+        eventually(what, reloads(n + 1)).await;
+        assert_eq!(asked(), 1, "{what}: asked again");
+    }
+    let mut config = counting();
+    config["more"] = json!(1);
+    rewrite_config(&dir, &file(&dir, (6000, config.clone(), true), "hostile"));
+    eventually("its adapter_config changed", reloads(3)).await;
+    assert_eq!(asked(), 2, "a new adapter_config is asked about");
+    // The same bytes under another name: that adapter, neither loaded nor asked as the
+    // old one's name.
+    std::fs::copy(dir.join("plugins/hostile.wasm"), dir.join("plugins/renamed.wasm")).unwrap();
+    rewrite_config(&dir, &file(&dir, (6000, config, true), "renamed"));
+    eventually("the adapter renamed", reloads(4)).await;
+    let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
+    assert_eq!(status["servers"][0]["adapter"]["name"], "renamed", "{status}");
+    gw.close().await;
+}
+
 #[tokio::test]
 async fn sighup_reloads_and_an_unchanged_file_changes_nothing() {
     let (gw, dir, client) = serving_a_and_b().await;

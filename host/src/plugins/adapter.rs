@@ -169,21 +169,24 @@ impl Adapter {
     /// configuration and the same clients, so that it would declare the same needs.
     pub fn introduced_as(
         &self,
-        (runtime, loaded): (&Arc<Runtime>, &Loaded),
+        (runtime, loaded, name): (&Arc<Runtime>, &Loaded, &str),
         serving: (&str, super::Clients),
         config: &serde_json::Value,
     ) -> bool {
         Arc::ptr_eq(&self.runtime, runtime)
+            && *self.name == *name
             && self.digest == loaded.digest
             && (&*self.server, self.clients) == serving
             && *self.config == *config.to_string()
     }
 
     /// A new adapter of the same code, runtime, configuration and declared needs, with
-    /// state of its own (an empty store and observe queue, no faults) and `secrets`
-    /// hidden: what a reload gives a server whose entry changed but not its adapter, as
-    /// [`Self::new`] would, without asking the adapter again.
+    /// state of its own (an empty store and observe queue, no faults counted) and
+    /// `secrets` hidden: what a reload gives a server whose entry changed but not its
+    /// adapter, as [`Self::new`] would, without asking the adapter again. A quarantine
+    /// goes on: nothing that could have mended the adapter changed.
     pub fn renewed(&self, secrets: Secrets) -> Arc<Self> {
+        let quarantined_until = self.health.locked().quarantined_until;
         Arc::new(Self {
             runtime: self.runtime.clone(),
             pre: self.pre.clone(),
@@ -196,7 +199,7 @@ impl Adapter {
             kv: Kv::counted_in(self.room.stored.clone()),
             secrets: Arc::new(std::sync::RwLock::new(secrets)),
             log: Arc::new(super::state::log_budget()),
-            health: Arc::default(),
+            health: Arc::new(Mutex::new(Health { quarantined_until, ..Health::default() })),
             lane: Lane::within(self.room.observing.clone()),
             room: self.room.clone(),
         })
