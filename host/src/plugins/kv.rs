@@ -2,6 +2,11 @@
 //! outliving the instances of its calls, each bounded, and all the stores of one
 //! adapter's copies (a `scope: session` server's sessions each have their own) bounded
 //! together, so that many sessions do not make an adapter's store many times larger.
+//!
+//! A session's store reserves its room when it is made, and its writes are bounded by
+//! that room alone: whether one succeeds never depends on what another session's store
+//! holds, which would let an adapter's copy in one session tell its copy in another,
+//! `set` by `set`, what it was shown there.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,8 +18,10 @@ use crate::lasting::Locked;
 const MAX_KEY: usize = 256;
 const MAX_VALUE: usize = 64 << 10;
 const MAX_KEYS: usize = 1024;
-/// The most bytes, keys and values together, one store may hold.
+/// The most bytes, keys and values together, one server's store may hold.
 const MAX_STORE_BYTES: usize = 4 << 20;
+/// The bytes a session's own store reserves, and may hold.
+pub const SESSION_STORE_BYTES: usize = 256 << 10;
 /// The most bytes all the stores of one adapter's copies may hold together.
 pub const MAX_ADAPTER_BYTES: usize = 64 << 20;
 /// What an entry costs beyond its key's and value's bytes (their two allocations' heads
@@ -40,13 +47,23 @@ struct Entries {
     map: BTreeMap<String, String>,
     /// Bytes of the entries in `map` ([`cost`]).
     bytes: usize,
-    /// Bytes held by every store of the adapter's copies, this one's included.
+    /// Bytes held or reserved by every store of the adapter's copies, this one's included.
     all: Arc<AtomicUsize>,
+    /// For a session's store, the room it reserved in `all` (none if there was none
+    /// left); a server's store counts its bytes there as it holds them.
+    reserved: Option<usize>,
+}
+
+impl Entries {
+    /// What this store counts for in `all`.
+    fn counted(&self) -> usize {
+        self.reserved.unwrap_or(self.bytes)
+    }
 }
 
 impl Drop for Entries {
     fn drop(&mut self) {
-        self.all.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.all.fetch_sub(self.counted(), Ordering::Relaxed);
     }
 }
 
@@ -55,7 +72,8 @@ impl Kv {
     /// those of every other store of the same adapter (its runtime room's), whichever
     /// server it serves.
     pub fn counted_in(all: Arc<AtomicUsize>) -> Self {
-        Self { entries: Arc::new(Mutex::new(Entries { map: BTreeMap::new(), bytes: 0, all })), read_only: false }
+        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, reserved: None };
+        Self { entries: Arc::new(Mutex::new(entries)), read_only: false }
     }
 
     /// This store as a call that may only read it sees it: what it holds, and a refusal
@@ -64,10 +82,21 @@ impl Kv {
         Self { entries: self.entries.clone(), read_only: true }
     }
 
-    /// An empty store for another copy of the same adapter: its bytes count with this
-    /// one's towards [`MAX_ADAPTER_BYTES`].
+    /// An empty store for a session's copy of the same adapter, which reserves
+    /// [`SESSION_STORE_BYTES`] of [`MAX_ADAPTER_BYTES`] with this one's (or, when the
+    /// copies hold them all, nothing: then it holds nothing, [`Self::holds_nothing`]).
     pub fn sibling(&self) -> Self {
-        Self::counted_in(self.lock().all.clone())
+        let all = self.lock().all.clone();
+        let room = |n: usize| n.checked_add(SESSION_STORE_BYTES).filter(|n| *n <= MAX_ADAPTER_BYTES);
+        let reserved = all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).is_ok();
+        let reserved = Some(if reserved { SESSION_STORE_BYTES } else { 0 });
+        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, reserved };
+        Self { entries: Arc::new(Mutex::new(entries)), read_only: false }
+    }
+
+    /// Whether it is a session's store that found no room to reserve.
+    pub fn holds_nothing(&self) -> bool {
+        self.lock().reserved == Some(0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -90,14 +119,18 @@ impl Kv {
             return false;
         }
         let (old, new) = (old.unwrap_or(0), cost(&key, &value));
-        if e.bytes - old + new > MAX_STORE_BYTES {
+        if e.bytes - old + new > e.reserved.unwrap_or(MAX_STORE_BYTES) {
             return false;
         }
-        let grown = e.all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |all| {
-            let all = all - old + new;
-            (all <= MAX_ADAPTER_BYTES).then_some(all)
-        });
-        if grown.is_err() {
+        // A session's store has its room already; a server's counts what it holds.
+        let grown = e.reserved.is_some()
+            || e.all
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |all| {
+                    let all = all - old + new;
+                    (all <= MAX_ADAPTER_BYTES).then_some(all)
+                })
+                .is_ok();
+        if !grown {
             return false;
         }
         e.bytes = e.bytes - old + new;
@@ -113,7 +146,9 @@ impl Kv {
         if let Some(value) = e.map.remove(key) {
             let freed = cost(key, &value);
             e.bytes -= freed;
-            e.all.fetch_sub(freed, Ordering::Relaxed);
+            if e.reserved.is_none() {
+                e.all.fetch_sub(freed, Ordering::Relaxed);
+            }
         }
     }
 
@@ -201,41 +236,36 @@ mod tests {
     #[test]
     fn the_stores_of_an_adapters_copies_are_bounded_together_and_free_what_they_held() {
         // As the adapter's first store for a server is made: counted in its room's total,
-        // which its stores for every other server share (checked below with siblings).
+        // which its stores for every other server share, as they hold bytes.
         let first = Kv::counted_in(Arc::default());
         let value = "v".repeat(MAX_VALUE);
-        let per_store = MAX_STORE_BYTES / (ENTRY_BYTES + 4 + MAX_VALUE);
+        let (entry, per_store) = (ENTRY_BYTES + 4 + MAX_VALUE, MAX_STORE_BYTES / (ENTRY_BYTES + 4 + MAX_VALUE));
         let fill = |kv: &Kv| (0..per_store).filter(|i| kv.set(format!("{i:04}"), value.clone())).count();
         assert_eq!(fill(&first), per_store);
-        let mut copies: Vec<Kv> = Vec::new();
-        let mut stored = per_store;
-        // Sessions' copies, each with a store of its own, until all of them are full.
-        for _ in 0..MAX_ADAPTER_BYTES / MAX_STORE_BYTES + 1 {
-            let copy = first.sibling();
-            stored += fill(&copy);
-            copies.push(copy);
-        }
-        assert!(stored * (ENTRY_BYTES + 4 + MAX_VALUE) <= MAX_ADAPTER_BYTES, "{stored} values");
-        assert!(
-            (stored + per_store) * (ENTRY_BYTES + 4 + MAX_VALUE) > MAX_ADAPTER_BYTES,
-            "it was full: {stored} values"
-        );
-        let last = copies.last().unwrap().clone();
-        assert!(!last.set("more".into(), value.clone()), "full for every copy");
-        assert_eq!(last.get("0000"), None, "a copy's store is its own");
-        // A session's copy gone, its bytes are free for the others.
+        assert_eq!(held(&first), (per_store * entry, per_store * entry));
+        // Sessions' copies each reserve their room, until the adapter's is all taken.
+        let room = (MAX_ADAPTER_BYTES - per_store * entry) / SESSION_STORE_BYTES;
+        let mut copies: Vec<Kv> = (0..room + 1).map(|_| first.sibling()).collect();
+        let last = copies.pop().unwrap();
+        assert!(last.holds_nothing() && !last.set("k".into(), String::new()), "no room left for it");
+        assert!(copies.iter().all(|c| !c.holds_nothing()));
+        assert_eq!(held(&first).1, per_store * entry + room * SESSION_STORE_BYTES);
+        // A session's store holds what its room holds, whatever the others hold: full
+        // ones and empty ones alike.
+        let per_session = SESSION_STORE_BYTES / entry;
+        assert_eq!(fill(&copies[0]), per_session);
+        assert_eq!(fill(&copies[1]), per_session, "the same with a neighbour full");
+        assert!(!copies[1].set("more".into(), value.clone()), "past its room");
+        assert_eq!(copies[2].get("0000"), None, "a copy's store is its own");
+        // A session's copy gone, its room is free for the next.
         copies.remove(0);
-        assert!(last.set("more".into(), value.clone()));
-        let all = held(&first).1;
-        assert_eq!(all, first.lock().bytes + copies.iter().map(|c| c.lock().bytes).sum::<usize>());
-        drop((copies, last));
-        assert_eq!(
-            held(&first),
-            (per_store * (ENTRY_BYTES + 4 + MAX_VALUE), per_store * (ENTRY_BYTES + 4 + MAX_VALUE))
-        );
+        let next = first.sibling();
+        assert!(!next.holds_nothing() && next.set("k".into(), value.clone()));
+        drop((copies, last, next));
+        assert_eq!(held(&first), (per_store * entry, per_store * entry), "every session's room given back");
         // A clone is the same store (a reload keeps it): dropping one frees nothing.
         let kept = first.clone();
         drop(first);
-        assert_eq!(held(&kept).1, per_store * (ENTRY_BYTES + 4 + MAX_VALUE));
+        assert_eq!(held(&kept).1, per_store * entry);
     }
 }
