@@ -132,6 +132,18 @@ async fn an_adapter_replaced_by_a_reload_keeps_counting_its_faults() {
     assert!(until_offered(gw.client.peer(), "b__echo", true).await, "the reload is applied");
     let status = fault(&gw).await;
     assert_eq!(status["faults"], 2, "the replaced adapter's fault, and its own: {status}");
+    // Two more faults within the minute quarantine it (its window of faults is its
+    // own); a reload that changes its server again, but neither its code nor its
+    // `adapter_config`, keeps the quarantine on: nothing that could have mended it changed.
+    fault(&gw).await;
+    assert!(fault(&gw).await["quarantined_for_ms"].as_u64().is_some());
+    let mut again = config(gw.dir.path(), true);
+    again["mcpServers"]["a"]["recovery"]["timeout_ms"] = json!(23456);
+    again["mcpServers"]["c"] = faulty("c", gw.dir.path(), &[]);
+    rewrite_config(gw.dir.path(), &again);
+    assert!(until_offered(gw.client.peer(), "c__echo", true).await, "the reload is applied");
+    let status = adapter_status(&gw).await;
+    assert!(status["quarantined_for_ms"].as_u64().is_some(), "{status}");
     gw.close().await;
 }
 

@@ -1289,11 +1289,12 @@ async fn a_reload_asks_declare_again_only_of_what_it_changes() {
     rewrite_config(&dir, &file(&dir, (6000, config.clone(), true), "hostile"));
     eventually("its adapter_config changed", reloads(3)).await;
     assert_eq!(asked(), 2, "a new adapter_config is asked about");
-    // The same bytes under another name: that adapter, neither loaded nor asked as the
-    // old one's name.
+    // The same bytes under another name: not loaded again, but that adapter, asked what
+    // it needs and named as the configuration names it.
     std::fs::copy(dir.join("plugins/hostile.wasm"), dir.join("plugins/renamed.wasm")).unwrap();
     rewrite_config(&dir, &file(&dir, (6000, config, true), "renamed"));
     eventually("the adapter renamed", reloads(4)).await;
+    assert_eq!(asked(), 3, "the renamed adapter is asked");
     let status = gw.call("rebound_status", json!({})).await.structured_content.unwrap();
     assert_eq!(status["servers"][0]["adapter"]["name"], "renamed", "{status}");
     gw.close().await;

@@ -211,11 +211,7 @@ impl Adapter {
     /// quarantine), its share of the instance pool, its log budget, the secrets hidden
     /// from it and its observe queue's bytes stay the original's.
     pub fn fork(&self) -> Arc<Self> {
-        let kv = self.kv.sibling();
-        if kv.holds_nothing() {
-            tracing::warn!(adapter = %self.name, server = %self.server, "a session's copy of the adapter gets a store that holds nothing: its other copies have reserved all of its {} MiB", super::kv::MAX_ADAPTER_BYTES >> 20);
-        }
-        Self::with_state(self, self, (kv, super::Clients::One))
+        Self::with_state(self, self, (self.kv.sibling(), super::Clients::One))
     }
 
     /// `code`'s adapter (its code, runtime and share of the pool) with `kv` for its store,

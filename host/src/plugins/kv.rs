@@ -3,10 +3,10 @@
 //! adapter's copies (a `scope: session` server's sessions each have their own) bounded
 //! together, so that many sessions do not make an adapter's store many times larger.
 //!
-//! A session's store reserves its room when it is made, and its writes are bounded by
-//! that room alone: whether one succeeds never depends on what another session's store
-//! holds, which would let an adapter's copy in one session tell its copy in another,
-//! `set` by `set`, what it was shown there.
+//! A session's store reserves its whole room at its first write, and from then on its
+//! writes are bounded by that room alone: whether one succeeds never depends on what
+//! another session's store holds, which would let an adapter's copy in one session tell
+//! its copy in another, `set` by `set`, what it was shown there.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,8 +20,10 @@ const MAX_VALUE: usize = 64 << 10;
 const MAX_KEYS: usize = 1024;
 /// The most bytes, keys and values together, one server's store may hold.
 const MAX_STORE_BYTES: usize = 4 << 20;
-/// The bytes a session's own store reserves, and may hold.
-pub const SESSION_STORE_BYTES: usize = 256 << 10;
+/// The bytes a session's own store reserves at its first write, and may hold: room for
+/// 512 sessions' stores (twice the default `max_sessions`, for the fresh copies a reload
+/// makes while the old ones finish) in [`MAX_ADAPTER_BYTES`].
+pub const SESSION_STORE_BYTES: usize = 128 << 10;
 /// The most bytes all the stores of one adapter's copies may hold together.
 pub const MAX_ADAPTER_BYTES: usize = 64 << 20;
 /// What an entry costs beyond its key's and value's bytes (their two allocations' heads
@@ -49,15 +51,43 @@ struct Entries {
     bytes: usize,
     /// Bytes held or reserved by every store of the adapter's copies, this one's included.
     all: Arc<AtomicUsize>,
-    /// For a session's store, the room it reserved in `all` (none if there was none
-    /// left); a server's store counts its bytes there as it holds them.
-    reserved: Option<usize>,
+    counting: Counting,
+}
+
+/// How a store counts in `all`.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+enum Counting {
+    /// A server's store: the bytes it holds, as it holds them.
+    #[default]
+    Held,
+    /// A session's store: [`SESSION_STORE_BYTES`] once it reserved them (at its first
+    /// write), nothing before.
+    Reserved(bool),
 }
 
 impl Entries {
     /// What this store counts for in `all`.
     fn counted(&self) -> usize {
-        self.reserved.unwrap_or(self.bytes)
+        match self.counting {
+            Counting::Held => self.bytes,
+            Counting::Reserved(true) => SESSION_STORE_BYTES,
+            Counting::Reserved(false) => 0,
+        }
+    }
+
+    /// The most this store may hold, once it has its room (a session's reserves it now,
+    /// if there is any left).
+    fn room(&mut self) -> Option<usize> {
+        match self.counting {
+            Counting::Held => Some(MAX_STORE_BYTES),
+            Counting::Reserved(true) => Some(SESSION_STORE_BYTES),
+            Counting::Reserved(false) => {
+                let room = |n: usize| n.checked_add(SESSION_STORE_BYTES).filter(|n| *n <= MAX_ADAPTER_BYTES);
+                self.all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).ok()?;
+                self.counting = Counting::Reserved(true);
+                Some(SESSION_STORE_BYTES)
+            }
+        }
     }
 }
 
@@ -72,7 +102,7 @@ impl Kv {
     /// those of every other store of the same adapter (its runtime room's), whichever
     /// server it serves.
     pub fn counted_in(all: Arc<AtomicUsize>) -> Self {
-        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, reserved: None };
+        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, counting: Counting::Held };
         Self { entries: Arc::new(Mutex::new(entries)), read_only: false }
     }
 
@@ -83,20 +113,12 @@ impl Kv {
     }
 
     /// An empty store for a session's copy of the same adapter, which reserves
-    /// [`SESSION_STORE_BYTES`] of [`MAX_ADAPTER_BYTES`] with this one's (or, when the
-    /// copies hold them all, nothing: then it holds nothing, [`Self::holds_nothing`]).
+    /// [`SESSION_STORE_BYTES`] of [`MAX_ADAPTER_BYTES`] with this one's at its first
+    /// write (refused while the adapter's stores hold or reserve them all).
     pub fn sibling(&self) -> Self {
         let all = self.lock().all.clone();
-        let room = |n: usize| n.checked_add(SESSION_STORE_BYTES).filter(|n| *n <= MAX_ADAPTER_BYTES);
-        let reserved = all.fetch_update(Ordering::Relaxed, Ordering::Relaxed, room).is_ok();
-        let reserved = Some(if reserved { SESSION_STORE_BYTES } else { 0 });
-        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, reserved };
+        let entries = Entries { map: BTreeMap::new(), bytes: 0, all, counting: Counting::Reserved(false) };
         Self { entries: Arc::new(Mutex::new(entries)), read_only: false }
-    }
-
-    /// Whether it is a session's store that found no room to reserve.
-    pub fn holds_nothing(&self) -> bool {
-        self.lock().reserved == Some(0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -119,11 +141,12 @@ impl Kv {
             return false;
         }
         let (old, new) = (old.unwrap_or(0), cost(&key, &value));
-        if e.bytes - old + new > e.reserved.unwrap_or(MAX_STORE_BYTES) {
+        let Some(room) = e.room() else { return false };
+        if e.bytes - old + new > room {
             return false;
         }
         // A session's store has its room already; a server's counts what it holds.
-        let grown = e.reserved.is_some()
+        let grown = e.counting != Counting::Held
             || e.all
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |all| {
                     let all = all - old + new;
@@ -146,7 +169,7 @@ impl Kv {
         if let Some(value) = e.map.remove(key) {
             let freed = cost(key, &value);
             e.bytes -= freed;
-            if e.reserved.is_none() {
+            if e.counting == Counting::Held {
                 e.all.fetch_sub(freed, Ordering::Relaxed);
             }
         }
@@ -243,25 +266,28 @@ mod tests {
         let fill = |kv: &Kv| (0..per_store).filter(|i| kv.set(format!("{i:04}"), value.clone())).count();
         assert_eq!(fill(&first), per_store);
         assert_eq!(held(&first), (per_store * entry, per_store * entry));
-        // Sessions' copies each reserve their room, until the adapter's is all taken.
+        // Sessions' copies reserve their room at their first write (a copy that never
+        // writes takes none), until the adapter's is all taken.
         let room = (MAX_ADAPTER_BYTES - per_store * entry) / SESSION_STORE_BYTES;
-        let mut copies: Vec<Kv> = (0..room + 1).map(|_| first.sibling()).collect();
-        let last = copies.pop().unwrap();
-        assert!(last.holds_nothing() && !last.set("k".into(), String::new()), "no room left for it");
-        assert!(copies.iter().all(|c| !c.holds_nothing()));
+        let mut copies: Vec<Kv> = (0..room + 2).map(|_| first.sibling()).collect();
+        assert_eq!(held(&first).1, per_store * entry, "nothing reserved before a write");
+        let (idle, last) = (copies.pop().unwrap(), copies.pop().unwrap());
+        assert!(copies.iter().all(|c| c.set("k".into(), String::new())));
+        assert!(!last.set("k".into(), String::new()), "no room left for it");
         assert_eq!(held(&first).1, per_store * entry + room * SESSION_STORE_BYTES);
         // A session's store holds what its room holds, whatever the others hold: full
         // ones and empty ones alike.
-        let per_session = SESSION_STORE_BYTES / entry;
+        let per_session = (SESSION_STORE_BYTES - cost("k", "")) / entry;
         assert_eq!(fill(&copies[0]), per_session);
         assert_eq!(fill(&copies[1]), per_session, "the same with a neighbour full");
         assert!(!copies[1].set("more".into(), value.clone()), "past its room");
         assert_eq!(copies[2].get("0000"), None, "a copy's store is its own");
-        // A session's copy gone, its room is free for the next.
+        copies[2].delete("k");
+        assert!(copies[2].set("k".into(), String::new()), "its room stays its own, emptied or not");
+        // A session's copy gone, its room is free for the next write that needs it.
         copies.remove(0);
-        let next = first.sibling();
-        assert!(!next.holds_nothing() && next.set("k".into(), value.clone()));
-        drop((copies, last, next));
+        assert!(last.set("k".into(), value.clone()));
+        drop((copies, last, idle));
         assert_eq!(held(&first), (per_store * entry, per_store * entry), "every session's room given back");
         // A clone is the same store (a reload keeps it): dropping one frees nothing.
         let kept = first.clone();
