@@ -49,8 +49,8 @@ impl Prepared {
 
 /// The adapters a reload finds running, which it keeps where nothing they were made of
 /// changed: a file of the same bytes is not compiled, instantiated and asked who it is
-/// again, and a server's adapter with the same code, runtime and `adapter_config` is not
-/// asked again what it needs (`declare`). So a reload costs no adapter calls for what it
+/// again, and a server's adapter with the same name, code, runtime, `adapter_config` and
+/// clients ([`Adapter::introduced_as`]) is not asked again what it needs (`declare`). So a reload costs no adapter calls for what it
 /// leaves alone, and an adapter that would fail to answer now (a hostile or flaky one)
 /// cannot refuse a reload that does not touch it, a token's rotation among them.
 #[derive(Clone, Default)]
