@@ -262,19 +262,24 @@ impl Adapter {
         Self::with_state(fresh, self, (self.kv.clone(), fresh.clients))
     }
 
-    /// Takes up the counts (faults, busy and too heavy calls, dropped log lines and observed calls) of
-    /// `old`, the adapter this one replaces for its server; not its quarantine, since new
-    /// code or settings may be what fixed it.
+    /// Takes up the counts (faults, busy and too heavy calls, dropped log lines and
+    /// observed calls) of `old`, the adapter this one replaces for its server; its
+    /// quarantine only when this is the same code with the same `adapter_config` and limits (a
+    /// [`Self::renewed`] one, taken up as the reload is put in place, so that a quarantine
+    /// begun since it was made is not lost): new code or settings may be what fixed it.
     pub fn count_on_from(&self, old: &Adapter) {
-        let (faults, busy, too_heavy) = {
+        let (faults, busy, too_heavy, quarantined_until) = {
             let h = old.health.locked();
-            (h.total_faults, h.busy, h.too_heavy)
+            (h.total_faults, h.busy, h.too_heavy, h.quarantined_until)
         };
         {
             let mut h = self.health.locked();
             h.total_faults += faults;
             h.busy += busy;
             h.too_heavy += too_heavy;
+            if self.digest == old.digest && self.config == old.config && self.same_runtime(old) {
+                h.quarantined_until = h.quarantined_until.max(quarantined_until);
+            }
         }
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         self.lane.dropped.fetch_add(old.lane.dropped.load(relaxed), relaxed);
