@@ -164,9 +164,10 @@ impl Adapter {
         Ok(Arc::new(adapter))
     }
 
-    /// Whether this adapter was introduced (its `declare` asked) as `loaded` would be for
-    /// `serving` with `config`: the same code on the same runtime, the same
-    /// configuration and the same clients, so that it would declare the same needs.
+    /// Whether this adapter was introduced (its `declare` asked) as `loaded`, under
+    /// `name`, would be for `serving` with `config`: the same adapter, code and runtime,
+    /// the same configuration and the same clients, so that it would declare the same
+    /// needs.
     pub fn introduced_as(
         &self,
         (runtime, loaded, name): (&Arc<Runtime>, &Loaded, &str),
@@ -264,9 +265,10 @@ impl Adapter {
 
     /// Takes up the counts (faults, busy and too heavy calls, dropped log lines and
     /// observed calls) of `old`, the adapter this one replaces for its server; its
-    /// quarantine only when this is the same code with the same `adapter_config` and limits (a
-    /// [`Self::renewed`] one, taken up as the reload is put in place, so that a quarantine
-    /// begun since it was made is not lost): new code or settings may be what fixed it.
+    /// quarantine only when this is the same code with the same `adapter_config` and
+    /// limits (a [`Self::renewed`] one, taken up as the reload is put in place, so that a
+    /// quarantine begun since it was made is not lost): new code or settings may be what
+    /// fixed it.
     pub fn count_on_from(&self, old: &Adapter) {
         let (faults, busy, too_heavy, quarantined_until) = {
             let h = old.health.locked();
