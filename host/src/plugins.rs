@@ -186,7 +186,7 @@ fn introduce(
                     .get(server)
                     .filter(|old| old.introduced_as((runtime, loaded, adapter), serving, &entry.adapter_config));
                 let made = match asked {
-                    Some(old) => Ok(old.renewed(secrets.clone())),
+                    Some(old) => Ok(old.renewed(loaded, secrets.clone())),
                     None => {
                         Adapter::new(runtime.clone(), loaded, adapter, serving, &entry.adapter_config, secrets.clone())
                     }

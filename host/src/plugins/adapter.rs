@@ -121,23 +121,7 @@ impl Adapter {
         config: &serde_json::Value,
         secrets: Secrets,
     ) -> Result<Arc<Self>, String> {
-        let room = runtime.room(name);
-        let mut adapter = Self {
-            kv: Kv::counted_in(room.stored.clone()),
-            lane: Lane::within(room.observing.clone()),
-            room,
-            runtime,
-            pre: loaded.pre.clone(),
-            info: loaded.info.clone(),
-            name: name.into(),
-            digest: loaded.digest,
-            server: server.into(),
-            clients,
-            config: config.to_string().into(),
-            secrets: Arc::new(std::sync::RwLock::new(secrets)),
-            log: Arc::new(super::state::log_budget()),
-            health: Arc::default(),
-        };
+        let mut adapter = Self::unasked(runtime, loaded, name, (server, clients), config.to_string().into(), secrets);
         // Asked as loading asks (`load::LOAD_ATTEMPTS` times before a failure is taken for
         // its own): a sound adapter kept from its deadline once by a loaded machine must
         // not refuse a reload, a token's rotation among them.
@@ -164,6 +148,36 @@ impl Adapter {
         Ok(Arc::new(adapter))
     }
 
+    /// The adapter `loaded` serving `server`, not yet asked what it needs, with state of
+    /// its own: an empty store and observe queue, no faults, a log budget of its own and
+    /// `secrets` hidden.
+    fn unasked(
+        runtime: Arc<Runtime>,
+        loaded: &Loaded,
+        name: &str,
+        (server, clients): (&str, super::Clients),
+        config: Arc<str>,
+        secrets: Secrets,
+    ) -> Self {
+        let room = runtime.room(name);
+        Self {
+            kv: Kv::counted_in(room.stored.clone()),
+            lane: Lane::within(room.observing.clone()),
+            room,
+            runtime,
+            pre: loaded.pre.clone(),
+            info: loaded.info.clone(),
+            name: name.into(),
+            digest: loaded.digest,
+            server: server.into(),
+            clients,
+            config,
+            secrets: Arc::new(std::sync::RwLock::new(secrets)),
+            log: Arc::new(super::state::log_budget()),
+            health: Arc::default(),
+        }
+    }
+
     /// Whether this adapter was introduced (its `declare` asked) as `loaded`, under
     /// `name`, would be for `serving` with `config`: the same adapter, code and runtime,
     /// the same configuration and the same clients, so that it would declare the same
@@ -181,29 +195,19 @@ impl Adapter {
             && *self.config == *config.to_string()
     }
 
-    /// A new adapter of the same code, runtime, configuration and declared needs, with
+    /// A new adapter of `loaded` (the same code, on the same runtime, as
+    /// [`Self::introduced_as`] found) with this one's configuration and declared needs,
     /// state of its own (an empty store and observe queue, no faults counted) and
     /// `secrets` hidden: what a reload gives a server whose entry changed but not its
     /// adapter, as [`Self::new`] would, without asking the adapter again. A quarantine
     /// goes on: nothing that could have mended the adapter changed.
-    pub fn renewed(&self, secrets: Secrets) -> Arc<Self> {
-        let quarantined_until = self.health.locked().quarantined_until;
-        Arc::new(Self {
-            runtime: self.runtime.clone(),
-            pre: self.pre.clone(),
-            info: self.info.clone(),
-            name: self.name.clone(),
-            digest: self.digest,
-            server: self.server.clone(),
-            clients: self.clients,
-            config: self.config.clone(),
-            kv: Kv::counted_in(self.room.stored.clone()),
-            secrets: Arc::new(std::sync::RwLock::new(secrets)),
-            log: Arc::new(super::state::log_budget()),
-            health: Arc::new(Mutex::new(Health { quarantined_until, ..Health::default() })),
-            lane: Lane::within(self.room.observing.clone()),
-            room: self.room.clone(),
-        })
+    pub fn renewed(&self, loaded: &Loaded, secrets: Secrets) -> Arc<Self> {
+        let serving = (&*self.server, self.clients);
+        let mut renewed =
+            Self::unasked(self.runtime.clone(), loaded, &self.name, serving, self.config.clone(), secrets);
+        renewed.info.needs = self.info.needs.clone();
+        renewed.health.locked().quarantined_until = self.health.locked().quarantined_until;
+        Arc::new(renewed)
     }
 
     /// The same adapter for another instance of its server (a client session's own): the
